@@ -1,0 +1,65 @@
+# The two commands a newcomer needs: `make demo` and `make test`. Both set up
+# everything themselves: the virtualenv, the Python packages and the local
+# Kubernetes control plane (built once, cached under ~/.cache/cronlock).
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test lint typecheck unit integration e2e benchmarks controlplane up down lock clean
+
+$(STAMP): requirements-dev.lock pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check --require-hashes -r requirements-dev.lock
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps -e .
+	@touch $(STAMP)
+
+venv: $(STAMP)
+
+controlplane:
+	@tests/controlplane/build >/dev/null
+
+demo: $(STAMP) controlplane
+	@$(PY) -m tests.e2e.demo $(DEMO_ARGS)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+typecheck: $(STAMP)
+	$(VENV)/bin/mypy
+
+unit: $(STAMP)
+	$(VENV)/bin/pytest tests/unit
+
+integration: $(STAMP) controlplane
+	$(VENV)/bin/pytest tests/integration
+
+e2e: $(STAMP) controlplane
+	$(VENV)/bin/pytest tests/e2e
+
+# Everything CI runs: lint, types, and all three rings of tests against a control
+# plane the test session starts and stops itself.
+test: $(STAMP) controlplane
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+	$(VENV)/bin/pytest tests/unit tests/integration tests/e2e
+
+benchmarks: $(STAMP) controlplane
+	$(PY) -m tests.benchmarks $(BENCH_ARGS)
+
+up: controlplane
+	@tests/controlplane/up
+
+down:
+	@tests/controlplane/down
+
+# Regenerate the hash-pinned lock files after changing dependencies in pyproject.toml.
+lock:
+	uv pip compile pyproject.toml --python-version 3.11 --generate-hashes -o requirements.lock
+	uv pip compile pyproject.toml --extra dev --python-version 3.11 --generate-hashes -o requirements-dev.lock
+
+clean:
+	rm -rf $(VENV) .testenv .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,101 @@
+"""Names shared by the operator, the sidecar and users: one place so they cannot drift."""
+
+from __future__ import annotations
+
+from typing import Final
+
+# --- annotations and labels on user objects ------------------------------------
+PREFIX: Final = "cronlock.io/"
+ANNOTATION_ENABLED: Final = PREFIX + "enabled"
+ANNOTATION_LOCK: Final = PREFIX + "lock"
+ANNOTATION_TTL: Final = PREFIX + "ttl"
+ANNOTATION_RENEW: Final = PREFIX + "renew"
+ANNOTATION_POLICY: Final = PREFIX + "policy"
+ANNOTATION_WAIT_TIMEOUT: Final = PREFIX + "wait-timeout"
+ANNOTATION_STOP: Final = PREFIX + "stop"
+ANNOTATION_ALERT_AFTER: Final = PREFIX + "alert-after"
+ANNOTATION_KEEP_SKIPPED_JOBS: Final = PREFIX + "keep-skipped-jobs"
+# Written by the operator, never by users.
+ANNOTATION_ORIGINAL_RESTART_POLICY: Final = PREFIX + "original-restart-policy"
+ANNOTATION_CONSECUTIVE_SKIPS: Final = PREFIX + "consecutive-skips"
+# Written on the Lease by the sidecar when it releases.
+ANNOTATION_LAST_HOLDER: Final = PREFIX + "last-holder"
+ANNOTATION_RELEASED_AT: Final = PREFIX + "released-at"
+
+USER_SETTINGS: Final = frozenset(
+    {
+        ANNOTATION_ENABLED,
+        ANNOTATION_LOCK,
+        ANNOTATION_TTL,
+        ANNOTATION_RENEW,
+        ANNOTATION_POLICY,
+        ANNOTATION_WAIT_TIMEOUT,
+        ANNOTATION_STOP,
+        ANNOTATION_ALERT_AFTER,
+        ANNOTATION_KEEP_SKIPPED_JOBS,
+    }
+)
+OPERATOR_OWNED: Final = frozenset({ANNOTATION_ORIGINAL_RESTART_POLICY, ANNOTATION_CONSECUTIVE_SKIPS})
+
+LABEL_LOCK: Final = PREFIX + "lock"
+LABEL_MANAGED_BY: Final = "app.kubernetes.io/managed-by"
+MANAGED_BY: Final = "cronlock"
+
+# --- Lease ---------------------------------------------------------------------
+LEASE_PREFIX: Final = "cronlock-"
+HOLDER_ROLE: Final = "cronlock-holder"
+
+
+def lease_name(lock: str) -> str:
+    """The Lease that backs a lock."""
+    return LEASE_PREFIX + lock
+
+
+# --- the injected pod -------------------------------------------------------------
+SIDECAR_CONTAINER: Final = "cronlock"
+GATE_CONTAINER: Final = "cronlock-gate"
+INJECTED_CONTAINERS: Final = frozenset({SIDECAR_CONTAINER, GATE_CONTAINER})
+VOLUME_NAME: Final = "cronlock"
+RUN_DIR: Final = "/var/run/cronlock"
+FENCING_TOKEN_FILE: Final = "fencing-token"
+LEASE_FILE: Final = "lease.json"
+DECISION_FILE: Final = "decision"
+SIDECAR_PORT: Final = 8484
+HELD_PATH: Final = "/held"
+
+# --- exit codes (sysexits.h) -------------------------------------------------------
+EXIT_OK: Final = 0
+EXIT_SKIPPED: Final = 75  # EX_TEMPFAIL: the lock is held by a live run
+EXIT_UNAVAILABLE: Final = 69  # EX_UNAVAILABLE: API unreachable or forbidden
+EXIT_SOFTWARE_LOST: Final = 70  # EX_SOFTWARE: the lease was lost during the run
+EXIT_CONFIG: Final = 78  # EX_CONFIG: bad configuration
+
+# --- environment twins of the sidecar's flags ----------------------------------------
+ENV_PREFIX: Final = "CRONLOCK_"
+ENV_LEASE: Final = "CRONLOCK_LEASE"
+ENV_TTL: Final = "CRONLOCK_TTL"
+ENV_RENEW: Final = "CRONLOCK_RENEW"
+ENV_POLICY: Final = "CRONLOCK_POLICY"
+ENV_WAIT_TIMEOUT: Final = "CRONLOCK_WAIT_TIMEOUT"
+ENV_IDENTITY: Final = "CRONLOCK_IDENTITY"
+ENV_SKEW: Final = "CRONLOCK_SKEW"
+ENV_STOP: Final = "CRONLOCK_STOP"
+ENV_KILL_GRACE: Final = "CRONLOCK_KILL_GRACE"
+ENV_PORT: Final = "CRONLOCK_PORT"
+ENV_RUN_DIR: Final = "CRONLOCK_RUN_DIR"
+ENV_POD_NAME: Final = "CRONLOCK_POD_NAME"
+ENV_POD_UID: Final = "CRONLOCK_POD_UID"
+ENV_POD_NAMESPACE: Final = "CRONLOCK_POD_NAMESPACE"
+ENV_JOB_NAME: Final = "CRONLOCK_JOB_NAME"
+ENV_FENCING_TOKEN: Final = "CRONLOCK_FENCING_TOKEN"
+ENV_LOG_FORMAT: Final = "CRONLOCK_LOG_FORMAT"
+
+# Job label the Job controller puts on its pods; an earlier pod of the same Job may be
+# taken over at once (the retry pod only exists once the earlier one is terminal).
+JOB_NAME_LABEL: Final = "batch.kubernetes.io/job-name"
+
+DEFAULT_TTL_SECONDS: Final = 60
+DEFAULT_SKEW_SECONDS: Final = 2
+DEFAULT_ALERT_AFTER: Final = 3
+# Fraction of the TTL after which a holder with no successful renewal gives up.
+RENEW_DEADLINE_FRACTION: Final = 2 / 3
