@@ -21,6 +21,9 @@ ANNOTATION_CONSECUTIVE_SKIPS: Final = PREFIX + "consecutive-skips"
 # Written on the Lease by the sidecar when it releases.
 ANNOTATION_LAST_HOLDER: Final = PREFIX + "last-holder"
 ANNOTATION_RELEASED_AT: Final = PREFIX + "released-at"
+# Written on the Lease by the holder at acquire: the Job whose pod holds it, so that the
+# retry pod of the same Job may take over from its terminal predecessor at once.
+ANNOTATION_HOLDER_JOB: Final = PREFIX + "holder-job"
 
 USER_SETTINGS: Final = frozenset(
     {
