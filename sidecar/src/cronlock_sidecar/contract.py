@@ -17,6 +17,9 @@ ANNOTATION_ALERT_AFTER: Final = PREFIX + "alert-after"
 ANNOTATION_KEEP_SKIPPED_JOBS: Final = PREFIX + "keep-skipped-jobs"
 # Written by the operator, never by users.
 ANNOTATION_ORIGINAL_RESTART_POLICY: Final = PREFIX + "original-restart-policy"
+# Set when `stop: signal` had to turn on shareProcessNamespace: "false" (the user wrote
+# false) or "unset" (the user did not write it), so that revert restores it exactly.
+ANNOTATION_ORIGINAL_SHARE_PROCESS_NAMESPACE: Final = PREFIX + "original-share-process-namespace"
 ANNOTATION_CONSECUTIVE_SKIPS: Final = PREFIX + "consecutive-skips"
 # Written on the Lease by the sidecar when it releases.
 ANNOTATION_LAST_HOLDER: Final = PREFIX + "last-holder"
@@ -38,7 +41,13 @@ USER_SETTINGS: Final = frozenset(
         ANNOTATION_KEEP_SKIPPED_JOBS,
     }
 )
-OPERATOR_OWNED: Final = frozenset({ANNOTATION_ORIGINAL_RESTART_POLICY, ANNOTATION_CONSECUTIVE_SKIPS})
+OPERATOR_OWNED: Final = frozenset(
+    {
+        ANNOTATION_ORIGINAL_RESTART_POLICY,
+        ANNOTATION_ORIGINAL_SHARE_PROCESS_NAMESPACE,
+        ANNOTATION_CONSECUTIVE_SKIPS,
+    }
+)
 
 LABEL_LOCK: Final = PREFIX + "lock"
 LABEL_MANAGED_BY: Final = "app.kubernetes.io/managed-by"
