@@ -69,7 +69,7 @@ GATE_CONTAINER: Final = "cronlock-gate"
 INJECTED_CONTAINERS: Final = frozenset({SIDECAR_CONTAINER, GATE_CONTAINER})
 VOLUME_NAME: Final = "cronlock"
 RUN_DIR: Final = "/var/run/cronlock"
-FENCING_TOKEN_FILE: Final = "fencing-token"
+FENCING_TOKEN_FILE: Final = "fencing-token"  # noqa: S105 (a file name)
 LEASE_FILE: Final = "lease.json"
 DECISION_FILE: Final = "decision"
 SIDECAR_PORT: Final = 8484
@@ -99,8 +99,9 @@ ENV_POD_NAME: Final = "CRONLOCK_POD_NAME"
 ENV_POD_UID: Final = "CRONLOCK_POD_UID"
 ENV_POD_NAMESPACE: Final = "CRONLOCK_POD_NAMESPACE"
 ENV_JOB_NAME: Final = "CRONLOCK_JOB_NAME"
-ENV_FENCING_TOKEN: Final = "CRONLOCK_FENCING_TOKEN"
+ENV_FENCING_TOKEN: Final = "CRONLOCK_FENCING_TOKEN"  # noqa: S105 (a variable name)
 ENV_LOG_FORMAT: Final = "CRONLOCK_LOG_FORMAT"
+ENV_LOG_LEVEL: Final = "CRONLOCK_LOG_LEVEL"
 
 # Job label the Job controller puts on its pods; an earlier pod of the same Job may be
 # taken over at once (the retry pod only exists once the earlier one is terminal).

@@ -1,0 +1,73 @@
+"""`cronlock-sidecar`: parse and validate everything, then hand over to hold, gate or run."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from types import FrameType
+
+from cronlock_sidecar import logs
+from cronlock_sidecar.contract import EXIT_CONFIG
+from cronlock_sidecar.endpoints import Endpoints, SidecarState
+from cronlock_sidecar.gate import gate
+from cronlock_sidecar.hold import Holder
+from cronlock_sidecar.kubeapi import KubeLeaseClient
+from cronlock_sidecar.kubeconfig import KubeConfigError, load_cluster
+from cronlock_sidecar.lease import SystemClock
+from cronlock_sidecar.options import ConfigError, Options, parse_options
+from cronlock_sidecar.run import Runner
+
+
+def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> int:
+    """Exit codes: 0 ok, 75 skipped, 69 unavailable or forbidden, 78 bad configuration, 70 lost."""
+    arguments = sys.argv[1:] if argv is None else argv
+    environment = os.environ if env is None else env
+    try:
+        options = parse_options(arguments, environment)
+    except ConfigError as error:
+        logs.fatal(str(error))
+        return EXIT_CONFIG
+    logs.configure(options.log_format, options.log_level)
+    if options.command == "gate":
+        return gate(Path(options.run_dir), options.gate_timeout)
+    try:
+        cluster = load_cluster(environment)
+    except KubeConfigError as error:
+        logs.fatal(str(error))
+        return EXIT_CONFIG
+    transport = KubeLeaseClient(cluster, timeout=min(5.0, max(1.0, options.renew)))
+    try:
+        if options.command == "hold":
+            return _hold(options, transport)
+        return Runner(options, transport, SystemClock()).execute()
+    finally:
+        transport.close()
+
+
+def _hold(options: Options, transport: KubeLeaseClient) -> int:
+    state = SidecarState()
+    try:
+        endpoints = Endpoints(state, options.port)
+    except OSError as error:
+        logs.fatal(f"--port: cannot listen on 0.0.0.0:{options.port}: {error}")
+        return EXIT_CONFIG
+    stop = threading.Event()
+
+    def on_signal(_signum: int, _frame: FrameType | None) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    endpoints.start()
+    try:
+        return Holder(options, transport, SystemClock(), state, stop).run()
+    finally:
+        endpoints.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

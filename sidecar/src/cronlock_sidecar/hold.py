@@ -1,0 +1,171 @@
+"""`hold`: the native sidecar that decides, keeps the Lease while the pod runs, gives it back."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from pathlib import Path
+
+from cronlock_sidecar.contract import EXIT_CONFIG, EXIT_OK
+from cronlock_sidecar.endpoints import SidecarState
+from cronlock_sidecar.heartbeat import Heartbeat
+from cronlock_sidecar.lease import (
+    Acquired,
+    Clock,
+    LeaseKeeper,
+    RenewOutcome,
+    RenewResult,
+    acquire,
+)
+from cronlock_sidecar.options import Options
+from cronlock_sidecar.processes import terminate_then_kill, visible_pids
+from cronlock_sidecar.rundir import read_decision, write_decision
+from cronlock_sidecar.transport import ApiError, LeaseTransport
+
+log = logging.getLogger("cronlock_sidecar.hold")
+
+# How often the holder checks its renew deadline between renewals.
+CHECK_SECONDS = 0.1
+
+
+class Holder:
+    """One pod's sidecar: decision, renewals, loss handling and release on stop."""
+
+    def __init__(
+        self,
+        options: Options,
+        transport: LeaseTransport,
+        clock: Clock,
+        state: SidecarState,
+        stop: threading.Event,
+    ) -> None:
+        if options.lease is None:
+            raise ValueError("hold needs a lease")
+        self.options = options
+        self.state = state
+        self.stop = stop
+        self.run_dir = Path(options.run_dir)
+        self.keeper = LeaseKeeper(
+            transport, options.lease, options.identity, options.timing, clock, options.job_name
+        )
+
+    def run(self) -> int:
+        """Until SIGTERM (the `stop` event): exit 0 after releasing what we hold."""
+        previous = read_decision(self.run_dir)
+        if previous in {"skip", "unavailable"}:
+            log.info("restarted after deciding %r; staying idle", previous)
+            self.state.update(decision=previous)
+            return self._idle()
+        acquired = self._resume() if previous == "run" else self._decide()
+        if acquired is None:
+            return self._idle()
+        if self.stop.is_set():
+            self._release()
+            return EXIT_OK
+        return self._keep()
+
+    def _decide(self) -> Acquired | None:
+        try:
+            result = acquire(
+                self.keeper,
+                wait=self.options.wait,
+                wait_timeout=self.options.wait_timeout,
+                pause=self.stop.wait,
+            )
+        except ApiError as error:
+            log.error("%s; this run will not start", error)
+            return self._write("unavailable", None)
+        if self.stop.is_set() and not isinstance(result, Acquired):
+            return None
+        if not isinstance(result, Acquired):
+            log.info("%s", result.message())
+            return self._write("skip", None)
+        return self._write("run", result)
+
+    def _write(self, decision: str, acquired: Acquired | None) -> Acquired | None:
+        try:
+            write_decision(self.run_dir, decision, acquired, self.options.timing)
+        except OSError as error:
+            log.error("--run-dir: cannot write the decision into %s: %s", self.run_dir, error)
+            if acquired is not None:
+                self._release()
+            raise SystemExit(EXIT_CONFIG) from error
+        self.state.update(
+            decision=decision,
+            held=acquired is not None,
+            fencing_token=acquired.transitions if acquired else None,
+        )
+        return acquired
+
+    def _resume(self) -> Acquired | None:
+        """A restarted sidecar of a pod that is running its work: ours still, or lost."""
+        self.state.update(decision="run")
+        started = self.keeper.clock.monotonic()
+        while not self.stop.is_set():
+            try:
+                acquired = self.keeper.resume()
+            except ApiError as error:
+                waited = self.keeper.clock.monotonic() - started
+                if waited >= self.keeper.timing.renew_deadline:
+                    log.error(
+                        "lease %s lost: cannot confirm it after restart: %s", error.lease, error
+                    )
+                    self._lost()
+                    return None
+                log.warning("cannot confirm the lease after restart, retrying: %s", error)
+                self.stop.wait(min(self.keeper.timing.renew, 1.0))
+                continue
+            if acquired is None:
+                self._lost()
+                return None
+            self.state.update(held=True, fencing_token=acquired.transitions)
+            return acquired
+        return None
+
+    def _on_renew(self, result: RenewResult) -> None:
+        self.state.count_renewal(
+            result.outcome.value,
+            self.keeper.last_renew_sent() if result.outcome is RenewOutcome.RENEWED else None,
+        )
+        if result.outcome is RenewOutcome.LOST:
+            self.state.update(held=False)
+
+    def _keep(self) -> int:
+        heartbeat = Heartbeat(self.keeper, self._on_renew)
+        heartbeat.start()
+        try:
+            while not self.stop.wait(CHECK_SECONDS):
+                if self.keeper.check_deadline() or self.keeper.lost:
+                    self._lost()
+                    return self._idle()
+        finally:
+            heartbeat.stop()
+        self._release()
+        return EXIT_OK
+
+    def _lost(self) -> None:
+        self.state.count_lost()
+        log.error(
+            "lease %s is no longer held by %s: /held answers 503 so the run is stopped",
+            self.keeper.lease,
+            self.keeper.identity,
+        )
+        if self.options.stop == "signal":
+            threading.Thread(
+                target=terminate_then_kill,
+                args=(visible_pids(), self.options.kill_grace),
+                name="cronlock-stop",
+                daemon=True,
+            ).start()
+
+    def _release(self) -> None:
+        released = self.keeper.release()
+        self.state.count_release("released" if released else "failed")
+        self.state.update(held=False)
+
+    def _idle(self) -> int:
+        """A native sidecar that exits is restarted: wait for the pod's SIGTERM instead."""
+        self.stop.wait()
+        if self.keeper.held or self.keeper.lost:
+            self._release()
+        return EXIT_OK

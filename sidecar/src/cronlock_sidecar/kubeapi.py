@@ -1,0 +1,147 @@
+"""Lease requests on http.client: the kubernetes package alone costs more than our memory goal."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+import ssl
+import threading
+from typing import Any
+from urllib.parse import quote
+
+from cronlock_sidecar.kubeconfig import Cluster
+from cronlock_sidecar.transport import (
+    ApiError,
+    Conflict,
+    Forbidden,
+    Lease,
+    LeaseRef,
+    NotFound,
+    Unavailable,
+)
+
+USER_AGENT = "cronlock-sidecar"
+DEFAULT_TIMEOUT = 5.0
+# A kept-alive connection the server closed in the meantime fails on first use like this.
+_STALE = (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError)
+
+
+class KubeLeaseClient:
+    """LeaseTransport over HTTPS with keep-alive; every request has a timeout."""
+
+    def __init__(self, cluster: Cluster, timeout: float = DEFAULT_TIMEOUT) -> None:
+        self.cluster = cluster
+        self.timeout = timeout
+        self._idle: list[http.client.HTTPConnection] = []
+        self._lock = threading.Lock()
+
+    def get(self, lease: LeaseRef, *, timeout: float | None = None) -> Lease:
+        return self._request("get", "GET", _lease_path(lease), lease, None, timeout)
+
+    def create(self, lease: LeaseRef, body: Lease, *, timeout: float | None = None) -> Lease:
+        path = f"/apis/coordination.k8s.io/v1/namespaces/{quote(lease.namespace)}/leases"
+        return self._request("create", "POST", path, lease, body, timeout)
+
+    def replace(self, lease: LeaseRef, body: Lease, *, timeout: float | None = None) -> Lease:
+        return self._request("update", "PUT", _lease_path(lease), lease, body, timeout)
+
+    def close(self) -> None:
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for connection in idle:
+            connection.close()
+
+    def _connection(self, timeout: float) -> tuple[http.client.HTTPConnection, bool]:
+        with self._lock:
+            if self._idle:
+                connection = self._idle.pop()
+                connection.timeout = timeout
+                if connection.sock is not None:
+                    connection.sock.settimeout(timeout)
+                return connection, True
+        cluster = self.cluster
+        if cluster.scheme == "https":
+            return http.client.HTTPSConnection(
+                cluster.host, cluster.port, timeout=timeout, context=cluster.ssl_context
+            ), False
+        return http.client.HTTPConnection(cluster.host, cluster.port, timeout=timeout), False
+
+    def _request(
+        self,
+        verb: str,
+        method: str,
+        path: str,
+        lease: LeaseRef,
+        body: Lease | None,
+        timeout: float | None,
+    ) -> Lease:
+        limit = self.timeout if timeout is None else max(0.05, min(timeout, self.timeout))
+        payload = json.dumps(body, separators=(",", ":")).encode() if body is not None else None
+        headers = {"Accept": "application/json", "User-Agent": USER_AGENT}
+        if payload is not None:
+            headers["Content-Type"] = "application/json"
+        try:
+            token = self.cluster.bearer_token()
+        except OSError as error:
+            raise Unavailable(
+                verb, lease, f"cannot read the service account token: {error}"
+            ) from error
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        url = self.cluster.base_path + path
+        for attempt in (1, 2):
+            connection, reused = self._connection(limit)
+            try:
+                connection.request(method, url, body=payload, headers=headers)
+                response = connection.getresponse()
+                status = response.status
+                raw = response.read()
+            except _STALE as error:
+                connection.close()
+                if reused and attempt == 1:
+                    continue
+                raise Unavailable(verb, lease, f"{self.cluster.server}: {error}") from error
+            except (OSError, http.client.HTTPException, ssl.SSLError) as error:
+                connection.close()
+                detail = "timed out" if isinstance(error, socket.timeout) else str(error)
+                raise Unavailable(
+                    verb, lease, f"{self.cluster.server}: {detail or type(error).__name__}"
+                ) from error
+            if response.will_close:
+                connection.close()
+            else:
+                with self._lock:
+                    self._idle.append(connection)
+            return _answer(verb, lease, status, raw)
+        raise Unavailable(verb, lease, "connection closed twice")
+
+
+def _lease_path(lease: LeaseRef) -> str:
+    return (
+        f"/apis/coordination.k8s.io/v1/namespaces/{quote(lease.namespace)}"
+        f"/leases/{quote(lease.name)}"
+    )
+
+
+def _answer(verb: str, lease: LeaseRef, status: int, raw: bytes) -> Lease:
+    try:
+        document: Any = json.loads(raw) if raw else {}
+    except ValueError:
+        document = {}
+    if 200 <= status < 300:
+        if not isinstance(document, dict):
+            raise Unavailable(verb, lease, f"HTTP {status}: the answer is not a JSON object")
+        return document
+    message = document.get("message") if isinstance(document, dict) else None
+    detail = f"HTTP {status}: {message or raw[:200].decode('utf-8', 'replace').strip()}"
+    error_class: type[ApiError]
+    if status == 404:
+        error_class = NotFound
+    elif status == 409:
+        error_class = Conflict
+    elif status in {401, 403}:
+        error_class = Forbidden
+    else:
+        error_class = Unavailable
+    raise error_class(verb, lease, detail)

@@ -1,0 +1,249 @@
+"""Where the API server is and how to prove who we are, without the heavy kubernetes package."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import os
+import ssl
+import tempfile
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import yaml
+
+SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+
+
+class KubeConfigError(Exception):
+    """A configuration that can never work: a user must fix it (exit 78)."""
+
+
+class TokenFile:
+    """A bearer token read from a file again whenever the file changes (tokens rotate)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+        self._stamp: tuple[int, int, int] | None = None
+        self._token = ""
+
+    def __call__(self) -> str:
+        with self._lock:
+            stat = self.path.stat()
+            stamp = (stat.st_mtime_ns, stat.st_size, stat.st_ino)
+            if stamp != self._stamp:
+                self._token = self.path.read_text(encoding="utf-8").strip()
+                self._stamp = stamp
+            return self._token
+
+
+@dataclass
+class Cluster:
+    """One API server endpoint with its TLS settings and credentials."""
+
+    server: str
+    ssl_context: ssl.SSLContext | None
+    token: str = ""
+    token_file: TokenFile | None = None
+    namespace: str = ""
+    source: str = ""
+
+    @property
+    def host(self) -> str:
+        return urlsplit(self.server).hostname or ""
+
+    @property
+    def port(self) -> int:
+        parts = urlsplit(self.server)
+        return parts.port or (443 if parts.scheme == "https" else 80)
+
+    @property
+    def scheme(self) -> str:
+        return urlsplit(self.server).scheme
+
+    @property
+    def base_path(self) -> str:
+        return urlsplit(self.server).path.rstrip("/")
+
+    def bearer_token(self) -> str:
+        if self.token_file is not None:
+            return self.token_file()
+        return self.token
+
+
+def load_cluster(env: Mapping[str, str]) -> Cluster:
+    """kubectl's order: $KUBECONFIG, then ~/.kube/config, then the pod's service account."""
+    kubeconfig = env.get("KUBECONFIG", "")
+    if kubeconfig:
+        paths = [Path(part) for part in kubeconfig.split(os.pathsep) if part]
+        existing = [path for path in paths if path.is_file()]
+        if not existing:
+            raise KubeConfigError(f"KUBECONFIG={kubeconfig}: no such file")
+        return from_kubeconfig(existing)
+    home = env.get("HOME") or str(Path.home())
+    default = Path(home) / ".kube" / "config"
+    if default.is_file():
+        return from_kubeconfig([default])
+    if env.get("KUBERNETES_SERVICE_HOST"):
+        return in_cluster(env)
+    raise KubeConfigError(
+        "no Kubernetes configuration: set KUBECONFIG, create ~/.kube/config, or run in a pod"
+    )
+
+
+def in_cluster(env: Mapping[str, str], account_dir: Path = SERVICE_ACCOUNT_DIR) -> Cluster:
+    """The API server of the pod's own cluster, with the mounted token and CA bundle."""
+    host = env.get("KUBERNETES_SERVICE_HOST", "")
+    port = env.get("KUBERNETES_SERVICE_PORT", "443")
+    token_path = account_dir / "token"
+    ca_path = account_dir / "ca.crt"
+    if not token_path.is_file():
+        raise KubeConfigError(f"in-cluster: no service account token at {token_path}")
+    if not ca_path.is_file():
+        raise KubeConfigError(f"in-cluster: no CA bundle at {ca_path}")
+    context = ssl.create_default_context(cafile=str(ca_path))
+    bracketed = f"[{host}]" if ":" in host else host
+    namespace_path = account_dir / "namespace"
+    namespace = (
+        namespace_path.read_text(encoding="utf-8").strip() if namespace_path.is_file() else ""
+    )
+    return Cluster(
+        server=f"https://{bracketed}:{port}",
+        ssl_context=context,
+        token_file=TokenFile(token_path),
+        namespace=namespace,
+        source="in-cluster service account",
+    )
+
+
+def _named(config: Mapping[str, Any], section: str, key: str) -> dict[str, dict[str, Any]]:
+    entries: dict[str, dict[str, Any]] = {}
+    for entry in config.get(section) or []:
+        if isinstance(entry, dict) and isinstance(entry.get("name"), str):
+            body = entry.get(key)
+            entries.setdefault(entry["name"], body if isinstance(body, dict) else {})
+    return entries
+
+
+def from_kubeconfig(paths: list[Path]) -> Cluster:
+    """The current context of one or more kubeconfig files merged as kubectl merges them."""
+    clusters: dict[str, tuple[dict[str, Any], Path]] = {}
+    users: dict[str, tuple[dict[str, Any], Path]] = {}
+    contexts: dict[str, dict[str, Any]] = {}
+    current = ""
+    for path in paths:
+        try:
+            loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except (OSError, yaml.YAMLError) as error:
+            raise KubeConfigError(f"kubeconfig {path}: {error}") from error
+        if not isinstance(loaded, dict):
+            raise KubeConfigError(f"kubeconfig {path}: not a kubeconfig mapping")
+        for name, body in _named(loaded, "clusters", "cluster").items():
+            clusters.setdefault(name, (body, path.parent))
+        for name, body in _named(loaded, "users", "user").items():
+            users.setdefault(name, (body, path.parent))
+        for name, body in _named(loaded, "contexts", "context").items():
+            contexts.setdefault(name, body)
+        current = current or str(loaded.get("current-context") or "")
+    where = ", ".join(str(path) for path in paths)
+    if not current:
+        raise KubeConfigError(f"kubeconfig {where}: no current-context")
+    if current not in contexts:
+        raise KubeConfigError(f"kubeconfig {where}: context {current!r} not found")
+    context = contexts[current]
+    cluster_name = str(context.get("cluster") or "")
+    if cluster_name not in clusters:
+        raise KubeConfigError(f"kubeconfig {where}: cluster {cluster_name!r} not found")
+    cluster, cluster_dir = clusters[cluster_name]
+    user_name = str(context.get("user") or "")
+    user, user_dir = users.get(user_name, ({}, cluster_dir))
+    server = str(cluster.get("server") or "")
+    scheme = urlsplit(server).scheme
+    if scheme not in {"http", "https"} or not urlsplit(server).hostname:
+        raise KubeConfigError(
+            f"kubeconfig {where}: cluster {cluster_name!r}: bad server {server!r}"
+        )
+    if "exec" in user or "auth-provider" in user:
+        plugin = "exec" if "exec" in user else "auth-provider"
+        raise KubeConfigError(
+            f"kubeconfig {where}: user {user_name!r} uses an {plugin} credential plugin, "
+            "which cronlock-sidecar does not run; use a token, tokenFile or client certificate"
+        )
+    context_ssl = _ssl_context(cluster, cluster_dir, user, user_dir) if scheme == "https" else None
+    token = str(user.get("token") or "")
+    token_file = user.get("tokenFile")
+    return Cluster(
+        server=server,
+        ssl_context=context_ssl,
+        token=token,
+        token_file=TokenFile(_resolve(str(token_file), user_dir)) if token_file else None,
+        namespace=str(context.get("namespace") or ""),
+        source=f"kubeconfig {where} (context {current})",
+    )
+
+
+def _resolve(path: str, base: Path) -> Path:
+    candidate = Path(path).expanduser()
+    return candidate if candidate.is_absolute() else base / candidate
+
+
+def _decode(value: object, what: str) -> bytes:
+    try:
+        return base64.b64decode(str(value), validate=True)
+    except (binascii.Error, ValueError) as error:
+        raise KubeConfigError(f"kubeconfig: {what} is not base64: {error}") from error
+
+
+def _ssl_context(
+    cluster: Mapping[str, Any], cluster_dir: Path, user: Mapping[str, Any], user_dir: Path
+) -> ssl.SSLContext:
+    context = ssl.create_default_context()
+    try:
+        if cluster.get("insecure-skip-tls-verify"):
+            context.check_hostname = False
+            context.verify_mode = ssl.CERT_NONE
+        elif cluster.get("certificate-authority-data"):
+            pem = _decode(cluster["certificate-authority-data"], "certificate-authority-data")
+            context.load_verify_locations(cadata=pem.decode("ascii"))
+        elif cluster.get("certificate-authority"):
+            ca_path = _resolve(str(cluster["certificate-authority"]), cluster_dir)
+            context.load_verify_locations(cafile=str(ca_path))
+        _load_client_certificate(context, user, user_dir)
+    except (OSError, ssl.SSLError, UnicodeDecodeError) as error:
+        raise KubeConfigError(f"kubeconfig: TLS material: {error}") from error
+    return context
+
+
+def _load_client_certificate(
+    context: ssl.SSLContext, user: Mapping[str, Any], user_dir: Path
+) -> None:
+    has_cert = user.get("client-certificate-data") or user.get("client-certificate")
+    has_key = user.get("client-key-data") or user.get("client-key")
+    if not has_cert and not has_key:
+        return
+    if not has_cert or not has_key:
+        raise KubeConfigError("kubeconfig: a client certificate needs both a certificate and a key")
+    cert = (
+        _decode(user["client-certificate-data"], "client-certificate-data")
+        if user.get("client-certificate-data")
+        else _resolve(str(user["client-certificate"]), user_dir).read_bytes()
+    )
+    key = (
+        _decode(user["client-key-data"], "client-key-data")
+        if user.get("client-key-data")
+        else _resolve(str(user["client-key"]), user_dir).read_bytes()
+    )
+    # ssl only loads key material from a file: a private one that lives for this call alone.
+    descriptor, name = tempfile.mkstemp(prefix="cronlock-client-", suffix=".pem")
+    try:
+        os.fchmod(descriptor, 0o600)
+        with os.fdopen(descriptor, "wb") as handle:
+            handle.write(cert.rstrip(b"\n") + b"\n" + key)
+        context.load_cert_chain(name)
+    finally:
+        os.unlink(name)

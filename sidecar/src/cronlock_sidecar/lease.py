@@ -1,0 +1,521 @@
+"""The Lease protocol as a state machine over a clock and a transport, so it is testable offline."""
+
+from __future__ import annotations
+
+import copy
+import enum
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+from cronlock_sidecar.contract import (
+    ANNOTATION_HOLDER_JOB,
+    ANNOTATION_LAST_HOLDER,
+    ANNOTATION_RELEASED_AT,
+    LABEL_MANAGED_BY,
+    MANAGED_BY,
+    RENEW_DEADLINE_FRACTION,
+)
+from cronlock_sidecar.microtime import MicroTimeError, format_microtime, parse_microtime
+from cronlock_sidecar.transport import (
+    ApiError,
+    Conflict,
+    Lease,
+    LeaseRef,
+    LeaseTransport,
+    NotFound,
+    Unavailable,
+)
+
+log = logging.getLogger("cronlock_sidecar.lease")
+
+# Past this many write races in one acquire the API server is too contended to decide on.
+MAX_CONFLICTS = 10
+
+
+class Clock(Protocol):
+    """Monotonic time for our own deadlines, wall time for what we write into the Lease."""
+
+    def monotonic(self) -> float: ...
+
+    def now(self) -> datetime: ...
+
+
+class SystemClock:
+    """The real clocks."""
+
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+    def now(self) -> datetime:
+        return datetime.now(UTC)
+
+
+@dataclass(frozen=True)
+class Timing:
+    """How long a Lease lasts, how often it is renewed, how much clock skew we tolerate."""
+
+    ttl: float
+    renew: float
+    skew: float
+
+    @property
+    def renew_deadline(self) -> float:
+        """Without a successful renew for this long (monotonic) the holder gives up."""
+        return self.ttl * RENEW_DEADLINE_FRACTION
+
+    @property
+    def lease_duration_seconds(self) -> int:
+        return max(1, math.ceil(self.ttl))
+
+
+@dataclass(frozen=True)
+class Acquired:
+    """We hold the Lease; `transitions` is the fencing token."""
+
+    lease: LeaseRef
+    holder: str
+    transitions: int
+    acquire_time: str
+    resumed: bool
+    reason: str
+
+
+@dataclass(frozen=True)
+class Busy:
+    """A live holder has the Lease."""
+
+    lease: LeaseRef
+    holder: str
+    renewed_ago: float
+    expires_in: float
+
+    def message(self) -> str:
+        return (
+            f"already running: lease {self.lease} held by {self.holder} "
+            f"(renewed {max(0, round(self.renewed_ago))}s ago, "
+            f"expires in {max(0, round(self.expires_in))}s); skipping this run"
+        )
+
+
+class RenewOutcome(enum.Enum):
+    RENEWED = "renewed"
+    FAILED = "failed"
+    LOST = "lost"
+
+
+@dataclass(frozen=True)
+class RenewResult:
+    outcome: RenewOutcome
+    detail: str = ""
+
+
+def spec_of(lease: Lease) -> dict[str, Any]:
+    spec = lease.get("spec")
+    return spec if isinstance(spec, dict) else {}
+
+
+def holder_of(lease: Lease) -> str:
+    holder = spec_of(lease).get("holderIdentity")
+    return holder if isinstance(holder, str) else ""
+
+
+def annotations_of(lease: Lease) -> dict[str, str]:
+    metadata = lease.get("metadata")
+    annotations = metadata.get("annotations") if isinstance(metadata, dict) else None
+    return annotations if isinstance(annotations, dict) else {}
+
+
+def transitions_of(lease: Lease) -> int:
+    value = spec_of(lease).get("leaseTransitions")
+    return value if isinstance(value, int) else 0
+
+
+class LeaseKeeper:
+    """Acquires, renews and releases one Lease for one identity; never re-acquires after loss."""
+
+    def __init__(
+        self,
+        transport: LeaseTransport,
+        lease: LeaseRef,
+        identity: str,
+        timing: Timing,
+        clock: Clock,
+        job_name: str = "",
+    ) -> None:
+        self.transport = transport
+        self.lease = lease
+        self.identity = identity
+        self.timing = timing
+        self.clock = clock
+        self.job_name = job_name
+        self._state_lock = threading.Lock()
+        self._record: Lease | None = None
+        self._last_renew_sent = -math.inf
+        self._held = False
+        self._lost = False
+        self._taken_by_other = False
+        self._closing = False
+
+    # --- state -----------------------------------------------------------------
+    @property
+    def held(self) -> bool:
+        with self._state_lock:
+            return self._held
+
+    @property
+    def lost(self) -> bool:
+        with self._state_lock:
+            return self._lost
+
+    def valid_until(self) -> float:
+        """Monotonic time until which we may act as holder without a further renew."""
+        with self._state_lock:
+            return self._last_renew_sent + self.timing.renew_deadline
+
+    def last_renew_sent(self) -> float:
+        with self._state_lock:
+            return self._last_renew_sent
+
+    def check_deadline(self) -> bool:
+        """Declare the Lease lost once the renew deadline passed; True if lost."""
+        with self._state_lock:
+            if not self._held:
+                return self._lost
+            overdue = self.clock.monotonic() - self._last_renew_sent
+            if overdue < self.timing.renew_deadline:
+                return False
+            self._held = False
+            self._lost = True
+        log.error(
+            "lease %s lost by %s: no successful renew for %.1fs (renew deadline %.1fs)",
+            self.lease,
+            self.identity,
+            overdue,
+            self.timing.renew_deadline,
+        )
+        return True
+
+    def _mark_lost(self, detail: str, *, taken: bool) -> RenewResult:
+        with self._state_lock:
+            was_held = self._held
+            self._held = False
+            self._lost = True
+            self._taken_by_other = self._taken_by_other or taken
+        if was_held:
+            log.error("lease %s lost by %s: %s", self.lease, self.identity, detail)
+        return RenewResult(RenewOutcome.LOST, detail)
+
+    def _hold(self, written: Lease, sent: float) -> None:
+        with self._state_lock:
+            self._record = written
+            self._last_renew_sent = max(self._last_renew_sent, sent)
+            self._held = True
+
+    # --- acquire ---------------------------------------------------------------
+    def try_acquire(self) -> Acquired | Busy:
+        """One decision: take the Lease if it is free, ours or our Job's, else report the holder.
+
+        Raises Forbidden or Unavailable when the API server refuses or cannot be reached.
+        """
+        if self.lost:
+            raise RuntimeError("a lost lease is never re-acquired by the same keeper")
+        for _ in range(MAX_CONFLICTS):
+            try:
+                current = self.transport.get(self.lease)
+            except NotFound:
+                result = self._create()
+                if result is not None:
+                    return result
+                continue
+            decided = self._decide(current)
+            if decided is not None:
+                return decided
+        raise Unavailable("acquire", self.lease, f"{MAX_CONFLICTS} write conflicts in a row")
+
+    def resume(self) -> Acquired | None:
+        """After a restart in the same pod: renew if the Lease still names us, else None (lost).
+
+        Never takes a free Lease: this pod already ran its work under an earlier acquire.
+        """
+        for _ in range(MAX_CONFLICTS):
+            try:
+                current = self.transport.get(self.lease)
+            except NotFound:
+                self._mark_lost("the Lease was deleted", taken=True)
+                return None
+            holder = holder_of(current)
+            if holder != self.identity:
+                with self._state_lock:
+                    self._lost = True
+                    self._taken_by_other = True
+                log.error(
+                    "lease %s lost by %s while restarting: now held by %s",
+                    self.lease,
+                    self.identity,
+                    holder or "nobody",
+                )
+                return None
+            result = self._decide(current)
+            if isinstance(result, Acquired):
+                return result
+        raise Unavailable("update", self.lease, f"{MAX_CONFLICTS} write conflicts in a row")
+
+    def _create(self) -> Acquired | None:
+        now = self.clock.now()
+        body: Lease = {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {
+                "name": self.lease.name,
+                "namespace": self.lease.namespace,
+                "labels": {LABEL_MANAGED_BY: MANAGED_BY},
+            },
+            "spec": {},
+        }
+        body = self._claimed(body, now)
+        sent = self.clock.monotonic()
+        try:
+            written = self.transport.create(self.lease, body)
+        except Conflict:
+            return None
+        return self._took(written, sent, resumed=False, reason="created")
+
+    def _decide(self, current: Lease) -> Acquired | Busy | None:
+        holder = holder_of(current)
+        now = self.clock.now()
+        if holder == self.identity:
+            body = self._renewed(current, now)
+            reason = "resumed"
+        else:
+            reason_or_busy = self._free_reason(current, holder, now)
+            if isinstance(reason_or_busy, Busy):
+                return reason_or_busy
+            reason = reason_or_busy
+            body = self._claimed(current, now)
+        sent = self.clock.monotonic()
+        try:
+            written = self.transport.replace(self.lease, body)
+        except Conflict:
+            return None
+        return self._took(written, sent, resumed=reason == "resumed", reason=reason)
+
+    def _free_reason(self, current: Lease, holder: str, now: datetime) -> str | Busy:
+        if not holder:
+            return "free"
+        if self.job_name and annotations_of(current).get(ANNOTATION_HOLDER_JOB) == self.job_name:
+            return "earlier pod of the same Job"
+        spec = spec_of(current)
+        renewed = _timestamp(spec.get("renewTime")) or _timestamp(spec.get("acquireTime"))
+        if renewed is None:
+            return "expired"
+        duration = spec.get("leaseDurationSeconds")
+        seconds = float(duration) if isinstance(duration, int | float) else 0.0
+        renewed_ago = (now - renewed).total_seconds()
+        if renewed_ago > seconds + self.timing.skew:
+            return "expired"
+        return Busy(self.lease, holder, renewed_ago, seconds - renewed_ago)
+
+    def _took(self, written: Lease, sent: float, *, resumed: bool, reason: str) -> Acquired:
+        self._hold(written, sent)
+        spec = spec_of(written)
+        acquired = Acquired(
+            lease=self.lease,
+            holder=self.identity,
+            transitions=transitions_of(written),
+            acquire_time=str(spec.get("acquireTime") or ""),
+            resumed=resumed,
+            reason=reason,
+        )
+        verb = "resumed" if resumed else "acquired"
+        log.info(
+            "lease %s %s by %s (transitions %d, %s)",
+            self.lease,
+            verb,
+            self.identity,
+            acquired.transitions,
+            reason,
+        )
+        return acquired
+
+    def _claimed(self, current: Lease, now: datetime) -> Lease:
+        body = copy.deepcopy(current)
+        spec = body.setdefault("spec", {})
+        stamp = format_microtime(now)
+        spec["holderIdentity"] = self.identity
+        spec["acquireTime"] = stamp
+        spec["renewTime"] = stamp
+        spec["leaseDurationSeconds"] = self.timing.lease_duration_seconds
+        spec["leaseTransitions"] = transitions_of(current) + 1
+        metadata = body.setdefault("metadata", {})
+        annotations = dict(metadata.get("annotations") or {})
+        if self.job_name:
+            annotations[ANNOTATION_HOLDER_JOB] = self.job_name
+        else:
+            annotations.pop(ANNOTATION_HOLDER_JOB, None)
+        metadata["annotations"] = annotations
+        return body
+
+    def _renewed(self, current: Lease, now: datetime) -> Lease:
+        body = copy.deepcopy(current)
+        spec = body.setdefault("spec", {})
+        spec["renewTime"] = format_microtime(now)
+        spec["leaseDurationSeconds"] = self.timing.lease_duration_seconds
+        return body
+
+    # --- renew -----------------------------------------------------------------
+    def renew(self) -> RenewResult:
+        """One guarded renew; a Lease that names another holder is lost at once."""
+        with self._state_lock:
+            if not self._held or self._closing or self._record is None:
+                return RenewResult(RenewOutcome.LOST, "not held")
+            record = self._record
+        body = self._renewed(record, self.clock.now())
+        sent = self.clock.monotonic()
+        try:
+            written = self.transport.replace(self.lease, body)
+        except Conflict:
+            return self._renew_after_conflict()
+        except NotFound as error:
+            return self._mark_lost(f"the Lease was deleted ({error.detail})", taken=True)
+        except ApiError as error:
+            return self._renew_failed(error)
+        return self._renewed_ok(written, sent)
+
+    def _renew_after_conflict(self) -> RenewResult:
+        try:
+            current = self.transport.get(self.lease)
+        except NotFound as error:
+            return self._mark_lost(f"the Lease was deleted ({error.detail})", taken=True)
+        except ApiError as error:
+            return self._renew_failed(error)
+        holder = holder_of(current)
+        if holder != self.identity:
+            return self._mark_lost(f"now held by {holder or 'nobody'}", taken=True)
+        body = self._renewed(current, self.clock.now())
+        sent = self.clock.monotonic()
+        try:
+            written = self.transport.replace(self.lease, body)
+        except ApiError as error:
+            return self._renew_failed(error)
+        return self._renewed_ok(written, sent)
+
+    def _renewed_ok(self, written: Lease, sent: float) -> RenewResult:
+        if holder_of(written) != self.identity:
+            return self._mark_lost(f"now held by {holder_of(written) or 'nobody'}", taken=True)
+        with self._state_lock:
+            if not self._held:
+                return RenewResult(RenewOutcome.LOST, "lost before the renew returned")
+            self._record = written
+            self._last_renew_sent = max(self._last_renew_sent, sent)
+        log.debug("lease %s renewed by %s", self.lease, self.identity)
+        return RenewResult(RenewOutcome.RENEWED)
+
+    def _renew_failed(self, error: ApiError) -> RenewResult:
+        left = self.valid_until() - self.clock.monotonic()
+        log.warning(
+            "lease %s renew failed (%.1fs left before giving up): %s", self.lease, left, error
+        )
+        return RenewResult(RenewOutcome.FAILED, str(error))
+
+    # --- release ---------------------------------------------------------------
+    def release(self, budget: float = 3.0) -> bool:
+        """Give the Lease back if it is still ours, within `budget` seconds; True if released."""
+        with self._state_lock:
+            record = self._record
+            self._closing = True
+            if record is None or self._taken_by_other:
+                return False
+        deadline = self.clock.monotonic() + budget
+        current = record
+        while True:
+            remaining = deadline - self.clock.monotonic()
+            if remaining <= 0:
+                log.warning(
+                    "lease %s not released within %.1fs; it expires by TTL", self.lease, budget
+                )
+                return False
+            try:
+                self.transport.replace(self.lease, self._released(current), timeout=remaining)
+            except Conflict:
+                current_or_none = self._reread_for_release(remaining)
+                if current_or_none is None:
+                    return False
+                current = current_or_none
+                continue
+            except ApiError as error:
+                log.warning("lease %s not released, it expires by TTL: %s", self.lease, error)
+                return False
+            with self._state_lock:
+                self._held = False
+            log.info("lease %s released by %s", self.lease, self.identity)
+            return True
+
+    def _reread_for_release(self, timeout: float) -> Lease | None:
+        try:
+            current = self.transport.get(self.lease, timeout=timeout)
+        except ApiError as error:
+            log.warning("lease %s not released, it expires by TTL: %s", self.lease, error)
+            return None
+        holder = holder_of(current)
+        if holder != self.identity:
+            log.info("lease %s not released: held by %s now", self.lease, holder or "nobody")
+            with self._state_lock:
+                self._held = False
+                self._taken_by_other = True
+            return None
+        return current
+
+    def _released(self, current: Lease) -> Lease:
+        body = copy.deepcopy(current)
+        spec = body.setdefault("spec", {})
+        spec.pop("holderIdentity", None)
+        metadata = body.setdefault("metadata", {})
+        annotations = dict(metadata.get("annotations") or {})
+        annotations.pop(ANNOTATION_HOLDER_JOB, None)
+        annotations[ANNOTATION_LAST_HOLDER] = self.identity
+        annotations[ANNOTATION_RELEASED_AT] = format_microtime(self.clock.now())
+        metadata["annotations"] = annotations
+        return body
+
+
+def _timestamp(value: object) -> datetime | None:
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        return parse_microtime(value)
+    except MicroTimeError:
+        return None
+
+
+def acquire(
+    keeper: LeaseKeeper,
+    *,
+    wait: bool,
+    wait_timeout: float,
+    pause: Callable[[float], bool],
+) -> Acquired | Busy:
+    """Decide under a policy: skip at once, or retry until `wait_timeout` has passed.
+
+    `pause(seconds)` sleeps and returns True when the caller was asked to stop.
+    """
+    started = keeper.clock.monotonic()
+    retry_every = min(keeper.timing.renew, 1.0)
+    announced = False
+    while True:
+        result = keeper.try_acquire()
+        if isinstance(result, Acquired) or not wait:
+            return result
+        left = started + wait_timeout - keeper.clock.monotonic()
+        if left <= 0:
+            return result
+        if not announced:
+            log.info("lease %s held by %s; waiting up to %.0fs", keeper.lease, result.holder, left)
+            announced = True
+        if pause(min(retry_every, left)):
+            return result

@@ -1,0 +1,295 @@
+"""Flags and their CRONLOCK_* twins, all validated before the API server is touched."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import secrets
+import socket
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import NoReturn
+
+from cronlock_sidecar import contract
+from cronlock_sidecar.durations import DURATION_FORMS, DurationError, parse_duration
+from cronlock_sidecar.lease import Timing
+from cronlock_sidecar.transport import LeaseRef
+
+COMMANDS = ("hold", "gate", "run")
+POLICIES = ("skip", "wait")
+STOP_MODES = ("auto", "liveness", "signal")
+LOG_FORMATS = ("plain", "json")
+LOG_LEVELS = ("debug", "info", "warning", "error")
+DEFAULT_KILL_GRACE = 5.0
+DEFAULT_WAIT_TIMEOUT = 0.0
+
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_IDENTITY = re.compile(r"[!-~]{1,253}$")
+
+# flag name -> environment twin
+ENV_TWINS: Mapping[str, str] = {
+    "lease": contract.ENV_LEASE,
+    "ttl": contract.ENV_TTL,
+    "renew": contract.ENV_RENEW,
+    "policy": contract.ENV_POLICY,
+    "wait_timeout": contract.ENV_WAIT_TIMEOUT,
+    "identity": contract.ENV_IDENTITY,
+    "skew": contract.ENV_SKEW,
+    "stop": contract.ENV_STOP,
+    "kill_grace": contract.ENV_KILL_GRACE,
+    "port": contract.ENV_PORT,
+    "run_dir": contract.ENV_RUN_DIR,
+    "pod_name": contract.ENV_POD_NAME,
+    "pod_uid": contract.ENV_POD_UID,
+    "pod_namespace": contract.ENV_POD_NAMESPACE,
+    "job_name": contract.ENV_JOB_NAME,
+    "log_format": contract.ENV_LOG_FORMAT,
+    "log_level": contract.ENV_LOG_LEVEL,
+}
+
+
+class ConfigError(Exception):
+    """An option that can never work; the message names it and the accepted forms (exit 78)."""
+
+
+@dataclass(frozen=True)
+class Options:
+    """Everything a subcommand needs, already validated."""
+
+    command: str
+    lease: LeaseRef | None
+    ttl: float
+    renew: float
+    skew: float
+    policy: str
+    wait_timeout: float
+    identity: str
+    stop: str
+    kill_grace: float
+    port: int
+    run_dir: str
+    pod_name: str
+    pod_uid: str
+    pod_namespace: str
+    job_name: str
+    log_format: str
+    log_level: str
+    cmd: tuple[str, ...]
+
+    @property
+    def timing(self) -> Timing:
+        return Timing(ttl=self.ttl, renew=self.renew, skew=self.skew)
+
+    @property
+    def wait(self) -> bool:
+        return self.policy == "wait"
+
+    @property
+    def gate_timeout(self) -> float:
+        """The gate gives up a minute after the longest the sidecar may wait to decide."""
+        return self.wait_timeout + 60.0
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise ConfigError(f"{message} (see cronlock-sidecar {self.prog.split()[-1]} --help)")
+
+
+def _parser() -> _Parser:
+    parser = _Parser(
+        prog="cronlock-sidecar",
+        description="Hold a coordination.k8s.io/v1 Lease so CronJob runs never overlap.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    hold = commands.add_parser("hold", help="native sidecar: decide, serve /held, renew, release")
+    gate = commands.add_parser("gate", help="init container: wait for the sidecar's decision")
+    run = commands.add_parser(
+        "run",
+        help="acquire, run CMD, renew, release: the whole pattern in one process",
+        usage="cronlock-sidecar run --lease NS/NAME [options] -- CMD [ARGS...]",
+    )
+    for sub in (hold, run):
+        sub.add_argument("--lease", metavar="NS/NAME", help="the Lease (CRONLOCK_LEASE)")
+        sub.add_argument("--ttl", metavar="D", help="lease duration, default 60s (CRONLOCK_TTL)")
+        sub.add_argument(
+            "--renew", metavar="D", help="renew period, default ttl/3 (CRONLOCK_RENEW)"
+        )
+        sub.add_argument("--policy", metavar="skip|wait", help="when held (CRONLOCK_POLICY)")
+        sub.add_argument("--identity", metavar="ID", help="holder identity (CRONLOCK_IDENTITY)")
+        sub.add_argument("--skew", metavar="D", help="clock skew allowance, default 2s")
+        sub.add_argument("--kill-grace", metavar="D", help="SIGTERM to SIGKILL, default 5s")
+        sub.add_argument("--job-name", metavar="NAME", help="this pod's Job (CRONLOCK_JOB_NAME)")
+    for sub in (hold, gate, run):
+        sub.add_argument("--wait-timeout", metavar="D", help="with --policy wait, default 0s")
+        sub.add_argument("--log-format", metavar="plain|json", help="(CRONLOCK_LOG_FORMAT)")
+        sub.add_argument("--log-level", metavar="LEVEL", help="debug|info|warning|error")
+    for sub in (hold, gate):
+        sub.add_argument("--run-dir", metavar="DIR", help=f"default {contract.RUN_DIR}")
+    hold.add_argument("--stop", metavar="MODE", help="auto|liveness|signal (CRONLOCK_STOP)")
+    hold.add_argument("--port", metavar="N", help=f"HTTP port, default {contract.SIDECAR_PORT}")
+    hold.add_argument("--pod-name", metavar="NAME", help="(CRONLOCK_POD_NAME)")
+    hold.add_argument("--pod-uid", metavar="UID", help="(CRONLOCK_POD_UID)")
+    hold.add_argument("--pod-namespace", metavar="NS", help="(CRONLOCK_POD_NAMESPACE)")
+    return parser
+
+
+class _Values:
+    """Each option from its flag, else its environment twin, remembering where it came from."""
+
+    def __init__(self, parsed: argparse.Namespace, env: Mapping[str, str]) -> None:
+        self.parsed = parsed
+        self.env = env
+
+    def get(self, key: str) -> tuple[str | None, str]:
+        flag = "--" + key.replace("_", "-")
+        value = getattr(self.parsed, key, None)
+        if value is not None:
+            return str(value), flag
+        twin = ENV_TWINS[key]
+        from_env = self.env.get(twin)
+        if from_env is not None and from_env != "":
+            return from_env, f"{flag} (from {twin})"
+        return None, flag
+
+    def duration(self, key: str, default: float) -> float:
+        text, name = self.get(key)
+        if text is None:
+            return default
+        try:
+            return parse_duration(text)
+        except DurationError as error:
+            raise ConfigError(f"{name}: {error}") from error
+
+    def choice(self, key: str, choices: Sequence[str], default: str) -> str:
+        text, name = self.get(key)
+        if text is None:
+            return default
+        if text not in choices:
+            raise ConfigError(f"{name}: {text!r} is not one of {', '.join(choices)}")
+        return text
+
+    def text(self, key: str, default: str = "") -> str:
+        text, _ = self.get(key)
+        return default if text is None else text
+
+
+def parse_lease(text: str, name: str) -> LeaseRef:
+    namespace, slash, lease = text.partition("/")
+    forms = "expected NAMESPACE/NAME, e.g. default/cronlock-report"
+    if not slash or not namespace or not lease:
+        raise ConfigError(f"{name}: {text!r} is not a Lease reference; {forms}")
+    if len(namespace) > 63 or not _DNS_LABEL.match(namespace):
+        raise ConfigError(
+            f"{name}: namespace {namespace!r} is not a DNS-1123 label "
+            f"(lowercase letters, digits and '-', at most 63); {forms}"
+        )
+    if len(lease) > 253 or not _DNS_SUBDOMAIN.match(lease):
+        raise ConfigError(
+            f"{name}: name {lease!r} is not a DNS-1123 subdomain "
+            f"(lowercase letters, digits, '-' and '.', at most 253); {forms}"
+        )
+    return LeaseRef(namespace, lease)
+
+
+def _split_command(argv: Sequence[str]) -> tuple[list[str], tuple[str, ...]]:
+    items = list(argv)
+    if items[:1] == ["run"] and "--" in items:
+        cut = items.index("--")
+        return items[:cut], tuple(items[cut + 1 :])
+    return items, ()
+
+
+def parse_options(argv: Sequence[str], env: Mapping[str, str]) -> Options:
+    """Validated options for one subcommand; ConfigError names the first bad option."""
+    own_args, cmd = _split_command(argv)
+    parsed = _parser().parse_args(own_args)
+    values = _Values(parsed, env)
+    command: str = parsed.command
+
+    ttl = values.duration("ttl", float(contract.DEFAULT_TTL_SECONDS))
+    if ttl < 1:
+        raise ConfigError(f"{values.get('ttl')[1]}: must be at least 1s; expected {DURATION_FORMS}")
+    renew = values.duration("renew", ttl / 3)
+    if not 0 < renew < ttl:
+        raise ConfigError(
+            f"{values.get('renew')[1]}: must be more than 0s and less than the ttl "
+            f"({ttl:g}s); the default is ttl/3"
+        )
+    skew = values.duration("skew", float(contract.DEFAULT_SKEW_SECONDS))
+    policy = values.choice("policy", POLICIES, "skip")
+    wait_timeout = values.duration("wait_timeout", DEFAULT_WAIT_TIMEOUT)
+    if wait_timeout > 0 and policy != "wait" and command != "gate":
+        raise ConfigError(
+            f"{values.get('wait_timeout')[1]}: only meaningful with --policy wait "
+            "(drop it, or set --policy wait)"
+        )
+    kill_grace = values.duration("kill_grace", min(DEFAULT_KILL_GRACE, ttl / 3))
+    stop = values.choice("stop", STOP_MODES, "auto")
+    log_format = values.choice("log_format", LOG_FORMATS, "plain")
+    log_level = values.choice("log_level", LOG_LEVELS, "info")
+
+    port_text, port_name = values.get("port")
+    port = contract.SIDECAR_PORT
+    if port_text is not None:
+        if not port_text.isdigit() or int(port_text) > 65535:
+            raise ConfigError(f"{port_name}: {port_text!r} is not a TCP port; expected 0-65535")
+        port = int(port_text)
+
+    run_dir = values.text("run_dir", contract.RUN_DIR)
+    if not run_dir:
+        raise ConfigError("--run-dir: empty; expected a directory path")
+
+    lease: LeaseRef | None = None
+    if command != "gate":
+        lease_text, lease_name = values.get("lease")
+        if lease_text is None:
+            raise ConfigError(
+                f"--lease: required; expected NAMESPACE/NAME (or set {contract.ENV_LEASE})"
+            )
+        lease = parse_lease(lease_text, lease_name)
+    if command == "run" and not cmd:
+        raise ConfigError("CMD: missing; usage: cronlock-sidecar run --lease NS/NAME -- CMD [ARGS]")
+
+    pod_name = values.text("pod_name")
+    pod_uid = values.text("pod_uid")
+    identity_text, identity_name = values.get("identity")
+    if identity_text is not None:
+        if not _IDENTITY.match(identity_text):
+            raise ConfigError(
+                f"{identity_name}: {identity_text!r} is not an identity; expected 1-253 "
+                "printable characters without spaces"
+            )
+        identity = identity_text
+    elif command == "hold":
+        if not pod_name or not pod_uid:
+            raise ConfigError(
+                f"--identity: not set, and {contract.ENV_POD_NAME}/{contract.ENV_POD_UID} "
+                "(downward API) are missing; set both or pass --identity"
+            )
+        identity = f"{pod_name}_{pod_uid[:8]}"
+    else:
+        identity = f"{socket.gethostname()}_{os.getpid()}_{secrets.token_hex(4)}"
+
+    return Options(
+        command=command,
+        lease=lease,
+        ttl=ttl,
+        renew=renew,
+        skew=skew,
+        policy=policy,
+        wait_timeout=wait_timeout,
+        identity=identity,
+        stop=stop,
+        kill_grace=kill_grace,
+        port=port,
+        run_dir=run_dir,
+        pod_name=pod_name,
+        pod_uid=pod_uid,
+        pod_namespace=values.text("pod_namespace"),
+        job_name=values.text("job_name"),
+        log_format=log_format,
+        log_level=log_level,
+        cmd=cmd,
+    )

@@ -1,0 +1,162 @@
+"""`run`: the whole lock pattern around one command, for use without the operator."""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import signal
+import subprocess
+import threading
+from collections.abc import Callable
+from types import FrameType
+
+from cronlock_sidecar import watchdog
+from cronlock_sidecar.contract import (
+    ENV_FENCING_TOKEN,
+    EXIT_SKIPPED,
+    EXIT_SOFTWARE_LOST,
+    EXIT_UNAVAILABLE,
+)
+from cronlock_sidecar.heartbeat import Heartbeat
+from cronlock_sidecar.lease import Acquired, Clock, LeaseKeeper, RenewOutcome, RenewResult, acquire
+from cronlock_sidecar.options import Options
+from cronlock_sidecar.processes import stop_group
+from cronlock_sidecar.transport import ApiError, LeaseTransport
+
+log = logging.getLogger("cronlock_sidecar.run")
+
+FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+CHECK_SECONDS = 0.05
+EXIT_NOT_FOUND = 127
+EXIT_NOT_EXECUTABLE = 126
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> Callable[[], None] | None:
+    """A preexec hook asking Linux to SIGTERM CMD when `run` dies: the second line of defence."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        prctl = libc.prctl
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def hook() -> None:
+        prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+        if os.getppid() != parent:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return hook
+
+
+class Runner:
+    """One guarded execution of CMD."""
+
+    def __init__(self, options: Options, transport: LeaseTransport, clock: Clock) -> None:
+        if options.lease is None:
+            raise ValueError("run needs a lease")
+        self.options = options
+        self.keeper = LeaseKeeper(
+            transport, options.lease, options.identity, options.timing, clock, options.job_name
+        )
+        self.stop = threading.Event()
+        self.process: subprocess.Popen[bytes] | None = None
+        self.signals: list[int] = []
+
+    def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
+        self.signals.append(signum)
+        self.stop.set()
+        if self.process is not None and self.process.poll() is None:
+            try:
+                os.killpg(self.process.pid, signum)
+            except ProcessLookupError:
+                log.debug("CMD already gone when forwarding %s", signal.Signals(signum).name)
+
+    def execute(self) -> int:
+        previous = {signum: signal.signal(signum, self._on_signal) for signum in FORWARDED_SIGNALS}
+        try:
+            return self._execute()
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+
+    def _execute(self) -> int:
+        options = self.options
+        try:
+            result = acquire(
+                self.keeper,
+                wait=options.wait,
+                wait_timeout=options.wait_timeout,
+                pause=self.stop.wait,
+            )
+        except ApiError as error:
+            log.error("%s; not running CMD", error)
+            return EXIT_UNAVAILABLE
+        if not isinstance(result, Acquired):
+            if self.signals:
+                return 128 + self.signals[0]
+            log.info("%s", result.message())
+            return EXIT_SKIPPED
+        try:
+            if self.signals:
+                return 128 + self.signals[0]
+            return self._guarded(result)
+        finally:
+            self.keeper.release()
+
+    def _guarded(self, acquired: Acquired) -> int:
+        options = self.options
+        guard = watchdog.start(self.keeper.valid_until(), options.kill_grace)
+        heartbeat: Heartbeat | None = None
+        try:
+            environment = dict(os.environ)
+            environment[ENV_FENCING_TOKEN] = str(acquired.transitions)
+            try:
+                self.process = subprocess.Popen(
+                    options.cmd,
+                    env=environment,
+                    start_new_session=True,
+                    preexec_fn=_die_with_parent(),
+                )
+            except FileNotFoundError as error:
+                log.error("cannot run %s: %s", options.cmd[0], error)
+                return EXIT_NOT_FOUND
+            except PermissionError as error:
+                log.error("cannot run %s: %s", options.cmd[0], error)
+                return EXIT_NOT_EXECUTABLE
+            guard.guard(self.process.pid)
+            if self.signals:
+                os.killpg(self.process.pid, self.signals[-1])
+            guard.valid_until(self.keeper.valid_until())
+
+            def on_renew(result: RenewResult) -> None:
+                if result.outcome is RenewOutcome.RENEWED:
+                    guard.valid_until(self.keeper.valid_until())
+
+            heartbeat = Heartbeat(self.keeper, on_renew)
+            heartbeat.start()
+            return self._wait(self.process)
+        finally:
+            if heartbeat is not None:
+                heartbeat.stop()
+            guard.finish()
+
+    def _wait(self, process: subprocess.Popen[bytes]) -> int:
+        while True:
+            try:
+                code = process.wait(CHECK_SECONDS)
+            except subprocess.TimeoutExpired:
+                if self.keeper.check_deadline() or self.keeper.lost:
+                    log.error(
+                        "lease %s lost: stopping CMD (SIGTERM, SIGKILL after %.1fs)",
+                        self.keeper.lease,
+                        self.options.kill_grace,
+                    )
+                    stop_group(process.pid, self.options.kill_grace)
+                    process.wait()
+                    return EXIT_SOFTWARE_LOST
+                continue
+            if self.keeper.check_deadline() or self.keeper.lost:
+                return EXIT_SOFTWARE_LOST
+            return 128 - code if code < 0 else code

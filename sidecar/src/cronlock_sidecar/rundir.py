@@ -1,0 +1,54 @@
+"""The files the sidecar shares with the gate and the user's containers, written atomically."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+from cronlock_sidecar.contract import DECISION_FILE, FENCING_TOKEN_FILE, LEASE_FILE
+from cronlock_sidecar.lease import Acquired, Timing
+
+DECISIONS = ("run", "skip", "unavailable")
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Readers see the old file or the whole new one, never a half-written one."""
+    descriptor, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        os.chmod(temporary, 0o644)
+        os.replace(temporary, path)
+    except BaseException:
+        os.unlink(temporary)
+        raise
+
+
+def write_decision(run_dir: Path, decision: str, acquired: Acquired | None, timing: Timing) -> None:
+    """The fencing token and lease.json first, so the work finds them once `run` is visible."""
+    if decision not in DECISIONS:
+        raise ValueError(f"unknown decision {decision!r}")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if acquired is not None:
+        write_atomically(run_dir / FENCING_TOKEN_FILE, f"{acquired.transitions}\n")
+        lease = {
+            "namespace": acquired.lease.namespace,
+            "name": acquired.lease.name,
+            "holder": acquired.holder,
+            "acquireTime": acquired.acquire_time,
+            "ttl": timing.lease_duration_seconds,
+            "transitions": acquired.transitions,
+        }
+        write_atomically(run_dir / LEASE_FILE, json.dumps(lease, indent=2) + "\n")
+    write_atomically(run_dir / DECISION_FILE, decision + "\n")
+
+
+def read_decision(run_dir: Path) -> str | None:
+    """The decision written so far, or None while the sidecar is still deciding."""
+    try:
+        text = (run_dir / DECISION_FILE).read_text(encoding="utf-8").strip()
+    except FileNotFoundError:
+        return None
+    return text
