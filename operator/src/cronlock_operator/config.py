@@ -1,0 +1,408 @@
+"""A CronJob's `cronlock.io/*` annotations, parsed and checked before anything is written."""
+
+from __future__ import annotations
+
+import difflib
+import json
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any, Final, Literal
+
+from cronlock_sidecar import contract
+from cronlock_sidecar.durations import DURATION_FORMS, DurationError, parse_duration
+
+Policy = Literal["skip", "wait"]
+Stop = Literal["liveness", "signal"]
+
+MIN_TTL_SECONDS: Final = 5
+MAX_TTL_SECONDS: Final = 24 * 3600
+# A renewal more often than once a second only loads the API server.
+MIN_RENEW_SECONDS: Final = 1.0
+MAX_WAIT_TIMEOUT_SECONDS: Final = 24 * 3600
+MIN_ALERT_AFTER: Final = 1
+MAX_ALERT_AFTER: Final = 1000
+# The liveness probe on user containers runs every second; the sidecar checks as often.
+PROBE_PERIOD_SECONDS: Final = 1
+# Longer graces only delay the stop; the TTL has to cover it.
+MAX_KILL_GRACE_SECONDS: Final = 10
+MIN_KILL_GRACE_SECONDS: Final = 1
+# Exact 2/3, so that boundary TTLs are not decided by float rounding.
+RENEW_DEADLINE: Final = Fraction(contract.RENEW_DEADLINE_FRACTION).limit_denominator(1000)
+
+_LOCK = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+_MAX_LOCK_LENGTH: Final = 63  # the lock is also the value of the label cronlock.io/lock
+_INTEGER = re.compile(r"[0-9]+")
+_IMAGE_PULL_POLICIES: Final = ("Always", "IfNotPresent", "Never")
+
+
+class InvalidConfig(ValueError):
+    """A `cronlock.io/*` annotation (or the CronJob it is on) that cronlock cannot honour."""
+
+    def __init__(self, annotation: str, value: str | None, reason: str) -> None:
+        self.annotation = annotation
+        self.value = value
+        self.reason = reason
+        shown = f"{annotation}: {json.dumps(value)}" if value is not None else annotation
+        super().__init__(f"{shown} {reason}")
+
+
+@dataclass(frozen=True)
+class OperatorSettings:
+    """What the operator's flags (and so the chart) decide for every CronJob."""
+
+    sidecar_image: str
+    sidecar_image_pull_policy: str = "IfNotPresent"
+    default_ttl_seconds: int = contract.DEFAULT_TTL_SECONDS
+    # Used when a CronJob sets neither ttl nor renew; with its own ttl, renew is ttl/3.
+    default_renew_seconds: float | None = None
+    default_policy: Policy = "skip"
+    skew_seconds: int = contract.DEFAULT_SKEW_SECONDS
+
+    def __post_init__(self) -> None:
+        if not self.sidecar_image:
+            raise ValueError("the sidecar image must not be empty")
+        if self.sidecar_image_pull_policy not in _IMAGE_PULL_POLICIES:
+            raise ValueError(
+                f"sidecar image pull policy {self.sidecar_image_pull_policy!r} is not one of "
+                + ", ".join(_IMAGE_PULL_POLICIES)
+            )
+        if self.default_policy not in ("skip", "wait"):
+            raise ValueError(f"default policy {self.default_policy!r} is not skip or wait")
+        if self.skew_seconds < 0:
+            raise ValueError(f"clock skew {self.skew_seconds}s must not be negative")
+        try:
+            ttl = _check_ttl(
+                float(self.default_ttl_seconds), _format_seconds(self.default_ttl_seconds)
+            )
+            renew = self.default_renew_seconds
+            if renew is None:
+                renew = default_renew_seconds(ttl)
+            _check_renew(ttl, renew, _format_seconds(renew))
+            kill_grace_seconds(ttl, self.skew_seconds, _format_seconds(ttl))
+        except InvalidConfig as error:
+            raise ValueError(f"operator default: {error}") from error
+
+
+@dataclass(frozen=True)
+class LockConfig:
+    """How one CronJob's runs take their lock, resolved from its annotations and the settings."""
+
+    lock: str
+    ttl_seconds: int
+    renew_seconds: float
+    policy: Policy
+    wait_timeout_seconds: float
+    stop: Stop
+    kill_grace_seconds: int
+    alert_after: int
+    keep_skipped_jobs: bool
+    skew_seconds: int
+
+    @property
+    def lease_name(self) -> str:
+        """The Lease in the CronJob's namespace that backs the lock."""
+        return contract.lease_name(self.lock)
+
+    @property
+    def renew_deadline_seconds(self) -> float:
+        """How long the holder keeps running without a successful renewal."""
+        return float(self.ttl_seconds * RENEW_DEADLINE)
+
+
+def annotations_of(cronjob: Mapping[str, Any]) -> Mapping[str, str]:
+    """The CronJob's annotations, empty when it has none."""
+    metadata: Mapping[str, Any] = cronjob.get("metadata") or {}
+    annotations: Mapping[str, str] = metadata.get("annotations") or {}
+    return annotations
+
+
+def is_enabled(cronjob: Mapping[str, Any]) -> bool:
+    """Whether the CronJob opted in: `cronlock.io/enabled: "true"`; absent or "false" is off."""
+    value = annotations_of(cronjob).get(contract.ANNOTATION_ENABLED)
+    if value is None or value == "false":
+        return False
+    if value == "true":
+        return True
+    raise InvalidConfig(contract.ANNOTATION_ENABLED, value, 'is neither "true" nor "false"')
+
+
+def parse_config(cronjob: Mapping[str, Any], settings: OperatorSettings) -> LockConfig:
+    """The CronJob's lock settings; raises InvalidConfig naming the first bad annotation."""
+    annotations = annotations_of(cronjob)
+    _refuse_unknown(annotations)
+    is_enabled(cronjob)
+
+    lock = _parse_lock(annotations, cronjob)
+
+    ttl_text = annotations.get(contract.ANNOTATION_TTL)
+    if ttl_text is None:
+        ttl = settings.default_ttl_seconds
+        ttl_shown = f"{_format_seconds(ttl)} (the operator's default)"
+    else:
+        ttl = _check_ttl(_duration(contract.ANNOTATION_TTL, ttl_text), ttl_text)
+        ttl_shown = ttl_text
+
+    renew_text = annotations.get(contract.ANNOTATION_RENEW)
+    if renew_text is not None:
+        renew = _duration(contract.ANNOTATION_RENEW, renew_text)
+        _check_renew(ttl, renew, renew_text)
+    elif ttl_text is None and settings.default_renew_seconds is not None:
+        renew = settings.default_renew_seconds
+    else:
+        renew = default_renew_seconds(ttl)
+
+    policy = _parse_policy(annotations, settings)
+    wait_timeout = _parse_wait_timeout(annotations, policy)
+    stop = _parse_stop(annotations, cronjob)
+    alert_after = _parse_alert_after(annotations)
+    keep = _parse_flag(annotations, contract.ANNOTATION_KEEP_SKIPPED_JOBS, default=False)
+    kill_grace = kill_grace_seconds(ttl, settings.skew_seconds, ttl_shown)
+
+    return LockConfig(
+        lock=lock,
+        ttl_seconds=ttl,
+        renew_seconds=renew,
+        policy=policy,
+        wait_timeout_seconds=wait_timeout,
+        stop=stop,
+        kill_grace_seconds=kill_grace,
+        alert_after=alert_after,
+        keep_skipped_jobs=keep,
+        skew_seconds=settings.skew_seconds,
+    )
+
+
+def default_renew_seconds(ttl_seconds: int) -> float:
+    """A third of the TTL, rounded down to the millisecond so that it prints short."""
+    return math.floor(ttl_seconds * 1000 / 3) / 1000
+
+
+def kill_grace_seconds(ttl_seconds: int, skew_seconds: int, ttl_shown: str) -> int:
+    """The longest whole grace (at most 10s) that stops a run before its Lease can expire.
+
+    A run that lost its lease must be gone before another run may take the lock:
+    renew deadline + probe period + kill grace + clock skew < ttl, strictly.
+    """
+    margin = ttl_seconds - ttl_seconds * RENEW_DEADLINE - PROBE_PERIOD_SECONDS - skew_seconds
+    grace = min(MAX_KILL_GRACE_SECONDS, math.ceil(margin) - 1)
+    if grace < MIN_KILL_GRACE_SECONDS:
+        raise InvalidConfig(
+            contract.ANNOTATION_TTL,
+            ttl_shown,
+            "is too short to stop a run that lost its lease before another run may take it: "
+            f"renew deadline ({_format_fraction(ttl_seconds * RENEW_DEADLINE)}, 2/3 of the ttl) "
+            f"+ probe period ({PROBE_PERIOD_SECONDS}s) + kill grace (at least "
+            f"{MIN_KILL_GRACE_SECONDS}s) + clock skew ({skew_seconds}s) must stay under the ttl; "
+            f"use a ttl of at least {minimum_ttl_seconds(skew_seconds)}s",
+        )
+    return grace
+
+
+def minimum_ttl_seconds(skew_seconds: int) -> int:
+    """The shortest whole TTL that leaves room for the smallest kill grace."""
+    needed = PROBE_PERIOD_SECONDS + MIN_KILL_GRACE_SECONDS + skew_seconds
+    # ttl * (1 - RENEW_DEADLINE) > needed, strictly.
+    return max(MIN_TTL_SECONDS, math.floor(needed / (1 - RENEW_DEADLINE)) + 1)
+
+
+def _refuse_unknown(annotations: Mapping[str, str]) -> None:
+    known = contract.USER_SETTINGS | contract.OPERATOR_OWNED
+    for key in sorted(annotations):
+        if key.startswith(contract.PREFIX) and key not in known:
+            close = difflib.get_close_matches(key, sorted(contract.USER_SETTINGS), n=1)
+            hint = f"did you mean {close[0]}? " if close else ""
+            raise InvalidConfig(
+                key,
+                None,
+                f"is not a cronlock annotation; {hint}expected one of "
+                + ", ".join(sorted(contract.USER_SETTINGS)),
+            )
+
+
+def _parse_lock(annotations: Mapping[str, str], cronjob: Mapping[str, Any]) -> str:
+    value = annotations.get(contract.ANNOTATION_LOCK)
+    origin = ""
+    if value is None:
+        metadata: Mapping[str, Any] = cronjob.get("metadata") or {}
+        value = str(metadata.get("name", ""))
+        origin = "(the CronJob's name, the default lock) "
+    if len(value) > _MAX_LOCK_LENGTH or not _LOCK.fullmatch(value):
+        raise InvalidConfig(
+            contract.ANNOTATION_LOCK,
+            value,
+            f"{origin}is not a lock name; expected at most 63 lowercase letters, digits, "
+            "'-' and '.', starting and ending with a letter or digit (it names the Lease "
+            f"{contract.LEASE_PREFIX}<lock> and is the value of the label {contract.LABEL_LOCK})",
+        )
+    return value
+
+
+def _duration(annotation: str, text: str) -> float:
+    try:
+        seconds = parse_duration(text)
+    except DurationError:
+        raise InvalidConfig(
+            annotation, text, f"is not a duration; expected {DURATION_FORMS}"
+        ) from None
+    # Nanosecond precision, as in Go; avoids 0.1h being 360.00000000000006s.
+    return round(seconds, 9)
+
+
+def _check_ttl(seconds: float, text: str) -> int:
+    if not MIN_TTL_SECONDS <= seconds <= MAX_TTL_SECONDS:
+        raise InvalidConfig(
+            contract.ANNOTATION_TTL,
+            text,
+            f"is out of range; expected a duration from {MIN_TTL_SECONDS}s to 24h",
+        )
+    if not seconds.is_integer():
+        raise InvalidConfig(
+            contract.ANNOTATION_TTL,
+            text,
+            "is not a whole number of seconds, which the Lease's leaseDurationSeconds needs; "
+            f"expected for example {math.ceil(seconds)}s",
+        )
+    return int(seconds)
+
+
+def _check_renew(ttl: int, renew: float, text: str) -> None:
+    annotation = contract.ANNOTATION_RENEW
+    if renew >= ttl:
+        raise InvalidConfig(
+            annotation, text, f"must be shorter than the ttl ({_format_seconds(ttl)})"
+        )
+    if renew < MIN_RENEW_SECONDS:
+        raise InvalidConfig(
+            annotation, text, "is too short; renew at most once a second (expected at least 1s)"
+        )
+    deadline = ttl * RENEW_DEADLINE
+    if renew > deadline / 2:
+        raise InvalidConfig(
+            annotation,
+            text,
+            f"is too long for a ttl of {_format_seconds(ttl)}: a holder gives up after "
+            f"{_format_fraction(deadline)} without a successful renewal (2/3 of the ttl), and "
+            "needs at least two renewal attempts before that; expected at most "
+            f"{_format_fraction(deadline / 2)} (a third of the ttl)",
+        )
+
+
+def _parse_policy(annotations: Mapping[str, str], settings: OperatorSettings) -> Policy:
+    value = annotations.get(contract.ANNOTATION_POLICY)
+    if value is None:
+        return settings.default_policy
+    if value == "skip":
+        return "skip"
+    if value == "wait":
+        return "wait"
+    raise InvalidConfig(
+        contract.ANNOTATION_POLICY, value, 'is not a policy; expected "skip" or "wait"'
+    )
+
+
+def _parse_wait_timeout(annotations: Mapping[str, str], policy: Policy) -> float:
+    text = annotations.get(contract.ANNOTATION_WAIT_TIMEOUT)
+    if text is None:
+        return 0.0
+    seconds = _duration(contract.ANNOTATION_WAIT_TIMEOUT, text)
+    if seconds > MAX_WAIT_TIMEOUT_SECONDS:
+        raise InvalidConfig(
+            contract.ANNOTATION_WAIT_TIMEOUT, text, "is out of range; expected at most 24h"
+        )
+    if seconds > 0 and policy != "wait":
+        raise InvalidConfig(
+            contract.ANNOTATION_WAIT_TIMEOUT,
+            text,
+            f'only applies with {contract.ANNOTATION_POLICY}: "wait"; with "skip" a held lock '
+            "skips the run at once (set the policy to wait, or remove the wait-timeout)",
+        )
+    return seconds
+
+
+def _parse_stop(annotations: Mapping[str, str], cronjob: Mapping[str, Any]) -> Stop:
+    value = annotations.get(contract.ANNOTATION_STOP, "auto")
+    probed = _containers_with_own_liveness_probe(cronjob)
+    if value == "auto":
+        return "signal" if probed else "liveness"
+    if value == "signal":
+        return "signal"
+    if value == "liveness":
+        if probed:
+            raise InvalidConfig(
+                contract.ANNOTATION_STOP,
+                value,
+                "cannot be used: container(s) "
+                + ", ".join(probed)
+                + " already have a livenessProbe, which cronlock would have to replace; "
+                'use "signal" or "auto"',
+            )
+        return "liveness"
+    raise InvalidConfig(
+        contract.ANNOTATION_STOP,
+        value,
+        'is not a stop method; expected "liveness", "signal" or "auto"',
+    )
+
+
+def _parse_alert_after(annotations: Mapping[str, str]) -> int:
+    value = annotations.get(contract.ANNOTATION_ALERT_AFTER)
+    if value is None:
+        return contract.DEFAULT_ALERT_AFTER
+    if not _INTEGER.fullmatch(value) or not MIN_ALERT_AFTER <= int(value) <= MAX_ALERT_AFTER:
+        raise InvalidConfig(
+            contract.ANNOTATION_ALERT_AFTER,
+            value,
+            f"is not a number of skips; expected a whole number from {MIN_ALERT_AFTER} "
+            f"to {MAX_ALERT_AFTER}",
+        )
+    return int(value)
+
+
+def _parse_flag(annotations: Mapping[str, str], annotation: str, *, default: bool) -> bool:
+    value = annotations.get(annotation)
+    if value is None:
+        return default
+    if value in ("true", "false"):
+        return value == "true"
+    raise InvalidConfig(annotation, value, 'is neither "true" nor "false"')
+
+
+def is_cronlock_probe(probe: Mapping[str, Any] | None) -> bool:
+    """Whether a livenessProbe is the one cronlock adds (GET /held on the sidecar's port)."""
+    if not probe:
+        return False
+    http_get: Mapping[str, Any] = probe.get("httpGet") or {}
+    return (
+        http_get.get("path") == contract.HELD_PATH and http_get.get("port") == contract.SIDECAR_PORT
+    )
+
+
+def _containers_with_own_liveness_probe(cronjob: Mapping[str, Any]) -> list[str]:
+    spec = pod_spec_of(cronjob)
+    containers: list[Mapping[str, Any]] = spec.get("containers") or []
+    return [
+        str(container.get("name"))
+        for container in containers
+        if container.get("livenessProbe") and not is_cronlock_probe(container["livenessProbe"])
+    ]
+
+
+def pod_spec_of(cronjob: Mapping[str, Any]) -> Mapping[str, Any]:
+    """spec.jobTemplate.spec.template.spec, empty where the CronJob lacks it."""
+    node: Mapping[str, Any] = cronjob
+    for key in ("spec", "jobTemplate", "spec", "template", "spec"):
+        node = node.get(key) or {}
+    return node
+
+
+def _format_seconds(seconds: float) -> str:
+    whole = int(seconds)
+    return f"{whole}s" if whole == seconds else f"{seconds:g}s"
+
+
+def _format_fraction(seconds: Fraction) -> str:
+    value = float(seconds)
+    return f"{value:.0f}s" if value.is_integer() else f"{value:.2f}s"
