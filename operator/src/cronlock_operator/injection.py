@@ -174,7 +174,7 @@ def revert(cronjob: Mapping[str, Any]) -> dict[str, Any]:
         pod_spec["shareProcessNamespace"] = False
     elif share is not None:
         pod_spec.pop("shareProcessNamespace", None)
-    if "annotations" in metadata:
+    if restart_policy is not None or share is not None:
         _drop_if_empty(metadata, "annotations")
     return result
 

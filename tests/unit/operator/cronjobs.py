@@ -1,0 +1,115 @@
+"""CronJobs to inject, and what the API server does to them, for the operator's unit tests."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from cronlock_operator.config import OperatorSettings
+
+SETTINGS = OperatorSettings(sidecar_image="ghcr.io/example/cronlock:1.0.0")
+NEW_SETTINGS = OperatorSettings(
+    sidecar_image="ghcr.io/example/cronlock:1.1.0", sidecar_image_pull_policy="Always"
+)
+
+
+def make_cronjob(
+    *,
+    name: str = "report",
+    namespace: str = "team-a",
+    annotations: dict[str, str] | None = None,
+    restart_policy: str = "OnFailure",
+    containers: list[dict[str, Any]] | None = None,
+    **pod_spec: Any,
+) -> dict[str, Any]:
+    """A CronJob as a user would write it (enabled unless annotations say otherwise)."""
+    if annotations is None:
+        annotations = {"cronlock.io/enabled": "true"}
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "CronJob",
+        "metadata": {"name": name, "namespace": namespace, "annotations": annotations},
+        "spec": {
+            "schedule": "*/5 * * * *",
+            "jobTemplate": {
+                "spec": {
+                    "template": {
+                        "spec": {
+                            "restartPolicy": restart_policy,
+                            "containers": containers
+                            if containers is not None
+                            else [{"name": "main", "image": "busybox:1.36", "command": ["true"]}],
+                            **pod_spec,
+                        }
+                    }
+                }
+            },
+        },
+    }
+
+
+def pod_spec(cronjob: dict[str, Any]) -> dict[str, Any]:
+    """spec.jobTemplate.spec.template.spec of a CronJob."""
+    spec: dict[str, Any] = cronjob["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+    return spec
+
+
+def server_defaults(cronjob: dict[str, Any]) -> dict[str, Any]:
+    """The CronJob as the API server stores it: defaults filled into every container and probe."""
+    stored = copy.deepcopy(cronjob)
+    stored["metadata"].setdefault("resourceVersion", "1")
+    job_template = stored["spec"]["jobTemplate"]
+    job_template.setdefault("metadata", {})
+    spec = pod_spec(stored)
+    spec.setdefault("dnsPolicy", "ClusterFirst")
+    spec.setdefault("schedulerName", "default-scheduler")
+    spec.setdefault("securityContext", {})
+    spec.setdefault("terminationGracePeriodSeconds", 30)
+    for container in [*spec.get("initContainers", []), *spec["containers"]]:
+        container.setdefault("terminationMessagePath", "/dev/termination-log")
+        container.setdefault("terminationMessagePolicy", "File")
+        container.setdefault("imagePullPolicy", "IfNotPresent")
+        container.setdefault("resources", {})
+        for port in container.get("ports", []):
+            port.setdefault("protocol", "TCP")
+        for variable in container.get("env", []):
+            field_ref = variable.get("valueFrom", {}).get("fieldRef")
+            if field_ref is not None:
+                field_ref.setdefault("apiVersion", "v1")
+        for probe_name in ("livenessProbe", "readinessProbe", "startupProbe"):
+            probe = container.get(probe_name)
+            if probe is None:
+                continue
+            probe.setdefault("timeoutSeconds", 1)
+            probe.setdefault("periodSeconds", 10)
+            probe.setdefault("successThreshold", 1)
+            probe.setdefault("failureThreshold", 3)
+            if "httpGet" in probe:
+                probe["httpGet"].setdefault("scheme", "HTTP")
+    return stored
+
+
+def apply_json_patch(document: dict[str, Any], patch: list[dict[str, Any]]) -> dict[str, Any]:
+    """A JSON patch (RFC 6902: test, add, replace, remove on objects) applied to a copy."""
+    result = copy.deepcopy(document)
+    for operation in patch:
+        *parents, last = [
+            part.replace("~1", "/").replace("~0", "~") for part in operation["path"].split("/")[1:]
+        ]
+        node = result
+        for part in parents:
+            node = node[part]
+        if operation["op"] == "test":
+            if node[last] != operation["value"]:
+                raise ValueError(f"test failed at {operation['path']}")
+        elif operation["op"] == "add":
+            node[last] = copy.deepcopy(operation["value"])
+        elif operation["op"] == "replace":
+            if last not in node:
+                raise ValueError(f"replace of a missing member {operation['path']}")
+            node[last] = copy.deepcopy(operation["value"])
+        elif operation["op"] == "remove":
+            del node[last]
+        else:
+            raise ValueError(f"unexpected op {operation['op']}")
+    return result

@@ -1,0 +1,260 @@
+"""What the user's cronlock.io/* annotations turn into, and the errors they get for bad ones."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from tests.unit.operator.cronjobs import SETTINGS, make_cronjob
+
+from cronlock_operator.config import (
+    InvalidConfig,
+    LockConfig,
+    OperatorSettings,
+    is_enabled,
+    kill_grace_seconds,
+    minimum_ttl_seconds,
+    parse_config,
+)
+from cronlock_operator.injection import build_injection
+
+PROBED = [
+    {
+        "name": "main",
+        "image": "busybox:1.36",
+        "livenessProbe": {"exec": {"command": ["true"]}},
+    }
+]
+
+
+def config_of(annotations: dict[str, str], **cronjob: Any) -> LockConfig:
+    return parse_config(
+        make_cronjob(annotations={"cronlock.io/enabled": "true", **annotations}, **cronjob),
+        SETTINGS,
+    )
+
+
+def test_defaults_follow_the_design() -> None:
+    assert config_of({}) == LockConfig(
+        lock="report",
+        ttl_seconds=60,
+        renew_seconds=20.0,
+        policy="skip",
+        wait_timeout_seconds=0.0,
+        stop="liveness",
+        kill_grace_seconds=10,
+        alert_after=3,
+        keep_skipped_jobs=False,
+        skew_seconds=2,
+    )
+
+
+def test_every_annotation_is_read() -> None:
+    config = config_of(
+        {
+            "cronlock.io/lock": "nightly.reports",
+            "cronlock.io/ttl": "5m",
+            "cronlock.io/renew": "30s",
+            "cronlock.io/policy": "wait",
+            "cronlock.io/wait-timeout": "1m30s",
+            "cronlock.io/stop": "signal",
+            "cronlock.io/alert-after": "10",
+            "cronlock.io/keep-skipped-jobs": "true",
+        }
+    )
+    assert config == LockConfig(
+        lock="nightly.reports",
+        ttl_seconds=300,
+        renew_seconds=30.0,
+        policy="wait",
+        wait_timeout_seconds=90.0,
+        stop="signal",
+        kill_grace_seconds=10,
+        alert_after=10,
+        keep_skipped_jobs=True,
+        skew_seconds=2,
+    )
+    assert config.lease_name == "cronlock-nightly.reports"
+    assert config.renew_deadline_seconds == 200.0
+
+
+@pytest.mark.parametrize(("value", "enabled"), [("true", True), ("false", False), (None, False)])
+def test_enabled_only_by_exactly_true(value: str | None, enabled: bool) -> None:
+    annotations = {} if value is None else {"cronlock.io/enabled": value}
+    assert is_enabled(make_cronjob(annotations=annotations)) is enabled
+
+
+def test_enabled_with_another_value_is_an_error_not_a_silent_no() -> None:
+    with pytest.raises(InvalidConfig) as caught:
+        is_enabled(make_cronjob(annotations={"cronlock.io/enabled": "True"}))
+    assert caught.value.annotation == "cronlock.io/enabled"
+
+
+def test_error_message_names_annotation_value_and_accepted_form() -> None:
+    with pytest.raises(InvalidConfig) as caught:
+        config_of({"cronlock.io/ttl": "abc"})
+    assert str(caught.value) == (
+        'cronlock.io/ttl: "abc" is not a duration; '
+        "expected a Go duration such as 90s, 5m, 1h30m or 1.5s"
+    )
+
+
+def test_auto_stop_uses_liveness_unless_the_user_has_a_liveness_probe() -> None:
+    assert config_of({}).stop == "liveness"
+    assert config_of({}, containers=PROBED).stop == "signal"
+    assert config_of({"cronlock.io/stop": "signal"}).stop == "signal"
+
+
+def test_auto_stop_sees_through_cronlocks_own_probe() -> None:
+    cronjob = make_cronjob()
+    injected = build_injection(cronjob, parse_config(cronjob, SETTINGS), SETTINGS)
+    assert parse_config(injected, SETTINGS) == parse_config(cronjob, SETTINGS)
+
+
+def test_operator_owned_annotations_are_not_unknown() -> None:
+    config = config_of(
+        {
+            "cronlock.io/original-restart-policy": "OnFailure",
+            "cronlock.io/consecutive-skips": "2",
+            "other.example.com/ttl": "whatever",
+        }
+    )
+    assert config.ttl_seconds == 60
+
+
+def test_default_renew_is_a_third_of_the_ttl_in_milliseconds() -> None:
+    assert config_of({"cronlock.io/ttl": "100s"}).renew_seconds == 33.333
+
+
+@pytest.mark.parametrize(
+    ("ttl", "grace"), [(13, 1), (15, 1), (16, 2), (30, 6), (45, 10), (60, 10), (86400, 10)]
+)
+def test_kill_grace_fits_inside_the_ttl(ttl: int, grace: int) -> None:
+    assert kill_grace_seconds(ttl, 2, f"{ttl}s") == grace
+
+
+@pytest.mark.parametrize("skew", [0, 1, 2, 5])
+def test_timing_is_safe_for_every_accepted_ttl(skew: int) -> None:
+    for ttl in range(minimum_ttl_seconds(skew), 400):
+        grace = kill_grace_seconds(ttl, skew, f"{ttl}s")
+        assert grace >= 1
+        assert ttl * 2 / 3 + 1 + grace + skew < ttl
+    with pytest.raises(InvalidConfig):
+        kill_grace_seconds(minimum_ttl_seconds(skew) - 1, skew, "short")
+
+
+def test_too_short_ttl_says_the_minimum() -> None:
+    with pytest.raises(InvalidConfig) as caught:
+        config_of({"cronlock.io/ttl": "12s"})
+    assert caught.value.annotation == "cronlock.io/ttl"
+    assert "at least 13s" in str(caught.value)
+    assert config_of({"cronlock.io/ttl": "13s"}).kill_grace_seconds == 1
+
+
+def test_settings_defaults_apply_and_a_users_ttl_brings_its_own_renew() -> None:
+    settings = OperatorSettings(
+        sidecar_image="img",
+        default_ttl_seconds=120,
+        default_renew_seconds=15,
+        default_policy="wait",
+    )
+    cronjob = make_cronjob()
+    assert parse_config(cronjob, settings).ttl_seconds == 120
+    assert parse_config(cronjob, settings).renew_seconds == 15
+    assert parse_config(cronjob, settings).policy == "wait"
+    cronjob["metadata"]["annotations"]["cronlock.io/ttl"] = "30s"
+    assert parse_config(cronjob, settings).renew_seconds == 10
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"sidecar_image": ""},
+        {"sidecar_image_pull_policy": "Sometimes"},
+        {"default_ttl_seconds": 10},
+        {"default_ttl_seconds": 60, "default_renew_seconds": 30},
+        {"skew_seconds": -1},
+        {"default_policy": "queue"},
+    ],
+)
+def test_bad_operator_settings_fail_at_startup(changes: dict[str, Any]) -> None:
+    with pytest.raises(ValueError, match=r"\w"):
+        OperatorSettings(**{"sidecar_image": "img", **changes})
+
+
+BAD = [
+    # (annotations, extra CronJob fields, annotation named, words in the reason)
+    ({"cronlock.io/enabled": "yes"}, {}, "cronlock.io/enabled", '"true" nor "false"'),
+    ({"cronlock.io/tll": "60s"}, {}, "cronlock.io/tll", "did you mean cronlock.io/ttl"),
+    ({"cronlock.io/paused": "true"}, {}, "cronlock.io/paused", "not a cronlock annotation"),
+    ({"cronlock.io/lock": "My_Lock"}, {}, "cronlock.io/lock", "lowercase"),
+    ({"cronlock.io/lock": "a" * 64}, {}, "cronlock.io/lock", "at most 63"),
+    ({"cronlock.io/lock": "-reports"}, {}, "cronlock.io/lock", "starting and ending"),
+    ({"cronlock.io/lock": ""}, {}, "cronlock.io/lock", "not a lock name"),
+    ({"cronlock.io/lock": "a..b"}, {}, "cronlock.io/lock", "not a lock name"),
+    ({"cronlock.io/ttl": "abc"}, {}, "cronlock.io/ttl", "not a duration"),
+    ({"cronlock.io/ttl": "60"}, {}, "cronlock.io/ttl", "not a duration"),
+    ({"cronlock.io/ttl": "-60s"}, {}, "cronlock.io/ttl", "not a duration"),
+    ({"cronlock.io/ttl": "4s"}, {}, "cronlock.io/ttl", "from 5s to 24h"),
+    ({"cronlock.io/ttl": "25h"}, {}, "cronlock.io/ttl", "from 5s to 24h"),
+    ({"cronlock.io/ttl": "90.5s"}, {}, "cronlock.io/ttl", "whole number of seconds"),
+    ({"cronlock.io/ttl": "10s"}, {}, "cronlock.io/ttl", "at least 13s"),
+    ({"cronlock.io/renew": "soon"}, {}, "cronlock.io/renew", "not a duration"),
+    ({"cronlock.io/renew": "60s"}, {}, "cronlock.io/renew", "shorter than the ttl"),
+    ({"cronlock.io/renew": "2m"}, {}, "cronlock.io/renew", "shorter than the ttl"),
+    ({"cronlock.io/renew": "30s"}, {}, "cronlock.io/renew", "at least two renewal attempts"),
+    ({"cronlock.io/renew": "500ms"}, {}, "cronlock.io/renew", "at least 1s"),
+    ({"cronlock.io/renew": "0"}, {}, "cronlock.io/renew", "at least 1s"),
+    ({"cronlock.io/policy": "Skip"}, {}, "cronlock.io/policy", '"skip" or "wait"'),
+    ({"cronlock.io/policy": "queue"}, {}, "cronlock.io/policy", '"skip" or "wait"'),
+    ({"cronlock.io/wait-timeout": "10s"}, {}, "cronlock.io/wait-timeout", "only applies with"),
+    (
+        {"cronlock.io/policy": "wait", "cronlock.io/wait-timeout": "forever"},
+        {},
+        "cronlock.io/wait-timeout",
+        "not a duration",
+    ),
+    (
+        {"cronlock.io/policy": "wait", "cronlock.io/wait-timeout": "25h"},
+        {},
+        "cronlock.io/wait-timeout",
+        "at most 24h",
+    ),
+    ({"cronlock.io/stop": "kill"}, {}, "cronlock.io/stop", '"liveness", "signal" or "auto"'),
+    (
+        {"cronlock.io/stop": "liveness"},
+        {"containers": PROBED},
+        "cronlock.io/stop",
+        "main already have a livenessProbe",
+    ),
+    ({"cronlock.io/alert-after": "0"}, {}, "cronlock.io/alert-after", "from 1 to 1000"),
+    ({"cronlock.io/alert-after": "1001"}, {}, "cronlock.io/alert-after", "from 1 to 1000"),
+    ({"cronlock.io/alert-after": "three"}, {}, "cronlock.io/alert-after", "whole number"),
+    ({"cronlock.io/alert-after": "3.0"}, {}, "cronlock.io/alert-after", "whole number"),
+    ({"cronlock.io/alert-after": "-3"}, {}, "cronlock.io/alert-after", "whole number"),
+    ({"cronlock.io/keep-skipped-jobs": "yes"}, {}, "cronlock.io/keep-skipped-jobs", "nor"),
+]
+
+
+@pytest.mark.parametrize(
+    ("annotations", "cronjob", "annotation", "reason"),
+    BAD,
+    ids=[
+        f"{case[2].removeprefix('cronlock.io/')}={next(iter(case[0].values()))!r}" for case in BAD
+    ],
+)
+def test_bad_annotation_is_refused_by_name(
+    annotations: dict[str, str], cronjob: dict[str, Any], annotation: str, reason: str
+) -> None:
+    with pytest.raises(InvalidConfig) as caught:
+        config_of(annotations, **cronjob)
+    assert caught.value.annotation == annotation
+    assert str(caught.value).startswith(annotation)
+    assert reason in str(caught.value)
+
+
+def test_a_cronjob_name_that_is_no_lock_name_is_refused_on_the_lock_annotation() -> None:
+    with pytest.raises(InvalidConfig) as caught:
+        parse_config(make_cronjob(name="x" * 64), SETTINGS)
+    assert caught.value.annotation == "cronlock.io/lock"
+    assert "the CronJob's name" in str(caught.value)

@@ -1,0 +1,436 @@
+"""Injection writes exactly what DESIGN lists, revert undoes it, and patches only on difference."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from tests.unit.operator.cronjobs import (
+    NEW_SETTINGS,
+    SETTINGS,
+    apply_json_patch,
+    make_cronjob,
+    pod_spec,
+    server_defaults,
+)
+
+from cronlock_operator.config import InvalidConfig, LockConfig, parse_config
+from cronlock_operator.injection import (
+    build_injection,
+    desired_cronjob,
+    injection_patch,
+    is_injected,
+    needs_patch,
+    revert,
+)
+
+CASES = Path(__file__).parent / "cases"
+
+
+def inject(cronjob: dict[str, Any]) -> dict[str, Any]:
+    return build_injection(cronjob, parse_config(cronjob, SETTINGS), SETTINGS)
+
+
+def env_of(container: dict[str, Any]) -> dict[str, Any]:
+    return {
+        variable["name"]: variable.get("value", variable.get("valueFrom"))
+        for variable in container["env"]
+    }
+
+
+@pytest.mark.parametrize("case", sorted(path.name for path in CASES.iterdir()))
+def test_case(case: str) -> None:
+    user = yaml.safe_load((CASES / case / "input.yaml").read_text())
+    expected = yaml.safe_load((CASES / case / "output.yaml").read_text())
+    injected = inject(user)
+    assert injected == expected
+    assert revert(expected) == user
+    assert inject(expected) == expected
+    assert not needs_patch(server_defaults(expected), inject(server_defaults(expected)))
+
+
+def test_injection_shape() -> None:
+    user = make_cronjob(
+        initContainers=[{"name": "migrate", "image": "migrate:1"}],
+        volumes=[{"name": "data", "emptyDir": {}}],
+    )
+    injected = inject(user)
+    spec = pod_spec(injected)
+    names = [container["name"] for container in spec["initContainers"]]
+    assert names == ["cronlock", "cronlock-gate", "migrate"]
+    sidecar, gate, migrate = spec["initContainers"]
+    assert sidecar["restartPolicy"] == "Always"
+    assert sidecar["command"] == ["cronlock-sidecar", "hold"]
+    assert gate["command"] == ["cronlock-sidecar", "gate"]
+    assert "restartPolicy" not in gate
+    assert env_of(sidecar) == {
+        "CRONLOCK_LEASE": "team-a/cronlock-report",
+        "CRONLOCK_TTL": "1m",
+        "CRONLOCK_RENEW": "20s",
+        "CRONLOCK_POLICY": "skip",
+        "CRONLOCK_WAIT_TIMEOUT": "0s",
+        "CRONLOCK_STOP": "liveness",
+        "CRONLOCK_KILL_GRACE": "10s",
+        "CRONLOCK_SKEW": "2s",
+        "CRONLOCK_PORT": "8484",
+        "CRONLOCK_RUN_DIR": "/var/run/cronlock",
+        "CRONLOCK_POD_NAME": {"fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.name"}},
+        "CRONLOCK_POD_UID": {"fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.uid"}},
+        "CRONLOCK_POD_NAMESPACE": {
+            "fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.namespace"}
+        },
+        "CRONLOCK_JOB_NAME": {
+            "fieldRef": {
+                "apiVersion": "v1",
+                "fieldPath": "metadata.labels['batch.kubernetes.io/job-name']",
+            }
+        },
+    }
+    assert env_of(gate) == {"CRONLOCK_RUN_DIR": "/var/run/cronlock", "CRONLOCK_WAIT_TIMEOUT": "0s"}
+    for ours in (sidecar, gate):
+        assert ours["securityContext"] == {
+            "runAsNonRoot": True,
+            "runAsUser": 65532,
+            "runAsGroup": 65532,
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+            "readOnlyRootFilesystem": True,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        }
+        assert ours["resources"] == {
+            "requests": {"cpu": "10m", "memory": "32Mi"},
+            "limits": {"memory": "64Mi"},
+        }
+        assert ours["volumeMounts"] == [{"name": "cronlock", "mountPath": "/var/run/cronlock"}]
+    read_only = {"name": "cronlock", "mountPath": "/var/run/cronlock", "readOnly": True}
+    assert migrate["volumeMounts"] == [read_only]
+    assert spec["containers"][0]["volumeMounts"] == [read_only]
+    assert spec["containers"][0]["livenessProbe"] == {
+        "httpGet": {"path": "/held", "port": 8484},
+        "periodSeconds": 1,
+        "failureThreshold": 1,
+        "timeoutSeconds": 1,
+        "terminationGracePeriodSeconds": 10,
+    }
+    assert spec["volumes"] == [
+        {"name": "data", "emptyDir": {}},
+        {"name": "cronlock", "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}},
+    ]
+    assert spec["restartPolicy"] == "Never"
+    job_template = injected["spec"]["jobTemplate"]
+    assert job_template["metadata"]["labels"] == {"cronlock.io/lock": "report"}
+    assert job_template["spec"]["template"]["metadata"]["labels"] == {"cronlock.io/lock": "report"}
+    assert job_template["spec"]["podFailurePolicy"] == {
+        "rules": [
+            {
+                "action": "FailJob",
+                "onExitCodes": {"containerName": "cronlock-gate", "operator": "In", "values": [75]},
+            }
+        ]
+    }
+    assert injected["metadata"]["annotations"] == {
+        "cronlock.io/enabled": "true",
+        "cronlock.io/original-restart-policy": "OnFailure",
+    }
+    assert "shareProcessNamespace" not in spec
+    assert revert(injected) == user
+
+
+def test_injection_leaves_its_argument_alone() -> None:
+    user = make_cronjob()
+    before = copy.deepcopy(user)
+    injected = inject(user)
+    assert user == before
+    revert(injected)
+    desired_cronjob(injected, None, SETTINGS)
+    assert inject(user) == injected
+
+
+def test_never_restart_policy_records_nothing() -> None:
+    injected = inject(make_cronjob(restart_policy="Never"))
+    assert injected["metadata"]["annotations"] == {"cronlock.io/enabled": "true"}
+
+
+def test_user_pod_failure_rules_come_after_ours_and_survive_revert() -> None:
+    user = make_cronjob(restart_policy="Never")
+    user_rules = [{"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]}]
+    user["spec"]["jobTemplate"]["spec"]["podFailurePolicy"] = {"rules": user_rules}
+    injected = inject(user)
+    rules = injected["spec"]["jobTemplate"]["spec"]["podFailurePolicy"]["rules"]
+    assert rules[0]["onExitCodes"]["containerName"] == "cronlock-gate"
+    assert rules[1:] == user_rules
+    assert revert(injected) == user
+
+
+def test_signal_runs_the_sidecar_as_the_users_uid() -> None:
+    user = make_cronjob(
+        annotations={"cronlock.io/enabled": "true", "cronlock.io/stop": "signal"},
+        containers=[{"name": "main", "image": "app", "securityContext": {"runAsUser": 4242}}],
+    )
+    injected = inject(user)
+    spec = pod_spec(injected)
+    assert spec["shareProcessNamespace"] is True
+    assert spec["initContainers"][0]["securityContext"]["runAsUser"] == 4242
+    assert spec["initContainers"][1]["securityContext"]["runAsUser"] == 65532
+    assert "livenessProbe" not in spec["containers"][0]
+    assert (
+        injected["metadata"]["annotations"]["cronlock.io/original-share-process-namespace"]
+        == "unset"
+    )
+    assert revert(injected) == user
+
+
+def test_signal_keeps_a_users_own_share_process_namespace() -> None:
+    user = make_cronjob(
+        annotations={"cronlock.io/enabled": "true", "cronlock.io/stop": "signal"},
+        shareProcessNamespace=True,
+    )
+    injected = inject(user)
+    assert "cronlock.io/original-share-process-namespace" not in injected["metadata"]["annotations"]
+    assert revert(injected) == user
+
+
+def test_changing_stop_from_liveness_to_signal_moves_the_wiring() -> None:
+    user = make_cronjob()
+    liveness = inject(user)
+    user_signal = copy.deepcopy(user)
+    user_signal["metadata"]["annotations"]["cronlock.io/stop"] = "signal"
+    liveness["metadata"]["annotations"]["cronlock.io/stop"] = "signal"
+    config = parse_config(liveness, SETTINGS)
+    assert config.stop == "signal"
+    assert desired_cronjob(liveness, config, SETTINGS) == inject(user_signal)
+
+
+def test_disabling_reverts_to_what_the_user_wrote() -> None:
+    user = make_cronjob()
+    injected = inject(user)
+    injected["metadata"]["annotations"]["cronlock.io/enabled"] = "false"
+    expected = copy.deepcopy(user)
+    expected["metadata"]["annotations"]["cronlock.io/enabled"] = "false"
+    assert desired_cronjob(injected, None, SETTINGS) == expected
+    assert needs_patch(injected, expected)
+
+
+def test_revert_keeps_a_never_injected_cronjobs_own_cronlock_container() -> None:
+    user = make_cronjob(
+        annotations={},
+        initContainers=[{"name": "cronlock", "image": "mine", "command": ["./lock"]}],
+    )
+    assert not is_injected(user)
+    assert revert(user) == user
+
+
+def test_kubectl_apply_of_the_original_is_put_right() -> None:
+    """Re-applying the user's manifest resets restartPolicy and reorders init containers."""
+    user = make_cronjob(initContainers=[{"name": "migrate", "image": "migrate:1"}])
+    injected = inject(user)
+    applied = copy.deepcopy(injected)
+    spec = pod_spec(applied)
+    spec["restartPolicy"] = "OnFailure"
+    spec["initContainers"] = spec["initContainers"][2:] + spec["initContainers"][:2]
+    assert needs_patch(applied, inject(applied))
+    assert inject(applied) == injected
+
+
+def test_desired_with_new_settings_replaces_the_old_injection() -> None:
+    user = make_cronjob()
+    old = inject(user)
+    config = parse_config(old, NEW_SETTINGS)
+    desired = desired_cronjob(old, config, NEW_SETTINGS)
+    assert desired == build_injection(user, parse_config(user, NEW_SETTINGS), NEW_SETTINGS)
+    assert pod_spec(desired)["initContainers"][0]["image"] == "ghcr.io/example/cronlock:1.1.0"
+    assert needs_patch(old, desired)
+
+
+def test_server_defaults_in_our_pieces_do_not_cause_a_patch() -> None:
+    user = make_cronjob(annotations={"cronlock.io/enabled": "true", "cronlock.io/lock": "x"})
+    stored = server_defaults(inject(server_defaults(user)))
+    desired = desired_cronjob(stored, parse_config(stored, SETTINGS), SETTINGS)
+    assert desired != stored
+    assert not needs_patch(stored, desired)
+
+
+def test_a_changed_value_inside_our_pieces_is_a_difference() -> None:
+    stored = server_defaults(inject(make_cronjob()))
+    desired = inject(stored)
+    tampered = copy.deepcopy(stored)
+    pod_spec(tampered)["containers"][0]["livenessProbe"]["periodSeconds"] = 30
+    assert needs_patch(tampered, desired)
+    tampered = copy.deepcopy(stored)
+    pod_spec(tampered)["initContainers"][0]["env"].pop()
+    assert needs_patch(tampered, desired)
+    tampered = copy.deepcopy(stored)
+    tampered["metadata"]["annotations"].pop("cronlock.io/original-restart-policy")
+    assert needs_patch(tampered, desired)
+
+
+def test_patch_turns_the_stored_cronjob_into_the_desired_one() -> None:
+    stored = server_defaults(make_cronjob())
+    desired = inject(stored)
+    patch = injection_patch(stored, desired)
+    assert patch[0] == {"op": "test", "path": "/metadata/resourceVersion", "value": "1"}
+    assert patch[1]["op"] == "replace"
+    assert patch[1]["path"] == "/spec/jobTemplate"
+    assert patch[2:] == [
+        {
+            "op": "add",
+            "path": "/metadata/annotations/cronlock.io~1original-restart-policy",
+            "value": "OnFailure",
+        }
+    ]
+    patched = apply_json_patch(stored, patch)
+    assert patched == desired
+    assert not needs_patch(server_defaults(patched), inject(server_defaults(patched)))
+
+    disabled = copy.deepcopy(patched)
+    disabled["metadata"]["annotations"]["cronlock.io/enabled"] = "false"
+    reverted = desired_cronjob(disabled, None, SETTINGS)
+    assert apply_json_patch(disabled, injection_patch(disabled, reverted)) == reverted
+
+
+def test_patch_adds_the_annotations_map_when_there_is_none() -> None:
+    stored = make_cronjob()
+    config = parse_config(stored, SETTINGS)
+    del stored["metadata"]["annotations"]
+    desired = build_injection(stored, config, SETTINGS)
+    patch = injection_patch(stored, desired)
+    assert patch[-1] == {
+        "op": "add",
+        "path": "/metadata/annotations",
+        "value": {"cronlock.io/original-restart-policy": "OnFailure"},
+    }
+    assert apply_json_patch(stored, patch) == desired
+
+
+def test_a_lost_race_fails_the_patch() -> None:
+    stored = server_defaults(make_cronjob())
+    patch = injection_patch(stored, inject(stored))
+    moved_on = copy.deepcopy(stored)
+    moved_on["metadata"]["resourceVersion"] = "2"
+    with pytest.raises(ValueError, match="test failed"):
+        apply_json_patch(moved_on, patch)
+
+
+def with_pod(**changes: Any) -> dict[str, Any]:
+    cronjob = make_cronjob()
+    pod_spec(cronjob).update(changes)
+    return cronjob
+
+
+def signal(cronjob: dict[str, Any]) -> dict[str, Any]:
+    cronjob["metadata"]["annotations"]["cronlock.io/stop"] = "signal"
+    return cronjob
+
+
+def with_rules(count: int) -> dict[str, Any]:
+    cronjob = make_cronjob(restart_policy="Never")
+    rule = {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]}
+    cronjob["spec"]["jobTemplate"]["spec"]["podFailurePolicy"] = {"rules": [rule] * count}
+    return cronjob
+
+
+def with_template_label() -> dict[str, Any]:
+    cronjob = make_cronjob()
+    cronjob["spec"]["jobTemplate"]["metadata"] = {"labels": {"cronlock.io/lock": "mine"}}
+    return cronjob
+
+
+UNINJECTABLE = [
+    ("container-named-cronlock", with_pod(containers=[{"name": "cronlock", "image": "x"}])),
+    (
+        "init-container-named-cronlock-gate",
+        with_pod(initContainers=[{"name": "cronlock-gate", "image": "x"}]),
+    ),
+    ("volume-named-cronlock", with_pod(volumes=[{"name": "cronlock", "emptyDir": {}}])),
+    ("restart-policy-always", with_pod(restartPolicy="Always")),
+    ("no-containers", with_pod(containers=[])),
+    (
+        "port-8484",
+        with_pod(containers=[{"name": "web", "image": "x", "ports": [{"containerPort": 8484}]}]),
+    ),
+    (
+        "mount-at-run-dir",
+        with_pod(
+            containers=[
+                {
+                    "name": "main",
+                    "image": "x",
+                    "volumeMounts": [{"name": "data", "mountPath": "/var/run/cronlock/"}],
+                }
+            ],
+            volumes=[{"name": "data", "emptyDir": {}}],
+        ),
+    ),
+    (
+        "own-probe-on-sidecar-port",
+        with_pod(
+            containers=[
+                {
+                    "name": "main",
+                    "image": "x",
+                    "livenessProbe": {"httpGet": {"path": "/held", "port": 8484}},
+                }
+            ]
+        ),
+    ),
+    ("twenty-pod-failure-rules", with_rules(20)),
+    ("lock-label-already-set", with_template_label()),
+]
+
+
+@pytest.mark.parametrize(("name", "cronjob"), UNINJECTABLE, ids=[case[0] for case in UNINJECTABLE])
+def test_uninjectable_template_is_refused_before_anything_is_built(
+    name: str, cronjob: dict[str, Any]
+) -> None:
+    before = copy.deepcopy(cronjob)
+    config = parse_config(cronjob, SETTINGS)
+    with pytest.raises(InvalidConfig) as caught:
+        desired_cronjob(cronjob, config, SETTINGS)
+    assert caught.value.annotation == "cronlock.io/enabled"
+    assert "cannot be applied" in str(caught.value)
+    assert cronjob == before
+
+
+def test_nineteen_pod_failure_rules_still_fit() -> None:
+    injected = inject(with_rules(19))
+    assert len(injected["spec"]["jobTemplate"]["spec"]["podFailurePolicy"]["rules"]) == 20
+
+
+@pytest.mark.parametrize(
+    ("cronjob", "words"),
+    [
+        (
+            signal(
+                make_cronjob(
+                    containers=[
+                        {"name": "a", "image": "x", "securityContext": {"runAsUser": 1000}},
+                        {"name": "b", "image": "x", "securityContext": {"runAsUser": 2000}},
+                    ]
+                )
+            ),
+            "different users",
+        ),
+        (signal(with_pod(securityContext={"runAsUser": 0})), "root"),
+    ],
+    ids=["two-uids", "root"],
+)
+def test_signal_that_could_not_reach_the_processes_is_refused(
+    cronjob: dict[str, Any], words: str
+) -> None:
+    config = parse_config(cronjob, SETTINGS)
+    assert config.stop == "signal"
+    with pytest.raises(InvalidConfig) as caught:
+        build_injection(cronjob, config, SETTINGS)
+    assert caught.value.annotation == "cronlock.io/stop"
+    assert words in str(caught.value)
+
+
+def test_a_cronjob_without_namespace_is_a_programming_error() -> None:
+    cronjob = make_cronjob()
+    del cronjob["metadata"]["namespace"]
+    config: LockConfig = parse_config(cronjob, SETTINGS)
+    with pytest.raises(ValueError, match="namespace"):
+        build_injection(cronjob, config, SETTINGS)
