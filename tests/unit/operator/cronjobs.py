@@ -59,7 +59,9 @@ def server_defaults(cronjob: dict[str, Any]) -> dict[str, Any]:
     stored = copy.deepcopy(cronjob)
     stored["metadata"].setdefault("resourceVersion", "1")
     job_template = stored["spec"]["jobTemplate"]
+    # ObjectMeta is a struct: Go's omitempty never leaves it out.
     job_template.setdefault("metadata", {})
+    job_template["spec"]["template"].setdefault("metadata", {})
     spec = pod_spec(stored)
     spec.setdefault("dnsPolicy", "ClusterFirst")
     spec.setdefault("schedulerName", "default-scheduler")
