@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import copy
+import json
 from typing import Any
+
+from kubernetes.client import ApiClient
 
 from cronlock_operator.config import OperatorSettings
 
@@ -115,3 +118,13 @@ def apply_json_patch(document: dict[str, Any], patch: list[dict[str, Any]]) -> d
         else:
             raise ValueError(f"unexpected op {operation['op']}")
     return result
+
+
+def as_kubernetes_models_see_it(cronjob: dict[str, Any]) -> Any:
+    """The CronJob read into the Kubernetes client's V1CronJob and written out again.
+
+    Keys the API does not define are dropped on the way, so a misspelt field shows.
+    """
+    client = ApiClient()
+    model = client.deserialize(json.dumps(cronjob), "V1CronJob", "application/json")
+    return client.sanitize_for_serialization(model)  # type: ignore[no-untyped-call]

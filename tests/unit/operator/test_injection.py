@@ -12,6 +12,7 @@ from tests.unit.operator.cronjobs import (
     NEW_SETTINGS,
     SETTINGS,
     apply_json_patch,
+    as_kubernetes_models_see_it,
     make_cronjob,
     pod_spec,
     server_defaults,
@@ -50,6 +51,7 @@ def test_case(case: str) -> None:
     assert revert(expected) == user
     assert inject(expected) == expected
     assert not needs_patch(server_defaults(expected), inject(server_defaults(expected)))
+    assert as_kubernetes_models_see_it(expected) == expected
 
 
 def test_injection_shape() -> None:

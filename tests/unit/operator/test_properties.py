@@ -11,6 +11,7 @@ from tests.unit.operator.cronjobs import (
     NEW_SETTINGS,
     SETTINGS,
     apply_json_patch,
+    as_kubernetes_models_see_it,
     make_cronjob,
     server_defaults,
 )
@@ -178,6 +179,7 @@ def test_revert_undoes_injection(user: dict[str, Any]) -> None:
     injected = build_injection(user, config_or_skip(user), SETTINGS)
     assert revert(injected) == user
     assert revert(user) == user
+    assert as_kubernetes_models_see_it(injected) == injected
 
 
 @PROPERTIES
