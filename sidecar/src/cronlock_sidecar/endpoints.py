@@ -47,8 +47,13 @@ class SidecarState:
     def count_renewal(self, result: str, at: float | None = None) -> None:
         with self._lock:
             self.renewals[result] += 1
-            if result == "renewed" and at is not None:
-                self.last_renew_monotonic = at
+        if result == "renewed" and at is not None:
+            self.mark_renewed(at)
+
+    def mark_renewed(self, at: float) -> None:
+        """The monotonic send time of the last successful write (acquire or renew)."""
+        with self._lock:
+            self.last_renew_monotonic = at
 
     def count_lost(self) -> None:
         with self._lock:
@@ -92,7 +97,9 @@ class SidecarState:
                 lines.append(
                     f'{METRIC_PREFIX}releases_total{{result="{result}"}} {self.releases[result]}'
                 )
-            family("seconds_since_renew", "gauge", "Monotonic seconds since the last renew.")
+            family(
+                "seconds_since_renew", "gauge", "Seconds since the last successful renew, or -1."
+            )
             since = (
                 time.monotonic() - self.last_renew_monotonic
                 if self.last_renew_monotonic is not None
@@ -145,7 +152,10 @@ class Endpoints:
     def __init__(self, state: SidecarState, port: int, host: str = "0.0.0.0") -> None:
         self._server = _Server((host, port), state)
         self._thread = threading.Thread(
-            target=self._server.serve_forever, name="cronlock-http", daemon=True
+            target=self._server.serve_forever,
+            kwargs={"poll_interval": 0.05},
+            name="cronlock-http",
+            daemon=True,
         )
 
     @property

@@ -131,6 +131,7 @@ class Holder:
             self.state.update(held=False)
 
     def _keep(self) -> int:
+        self.state.mark_renewed(self.keeper.last_renew_sent())
         heartbeat = Heartbeat(self.keeper, self._on_renew)
         heartbeat.start()
         try:

@@ -69,14 +69,25 @@ def terminate_then_kill(
     return killed
 
 
-def group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
+def group_alive(pgid: int, proc_root: Path = PROC) -> bool:
+    """Some member of the process group still runs; zombies waiting to be reaped do not count."""
+    if not proc_root.is_dir():
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return False
         return True
-    return True
+    for entry in proc_root.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text(encoding="utf-8", errors="replace")
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        fields = stat.rpartition(")")[2].split()
+        if len(fields) > 2 and fields[2] == str(pgid) and fields[0] not in {"Z", "X"}:
+            return True
+    return False
 
 
 def stop_group(pgid: int, grace: float, *, poll: float = 0.05) -> bool:

@@ -197,7 +197,9 @@ class FakeApiServer:
 
         self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.httpd.daemon_threads = True
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread = threading.Thread(
+            target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        )
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
         self.kubeconfig = tmp_path / "kubeconfig"
         self.kubeconfig.write_text(
