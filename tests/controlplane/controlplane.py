@@ -1,0 +1,432 @@
+"""Start and stop a real local Kubernetes control plane (etcd, kube-apiserver, controllers).
+
+Standard library only, so `tests/controlplane/up` works before any virtualenv exists.
+The processes run in the background on loopback ports; their pids, logs, certificates
+and the admin kubeconfig live in the test environment directory
+(`$CRONLOCK_TESTENV_DIR`, default `.testenv/` at the repository root).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent.parent
+CONTROLLERS = ",".join(
+    [
+        "cronjob-controller",
+        "job-controller",
+        "garbage-collector-controller",
+        "serviceaccount-controller",
+        "namespace-controller",
+        "root-ca-certificate-publisher-controller",
+        "ttl-after-finished-controller",
+        "clusterrole-aggregation-controller",
+    ]
+)
+READY_TIMEOUT = 120.0
+
+
+def testenv_dir() -> Path:
+    return Path(os.environ.get("CRONLOCK_TESTENV_DIR", ROOT / ".testenv")).resolve()
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def build_bin_dir() -> Path:
+    """The directory with the pinned binaries, building them on first use."""
+    out = subprocess.run(
+        [str(HERE / "build")], check=True, stdout=subprocess.PIPE, text=True
+    ).stdout
+    return Path(out.strip().splitlines()[-1])
+
+
+def binaries() -> dict[str, Path]:
+    """Where each binary comes from: KUBEBUILDER_ASSETS wins for the ones it holds."""
+    built = build_bin_dir()
+    found = {
+        name: built / name
+        for name in ("kube-apiserver", "kube-controller-manager", "kubectl", "etcd", "helm")
+    }
+    assets = os.environ.get("KUBEBUILDER_ASSETS")
+    if assets:
+        for name in ("kube-apiserver", "etcd", "kubectl"):
+            candidate = Path(assets) / name
+            if candidate.is_file() and os.access(candidate, os.X_OK):
+                found[name] = candidate
+    return found
+
+
+def openssl(*args: str) -> None:
+    subprocess.run(["openssl", *args], check=True, capture_output=True)
+
+
+def make_pki(pki: Path) -> None:
+    """A throwaway CA, the API server's serving cert, an admin client cert, SA keys."""
+    if (pki / "admin.crt").exists():
+        return
+    pki.mkdir(parents=True, exist_ok=True)
+    openssl(
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-days",
+        "3650",
+        "-keyout",
+        str(pki / "ca.key"),
+        "-out",
+        str(pki / "ca.crt"),
+        "-subj",
+        "/CN=cronlock-test-ca",
+    )
+    ext = pki / "server.ext"
+    ext.write_text(
+        "subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:kubernetes,"
+        "DNS:kubernetes.default,DNS:kubernetes.default.svc,IP:10.0.0.1\n"
+        "extendedKeyUsage=serverAuth\n"
+    )
+    for name, subject, extfile in (
+        ("server", "/CN=kube-apiserver", ext),
+        ("admin", "/O=system:masters/CN=cronlock-admin", None),
+        ("controller-manager", "/CN=system:kube-controller-manager", None),
+    ):
+        openssl(
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            str(pki / f"{name}.key"),
+            "-out",
+            str(pki / f"{name}.csr"),
+            "-subj",
+            subject,
+        )
+        cmd = [
+            "x509",
+            "-req",
+            "-in",
+            str(pki / f"{name}.csr"),
+            "-CA",
+            str(pki / "ca.crt"),
+            "-CAkey",
+            str(pki / "ca.key"),
+            "-CAcreateserial",
+            "-days",
+            "3650",
+            "-out",
+            str(pki / f"{name}.crt"),
+        ]
+        if extfile is not None:
+            cmd += ["-extfile", str(extfile)]
+        openssl(*cmd)
+    openssl("genrsa", "-out", str(pki / "sa.key"), "2048")
+    openssl("rsa", "-in", str(pki / "sa.key"), "-pubout", "-out", str(pki / "sa.pub"))
+
+
+def write_kubeconfig(path: Path, server: str, pki: Path, user: str) -> None:
+    """A kubeconfig with file references (kept simple; every client here reads them)."""
+    path.write_text(
+        json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [
+                    {
+                        "name": "cronlock-test",
+                        "cluster": {"server": server, "certificate-authority": str(pki / "ca.crt")},
+                    }
+                ],
+                "users": [
+                    {
+                        "name": user,
+                        "user": {
+                            "client-certificate": str(pki / f"{user}.crt"),
+                            "client-key": str(pki / f"{user}.key"),
+                        },
+                    }
+                ],
+                "contexts": [
+                    {
+                        "name": "cronlock-test",
+                        "context": {
+                            "cluster": "cronlock-test",
+                            "user": user,
+                            "namespace": "default",
+                        },
+                    }
+                ],
+                "current-context": "cronlock-test",
+            },
+            indent=2,
+        )
+    )
+    path.chmod(0o600)
+
+
+def start(name: str, argv: list[str], env_dir: Path) -> int:
+    logs = env_dir / "logs"
+    logs.mkdir(exist_ok=True)
+    with open(logs / f"{name}.log", "ab") as log:
+        process = subprocess.Popen(
+            argv,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    (env_dir / f"{name}.pid").write_text(str(process.pid))
+    return process.pid
+
+
+def wait_ready(url: str, pki: Path, name: str, env_dir: Path) -> None:
+    context = ssl.create_default_context(cafile=str(pki / "ca.crt"))
+    context.load_cert_chain(str(pki / "admin.crt"), str(pki / "admin.key"))
+    deadline = time.monotonic() + READY_TIMEOUT
+    last = ""
+    while time.monotonic() < deadline:
+        if not alive(env_dir, name):
+            raise SystemExit(f"up: {name} exited; see {env_dir / 'logs' / (name + '.log')}")
+        try:
+            with urllib.request.urlopen(url, context=context, timeout=2) as response:  # noqa: S310
+                if response.status == 200:
+                    return
+        except OSError as error:
+            last = str(error)
+        time.sleep(0.25)
+    raise SystemExit(f"up: {name} not ready after {READY_TIMEOUT:.0f}s ({last})")
+
+
+def wait_etcd(port: int, env_dir: Path) -> None:
+    deadline = time.monotonic() + READY_TIMEOUT
+    while time.monotonic() < deadline:
+        if not alive(env_dir, "etcd"):
+            raise SystemExit(f"up: etcd exited; see {env_dir / 'logs' / 'etcd.log'}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+                if b'"true"' in r.read():
+                    return
+        except OSError:
+            pass
+        time.sleep(0.2)
+    raise SystemExit("up: etcd not healthy in time")
+
+
+def pid_of(env_dir: Path, name: str) -> int | None:
+    try:
+        return int((env_dir / f"{name}.pid").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def alive(env_dir: Path, name: str) -> bool:
+    pid = pid_of(env_dir, name)
+    if pid is None:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie of ours still answers kill(0); check its state.
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def up() -> dict[str, str]:
+    env_dir = testenv_dir()
+    env_dir.mkdir(parents=True, exist_ok=True)
+    kubeconfig = env_dir / "kubeconfig"
+    bins = binaries()
+    bin_dir = env_dir / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    for name in ("kubectl", "helm"):
+        link = bin_dir / name
+        if link.is_symlink() or link.exists():
+            link.unlink()
+        link.symlink_to(bins[name])
+    exports = {
+        "KUBECONFIG": shlex.quote(str(kubeconfig)),
+        "PATH": f"{shlex.quote(str(bin_dir))}:$PATH",
+    }
+    components = ("etcd", "kube-apiserver", "kube-controller-manager")
+    if kubeconfig.exists() and all(alive(env_dir, name) for name in components):
+        return exports
+
+    down(quiet=True)
+    pki = env_dir / "pki"
+    make_pki(pki)
+    etcd_port, peer_port, api_port = free_port(), free_port(), free_port()
+    data = env_dir / "etcd-data"
+    shutil.rmtree(data, ignore_errors=True)
+    start(
+        "etcd",
+        [
+            str(bins["etcd"]),
+            "--data-dir",
+            str(data),
+            "--listen-client-urls",
+            f"http://127.0.0.1:{etcd_port}",
+            "--advertise-client-urls",
+            f"http://127.0.0.1:{etcd_port}",
+            "--listen-peer-urls",
+            f"http://127.0.0.1:{peer_port}",
+            "--initial-advertise-peer-urls",
+            f"http://127.0.0.1:{peer_port}",
+            "--initial-cluster",
+            f"default=http://127.0.0.1:{peer_port}",
+            "--unsafe-no-fsync",
+            "--log-level",
+            "warn",
+        ],
+        env_dir,
+    )
+    wait_etcd(etcd_port, env_dir)
+
+    server = f"https://127.0.0.1:{api_port}"
+    start(
+        "kube-apiserver",
+        [
+            str(bins["kube-apiserver"]),
+            f"--etcd-servers=http://127.0.0.1:{etcd_port}",
+            "--bind-address=127.0.0.1",
+            "--advertise-address=127.0.0.1",
+            f"--secure-port={api_port}",
+            f"--tls-cert-file={pki / 'server.crt'}",
+            f"--tls-private-key-file={pki / 'server.key'}",
+            f"--client-ca-file={pki / 'ca.crt'}",
+            "--authorization-mode=RBAC",
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+            f"--service-account-key-file={pki / 'sa.pub'}",
+            f"--service-account-signing-key-file={pki / 'sa.key'}",
+            "--service-cluster-ip-range=10.0.0.0/24",
+            "--allow-privileged=true",
+            "--endpoint-reconciler-type=none",
+            f"--cert-dir={env_dir / 'apiserver-certs'}",
+            "--v=1",
+        ],
+        env_dir,
+    )
+    write_kubeconfig(kubeconfig, server, pki, "admin")
+    wait_ready(f"{server}/readyz", pki, "kube-apiserver", env_dir)
+
+    cm_kubeconfig = env_dir / "controller-manager.kubeconfig"
+    write_kubeconfig(cm_kubeconfig, server, pki, "controller-manager")
+    start(
+        "kube-controller-manager",
+        [
+            str(bins["kube-controller-manager"]),
+            f"--kubeconfig={cm_kubeconfig}",
+            f"--authentication-kubeconfig={cm_kubeconfig}",
+            f"--authorization-kubeconfig={cm_kubeconfig}",
+            f"--controllers={CONTROLLERS}",
+            "--leader-elect=false",
+            "--use-service-account-credentials=true",
+            f"--root-ca-file={pki / 'ca.crt'}",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={free_port()}",
+            f"--cert-dir={env_dir / 'controller-manager-certs'}",
+            "--concurrent-cron-job-syncs=5",
+            "--concurrent-job-syncs=5",
+            "--v=1",
+        ],
+        env_dir,
+    )
+    wait_default_service_account(bins["kubectl"], kubeconfig, env_dir)
+    return exports
+
+
+def wait_default_service_account(kubectl: Path, kubeconfig: Path, env_dir: Path) -> None:
+    """The ServiceAccount controller is up once `default` exists in `default`."""
+    deadline = time.monotonic() + READY_TIMEOUT
+    while time.monotonic() < deadline:
+        if not alive(env_dir, "kube-controller-manager"):
+            raise SystemExit(
+                "up: kube-controller-manager exited; see "
+                + str(env_dir / "logs" / "kube-controller-manager.log")
+            )
+        result = subprocess.run(
+            [
+                str(kubectl),
+                "--kubeconfig",
+                str(kubeconfig),
+                "get",
+                "serviceaccount",
+                "default",
+                "-n",
+                "default",
+                "-o",
+                "name",
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if result.returncode == 0:
+            return
+        time.sleep(0.5)
+    raise SystemExit(
+        "up: kube-controller-manager did not create the default ServiceAccount in time"
+    )
+
+
+def down(quiet: bool = False) -> None:
+    env_dir = testenv_dir()
+    for name in ("kube-controller-manager", "kube-apiserver", "etcd"):
+        pid = pid_of(env_dir, name)
+        if pid is None:
+            continue
+        try:
+            os.killpg(pid, signal.SIGCONT)  # a paused process cannot die gracefully
+            os.killpg(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            (env_dir / f"{name}.pid").unlink(missing_ok=True)
+            continue
+        deadline = time.monotonic() + 15
+        while alive(env_dir, name) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if alive(env_dir, name):
+            os.killpg(pid, signal.SIGKILL)
+        (env_dir / f"{name}.pid").unlink(missing_ok=True)
+        if not quiet:
+            print(f"down: stopped {name}", file=sys.stderr)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("action", choices=["up", "down"])
+    args = parser.parse_args()
+    if args.action == "down":
+        down()
+        return
+    external = os.environ.get("CRONLOCK_TEST_KUBECONFIG")
+    if external:
+        print(f"export KUBECONFIG={external}")
+        return
+    exports = up()
+    for key, value in exports.items():
+        print(f"export {key}={value}")
+
+
+if __name__ == "__main__":
+    main()
