@@ -46,6 +46,12 @@ class KubeLeaseClient:
     def replace(self, lease: LeaseRef, body: Lease, *, timeout: float | None = None) -> Lease:
         return self._request("update", "PUT", _lease_path(lease), lease, body, timeout)
 
+    def __enter__(self) -> KubeLeaseClient:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
     def close(self) -> None:
         with self._lock:
             idle, self._idle = self._idle, []

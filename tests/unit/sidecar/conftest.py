@@ -7,7 +7,10 @@ import http.server
 import json
 import logging
 import re
+import subprocess
+import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -143,6 +146,51 @@ def make_keeper(clock: FakeClock, transport: FakeTransport) -> Callable[..., Lea
         return LeaseKeeper(transport, LEASE, identity, timing, clock, job_name)
 
     return make
+
+
+# --- driving the sidecar as a real process ---------------------------------------------
+SIDECAR = [sys.executable, "-m", "cronlock_sidecar.cli"]
+LEASE_ARGS = ["--lease", "default/cronlock-report"]
+
+
+def start_run(env: dict[str, str], *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [*SIDECAR, "run", *LEASE_ARGS, *args],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def finish(process: subprocess.Popen[str], timeout: float = 20) -> tuple[int, str]:
+    _, err = process.communicate(timeout=timeout)
+    return process.returncode, err
+
+
+def run_sidecar(env: dict[str, str], *args: str) -> tuple[int, str]:
+    return finish(start_run(env, *args))
+
+
+def wait_for(condition: Callable[[], bool], timeout: float = 10) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        time.sleep(0.02)
+
+
+def holder(api_server: FakeApiServer) -> str:
+    lease = api_server.get_lease()
+    return str(lease["spec"].get("holderIdentity", "")) if lease else ""
+
+
+def process_alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rpartition(")")[2].split()[0] not in {"Z", "X"}
 
 
 # --- a Lease API server on loopback, for the CLI and the HTTP client ------------------

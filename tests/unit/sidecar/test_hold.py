@@ -20,7 +20,7 @@ import pytest
 if TYPE_CHECKING:
     from tests.unit.sidecar.conftest import FakeApiServer
 
-from tests.unit.sidecar.conftest import lease_object
+from tests.unit.sidecar.conftest import holder, lease_object, wait_for
 
 ME = "report-29001-x7k2p_3f2a9c1e"
 
@@ -74,14 +74,6 @@ class Sidecar:
         self.process.communicate()
 
 
-def wait_for(condition: Callable[[], bool], timeout: float = 10) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        time.sleep(0.02)
-
-
 @pytest.fixture
 def start_sidecar(sidecar_env: dict[str, str], tmp_path: Path) -> Iterator[Callable[..., Sidecar]]:
     started: list[Sidecar] = []
@@ -103,11 +95,6 @@ def _listening(sidecar: Sidecar) -> bool:
     except OSError:
         return False
     return True
-
-
-def holder(api_server: FakeApiServer) -> str:
-    lease = api_server.get_lease()
-    return str(lease["spec"].get("holderIdentity", "")) if lease else ""
 
 
 def test_hold_acquires_writes_the_run_dir_serves_held_and_releases_on_sigterm(

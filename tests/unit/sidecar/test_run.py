@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -18,50 +14,14 @@ from cronlock_sidecar.contract import ANNOTATION_LAST_HOLDER
 if TYPE_CHECKING:
     from tests.unit.sidecar.conftest import FakeApiServer
 
-from tests.unit.sidecar.conftest import lease_object
-
-SIDECAR = [sys.executable, "-m", "cronlock_sidecar.cli"]
-LEASE_ARGS = ["--lease", "default/cronlock-report"]
-
-
-def start_run(env: dict[str, str], *args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [*SIDECAR, "run", *LEASE_ARGS, *args],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-
-
-def finish(process: subprocess.Popen[str], timeout: float = 20) -> tuple[int, str]:
-    _, err = process.communicate(timeout=timeout)
-    return process.returncode, err
-
-
-def run_sidecar(env: dict[str, str], *args: str) -> tuple[int, str]:
-    return finish(start_run(env, *args))
-
-
-def wait_for(condition: Callable[[], bool], timeout: float = 10) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        time.sleep(0.02)
-
-
-def holder(api_server: FakeApiServer) -> str:
-    lease = api_server.get_lease()
-    return str(lease["spec"].get("holderIdentity", "")) if lease else ""
-
-
-def process_alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    return stat.rpartition(")")[2].split()[0] not in {"Z", "X"}
+from tests.unit.sidecar.conftest import (
+    finish,
+    holder,
+    lease_object,
+    run_sidecar,
+    start_run,
+    wait_for,
+)
 
 
 def test_run_passes_the_fencing_token_exits_with_cmd_status_and_releases(
@@ -204,47 +164,6 @@ def test_missing_command_exits_127_and_releases(
     lease = api_server.get_lease()
     assert lease
     assert lease["metadata"]["annotations"][ANNOTATION_LAST_HOLDER]
-
-
-# --- the guard must hold when the guard itself cannot run ----------------------------
-def start_guarded_sleep(
-    api_server: FakeApiServer, sidecar_env: dict[str, str], tmp_path: Path
-) -> tuple[subprocess.Popen[str], int]:
-    pid_file = tmp_path / "cmd.pid"
-    process = start_run(
-        sidecar_env,
-        "--ttl", "3s", "--renew", "500ms", "--kill-grace", "1s",
-        "--", "sh", "-c", f"echo $$ > {pid_file}; exec sleep 60",
-    )  # fmt: skip
-    wait_for(lambda: pid_file.exists() and pid_file.read_text().strip() != "")
-    return process, int(pid_file.read_text())
-
-
-def test_cmd_is_stopped_when_run_is_frozen(
-    api_server: FakeApiServer, sidecar_env: dict[str, str], tmp_path: Path
-) -> None:
-    process, cmd_pid = start_guarded_sleep(api_server, sidecar_env, tmp_path)
-    os.kill(process.pid, signal.SIGSTOP)
-    try:
-        stopped_at = time.monotonic()
-        wait_for(lambda: not process_alive(cmd_pid), timeout=6)
-        # No heartbeat after the freeze: CMD is stopped within the renew deadline (2s).
-        assert time.monotonic() - stopped_at < 2.8
-        assert holder(api_server) != ""  # run never released: only the watchdog acted
-    finally:
-        os.kill(process.pid, signal.SIGKILL)
-        process.communicate()
-
-
-def test_cmd_is_stopped_when_run_is_killed(
-    api_server: FakeApiServer, sidecar_env: dict[str, str], tmp_path: Path
-) -> None:
-    process, cmd_pid = start_guarded_sleep(api_server, sidecar_env, tmp_path)
-    os.kill(process.pid, signal.SIGKILL)
-    process.communicate()
-    killed_at = time.monotonic()
-    wait_for(lambda: not process_alive(cmd_pid), timeout=5)
-    assert time.monotonic() - killed_at < 1.5
 
 
 @pytest.mark.parametrize("log_format", ["json"])

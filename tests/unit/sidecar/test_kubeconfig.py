@@ -1,0 +1,268 @@
+"""Finding and authenticating to the API server like kubectl does, without the kubernetes client."""
+
+from __future__ import annotations
+
+import base64
+import os
+import ssl
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+import yaml
+
+from cronlock_sidecar.cli import main
+from cronlock_sidecar.kubeapi import KubeLeaseClient
+from cronlock_sidecar.kubeconfig import KubeConfigError, TokenFile, in_cluster, load_cluster
+from cronlock_sidecar.transport import Unavailable
+
+if TYPE_CHECKING:
+    from tests.unit.sidecar.conftest import FakeApiServer
+
+from tests.unit.sidecar.conftest import LEASE, lease_object
+
+
+def write_kubeconfig(path: Path, cluster: dict[str, Any], user: dict[str, Any]) -> Path:
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "current-context": "test",
+                "clusters": [{"name": "c", "cluster": cluster}],
+                "users": [{"name": "u", "user": user}],
+                "contexts": [
+                    {"name": "test", "context": {"cluster": "c", "user": "u", "namespace": "ops"}}
+                ],
+            }
+        )
+    )
+    return path
+
+
+@pytest.fixture(scope="session")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A CA, a server certificate for 127.0.0.1 and a client certificate, made with openssl."""
+    root = tmp_path_factory.mktemp("pki")
+
+    def openssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], cwd=root, check=True, capture_output=True)
+
+    key = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    openssl(
+        "req",
+        "-x509",
+        *key,
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.crt",
+        "-days",
+        "1",
+        "-subj",
+        "/CN=test-ca",
+    )
+    (root / "san.ext").write_text("subjectAltName=IP:127.0.0.1\n")
+    for name, subject in (("server", "/CN=127.0.0.1"), ("client", "/O=system:masters/CN=admin")):
+        openssl("req", *key, "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", subject)
+        openssl(
+            "x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
+            "-CAcreateserial", "-out", f"{name}.crt", "-days", "1", "-extfile", "san.ext",
+        )  # fmt: skip
+    return root
+
+
+@pytest.fixture
+def tls_api_server(api_server: FakeApiServer, pki: Path) -> FakeApiServer:
+    """The fake API server behind TLS that demands a client certificate from our CA."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(pki / "server.crt", pki / "server.key")
+    context.load_verify_locations(pki / "ca.crt")
+    context.verify_mode = ssl.CERT_REQUIRED
+    api_server.httpd.socket = context.wrap_socket(api_server.httpd.socket, server_side=True)
+    api_server.url = api_server.url.replace("http://", "https://")
+    api_server.put_lease(lease_object(transitions=1))
+    return api_server
+
+
+def b64(path: Path) -> str:
+    return base64.b64encode(path.read_bytes()).decode()
+
+
+def test_inline_ca_and_client_certificate_reach_a_tls_api_server(
+    tls_api_server: FakeApiServer, pki: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    key_dir = tmp_path / "tmp"
+    key_dir.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(key_dir))
+    kubeconfig = write_kubeconfig(
+        tmp_path / "config",
+        {"server": tls_api_server.url, "certificate-authority-data": b64(pki / "ca.crt")},
+        {
+            "client-certificate-data": b64(pki / "client.crt"),
+            "client-key-data": b64(pki / "client.key"),
+        },
+    )
+    cluster = load_cluster({"KUBECONFIG": str(kubeconfig)})
+    assert cluster.namespace == "ops"
+    assert list(key_dir.iterdir()) == []  # the key was written to a private file and removed
+    with KubeLeaseClient(cluster) as client:
+        lease = client.get(LEASE)
+    assert lease["spec"]["leaseTransitions"] == 1
+
+
+def test_certificate_files_resolve_relative_to_the_kubeconfig(
+    tls_api_server: FakeApiServer, pki: Path
+) -> None:
+    kubeconfig = write_kubeconfig(
+        pki / "relative-config",
+        {"server": tls_api_server.url, "certificate-authority": "ca.crt"},
+        {"client-certificate": "client.crt", "client-key": "client.key"},
+    )
+    cluster = load_cluster({"KUBECONFIG": str(kubeconfig)})
+    with KubeLeaseClient(cluster) as client:
+        assert client.get(LEASE)["kind"] == "Lease"
+
+
+def test_a_server_certificate_from_another_ca_is_refused_with_exit_69(
+    tls_api_server: FakeApiServer, pki: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    kubeconfig = write_kubeconfig(
+        tmp_path / "config",
+        {"server": tls_api_server.url},
+        {"client-certificate": str(pki / "client.crt"), "client-key": str(pki / "client.key")},
+    )
+    code = main(
+        ["run", "--lease", "default/cronlock-report", "--", "true"], {"KUBECONFIG": str(kubeconfig)}
+    )
+    assert code == 69
+    assert "unavailable: cannot get lease default/cronlock-report" in capsys.readouterr().err
+
+
+def test_insecure_skip_tls_verify_is_honoured(
+    tls_api_server: FakeApiServer, pki: Path, tmp_path: Path
+) -> None:
+    kubeconfig = write_kubeconfig(
+        tmp_path / "config",
+        {"server": tls_api_server.url, "insecure-skip-tls-verify": True},
+        {"client-certificate": str(pki / "client.crt"), "client-key": str(pki / "client.key")},
+    )
+    cluster = load_cluster({"KUBECONFIG": str(kubeconfig)})
+    with KubeLeaseClient(cluster) as client:
+        assert client.get(LEASE)["kind"] == "Lease"
+
+
+def test_token_is_sent_as_a_bearer_token(api_server: FakeApiServer) -> None:
+    api_server.put_lease(lease_object())
+    cluster = load_cluster({"KUBECONFIG": str(api_server.kubeconfig)})
+    with KubeLeaseClient(cluster) as client:
+        client.get(LEASE)
+    assert api_server.tokens_seen == ["Bearer fake-token"]
+
+
+def test_token_file_is_read_again_when_it_rotates(
+    api_server: FakeApiServer, tmp_path: Path
+) -> None:
+    api_server.put_lease(lease_object())
+    token = tmp_path / "token"
+    token.write_text("first\n")
+    kubeconfig = write_kubeconfig(
+        tmp_path / "config", {"server": api_server.url}, {"tokenFile": "token"}
+    )
+    with KubeLeaseClient(load_cluster({"KUBECONFIG": str(kubeconfig)})) as client:
+        client.get(LEASE)
+        token.write_text("second-and-longer\n")
+        client.get(LEASE)
+    assert api_server.tokens_seen == ["Bearer first", "Bearer second-and-longer"]
+
+
+def test_in_cluster_uses_the_service_account_and_rereads_a_rotated_token(tmp_path: Path) -> None:
+    account = tmp_path / "serviceaccount"
+    account.mkdir()
+    (account / "token").write_text("token-1")
+    (account / "namespace").write_text("jobs\n")
+    pki_ca = subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+         "-nodes", "-keyout", str(tmp_path / "k"), "-out", str(account / "ca.crt"), "-days", "1",
+         "-subj", "/CN=ca"],
+        capture_output=True, check=False,
+    )  # fmt: skip
+    assert pki_ca.returncode == 0
+    cluster = in_cluster(
+        {"KUBERNETES_SERVICE_HOST": "10.96.0.1", "KUBERNETES_SERVICE_PORT": "443"}, account
+    )
+    assert cluster.server == "https://10.96.0.1:443"
+    assert cluster.namespace == "jobs"
+    assert cluster.bearer_token() == "token-1"
+    (account / "token").write_text("token-2-rotated")
+    assert cluster.bearer_token() == "token-2-rotated"
+
+
+def test_token_file_keeps_its_value_while_unchanged(tmp_path: Path) -> None:
+    path = tmp_path / "token"
+    path.write_text("abc")
+    source = TokenFile(path)
+    assert source() == "abc"
+    stamp = os.stat(path)
+    path.write_text("xyz")
+    os.utime(path, ns=(stamp.st_atime_ns, stamp.st_mtime_ns))
+    assert source() in {"abc", "xyz"}  # same size and mtime: may be cached, never an error
+
+
+def test_exec_credential_plugins_are_refused_with_exit_78(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    kubeconfig = write_kubeconfig(
+        tmp_path / "config",
+        {"server": "https://127.0.0.1:6443"},
+        {"exec": {"apiVersion": "client.authentication.k8s.io/v1", "command": "aws"}},
+    )
+    code = main(["run", "--lease", "default/x", "--", "true"], {"KUBECONFIG": str(kubeconfig)})
+    assert code == 78
+    err = capsys.readouterr().err
+    assert "uses an exec credential plugin, which cronlock-sidecar does not run" in err
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("apiVersion: v1\nkind: Config\n", "no current-context"),
+        ("current-context: nope\ncontexts: []\n", "context 'nope' not found"),
+        ("[not, a, mapping]", "not a kubeconfig mapping"),
+        (
+            "current-context: c\ncontexts: [{name: c, context: {cluster: x, user: u}}]\n",
+            "cluster 'x' not found",
+        ),
+        (
+            "current-context: c\ncontexts: [{name: c, context: {cluster: x}}]\n"
+            "clusters: [{name: x, cluster: {server: 'ftp://h'}}]\n",
+            "bad server 'ftp://h'",
+        ),
+    ],
+)
+def test_broken_kubeconfigs_name_the_problem(tmp_path: Path, content: str, message: str) -> None:
+    path = tmp_path / "config"
+    path.write_text(content)
+    with pytest.raises(KubeConfigError, match=message):
+        load_cluster({"KUBECONFIG": str(path)})
+
+
+def test_no_configuration_at_all_says_what_to_set(tmp_path: Path) -> None:
+    with pytest.raises(KubeConfigError, match="set KUBECONFIG"):
+        load_cluster({"HOME": str(tmp_path)})
+    with pytest.raises(KubeConfigError, match="no such file"):
+        load_cluster({"KUBECONFIG": str(tmp_path / "missing")})
+
+
+def test_server_errors_become_typed_errors(api_server: FakeApiServer) -> None:
+    api_server.broken = True
+    client = KubeLeaseClient(load_cluster({"KUBECONFIG": str(api_server.kubeconfig)}))
+    with (
+        client,
+        pytest.raises(
+            Unavailable, match=r"cannot get lease default/cronlock-report: HTTP 503: etcd is down"
+        ),
+    ):
+        client.get(LEASE)
