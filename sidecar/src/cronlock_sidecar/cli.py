@@ -12,14 +12,10 @@ from types import FrameType
 
 from cronlock_sidecar import logs
 from cronlock_sidecar.contract import EXIT_CONFIG
-from cronlock_sidecar.endpoints import Endpoints, SidecarState
-from cronlock_sidecar.gate import gate
-from cronlock_sidecar.hold import Holder
 from cronlock_sidecar.kubeapi import KubeLeaseClient
 from cronlock_sidecar.kubeconfig import KubeConfigError, load_cluster
 from cronlock_sidecar.lease import SystemClock
 from cronlock_sidecar.options import ConfigError, Options, parse_options
-from cronlock_sidecar.run import Runner
 
 
 def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> int:
@@ -32,7 +28,10 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
         logs.fatal(str(error))
         return EXIT_CONFIG
     logs.configure(options.log_format, options.log_level)
+    # Each command imports only what it uses: the sidecar's resident memory is a goal.
     if options.command == "gate":
+        from cronlock_sidecar.gate import gate
+
         return gate(Path(options.run_dir), options.gate_timeout)
     try:
         cluster = load_cluster(environment)
@@ -43,12 +42,17 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     try:
         if options.command == "hold":
             return _hold(options, transport)
+        from cronlock_sidecar.run import Runner
+
         return Runner(options, transport, SystemClock()).execute()
     finally:
         transport.close()
 
 
 def _hold(options: Options, transport: KubeLeaseClient) -> int:
+    from cronlock_sidecar.endpoints import Endpoints, SidecarState
+    from cronlock_sidecar.hold import Holder
+
     state = SidecarState()
     try:
         endpoints = Endpoints(state, options.port)

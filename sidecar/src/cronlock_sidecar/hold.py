@@ -140,7 +140,7 @@ class Holder:
                     self._lost()
                     return self._idle()
         finally:
-            heartbeat.stop()
+            heartbeat.stop(join_timeout=0.1)
         self._release()
         return EXIT_OK
 

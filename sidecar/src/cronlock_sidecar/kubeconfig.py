@@ -106,7 +106,11 @@ def in_cluster(env: Mapping[str, str], account_dir: Path = SERVICE_ACCOUNT_DIR) 
         raise KubeConfigError(f"in-cluster: no service account token at {token_path}")
     if not ca_path.is_file():
         raise KubeConfigError(f"in-cluster: no CA bundle at {ca_path}")
-    context = ssl.create_default_context(cafile=str(ca_path))
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    try:
+        context.load_verify_locations(cafile=str(ca_path))
+    except (OSError, ssl.SSLError) as error:
+        raise KubeConfigError(f"in-cluster: CA bundle {ca_path}: {error}") from error
     bracketed = f"[{host}]" if ":" in host else host
     namespace_path = account_dir / "namespace"
     namespace = (
@@ -202,7 +206,8 @@ def _decode(value: object, what: str) -> bytes:
 def _ssl_context(
     cluster: Mapping[str, Any], cluster_dir: Path, user: Mapping[str, Any], user_dir: Path
 ) -> ssl.SSLContext:
-    context = ssl.create_default_context()
+    # The system trust store is loaded only when no CA is named: it costs megabytes.
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     try:
         if cluster.get("insecure-skip-tls-verify"):
             context.check_hostname = False
@@ -213,6 +218,8 @@ def _ssl_context(
         elif cluster.get("certificate-authority"):
             ca_path = _resolve(str(cluster["certificate-authority"]), cluster_dir)
             context.load_verify_locations(cafile=str(ca_path))
+        else:
+            context.load_default_certs()
         _load_client_certificate(context, user, user_dir)
     except (OSError, ssl.SSLError, UnicodeDecodeError) as error:
         raise KubeConfigError(f"kubeconfig: TLS material: {error}") from error

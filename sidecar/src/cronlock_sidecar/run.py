@@ -139,7 +139,7 @@ class Runner:
             return self._wait(self.process)
         finally:
             if heartbeat is not None:
-                heartbeat.stop()
+                heartbeat.stop(join_timeout=0.1)
             guard.finish()
 
     def _wait(self, process: subprocess.Popen[bytes]) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import select
+import signal
 import time
 
 from cronlock_sidecar.processes import stop_group
@@ -19,21 +20,24 @@ class Watchdog:
         self.pid = pid
         self._fd = write_fd
 
-    def _send(self, line: str) -> None:
+    def _send(self, line: str) -> bool:
         try:
             os.write(self._fd, line.encode() + b"\n")
         except BrokenPipeError:
-            log.error("the watchdog process %d is gone; the lease deadline is unguarded", self.pid)
+            return False
+        return True
 
     def guard(self, pgid: int) -> None:
-        self._send(f"pgid {pgid}")
+        if not self._send(f"pgid {pgid}"):
+            log.error("the watchdog process %d is gone; CMD runs without it", self.pid)
 
     def valid_until(self, deadline: float) -> None:
         """Heartbeat: CMD may work until this monotonic time without a further heartbeat."""
-        self._send(f"until {deadline:.6f}")
+        if not self._send(f"until {deadline:.6f}"):
+            log.error("the watchdog process %d is gone; CMD runs without it", self.pid)
 
     def finish(self) -> int:
-        """CMD has ended: let the watchdog exit and reap it."""
+        """CMD has ended: let the watchdog exit (it may have exited already) and reap it."""
         self._send("done")
         os.close(self._fd)
         _, status = os.waitpid(self.pid, 0)
@@ -49,6 +53,10 @@ def start(valid_until: float, grace: float) -> Watchdog:
         try:
             os.close(write_fd)
             os.setsid()
+            # The handlers inherited from `run` would forward signals to a CMD we do not have.
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            signal.signal(signal.SIGHUP, signal.SIG_DFL)
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
             _close_other_descriptors(keep=read_fd)
             code = watch(read_fd, valid_until, grace)
         finally:
