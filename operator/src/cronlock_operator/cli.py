@@ -1,0 +1,105 @@
+"""`cronlock-operator`: a thin wrapper over `kopf run` with cronlock's handlers and settings."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Sequence
+
+import kopf
+
+from cronlock_operator.config import OperatorSettings
+from cronlock_sidecar import contract
+from cronlock_sidecar.durations import DurationError, parse_duration
+
+DEFAULT_SIDECAR_IMAGE = "ghcr.io/cronlock/cronlock:0.1.0"
+
+
+def _env(name: str, default: str | None = None) -> str | None:
+    return os.environ.get(contract.ENV_PREFIX + name, default)
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="cronlock-operator",
+        description="Guard CronJobs annotated cronlock.io/enabled=true with a Lease.",
+    )
+    scope = parser.add_mutually_exclusive_group()
+    scope.add_argument(
+        "--namespace",
+        action="append",
+        default=None,
+        help="watch this namespace (repeatable; env CRONLOCK_NAMESPACES, comma-separated)",
+    )
+    scope.add_argument(
+        "--all-namespaces", action="store_true", help="watch every namespace (default)"
+    )
+    parser.add_argument("--sidecar-image", default=_env("SIDECAR_IMAGE", DEFAULT_SIDECAR_IMAGE))
+    parser.add_argument(
+        "--sidecar-image-pull-policy", default=_env("SIDECAR_IMAGE_PULL_POLICY", "IfNotPresent")
+    )
+    parser.add_argument("--default-ttl", default=_env("DEFAULT_TTL", "60s"))
+    parser.add_argument("--default-renew", default=_env("DEFAULT_RENEW"))
+    parser.add_argument(
+        "--default-policy", default=_env("DEFAULT_POLICY", "skip"), choices=["skip", "wait"]
+    )
+    parser.add_argument("--metrics-port", type=int, default=int(_env("METRICS_PORT", "8080") or 0))
+    parser.add_argument(
+        "--liveness",
+        default=_env("LIVENESS", "http://0.0.0.0:8081/healthz"),
+        help="liveness endpoint URL served by kopf ('' to disable)",
+    )
+    parser.add_argument(
+        "--log-format", default=_env("LOG_FORMAT", "plain"), choices=["plain", "json"]
+    )
+    parser.add_argument("--verbose", action="store_true", default=_env("VERBOSE") == "true")
+    args = parser.parse_args(argv)
+    if args.namespace is None and not args.all_namespaces:
+        env_namespaces = [name for name in (_env("NAMESPACES") or "").split(",") if name.strip()]
+        args.namespace = [name.strip() for name in env_namespaces] or None
+    return args
+
+
+def settings_from(args: argparse.Namespace) -> OperatorSettings:
+    try:
+        ttl = parse_duration(args.default_ttl)
+        renew = parse_duration(args.default_renew) if args.default_renew else None
+    except DurationError as error:
+        raise ValueError(f"--default-ttl/--default-renew: {error}") from error
+    if ttl != int(ttl):
+        raise ValueError(f"--default-ttl: {args.default_ttl!r} must be whole seconds")
+    return OperatorSettings(
+        sidecar_image=args.sidecar_image,
+        sidecar_image_pull_policy=args.sidecar_image_pull_policy,
+        default_ttl_seconds=int(ttl),
+        default_renew_seconds=renew,
+        default_policy=args.default_policy,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        settings = settings_from(args)
+    except ValueError as error:
+        print(f"cronlock-operator: {error}", file=sys.stderr)
+        return contract.EXIT_CONFIG
+    kopf.configure(
+        verbose=args.verbose,
+        log_format=kopf.LogFormat.JSON if args.log_format == "json" else kopf.LogFormat.PLAIN,
+    )
+    logging.getLogger("kubernetes").setLevel(logging.WARNING)
+    # kopf reports every handled watch event at INFO; our own lines say what happened.
+    logging.getLogger("kopf.objects").setLevel(logging.WARNING)
+    import cronlock_operator.handlers  # noqa: F401 - registers the handlers with kopf
+
+    kopf.run(
+        standalone=True,
+        namespaces=args.namespace or (),
+        clusterwide=not args.namespace,
+        liveness_endpoint=args.liveness or None,
+        memo=kopf.Memo(settings=settings, metrics_port=args.metrics_port),
+    )
+    return 0

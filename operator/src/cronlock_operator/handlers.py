@@ -1,0 +1,82 @@
+"""kopf wiring: thin event handlers that feed the reconciler's caches and work queue.
+
+Only low-level event handlers are used: they leave no annotations, finalizers or status
+on anyone's objects (users' CronJobs stay exactly as they and we wrote them), and the
+reconciler's own queue supplies the retries kopf gives only to stateful handlers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any
+
+import kopf
+import kubernetes
+
+from cronlock_operator import metrics
+from cronlock_operator.config import OperatorSettings
+from cronlock_operator.kube import Kube
+from cronlock_operator.reconciler import Reconciler
+from cronlock_sidecar import contract
+
+logger = logging.getLogger(__name__)
+EXPIRY_CHECK_SECONDS = 1.0
+
+
+@kopf.on.startup()
+async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    settings.peering.standalone = True
+    settings.posting.enabled = False  # our Events are explicit, not log lines
+    settings.scanning.disabled = True  # no CRD watching: cronlock needs no CRDs
+    settings.watching.server_timeout = 300
+    settings.watching.client_timeout = 330
+    settings.networking.request_timeout = 30
+    operator_settings: OperatorSettings = memo.settings
+    try:
+        kubernetes.config.load_incluster_config()
+    except kubernetes.config.ConfigException:
+        kubernetes.config.load_kube_config()
+    api = kubernetes.client.ApiClient()
+    reconciler = Reconciler(Kube(api), operator_settings)
+    reconciler.queue.start()
+    memo.reconciler = reconciler
+    memo.expiry_task = asyncio.create_task(_check_expiry(reconciler), name="cronlock-expiry")
+    if memo.metrics_port:
+        metrics.serve(memo.metrics_port)
+    logger.info("cronlock operator started; sidecar image %s", operator_settings.sidecar_image)
+
+
+@kopf.on.cleanup()
+async def stop(memo: kopf.Memo, **_: Any) -> None:
+    memo.expiry_task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await memo.expiry_task
+    await memo.reconciler.queue.stop()
+
+
+async def _check_expiry(reconciler: Reconciler) -> None:
+    while True:
+        reconciler.check_expiry()
+        await asyncio.sleep(EXPIRY_CHECK_SECONDS)
+
+
+@kopf.on.event("batch", "v1", "cronjobs")
+async def cronjob_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
+    memo.reconciler.on_cronjob(event["type"], event["object"])
+
+
+@kopf.on.event("batch", "v1", "jobs", labels={contract.LABEL_LOCK: kopf.PRESENT})
+async def job_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
+    memo.reconciler.on_job(event["type"], event["object"])
+
+
+@kopf.on.event(
+    "coordination.k8s.io",
+    "v1",
+    "leases",
+    labels={contract.LABEL_MANAGED_BY: contract.MANAGED_BY},
+)
+async def lease_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
+    memo.reconciler.on_lease(event["type"], event["object"])

@@ -1,0 +1,352 @@
+"""The operator's writes to the API server, each one idempotent and retried on hiccups."""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import secrets
+import socket
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+import kubernetes
+import urllib3
+
+from cronlock_operator.workqueue import Retry
+from cronlock_sidecar import contract
+
+logger = logging.getLogger(__name__)
+
+REPORTING_COMPONENT = "cronlock-operator"
+_RETRIABLE = {409, 422, 429, 500, 502, 503, 504}
+
+
+@contextmanager
+def transient_errors(what: str) -> Iterator[None]:
+    """Turn API hiccups into Retry so the work queue backs off and tries again."""
+    try:
+        yield
+    except kubernetes.client.ApiException as error:
+        if error.status in _RETRIABLE or error.status == 403:
+            # 403 too: the RBAC that is missing now may be granted in a moment.
+            raise Retry(f"{what}: HTTP {error.status} {error.reason}") from error
+        raise
+    except (urllib3.exceptions.HTTPError, OSError) as error:
+        raise Retry(f"{what}: {error}") from error
+
+
+def owner_reference(cronjob: Mapping[str, Any]) -> dict[str, Any]:
+    metadata = cronjob["metadata"]
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "CronJob",
+        "name": metadata["name"],
+        "uid": metadata["uid"],
+    }
+
+
+class Kube:
+    """Typed clients over one ApiClient; every method is safe to call again."""
+
+    def __init__(self, api: kubernetes.client.ApiClient) -> None:
+        self.api = api
+        self.batch = kubernetes.client.BatchV1Api(api)
+        self.core = kubernetes.client.CoreV1Api(api)
+        self.leases = kubernetes.client.CoordinationV1Api(api)
+        self.rbac = kubernetes.client.RbacAuthorizationV1Api(api)
+        self.instance = socket.gethostname()
+
+    # --- CronJobs ------------------------------------------------------------------
+    def patch_cronjob(self, namespace: str, name: str, patch: list[dict[str, Any]]) -> bool:
+        """Apply a JSON patch; False when the CronJob is gone."""
+        with transient_errors(f"patch cronjob {namespace}/{name}"):
+            try:
+                self.batch.patch_namespaced_cron_job(
+                    name, namespace, patch, _content_type="application/json-patch+json"
+                )
+            except kubernetes.client.ApiException as error:
+                if error.status == 404:
+                    return False
+                raise
+        return True
+
+    def annotate_cronjob(
+        self, namespace: str, name: str, annotations: Mapping[str, str | None]
+    ) -> None:
+        with transient_errors(f"annotate cronjob {namespace}/{name}"):
+            try:
+                self.batch.patch_namespaced_cron_job(
+                    name,
+                    namespace,
+                    {"metadata": {"annotations": dict(annotations)}},
+                    _content_type="application/merge-patch+json",
+                )
+            except kubernetes.client.ApiException as error:
+                if error.status != 404:
+                    raise
+
+    def read_cronjob(self, namespace: str, name: str) -> dict[str, Any] | None:
+        with transient_errors(f"get cronjob {namespace}/{name}"):
+            try:
+                cronjob = self.batch.read_namespaced_cron_job(name, namespace)
+            except kubernetes.client.ApiException as error:
+                if error.status == 404:
+                    return None
+                raise
+        result: dict[str, Any] = self.api.sanitize_for_serialization(cronjob)
+        return result
+
+    # --- Leases --------------------------------------------------------------------
+    def ensure_lease(self, namespace: str, name: str, cronjob: Mapping[str, Any], ttl: int) -> None:
+        """The Lease exists, labelled as ours and owned by this CronJob (among others)."""
+        reference = owner_reference(cronjob)
+        with transient_errors(f"ensure lease {namespace}/{name}"):
+            try:
+                lease = self.leases.read_namespaced_lease(name, namespace)
+            except kubernetes.client.ApiException as error:
+                if error.status != 404:
+                    raise
+                self.leases.create_namespaced_lease(
+                    namespace,
+                    {
+                        "metadata": {
+                            "name": name,
+                            "labels": {contract.LABEL_MANAGED_BY: contract.MANAGED_BY},
+                            "ownerReferences": [reference],
+                        },
+                        "spec": {"leaseDurationSeconds": ttl},
+                    },
+                )
+                logger.info("lease %s/%s created", namespace, name)
+                return
+            owners = lease.metadata.owner_references or []
+            labels = lease.metadata.labels or {}
+            if (
+                any(owner.uid == reference["uid"] for owner in owners)
+                and labels.get(contract.LABEL_MANAGED_BY) == contract.MANAGED_BY
+            ):
+                return
+            # Strategic merge: ownerReferences merge by uid, so other owners stay.
+            self.leases.patch_namespaced_lease(
+                name,
+                namespace,
+                {
+                    "metadata": {
+                        "labels": {contract.LABEL_MANAGED_BY: contract.MANAGED_BY},
+                        "ownerReferences": [reference],
+                    }
+                },
+                _content_type="application/strategic-merge-patch+json",
+            )
+
+    def read_lease(self, namespace: str, name: str) -> dict[str, Any] | None:
+        with transient_errors(f"get lease {namespace}/{name}"):
+            try:
+                lease = self.leases.read_namespaced_lease(name, namespace)
+            except kubernetes.client.ApiException as error:
+                if error.status == 404:
+                    return None
+                raise
+        result: dict[str, Any] = self.api.sanitize_for_serialization(lease)
+        return result
+
+    def patch_lease(self, namespace: str, name: str, patch: list[dict[str, Any]]) -> bool:
+        """A JSON patch (its first op tests resourceVersion); False if the Lease moved on."""
+        with transient_errors(f"update lease {namespace}/{name}"):
+            try:
+                self.leases.patch_namespaced_lease(
+                    name, namespace, patch, _content_type="application/json-patch+json"
+                )
+            except kubernetes.client.ApiException as error:
+                if error.status in (404, 409, 422):
+                    return False
+                raise
+        return True
+
+    def drop_lease_owner(self, namespace: str, name: str, uid: str) -> None:
+        """Forget a CronJob that no longer uses this Lease; delete it once nobody does."""
+        lease = self.read_lease(namespace, name)
+        if lease is None:
+            return
+        metadata = lease["metadata"]
+        owners = metadata.get("ownerReferences") or []
+        keep = [owner for owner in owners if owner.get("uid") != uid]
+        if len(keep) == len(owners):
+            return
+        version = metadata["resourceVersion"]
+        if keep:
+            moved = not self.patch_lease(
+                namespace,
+                name,
+                [
+                    {"op": "test", "path": "/metadata/resourceVersion", "value": version},
+                    {"op": "replace", "path": "/metadata/ownerReferences", "value": keep},
+                ],
+            )
+        else:
+            with transient_errors(f"delete lease {namespace}/{name}"):
+                self.leases.delete_namespaced_lease(
+                    name, namespace, body={"preconditions": {"resourceVersion": version}}
+                )
+            logger.info("lease %s/%s deleted: no CronJob uses it any more", namespace, name)
+            moved = False
+        if moved:
+            raise Retry(f"lease {namespace}/{name} changed while dropping an owner")
+
+    # --- RBAC ----------------------------------------------------------------------
+    def sync_holder_rbac(
+        self, namespace: str, lease_names: list[str], service_accounts: list[str]
+    ) -> bool:
+        """The Role and RoleBinding that let job pods hold exactly these Leases; True if written."""
+        role_name = contract.HOLDER_ROLE
+        labels = {contract.LABEL_MANAGED_BY: contract.MANAGED_BY}
+        with transient_errors(f"sync rbac in {namespace}"):
+            if not lease_names:
+                for delete in (
+                    self.rbac.delete_namespaced_role_binding,
+                    self.rbac.delete_namespaced_role,
+                ):
+                    try:
+                        delete(role_name, namespace)
+                    except kubernetes.client.ApiException as error:
+                        if error.status != 404:
+                            raise
+                return False
+            role = {
+                "metadata": {"name": role_name, "labels": labels},
+                "rules": [
+                    {
+                        "apiGroups": ["coordination.k8s.io"],
+                        "resources": ["leases"],
+                        "resourceNames": sorted(lease_names),
+                        "verbs": ["get", "update", "patch"],
+                    }
+                ],
+            }
+            binding = {
+                "metadata": {"name": role_name, "labels": labels},
+                "roleRef": {
+                    "apiGroup": "rbac.authorization.k8s.io",
+                    "kind": "Role",
+                    "name": role_name,
+                },
+                "subjects": [
+                    {"kind": "ServiceAccount", "name": account, "namespace": namespace}
+                    for account in sorted(service_accounts)
+                ],
+            }
+            wrote = self._upsert(
+                self.rbac.read_namespaced_role,
+                self.rbac.create_namespaced_role,
+                self.rbac.replace_namespaced_role,
+                namespace,
+                role,
+                ("rules",),
+            )
+            return (
+                self._upsert(
+                    self.rbac.read_namespaced_role_binding,
+                    self.rbac.create_namespaced_role_binding,
+                    self.rbac.replace_namespaced_role_binding,
+                    namespace,
+                    binding,
+                    ("subjects", "roleRef"),
+                )
+                or wrote
+            )
+
+    def _upsert(
+        self,
+        read: Any,
+        create: Any,
+        replace: Any,
+        namespace: str,
+        desired: dict[str, Any],
+        fields: tuple[str, ...],
+    ) -> bool:
+        name = desired["metadata"]["name"]
+        try:
+            current = self.api.sanitize_for_serialization(read(name, namespace))
+        except kubernetes.client.ApiException as error:
+            if error.status != 404:
+                raise
+            create(namespace, desired)
+            return True
+        if all(current.get(key) == desired[key] for key in fields) and (
+            (current["metadata"].get("labels") or {}).items()
+            >= desired["metadata"]["labels"].items()
+        ):
+            return False
+        desired = {
+            **desired,
+            "metadata": {
+                **desired["metadata"],
+                "resourceVersion": current["metadata"]["resourceVersion"],
+            },
+        }
+        replace(name, namespace, desired)
+        return True
+
+    # --- Jobs ----------------------------------------------------------------------
+    def mark_job(self, namespace: str, name: str, annotation: str, value: str) -> bool:
+        """Annotate a Job once; False when it is gone."""
+        with transient_errors(f"annotate job {namespace}/{name}"):
+            try:
+                self.batch.patch_namespaced_job(
+                    name,
+                    namespace,
+                    {"metadata": {"annotations": {annotation: value}}},
+                    _content_type="application/merge-patch+json",
+                )
+            except kubernetes.client.ApiException as error:
+                if error.status == 404:
+                    return False
+                raise
+        return True
+
+    def delete_job(self, namespace: str, name: str) -> None:
+        with transient_errors(f"delete job {namespace}/{name}"):
+            try:
+                self.batch.delete_namespaced_job(name, namespace, propagation_policy="Background")
+            except kubernetes.client.ApiException as error:
+                if error.status != 404:
+                    raise
+
+    # --- Events --------------------------------------------------------------------
+    def post_event(
+        self,
+        involved: Mapping[str, Any],
+        reason: str,
+        message: str,
+        warning: bool = False,
+    ) -> None:
+        """A core/v1 Event on the object (what `kubectl describe` and `get events` show)."""
+        metadata = involved["metadata"]
+        now = datetime.datetime.now(datetime.UTC)
+        event = {
+            "metadata": {
+                "name": f"{metadata['name']}.{secrets.token_hex(8)}",
+                "namespace": metadata["namespace"],
+            },
+            "involvedObject": {
+                "apiVersion": involved.get("apiVersion", "batch/v1"),
+                "kind": involved.get("kind", "CronJob"),
+                "name": metadata["name"],
+                "namespace": metadata["namespace"],
+                "uid": metadata.get("uid"),
+            },
+            "reason": reason,
+            "message": message[:1024],
+            "type": "Warning" if warning else "Normal",
+            "source": {"component": REPORTING_COMPONENT},
+            "reportingComponent": "cronlock.io/operator",
+            "reportingInstance": self.instance,
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        with transient_errors(f"post event {reason} on {metadata['namespace']}/{metadata['name']}"):
+            self.core.create_namespaced_event(metadata["namespace"], event)
+        level = logging.WARNING if warning else logging.INFO
+        logger.log(level, "%s %s/%s: %s", reason, metadata["namespace"], metadata["name"], message)

@@ -1,0 +1,48 @@
+"""Prometheus metrics of the operator, prefix `cronlock_`, on their own registry."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+
+registry = CollectorRegistry(auto_describe=True)
+
+guarded_cronjobs = Gauge(
+    "cronlock_guarded_cronjobs",
+    "CronJobs whose runs cronlock guards with a Lease",
+    registry=registry,
+)
+runs = Counter(
+    "cronlock_runs",
+    "Runs seen by the operator, by result (acquired, skipped, lost, released)",
+    ["result"],
+    registry=registry,
+)
+consecutive_skips = Gauge(
+    "cronlock_consecutive_skips",
+    "Skipped runs in a row per CronJob (reset by a successful run)",
+    ["namespace", "cronjob"],
+    registry=registry,
+)
+lease_held = Gauge(
+    "cronlock_lease_held",
+    "1 while a lock's Lease has a holder",
+    ["namespace", "lock"],
+    registry=registry,
+)
+takeovers = Counter(
+    "cronlock_takeovers",
+    "Holders cleared by the operator, by reason",
+    ["reason"],
+    registry=registry,
+)
+reconcile_errors = Counter(
+    "cronlock_reconcile_errors",
+    "Reconciles that failed and were retried, by kind",
+    ["kind"],
+    registry=registry,
+)
+
+
+def serve(port: int) -> None:
+    """Serve /metrics on all interfaces (a Service scrapes it) in a daemon thread."""
+    start_http_server(port, registry=registry)

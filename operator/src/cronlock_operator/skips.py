@@ -1,0 +1,50 @@
+"""Read a finished Job: was it a run cronlock skipped, a run that succeeded, or neither?"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from cronlock_sidecar import contract
+
+Outcome = Literal["skipped", "succeeded", "failed"]
+# Written on a Job once the operator has counted it, so a replayed event counts nothing.
+ACCOUNTED_ANNOTATION = contract.PREFIX + "accounted"
+
+
+def outcome(job: Mapping[str, Any]) -> Outcome | None:
+    """The finished Job's outcome, or None while it runs."""
+    for condition in (job.get("status") or {}).get("conditions") or []:
+        if condition.get("status") != "True":
+            continue
+        if condition.get("type") == "Complete":
+            return "succeeded"
+        if condition.get("type") == "Failed":
+            return "skipped" if is_skip_failure(condition) else "failed"
+    return None
+
+
+def is_skip_failure(condition: Mapping[str, Any]) -> bool:
+    """The Job controller failed the Job through our podFailurePolicy rule (gate exit 75)."""
+    message = str(condition.get("message") or "")
+    return (
+        condition.get("reason") == "PodFailurePolicy"
+        and f"Container {contract.GATE_CONTAINER} " in message
+        and f"exit code {contract.EXIT_SKIPPED}" in message
+    )
+
+
+def owning_cronjob(job: Mapping[str, Any]) -> str | None:
+    """The CronJob a Job was made from (scheduled or `kubectl create job --from`)."""
+    for owner in (job.get("metadata") or {}).get("ownerReferences") or []:
+        if owner.get("kind") == "CronJob" and str(owner.get("apiVersion", "")).startswith("batch/"):
+            return str(owner["name"])
+    return None
+
+
+def consecutive_skips(cronjob: Mapping[str, Any]) -> int:
+    annotations = (cronjob.get("metadata") or {}).get("annotations") or {}
+    try:
+        return max(0, int(annotations.get(contract.ANNOTATION_CONSECUTIVE_SKIPS, "0")))
+    except ValueError:
+        return 0

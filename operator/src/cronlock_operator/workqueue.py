@@ -1,0 +1,113 @@
+"""A deduplicating work queue with per-key backoff: kopf's event handlers are not retried.
+
+kopf tracks and retries only its change-detecting handlers, and those keep bookkeeping
+annotations on the objects they handle, which cronlock must not leave on users'
+CronJobs. So the event handlers only enqueue keys and this queue does the rest, like
+controller-runtime's: a key waits at most once in the queue, is never worked on by two
+workers at once, and a failed key comes back after an exponential backoff.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Hashable
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+Key = TypeVar("Key", bound=Hashable)
+
+logger = logging.getLogger(__name__)
+
+
+class Retry(Exception):
+    """Work that should run again later: a transient API error or a lost race."""
+
+    def __init__(self, message: str, delay: float | None = None) -> None:
+        super().__init__(message)
+        self.delay = delay
+
+
+@dataclass
+class WorkQueue(Generic[Key]):
+    """Keys to reconcile, each handled by `work` in one of `workers` tasks."""
+
+    work: Callable[[Key], Awaitable[None]]
+    workers: int = 4
+    base_delay: float = 0.5
+    max_delay: float = 60.0
+    _queue: asyncio.Queue[Key] = field(default_factory=asyncio.Queue)
+    _queued: set[Key] = field(default_factory=set)
+    _active: set[Key] = field(default_factory=set)
+    _dirty: set[Key] = field(default_factory=set)
+    _failures: dict[Key, int] = field(default_factory=dict)
+    _tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    _timers: set[asyncio.TimerHandle] = field(default_factory=set)
+
+    def add(self, key: Key) -> None:
+        """Ask for `key` to be reconciled; a no-op if it is already waiting."""
+        if key in self._active:
+            self._dirty.add(key)  # picked up again when the current run ends
+            return
+        if key not in self._queued:
+            self._queued.add(key)
+            self._queue.put_nowait(key)
+
+    def add_after(self, key: Key, delay: float) -> None:
+        loop = asyncio.get_running_loop()
+        timer: asyncio.TimerHandle | None = None
+
+        def fire() -> None:
+            if timer is not None:
+                self._timers.discard(timer)
+            self.add(key)
+
+        timer = loop.call_later(delay, fire)
+        self._timers.add(timer)
+
+    def start(self) -> None:
+        for number in range(self.workers):
+            self._tasks.append(asyncio.create_task(self._run(), name=f"cronlock-worker-{number}"))
+
+    async def stop(self) -> None:
+        for timer in self._timers:
+            timer.cancel()
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks.clear()
+
+    def idle(self) -> bool:
+        """Nothing queued, running or waiting for a retry."""
+        return not (self._queued or self._active or self._timers)
+
+    async def _run(self) -> None:
+        while True:
+            key = await self._queue.get()
+            self._queued.discard(key)
+            self._active.add(key)
+            try:
+                await self.work(key)
+            except Retry as retry:
+                self._backoff(key, retry.delay, str(retry))
+            except Exception:
+                logger.exception("reconcile of %s failed; retrying with backoff", key)
+                self._backoff(key, None, "unexpected error")
+            else:
+                self._failures.pop(key, None)
+            finally:
+                self._active.discard(key)
+                if key in self._dirty:
+                    self._dirty.discard(key)
+                    self.add(key)
+
+    def _backoff(self, key: Key, delay: float | None, reason: str) -> None:
+        failures = self._failures.get(key, 0) + 1
+        self._failures[key] = failures
+        wait = (
+            delay
+            if delay is not None
+            else min(self.max_delay, self.base_delay * 2 ** (failures - 1))
+        )
+        logger.info("retrying %s in %.1fs: %s", key, wait, reason)
+        self.add_after(key, wait)
