@@ -6,6 +6,7 @@ import logging
 import os
 import select
 import signal
+import threading
 import time
 
 from cronlock_sidecar.processes import stop_group
@@ -18,14 +19,19 @@ class Watchdog:
 
     def __init__(self, pid: int, write_fd: int) -> None:
         self.pid = pid
-        self._fd = write_fd
+        self._fd: int | None = write_fd
+        # The renew thread sends heartbeats while the main thread may be finishing.
+        self._lock = threading.Lock()
 
     def _send(self, line: str) -> bool:
-        try:
-            os.write(self._fd, line.encode() + b"\n")
-        except BrokenPipeError:
-            return False
-        return True
+        with self._lock:
+            if self._fd is None:
+                return True
+            try:
+                os.write(self._fd, line.encode() + b"\n")
+            except BrokenPipeError:
+                return False
+            return True
 
     def guard(self, pgid: int) -> None:
         if not self._send(f"pgid {pgid}"):
@@ -39,7 +45,10 @@ class Watchdog:
     def finish(self) -> int:
         """CMD has ended: let the watchdog exit (it may have exited already) and reap it."""
         self._send("done")
-        os.close(self._fd)
+        with self._lock:
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
         _, status = os.waitpid(self.pid, 0)
         return os.waitstatus_to_exitcode(status)
 
