@@ -1,0 +1,667 @@
+"""The Helm chart against a real API server: schema, install, RBAC, restricted pod security."""
+
+from __future__ import annotations
+
+import json
+import secrets
+import signal
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import kubernetes
+import pytest
+import yaml
+from tests.conftest import ControlPlane, ServiceAccountKubeconfig
+from tests.kube import wait_for
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts" / "cronlock"
+INSTALL_YAML = ROOT / "manifests" / "install.yaml"
+EXAMPLES = sorted((ROOT / "manifests" / "examples").glob("*.yaml"))
+INSTALL_DOC = ROOT / "docs" / "INSTALL.md"
+REGENERATE = (
+    "{ sed '/^---$/,$d' manifests/install.yaml; "
+    "helm template cronlock charts/cronlock --namespace cronlock-system; } "
+    "> install.yaml.new && mv install.yaml.new manifests/install.yaml"
+)
+# Values that hold a Kubernetes type: one row each in docs/INSTALL.md.
+OPAQUE = ("resources", "affinity")
+RESTRICTED = {
+    "pod-security.kubernetes.io/enforce": "restricted",
+    "pod-security.kubernetes.io/warn": "restricted",
+}
+
+# What the operator does (operator/src/cronlock_operator/kube.py and the kopf watches),
+# and so exactly what the chart grants.
+GRANTED: dict[tuple[str, str], set[str]] = {
+    ("batch", "cronjobs"): {"get", "list", "watch", "patch"},
+    ("batch", "jobs"): {"get", "list", "watch", "patch", "delete"},
+    ("coordination.k8s.io", "leases"): {
+        "get",
+        "list",
+        "watch",
+        "create",
+        "update",
+        "patch",
+        "delete",
+    },
+    ("rbac.authorization.k8s.io", "roles"): {"get", "list", "create", "update", "delete"},
+    ("rbac.authorization.k8s.io", "rolebindings"): {"get", "list", "create", "update", "delete"},
+    ("", "events"): {"create"},
+}
+VERBS = ("get", "list", "watch", "create", "update", "patch", "delete", "deletecollection")
+# (verb, group, resource, namespaced): what a compromised operator must not be able to do.
+REFUSED = [
+    ("list", "", "secrets", True),
+    ("get", "", "secrets", True),
+    ("create", "", "pods", True),
+    ("list", "", "pods", True),
+    ("get", "", "configmaps", True),
+    ("create", "", "serviceaccounts", True),
+    ("create", "batch", "cronjobs", True),
+    ("delete", "batch", "cronjobs", True),
+    ("update", "batch", "cronjobs", True),
+    ("create", "batch", "jobs", True),
+    ("escalate", "rbac.authorization.k8s.io", "roles", True),
+    ("bind", "rbac.authorization.k8s.io", "roles", True),
+    ("patch", "rbac.authorization.k8s.io", "rolebindings", True),
+    ("create", "events.k8s.io", "events", True),
+    ("update", "apps", "deployments", True),
+    ("list", "", "namespaces", False),
+    ("create", "rbac.authorization.k8s.io", "clusterroles", False),
+    ("create", "rbac.authorization.k8s.io", "clusterrolebindings", False),
+    ("list", "apiextensions.k8s.io", "customresourcedefinitions", False),
+]
+
+# Every value set to something other than its default (watchNamespaces filled in per test).
+NON_DEFAULT: dict[str, Any] = {
+    "image": {
+        "repository": "registry.example.com/platform/cronlock",
+        "tag": "0.1.0-rc.1",
+        "pullPolicy": "Always",
+    },
+    "sidecarImage": {
+        "repository": "registry.example.com/platform/cronlock-sidecar",
+        "tag": "sha-0123abc",
+        "pullPolicy": "Always",
+    },
+    "watchNamespaces": ["team-a", "team-b"],
+    "defaults": {"ttl": "2m", "renew": "30s", "policy": "wait"},
+    "logFormat": "json",
+    "metrics": {"port": 9090},
+    "liveness": {"port": 9091},
+    "serviceMonitor": {"enabled": True, "interval": "15s", "labels": {"release": "prometheus"}},
+    "resources": {
+        "requests": {"cpu": "20m", "memory": "64Mi"},
+        "limits": {"cpu": 1, "memory": "128Mi"},
+    },
+    "nodeSelector": {"kubernetes.io/os": "linux"},
+    "tolerations": [
+        {"key": "dedicated", "operator": "Equal", "value": "ops", "effect": "NoSchedule"}
+    ],
+    "affinity": {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {
+                        "matchExpressions": [
+                            {
+                                "key": "kubernetes.io/arch",
+                                "operator": "In",
+                                "values": ["amd64", "arm64"],
+                            }
+                        ]
+                    }
+                ]
+            }
+        }
+    },
+    "podAnnotations": {"example.com/team": "ops"},
+    "podLabels": {"example.com/team": "ops"},
+    "imagePullSecrets": [{"name": "regcred"}],
+    "nameOverride": "lock",
+    "fullnameOverride": "",
+    "serviceAccount": {
+        "create": True,
+        "name": "cronlock-operator",
+        "annotations": {"example.com/role": "cronlock"},
+    },
+}
+
+
+# --- helpers ----------------------------------------------------------------------------
+def helm(
+    controlplane: ControlPlane, *args: str, check: bool = True
+) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(
+        ["helm", *args],
+        env=controlplane.env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=90,
+    )
+    if check and result.returncode != 0:
+        raise AssertionError(f"helm {' '.join(args)} failed: {result.stderr.strip()}")
+    return result
+
+
+def values_file(directory: Path, values: dict[str, Any]) -> str:
+    path = directory / f"values-{secrets.token_hex(3)}.yaml"
+    path.write_text(yaml.safe_dump(values))
+    return str(path)
+
+
+def render(controlplane: ControlPlane, *args: str) -> list[dict[str, Any]]:
+    output = helm(controlplane, "template", "cronlock", str(CHART), *args).stdout
+    return [doc for doc in yaml.safe_load_all(output) if doc]
+
+
+def kinds(docs: list[dict[str, Any]]) -> list[str]:
+    return sorted(doc["kind"] for doc in docs)
+
+
+def label_restricted(controlplane: ControlPlane, namespace: str) -> None:
+    controlplane.kubectl(
+        "label",
+        "namespace",
+        namespace,
+        "--overwrite",
+        *(f"{key}={value}" for key, value in RESTRICTED.items()),
+    )
+
+
+def dry_run_pod(controlplane: ControlPlane, namespace: str, template: dict[str, Any]) -> str:
+    """Create a Pod from a pod template with a server-side dry run (PodSecurity enforces)."""
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": f"dry-run-{secrets.token_hex(3)}",
+            "namespace": namespace,
+            "labels": (template.get("metadata") or {}).get("labels") or {},
+        },
+        "spec": template["spec"],
+    }
+    return controlplane.kubectl(
+        "create", "--dry-run=server", "-n", namespace, "-f", "-", input_text=json.dumps(pod)
+    )
+
+
+def deployment_env(deployment: dict[str, Any]) -> dict[str, str]:
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    return {item["name"]: item.get("value", "") for item in container["env"]}
+
+
+def can(
+    client: kubernetes.client.ApiClient, verb: str, group: str, resource: str, **where: str
+) -> bool:
+    review = kubernetes.client.AuthorizationV1Api(client).create_self_subject_access_review(
+        {
+            "apiVersion": "authorization.k8s.io/v1",
+            "kind": "SelfSubjectAccessReview",
+            "spec": {
+                "resourceAttributes": {
+                    "verb": verb,
+                    "group": group,
+                    "resource": resource,
+                    **where,
+                }
+            },
+        }
+    )
+    return bool(review.status.allowed)
+
+
+def schema_leaves(schema: dict[str, Any], path: str = "") -> Iterator[tuple[str, dict[str, Any]]]:
+    """(dotted path, sub-schema) of every value the schema names, objects included."""
+    for key, sub in (schema.get("properties") or {}).items():
+        dotted = f"{path}.{key}" if path else key
+        yield dotted, sub
+        if sub.get("type") == "object" and "properties" in sub:
+            yield from schema_leaves(sub, dotted)
+
+
+Install = Callable[..., str]
+
+
+@pytest.fixture
+def install(controlplane: ControlPlane, namespace: str, tmp_path: Path) -> Iterator[Install]:
+    """`helm install` into the test's namespace (labelled restricted); uninstalled afterwards."""
+    releases: list[str] = []
+
+    def run(values: dict[str, Any] | None = None) -> str:
+        label_restricted(controlplane, namespace)
+        release = f"cl-{secrets.token_hex(3)}"
+        args = ["install", release, str(CHART), "-n", namespace, "--wait=false"]
+        if values is not None:
+            args += ["-f", values_file(tmp_path, values)]
+        result = helm(controlplane, *args)
+        releases.append(release)
+        assert "kubectl annotate cronjob NAME" in result.stdout  # NOTES.txt
+        return release
+
+    yield run
+    for release in releases:
+        # ClusterRole(Binding)s outlive the namespace; uninstall removes them.
+        helm(controlplane, "uninstall", release, "-n", namespace, check=False)
+
+
+@pytest.fixture
+def extra_namespace(api: kubernetes.client.ApiClient) -> Iterator[Callable[[], str]]:
+    core = kubernetes.client.CoreV1Api(api)
+    made: list[str] = []
+
+    def make() -> str:
+        name = f"chart-extra-{secrets.token_hex(3)}"
+        core.create_namespace({"metadata": {"name": name}})
+        made.append(name)
+        return name
+
+    yield make
+    for name in made:
+        core.delete_namespace(name, propagation_policy="Background")
+
+
+# --- lint and schema ----------------------------------------------------------------------
+@pytest.mark.parametrize("values", [None, NON_DEFAULT], ids=["default", "non-default"])
+def test_helm_lint_strict_passes(
+    controlplane: ControlPlane, tmp_path: Path, values: dict[str, Any] | None
+) -> None:
+    args = ["lint", "--strict", str(CHART)]
+    if values is not None:
+        args += ["-f", values_file(tmp_path, values)]
+
+    result = helm(controlplane, *args, check=False)
+
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "0 chart(s) failed" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("setting", "named"),
+    [
+        (["--set", "replicas=2"], "'replicas' not allowed"),
+        (["--set", "image.digest=sha256:0"], "'digest' not allowed"),
+        (["--set", "serviceAccount.automount=false"], "'automount' not allowed"),
+        (["--set-json", 'metrics.port="8080"'], "/metrics/port"),
+        (["--set", "logFormat=xml"], "/logFormat"),
+        (["--set-json", 'watchNamespaces="team-a"'], "/watchNamespaces"),
+        (["--set", "defaults.ttl=sixty"], "/defaults/ttl"),
+        (["--set", "serviceMonitor.enabled=yes"], "/serviceMonitor/enabled"),
+    ],
+    ids=[
+        "unknown-top-level",
+        "unknown-image-key",
+        "unknown-serviceaccount-key",
+        "port-as-string",
+        "log-format-not-in-enum",
+        "namespaces-not-a-list",
+        "ttl-not-a-duration",
+        "enabled-not-a-boolean",
+    ],
+)
+def test_the_schema_refuses_bad_values_naming_the_field(
+    controlplane: ControlPlane, setting: list[str], named: str
+) -> None:
+    result = helm(controlplane, "template", "cronlock", str(CHART), *setting, check=False)
+
+    assert result.returncode != 0, f"{setting} was accepted"
+    assert named in result.stderr, result.stderr
+
+
+def test_every_object_in_the_schema_is_closed_typed_and_described() -> None:
+    schema = json.loads((CHART / "values.schema.json").read_text())
+
+    assert schema["$schema"] == "http://json-schema.org/draft-07/schema#"
+    assert schema["additionalProperties"] is False
+    for path, sub in schema_leaves(schema):
+        if path == "global":  # Helm's own key for parent charts' globals
+            continue
+        assert "type" in sub, f"{path} has no type"
+        assert sub.get("description"), f"{path} has no description"
+        if sub["type"] == "object":
+            # Closed (false) when its keys are ours, a typed map when the user names them.
+            assert "additionalProperties" in sub, f"{path} accepts any key"
+
+
+def test_values_yaml_the_schema_and_install_md_list_the_same_values() -> None:
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+
+    def schema_values(sub: dict[str, Any], path: str = "") -> Iterator[str]:
+        for key, child in (sub.get("properties") or {}).items():
+            dotted = f"{path}.{key}" if path else key
+            if dotted == "global":
+                continue
+            if "properties" in child and dotted not in OPAQUE:
+                yield from schema_values(child, dotted)
+            else:
+                yield dotted
+
+    def value_paths(mapping: dict[str, Any], path: str = "") -> Iterator[str]:
+        for key, value in mapping.items():
+            dotted = f"{path}.{key}" if path else key
+            if isinstance(value, dict) and value and dotted not in OPAQUE:
+                yield from value_paths(value, dotted)
+            else:
+                yield dotted
+
+    named = set(schema_values(schema))
+    assert set(value_paths(values)) == named
+    documented = INSTALL_DOC.read_text()
+    missing = sorted(path for path in named if f"`{path}`" not in documented)
+    assert not missing, f"docs/INSTALL.md does not describe {missing}"
+
+
+def test_the_servicemonitor_is_rendered_only_when_enabled_and_its_api_is_served(
+    controlplane: ControlPlane,
+) -> None:
+    enabled = ["--set", "serviceMonitor.enabled=true"]
+    api = ["--api-versions", "monitoring.coreos.com/v1"]
+
+    assert "ServiceMonitor" in kinds(render(controlplane, *enabled, *api))
+    assert "ServiceMonitor" not in kinds(render(controlplane, *enabled))
+    assert "ServiceMonitor" not in kinds(render(controlplane, *api))
+
+
+def test_watch_namespaces_swap_the_cluster_role_binding_for_role_bindings(
+    controlplane: ControlPlane,
+) -> None:
+    cluster = render(controlplane)
+    scoped = render(controlplane, "--set-json", 'watchNamespaces=["team-a","team-b"]')
+
+    assert kinds(cluster).count("ClusterRoleBinding") == 1
+    assert "RoleBinding" not in kinds(cluster)
+    assert "ClusterRoleBinding" not in kinds(scoped)
+    bindings = [doc for doc in scoped if doc["kind"] == "RoleBinding"]
+    assert sorted(doc["metadata"]["namespace"] for doc in bindings) == ["team-a", "team-b"]
+    assert {doc["roleRef"]["kind"] for doc in bindings} == {"ClusterRole"}
+
+
+@pytest.mark.parametrize("values", [None, NON_DEFAULT], ids=["default", "non-default"])
+def test_the_deployment_env_is_understood_by_the_operator_cli(
+    controlplane: ControlPlane,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    values: dict[str, Any] | None,
+) -> None:
+    from cronlock_operator import cli
+
+    args = [] if values is None else ["-f", values_file(tmp_path, values)]
+    deployment = next(doc for doc in render(controlplane, *args) if doc["kind"] == "Deployment")
+    env = deployment_env(deployment)
+    for name in [*env, "CRONLOCK_DEFAULT_RENEW"]:
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+
+    parsed = cli.parse_args([])
+    settings = cli.settings_from(parsed)
+
+    if values is None:
+        assert parsed.namespace is None
+        assert settings.sidecar_image == "ghcr.io/cronlock/cronlock:0.1.0"
+        assert settings.sidecar_image == cli.DEFAULT_SIDECAR_IMAGE
+        assert (settings.default_ttl_seconds, settings.default_renew_seconds) == (60, None)
+        assert (parsed.metrics_port, parsed.log_format) == (8080, "plain")
+        assert parsed.liveness == "http://0.0.0.0:8081/healthz"
+    else:
+        assert parsed.namespace == ["team-a", "team-b"]
+        assert (
+            settings.sidecar_image == "registry.example.com/platform/cronlock-sidecar:sha-0123abc"
+        )
+        assert settings.sidecar_image_pull_policy == "Always"
+        assert (settings.default_ttl_seconds, settings.default_renew_seconds) == (120, 30)
+        assert settings.default_policy == "wait"
+        assert (parsed.metrics_port, parsed.log_format) == (9090, "json")
+        assert parsed.liveness == "http://0.0.0.0:9091/healthz"
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    liveness_port = int(parsed.liveness.rsplit(":", 1)[1].split("/")[0])
+    ports = {port["name"]: port["containerPort"] for port in container["ports"]}
+    assert ports == {"metrics": parsed.metrics_port, "healthz": liveness_port}
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "healthz"}
+
+
+# --- manifests ----------------------------------------------------------------------------
+def test_manifests_install_yaml_is_the_chart_rendered_with_default_values(
+    controlplane: ControlPlane,
+) -> None:
+    checked_in = INSTALL_YAML.read_text()
+    header = checked_in.split("---\n", 1)[0]
+    fresh = helm(
+        controlplane,
+        "template",
+        "cronlock",
+        "charts/cronlock",
+        "--namespace",
+        "cronlock-system",
+    ).stdout
+
+    assert header.strip(), "manifests/install.yaml lost its header comment"
+    assert all(line.startswith("#") for line in header.splitlines())
+    assert checked_in == header + fresh, (
+        f"manifests/install.yaml is stale; regenerate it from the repository root with:\n"
+        f"  {REGENERATE}"
+    )
+
+
+# --- install into the API server ---------------------------------------------------------
+def test_pod_security_admission_refuses_a_pod_that_is_not_restricted(
+    controlplane: ControlPlane, namespace: str
+) -> None:
+    label_restricted(controlplane, namespace)
+    template = {"spec": {"containers": [{"name": "main", "image": "busybox:1.37"}]}}
+
+    with pytest.raises(AssertionError, match="violates PodSecurity"):
+        dry_run_pod(controlplane, namespace, template)
+
+
+def test_install_with_default_values(
+    controlplane: ControlPlane, namespace: str, install: Install
+) -> None:
+    release = install()
+    fullname = f"{release}-cronlock"
+
+    deployment = json.loads(
+        controlplane.kubectl("get", "deployment", fullname, "-n", namespace, "-o", "json")
+    )
+    assert deployment["spec"]["replicas"] == 1
+    assert deployment["spec"]["strategy"]["type"] == "Recreate"
+    assert deployment["spec"]["template"]["spec"]["serviceAccountName"] == fullname
+    env = deployment_env(deployment)
+    assert env["CRONLOCK_SIDECAR_IMAGE"] == "ghcr.io/cronlock/cronlock:0.1.0"
+    assert env["CRONLOCK_NAMESPACES"] == ""
+    assert "CRONLOCK_DEFAULT_RENEW" not in env
+    binding = json.loads(controlplane.kubectl("get", "clusterrolebinding", fullname, "-o", "json"))
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": fullname, "namespace": namespace}
+    ]
+    controlplane.kubectl(
+        "get", "serviceaccount,service", "-n", namespace, fullname, f"{fullname}-metrics"
+    )
+    dry_run_pod(controlplane, namespace, deployment["spec"]["template"])
+
+
+def test_install_with_non_default_values(
+    controlplane: ControlPlane,
+    namespace: str,
+    install: Install,
+    extra_namespace: Callable[[], str],
+) -> None:
+    other = extra_namespace()
+    release = install({**NON_DEFAULT, "watchNamespaces": [namespace, other]})
+    fullname = f"{release}-lock"
+
+    deployment = json.loads(
+        controlplane.kubectl("get", "deployment", fullname, "-n", namespace, "-o", "json")
+    )
+    env = deployment_env(deployment)
+    assert env["CRONLOCK_NAMESPACES"] == f"{namespace},{other}"
+    assert env["CRONLOCK_LOG_FORMAT"] == "json"
+    assert env["CRONLOCK_DEFAULT_RENEW"] == "30s"
+    pod = deployment["spec"]["template"]
+    assert pod["spec"]["serviceAccountName"] == "cronlock-operator"
+    assert pod["metadata"]["labels"]["example.com/team"] == "ops"
+    assert pod["spec"]["containers"][0]["image"] == (
+        "registry.example.com/platform/cronlock:0.1.0-rc.1"
+    )
+    for space in (namespace, other):
+        binding = json.loads(
+            controlplane.kubectl("get", "rolebinding", fullname, "-n", space, "-o", "json")
+        )
+        assert binding["roleRef"] == {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "ClusterRole",
+            "name": fullname,
+        }
+    assert "not found" in controlplane.kubectl("get", "clusterrolebinding", fullname, check=False)
+    manifest = helm(controlplane, "get", "manifest", release, "-n", namespace).stdout
+    assert "kind: ServiceMonitor" not in manifest  # the API is not served here
+    notes = helm(controlplane, "get", "notes", release, "-n", namespace).stdout
+    assert "no ServiceMonitor was created" in notes
+    dry_run_pod(controlplane, namespace, pod)
+
+
+# --- RBAC, acting as the chart's ServiceAccount ------------------------------------------
+def test_the_service_account_may_do_exactly_what_the_operator_does_everywhere(
+    controlplane: ControlPlane,
+    namespace: str,
+    install: Install,
+    service_account_kubeconfig: ServiceAccountKubeconfig,
+) -> None:
+    release = install()
+    client = controlplane.api_client(service_account_kubeconfig(namespace, f"{release}-cronlock"))
+
+    for space in (namespace, "some-other-namespace"):
+        for (group, resource), verbs in GRANTED.items():
+            for verb in VERBS:
+                allowed = can(client, verb, group, resource, namespace=space)
+                assert allowed == (verb in verbs), f"{verb} {group}/{resource} in {space}"
+    # kopf watches CronJobs, Jobs and Leases across namespaces in one request each.
+    for group, resource in (
+        ("batch", "cronjobs"),
+        ("batch", "jobs"),
+        ("coordination.k8s.io", "leases"),
+    ):
+        assert can(client, "watch", group, resource)
+    for verb, group, resource, namespaced in REFUSED:
+        where = {"namespace": namespace} if namespaced else {}
+        assert not can(client, verb, group, resource, **where), f"{verb} {group}/{resource}"
+
+
+def test_with_watch_namespaces_the_service_account_may_act_only_there(
+    controlplane: ControlPlane,
+    namespace: str,
+    install: Install,
+    extra_namespace: Callable[[], str],
+    service_account_kubeconfig: ServiceAccountKubeconfig,
+) -> None:
+    other = extra_namespace()
+    release = install({"watchNamespaces": [namespace, other]})
+    client = controlplane.api_client(service_account_kubeconfig(namespace, f"{release}-cronlock"))
+
+    for (group, resource), verbs in GRANTED.items():
+        for verb in VERBS:
+            for space in (namespace, other):
+                allowed = can(client, verb, group, resource, namespace=space)
+                assert allowed == (verb in verbs), f"{verb} {group}/{resource} in {space}"
+            assert not can(client, verb, group, resource, namespace="unwatched")
+        assert not can(client, "list", group, resource)  # cluster-wide
+    for verb, group, resource, namespaced in REFUSED:
+        where = {"namespace": namespace} if namespaced else {}
+        assert not can(client, verb, group, resource, **where), f"{verb} {group}/{resource}"
+
+
+@pytest.mark.timeout(180)
+def test_the_operator_as_the_charts_service_account_injects_and_reverts(
+    controlplane: ControlPlane,
+    api: kubernetes.client.ApiClient,
+    namespace: str,
+    install: Install,
+    service_account_kubeconfig: ServiceAccountKubeconfig,
+    tmp_path: Path,
+) -> None:
+    release = install({"watchNamespaces": [namespace]})
+    kubeconfig = service_account_kubeconfig(namespace, f"{release}-cronlock")
+    cronjob = yaml.safe_load((ROOT / "manifests" / "examples" / "basic.yaml").read_text())
+    batch = kubernetes.client.BatchV1Api(api)
+    batch.create_namespaced_cron_job(namespace, cronjob)
+    log_path = tmp_path / "operator.log"
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            [
+                str(Path(sys.executable).parent / "cronlock-operator"),
+                "--namespace",
+                namespace,
+                "--metrics-port",
+                "0",
+                "--liveness",
+                "",
+            ],
+            env={**controlplane.env, "KUBECONFIG": str(kubeconfig)},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+
+        def template() -> dict[str, Any]:
+            body = batch.read_namespaced_cron_job("report", namespace)
+            result: dict[str, Any] = api.sanitize_for_serialization(body)
+            return result["spec"]["jobTemplate"]["spec"]["template"]
+
+        def init_names() -> list[str]:
+            return [c["name"] for c in template()["spec"].get("initContainers") or []]
+
+        wait_for(lambda: "cronlock" in init_names(), 60, "the operator to inject the CronJob")
+        lease = controlplane.kubectl("get", "lease", "cronlock-report", "-n", namespace)
+        assert "cronlock-report" in lease
+        assert "cronlock-holder" in controlplane.kubectl("get", "role", "-n", namespace)
+        # The injected pod too passes restricted pod security.
+        label_restricted(controlplane, namespace)
+        dry_run_pod(controlplane, namespace, template())
+
+        controlplane.kubectl(
+            "annotate", "cronjob", "report", "-n", namespace, "cronlock.io/enabled-"
+        )
+        wait_for(lambda: not init_names(), 60, "the operator to revert the CronJob")
+        events = controlplane.kubectl("get", "events", "-n", namespace)
+        assert "Injected" in events
+        assert "Reverted" in events
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+    output = log_path.read_text(errors="replace")
+    assert "403" not in output, output[-3000:]
+    assert "Forbidden" not in output, output[-3000:]
+
+
+# --- examples -------------------------------------------------------------------------------
+@pytest.mark.parametrize("example", EXAMPLES, ids=[path.stem for path in EXAMPLES])
+def test_the_example_is_accepted_in_a_restricted_namespace(
+    controlplane: ControlPlane, namespace: str, example: Path
+) -> None:
+    label_restricted(controlplane, namespace)
+
+    output = controlplane.kubectl(
+        "apply", "--dry-run=server", "-n", namespace, "-f", str(example), check=False
+    )
+
+    assert "created (server dry run)" in output, output
+    assert "Warning" not in output, output
+    assert "error" not in output.lower(), output
+    for cronjob in yaml.safe_load_all(example.read_text()):
+        assert cronjob["kind"] == "CronJob"
+        annotations = cronjob["metadata"]["annotations"]
+        assert annotations["cronlock.io/enabled"] == "true"
+        template = cronjob["spec"]["jobTemplate"]["spec"]["template"]
+        assert {c["image"] for c in template["spec"]["containers"]} == {"busybox:1.37"}
+        dry_run_pod(controlplane, namespace, template)
