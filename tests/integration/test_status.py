@@ -1,0 +1,280 @@
+"""`cronlock status` against a real API server: held, free, expired and missing Leases."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import kubernetes
+import pytest
+from tests.conftest import ROOT, ControlPlane, ServiceAccountKubeconfig
+
+pytestmark = pytest.mark.controlplane
+
+BIN = ROOT / ".venv" / "bin"
+HOLDER = "fresh-29123456-x7k2p_4f0e9a1c"
+STALE_HOLDER = "stuck-29000000-q1w2e_77aa0bb1"
+
+
+def cronjob(name: str, annotations: dict[str, str]) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "annotations": annotations},
+        "spec": {
+            "schedule": "*/5 * * * *",
+            "jobTemplate": {
+                "spec": {
+                    "template": {
+                        "spec": {
+                            "restartPolicy": "Never",
+                            "containers": [
+                                {"name": "main", "image": "busybox", "command": ["true"]}
+                            ],
+                        }
+                    }
+                }
+            },
+        },
+    }
+
+
+def microtime(moment: datetime.datetime) -> datetime.datetime:
+    # The Python client drops the fraction of a whole second, which the API server refuses.
+    return moment.replace(microsecond=moment.microsecond or 123456)
+
+
+def lease(name: str, holder: str, renewed: datetime.datetime, **annotations: str) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "annotations": annotations},
+        "spec": {
+            "holderIdentity": holder,
+            "leaseDurationSeconds": 30,
+            "acquireTime": microtime(renewed),
+            "renewTime": microtime(renewed),
+            "leaseTransitions": 1,
+        },
+    }
+
+
+@pytest.fixture
+def guarded(api: kubernetes.client.ApiClient, namespace: str) -> str:
+    """fresh (held now), idle (free), stuck (held, expired an hour ago), new (no Lease),
+    two CronJobs sharing the lock `shared`, and one CronJob that did not opt in."""
+    batch = kubernetes.client.BatchV1Api(api)
+    on = {"cronlock.io/enabled": "true"}
+    batch.create_namespaced_cron_job(namespace, cronjob("fresh", on))
+    batch.create_namespaced_cron_job(namespace, cronjob("idle", on))
+    batch.create_namespaced_cron_job(
+        namespace, cronjob("stuck", {**on, "cronlock.io/consecutive-skips": "2"})
+    )
+    batch.create_namespaced_cron_job(namespace, cronjob("new", on))
+    batch.create_namespaced_cron_job(namespace, cronjob("plain", {}))
+    now = datetime.datetime.now(datetime.UTC)
+    leases = kubernetes.client.CoordinationV1Api(api)
+    leases.create_namespaced_lease(namespace, lease("cronlock-fresh", HOLDER, now))
+    leases.create_namespaced_lease(
+        namespace,
+        lease(
+            "cronlock-idle",
+            "",
+            now - datetime.timedelta(minutes=10),
+            **{
+                "cronlock.io/last-holder": "idle-28999990-aaaaa_00000001",
+                "cronlock.io/released-at": "2026-01-01T00:00:00.000001Z",
+            },
+        ),
+    )
+    leases.create_namespaced_lease(
+        namespace, lease("cronlock-stuck", STALE_HOLDER, now - datetime.timedelta(hours=1))
+    )
+    return namespace
+
+
+def cronlock(
+    controlplane: ControlPlane, *args: str, program: str = "cronlock", columns: int | None = None
+) -> subprocess.CompletedProcess[str]:
+    env = dict(controlplane.env)
+    env.pop("COLUMNS", None)
+    if columns is not None:
+        env["COLUMNS"] = str(columns)
+    return subprocess.run(
+        [str(BIN / program), *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+
+
+def table(text: str) -> dict[str, list[str]]:
+    """Rows by their first cell, split on the table's gaps (runs of 2+ spaces)."""
+    lines = [
+        [cell.strip() for cell in line.split("   ") if cell.strip()] for line in text.splitlines()
+    ]
+    return {line[0]: line for line in lines}
+
+
+def test_the_table_shows_each_guarded_cronjob_and_exits_1_for_the_expired_lock(
+    controlplane: ControlPlane, guarded: str
+) -> None:
+    result = cronlock(controlplane, "status", "-n", guarded)
+
+    assert result.returncode == 1, result.stderr
+    shown = table(result.stdout)
+    assert shown["CRONJOB"] == [
+        "CRONJOB",
+        "LOCK",
+        "HOLDER",
+        "RENEWED",
+        "EXPIRES",
+        "SKIPS",
+        "LAST SCHEDULE",
+    ]
+    assert set(shown) == {"CRONJOB", "fresh", "idle", "stuck", "new"}
+    fresh = shown["fresh"]
+    assert fresh[:3] == ["fresh", "fresh", HOLDER]
+    assert fresh[3].endswith("s ago")
+    assert fresh[4].startswith("in ")
+    idle = shown["idle"]
+    assert idle[2:5] == ["-", "10m ago", "-"]
+    stuck = shown["stuck"]
+    assert stuck[2] == STALE_HOLDER
+    assert stuck[4].startswith("expired ")
+    assert stuck[5] == "2"
+    assert shown["new"][2:5] == ["missing", "-", "-"]
+    assert f"lease {guarded}/cronlock-stuck expired" in result.stderr
+    assert f"still held by {STALE_HOLDER}" in result.stderr
+
+
+def test_json_output_is_machine_readable(controlplane: ControlPlane, guarded: str) -> None:
+    result = cronlock(controlplane, "status", "-n", guarded, "-o", "json")
+
+    assert result.returncode == 1, result.stderr
+    by_name = {entry["cronjob"]: entry for entry in json.loads(result.stdout)}
+    assert sorted(by_name) == ["fresh", "idle", "new", "stuck"]
+    assert {name: entry["state"] for name, entry in by_name.items()} == {
+        "fresh": "held",
+        "idle": "free",
+        "new": "missing",
+        "stuck": "expired",
+    }
+    fresh = by_name["fresh"]
+    assert fresh["namespace"] == guarded
+    assert fresh["lease"] == "cronlock-fresh"
+    assert fresh["holder"] == HOLDER
+    assert 0 < fresh["expiresInSeconds"] <= 30
+    renewed = datetime.datetime.fromisoformat(fresh["renewTime"].replace("Z", "+00:00"))
+    assert abs(datetime.datetime.now(datetime.UTC) - renewed) < datetime.timedelta(minutes=1)
+    stuck = by_name["stuck"]
+    assert stuck["expiresInSeconds"] < -3500
+    assert stuck["consecutiveSkips"] == 2
+    assert by_name["idle"]["lastHolder"] == "idle-28999990-aaaaa_00000001"
+    assert by_name["idle"]["releasedAt"] == "2026-01-01T00:00:00.000001Z"
+
+
+def test_all_healthy_exits_0_and_all_namespaces_adds_the_namespace_column(
+    controlplane: ControlPlane, api: kubernetes.client.ApiClient, guarded: str
+) -> None:
+    kubernetes.client.CoordinationV1Api(api).delete_namespaced_lease("cronlock-stuck", guarded)
+
+    alone = cronlock(controlplane, "status", "-n", guarded)
+    everywhere = cronlock(controlplane, "status", "-A")
+
+    assert alone.returncode == 0, alone.stderr
+    assert table(alone.stdout)["stuck"][2] == "missing"
+    header, *lines = everywhere.stdout.splitlines()
+    assert header.split()[:2] == ["NAMESPACE", "CRONJOB"]
+    mine = [line.split() for line in lines if line.startswith(guarded + " ")]
+    assert sorted(line[1] for line in mine) == ["fresh", "idle", "new", "stuck"]
+
+
+def test_a_narrow_terminal_gets_a_table_that_fits(controlplane: ControlPlane, guarded: str) -> None:
+    result = cronlock(controlplane, "status", "-n", guarded, columns=40)
+
+    assert result.returncode == 1
+    lines = result.stdout.splitlines()
+    assert all(len(line) <= 40 for line in lines), result.stdout
+    assert lines[0].split() == ["CRONJOB", "HOLDER", "EXPIRES"]
+    assert "…" in result.stdout
+
+
+def test_kubectl_finds_the_plugin_on_the_path(controlplane: ControlPlane, guarded: str) -> None:
+    env = dict(controlplane.env)
+    env["PATH"] = f"{BIN}{os.pathsep}{env['PATH']}"
+
+    result = subprocess.run(
+        ["kubectl", "cronlock", "status", "-n", guarded],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+
+    assert result.returncode == 1, result.stderr
+    assert table(result.stdout)["fresh"][2] == HOLDER
+
+
+def test_the_namespace_defaults_to_the_kubeconfig_context(
+    controlplane: ControlPlane, guarded: str, tmp_path: Path
+) -> None:
+    config = tmp_path / "kubeconfig"
+    config.write_text(controlplane.kubeconfig.read_text())
+    env = dict(controlplane.env, KUBECONFIG=str(config))
+    subprocess.run(
+        ["kubectl", "config", "set-context", "--current", f"--namespace={guarded}"],
+        env=env,
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
+
+    result = subprocess.run(
+        [str(BIN / "cronlock"), "status", "-o", "json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+
+    assert result.returncode == 1, result.stderr
+    assert {entry["namespace"] for entry in json.loads(result.stdout)} == {guarded}
+
+
+def test_a_user_who_may_not_list_cronjobs_gets_69_and_what_was_refused(
+    controlplane: ControlPlane,
+    guarded: str,
+    service_account_kubeconfig: ServiceAccountKubeconfig,
+) -> None:
+    config = service_account_kubeconfig(guarded, "nobody")
+
+    result = cronlock(controlplane, "status", "--kubeconfig", str(config))
+
+    assert result.returncode == 69
+    assert result.stdout == ""
+    assert f"cannot list cronjobs.batch in namespace {guarded}: forbidden" in result.stderr
+    assert f"system:serviceaccount:{guarded}:nobody" in result.stderr
+
+
+def test_watch_redraws_until_ctrl_c_and_exits_0(controlplane: ControlPlane, guarded: str) -> None:
+    process = subprocess.Popen(
+        [str(BIN / "cronlock"), "status", "-n", guarded, "--watch"],
+        env=controlplane.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    time.sleep(5)
+    process.send_signal(signal.SIGINT)
+    out, err = process.communicate(timeout=30)
+
+    assert process.returncode == 0, err
+    assert out.count("Every 2s:") >= 2
+    assert out.count(HOLDER) >= 2

@@ -1,0 +1,329 @@
+"""`cronlock status` as a command: flags, namespaces, exit codes and messages, over a fake API."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import socket
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from tests.unit.status.objects import cronjob, lease
+
+from cronlock_operator import status
+
+
+def kubeconfig(path: Path, server: str, namespace: str | None = None) -> Path:
+    context: dict[str, str] = {"cluster": "fake", "user": "fake"}
+    if namespace is not None:
+        context["namespace"] = namespace
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "fake", "cluster": {"server": server}}],
+                "users": [{"name": "fake", "user": {"token": "t"}}],
+                "contexts": [
+                    {"name": "fake", "context": context},
+                    {"name": "other", "context": {"cluster": "fake", "user": "fake"}},
+                ],
+                "current-context": "fake",
+            }
+        )
+    )
+    return path
+
+
+@pytest.fixture
+def closed_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@pytest.fixture
+def unreachable(tmp_path: Path, closed_port: int) -> Path:
+    return kubeconfig(tmp_path / "config", f"http://127.0.0.1:{closed_port}", namespace="team-a")
+
+
+class FakeApi(http.server.ThreadingHTTPServer):
+    """Answers list requests for CronJobs and Leases from `objects`, or with `refuse`."""
+
+    objects: dict[str, list[dict[str, Any]]]
+    refuse: int | None = None
+
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    server: FakeApi
+
+    def do_GET(self) -> None:
+        path = self.path.split("?")[0]
+        if self.server.refuse is not None:
+            self.reply(
+                self.server.refuse,
+                {
+                    "kind": "Status",
+                    "status": "Failure",
+                    "message": 'cronjobs.batch is forbidden: User "jane" cannot list resource '
+                    '"cronjobs" in API group "batch" in the namespace "team-a"',
+                    "reason": "Forbidden",
+                    "code": self.server.refuse,
+                },
+            )
+            return
+        kind = "cronjobs" if path.endswith("/cronjobs") else "leases"
+        namespace = path.split("/namespaces/")[1].split("/")[0] if "/namespaces/" in path else None
+        items = [
+            item
+            for item in self.server.objects[kind]
+            if namespace is None or item["metadata"]["namespace"] == namespace
+        ]
+        self.reply(200, {"kind": "List", "apiVersion": "v1", "metadata": {}, "items": items})
+
+    def reply(self, code: int, body: dict[str, Any]) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *_: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def fake_api() -> Iterator[FakeApi]:
+    server = FakeApi(("127.0.0.1", 0), Handler)
+    server.objects = {"cronjobs": [], "leases": []}
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
+    thread.start()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture
+def reachable(tmp_path: Path, fake_api: FakeApi) -> Path:
+    host, port = fake_api.server_address[:2]
+    return kubeconfig(tmp_path / "config", f"http://{host!s}:{port}", namespace="team-a")
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = status.main(list(argv))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_no_subcommand_prints_help_and_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(capsys)
+
+    assert code == 2
+    assert "status" in err
+    assert out == ""
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["status", "--bogus"],
+        ["status", "-o", "yaml"],
+        ["status", "-n", "a", "-A"],
+        ["status", "-n"],
+        ["stauts"],
+    ],
+)
+def test_bad_flags_exit_2(capsys: pytest.CaptureFixture[str], argv: list[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        status.main(argv)
+
+    assert exited.value.code == 2
+    assert "error" in capsys.readouterr().err
+
+
+def test_a_kubeconfig_that_does_not_exist_is_a_usage_error(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    missing = tmp_path / "nope"
+
+    code, _, err = run(capsys, "status", "--kubeconfig", str(missing))
+
+    assert code == 2
+    assert str(missing) in err
+
+
+def test_an_unknown_context_is_a_usage_error(
+    capsys: pytest.CaptureFixture[str], unreachable: Path
+) -> None:
+    code, _, err = run(capsys, "status", "--kubeconfig", str(unreachable), "--context", "prod")
+
+    assert code == 2
+    assert "prod" in err
+
+
+def test_an_unreachable_api_server_exits_69_naming_the_server_and_the_request(
+    capsys: pytest.CaptureFixture[str], unreachable: Path, closed_port: int
+) -> None:
+    code, out, err = run(capsys, "status", "--kubeconfig", str(unreachable))
+
+    assert code == 69
+    assert out == ""
+    # The namespace came from the kubeconfig's current context.
+    assert "cannot list cronjobs.batch in namespace team-a" in err
+    assert f"127.0.0.1:{closed_port}" in err
+    assert "unreachable" in err
+
+
+def test_kubeconfig_comes_from_the_environment_like_kubectl(
+    capsys: pytest.CaptureFixture[str], unreachable: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("KUBECONFIG", str(unreachable))
+    # The kubernetes client reads KUBECONFIG when it is imported.
+    monkeypatch.setattr(
+        "kubernetes.config.kube_config.KUBE_CONFIG_DEFAULT_LOCATION", str(unreachable)
+    )
+
+    code, _, err = run(capsys, "status", "-A")
+
+    assert code == 69
+    assert "cannot list cronjobs.batch in all namespaces" in err
+
+
+def test_without_a_namespace_in_the_context_the_default_namespace_is_shown(
+    capsys: pytest.CaptureFixture[str], unreachable: Path
+) -> None:
+    code, _, err = run(capsys, "status", "--kubeconfig", str(unreachable), "--context", "other")
+
+    assert code == 69
+    assert "in namespace default" in err
+
+
+def test_a_forbidden_list_exits_69_with_the_servers_reason(
+    capsys: pytest.CaptureFixture[str], reachable: Path, fake_api: FakeApi
+) -> None:
+    fake_api.refuse = 403
+
+    code, _, err = run(capsys, "status", "--kubeconfig", str(reachable))
+
+    assert code == 69
+    assert "cannot list cronjobs.batch in namespace team-a: forbidden:" in err
+    assert 'User "jane" cannot list resource "cronjobs"' in err
+
+
+def test_the_table_and_warnings_for_a_namespace_with_an_expired_lock(
+    capsys: pytest.CaptureFixture[str],
+    reachable: Path,
+    fake_api: FakeApi,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    fake_api.objects["cronjobs"] = [
+        cronjob("report", "team-a"),
+        cronjob("stuck", "team-a"),
+        cronjob("elsewhere", "team-b"),
+    ]
+    fake_api.objects["leases"] = [
+        lease("report", "team-a", holder="report-1-aaaaa_0001", renewed_ago=-(10**7)),
+        lease("stuck", "team-a", holder="stuck-1-bbbbb_0002", renewed_ago=3600),
+    ]
+    monkeypatch.delenv("COLUMNS", raising=False)
+
+    code, out, err = run(capsys, "status", "--kubeconfig", str(reachable))
+
+    assert code == 1
+    header, *body = out.splitlines()
+    assert header.split()[:3] == ["CRONJOB", "LOCK", "HOLDER"]
+    assert [line.split()[:3] for line in body] == [
+        ["report", "report", "report-1-aaaaa_0001"],
+        ["stuck", "stuck", "stuck-1-bbbbb_0002"],
+    ]
+    assert "expired" in body[1]
+    assert "warning: lease team-a/cronlock-stuck expired" in err
+    assert "still held by stuck-1-bbbbb_0002" in err
+
+
+def test_columns_follow_the_terminal_width(
+    capsys: pytest.CaptureFixture[str],
+    reachable: Path,
+    fake_api: FakeApi,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    fake_api.objects["cronjobs"] = [cronjob("nightly-report-export", "team-a")]
+    fake_api.objects["leases"] = [
+        lease(
+            "nightly-report-export",
+            "team-a",
+            holder="nightly-report-export-29123456-x7k2p_4f0e9a1c2b3d4e5f",
+            renewed_ago=-(10**7),
+        )
+    ]
+    monkeypatch.setenv("COLUMNS", "60")
+
+    code, out, _ = run(capsys, "status", "--kubeconfig", str(reachable))
+
+    assert code == 0
+    assert "…" in out
+    assert all(len(line) <= 60 for line in out.splitlines()), out
+
+
+def test_json_output_and_all_namespaces(
+    capsys: pytest.CaptureFixture[str], reachable: Path, fake_api: FakeApi
+) -> None:
+    fake_api.objects["cronjobs"] = [
+        cronjob("report", "team-a"),
+        cronjob("elsewhere", "team-b", skips=5),
+        cronjob("plain", "team-b", enabled=None),
+    ]
+
+    code, out, err = run(capsys, "status", "--kubeconfig", str(reachable), "-A", "-o", "json")
+
+    assert code == 1
+    document = json.loads(out)
+    assert [(entry["namespace"], entry["cronjob"], entry["state"]) for entry in document] == [
+        ("team-a", "report", "missing"),
+        ("team-b", "elsewhere", "missing"),
+    ]
+    assert document[1]["consecutiveSkips"] == 5
+    assert "skipped 5 consecutive runs" in err
+
+
+def test_an_empty_namespace_says_so_on_stderr_and_is_fine(
+    capsys: pytest.CaptureFixture[str], reachable: Path
+) -> None:
+    code, out, err = run(capsys, "status", "--kubeconfig", str(reachable), "-n", "empty")
+
+    assert code == 0
+    assert out == ""
+    assert "No guarded CronJobs" in err
+    assert "namespace empty" in err
+
+
+def test_watch_redraws_until_ctrl_c_and_then_exits_0(
+    capsys: pytest.CaptureFixture[str],
+    reachable: Path,
+    fake_api: FakeApi,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    fake_api.objects["cronjobs"] = [cronjob("report", "team-a")]
+    naps: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        naps.append(seconds)
+        if len(naps) == 2:
+            raise KeyboardInterrupt
+        # The API goes away between redraws: the watch shows it and carries on.
+        fake_api.refuse = 503
+
+    monkeypatch.setattr(status, "_pause", sleep)
+
+    code, out, _ = run(capsys, "status", "--kubeconfig", str(reachable), "--watch")
+
+    assert code == 0
+    assert naps == [2.0, 2.0]
+    assert out.count("Every 2s:") == 2
+    assert "report" in out
+    assert "cannot list cronjobs.batch in namespace team-a: refused" in out
