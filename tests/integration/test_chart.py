@@ -481,9 +481,13 @@ def test_install_with_default_values(
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": fullname, "namespace": namespace}
     ]
-    controlplane.kubectl(
-        "get", "serviceaccount,service", "-n", namespace, fullname, f"{fullname}-metrics"
+    controlplane.kubectl("get", "serviceaccount", fullname, "-n", namespace)
+    service = json.loads(
+        controlplane.kubectl("get", "service", f"{fullname}-metrics", "-n", namespace, "-o", "json")
     )
+    assert [(port["port"], port["targetPort"]) for port in service["spec"]["ports"]] == [
+        (8080, "metrics")
+    ]
     dry_run_pod(controlplane, namespace, deployment["spec"]["template"])
 
 
