@@ -621,7 +621,12 @@ def _watch(cluster: Cluster, namespace: str | None, output: Output, prog: str) -
                 status_rows = _snapshot(cluster, namespace)
                 screen = _render(status_rows, namespace, output, compact=True)
             except Unavailable as error:
-                # A hiccup while watching is shown and retried, not the end of the watch.
+                # A hiccup while watching is shown and retried, not the end of the watch;
+                # JSON Lines on stdout stay parseable, so there it goes to stderr.
+                if output == "json":
+                    print(f"{prog}: {error}", file=sys.stderr, flush=True)
+                    _pause(WATCH_INTERVAL_SECONDS)
+                    continue
                 screen = f"{prog}: {error}"
             stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
             header = "" if output == "json" else f"Every {WATCH_INTERVAL_SECONDS:g}s: {stamp}\n\n"

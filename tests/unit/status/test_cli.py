@@ -327,3 +327,30 @@ def test_watch_redraws_until_ctrl_c_and_then_exits_0(
     assert out.count("Every 2s:") == 2
     assert "report" in out
     assert "cannot list cronjobs.batch in namespace team-a: refused" in out
+
+
+def test_watch_as_json_writes_one_list_per_line_and_errors_to_stderr(
+    capsys: pytest.CaptureFixture[str],
+    reachable: Path,
+    fake_api: FakeApi,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    fake_api.objects["cronjobs"] = [cronjob("report", "team-a")]
+    naps: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        naps.append(seconds)
+        if len(naps) == 3:
+            raise KeyboardInterrupt
+        fake_api.refuse = 503 if len(naps) == 1 else None
+
+    monkeypatch.setattr(status, "_pause", sleep)
+
+    code, out, err = run(capsys, "status", "--kubeconfig", str(reachable), "--watch", "-o", "json")
+
+    assert code == 0
+    assert [[entry["cronjob"] for entry in json.loads(line)] for line in out.splitlines()] == [
+        ["report"],
+        ["report"],
+    ]
+    assert "cannot list cronjobs.batch in namespace team-a: refused" in err
