@@ -18,6 +18,8 @@ import kubernetes
 import pytest
 import yaml
 
+from tests.operator_process import OPERATOR_NAMESPACE, OperatorProcess, install_chart_rbac
+
 ROOT = Path(__file__).resolve().parent.parent
 CONTROLPLANE = ROOT / "tests" / "controlplane"
 
@@ -136,49 +138,78 @@ def namespace(api: kubernetes.client.ApiClient, request: pytest.FixtureRequest) 
 ServiceAccountKubeconfig = Callable[[str, str], Path]
 
 
+def make_service_account_kubeconfig(
+    controlplane: ControlPlane,
+    api: kubernetes.client.ApiClient,
+    namespace: str,
+    name: str,
+    directory: Path,
+) -> Path:
+    """A kubeconfig that authenticates as a ServiceAccount with a TokenRequest token."""
+    core = kubernetes.client.CoreV1Api(api)
+    try:
+        core.create_namespaced_service_account(namespace, {"metadata": {"name": name}})
+    except kubernetes.client.ApiException as error:
+        if error.status != 409:
+            raise
+    token = core.create_namespaced_service_account_token(
+        name, namespace, {"spec": {"expirationSeconds": 6 * 3600}}
+    ).status.token
+    path = directory / f"{namespace}-{name}.kubeconfig"
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [
+                    {
+                        "name": "test",
+                        "cluster": {
+                            "server": controlplane.server(),
+                            "certificate-authority": controlplane.ca_file(),
+                        },
+                    }
+                ],
+                "users": [{"name": name, "user": {"token": token}}],
+                "contexts": [
+                    {
+                        "name": "test",
+                        "context": {"cluster": "test", "user": name, "namespace": namespace},
+                    }
+                ],
+                "current-context": "test",
+            }
+        )
+    )
+    path.chmod(0o600)
+    return path
+
+
 @pytest.fixture
 def service_account_kubeconfig(
     controlplane: ControlPlane, api: kubernetes.client.ApiClient, tmp_path: Path
 ) -> ServiceAccountKubeconfig:
-    """Make a kubeconfig that authenticates as a ServiceAccount with a TokenRequest token."""
+    """Make a kubeconfig that authenticates as a ServiceAccount (RBAC applies for real)."""
 
     def make(namespace: str, name: str) -> Path:
-        core = kubernetes.client.CoreV1Api(api)
-        try:
-            core.create_namespaced_service_account(namespace, {"metadata": {"name": name}})
-        except kubernetes.client.ApiException as error:
-            if error.status != 409:
-                raise
-        token = core.create_namespaced_service_account_token(
-            name, namespace, {"spec": {"expirationSeconds": 3600}}
-        ).status.token
-        path = tmp_path / f"{namespace}-{name}.kubeconfig"
-        path.write_text(
-            yaml.safe_dump(
-                {
-                    "apiVersion": "v1",
-                    "kind": "Config",
-                    "clusters": [
-                        {
-                            "name": "test",
-                            "cluster": {
-                                "server": controlplane.server(),
-                                "certificate-authority": controlplane.ca_file(),
-                            },
-                        }
-                    ],
-                    "users": [{"name": name, "user": {"token": token}}],
-                    "contexts": [
-                        {
-                            "name": "test",
-                            "context": {"cluster": "test", "user": name, "namespace": namespace},
-                        }
-                    ],
-                    "current-context": "test",
-                }
-            )
-        )
-        path.chmod(0o600)
-        return path
+        return make_service_account_kubeconfig(controlplane, api, namespace, name, tmp_path)
 
     return make
+
+
+@pytest.fixture(scope="session")
+def operator(
+    controlplane: ControlPlane,
+    api: kubernetes.client.ApiClient,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[OperatorProcess]:
+    """The real operator, watching every namespace as the chart's ServiceAccount."""
+    directory = tmp_path_factory.mktemp("operator")
+    account = install_chart_rbac(api, controlplane.env)
+    kubeconfig = make_service_account_kubeconfig(
+        controlplane, api, OPERATOR_NAMESPACE, account, directory
+    )
+    process = OperatorProcess(kubeconfig, directory / "operator.log", controlplane.env)
+    process.start()
+    yield process
+    process.stop()

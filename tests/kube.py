@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 
@@ -19,3 +19,66 @@ def wait_for(probe: Callable[[], T | None], timeout: float, what: str, every: fl
         if time.monotonic() >= deadline:
             raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
         time.sleep(every)
+
+
+def job_from_cronjob(cronjob: dict[str, Any], name: str) -> dict[str, Any]:
+    """The Job `kubectl create job NAME --from=cronjob/...` makes: template labels, owner."""
+    template = cronjob["spec"]["jobTemplate"]
+    metadata = cronjob["metadata"]
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": name,
+            "labels": dict((template.get("metadata") or {}).get("labels") or {}),
+            "annotations": {"cronjob.kubernetes.io/instantiate": "manual"},
+            "ownerReferences": [
+                {
+                    "apiVersion": "batch/v1",
+                    "kind": "CronJob",
+                    "name": metadata["name"],
+                    "uid": metadata["uid"],
+                    "controller": True,
+                    "blockOwnerDeletion": True,
+                }
+            ],
+        },
+        "spec": template["spec"],
+    }
+
+
+def terminated(name: str, exit_code: int) -> dict[str, Any]:
+    return {
+        "name": name,
+        "ready": False,
+        "restartCount": 0,
+        "image": "busybox:1.37",
+        "imageID": "",
+        "state": {
+            "terminated": {
+                "exitCode": exit_code,
+                "reason": "Completed" if exit_code == 0 else "Error",
+                "startedAt": "2026-01-01T00:00:00Z",
+                "finishedAt": "2026-01-01T00:00:01Z",
+            }
+        },
+    }
+
+
+def finish_pod(core: Any, namespace: str, pod: str, *, gate_exit: int, main_exit: int = 0) -> None:
+    """Write a terminal pod status through the status subresource, as a kubelet would.
+
+    A gate that exited non-zero means the user containers never started.
+    """
+    ran = gate_exit == 0
+    status: dict[str, Any] = {
+        "phase": "Succeeded" if ran and main_exit == 0 else "Failed",
+        "initContainerStatuses": [
+            terminated("cronlock", 0),
+            terminated("cronlock-gate", gate_exit),
+        ],
+        "containerStatuses": [terminated("main", main_exit)] if ran else [],
+    }
+    core.patch_namespaced_pod_status(
+        pod, namespace, {"status": status}, _content_type="application/merge-patch+json"
+    )

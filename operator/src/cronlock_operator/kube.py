@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import datetime
+import hashlib
+import json
 import logging
 import secrets
 import socket
@@ -19,6 +21,7 @@ from cronlock_sidecar import contract
 logger = logging.getLogger(__name__)
 
 REPORTING_COMPONENT = "cronlock-operator"
+MAX_NAME = 253
 _RETRIABLE = {409, 422, 429, 500, 502, 503, 504}
 
 
@@ -34,6 +37,21 @@ def transient_errors(what: str) -> Iterator[None]:
         raise
     except (urllib3.exceptions.HTTPError, OSError) as error:
         raise Retry(f"{what}: {error}") from error
+
+
+def raw(response: Any) -> dict[str, Any]:
+    """The object exactly as the API server sent it (the client's models reformat times)."""
+    result: dict[str, Any] = json.loads(response.data)
+    return result
+
+
+def holder_role_name(service_account: str) -> str:
+    """`cronlock-holder-<account>`, shortened with a hash where it would be too long."""
+    name = f"{contract.HOLDER_ROLE}-{service_account}"
+    if len(name) <= MAX_NAME:
+        return name
+    digest = hashlib.sha256(service_account.encode()).hexdigest()[:10]
+    return f"{name[: MAX_NAME - 11]}-{digest}"
 
 
 def owner_reference(cronjob: Mapping[str, Any]) -> dict[str, Any]:
@@ -89,13 +107,13 @@ class Kube:
     def read_cronjob(self, namespace: str, name: str) -> dict[str, Any] | None:
         with transient_errors(f"get cronjob {namespace}/{name}"):
             try:
-                cronjob = self.batch.read_namespaced_cron_job(name, namespace)
+                return raw(
+                    self.batch.read_namespaced_cron_job(name, namespace, _preload_content=False)
+                )
             except kubernetes.client.ApiException as error:
                 if error.status == 404:
                     return None
                 raise
-        result: dict[str, Any] = self.api.sanitize_for_serialization(cronjob)
-        return result
 
     # --- Leases --------------------------------------------------------------------
     def ensure_lease(self, namespace: str, name: str, cronjob: Mapping[str, Any], ttl: int) -> None:
@@ -143,13 +161,13 @@ class Kube:
     def read_lease(self, namespace: str, name: str) -> dict[str, Any] | None:
         with transient_errors(f"get lease {namespace}/{name}"):
             try:
-                lease = self.leases.read_namespaced_lease(name, namespace)
+                return raw(
+                    self.leases.read_namespaced_lease(name, namespace, _preload_content=False)
+                )
             except kubernetes.client.ApiException as error:
                 if error.status == 404:
                     return None
                 raise
-        result: dict[str, Any] = self.api.sanitize_for_serialization(lease)
-        return result
 
     def patch_lease(self, namespace: str, name: str, patch: list[dict[str, Any]]) -> bool:
         """A JSON patch (its first op tests resourceVersion); False if the Lease moved on."""
@@ -195,56 +213,45 @@ class Kube:
             raise Retry(f"lease {namespace}/{name} changed while dropping an owner")
 
     # --- RBAC ----------------------------------------------------------------------
-    def sync_holder_rbac(
-        self, namespace: str, lease_names: list[str], service_accounts: list[str]
-    ) -> bool:
-        """The Role and RoleBinding that let job pods hold exactly these Leases; True if written."""
-        role_name = contract.HOLDER_ROLE
+    def sync_holder_rbac(self, namespace: str, leases_by_account: Mapping[str, list[str]]) -> None:
+        """One Role and RoleBinding per ServiceAccount: its pods may hold only their own Leases.
+
+        Stale pairs (a ServiceAccount no guarded CronJob uses any more) are deleted.
+        """
         labels = {contract.LABEL_MANAGED_BY: contract.MANAGED_BY}
         with transient_errors(f"sync rbac in {namespace}"):
-            if not lease_names:
-                for delete in (
-                    self.rbac.delete_namespaced_role_binding,
-                    self.rbac.delete_namespaced_role,
-                ):
-                    try:
-                        delete(role_name, namespace)
-                    except kubernetes.client.ApiException as error:
-                        if error.status != 404:
-                            raise
-                return False
-            role = {
-                "metadata": {"name": role_name, "labels": labels},
-                "rules": [
-                    {
-                        "apiGroups": ["coordination.k8s.io"],
-                        "resources": ["leases"],
-                        "resourceNames": sorted(lease_names),
-                        "verbs": ["get", "update", "patch"],
-                    }
-                ],
-            }
-            binding = {
-                "metadata": {"name": role_name, "labels": labels},
-                "roleRef": {
-                    "apiGroup": "rbac.authorization.k8s.io",
-                    "kind": "Role",
-                    "name": role_name,
-                },
-                "subjects": [
-                    {"kind": "ServiceAccount", "name": account, "namespace": namespace}
-                    for account in sorted(service_accounts)
-                ],
-            }
-            wrote = self._upsert(
-                self.rbac.read_namespaced_role,
-                self.rbac.create_namespaced_role,
-                self.rbac.replace_namespaced_role,
-                namespace,
-                role,
-                ("rules",),
-            )
-            return (
+            for account, lease_names in sorted(leases_by_account.items()):
+                name = holder_role_name(account)
+                role = {
+                    "metadata": {"name": name, "labels": labels},
+                    "rules": [
+                        {
+                            "apiGroups": ["coordination.k8s.io"],
+                            "resources": ["leases"],
+                            "resourceNames": sorted(lease_names),
+                            "verbs": ["get", "update", "patch"],
+                        }
+                    ],
+                }
+                binding = {
+                    "metadata": {"name": name, "labels": labels},
+                    "roleRef": {
+                        "apiGroup": "rbac.authorization.k8s.io",
+                        "kind": "Role",
+                        "name": name,
+                    },
+                    "subjects": [
+                        {"kind": "ServiceAccount", "name": account, "namespace": namespace}
+                    ],
+                }
+                self._upsert(
+                    self.rbac.read_namespaced_role,
+                    self.rbac.create_namespaced_role,
+                    self.rbac.replace_namespaced_role,
+                    namespace,
+                    role,
+                    ("rules",),
+                )
                 self._upsert(
                     self.rbac.read_namespaced_role_binding,
                     self.rbac.create_namespaced_role_binding,
@@ -253,8 +260,20 @@ class Kube:
                     binding,
                     ("subjects", "roleRef"),
                 )
-                or wrote
-            )
+            wanted = {holder_role_name(account) for account in leases_by_account}
+            selector = f"{contract.LABEL_MANAGED_BY}={contract.MANAGED_BY}"
+            for listing, delete in (
+                (self.rbac.list_namespaced_role_binding, self.rbac.delete_namespaced_role_binding),
+                (self.rbac.list_namespaced_role, self.rbac.delete_namespaced_role),
+            ):
+                for item in listing(namespace, label_selector=selector).items:
+                    stale = item.metadata.name
+                    if stale.startswith(contract.HOLDER_ROLE) and stale not in wanted:
+                        try:
+                            delete(stale, namespace)
+                        except kubernetes.client.ApiException as error:
+                            if error.status != 404:
+                                raise
 
     def _upsert(
         self,
@@ -267,7 +286,7 @@ class Kube:
     ) -> bool:
         name = desired["metadata"]["name"]
         try:
-            current = self.api.sanitize_for_serialization(read(name, namespace))
+            current = raw(read(name, namespace, _preload_content=False))
         except kubernetes.client.ApiException as error:
             if error.status != 404:
                 raise

@@ -16,6 +16,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import kubernetes
+
 from cronlock_operator import metrics, skips
 from cronlock_operator.config import (
     InvalidConfig,
@@ -68,7 +70,8 @@ class Reconciler:
     observations: dict[tuple[str, str], Observation] = field(default_factory=dict)
     # Per CronJob uid: the last message of each kind we posted, so a replay posts nothing.
     posted: dict[tuple[str, str], str] = field(default_factory=dict)
-    synced_rbac: dict[str, tuple[frozenset[str], frozenset[str]]] = field(default_factory=dict)
+    # Per namespace: the (service account, lease) pairs the holder Roles grant.
+    synced_rbac: dict[str, frozenset[Guard]] = field(default_factory=dict)
     queue: WorkQueue[Key] = field(init=False)
     _rbac_locks: dict[str, threading.Lock] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -144,6 +147,11 @@ class Reconciler:
         }
         try:
             await asyncio.to_thread(handlers[kind], namespace, name)
+        except kubernetes.client.ApiException as error:
+            if error.status != 404:
+                raise
+            # The object or its whole namespace is gone; its DELETED event tidies up.
+            logger.debug("%s: gone (%s)", key, error.reason)
         except Retry:
             metrics.reconcile_errors.labels(kind).inc()
             raise
@@ -196,30 +204,30 @@ class Reconciler:
         self._sync_rbac(namespace)
 
     def _ensure_rbac(self, namespace: str, guard: Guard) -> None:
-        leases, accounts = self.synced_rbac.get(namespace, (frozenset(), frozenset()))
-        if guard.lease in leases and guard.service_account in accounts:
-            return
-        self._sync_rbac(namespace)
+        if guard not in self.synced_rbac.get(namespace, frozenset()):
+            self._sync_rbac(namespace)
 
     def _sync_rbac(self, namespace: str) -> None:
         with self._lock:
             lock = self._rbac_locks.setdefault(namespace, threading.Lock())
         with lock:
-            guards = [
+            guards = {
                 guard for (space, _), guard in list(self.guards.items()) if space == namespace
-            ]
-            # CronJobs seen but not yet reconciled join now, so a burst writes the Role once.
+            }
+            # CronJobs seen but not yet reconciled join now, so a burst writes the Roles once.
             for (space, _), body in list(self.cronjobs.items()):
                 if space == namespace:
                     pending = _pending_guard(body, self.settings)
                     if pending is not None:
-                        guards.append(pending)
-            leases = frozenset(guard.lease for guard in guards)
-            accounts = frozenset(guard.service_account for guard in guards)
-            if self.synced_rbac.get(namespace) == (leases, accounts):
+                        guards.add(pending)
+            desired = frozenset(guards)
+            if self.synced_rbac.get(namespace) == desired:
                 return
-            self.kube.sync_holder_rbac(namespace, sorted(leases), sorted(accounts))
-            self.synced_rbac[namespace] = (leases, accounts)
+            leases_by_account: dict[str, list[str]] = {}
+            for guard in desired:
+                leases_by_account.setdefault(guard.service_account, []).append(guard.lease)
+            self.kube.sync_holder_rbac(namespace, leases_by_account)
+            self.synced_rbac[namespace] = desired
         metrics.guarded_cronjobs.set(len(self.guards))
 
     def account_runs(self, namespace: str, cronjob_name: str) -> None:

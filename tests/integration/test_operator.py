@@ -1,0 +1,497 @@
+"""The operator on a real API server: inject, revert, validate, Leases, RBAC and skips."""
+
+from __future__ import annotations
+
+import copy
+import datetime
+from typing import Any
+
+import kubernetes
+import pytest
+import yaml
+from tests.conftest import ControlPlane, ServiceAccountKubeconfig
+from tests.kube import finish_pod, job_from_cronjob, wait_for
+from tests.operator_process import OperatorProcess, wait_settled
+
+GATE = "cronlock-gate"
+
+
+def cronjob(name: str, **pod_spec: Any) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "containers": [{"name": "main", "image": "busybox:1.37", "command": ["sleep", "5"]}],
+    }
+    spec.update(pod_spec)
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "CronJob",
+        "metadata": {"name": name},
+        "spec": {
+            "schedule": "0 0 1 1 *",
+            "jobTemplate": {"spec": {"backoffLimit": 2, "template": {"spec": spec}}},
+        },
+    }
+
+
+VARIANTS: dict[str, dict[str, Any]] = {
+    "on-failure": cronjob("on-failure", restartPolicy="OnFailure"),
+    "init-and-failure-policy": {
+        **cronjob(
+            "init-and-failure-policy",
+            initContainers=[{"name": "prepare", "image": "busybox:1.37", "command": ["true"]}],
+        ),
+    },
+    "several-containers": cronjob(
+        "several-containers",
+        containers=[
+            {"name": "a", "image": "busybox:1.37", "command": ["true"]},
+            {
+                "name": "b",
+                "image": "busybox:1.37",
+                "command": ["true"],
+                "volumeMounts": [{"name": "scratch", "mountPath": "/scratch"}],
+            },
+        ],
+        volumes=[{"name": "scratch", "emptyDir": {}}],
+    ),
+    "own-liveness-probe": cronjob(
+        "own-liveness-probe",
+        securityContext={"runAsUser": 1000, "runAsNonRoot": True},
+        containers=[
+            {
+                "name": "main",
+                "image": "busybox:1.37",
+                "command": ["true"],
+                "livenessProbe": {"exec": {"command": ["true"]}, "periodSeconds": 5},
+            }
+        ],
+    ),
+}
+VARIANTS["init-and-failure-policy"]["spec"]["jobTemplate"]["spec"]["podFailurePolicy"] = {
+    "rules": [{"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]}]
+}
+VARIANTS["several-containers"]["metadata"]["labels"] = {"team": "billing"}
+VARIANTS["several-containers"]["spec"]["jobTemplate"]["metadata"] = {"labels": {"tier": "batch"}}
+
+
+def batch(api: kubernetes.client.ApiClient) -> kubernetes.client.BatchV1Api:
+    return kubernetes.client.BatchV1Api(api)
+
+
+def read(api: kubernetes.client.ApiClient, namespace: str, name: str) -> dict[str, Any]:
+    raw = batch(api).read_namespaced_cron_job(name, namespace)
+    result: dict[str, Any] = api.sanitize_for_serialization(raw)
+    return result
+
+
+def init_names(cronjob: dict[str, Any]) -> list[str]:
+    spec = cronjob["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+    return [container["name"] for container in spec.get("initContainers") or []]
+
+
+def annotate(
+    api: kubernetes.client.ApiClient, namespace: str, name: str, **values: str | None
+) -> None:
+    batch(api).patch_namespaced_cron_job(
+        name,
+        namespace,
+        {
+            "metadata": {
+                "annotations": {f"cronlock.io/{k.replace('_', '-')}": v for k, v in values.items()}
+            }
+        },
+        _content_type="application/merge-patch+json",
+    )
+
+
+def events(
+    api: kubernetes.client.ApiClient, namespace: str, name: str
+) -> list[tuple[str, str, str]]:
+    items = (
+        kubernetes.client.CoreV1Api(api)
+        .list_namespaced_event(namespace, field_selector=f"involvedObject.name={name}")
+        .items
+    )
+    return [(event.type, event.reason, event.message) for event in items]
+
+
+def wait_event(
+    api: kubernetes.client.ApiClient, namespace: str, name: str, reason: str, count: int = 1
+) -> list[str]:
+    return wait_for(
+        lambda: (
+            found
+            if len(found := [m for _, r, m in events(api, namespace, name) if r == reason]) >= count
+            else None
+        ),
+        timeout=30,
+        what=f"{count} {reason} Event(s) on {namespace}/{name}",
+    )
+
+
+def comparable(cronjob: dict[str, Any]) -> dict[str, Any]:
+    """What the user wrote and the server stored, without the fields every write changes."""
+    result = copy.deepcopy(cronjob)
+    for key in ("resourceVersion", "generation", "managedFields"):
+        result["metadata"].pop(key, None)
+    result.pop("status", None)
+    return result
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_annotating_injects_and_removing_the_annotation_restores_the_stored_cronjob_exactly(
+    api: kubernetes.client.ApiClient, namespace: str, operator: OperatorProcess, variant: str
+) -> None:
+    manifest = copy.deepcopy(VARIANTS[variant])
+    batch(api).create_namespaced_cron_job(namespace, manifest)
+    name = manifest["metadata"]["name"]
+    before = comparable(read(api, namespace, name))
+
+    annotate(api, namespace, name, enabled="true", ttl="30s")
+    injected = wait_for(
+        lambda: (
+            c if init_names(c := read(api, namespace, name))[:2] == ["cronlock", GATE] else None
+        ),
+        timeout=30,
+        what="the injection",
+    )
+    pod_spec = injected["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+    user_inits = [
+        c["name"]
+        for c in manifest["spec"]["jobTemplate"]["spec"]["template"]["spec"].get(
+            "initContainers", []
+        )
+    ]
+    assert init_names(injected) == ["cronlock", GATE, *user_inits]
+    assert pod_spec["restartPolicy"] == "Never"
+    rules = injected["spec"]["jobTemplate"]["spec"]["podFailurePolicy"]["rules"]
+    assert rules[0]["onExitCodes"] == {"containerName": GATE, "operator": "In", "values": [75]}
+    user_rules = (
+        manifest["spec"]["jobTemplate"]["spec"].get("podFailurePolicy", {}).get("rules", [])
+    )
+    assert len(rules) == 1 + len(user_rules)
+    assert injected["spec"]["jobTemplate"]["metadata"]["labels"]["cronlock.io/lock"] == name
+    assert "Injected" in [reason for _, reason, _ in events(api, namespace, name)]
+    # No kopf bookkeeping on the user's object.
+    assert not injected["metadata"].get("finalizers")
+    assert not [key for key in injected["metadata"].get("annotations", {}) if "kopf" in key]
+
+    # The API server takes a real Job made from the injected template.
+    job = batch(api).create_namespaced_job(
+        namespace,
+        {"metadata": {"name": f"{name}-manual"}, "spec": injected["spec"]["jobTemplate"]["spec"]},
+    )
+    assert job.metadata.name == f"{name}-manual"
+
+    annotate(api, namespace, name, enabled=None, ttl=None)
+    wait_for(
+        lambda: init_names(read(api, namespace, name)) == user_inits or None,
+        timeout=30,
+        what="the revert",
+    )
+    after = comparable(read(api, namespace, name))
+    assert after == before
+    wait_event(api, namespace, name, "Reverted")
+
+
+def test_an_operator_restart_neither_rewrites_nor_double_injects(
+    api: kubernetes.client.ApiClient, namespace: str, operator: OperatorProcess
+) -> None:
+    manifest = cronjob("steady")
+    manifest["metadata"]["annotations"] = {"cronlock.io/enabled": "true"}
+    batch(api).create_namespaced_cron_job(namespace, manifest)
+    injected = wait_for(
+        lambda: c if "cronlock" in init_names(c := read(api, namespace, "steady")) else None,
+        timeout=30,
+        what="the injection",
+    )
+
+    operator.restart()
+    wait_settled(3)
+
+    again = read(api, namespace, "steady")
+    assert again["metadata"]["resourceVersion"] == injected["metadata"]["resourceVersion"]
+    assert init_names(again) == ["cronlock", GATE]
+
+
+def test_changing_a_setting_while_the_operator_is_down_updates_the_injection_once(
+    api: kubernetes.client.ApiClient, namespace: str, operator: OperatorProcess
+) -> None:
+    manifest = cronjob("retuned")
+    manifest["metadata"]["annotations"] = {"cronlock.io/enabled": "true", "cronlock.io/ttl": "30s"}
+    batch(api).create_namespaced_cron_job(namespace, manifest)
+    wait_for(lambda: "cronlock" in init_names(read(api, namespace, "retuned")), 30, "injection")
+
+    operator.stop()
+    try:
+        annotate(api, namespace, "retuned", ttl="90s")
+    finally:
+        operator.start()
+
+    def ttl_env() -> str | None:
+        sidecar = read(api, namespace, "retuned")["spec"]["jobTemplate"]["spec"]["template"][
+            "spec"
+        ]["initContainers"][0]
+        return next(e["value"] for e in sidecar["env"] if e["name"] == "CRONLOCK_TTL")
+
+    wait_for(lambda: ttl_env() == "1m30s", 30, "the new ttl in the sidecar")
+    assert init_names(read(api, namespace, "retuned")) == ["cronlock", GATE]
+
+
+def test_kubectl_apply_of_the_original_manifest_keeps_the_injection(
+    controlplane: ControlPlane,
+    api: kubernetes.client.ApiClient,
+    namespace: str,
+    operator: OperatorProcess,
+) -> None:
+    manifest = cronjob("applied")
+    manifest["metadata"]["annotations"] = {"cronlock.io/enabled": "true"}
+    text = yaml.safe_dump(manifest)
+    controlplane.kubectl("apply", "-n", namespace, "-f", "-", input_text=text)
+    wait_for(lambda: "cronlock" in init_names(read(api, namespace, "applied")), 30, "injection")
+
+    controlplane.kubectl("apply", "-n", namespace, "-f", "-", input_text=text)
+    wait_settled(2)
+
+    assert init_names(read(api, namespace, "applied")) == ["cronlock", GATE]
+
+
+BAD_SETTINGS = [
+    ("ttl", "abc"),
+    ("ttl", "2s"),
+    ("renew", "45s"),
+    ("policy", "sometimes"),
+    ("alert-after", "zero"),
+    ("stop", "politely"),
+    ("lock", "Not_A_Valid_Name"),
+    ("colour", "blue"),
+]
+
+
+@pytest.mark.parametrize(("key", "value"), BAD_SETTINGS)
+def test_bad_settings_post_invalid_config_and_keep_the_last_valid_injection(
+    api: kubernetes.client.ApiClient,
+    namespace: str,
+    operator: OperatorProcess,
+    key: str,
+    value: str,
+) -> None:
+    manifest = cronjob("guarded")
+    manifest["metadata"]["annotations"] = {"cronlock.io/enabled": "true", "cronlock.io/ttl": "30s"}
+    batch(api).create_namespaced_cron_job(namespace, manifest)
+    good = wait_for(
+        lambda: c if "cronlock" in init_names(c := read(api, namespace, "guarded")) else None,
+        timeout=30,
+        what="the injection",
+    )
+
+    annotate(api, namespace, "guarded", **{key.replace("-", "_"): value})
+
+    messages = wait_event(api, namespace, "guarded", "InvalidConfig")
+    assert f"cronlock.io/{key}" in messages[0]
+    after = read(api, namespace, "guarded")
+    assert after["spec"]["jobTemplate"] == good["spec"]["jobTemplate"]
+
+
+def test_a_new_cronjob_with_bad_settings_is_left_untouched(
+    api: kubernetes.client.ApiClient, namespace: str, operator: OperatorProcess
+) -> None:
+    manifest = cronjob("never-valid")
+    manifest["metadata"]["annotations"] = {"cronlock.io/enabled": "yes"}
+    batch(api).create_namespaced_cron_job(namespace, manifest)
+    stored = read(api, namespace, "never-valid")
+
+    messages = wait_event(api, namespace, "never-valid", "InvalidConfig")
+
+    assert "cronlock.io/enabled" in messages[0]
+    assert (
+        read(api, namespace, "never-valid")["metadata"]["resourceVersion"]
+        == stored["metadata"]["resourceVersion"]
+    )
+
+
+def test_two_cronjobs_sharing_a_lock_share_one_lease_and_their_pods_may_hold_only_it(
+    api: kubernetes.client.ApiClient,
+    namespace: str,
+    operator: OperatorProcess,
+    controlplane: ControlPlane,
+    service_account_kubeconfig: ServiceAccountKubeconfig,
+) -> None:
+    core = kubernetes.client.CoreV1Api(api)
+    for account in ("reports", "exports"):
+        core.create_namespaced_service_account(namespace, {"metadata": {"name": account}})
+    for name, account in (("daily-report", "reports"), ("daily-export", "exports")):
+        manifest = cronjob(name, serviceAccountName=account)
+        manifest["metadata"]["annotations"] = {
+            "cronlock.io/enabled": "true",
+            "cronlock.io/lock": "ledger",
+        }
+        batch(api).create_namespaced_cron_job(namespace, manifest)
+    unrelated = cronjob("unrelated")
+    unrelated["metadata"]["annotations"] = {"cronlock.io/enabled": "true"}
+    batch(api).create_namespaced_cron_job(namespace, unrelated)
+    leases = kubernetes.client.CoordinationV1Api(api)
+
+    lease = wait_for(
+        lambda: _lease_with_owners(leases, namespace, "cronlock-ledger", 2), 30, "the shared Lease"
+    )
+
+    assert {owner.name for owner in lease.metadata.owner_references} == {
+        "daily-report",
+        "daily-export",
+    }
+    assert lease.metadata.labels["app.kubernetes.io/managed-by"] == "cronlock"
+    as_reports = kubernetes.client.CoordinationV1Api(
+        controlplane.api_client(service_account_kubeconfig(namespace, "reports"))
+    )
+    wait_for(lambda: _can_get(as_reports, namespace, "cronlock-ledger"), 30, "the holder Role")
+    mine = as_reports.read_namespaced_lease("cronlock-ledger", namespace)
+    mine.spec.holder_identity = "test-pod_12345678"
+    mine.spec.renew_time = datetime.datetime.now(datetime.UTC).replace(microsecond=123456)
+    as_reports.replace_namespaced_lease("cronlock-ledger", namespace, mine)
+    # The job's identity may hold its locks and nothing else in the namespace.
+    wait_for(lambda: _lease_with_owners(leases, namespace, "cronlock-unrelated", 1), 30, "Lease")
+    for forbidden in (
+        lambda: as_reports.read_namespaced_lease("cronlock-unrelated", namespace),
+        lambda: as_reports.list_namespaced_lease(namespace),
+        lambda: as_reports.create_namespaced_lease(namespace, {"metadata": {"name": "cronlock-x"}}),
+        lambda: as_reports.delete_namespaced_lease("cronlock-ledger", namespace),
+    ):
+        with pytest.raises(kubernetes.client.ApiException) as denied:
+            forbidden()
+        assert denied.value.status == 403
+
+
+def _lease_with_owners(leases: Any, namespace: str, name: str, owners: int) -> Any:
+    try:
+        lease = leases.read_namespaced_lease(name, namespace)
+    except kubernetes.client.ApiException as error:
+        if error.status == 404:
+            return None
+        raise
+    return lease if len(lease.metadata.owner_references or []) >= owners else None
+
+
+def _can_get(leases: Any, namespace: str, name: str) -> bool:
+    try:
+        leases.read_namespaced_lease(name, namespace)
+    except kubernetes.client.ApiException as error:
+        if error.status == 403:
+            return False
+        raise
+    return True
+
+
+def _guarded(
+    api: kubernetes.client.ApiClient, namespace: str, name: str, **settings: str
+) -> dict[str, Any]:
+    manifest = cronjob(name)
+    manifest["metadata"]["annotations"] = {
+        "cronlock.io/enabled": "true",
+        **{f"cronlock.io/{key.replace('_', '-')}": value for key, value in settings.items()},
+    }
+    batch(api).create_namespaced_cron_job(namespace, manifest)
+    return wait_for(
+        lambda: c if "cronlock" in init_names(c := read(api, namespace, name)) else None,
+        timeout=30,
+        what="the injection",
+    )
+
+
+def _run(
+    api: kubernetes.client.ApiClient,
+    namespace: str,
+    cronjob_body: dict[str, Any],
+    job: str,
+    *,
+    gate_exit: int,
+    main_exit: int = 0,
+) -> None:
+    """A manual run whose pod the test finishes the way the kubelet would report it."""
+    batch(api).create_namespaced_job(namespace, job_from_cronjob(cronjob_body, job))
+    core = kubernetes.client.CoreV1Api(api)
+    pod = wait_for(
+        lambda: core.list_namespaced_pod(namespace, label_selector=f"job-name={job}").items,
+        timeout=30,
+        what=f"the Job controller to create a pod for {job}",
+    )[0]
+    finish_pod(core, namespace, pod.metadata.name, gate_exit=gate_exit, main_exit=main_exit)
+
+
+def _skips(api: kubernetes.client.ApiClient, namespace: str, name: str) -> int:
+    annotations = read(api, namespace, name)["metadata"].get("annotations") or {}
+    return int(annotations.get("cronlock.io/consecutive-skips", "0"))
+
+
+def _job_exists(api: kubernetes.client.ApiClient, namespace: str, name: str) -> bool:
+    try:
+        batch(api).read_namespaced_job(name, namespace)
+    except kubernetes.client.ApiException as error:
+        if error.status == 404:
+            return False
+        raise
+    return True
+
+
+def test_skipped_runs_are_counted_alerted_and_cleaned_up_and_a_success_resets_the_count(
+    api: kubernetes.client.ApiClient, namespace: str, operator: OperatorProcess
+) -> None:
+    body = _guarded(api, namespace, "busy", alert_after="2")
+
+    _run(api, namespace, body, "busy-1", gate_exit=75)
+
+    skipped = wait_event(api, namespace, "busy", "Skipped")
+    assert "busy-1" in skipped[0]
+    wait_for(lambda: _skips(api, namespace, "busy") == 1, 30, "consecutive-skips 1")
+    wait_for(lambda: not _job_exists(api, namespace, "busy-1"), 30, "the skipped Job deleted")
+    job_failure = [m for _, r, m in events(api, namespace, "busy") if r == "RepeatedSkips"]
+    assert job_failure == []
+
+    _run(api, namespace, body, "busy-2", gate_exit=75)
+
+    alert = wait_event(api, namespace, "busy", "RepeatedSkips")
+    assert "2 runs in a row" in alert[0]
+    wait_for(lambda: _skips(api, namespace, "busy") == 2, 30, "consecutive-skips 2")
+
+    _run(api, namespace, body, "busy-3", gate_exit=0, main_exit=0)
+
+    wait_for(lambda: _skips(api, namespace, "busy") == 0, 30, "the count reset by a success")
+    assert _job_exists(api, namespace, "busy-3"), "a successful run's Job is the CronJob's to clean"
+
+
+def test_keep_skipped_jobs_keeps_the_failed_job_and_other_failures_are_not_skips(
+    api: kubernetes.client.ApiClient, namespace: str, operator: OperatorProcess
+) -> None:
+    body = _guarded(api, namespace, "kept", keep_skipped_jobs="true")
+
+    _run(api, namespace, body, "kept-1", gate_exit=75)
+    wait_event(api, namespace, "kept", "Skipped")
+    _run(api, namespace, body, "kept-2", gate_exit=69)
+    wait_settled(3)
+
+    assert _job_exists(api, namespace, "kept-1")
+    assert _skips(api, namespace, "kept") == 1
+    assert len([r for _, r, _ in events(api, namespace, "kept") if r == "Skipped"]) == 1
+
+
+def test_a_holder_that_stops_renewing_is_cleared_with_lease_expired(
+    api: kubernetes.client.ApiClient, namespace: str, operator: OperatorProcess
+) -> None:
+    _guarded(api, namespace, "stale")
+    leases = kubernetes.client.CoordinationV1Api(api)
+    lease = wait_for(
+        lambda: _lease_with_owners(leases, namespace, "cronlock-stale", 1), 30, "Lease"
+    )
+    lease.spec.holder_identity = "vanished-pod_0badf00d"
+    lease.spec.lease_duration_seconds = 3
+    now = datetime.datetime.now(datetime.UTC).replace(microsecond=500000)
+    lease.spec.renew_time = now
+    lease.spec.acquire_time = now
+    leases.replace_namespaced_lease("cronlock-stale", namespace, lease)
+
+    message = wait_event(api, namespace, "stale", "LeaseExpired")
+
+    assert "vanished-pod_0badf00d" in message[0]
+    cleared = leases.read_namespaced_lease("cronlock-stale", namespace)
+    assert not cleared.spec.holder_identity
+    assert cleared.metadata.annotations["cronlock.io/last-holder"] == "vanished-pod_0badf00d"

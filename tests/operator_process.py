@@ -1,0 +1,108 @@
+"""Run the real `cronlock-operator` as a process, under the RBAC the Helm chart grants."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import kubernetes
+import yaml
+
+from tests.kube import wait_for
+
+ROOT = Path(__file__).resolve().parent.parent
+CHART = ROOT / "charts" / "cronlock"
+OPERATOR_NAMESPACE = "cronlock-system"
+RBAC_KINDS = {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}
+
+
+def render_chart(env: dict[str, str], *values: str) -> list[dict[str, Any]]:
+    """`helm template` of the chart: the objects a user's `helm install` would create."""
+    args = ["helm", "template", "cronlock", str(CHART), "--namespace", OPERATOR_NAMESPACE]
+    for value in values:
+        args += ["--set", value]
+    result = subprocess.run(args, env=env, capture_output=True, text=True, check=True)
+    return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+
+
+def install_chart_rbac(api: kubernetes.client.ApiClient, env: dict[str, str]) -> str:
+    """Create exactly the chart's ServiceAccount and RBAC; return the ServiceAccount name."""
+    core = kubernetes.client.CoreV1Api(api)
+    try:
+        core.create_namespace({"metadata": {"name": OPERATOR_NAMESPACE}})
+    except kubernetes.client.ApiException as error:
+        if error.status != 409:
+            raise
+    account = ""
+    for doc in render_chart(env):
+        if doc["kind"] not in RBAC_KINDS:
+            continue
+        if doc["kind"] == "ServiceAccount":
+            account = doc["metadata"]["name"]
+        kubernetes.utils.create_from_dict(api, doc, namespace=OPERATOR_NAMESPACE)
+    assert account, "the chart renders no ServiceAccount"
+    return account
+
+
+@dataclass
+class OperatorProcess:
+    """The operator as users run it, its log kept in a file for failing tests to show."""
+
+    kubeconfig: Path
+    log_path: Path
+    env: dict[str, str]
+    args: list[str] = field(default_factory=list)
+    process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        env = dict(self.env, KUBECONFIG=str(self.kubeconfig))
+        executable = Path(sys.executable).parent / "cronlock-operator"
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(
+                [str(executable), "--metrics-port", "0", "--liveness", "", *self.args],
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        wait_for(
+            lambda: "cronlock operator started" in self.log() or self._exited(),
+            timeout=30,
+            what="the operator to start",
+        )
+        assert not self._exited(), f"the operator exited:\n{self.log()[-3000:]}"
+
+    def stop(self) -> None:
+        if self.process is None:
+            return
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            self.process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self.process = None
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def _exited(self) -> bool:
+        return self.process is not None and self.process.poll() is not None
+
+
+def wait_settled(seconds: float = 1.0) -> None:
+    """Let watch events propagate; only used before asserting that nothing happened."""
+    time.sleep(seconds)
+
+
+def env_without_kubeconfig() -> dict[str, str]:
+    return {key: value for key, value in os.environ.items() if key != "KUBECONFIG"}
