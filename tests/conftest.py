@@ -198,18 +198,30 @@ def service_account_kubeconfig(
 
 
 @pytest.fixture(scope="session")
-def operator(
+def operator_kubeconfig(
     controlplane: ControlPlane,
     api: kubernetes.client.ApiClient,
     tmp_path_factory: pytest.TempPathFactory,
-) -> Iterator[OperatorProcess]:
-    """The real operator, watching every namespace as the chart's ServiceAccount."""
-    directory = tmp_path_factory.mktemp("operator")
+) -> Path:
+    """Credentials of the chart's ServiceAccount, with exactly the chart's RBAC installed."""
     account = install_chart_rbac(api, controlplane.env)
-    kubeconfig = make_service_account_kubeconfig(
-        controlplane, api, OPERATOR_NAMESPACE, account, directory
+    return make_service_account_kubeconfig(
+        controlplane, api, OPERATOR_NAMESPACE, account, tmp_path_factory.mktemp("operator")
     )
-    process = OperatorProcess(kubeconfig, directory / "operator.log", controlplane.env)
+
+
+@pytest.fixture(scope="module")
+def operator(
+    controlplane: ControlPlane,
+    operator_kubeconfig: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[OperatorProcess]:
+    """The real operator, watching every namespace as the chart's ServiceAccount.
+
+    One per test module, so modules that do not ask for it see no operator at all.
+    """
+    log = tmp_path_factory.mktemp("operator-log") / "operator.log"
+    process = OperatorProcess(operator_kubeconfig, log, controlplane.env)
     process.start()
     yield process
     process.stop()
