@@ -39,6 +39,15 @@ def transient_errors(what: str) -> Iterator[None]:
         raise Retry(f"{what}: {error}") from error
 
 
+def _lease_is_ours(lease: Mapping[str, Any], owner_uid: str) -> bool:
+    metadata = lease.get("metadata") or {}
+    labels = metadata.get("labels") or {}
+    owners = metadata.get("ownerReferences") or []
+    return labels.get(contract.LABEL_MANAGED_BY) == contract.MANAGED_BY and any(
+        owner.get("uid") == owner_uid for owner in owners
+    )
+
+
 def raw(response: Any) -> dict[str, Any]:
     """The object exactly as the API server sent it (the client's models reformat times)."""
     result: dict[str, Any] = json.loads(response.data)
@@ -116,35 +125,47 @@ class Kube:
                 raise
 
     # --- Leases --------------------------------------------------------------------
-    def ensure_lease(self, namespace: str, name: str, cronjob: Mapping[str, Any], ttl: int) -> None:
-        """The Lease exists, labelled as ours and owned by this CronJob (among others)."""
+    def ensure_lease(
+        self,
+        namespace: str,
+        name: str,
+        cronjob: Mapping[str, Any],
+        ttl: int,
+        cached: Mapping[str, Any] | None,
+    ) -> None:
+        """The Lease exists, labelled as ours and owned by this CronJob (among others).
+
+        `cached` is the Lease as the operator's watch last saw it: when it already is as
+        it should be, nothing is sent; when the watch has not seen it, creating is tried
+        first, since that is what a new lock needs.
+        """
         reference = owner_reference(cronjob)
+        if cached is not None and _lease_is_ours(cached, reference["uid"]):
+            return
         with transient_errors(f"ensure lease {namespace}/{name}"):
-            try:
-                lease = self.leases.read_namespaced_lease(name, namespace)
-            except kubernetes.client.ApiException as error:
-                if error.status != 404:
-                    raise
-                self.leases.create_namespaced_lease(
-                    namespace,
-                    {
-                        "metadata": {
-                            "name": name,
-                            "labels": {contract.LABEL_MANAGED_BY: contract.MANAGED_BY},
-                            "ownerReferences": [reference],
+            if cached is None:
+                try:
+                    self.leases.create_namespaced_lease(
+                        namespace,
+                        {
+                            "metadata": {
+                                "name": name,
+                                "labels": {contract.LABEL_MANAGED_BY: contract.MANAGED_BY},
+                                "ownerReferences": [reference],
+                            },
+                            "spec": {"leaseDurationSeconds": ttl},
                         },
-                        "spec": {"leaseDurationSeconds": ttl},
-                    },
-                )
-                logger.info("lease %s/%s created", namespace, name)
-                return
-            owners = lease.metadata.owner_references or []
-            labels = lease.metadata.labels or {}
-            if (
-                any(owner.uid == reference["uid"] for owner in owners)
-                and labels.get(contract.LABEL_MANAGED_BY) == contract.MANAGED_BY
-            ):
-                return
+                    )
+                    logger.info("lease %s/%s created", namespace, name)
+                    return
+                except kubernetes.client.ApiException as error:
+                    if error.status != 409:
+                        raise
+                current = self.read_lease(namespace, name)
+                if current is None:
+                    raise Retry(f"lease {namespace}/{name} vanished while being created")
+                if _lease_is_ours(current, reference["uid"]):
+                    return
             # Strategic merge: ownerReferences merge by uid, so other owners stay.
             self.leases.patch_namespaced_lease(
                 name,

@@ -174,7 +174,13 @@ class Reconciler:
             guard = Guard(config.lease_name, _service_account(body))
             previous = self.guards.get((namespace, name))
             self.guards[(namespace, name)] = guard
-            self.kube.ensure_lease(namespace, guard.lease, body, config.ttl_seconds)
+            self.kube.ensure_lease(
+                namespace,
+                guard.lease,
+                body,
+                config.ttl_seconds,
+                self.leases.get((namespace, guard.lease)),
+            )
             if previous is not None and previous.lease != guard.lease:
                 self.kube.drop_lease_owner(namespace, previous.lease, uid)
             self._ensure_rbac(namespace, guard)

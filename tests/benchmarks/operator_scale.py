@@ -1,0 +1,278 @@
+"""Operator at scale: time to inject N CronJobs against a plain client, memory, idle writes.
+
+Both sides run in one session against the same local control plane, each on its own
+freshly created CronJobs, so the ratio compares like with like:
+- baseline: a plain Python client with as many threads as the operator has workers
+  sends one JSON patch per CronJob (the least API work an injection can take);
+- operator: the real `cronlock-operator` starts with N annotated CronJobs waiting and
+  does everything it does for users (Lease, holder RBAC, patch, Event).
+Then, with nothing changing, it counts the writes the operator makes while idle and
+across a restart (goal: zero).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import kubernetes
+
+from cronlock_operator.config import OperatorSettings, parse_config
+from cronlock_operator.injection import build_injection, injection_patch
+from tests.operator_process import OperatorProcess
+
+ROOT = Path(__file__).resolve().parents[2]
+WORKERS = 4  # the operator's work queue has four workers
+NAMESPACES = 10
+
+
+def start_controlplane(env_dir: Path) -> dict[str, str]:
+    env = dict(os.environ, CRONLOCK_TESTENV_DIR=str(env_dir))
+    out = subprocess.run(
+        [str(ROOT / "tests" / "controlplane" / "up")],
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    for line in out.splitlines():
+        match = re.fullmatch(r"export (\w+)=(.*)", line)
+        if match:
+            env[match.group(1)] = os.path.expandvars(match.group(2).strip("'"))
+    return env
+
+
+def cronjob(name: str, annotated: bool) -> dict[str, Any]:
+    metadata: dict[str, Any] = {"name": name}
+    if annotated:
+        metadata["annotations"] = {"cronlock.io/enabled": "true"}
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "CronJob",
+        "metadata": metadata,
+        "spec": {
+            "schedule": "0 0 1 1 *",
+            "jobTemplate": {
+                "spec": {
+                    "template": {
+                        "spec": {
+                            "restartPolicy": "Never",
+                            "containers": [
+                                {"name": "main", "image": "busybox:1.37", "command": ["true"]}
+                            ],
+                        }
+                    }
+                }
+            },
+        },
+    }
+
+
+def create_many(
+    api: kubernetes.client.ApiClient, prefix: str, count: int, annotated: bool
+) -> list[tuple[str, str]]:
+    core = kubernetes.client.CoreV1Api(api)
+    batch = kubernetes.client.BatchV1Api(api)
+    names = [(f"{prefix}-{index % NAMESPACES}", f"job-{index}") for index in range(count)]
+    for namespace in sorted({namespace for namespace, _ in names}):
+        core.create_namespace({"metadata": {"name": namespace}})
+
+    def create(item: tuple[str, str]) -> None:
+        batch.create_namespaced_cron_job(item[0], cronjob(item[1], annotated))
+
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(create, names))
+    return names
+
+
+def baseline(api: kubernetes.client.ApiClient, names: list[tuple[str, str]]) -> float:
+    """Seconds for a plain client to patch every CronJob once with its injection."""
+    batch = kubernetes.client.BatchV1Api(api)
+    settings = OperatorSettings(sidecar_image="ghcr.io/cronlock/cronlock:0.1.0")
+    patches = []
+    for namespace, name in names:
+        stored = json.loads(
+            batch.read_namespaced_cron_job(name, namespace, _preload_content=False).data
+        )
+        stored["metadata"]["annotations"] = {"cronlock.io/enabled": "true"}
+        desired = build_injection(stored, parse_config(stored, settings), settings)
+        patches.append((namespace, name, injection_patch(stored, desired)))
+
+    def patch(item: tuple[str, str, list[dict[str, Any]]]) -> None:
+        batch.patch_namespaced_cron_job(
+            item[1], item[0], item[2], _content_type="application/json-patch+json"
+        )
+
+    start = time.monotonic()
+    with ThreadPoolExecutor(WORKERS) as pool:
+        list(pool.map(patch, patches))
+    return time.monotonic() - start
+
+
+class Watcher:
+    """Counts events on some resources from a resourceVersion on, in a thread."""
+
+    def __init__(
+        self, api: kubernetes.client.ApiClient, lister: Callable[..., Any], version: str
+    ) -> None:
+        self.events: list[dict[str, Any]] = []
+        self._stop = threading.Event()
+        self._watch = kubernetes.watch.Watch()
+        self._thread = threading.Thread(target=self._run, args=(lister, version), daemon=True)
+        self._thread.start()
+
+    def _run(self, lister: Callable[..., Any], version: str) -> None:
+        for event in self._watch.stream(lister, resource_version=version, timeout_seconds=600):
+            self.events.append({"type": event["type"], "object": event["raw_object"]})
+            if self._stop.is_set():
+                break
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._watch.stop()
+
+
+def injected(obj: dict[str, Any]) -> bool:
+    spec = obj["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+    return any(container["name"] == "cronlock" for container in spec.get("initContainers") or [])
+
+
+def rss_kib(pid: int) -> tuple[int, int]:
+    status = Path(f"/proc/{pid}/status").read_text()
+    values = {
+        line.split(":")[0]: int(line.split()[1])
+        for line in status.splitlines()
+        if line.startswith("Vm")
+    }
+    return values.get("VmRSS", 0), values.get("VmHWM", 0)
+
+
+def operator_run(
+    api: kubernetes.client.ApiClient,
+    env: dict[str, str],
+    names: list[tuple[str, str]],
+    workdir: Path,
+) -> dict[str, Any]:
+    batch = kubernetes.client.BatchV1Api(api)
+    version = batch.list_cron_job_for_all_namespaces(limit=1).metadata.resource_version
+    watcher = Watcher(api, batch.list_cron_job_for_all_namespaces, version)
+    wanted = set(names)
+    operator = OperatorProcess(Path(env["KUBECONFIG"]), workdir / "operator.log", env)
+    start = time.monotonic()
+    operator.start()
+    assert operator.process is not None
+    done: set[tuple[str, str]] = set()
+    seen = 0
+    peak = 0
+    while done != wanted:
+        fresh = watcher.events[seen:]
+        seen += len(fresh)
+        for event in fresh:
+            obj = event["object"]
+            key = (obj["metadata"]["namespace"], obj["metadata"]["name"])
+            if key in wanted and injected(obj):
+                done.add(key)
+        peak = max(peak, rss_kib(operator.process.pid)[0])
+        if time.monotonic() - start > 3600:
+            raise SystemExit(f"only {len(done)} of {len(wanted)} injected after an hour")
+        time.sleep(0.5)
+    elapsed = time.monotonic() - start
+    watcher.stop()
+
+    # Idle: nothing changes; count every write to what the operator manages.
+    time.sleep(5)
+    idle = count_writes(api, seconds=30)
+    rss_idle, hwm = rss_kib(operator.process.pid)
+    operator.restart()
+    restart_writes = count_writes(api, seconds=30)
+    operator.stop()
+    return {
+        "seconds": elapsed,
+        "rss_peak_mib": max(peak, hwm) / 1024,
+        "rss_idle_mib": rss_idle / 1024,
+        "idle_writes_30s": idle,
+        "writes_30s_after_restart": restart_writes,
+    }
+
+
+def count_writes(api: kubernetes.client.ApiClient, seconds: float) -> int:
+    batch = kubernetes.client.BatchV1Api(api)
+    leases = kubernetes.client.CoordinationV1Api(api)
+    rbac = kubernetes.client.RbacAuthorizationV1Api(api)
+    listers = [
+        batch.list_cron_job_for_all_namespaces,
+        leases.list_lease_for_all_namespaces,
+        rbac.list_role_for_all_namespaces,
+        rbac.list_role_binding_for_all_namespaces,
+    ]
+    watchers = [
+        Watcher(api, lister, lister(limit=1).metadata.resource_version) for lister in listers
+    ]
+    time.sleep(seconds)
+    for watcher in watchers:
+        watcher.stop()
+    # Lease renewals are the holders' writes, not the operator's; none run here.
+    return sum(len(watcher.events) for watcher in watchers)
+
+
+def run(sizes: list[int]) -> dict[str, Any]:
+    env_dir = ROOT / ".testenv" / "bench-operator"
+    env = start_controlplane(env_dir)
+    try:
+        api = kubernetes.config.new_client_from_config(config_file=env["KUBECONFIG"])
+        results: dict[str, Any] = {"machine": {"nproc": os.cpu_count()}, "sizes": {}}
+        for size in sizes:
+            plain = create_many(api, f"plain-{size}", size, annotated=False)
+            plain_seconds = baseline(api, plain)
+            guarded = create_many(api, f"guarded-{size}", size, annotated=True)
+            with tempfile.TemporaryDirectory() as workdir:
+                measured = operator_run(api, env, guarded, Path(workdir))
+            measured["baseline_seconds"] = plain_seconds
+            measured["ratio"] = measured["seconds"] / plain_seconds
+            results["sizes"][str(size)] = measured
+            print_row(size, measured)
+        return results
+    finally:
+        subprocess.run([str(ROOT / "tests" / "controlplane" / "down")], env=env, check=False)
+
+
+def print_row(size: int, measured: dict[str, Any]) -> None:
+    print(
+        f"{size:>6} CronJobs: operator {measured['seconds']:.1f}s vs plain client "
+        f"{measured['baseline_seconds']:.1f}s (ratio {measured['ratio']:.2f}x; goal <= 1.5x); "
+        f"RSS peak {measured['rss_peak_mib']:.0f} MiB, idle {measured['rss_idle_mib']:.0f} MiB "
+        f"(goal <= 300 MiB at 10,000); writes while idle {measured['idle_writes_30s']} in 30s, "
+        f"after a restart {measured['writes_30s_after_restart']} in 30s (goal 0)",
+        flush=True,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m tests.benchmarks operator", description=__doc__
+    )
+    parser.add_argument("--sizes", default="1000,10000", help="comma-separated CronJob counts")
+    parser.add_argument("--output", default=str(ROOT / ".testenv" / "bench" / "operator.json"))
+    args = parser.parse_args(argv)
+    sizes = [int(size) for size in args.sizes.split(",")]
+    results = run(sizes)
+    output = Path(args.output)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(json.dumps(results, indent=2))
+    print(f"results written to {output}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
