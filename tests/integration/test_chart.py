@@ -14,6 +14,7 @@ from typing import Any
 import kubernetes
 import pytest
 import yaml
+
 from tests.conftest import ControlPlane, ServiceAccountKubeconfig
 from tests.kube import wait_for
 

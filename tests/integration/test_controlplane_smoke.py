@@ -6,6 +6,7 @@ import datetime
 
 import kubernetes
 import pytest
+
 from tests.conftest import ControlPlane, ServiceAccountKubeconfig
 from tests.kube import wait_for
 

@@ -13,6 +13,7 @@ from typing import Any
 
 import kubernetes
 import pytest
+
 from tests.conftest import ROOT, ControlPlane, ServiceAccountKubeconfig
 
 pytestmark = pytest.mark.controlplane

@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from tests.unit.operator.cronjobs import SETTINGS, make_cronjob
 
 from cronlock_operator.config import (
     InvalidConfig,
@@ -17,6 +16,7 @@ from cronlock_operator.config import (
     parse_config,
 )
 from cronlock_operator.injection import build_injection
+from tests.unit.operator.cronjobs import SETTINGS, make_cronjob
 
 PROBED = [
     {

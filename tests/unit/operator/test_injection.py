@@ -8,15 +8,6 @@ from typing import Any
 
 import pytest
 import yaml
-from tests.unit.operator.cronjobs import (
-    NEW_SETTINGS,
-    SETTINGS,
-    apply_json_patch,
-    as_kubernetes_models_see_it,
-    make_cronjob,
-    pod_spec,
-    server_defaults,
-)
 
 from cronlock_operator.config import InvalidConfig, LockConfig, parse_config
 from cronlock_operator.injection import (
@@ -26,6 +17,15 @@ from cronlock_operator.injection import (
     is_injected,
     needs_patch,
     revert,
+)
+from tests.unit.operator.cronjobs import (
+    NEW_SETTINGS,
+    SETTINGS,
+    apply_json_patch,
+    as_kubernetes_models_see_it,
+    make_cronjob,
+    pod_spec,
+    server_defaults,
 )
 
 CASES = Path(__file__).parent / "cases"

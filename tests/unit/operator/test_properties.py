@@ -7,14 +7,6 @@ from typing import Any
 
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
-from tests.unit.operator.cronjobs import (
-    NEW_SETTINGS,
-    SETTINGS,
-    apply_json_patch,
-    as_kubernetes_models_see_it,
-    make_cronjob,
-    server_defaults,
-)
 
 from cronlock_operator.config import InvalidConfig, LockConfig, OperatorSettings, parse_config
 from cronlock_operator.injection import (
@@ -23,6 +15,14 @@ from cronlock_operator.injection import (
     injection_patch,
     needs_patch,
     revert,
+)
+from tests.unit.operator.cronjobs import (
+    NEW_SETTINGS,
+    SETTINGS,
+    apply_json_patch,
+    as_kubernetes_models_see_it,
+    make_cronjob,
+    server_defaults,
 )
 
 PROPERTIES = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])

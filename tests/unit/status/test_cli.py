@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 import yaml
-from tests.unit.status.objects import cronjob, lease
 
 from cronlock_operator import status
+from tests.unit.status.objects import cronjob, lease
 
 
 def kubeconfig(path: Path, server: str, namespace: str | None = None) -> Path:

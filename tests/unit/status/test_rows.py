@@ -5,7 +5,6 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-from tests.unit.status.objects import NOW, cronjob, lease
 
 from cronlock_operator.status import (
     exit_code,
@@ -15,6 +14,7 @@ from cronlock_operator.status import (
     renewed_text,
     rows,
 )
+from tests.unit.status.objects import NOW, cronjob, lease
 
 
 def test_a_fresh_holder_shows_when_it_renewed_and_when_it_expires() -> None:
