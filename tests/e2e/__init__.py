@@ -1,0 +1,1 @@
+"""End-to-end ring: the real control plane, operator and sidecar, with a test pod runner."""

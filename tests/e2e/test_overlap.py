@@ -1,0 +1,78 @@
+"""A run that starts while another holds the lock is skipped; the next one goes ahead."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.e2e.conftest import EXIT_SKIPPED, Scenario, overlapping, seconds_to_next_minute
+from tests.kube import wait_for
+
+
+def test_a_manual_run_during_a_run_is_skipped_and_the_run_after_it_goes_ahead(
+    cluster: Scenario,
+) -> None:
+    cluster.cronjob("report", "echo building; sleep 12; echo done", backoff_limit=2)
+
+    cluster.run("report", "report-1")
+    first = cluster.main_running("report-1")
+    cluster.run("report", "report-2")
+
+    assert cluster.gate_exit("report-2") == EXIT_SKIPPED
+    line = f"already running: lease {cluster.namespace}/cronlock-report held by report-1-"
+    assert line in cluster.sidecar_log("report-2")
+    assert "skipping this run" in cluster.sidecar_log("report-2")
+    assert cluster.processes("main", "report-2") == [], "a skipped run never starts its work"
+    (kind, message), *_ = cluster.wait_event("report", "Skipped")
+    assert kind == "Normal"
+    assert message.startswith("run report-2 skipped: lock report was held by another run")
+    wait_for(lambda: cluster.job("report-2") is None, 30, "the operator to delete report-2")
+    # FailJob, not the backoffLimit of 2: the skipped Job never made a second pod.
+    assert len(cluster.pods("report-2")) == 1
+    assert first.running, "the skip did not disturb the run in progress"
+
+    finished = cluster.main_finished("report-1", timeout=40)
+    assert finished.exit_code == 0
+    wait_for(lambda: cluster.job_condition("report-1") == "Complete", 30, "report-1 complete")
+    lease = cluster.lease("report")
+    assert not lease["spec"].get("holderIdentity"), "the finished run released the lock"
+    assert lease["metadata"]["annotations"]["cronlock.io/last-holder"].startswith("report-1-")
+
+    cluster.run("report", "report-3", "echo quick")
+    assert cluster.gate_exit("report-3") == 0
+    assert cluster.main_finished("report-3").exit_code == 0
+    wait_for(lambda: cluster.job_condition("report-3") == "Complete", 30, "report-3 complete")
+    assert overlapping(cluster.processes("main")) == []
+    assert cluster.consecutive_skips("report") == 0
+
+
+@pytest.mark.timeout(240)
+def test_a_scheduled_tick_during_a_run_is_skipped_and_the_next_tick_runs(
+    cluster: Scenario,
+) -> None:
+    cluster.cronjob("minutely", "echo tick; sleep 2", schedule="* * * * *")
+    # The manual run must hold the lock before the next tick, and still at that tick.
+    wait_for(lambda: seconds_to_next_minute() > 12, 15, "a tick at least 12s away")
+    hold = round(seconds_to_next_minute()) + 10
+    cluster.run("minutely", "minutely-manual", f"echo holding; sleep {hold}")
+    manual = cluster.main_running("minutely-manual")
+
+    def scheduled_jobs() -> list[str]:
+        jobs = {w.job for w in cluster.runner.pods(cluster.namespace)}
+        return sorted(job for job in jobs if job != "minutely-manual")
+
+    tick = wait_for(lambda: scheduled_jobs(), 75, "the CronJob's next tick")[0]
+
+    assert cluster.gate_exit(tick) == EXIT_SKIPPED
+    assert manual.running, "the tick came while the manual run worked"
+    (_, message), *_ = cluster.wait_event("minutely", "Skipped")
+    assert message.startswith(f"run {tick} skipped")
+    wait_for(lambda: cluster.job(tick) is None, 30, f"the operator to delete {tick}")
+    assert "held by minutely-manual-" in cluster.sidecar_log(tick)
+
+    following = wait_for(
+        lambda: [job for job in scheduled_jobs() if job != tick], 90, "the tick after"
+    )[0]
+    assert cluster.gate_exit(following) == 0
+    assert cluster.main_finished(following).exit_code == 0
+    wait_for(lambda: cluster.job_condition(following) == "Complete", 30, f"{following} complete")
+    assert overlapping(cluster.processes("main")) == []
