@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from tests.conftest import ControlPlane, ServiceAccountKubeconfig
 from tests.kube import wait_for
 

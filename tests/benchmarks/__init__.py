@@ -1,0 +1,124 @@
+"""Benchmarks: ratios measured side by side in one run against the local control plane.
+
+They are not timed tests: they print a table, write JSON next to the control plane's
+files and never fail on a figure. Each benchmark module exposes
+`run(plane: Plane, repeat: int) -> dict` and is registered in `tests/benchmarks/__main__.py`.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import re
+import statistics
+import subprocess
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+CONTROLPLANE = ROOT / "tests" / "controlplane"
+BENCH_DIR = ROOT / ".testenv" / "bench"
+
+
+@dataclass(frozen=True)
+class Plane:
+    """The benchmark's control plane: environment (KUBECONFIG, PATH) and where it keeps files."""
+
+    env: dict[str, str]
+    env_dir: Path
+
+    @property
+    def kubeconfig(self) -> str:
+        return self.env["KUBECONFIG"]
+
+    def kubectl(self, *args: str, input_text: str | None = None) -> str:
+        result = subprocess.run(
+            ["kubectl", *args],
+            env=self.env,
+            input=input_text,
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=60,
+        )
+        if result.returncode != 0:
+            raise RuntimeError(f"kubectl {' '.join(args)} failed: {result.stderr.strip()}")
+        return result.stdout
+
+
+@contextmanager
+def controlplane(env_dir: Path = BENCH_DIR, keep: bool = False) -> Iterator[Plane]:
+    """The same control plane the tests use (`tests/controlplane/up`), in its own directory."""
+    env = dict(os.environ)
+    env["CRONLOCK_TESTENV_DIR"] = str(env_dir)
+    result = subprocess.run(
+        [str(CONTROLPLANE / "up")], env=env, capture_output=True, text=True, check=False
+    )
+    if result.returncode != 0:
+        raise RuntimeError(f"tests/controlplane/up failed:\n{result.stderr}{result.stdout}")
+    for line in result.stdout.splitlines():
+        match = re.fullmatch(r"export (\w+)=(.*)", line)
+        if match:
+            env[match.group(1)] = os.path.expandvars(match.group(2).strip("'"))
+    try:
+        yield Plane(env, env_dir)
+    finally:
+        if not keep:
+            subprocess.run([str(CONTROLPLANE / "down")], env=env, capture_output=True, check=False)
+
+
+def summary(values: Sequence[float]) -> dict[str, float]:
+    """Median and 90th percentile (inclusive method, so small samples stay within range)."""
+    ordered = sorted(values)
+    p90 = (
+        statistics.quantiles(ordered, n=10, method="inclusive")[8]
+        if len(ordered) > 1
+        else ordered[0]
+    )
+    return {
+        "median": statistics.median(ordered),
+        "p90": p90,
+        "min": ordered[0],
+        "max": ordered[-1],
+        "n": len(ordered),
+    }
+
+
+def machine() -> dict[str, Any]:
+    """What the figures were measured on."""
+    memory_kib = 0
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemTotal:"):
+            memory_kib = int(line.split()[1])
+    model = ""
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            model = line.split(":", 1)[1].strip()
+            break
+    versions = dict(
+        line.split("=", 1)
+        for line in (CONTROLPLANE / "versions.env").read_text().splitlines()
+        if "=" in line and not line.startswith("#")
+    )
+    return {
+        "nproc": len(os.sched_getaffinity(0)),
+        "memory_gib": round(memory_kib / 1024 / 1024, 1),
+        "cpu": model,
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "kubernetes": versions.get("KUBERNETES_VERSION", ""),
+        "etcd": versions.get("ETCD_VERSION", ""),
+    }
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """A plain text table, columns padded to their widest cell."""
+    widths = [max(len(str(cell)) for cell in column) for column in zip(headers, *rows, strict=True)]
+    lines = [
+        "  ".join(str(cell).ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+        for row in [headers, ["-" * width for width in widths], *rows]
+    ]
+    return "\n".join(lines)
