@@ -415,7 +415,7 @@ def report(results: dict[str, Any]) -> str:
             f"{values['VmRSS']:.1f}",
             f"{values['VmHWM']:.1f}",
             f"{values['Pss']:.1f}",
-            "<= 30 MiB" if "hold" in name else "",
+            "<= 30 MiB" if name.startswith("cronlock-sidecar hold") else "",
         ]
         for name, values in results["memory"]["mib"].items()
     ]
