@@ -1,0 +1,44 @@
+"""Two CronJobs that share one lock never run at the same time, however the runs race."""
+
+from __future__ import annotations
+
+from tests.e2e.conftest import EXIT_SKIPPED, GATE, Scenario, overlapping
+from tests.kube import wait_for
+
+RUNS = 10
+
+
+def test_two_cronjobs_sharing_a_lock_never_overlap_over_many_runs(cluster: Scenario) -> None:
+    for name in ("export-a", "export-b"):
+        cluster.cronjob(name, "echo exporting; sleep 2", lock="exports")
+    jobs = [f"export-{'ab'[i % 2]}-{i}" for i in range(RUNS)]
+
+    # Four at once (their sidecars race for the Lease), then one after each decision.
+    for job in jobs[:4]:
+        cluster.run(job.rsplit("-", 1)[0], job)
+    for job in jobs[4:]:
+        cluster.gate_exit(jobs[jobs.index(job) - 1], timeout=90)
+        cluster.run(job.rsplit("-", 1)[0], job)
+
+    decisions = {job: cluster.gate_exit(job, timeout=90) for job in jobs}
+    ran = [job for job, code in decisions.items() if code == 0]
+    assert set(decisions.values()) <= {0, EXIT_SKIPPED}, decisions
+    assert len(ran) >= 2, decisions
+    assert len([code for code in decisions.values() if code == EXIT_SKIPPED]) >= 1, decisions
+    for job in ran:
+        assert cluster.main_finished(job, timeout=60).exit_code == 0
+    mains = cluster.processes("main")
+    assert sorted(record.job for record in mains) == sorted(ran)
+    assert overlapping(mains) == [], "two runs of one lock worked at the same time"
+    assert len(cluster.processes(GATE)) == RUNS
+    lease = cluster.lease("exports")
+    owners = sorted(owner["name"] for owner in lease["metadata"]["ownerReferences"])
+    assert owners == ["export-a", "export-b"]
+    wait_for(
+        lambda: (
+            len(cluster.events("export-a", "Skipped") + cluster.events("export-b", "Skipped"))
+            == RUNS - len(ran)
+        ),
+        30,
+        "a Skipped Event for every skipped run",
+    )
