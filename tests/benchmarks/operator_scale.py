@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import kubernetes
+import urllib3
 
 from cronlock_operator.config import OperatorSettings, parse_config
 from cronlock_operator.injection import build_injection, injection_patch
@@ -121,22 +122,35 @@ def baseline(api: kubernetes.client.ApiClient, names: list[tuple[str, str]]) -> 
 
 
 class Watcher:
-    """Counts events on some resources from a resourceVersion on, in a thread."""
+    """Collects the events of one watch from a resourceVersion on, in a thread."""
 
     def __init__(
-        self, api: kubernetes.client.ApiClient, lister: Callable[..., Any], version: str
+        self,
+        lister: Callable[..., Any],
+        version: str,
+        selector: str = "",
     ) -> None:
         self.events: list[dict[str, Any]] = []
         self._stop = threading.Event()
         self._watch = kubernetes.watch.Watch()
-        self._thread = threading.Thread(target=self._run, args=(lister, version), daemon=True)
+        self._thread = threading.Thread(
+            target=self._run, args=(lister, version, selector), daemon=True
+        )
         self._thread.start()
 
-    def _run(self, lister: Callable[..., Any], version: str) -> None:
-        for event in self._watch.stream(lister, resource_version=version, timeout_seconds=600):
-            self.events.append({"type": event["type"], "object": event["raw_object"]})
-            if self._stop.is_set():
-                break
+    def _run(self, lister: Callable[..., Any], version: str, selector: str) -> None:
+        stream = self._watch.stream(
+            lister, resource_version=version, label_selector=selector, timeout_seconds=600
+        )
+        try:
+            for event in stream:
+                if self._stop.is_set():
+                    break
+                if event["type"] in ("ADDED", "MODIFIED", "DELETED"):
+                    self.events.append({"type": event["type"], "object": event["raw_object"]})
+        except urllib3.exceptions.ProtocolError:
+            if not self._stop.is_set():
+                raise  # ended by stop() otherwise
 
     def stop(self) -> None:
         self._stop.set()
@@ -166,7 +180,7 @@ def operator_run(
 ) -> dict[str, Any]:
     batch = kubernetes.client.BatchV1Api(api)
     version = batch.list_cron_job_for_all_namespaces(limit=1).metadata.resource_version
-    watcher = Watcher(api, batch.list_cron_job_for_all_namespaces, version)
+    watcher = Watcher(batch.list_cron_job_for_all_namespaces, version)
     wanted = set(names)
     operator = OperatorProcess(Path(env["KUBECONFIG"]), workdir / "operator.log", env)
     start = time.monotonic()
@@ -207,23 +221,36 @@ def operator_run(
 
 
 def count_writes(api: kubernetes.client.ApiClient, seconds: float) -> int:
+    """Writes to anything the operator manages, or Events, over `seconds` of no changes."""
     batch = kubernetes.client.BatchV1Api(api)
     leases = kubernetes.client.CoordinationV1Api(api)
     rbac = kubernetes.client.RbacAuthorizationV1Api(api)
+    core = kubernetes.client.CoreV1Api(api)
+    ours = "app.kubernetes.io/managed-by=cronlock"
     listers = [
-        batch.list_cron_job_for_all_namespaces,
-        leases.list_lease_for_all_namespaces,
-        rbac.list_role_for_all_namespaces,
-        rbac.list_role_binding_for_all_namespaces,
+        (batch.list_cron_job_for_all_namespaces, ""),
+        (leases.list_lease_for_all_namespaces, ours),
+        (rbac.list_role_for_all_namespaces, ours),
+        (rbac.list_role_binding_for_all_namespaces, ours),
+        (core.list_event_for_all_namespaces, ""),
     ]
     watchers = [
-        Watcher(api, lister, lister(limit=1).metadata.resource_version) for lister in listers
+        Watcher(lister, lister(limit=1).metadata.resource_version, selector)
+        for lister, selector in listers
     ]
     time.sleep(seconds)
     for watcher in watchers:
         watcher.stop()
-    # Lease renewals are the holders' writes, not the operator's; none run here.
-    return sum(len(watcher.events) for watcher in watchers)
+    # No job runs here, so no holder renews: every write counted is the operator's.
+    writes = [event for watcher in watchers for event in watcher.events]
+    for event in writes:
+        metadata = event["object"]["metadata"]
+        print(
+            f"  write while idle: {event['type']} {event['object'].get('kind')} "
+            f"{metadata.get('namespace')}/{metadata.get('name')}",
+            file=sys.stderr,
+        )
+    return len(writes)
 
 
 def run(sizes: list[int]) -> dict[str, Any]:

@@ -100,6 +100,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         namespaces=args.namespace or (),
         clusterwide=not args.namespace,
         liveness_endpoint=args.liveness or None,
-        memo=kopf.Memo(settings=settings, metrics_port=args.metrics_port),
+        memo=kopf.Memo(
+            settings=settings, metrics_port=args.metrics_port, namespaces=args.namespace or []
+        ),
     )
     return 0

@@ -40,6 +40,10 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
         kubernetes.config.load_kube_config()
     api = kubernetes.client.ApiClient()
     reconciler = Reconciler(Kube(api), operator_settings)
+    # The whole list first: the holder Roles are computed from every guarded CronJob in a
+    # namespace, and a Role written from half a list would revoke live holders' access.
+    for body in await asyncio.to_thread(reconciler.kube.list_cronjobs, memo.namespaces):
+        reconciler.cronjobs[(body["metadata"]["namespace"], body["metadata"]["name"])] = body
     reconciler.queue.start()
     memo.reconciler = reconciler
     memo.expiry_task = asyncio.create_task(_check_expiry(reconciler), name="cronlock-expiry")

@@ -8,7 +8,7 @@ import json
 import logging
 import secrets
 import socket
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -112,6 +112,29 @@ class Kube:
             except kubernetes.client.ApiException as error:
                 if error.status != 404:
                     raise
+
+    def list_cronjobs(self, namespaces: Sequence[str]) -> list[dict[str, Any]]:
+        """Every CronJob in the watched namespaces (all when empty), page by page."""
+        found: list[dict[str, Any]] = []
+        scopes: Sequence[str | None] = list(namespaces) or [None]
+        for namespace in scopes:
+            token = None
+            while True:
+                with transient_errors("list cronjobs"):
+                    if namespace is None:
+                        response = self.batch.list_cron_job_for_all_namespaces(
+                            limit=500, _continue=token, _preload_content=False
+                        )
+                    else:
+                        response = self.batch.list_namespaced_cron_job(
+                            namespace, limit=500, _continue=token, _preload_content=False
+                        )
+                page = raw(response)
+                found.extend(page.get("items") or [])
+                token = (page.get("metadata") or {}).get("continue")
+                if not token:
+                    break
+        return found
 
     def read_cronjob(self, namespace: str, name: str) -> dict[str, Any] | None:
         with transient_errors(f"get cronjob {namespace}/{name}"):
