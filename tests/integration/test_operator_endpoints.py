@@ -1,0 +1,102 @@
+"""What the operator exposes to a cluster's tooling: metrics, liveness and JSON logs."""
+
+from __future__ import annotations
+
+import json
+import socket
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import kubernetes
+import pytest
+
+from tests.conftest import ControlPlane
+from tests.kube import wait_for
+from tests.operator_process import OperatorProcess
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def get(url: str) -> tuple[int, str]:
+    with urllib.request.urlopen(url, timeout=5) as response:  # noqa: S310 - loopback only
+        return response.status, response.read().decode()
+
+
+@pytest.fixture
+def observed_operator(
+    controlplane: ControlPlane, operator_kubeconfig: Path, tmp_path: Path
+) -> Iterator[tuple[OperatorProcess, int, int]]:
+    metrics_port, liveness_port = free_port(), free_port()
+    process = OperatorProcess(
+        operator_kubeconfig,
+        tmp_path / "operator.log",
+        controlplane.env,
+        args=[
+            "--metrics-port",
+            str(metrics_port),
+            "--liveness",
+            f"http://127.0.0.1:{liveness_port}/healthz",
+            "--log-format",
+            "json",
+        ],
+    )
+    process.start()
+    yield process, metrics_port, liveness_port
+    process.stop()
+
+
+def test_metrics_liveness_and_json_logs(
+    api: kubernetes.client.ApiClient,
+    namespace: str,
+    observed_operator: tuple[OperatorProcess, int, int],
+) -> None:
+    process, metrics_port, liveness_port = observed_operator
+    kubernetes.client.BatchV1Api(api).create_namespaced_cron_job(
+        namespace,
+        {
+            "metadata": {"name": "watched", "annotations": {"cronlock.io/enabled": "true"}},
+            "spec": {
+                "schedule": "0 0 1 1 *",
+                "jobTemplate": {
+                    "spec": {
+                        "template": {
+                            "spec": {
+                                "restartPolicy": "Never",
+                                "containers": [{"name": "main", "image": "busybox:1.37"}],
+                            }
+                        }
+                    }
+                },
+            },
+        },
+    )
+
+    def guarded() -> float | None:
+        _, text = get(f"http://127.0.0.1:{metrics_port}/metrics")
+        for line in text.splitlines():
+            if line.startswith("cronlock_guarded_cronjobs "):
+                value = float(line.split()[1])
+                return value if value >= 1 else None
+        return None
+
+    assert wait_for(guarded, timeout=30, what="cronlock_guarded_cronjobs >= 1") >= 1
+    _, text = get(f"http://127.0.0.1:{metrics_port}/metrics")
+    for family in (
+        "cronlock_runs_total counter",
+        "cronlock_consecutive_skips gauge",
+        "cronlock_lease_held gauge",
+        "cronlock_takeovers_total counter",
+        "cronlock_reconcile_errors_total counter",
+    ):
+        assert f"# TYPE {family}" in text, family
+    assert f'cronlock_lease_held{{lock="watched",namespace="{namespace}"}} 0.0' in text
+    status, _ = get(f"http://127.0.0.1:{liveness_port}/healthz")
+    assert status == 200
+    lines = [line for line in process.log().splitlines() if line.strip()]
+    records = [json.loads(line) for line in lines]
+    assert any("Injected" in str(record.get("message")) for record in records)
