@@ -18,6 +18,7 @@ import kubernetes
 import pytest
 import yaml
 
+from tests.kube import controlplane_env, stop_controlplane
 from tests.operator_process import OPERATOR_NAMESPACE, OperatorProcess, install_chart_rbac
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -95,23 +96,13 @@ def controlplane() -> Iterator[ControlPlane]:
         plane.close()
         return
     env_dir = ROOT / ".testenv" / f"pytest-{os.getpid()}"
-    env["CRONLOCK_TESTENV_DIR"] = str(env_dir)
-    result = subprocess.run(
-        [str(CONTROLPLANE / "up")], env=env, capture_output=True, text=True, check=False
-    )
-    if result.returncode != 0:
-        # Not a skip: the integration ring must fail loudly when it cannot run.
-        raise RuntimeError(f"tests/controlplane/up failed:\n{result.stderr}{result.stdout}")
-    for line in result.stdout.splitlines():
-        match = re.fullmatch(r"export (\w+)=(.*)", line)
-        if match:
-            env[match.group(1)] = os.path.expandvars(match.group(2).strip("'"))
+    env = controlplane_env(env_dir)
     plane = ControlPlane(Path(env["KUBECONFIG"]), env, env_dir)
     try:
         yield plane
     finally:
         plane.close()
-        subprocess.run([str(CONTROLPLANE / "down")], env=env, capture_output=True, check=False)
+        stop_controlplane(env)
         if not os.environ.get("CRONLOCK_KEEP_TESTENV"):
             shutil.rmtree(env_dir, ignore_errors=True)
 

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import os
+import re
+import subprocess
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 T = TypeVar("T")
+CONTROLPLANE = Path(__file__).resolve().parent / "controlplane"
 
 
 def wait_for(probe: Callable[[], T | None], timeout: float, what: str, every: float = 0.25) -> T:
@@ -82,3 +87,26 @@ def finish_pod(core: Any, namespace: str, pod: str, *, gate_exit: int, main_exit
     core.patch_namespaced_pod_status(
         pod, namespace, {"status": status}, _content_type="application/merge-patch+json"
     )
+
+
+def controlplane_env(env_dir: Path) -> dict[str, str]:
+    """Start (or find) the local control plane in `env_dir`; the environment to reach it.
+
+    Runs `tests/controlplane/up` and applies the `export` lines it prints.
+    """
+    env = dict(os.environ, CRONLOCK_TESTENV_DIR=str(env_dir))
+    result = subprocess.run(
+        [str(CONTROLPLANE / "up")], env=env, capture_output=True, text=True, check=False
+    )
+    if result.returncode != 0:
+        # Not a skip: whoever needs the control plane must fail loudly without it.
+        raise RuntimeError(f"tests/controlplane/up failed:\n{result.stderr}{result.stdout}")
+    for line in result.stdout.splitlines():
+        match = re.fullmatch(r"export (\w+)=(.*)", line)
+        if match:
+            env[match.group(1)] = os.path.expandvars(match.group(2).strip("'"))
+    return env
+
+
+def stop_controlplane(env: dict[str, str]) -> None:
+    subprocess.run([str(CONTROLPLANE / "down")], env=env, capture_output=True, check=False)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import platform
-import re
 import statistics
 import subprocess
 from collections.abc import Iterator, Sequence
@@ -17,6 +16,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from tests.kube import controlplane_env, stop_controlplane
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 CONTROLPLANE = ROOT / "tests" / "controlplane"
@@ -52,22 +53,12 @@ class Plane:
 @contextmanager
 def controlplane(env_dir: Path = BENCH_DIR, keep: bool = False) -> Iterator[Plane]:
     """The same control plane the tests use (`tests/controlplane/up`), in its own directory."""
-    env = dict(os.environ)
-    env["CRONLOCK_TESTENV_DIR"] = str(env_dir)
-    result = subprocess.run(
-        [str(CONTROLPLANE / "up")], env=env, capture_output=True, text=True, check=False
-    )
-    if result.returncode != 0:
-        raise RuntimeError(f"tests/controlplane/up failed:\n{result.stderr}{result.stdout}")
-    for line in result.stdout.splitlines():
-        match = re.fullmatch(r"export (\w+)=(.*)", line)
-        if match:
-            env[match.group(1)] = os.path.expandvars(match.group(2).strip("'"))
+    env = controlplane_env(env_dir)
     try:
         yield Plane(env, env_dir)
     finally:
         if not keep:
-            subprocess.run([str(CONTROLPLANE / "down")], env=env, capture_output=True, check=False)
+            stop_controlplane(env)
 
 
 def summary(values: Sequence[float]) -> dict[str, float]:
