@@ -9,6 +9,7 @@ from typing import Any
 import kubernetes
 import pytest
 import yaml
+
 from tests.conftest import ControlPlane, ServiceAccountKubeconfig
 from tests.kube import finish_pod, job_from_cronjob, wait_for
 from tests.operator_process import OperatorProcess, wait_settled

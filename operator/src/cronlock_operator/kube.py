@@ -90,7 +90,11 @@ class Kube:
         with transient_errors(f"patch cronjob {namespace}/{name}"):
             try:
                 self.batch.patch_namespaced_cron_job(
-                    name, namespace, patch, _content_type="application/json-patch+json"
+                    name,
+                    namespace,
+                    patch,
+                    _content_type="application/json-patch+json",
+                    _preload_content=False,
                 )
             except kubernetes.client.ApiException as error:
                 if error.status == 404:
@@ -108,6 +112,7 @@ class Kube:
                     namespace,
                     {"metadata": {"annotations": dict(annotations)}},
                     _content_type="application/merge-patch+json",
+                    _preload_content=False,
                 )
             except kubernetes.client.ApiException as error:
                 if error.status != 404:
@@ -178,6 +183,7 @@ class Kube:
                             },
                             "spec": {"leaseDurationSeconds": ttl},
                         },
+                        _preload_content=False,
                     )
                     logger.info("lease %s/%s created", namespace, name)
                     return
@@ -200,6 +206,7 @@ class Kube:
                     }
                 },
                 _content_type="application/strategic-merge-patch+json",
+                _preload_content=False,
             )
 
     def read_lease(self, namespace: str, name: str) -> dict[str, Any] | None:
@@ -218,7 +225,11 @@ class Kube:
         with transient_errors(f"update lease {namespace}/{name}"):
             try:
                 self.leases.patch_namespaced_lease(
-                    name, namespace, patch, _content_type="application/json-patch+json"
+                    name,
+                    namespace,
+                    patch,
+                    _content_type="application/json-patch+json",
+                    _preload_content=False,
                 )
             except kubernetes.client.ApiException as error:
                 if error.status in (404, 409, 422):
@@ -249,7 +260,10 @@ class Kube:
         else:
             with transient_errors(f"delete lease {namespace}/{name}"):
                 self.leases.delete_namespaced_lease(
-                    name, namespace, body={"preconditions": {"resourceVersion": version}}
+                    name,
+                    namespace,
+                    body={"preconditions": {"resourceVersion": version}},
+                    _preload_content=False,
                 )
             logger.info("lease %s/%s deleted: no CronJob uses it any more", namespace, name)
             moved = False
@@ -334,7 +348,7 @@ class Kube:
         except kubernetes.client.ApiException as error:
             if error.status != 404:
                 raise
-            create(namespace, desired)
+            create(namespace, desired, _preload_content=False)
             return True
         if all(current.get(key) == desired[key] for key in fields) and (
             (current["metadata"].get("labels") or {}).items()
@@ -348,7 +362,7 @@ class Kube:
                 "resourceVersion": current["metadata"]["resourceVersion"],
             },
         }
-        replace(name, namespace, desired)
+        replace(name, namespace, desired, _preload_content=False)
         return True
 
     # --- Jobs ----------------------------------------------------------------------
@@ -361,6 +375,7 @@ class Kube:
                     namespace,
                     {"metadata": {"annotations": {annotation: value}}},
                     _content_type="application/merge-patch+json",
+                    _preload_content=False,
                 )
             except kubernetes.client.ApiException as error:
                 if error.status == 404:
@@ -371,7 +386,9 @@ class Kube:
     def delete_job(self, namespace: str, name: str) -> None:
         with transient_errors(f"delete job {namespace}/{name}"):
             try:
-                self.batch.delete_namespaced_job(name, namespace, propagation_policy="Background")
+                self.batch.delete_namespaced_job(
+                    name, namespace, propagation_policy="Background", _preload_content=False
+                )
             except kubernetes.client.ApiException as error:
                 if error.status != 404:
                     raise
@@ -410,6 +427,6 @@ class Kube:
             "count": 1,
         }
         with transient_errors(f"post event {reason} on {metadata['namespace']}/{metadata['name']}"):
-            self.core.create_namespaced_event(metadata["namespace"], event)
+            self.core.create_namespaced_event(metadata["namespace"], event, _preload_content=False)
         level = logging.WARNING if warning else logging.INFO
         logger.log(level, "%s %s/%s: %s", reason, metadata["namespace"], metadata["name"], message)
