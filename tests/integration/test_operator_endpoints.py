@@ -76,16 +76,15 @@ def test_metrics_liveness_and_json_logs(
         },
     )
 
-    def guarded() -> float | None:
-        _, text = get(f"http://127.0.0.1:{metrics_port}/metrics")
-        for line in text.splitlines():
-            if line.startswith("cronlock_guarded_cronjobs "):
-                value = float(line.split()[1])
-                return value if value >= 1 else None
-        return None
+    held = f'cronlock_lease_held{{lock="watched",namespace="{namespace}"}} 0.0'
 
-    assert wait_for(guarded, timeout=30, what="cronlock_guarded_cronjobs >= 1") >= 1
-    _, text = get(f"http://127.0.0.1:{metrics_port}/metrics")
+    def scraped() -> str | None:
+        _, text = get(f"http://127.0.0.1:{metrics_port}/metrics")
+        return text if held in text else None
+
+    text = wait_for(scraped, timeout=30, what="the lock's Lease in the metrics")
+    guarded = [line for line in text.splitlines() if line.startswith("cronlock_guarded_cronjobs ")]
+    assert float(guarded[0].split()[1]) >= 1
     for family in (
         "cronlock_runs_total counter",
         "cronlock_consecutive_skips gauge",
@@ -94,7 +93,6 @@ def test_metrics_liveness_and_json_logs(
         "cronlock_reconcile_errors_total counter",
     ):
         assert f"# TYPE {family}" in text, family
-    assert f'cronlock_lease_held{{lock="watched",namespace="{namespace}"}} 0.0' in text
     status, _ = get(f"http://127.0.0.1:{liveness_port}/healthz")
     assert status == 200
     lines = [line for line in process.log().splitlines() if line.strip()]
