@@ -1,0 +1,95 @@
+"""The short CI version of the mutual-exclusion checker (tests/reliability), on a real cluster.
+
+The long version is `python -m tests.reliability.checker` (docs/RELIABILITY.md).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import ControlPlane
+from tests.reliability.checker import (
+    CONTROL_PLANE_FAULTS,
+    FREEZE,
+    PROCESS_FAULTS,
+    Checker,
+    Cluster,
+    Settings,
+)
+from tests.reliability.test_checker import (  # noqa: F401 - collected here: testpaths
+    echo_server,
+    test_recovery_counts_from_when_the_stopped_holder_was_last_seen,
+    test_the_relay_passes_bytes_through_and_delays_each_direction,
+    test_the_relay_refuses_a_non_loopback_upstream,
+)
+
+pytestmark = pytest.mark.controlplane
+
+# ttl 4s, renew 1s: the holder gives up after 2.7s without a renew, others take over after
+# renewTime + 6s; a lock left by a dead holder must be used again within 10s.
+SHORT = Settings(
+    ttl=4.0,
+    renew=1.0,
+    skew=2.0,
+    slack=4.0,
+    contenders=3,
+    runs_per_trial=3,
+    work=(0.8, 1.5),
+    wait_timeout=20.0,
+    trial_timeout=60.0,
+)
+
+
+def seed() -> int:
+    """Random per run, printed, and fixed by CRONLOCK_RELIABILITY_SEED to replay a failure."""
+    fixed = os.environ.get("CRONLOCK_RELIABILITY_SEED")
+    return int(fixed) if fixed else secrets.randbelow(2**31)
+
+
+def check(
+    controlplane: ControlPlane, tmp_path: Path, faults: Sequence[str], trials: int
+) -> dict[str, Any]:
+    cluster = Cluster(controlplane.kubeconfig, controlplane.env, controlplane.env_dir)
+    checker = Checker(cluster, tmp_path, SHORT, faults, seed(), log=print)
+    report = checker.run(trials, faults_per_trial=2)
+    print(json.dumps(report, indent=2))
+    return report
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize(
+    "faults", [PROCESS_FAULTS, CONTROL_PLANE_FAULTS], ids=["process-faults", "control-plane-faults"]
+)
+def test_at_most_one_work_unit_runs_at_a_time_under_faults(
+    controlplane: ControlPlane, tmp_path: Path, faults: Sequence[str]
+) -> None:
+    if controlplane.env_dir is None and faults is CONTROL_PLANE_FAULTS:
+        pytest.skip("control plane faults need the local control plane")
+    report = check(controlplane, tmp_path, faults, trials=3)
+    assert report["faults"] == 6
+    assert report["fault_errors"] == 0, report["by_fault"]
+    assert report["overlaps"] == 0, report
+    assert report["delayed"] == 0, report["by_fault"]
+    assert report["timed_out_trials"] == 0
+    assert report["runs"] >= 9
+
+
+@pytest.mark.timeout(90)
+def test_the_checker_sees_the_overlap_a_host_frozen_past_the_ttl_causes(
+    controlplane: ControlPlane, tmp_path: Path
+) -> None:
+    """Outside the guarantee, and the proof the checker can fail: the frozen work unit still
+    holds the local lock when a new holder starts, so the new holder's flock fails; and what
+    the fencing token is for: the resumed work unit's writes carry the older token, refused."""
+    report = check(controlplane, tmp_path, [FREEZE], trials=1)
+    assert report["faults"] == 1
+    assert report["overlaps"] == 0  # no fault inside the guarantee was injected
+    assert report["overlaps_outside_guarantee"] >= 1, report
+    assert report["refused_stale_writes"] >= 1, report

@@ -1,0 +1,689 @@
+"""Mutual-exclusion checker: many contenders, random faults, overlaps counted without clocks.
+
+Every contender is a real `cronlock-sidecar run --policy wait` process whose CMD is a work
+unit that holds an exclusive, non-blocking `flock` on one local file for its whole life.
+Two work units alive at once cannot both hold it: a failed `flock` is an overlap, whatever
+any clock says. Each work unit also appends its start and end (JSON lines, CLOCK_MONOTONIC,
+which all processes on the machine share) and writes its fencing token to a store that
+refuses tokens older than the newest it has seen.
+
+    .venv/bin/python -m tests.reliability.checker --trials 60 --contenders 4
+
+starts its own control plane under .testenv/reliability (or uses $KUBECONFIG with
+--kubeconfig-only, without the control plane faults) and prints a JSON report.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import random
+import re
+import secrets
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import yaml
+
+from tests.reliability.faults import ControlPlaneProcesses, alive, children, signal_all, sweep
+from tests.reliability.proxy import DelayingProxy
+
+ROOT = Path(__file__).resolve().parents[2]
+SIDECAR = Path(sys.executable).with_name("cronlock-sidecar")
+MARKER = "CRONLOCK_RELIABILITY_MARK"
+TICK = 0.05
+
+# Faults inside the guarantee: the checker must see 0 overlaps with any mix of them.
+PROCESS_FAULTS = ("kill-holder", "stop-holder", "kill-cmd", "stop-cmd", "kill-pod", "stop-pod")
+CONTROL_PLANE_FAULTS = (
+    "pause-apiserver",
+    "restart-apiserver",
+    "pause-etcd",
+    "restart-etcd",
+    "slow-network",
+)
+GUARANTEED_FAULTS = PROCESS_FAULTS + CONTROL_PLANE_FAULTS
+# Outside the guarantee: the whole holder frozen for longer than ttl + skew, then resumed.
+# Overlaps are expected there; the fencing store must refuse the stale holder's writes.
+FREEZE = "freeze-pod"
+ALL_FAULTS = (*GUARANTEED_FAULTS, FREEZE)
+
+WORK = textwrap.dedent(
+    """
+    import fcntl, json, os, signal, sys, time
+    lock_path, events_path, store_path, seconds = sys.argv[1:5]
+    token = int(os.environ["CRONLOCK_FENCING_TOKEN"])
+    def record(event, **fields):
+        line = json.dumps({"event": event, "pid": os.getpid(), "run": os.getppid(),
+                           "token": token, "mono": time.monotonic(), **fields})
+        fd = os.open(events_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, (line + "\\n").encode())
+        finally:
+            os.close(fd)
+    def fenced_write(stage):
+        with open(store_path, "a+") as store:
+            fcntl.flock(store, fcntl.LOCK_EX)
+            store.seek(0)
+            highest = max([int(word) for word in store.read().split()] or [0])
+            if token < highest:
+                record("refused", stage=stage, highest=highest)
+                return
+            store.write(f"{token}\\n")
+    lock = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        # Another work unit is alive: counted, then work on as the lease holder would.
+        record("overlap")
+    def on_term(signum, frame):
+        record("stopped", signal=signum)
+        os._exit(128 + signum)
+    signal.signal(signal.SIGTERM, on_term)
+    record("start")
+    deadline = time.monotonic() + float(seconds)
+    while True:
+        fenced_write("work")
+        if time.monotonic() >= deadline:
+            break
+        time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
+    record("end")
+    """
+)
+
+
+@dataclass(frozen=True)
+class Settings:
+    ttl: float = 6.0
+    renew: float = 1.0
+    skew: float = 2.0
+    slack: float = 4.0
+    contenders: int = 3
+    runs_per_trial: int = 4
+    work: tuple[float, float] = (1.0, 2.5)
+    wait_timeout: float = 30.0
+    trial_timeout: float = 120.0
+
+    @property
+    def recovery_bound(self) -> float:
+        """Longest a lock may stay unused after a fault: ttl + skew + slack."""
+        return self.ttl + self.skew + self.slack
+
+
+@dataclass
+class Fault:
+    kind: str
+    trial: int
+    detail: str = ""
+    fired: float = 0.0
+    cleared: float = 0.0
+    holder_run: int = 0
+    holder_cmd: int = 0
+    recovery: float | None = None
+    error: str = ""
+
+    @property
+    def delayed(self) -> bool:
+        return self.recovery is None
+
+    def summary(self, bound: float) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "trial": self.trial,
+            "detail": self.detail,
+            "recovery_s": None if self.recovery is None else round(self.recovery, 2),
+            "delayed": self.recovery is None or self.recovery > bound,
+            "error": self.error,
+        }
+
+
+@dataclass
+class Trial:
+    index: int
+    faults: list[Fault]
+    runs: int = 0
+    completed: int = 0
+    stopped: int = 0
+    overlaps: int = 0
+    refused: int = 0
+    exit_codes: dict[int, int] = field(default_factory=dict)
+    timed_out: bool = False
+    seconds: float = 0.0
+
+
+@dataclass
+class Cluster:
+    """Where contenders go: a kubeconfig, the env for kubectl, and the control plane's pids."""
+
+    kubeconfig: Path
+    env: dict[str, str]
+    env_dir: Path | None
+
+    def components(self) -> ControlPlaneProcesses | None:
+        return None if self.env_dir is None else ControlPlaneProcesses(self.env_dir, self.env)
+
+
+def proxied_kubeconfig(kubeconfig: Path, port: int, target: Path) -> Path:
+    """The kubeconfig with its server moved to the relay (JSON: the sidecar reads it fast)."""
+    config = yaml.safe_load(kubeconfig.read_text())
+    for cluster in config["clusters"]:
+        server = urlsplit(cluster["cluster"]["server"])
+        if server.hostname not in {"127.0.0.1", "localhost"}:
+            raise ValueError(f"only a loopback API server can be relayed, not {server.hostname}")
+        cluster["cluster"]["server"] = f"https://127.0.0.1:{port}"
+    target.write_text(json.dumps(config))
+    target.chmod(0o600)
+    return target
+
+
+def api_port(kubeconfig: Path) -> int:
+    config = yaml.safe_load(kubeconfig.read_text())
+    port = urlsplit(config["clusters"][0]["cluster"]["server"]).port
+    if port is None:
+        raise ValueError("the kubeconfig's server names no port")
+    return port
+
+
+class Checker:
+    """Runs trials against one cluster; `run()` returns the report."""
+
+    def __init__(
+        self,
+        cluster: Cluster,
+        workdir: Path,
+        settings: Settings,
+        faults: Sequence[str],
+        seed: int,
+        log: Callable[[str], None] = lambda line: None,
+    ) -> None:
+        unknown = set(faults) - set(ALL_FAULTS)
+        if unknown:
+            raise ValueError(f"unknown faults: {', '.join(sorted(unknown))}")
+        self.cluster = cluster
+        self.mark = secrets.token_hex(6)
+        self.workdir = workdir / f"{time.strftime('%Y%m%dT%H%M%S')}-{self.mark}"
+        self.settings = settings
+        self.faults = list(faults)
+        self.random = random.Random(seed)  # noqa: S311 - reproducible fault schedules
+        self.seed = seed
+        self.log = log
+        self.namespace = f"cronlock-reliability-{self.mark}"
+        self.components = cluster.components()
+        if self.components is None and set(self.faults) & set(CONTROL_PLANE_FAULTS) - {
+            "slow-network"
+        }:
+            raise ValueError(
+                "control plane faults need the local control plane (tests/controlplane)"
+            )
+        self.proxy = DelayingProxy("127.0.0.1", api_port(cluster.kubeconfig))
+        self.trials: list[Trial] = []
+
+    # --- the whole run ----------------------------------------------------------------
+    def run(self, trials: int, faults_per_trial: int = 2) -> dict[str, Any]:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        started = time.monotonic()
+        plan = self._plan(trials, faults_per_trial)
+        with self._namespace(), self.proxy:
+            kubeconfig = proxied_kubeconfig(
+                self.cluster.kubeconfig, self.proxy.port, self.workdir / "proxied.kubeconfig"
+            )
+            for index, kinds in enumerate(plan):
+                trial = self._trial(index, kinds, kubeconfig)
+                self.trials.append(trial)
+                bound = self.settings.recovery_bound
+                recoveries = [fault.summary(bound)["recovery_s"] for fault in trial.faults]
+                details = [fault.detail or fault.error for fault in trial.faults]
+                self.log(
+                    f"trial {index}: faults {','.join(kinds) or '-'} {details} runs {trial.runs} "
+                    f"overlaps {trial.overlaps} refused {trial.refused} recovery {recoveries} "
+                    f"{'TIMED OUT ' if trial.timed_out else ''}{trial.seconds:.1f}s"
+                )
+        return self.report(time.monotonic() - started)
+
+    def _plan(self, trials: int, per_trial: int) -> list[list[str]]:
+        """Every fault kind as evenly as the trials allow, in random order.
+
+        A freeze beyond the TTL gets trials of its own (one per fault kind's share), so its
+        expected overlaps are never mixed with the faults inside the guarantee.
+        """
+        guaranteed = [kind for kind in self.faults if kind != FREEZE]
+        plan: list[list[str]] = [] if self.faults == [FREEZE] else [[] for _ in range(trials)]
+        if guaranteed:
+            kinds = [guaranteed[i % len(guaranteed)] for i in range(trials * per_trial)]
+            self.random.shuffle(kinds)
+            plan = [kinds[i * per_trial : (i + 1) * per_trial] for i in range(trials)]
+        if FREEZE in self.faults:
+            plan += [[FREEZE] for _ in range(max(1, trials // len(self.faults)))]
+        return plan
+
+    def report(self, seconds: float) -> dict[str, Any]:
+        bound = self.settings.recovery_bound
+        faults = [fault for trial in self.trials for fault in trial.faults]
+        by_kind: dict[str, dict[str, Any]] = {}
+        for kind in sorted({fault.kind for fault in faults}):
+            mine = [fault for fault in faults if fault.kind == kind]
+            trials_with = {fault.trial for fault in mine}
+            recoveries = [fault.recovery for fault in mine if fault.recovery is not None]
+            by_kind[kind] = {
+                "faults": len(mine),
+                "overlaps": sum(t.overlaps for t in self.trials if t.index in trials_with),
+                "refused_stale_writes": sum(
+                    t.refused for t in self.trials if t.index in trials_with
+                ),
+                "delayed": sum(fault.summary(bound)["delayed"] for fault in mine),
+                "recovery_max_s": round(max(recoveries), 2) if recoveries else None,
+                "errors": [fault.error for fault in mine if fault.error],
+            }
+        codes: collections.Counter[int] = collections.Counter()
+        for trial in self.trials:
+            codes.update(trial.exit_codes)
+        guaranteed = [t for t in self.trials if all(f.kind != FREEZE for f in t.faults)]
+        return {
+            "seed": self.seed,
+            "settings": {**asdict(self.settings), "recovery_bound_s": bound},
+            "trials": len(self.trials),
+            "faults": len(faults),
+            "runs": sum(t.runs for t in self.trials),
+            "completed_runs": sum(t.completed for t in self.trials),
+            "stopped_runs": sum(t.stopped for t in self.trials),
+            "overlaps": sum(t.overlaps for t in guaranteed),
+            "overlaps_outside_guarantee": sum(t.overlaps for t in self.trials)
+            - sum(t.overlaps for t in guaranteed),
+            "refused_stale_writes": sum(t.refused for t in self.trials),
+            "delayed": sum(f.summary(bound)["delayed"] for f in faults),
+            "timed_out_trials": sum(t.timed_out for t in self.trials),
+            "fault_errors": sum(bool(f.error) for f in faults),
+            "exit_codes": {str(code): count for code, count in sorted(codes.items())},
+            "by_fault": by_kind,
+            "seconds": round(seconds, 1),
+        }
+
+    @contextmanager
+    def _namespace(self) -> Iterator[None]:
+        kubectl = ["kubectl", "--kubeconfig", str(self.cluster.kubeconfig)]
+        subprocess.run(
+            [*kubectl, "create", "namespace", self.namespace],
+            env=self.cluster.env,
+            capture_output=True,
+            check=True,
+            timeout=60,
+        )
+        try:
+            yield
+        finally:
+            if self.components is not None:
+                self.components.resume_all()
+            self.proxy.delay = 0.0
+            subprocess.run(
+                [*kubectl, "delete", "namespace", self.namespace, "--wait=false"],
+                env=self.cluster.env,
+                capture_output=True,
+                check=False,
+                timeout=60,
+            )
+
+    # --- one trial ----------------------------------------------------------------------
+    def _trial(self, index: int, kinds: list[str], kubeconfig: Path) -> Trial:
+        directory = self.workdir / f"trial-{index:03d}"
+        directory.mkdir(exist_ok=True)
+        events_path = directory / "events.jsonl"
+        trial = Trial(index, [Fault(kind, index) for kind in kinds])
+        state = _TrialState(events_path)
+        slots: list[subprocess.Popen[bytes] | None] = [None] * self.settings.contenders
+        respawn_at = [0.0] * self.settings.contenders
+        threads: list[threading.Thread] = []
+        pending = list(trial.faults)
+        next_fault_after: float | None = None
+        started = time.monotonic()
+        deadline = started + self.settings.trial_timeout
+        stderr = open(directory / "contenders.log", "ab")  # noqa: SIM115 - closed in finally
+        try:
+            while True:
+                now = time.monotonic()
+                state.read()
+                state.observe(now)
+                for slot, process in enumerate(slots):
+                    if process is not None and process.poll() is not None:
+                        code = process.returncode
+                        trial.exit_codes[code] = trial.exit_codes.get(code, 0) + 1
+                        slots[slot] = None
+                        respawn_at[slot] = now + 0.3
+                    if (
+                        slots[slot] is None
+                        and now >= respawn_at[slot]
+                        and not self._enough(state, trial, pending, threads)
+                    ):
+                        slots[slot] = self._contender(index, kubeconfig, directory, stderr)
+                if pending and state.running:
+                    holder = state.running[-1]
+                    if next_fault_after is None:
+                        next_fault_after = holder.start + self.random.uniform(0.2, 1.0)
+                    elif now >= next_fault_after and not any(t.is_alive() for t in threads):
+                        fault = pending.pop(0)
+                        fault.holder_cmd, fault.holder_run = holder.pid, holder.run
+                        thread = threading.Thread(target=self._inject, args=(fault,), daemon=True)
+                        thread.start()
+                        threads.append(thread)
+                        next_fault_after = None
+                if self._enough(state, trial, pending, threads) and not state.running:
+                    break
+                if now >= deadline:
+                    trial.timed_out = True
+                    break
+                time.sleep(TICK)
+        finally:
+            for thread in threads:
+                thread.join(timeout=90)
+            if self.components is not None:
+                self.components.resume_all()
+            self.proxy.delay = 0.0
+            self._stop(slots, trial)
+            stderr.close()
+        state.read()
+        trial.runs = len(state.starts)
+        trial.completed = state.counts["end"]
+        trial.stopped = state.counts["stopped"]
+        trial.overlaps = state.counts["overlap"]
+        trial.refused = state.counts["refused"]
+        for fault in trial.faults:
+            fault.recovery = state.recovery(fault)
+        trial.seconds = time.monotonic() - started
+        return trial
+
+    def _enough(
+        self,
+        state: _TrialState,
+        trial: Trial,
+        pending: list[Fault],
+        threads: list[threading.Thread],
+    ) -> bool:
+        """Enough runs, every fault injected and cleared, and a run started after each."""
+        if pending or any(thread.is_alive() for thread in threads):
+            return False
+        if len(state.starts) < self.settings.runs_per_trial:
+            return False
+        return all(state.recovery(fault) is not None for fault in trial.faults)
+
+    def _contender(
+        self, trial: int, kubeconfig: Path, directory: Path, stderr: Any
+    ) -> subprocess.Popen[bytes]:
+        settings = self.settings
+        work = self.random.uniform(*settings.work)
+        env = {
+            **self.cluster.env,
+            "KUBECONFIG": str(kubeconfig),
+            MARKER: self.mark,
+        }
+        argv = [
+            str(SIDECAR), "run",
+            "--lease", f"{self.namespace}/lock-{trial}",
+            "--ttl", f"{settings.ttl:g}s",
+            "--renew", f"{settings.renew:g}s",
+            "--skew", f"{settings.skew:g}s",
+            "--policy", "wait",
+            "--wait-timeout", f"{settings.wait_timeout:g}s",
+            "--",
+            sys.executable, "-c", WORK,
+            str(directory / "flock"), str(directory / "events.jsonl"),
+            str(directory / "fencing-store"), f"{work:.2f}",
+        ]  # fmt: skip
+        return subprocess.Popen(
+            argv,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+            start_new_session=True,
+        )
+
+    def _stop(self, slots: list[subprocess.Popen[bytes] | None], trial: Trial) -> None:
+        """SIGTERM the contenders (they release), then sweep everything we started."""
+        live = [process for process in slots if process is not None]
+        for process in live:
+            signal_all([process.pid], signal.SIGCONT)
+            process.terminate()
+        for process in live:
+            try:
+                process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        sweep(MARKER, self.mark)
+
+    # --- faults -------------------------------------------------------------------------
+    def _inject(self, fault: Fault) -> None:
+        settings = self.settings
+        fault.fired = time.monotonic()
+        run_pid, cmd_pid = fault.holder_run, fault.holder_cmd
+        pod = [run_pid, *children(run_pid)]  # run, its watchdog and CMD
+        components = self.components
+        try:
+            if fault.kind == "kill-holder":
+                signal_all([run_pid], signal.SIGKILL)
+            elif fault.kind == "kill-cmd":
+                signal_all([cmd_pid], signal.SIGKILL)
+            elif fault.kind == "kill-pod":
+                signal_all(pod, signal.SIGKILL)
+            elif fault.kind in {"stop-holder", "stop-cmd", "stop-pod", FREEZE}:
+                if fault.kind == "stop-holder":
+                    targets, seconds = (
+                        [run_pid],
+                        self.random.uniform(2, settings.ttl + settings.skew + 2),
+                    )
+                elif fault.kind == "stop-cmd":
+                    targets, seconds = [cmd_pid], self.random.uniform(1, settings.ttl + 2)
+                elif fault.kind == "stop-pod":
+                    # Frozen for less than ttl - renew: the lease cannot have moved on yet.
+                    targets, seconds = pod, self.random.uniform(1, settings.ttl - settings.renew)
+                else:
+                    targets = pod
+                    seconds = self.random.uniform(3, 5) + settings.ttl + settings.skew
+                fault.detail = f"{seconds:.1f}s"
+                if fault.kind == FREEZE:
+                    # A resumed host runs its processes in no set order: let the work unit
+                    # go first, as the watchdog cannot be relied on to win that race.
+                    self._frozen([cmd_pid], seconds, then=[pid for pid in pod if pid != cmd_pid])
+                else:
+                    self._frozen(targets, seconds)
+            elif fault.kind == "slow-network":
+                delay = self.random.uniform(0.3, settings.ttl)
+                seconds = self.random.uniform(2, settings.ttl + 2)
+                fault.detail = f"+{delay:.1f}s for {seconds:.1f}s"
+                self.proxy.delay = delay
+                try:
+                    time.sleep(seconds)
+                finally:
+                    self.proxy.delay = 0.0
+                time.sleep(delay)  # bytes already queued still arrive late
+            elif components is not None and fault.kind.startswith("pause-"):
+                component = "etcd" if fault.kind == "pause-etcd" else "kube-apiserver"
+                seconds = self.random.uniform(2, settings.ttl + 4)
+                fault.detail = f"{seconds:.1f}s"
+                components.pause(component)
+                try:
+                    time.sleep(seconds)
+                finally:
+                    components.resume(component)
+                components.wait_ready()
+            elif components is not None and fault.kind.startswith("restart-"):
+                component = "etcd" if fault.kind == "restart-etcd" else "kube-apiserver"
+                components.restart(component)
+                fault.cleared = components.wait_ready()
+                fault.detail = f"back after {fault.cleared - fault.fired:.1f}s"
+                return
+            else:
+                raise ValueError(f"cannot inject {fault.kind} here")
+        except Exception as error:  # noqa: BLE001 - reported per fault, the trial goes on
+            fault.error = f"{type(error).__name__}: {error}"
+        finally:
+            if not fault.cleared:
+                fault.cleared = time.monotonic()
+
+    def _frozen(self, pids: list[int], seconds: float, then: Sequence[int] = ()) -> None:
+        """SIGSTOP `pids` and `then`; after `seconds` SIGCONT `pids`, and `then` 0.3s later."""
+        signal_all([*pids, *then], signal.SIGSTOP)
+        try:
+            time.sleep(seconds)
+            signal_all(pids, signal.SIGCONT)
+            if then:
+                time.sleep(0.3)
+        finally:
+            signal_all([*pids, *then], signal.SIGCONT)
+
+
+@dataclass
+class _Start:
+    pid: int
+    run: int
+    token: int
+    start: float
+    last_seen: float
+    ended: bool = False
+
+
+class _TrialState:
+    """What the work units wrote, and when the checker last saw each one alive."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.offset = 0
+        self.starts: list[_Start] = []
+        self.counts: collections.Counter[str] = collections.Counter()
+
+    def read(self) -> None:
+        if not self.path.exists():
+            return
+        with open(self.path, "rb") as handle:
+            handle.seek(self.offset)
+            data = handle.read()
+        complete = data[: data.rfind(b"\n") + 1]
+        self.offset += len(complete)
+        for line in complete.splitlines():
+            event = json.loads(line)
+            self.counts[event["event"]] += 1
+            if event["event"] == "start":
+                self.starts.append(
+                    _Start(event["pid"], event["run"], event["token"], event["mono"], event["mono"])
+                )
+            elif event["event"] in {"end", "stopped"}:
+                for start in self.starts:
+                    if start.pid == event["pid"]:
+                        start.ended = True
+                        start.last_seen = max(start.last_seen, event["mono"])
+
+    def observe(self, now: float) -> None:
+        for start in self.starts:
+            if not start.ended:
+                if alive(start.pid):
+                    start.last_seen = now
+                else:
+                    start.ended = True
+
+    @property
+    def running(self) -> list[_Start]:
+        return [start for start in self.starts if not start.ended]
+
+    def recovery(self, fault: Fault) -> float | None:
+        """Seconds from when the lock was free of the fault's effects to the next start.
+
+        The lock is free of it once the fault is cleared and every work unit that started
+        before was last seen alive; None while no work unit has started since.
+        """
+        if not fault.cleared:
+            return None
+        earlier = [start for start in self.starts if start.start <= fault.cleared]
+        free_from = max([fault.cleared, *(start.last_seen for start in earlier)])
+        later = [start.start for start in self.starts if start.start > fault.cleared]
+        if not later:
+            return None
+        return max(0.0, min(later) - free_from)
+
+
+# --- command line ---------------------------------------------------------------------------
+@contextmanager
+def own_controlplane(env_dir: Path, keep: bool = False) -> Iterator[Cluster]:
+    """Start tests/controlplane in env_dir (or reuse it if it runs), stop it unless `keep`."""
+    env = dict(os.environ, CRONLOCK_TESTENV_DIR=str(env_dir))
+    controlplane = ROOT / "tests" / "controlplane"
+    result = subprocess.run(
+        [str(controlplane / "up")], env=env, capture_output=True, text=True, check=False
+    )
+    if result.returncode != 0:
+        raise SystemExit(f"tests/controlplane/up failed:\n{result.stderr}{result.stdout}")
+    for line in result.stdout.splitlines():
+        match = re.fullmatch(r"export (\w+)=(.*)", line)
+        if match:
+            env[match.group(1)] = os.path.expandvars(match.group(2).strip("'"))
+    try:
+        yield Cluster(Path(env["KUBECONFIG"]), env, env_dir)
+    finally:
+        ControlPlaneProcesses(env_dir, env).resume_all()
+        if not keep:
+            subprocess.run([str(controlplane / "down")], env=env, capture_output=True, check=False)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m tests.reliability.checker", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument("--trials", type=int, default=60)
+    parser.add_argument("--contenders", type=int, default=4)
+    parser.add_argument("--faults-per-trial", type=int, default=2)
+    parser.add_argument(
+        "--faults",
+        default=",".join(GUARANTEED_FAULTS),
+        help=f"comma-separated, from {', '.join(ALL_FAULTS)}, or 'none' "
+        f"(default: every fault inside the guarantee; add {FREEZE} to see what fencing is for)",
+    )
+    parser.add_argument("--ttl", type=float, default=6.0)
+    parser.add_argument("--renew", type=float, default=1.0)
+    parser.add_argument("--skew", type=float, default=2.0)
+    parser.add_argument("--slack", type=float, default=4.0)
+    parser.add_argument("--runs-per-trial", type=int, default=4)
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--env-dir", type=Path, default=ROOT / ".testenv" / "reliability")
+    parser.add_argument("--keep-controlplane", action="store_true")
+    parser.add_argument("--output", type=Path, default=None, help="also write the JSON here")
+    args = parser.parse_args(argv)
+    faults = [] if args.faults == "none" else [f for f in args.faults.split(",") if f]
+    seed = args.seed if args.seed is not None else secrets.randbelow(2**31)
+    settings = Settings(
+        ttl=args.ttl,
+        renew=args.renew,
+        skew=args.skew,
+        slack=args.slack,
+        contenders=args.contenders,
+        runs_per_trial=args.runs_per_trial,
+    )
+    with own_controlplane(args.env_dir, args.keep_controlplane) as cluster:
+        checker = Checker(
+            cluster,
+            args.env_dir / "checker",
+            settings,
+            faults,
+            seed,
+            log=lambda line: print(line, file=sys.stderr, flush=True),
+        )
+        report = checker.run(args.trials, args.faults_per_trial)
+    text = json.dumps(report, indent=2)
+    print(text)
+    if args.output is not None:
+        args.output.write_text(text + "\n")
+    ok = report["overlaps"] == 0 and report["delayed"] == 0 and report["timed_out_trials"] == 0
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
