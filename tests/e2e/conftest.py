@@ -199,16 +199,16 @@ class Scenario:
             if job is None or record.job == job
         ]
 
-    def gate_exit(self, job: str, timeout: float = 60) -> int:
-        """The exit code of the gate of the Job's latest pod, once it has decided."""
+    def gate_exit(self, job: str, timeout: float = 60, pod: str | None = None) -> int:
+        """The exit code of the gate of the Job's latest pod (or of `pod`), once it decided."""
 
         def decided() -> int | None:
-            gates = self.processes(GATE, job)
+            gates = [r for r in self.processes(GATE, job) if pod is None or r.pod == pod]
             if gates and gates[-1].exit_code is not None:
                 return gates[-1].exit_code + 1000  # 0 is falsy; shifted back below
             return None
 
-        return wait_for(decided, timeout, f"the gate of {job} to decide") - 1000
+        return wait_for(decided, timeout, f"the gate of {pod or job} to decide") - 1000
 
     def main_running(self, job: str, timeout: float = 60) -> ProcessRecord:
         return wait_for(

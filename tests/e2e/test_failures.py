@@ -35,9 +35,8 @@ def test_a_crashed_run_releases_at_once_and_the_jobs_retry_acquires(cluster: Sce
         60,
         "the Job's retry pod",
     )
-    assert cluster.gate_exit("flaky-1") == 0, "the retry took the lock"
-    gate = cluster.processes(GATE, "flaky-1")[-1]
-    assert gate.pod == retry.name
+    assert cluster.gate_exit("flaky-1", pod=retry.name) == 0, "the retry took the lock"
+    gate = next(r for r in cluster.processes(GATE, "flaky-1") if r.pod == retry.name)
     assert gate.stopped_monotonic is not None
     assert gate.stopped_monotonic - gate.started_monotonic < 10, "decided without waiting"
     assert cluster.main_finished("flaky-1", timeout=30) is not None
