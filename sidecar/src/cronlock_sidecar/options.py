@@ -217,6 +217,15 @@ def parse_options(argv: Sequence[str], env: Mapping[str, str]) -> Options:
             f"{values.get('renew')[1]}: must be more than 0s and less than the ttl "
             f"({ttl:g}s); the default is ttl/3"
         )
+    deadline = ttl * contract.RENEW_DEADLINE_FRACTION
+    if renew >= deadline:
+        # The holder gives up after 2/3 of the ttl without a successful renewal; a longer
+        # period would have every run stopped as lost before its first renewal.
+        raise ConfigError(
+            f"{values.get('renew')[1]}: must be less than the renew deadline, 2/3 of the ttl "
+            f"({deadline:g}s): the holder gives up before its first renewal otherwise; "
+            "the default is ttl/3"
+        )
     skew = values.duration("skew", float(contract.DEFAULT_SKEW_SECONDS))
     policy = values.choice("policy", POLICIES, "skip")
     wait_timeout = values.duration("wait_timeout", DEFAULT_WAIT_TIMEOUT)
