@@ -168,13 +168,14 @@ class Demo:
     def report(self, skipped: list[str]) -> None:
         self.style.step(f"What the skipped runs' sidecars logged ({', '.join(skipped)})")
         pods = ENV_DIR / "podrunner" / "pods"
-        logs = sorted(path for job in skipped for path in pods.glob(f"{NAMESPACE}_{job}-*"))
-        for directory in logs:
-            for line in (directory / "cronlock.log").read_text(errors="replace").splitlines():
-                if "already running" in line:
-                    self.style.highlight(line)
-            gate = (directory / "cronlock-gate.log").read_text(errors="replace").strip()
-            self.style.output(f"[{directory.name.split('_', 1)[1]} cronlock-gate] {gate}")
+        for job in skipped:
+            for directory in sorted(pods.glob(f"{NAMESPACE}_{job}-*")):
+                pod = directory.name.split("_", 1)[1]
+                for line in (directory / "cronlock.log").read_text(errors="replace").splitlines():
+                    if "already running" in line:
+                        self.style.highlight(f"[{pod} cronlock] {line}")
+                gate = (directory / "cronlock-gate.log").read_text(errors="replace").strip()
+                self.style.output(f"[{pod} cronlock-gate] {gate}")
 
         self.style.step("The CronJob's Events")
         self.kubectl(
