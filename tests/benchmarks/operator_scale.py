@@ -184,7 +184,9 @@ def operator_run(
     version = batch.list_cron_job_for_all_namespaces(limit=1).metadata.resource_version
     watcher = Watcher(batch.list_cron_job_for_all_namespaces, version)
     wanted = set(names)
-    operator = OperatorProcess(Path(env["KUBECONFIG"]), workdir / "operator.log", env)
+    # As in the image (Dockerfile): two malloc arenas.
+    operator_env = dict(env, MALLOC_ARENA_MAX="2")
+    operator = OperatorProcess(Path(env["KUBECONFIG"]), workdir / "operator.log", operator_env)
     start = time.monotonic()
     operator.start()
     assert operator.process is not None

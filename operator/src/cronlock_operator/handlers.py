@@ -30,6 +30,9 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
     settings.peering.standalone = True
     settings.posting.enabled = False  # our Events are explicit, not log lines
     settings.scanning.disabled = True  # no CRD watching: cronlock needs no CRDs
+    # A per-object kopf worker lingers this long after its last event; at start-up every
+    # CronJob has one at once, so a short linger bounds the operator's peak memory.
+    settings.batching.idle_timeout = 1.0
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
     settings.networking.request_timeout = 30
@@ -42,8 +45,7 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
     reconciler = Reconciler(Kube(api), operator_settings)
     # The whole list first: the holder Roles are computed from every guarded CronJob in a
     # namespace, and a Role written from half a list would revoke live holders' access.
-    for body in await asyncio.to_thread(reconciler.kube.list_cronjobs, memo.namespaces):
-        reconciler.cronjobs[(body["metadata"]["namespace"], body["metadata"]["name"])] = body
+    await asyncio.to_thread(reconciler.kube.list_cronjobs, memo.namespaces, reconciler.cronjobs)
     reconciler.queue.start()
     memo.reconciler = reconciler
     memo.expiry_task = asyncio.create_task(_check_expiry(reconciler), name="cronlock-expiry")

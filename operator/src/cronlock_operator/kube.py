@@ -15,6 +15,7 @@ from typing import Any
 import kubernetes
 import urllib3
 
+from cronlock_operator.cache import ObjectCache
 from cronlock_operator.workqueue import Retry
 from cronlock_sidecar import contract
 
@@ -118,9 +119,9 @@ class Kube:
                 if error.status != 404:
                     raise
 
-    def list_cronjobs(self, namespaces: Sequence[str]) -> list[dict[str, Any]]:
-        """Every CronJob in the watched namespaces (all when empty), page by page."""
-        found: list[dict[str, Any]] = []
+    def list_cronjobs(self, namespaces: Sequence[str], into: ObjectCache) -> None:
+        """Every CronJob in the watched namespaces (all when empty), into the cache page
+        by page (a whole parsed list of 10,000 CronJobs would be the operator's peak)."""
         scopes: Sequence[str | None] = list(namespaces) or [None]
         for namespace in scopes:
             token = None
@@ -135,11 +136,11 @@ class Kube:
                             namespace, limit=500, _continue=token, _preload_content=False
                         )
                 page = raw(response)
-                found.extend(page.get("items") or [])
+                for item in page.get("items") or []:
+                    into.put(item)
                 token = (page.get("metadata") or {}).get("continue")
                 if not token:
                     break
-        return found
 
     def read_cronjob(self, namespace: str, name: str) -> dict[str, Any] | None:
         with transient_errors(f"get cronjob {namespace}/{name}"):

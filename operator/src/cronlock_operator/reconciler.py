@@ -19,6 +19,7 @@ from typing import Any
 import kubernetes
 
 from cronlock_operator import metrics, skips
+from cronlock_operator.cache import ObjectCache
 from cronlock_operator.config import (
     InvalidConfig,
     LockConfig,
@@ -63,9 +64,9 @@ class Reconciler:
     kube: Kube
     settings: OperatorSettings
     clock: Callable[[], float] = time.monotonic
-    cronjobs: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
-    jobs: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
-    leases: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    cronjobs: ObjectCache = field(default_factory=ObjectCache)
+    jobs: ObjectCache = field(default_factory=ObjectCache)
+    leases: ObjectCache = field(default_factory=ObjectCache)
     guards: dict[tuple[str, str], Guard] = field(default_factory=dict)
     observations: dict[tuple[str, str], Observation] = field(default_factory=dict)
     # Per CronJob uid: the last message of each kind we posted, so a replay posts nothing.
@@ -83,17 +84,17 @@ class Reconciler:
     def on_cronjob(self, kind: str | None, body: dict[str, Any]) -> None:
         key = _key(body)
         if kind == "DELETED":
-            self.cronjobs.pop(key, None)
+            self.cronjobs.pop(key)
         else:
-            self.cronjobs[key] = body
+            self.cronjobs.put(body)
         self.queue.add(("cronjob", *key))
 
     def on_job(self, kind: str | None, body: dict[str, Any]) -> None:
         key = _key(body)
         if kind == "DELETED":
-            self.jobs.pop(key, None)
+            self.jobs.pop(key)
             return
-        self.jobs[key] = body
+        self.jobs.put(body)
         owner = skips.owning_cronjob(body)
         if owner is not None and skips.outcome(body) is not None:
             self.queue.add(("account", key[0], owner))
@@ -102,7 +103,7 @@ class Reconciler:
         key = _key(body)
         lock = key[1].removeprefix(contract.LEASE_PREFIX)
         if kind == "DELETED":
-            self.leases.pop(key, None)
+            self.leases.pop(key)
             self.observations.pop(key, None)
             metrics.lease_held.labels(key[0], lock).set(0)
             # A guarded CronJob still needs it: its reconcile creates it again.
@@ -110,7 +111,7 @@ class Reconciler:
                 if owner.get("kind") == "CronJob":
                     self.queue.add(("cronjob", key[0], owner["name"]))
             return
-        self.leases[key] = body
+        self.leases.put(body)
         spec = body.get("spec") or {}
         holder = spec.get("holderIdentity") or ""
         renew_time = spec.get("renewTime")
@@ -221,11 +222,10 @@ class Reconciler:
                 guard for (space, _), guard in list(self.guards.items()) if space == namespace
             }
             # CronJobs seen but not yet reconciled join now, so a burst writes the Roles once.
-            for (space, _), body in list(self.cronjobs.items()):
-                if space == namespace:
-                    pending = _pending_guard(body, self.settings)
-                    if pending is not None:
-                        guards.add(pending)
+            for body in self.cronjobs.in_namespace(namespace):
+                pending = _pending_guard(body, self.settings)
+                if pending is not None:
+                    guards.add(pending)
             desired = frozenset(guards)
             if self.synced_rbac.get(namespace) == desired:
                 return
@@ -251,9 +251,8 @@ class Reconciler:
         finished = sorted(
             (
                 job
-                for (space, _), job in list(self.jobs.items())
-                if space == namespace
-                and skips.owning_cronjob(job) == cronjob_name
+                for job in self.jobs.in_namespace(namespace)
+                if skips.owning_cronjob(job) == cronjob_name
                 and skips.outcome(job) is not None
                 and skips.ACCOUNTED_ANNOTATION not in (job["metadata"].get("annotations") or {})
             ),
