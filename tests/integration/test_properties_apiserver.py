@@ -160,7 +160,11 @@ def test_every_cronjob_is_injected_and_accepted_or_left_untouched_with_invalid_c
                 return "invalid"
             return None
 
-        decided = wait_for(outcome, timeout=30, what=f"the operator to inject or refuse {name}")
+        try:
+            decided = wait_for(outcome, timeout=30, what=f"the operator to inject or refuse {name}")
+        except AssertionError as error:
+            lines = [line for line in operator.log().splitlines() if name in line]
+            raise AssertionError(f"{error}; operator log lines naming it: {lines}") from error
         stored = read(api, property_namespace, name)
         note(f"outcome: {decided}")
         event(decided)
