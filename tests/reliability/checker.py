@@ -190,7 +190,7 @@ def proxied_kubeconfig(kubeconfig: Path, port: int, target: Path) -> Path:
 
 def api_port(kubeconfig: Path) -> int:
     config = yaml.safe_load(kubeconfig.read_text())
-    port = urlsplit(config["clusters"][0]["cluster"]["server"]).port
+    port = urlsplit(str(config["clusters"][0]["cluster"]["server"])).port
     if port is None:
         raise ValueError("the kubeconfig's server names no port")
     return port

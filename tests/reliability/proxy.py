@@ -35,8 +35,9 @@ class DelayingProxy:
 
     def start(self) -> None:
         self._thread.start()
-        self._server = self._call(asyncio.start_server(self._accept, "127.0.0.1", 0))
-        self.port = int(self._server.sockets[0].getsockname()[1])
+        server: asyncio.Server = self._call(asyncio.start_server(self._accept, "127.0.0.1", 0))
+        self._server = server
+        self.port = int(server.sockets[0].getsockname()[1])
 
     def stop(self) -> None:
         if self._server is not None:
