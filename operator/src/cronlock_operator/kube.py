@@ -197,18 +197,25 @@ class Kube:
                 if _lease_is_ours(current, reference["uid"]):
                     return
             # Strategic merge: ownerReferences merge by uid, so other owners stay.
-            self.leases.patch_namespaced_lease(
-                name,
-                namespace,
-                {
-                    "metadata": {
-                        "labels": {contract.LABEL_MANAGED_BY: contract.MANAGED_BY},
-                        "ownerReferences": [reference],
-                    }
-                },
-                _content_type="application/strategic-merge-patch+json",
-                _preload_content=False,
-            )
+            try:
+                self.leases.patch_namespaced_lease(
+                    name,
+                    namespace,
+                    {
+                        "metadata": {
+                            "labels": {contract.LABEL_MANAGED_BY: contract.MANAGED_BY},
+                            "ownerReferences": [reference],
+                        }
+                    },
+                    _content_type="application/strategic-merge-patch+json",
+                    _preload_content=False,
+                )
+            except kubernetes.client.ApiException as error:
+                if error.status != 404:
+                    raise
+                # The cache was behind: the garbage collector deleted the Lease with its
+                # last owner. A bare 404 would read as "this CronJob is gone" and drop it.
+                raise Retry(f"lease {namespace}/{name} vanished; creating it again") from error
 
     def read_lease(self, namespace: str, name: str) -> dict[str, Any] | None:
         with transient_errors(f"get lease {namespace}/{name}"):
