@@ -26,6 +26,8 @@ from hypothesis import HealthCheck, event, given, note, settings
 from hypothesis import strategies as st
 
 from cronlock_operator.injection import revert
+from cronlock_operator.kube import Kube
+from cronlock_operator.workqueue import Retry
 from tests.kube import job_from_cronjob, wait_for
 from tests.operator_process import OperatorProcess
 from tests.unit.operator.test_properties import cronjobs, lock_annotations
@@ -190,3 +192,51 @@ def test_every_cronjob_is_injected_and_accepted_or_left_untouched_with_invalid_c
         assert not rejected, rejected
     finally:
         batch(api).delete_namespaced_cron_job(name, property_namespace)
+
+
+def test_a_lease_deleted_behind_the_operators_cache_is_retried_not_dropped(
+    api: kubernetes.client.ApiClient, property_namespace: str
+) -> None:
+    """Found by the property above: a CronJob neither injected nor refused, no log line.
+
+    Its lock's Lease was owned only by a CronJob deleted a moment before; the operator's
+    watch cache still had it, so the operator patched its own owner reference in, the
+    garbage collector had deleted the Lease by then, and the 404 was taken for "the
+    CronJob is gone": the new CronJob was never reconciled again. A 404 there must be
+    retried (the next attempt creates the Lease).
+    """
+    user = {
+        "apiVersion": "batch/v1",
+        "kind": "CronJob",
+        "metadata": {"name": "behind-the-cache"},
+        "spec": {
+            "schedule": "0 0 1 1 *",
+            "suspend": True,
+            "jobTemplate": {
+                "spec": {
+                    "template": {
+                        "spec": {
+                            "restartPolicy": "Never",
+                            "containers": [{"name": "main", "image": "busybox:1.37"}],
+                        }
+                    }
+                }
+            },
+        },
+    }
+    cronjob: dict[str, Any] = api.sanitize_for_serialization(
+        batch(api).create_namespaced_cron_job(property_namespace, user)
+    )
+    # What the cache held: the Lease of the deleted CronJob, already gone on the server.
+    cached = {
+        "metadata": {
+            "name": "cronlock-behind-the-cache",
+            "namespace": property_namespace,
+            "labels": {"app.kubernetes.io/managed-by": "cronlock"},
+            "ownerReferences": [
+                {"apiVersion": "batch/v1", "kind": "CronJob", "name": "deleted", "uid": "0000"}
+            ],
+        }
+    }
+    with pytest.raises(Retry):
+        Kube(api).ensure_lease(property_namespace, "cronlock-behind-the-cache", cronjob, 60, cached)
