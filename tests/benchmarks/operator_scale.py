@@ -16,7 +16,6 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -267,8 +266,9 @@ def run(sizes: list[int]) -> dict[str, Any]:
             plain_seconds = baseline(api, plain)
             delete_namespaces(api, {namespace for namespace, _ in plain})
             guarded = create_many(api, f"guarded-{size}", size, annotated=True)
-            with tempfile.TemporaryDirectory() as workdir:
-                measured = operator_run(api, env, guarded, Path(workdir))
+            workdir = ROOT / ".testenv" / "bench" / f"operator-{size}"
+            workdir.mkdir(parents=True, exist_ok=True)
+            measured = operator_run(api, env, guarded, workdir)
             measured["baseline_seconds"] = plain_seconds
             measured["ratio"] = measured["seconds"] / plain_seconds
             results["sizes"][str(size)] = measured

@@ -37,11 +37,15 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
     settings.watching.client_timeout = 330
     settings.networking.request_timeout = 30
     operator_settings: OperatorSettings = memo.settings
+    configuration = kubernetes.client.Configuration()
     try:
-        kubernetes.config.load_incluster_config()
+        kubernetes.config.load_incluster_config(client_configuration=configuration)
     except kubernetes.config.ConfigException:
-        kubernetes.config.load_kube_config()
-    api = kubernetes.client.ApiClient()
+        kubernetes.config.load_kube_config(client_configuration=configuration)
+    # Enough pooled connections for every worker thread: a smaller pool discards
+    # connections under load and each new one costs a TLS handshake.
+    configuration.connection_pool_maxsize = 32
+    api = kubernetes.client.ApiClient(configuration)
     reconciler = Reconciler(Kube(api), operator_settings)
     # The whole list first: the holder Roles are computed from every guarded CronJob in a
     # namespace, and a Role written from half a list would revoke live holders' access.

@@ -234,6 +234,12 @@ class Reconciler:
                 leases_by_account.setdefault(guard.service_account, []).append(guard.lease)
             self.kube.sync_holder_rbac(namespace, leases_by_account)
             self.synced_rbac[namespace] = desired
+            logger.info(
+                "holder RBAC in %s: %d leases for %d service accounts",
+                namespace,
+                len(desired),
+                len(leases_by_account),
+            )
         metrics.guarded_cronjobs.set(len(self.guards))
 
     def account_runs(self, namespace: str, cronjob_name: str) -> None:
