@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import kubernetes
+import urllib3
 
 from tests.reliability.checker import ROOT, SIDECAR, own_controlplane
 from tests.reliability.faults import children
@@ -106,6 +107,10 @@ class WriteCounter:
                 version = self.leases.list_namespaced_lease(
                     self.namespace
                 ).metadata.resource_version
+            except urllib3.exceptions.HTTPError:
+                if self._stop.is_set():
+                    return
+                raise
 
     def between(self, start: float, end: float) -> Counter[str]:
         return Counter(name for when, name in self.writes if start <= when < end)
