@@ -117,7 +117,13 @@ class WriteCounter:
 
 
 def launch(
-    count: int, namespace: str, ttl: float, renew: float, env: dict[str, str], logs: Path
+    count: int,
+    namespace: str,
+    ttl: float,
+    renew: float,
+    env: dict[str, str],
+    logs: Path,
+    per_second: float,
 ) -> list[subprocess.Popen[bytes]]:
     processes = []
     for index in range(count):
@@ -137,7 +143,8 @@ def launch(
                     start_new_session=True,
                 )
             )
-        time.sleep(0.05)  # 20 starts a second: the machine has two cores
+        # A start costs ~0.1 CPU-second: 20 a second fill both cores of the reference VM.
+        time.sleep(1 / per_second)
     return processes
 
 
@@ -159,7 +166,9 @@ def run(args: argparse.Namespace, env: dict[str, str], kubeconfig: Path) -> dict
     processes: list[subprocess.Popen[bytes]] = []
     try:
         started = time.monotonic()
-        processes = launch(args.leases, namespace, args.ttl, args.renew, env, logs)
+        processes = launch(
+            args.leases, namespace, args.ttl, args.renew, env, logs, args.starts_per_second
+        )
         deadline = time.monotonic() + 120
         while count_lines(logs, r" acquired by ") < args.leases:
             if time.monotonic() > deadline or any(p.poll() is not None for p in processes):
@@ -207,6 +216,7 @@ def run(args: argparse.Namespace, env: dict[str, str], kubeconfig: Path) -> dict
             "ttl_s": args.ttl,
             "renew_s": args.renew,
             "window_s": args.window,
+            "starts_per_second": args.starts_per_second,
             "seconds_until_all_held": round(all_held, 1),
             "renewals": renewed,
             "renew_failures": failed,
@@ -251,6 +261,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--ttl", type=parse_seconds, default=15.0)
     parser.add_argument("--renew", type=parse_seconds, default=5.0)
     parser.add_argument("--window", type=float, default=60.0)
+    parser.add_argument("--starts-per-second", type=float, default=10.0)
     parser.add_argument("--env-dir", type=Path, default=ROOT / ".testenv" / "bench-load")
     parser.add_argument("--keep-controlplane", action="store_true")
     args = parser.parse_args(argv)
