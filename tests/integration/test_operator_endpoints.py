@@ -80,11 +80,12 @@ def test_metrics_liveness_and_json_logs(
 
     def scraped() -> str | None:
         _, text = get(f"http://127.0.0.1:{metrics_port}/metrics")
-        return text if held in text else None
+        guarded = [
+            line for line in text.splitlines() if line.startswith("cronlock_guarded_cronjobs ")
+        ]
+        return text if held in text and float(guarded[0].split()[1]) >= 1 else None
 
-    text = wait_for(scraped, timeout=30, what="the lock's Lease in the metrics")
-    guarded = [line for line in text.splitlines() if line.startswith("cronlock_guarded_cronjobs ")]
-    assert float(guarded[0].split()[1]) >= 1
+    text = wait_for(scraped, timeout=30, what="the CronJob and its Lease in the metrics")
     for family in (
         "cronlock_runs_total counter",
         "cronlock_consecutive_skips gauge",

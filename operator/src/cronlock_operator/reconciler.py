@@ -175,6 +175,7 @@ class Reconciler:
             guard = Guard(config.lease_name, _service_account(body))
             previous = self.guards.get((namespace, name))
             self.guards[(namespace, name)] = guard
+            metrics.guarded_cronjobs.set(len(self.guards))
             self.kube.ensure_lease(
                 namespace,
                 guard.lease,
@@ -204,6 +205,7 @@ class Reconciler:
 
     def _forget(self, namespace: str, name: str, uid: str | None = None) -> None:
         guard = self.guards.pop((namespace, name), None)
+        metrics.guarded_cronjobs.set(len(self.guards))
         if guard is None:
             return
         if uid is not None:
@@ -240,7 +242,6 @@ class Reconciler:
                 len(desired),
                 len(leases_by_account),
             )
-        metrics.guarded_cronjobs.set(len(self.guards))
 
     def account_runs(self, namespace: str, cronjob_name: str) -> None:
         """Count the finished runs of one CronJob, oldest first, each exactly once."""
