@@ -1,4 +1,4 @@
-"""`python -m tests.benchmarks [sidecar|operator|all] [ARGS...]`: run one benchmark, or all.
+"""`python -m tests.benchmarks [sidecar|operator|load|all] [ARGS...]`: run one benchmark, or all.
 
 Each benchmark is a module with `main(argv) -> int` that starts the control plane it
 needs, prints a table and writes JSON under `.testenv/bench/`. ARGS go to that module
@@ -15,6 +15,7 @@ from collections.abc import Sequence
 MODULES = {
     "sidecar": "tests.benchmarks.sidecar",
     "operator": "tests.benchmarks.operator_scale",
+    "load": "tests.benchmarks.load",
 }
 USAGE = f"usage: python -m tests.benchmarks [{'|'.join(MODULES)}|all] [ARGS...]"
 
