@@ -96,6 +96,10 @@ def test_metrics_liveness_and_json_logs(
         assert f"# TYPE {family}" in text, family
     status, _ = get(f"http://127.0.0.1:{liveness_port}/healthz")
     assert status == 200
-    lines = [line for line in process.log().splitlines() if line.strip()]
-    records = [json.loads(line) for line in lines]
-    assert any("Injected" in str(record.get("message")) for record in records)
+
+    def injected_logged() -> bool:
+        lines = [line for line in process.log().splitlines() if line.strip()]
+        records = [json.loads(line) for line in lines]  # every line is JSON
+        return any("Injected" in str(record.get("message")) for record in records)
+
+    assert wait_for(injected_logged, timeout=30, what="the Injected line in the JSON log")

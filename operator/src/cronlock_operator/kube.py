@@ -23,6 +23,8 @@ logger = logging.getLogger(__name__)
 
 REPORTING_COMPONENT = "cronlock-operator"
 MAX_NAME = 253
+JSON_PATCH = "application/json-patch+json"
+MERGE_PATCH = "application/merge-patch+json"
 _RETRIABLE = {409, 422, 429, 500, 502, 503, 504}
 
 
@@ -88,36 +90,27 @@ class Kube:
     # --- CronJobs ------------------------------------------------------------------
     def patch_cronjob(self, namespace: str, name: str, patch: list[dict[str, Any]]) -> bool:
         """Apply a JSON patch; False when the CronJob is gone."""
-        with transient_errors(f"patch cronjob {namespace}/{name}"):
-            try:
-                self.batch.patch_namespaced_cron_job(
-                    name,
-                    namespace,
-                    patch,
-                    _content_type="application/json-patch+json",
-                    _preload_content=False,
-                )
-            except kubernetes.client.ApiException as error:
-                if error.status == 404:
-                    return False
-                raise
-        return True
+        return self._patch(
+            self.batch.patch_namespaced_cron_job,
+            "patch cronjob",
+            namespace,
+            name,
+            patch,
+            JSON_PATCH,
+        )
 
     def annotate_cronjob(
         self, namespace: str, name: str, annotations: Mapping[str, str | None]
     ) -> None:
-        with transient_errors(f"annotate cronjob {namespace}/{name}"):
-            try:
-                self.batch.patch_namespaced_cron_job(
-                    name,
-                    namespace,
-                    {"metadata": {"annotations": dict(annotations)}},
-                    _content_type="application/merge-patch+json",
-                    _preload_content=False,
-                )
-            except kubernetes.client.ApiException as error:
-                if error.status != 404:
-                    raise
+        """Set (or, with None, remove) annotations; nothing when the CronJob is gone."""
+        self._patch(
+            self.batch.patch_namespaced_cron_job,
+            "annotate cronjob",
+            namespace,
+            name,
+            {"metadata": {"annotations": dict(annotations)}},
+            MERGE_PATCH,
+        )
 
     def list_cronjobs(self, namespaces: Sequence[str], into: ObjectCache) -> None:
         """Every CronJob in the watched namespaces (all when empty), into the cache page
@@ -230,20 +223,15 @@ class Kube:
 
     def patch_lease(self, namespace: str, name: str, patch: list[dict[str, Any]]) -> bool:
         """A JSON patch (its first op tests resourceVersion); False if the Lease moved on."""
-        with transient_errors(f"update lease {namespace}/{name}"):
-            try:
-                self.leases.patch_namespaced_lease(
-                    name,
-                    namespace,
-                    patch,
-                    _content_type="application/json-patch+json",
-                    _preload_content=False,
-                )
-            except kubernetes.client.ApiException as error:
-                if error.status in (404, 409, 422):
-                    return False
-                raise
-        return True
+        return self._patch(
+            self.leases.patch_namespaced_lease,
+            "update lease",
+            namespace,
+            name,
+            patch,
+            JSON_PATCH,
+            refused=(404, 409, 422),
+        )
 
     def drop_lease_owner(self, namespace: str, name: str, uid: str) -> None:
         """Forget a CronJob that no longer uses this Lease; delete it once nobody does."""
@@ -376,17 +364,31 @@ class Kube:
     # --- Jobs ----------------------------------------------------------------------
     def mark_job(self, namespace: str, name: str, annotation: str, value: str) -> bool:
         """Annotate a Job once; False when it is gone."""
-        with transient_errors(f"annotate job {namespace}/{name}"):
+        return self._patch(
+            self.batch.patch_namespaced_job,
+            "annotate job",
+            namespace,
+            name,
+            {"metadata": {"annotations": {annotation: value}}},
+            MERGE_PATCH,
+        )
+
+    def _patch(
+        self,
+        call: Any,
+        what: str,
+        namespace: str,
+        name: str,
+        body: Any,
+        content_type: str,
+        refused: tuple[int, ...] = (404,),
+    ) -> bool:
+        """One patch; False when the API answers one of `refused` (gone, moved on)."""
+        with transient_errors(f"{what} {namespace}/{name}"):
             try:
-                self.batch.patch_namespaced_job(
-                    name,
-                    namespace,
-                    {"metadata": {"annotations": {annotation: value}}},
-                    _content_type="application/merge-patch+json",
-                    _preload_content=False,
-                )
+                call(name, namespace, body, _content_type=content_type, _preload_content=False)
             except kubernetes.client.ApiException as error:
-                if error.status == 404:
+                if error.status in refused:
                     return False
                 raise
         return True
