@@ -88,6 +88,14 @@ class OperatorProcess:
             self.process.wait()
         self.process = None
 
+    def kill(self) -> None:
+        """SIGKILL: no shutdown handlers, whatever the operator was in the middle of."""
+        if self.process is None:
+            return
+        self.process.kill()
+        self.process.wait()
+        self.process = None
+
     def restart(self) -> None:
         self.stop()
         self.start()

@@ -496,3 +496,44 @@ def test_a_holder_that_stops_renewing_is_cleared_with_lease_expired(
     cleared = leases.read_namespaced_lease("cronlock-stale", namespace)
     assert not cleared.spec.holder_identity
     assert cleared.metadata.annotations["cronlock.io/last-holder"] == "vanished-pod_0badf00d"
+
+
+def test_an_operator_killed_mid_burst_leaves_nothing_half_done(
+    api: kubernetes.client.ApiClient, namespace: str, operator: OperatorProcess
+) -> None:
+    operator.stop()
+    names = [f"burst-{index}" for index in range(40)]
+    try:
+        for name in names:
+            manifest = cronjob(name)
+            manifest["metadata"]["annotations"] = {"cronlock.io/enabled": "true"}
+            batch(api).create_namespaced_cron_job(namespace, manifest)
+        operator.start()
+
+        def injected_names() -> set[str]:
+            items = batch(api).list_namespaced_cron_job(namespace).items
+            return {
+                item.metadata.name
+                for item in items
+                if "cronlock" in init_names(api.sanitize_for_serialization(item))
+            }
+
+        wait_for(lambda: injected_names() or None, timeout=30, what="the first injections")
+        operator.kill()  # mid-burst, most likely mid-reconcile of some CronJob
+    finally:
+        if operator.process is None:
+            operator.start()
+
+    wait_for(lambda: injected_names() == set(names), timeout=60, what="every CronJob injected")
+    leases = kubernetes.client.CoordinationV1Api(api)
+    for name in names:
+        stored = read(api, namespace, name)
+        assert init_names(stored) == ["cronlock", GATE], name
+        rules = stored["spec"]["jobTemplate"]["spec"]["podFailurePolicy"]["rules"]
+        assert len(rules) == 1, name
+        lease = leases.read_namespaced_lease(f"cronlock-{name}", namespace)
+        assert [owner.name for owner in lease.metadata.owner_references] == [name]
+    role = kubernetes.client.RbacAuthorizationV1Api(api).read_namespaced_role(
+        "cronlock-holder-default", namespace
+    )
+    assert set(role.rules[0].resource_names) == {f"cronlock-{name}" for name in names}
