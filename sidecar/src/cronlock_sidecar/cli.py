@@ -52,6 +52,7 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
 def _hold(options: Options, transport: KubeLeaseClient) -> int:
     from cronlock_sidecar.endpoints import Endpoints, SidecarState
     from cronlock_sidecar.hold import Holder
+    from cronlock_sidecar.stopping import StopPipe
 
     state = SidecarState()
     try:
@@ -60,9 +61,10 @@ def _hold(options: Options, transport: KubeLeaseClient) -> int:
         logs.fatal(f"--port: cannot listen on 0.0.0.0:{options.port}: {error}")
         return EXIT_CONFIG
     stop = threading.Event()
+    stop_pipe = StopPipe(stop)
 
     def on_signal(_signum: int, _frame: FrameType | None) -> None:
-        stop.set()
+        stop_pipe.request()
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)

@@ -22,6 +22,7 @@ from cronlock_sidecar.heartbeat import Heartbeat
 from cronlock_sidecar.lease import Acquired, Clock, LeaseKeeper, RenewOutcome, RenewResult, acquire
 from cronlock_sidecar.options import Options
 from cronlock_sidecar.processes import stop_group
+from cronlock_sidecar.stopping import StopPipe
 from cronlock_sidecar.transport import ApiError, LeaseTransport
 
 log = logging.getLogger("cronlock_sidecar.run")
@@ -61,12 +62,13 @@ class Runner:
             transport, options.lease, options.identity, options.timing, clock, options.job_name
         )
         self.stop = threading.Event()
+        self._stop_pipe = StopPipe(self.stop)
         self.process: subprocess.Popen[bytes] | None = None
         self.signals: list[int] = []
 
     def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
         self.signals.append(signum)
-        self.stop.set()
+        self._stop_pipe.request()
         if self.process is not None and self.process.poll() is None:
             try:
                 os.killpg(self.process.pid, signum)
