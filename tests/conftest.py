@@ -8,7 +8,6 @@ import re
 import secrets
 import shutil
 import signal
-import subprocess
 import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -18,7 +17,7 @@ import kubernetes
 import pytest
 import yaml
 
-from tests.kube import controlplane_env, stop_controlplane
+from tests.kube import controlplane_env, run_tool, stop_controlplane
 from tests.operator_process import OPERATOR_NAMESPACE, OperatorProcess, install_chart_rbac
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -35,17 +34,7 @@ class ControlPlane:
     _clients: list[kubernetes.client.ApiClient] = field(default_factory=list)
 
     def kubectl(self, *args: str, check: bool = True, input_text: str | None = None) -> str:
-        result = subprocess.run(
-            ["kubectl", *args],
-            env=self.env,
-            input=input_text,
-            capture_output=True,
-            text=True,
-            check=False,
-            timeout=60,
-        )
-        if check and result.returncode != 0:
-            raise AssertionError(f"kubectl {' '.join(args)} failed: {result.stderr.strip()}")
+        result = run_tool(self.env, "kubectl", *args, input_text=input_text, check=check)
         return result.stdout if check else result.stdout + result.stderr
 
     def api_client(self, kubeconfig: Path | None = None) -> kubernetes.client.ApiClient:

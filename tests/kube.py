@@ -110,3 +110,27 @@ def controlplane_env(env_dir: Path) -> dict[str, str]:
 
 def stop_controlplane(env: dict[str, str]) -> None:
     subprocess.run([str(CONTROLPLANE / "down")], env=env, capture_output=True, check=False)
+
+
+def run_tool(
+    env: dict[str, str],
+    *argv: str,
+    input_text: str | None = None,
+    check: bool = True,
+    timeout: float = 60,
+    cwd: Path | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """Run kubectl, helm or another CLI with `env`; with `check`, fail naming its stderr."""
+    result = subprocess.run(
+        list(argv),
+        env=env,
+        input=input_text,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=timeout,
+    )
+    if check and result.returncode != 0:
+        raise AssertionError(f"{' '.join(argv)} failed: {result.stderr.strip()}")
+    return result

@@ -10,14 +10,13 @@ from __future__ import annotations
 import os
 import platform
 import statistics
-import subprocess
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tests.kube import controlplane_env, stop_controlplane
+from tests.kube import controlplane_env, run_tool, stop_controlplane
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 CONTROLPLANE = ROOT / "tests" / "controlplane"
@@ -36,18 +35,7 @@ class Plane:
         return self.env["KUBECONFIG"]
 
     def kubectl(self, *args: str, input_text: str | None = None) -> str:
-        result = subprocess.run(
-            ["kubectl", *args],
-            env=self.env,
-            input=input_text,
-            capture_output=True,
-            text=True,
-            check=False,
-            timeout=60,
-        )
-        if result.returncode != 0:
-            raise RuntimeError(f"kubectl {' '.join(args)} failed: {result.stderr.strip()}")
-        return result.stdout
+        return run_tool(self.env, "kubectl", *args, input_text=input_text).stdout
 
 
 @contextmanager

@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from tests.conftest import ControlPlane, ServiceAccountKubeconfig
-from tests.kube import wait_for
+from tests.kube import run_tool, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "cronlock"
@@ -137,18 +137,7 @@ NON_DEFAULT: dict[str, Any] = {
 def helm(
     controlplane: ControlPlane, *args: str, check: bool = True
 ) -> subprocess.CompletedProcess[str]:
-    result = subprocess.run(
-        ["helm", *args],
-        env=controlplane.env,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=90,
-    )
-    if check and result.returncode != 0:
-        raise AssertionError(f"helm {' '.join(args)} failed: {result.stderr.strip()}")
-    return result
+    return run_tool(controlplane.env, "helm", *args, check=check, timeout=90, cwd=ROOT)
 
 
 def values_file(directory: Path, values: dict[str, Any]) -> str:
