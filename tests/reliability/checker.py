@@ -64,7 +64,9 @@ WORK = textwrap.dedent(
     """
     import fcntl, json, os, signal, sys, time
     lock_path, events_path, store_path, seconds = sys.argv[1:5]
-    token = int(os.environ["CRONLOCK_FENCING_TOKEN"])
+    # `run` passes the token in the environment; in a pod the sidecar writes it to a file.
+    token = int(os.environ.get("CRONLOCK_FENCING_TOKEN")
+                or open("/var/run/cronlock/fencing-token").read())
     def record(event, **fields):
         line = json.dumps({"event": event, "pid": os.getpid(), "run": os.getppid(),
                            "token": token, "mono": time.monotonic(), **fields})

@@ -24,9 +24,6 @@ from cronlock_sidecar.transport import ApiError, LeaseTransport
 
 log = logging.getLogger("cronlock_sidecar.hold")
 
-# How often the holder checks its renew deadline between renewals.
-CHECK_SECONDS = 0.1
-
 
 class Holder:
     """One pod's sidecar: decision, renewals, loss handling and release on stop."""
@@ -48,6 +45,9 @@ class Holder:
         self.keeper = LeaseKeeper(
             transport, options.lease, options.identity, options.timing, clock, options.job_name
         )
+        # The renew thread and the main thread may both see the loss; it is handled once.
+        self._loss_lock = threading.Lock()
+        self._loss_handled = False
 
     def run(self) -> int:
         """Until SIGTERM (the `stop` event): exit 0 after releasing what we hold."""
@@ -128,14 +128,15 @@ class Holder:
             self.keeper.last_renew_sent() if result.outcome is RenewOutcome.RENEWED else None,
         )
         if result.outcome is RenewOutcome.LOST:
-            self.state.update(held=False)
+            # At once, from the renew thread: the main thread sleeps until SIGTERM or deadline.
+            self._lost()
 
     def _keep(self) -> int:
         self.state.mark_renewed(self.keeper.last_renew_sent())
         heartbeat = Heartbeat(self.keeper, self._on_renew)
         heartbeat.start()
         try:
-            while not self.stop.wait(CHECK_SECONDS):
+            while not self.stop.wait(self._until_deadline()):
                 if self.keeper.check_deadline() or self.keeper.lost:
                     self._lost()
                     return self._idle()
@@ -144,7 +145,16 @@ class Holder:
         self._release()
         return EXIT_OK
 
+    def _until_deadline(self) -> float:
+        """Seconds until the renew deadline; a renew moves it later and we only re-check."""
+        return max(0.0, self.keeper.valid_until() - self.keeper.clock.monotonic())
+
     def _lost(self) -> None:
+        with self._loss_lock:
+            if self._loss_handled:
+                return
+            self._loss_handled = True
+        self.state.update(held=False)
         self.state.count_lost()
         log.error(
             "lease %s is no longer held by %s: /held answers 503 so the run is stopped",

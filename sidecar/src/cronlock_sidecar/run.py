@@ -28,7 +28,6 @@ from cronlock_sidecar.transport import ApiError, LeaseTransport
 log = logging.getLogger("cronlock_sidecar.run")
 
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-CHECK_SECONDS = 0.05
 EXIT_NOT_FOUND = 127
 EXIT_NOT_EXECUTABLE = 126
 PR_SET_PDEATHSIG = 1
@@ -65,6 +64,9 @@ class Runner:
         self._stop_pipe = StopPipe(self.stop)
         self.process: subprocess.Popen[bytes] | None = None
         self.signals: list[int] = []
+        # Set when CMD has ended or the lease was lost; the main thread sleeps on nothing else.
+        self._wake = threading.Event()
+        self._exit_code: int | None = None
 
     def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
         self.signals.append(signum)
@@ -135,6 +137,8 @@ class Runner:
             def on_renew(result: RenewResult) -> None:
                 if result.outcome is RenewOutcome.RENEWED:
                     guard.valid_until(self.keeper.valid_until())
+                elif result.outcome is RenewOutcome.LOST:
+                    self._wake.set()
 
             heartbeat = Heartbeat(self.keeper, on_renew)
             heartbeat.start()
@@ -144,21 +148,32 @@ class Runner:
                 heartbeat.stop(join_timeout=0.1)
             guard.finish()
 
+    def _reap(self, process: subprocess.Popen[bytes]) -> None:
+        """A blocking waitpid on its own thread: no polling while CMD works."""
+        self._exit_code = process.wait()
+        self._wake.set()
+
     def _wait(self, process: subprocess.Popen[bytes]) -> int:
+        """Sleep until CMD ends, the lease is lost, or the renew deadline; nothing polls."""
+        threading.Thread(
+            target=self._reap, args=(process,), name="cronlock-reap", daemon=True
+        ).start()
+        keeper = self.keeper
         while True:
-            try:
-                code = process.wait(CHECK_SECONDS)
-            except subprocess.TimeoutExpired:
-                if self.keeper.check_deadline() or self.keeper.lost:
-                    log.error(
-                        "lease %s lost: stopping CMD (SIGTERM, SIGKILL after %.1fs)",
-                        self.keeper.lease,
-                        self.options.kill_grace,
-                    )
-                    stop_group(process.pid, self.options.kill_grace)
-                    process.wait()
+            self._wake.clear()
+            code = self._exit_code
+            if code is not None:
+                if keeper.check_deadline() or keeper.lost:
                     return EXIT_SOFTWARE_LOST
-                continue
-            if self.keeper.check_deadline() or self.keeper.lost:
+                return 128 - code if code < 0 else code
+            if keeper.check_deadline() or keeper.lost:
+                log.error(
+                    "lease %s lost: stopping CMD (SIGTERM, SIGKILL after %.1fs)",
+                    keeper.lease,
+                    self.options.kill_grace,
+                )
+                stop_group(process.pid, self.options.kill_grace)
+                process.wait()
                 return EXIT_SOFTWARE_LOST
-            return 128 - code if code < 0 else code
+            # A renew moves the deadline later: waking at the old one only re-checks.
+            self._wake.wait(max(0.0, keeper.valid_until() - keeper.clock.monotonic()))

@@ -207,11 +207,17 @@ def test_restarted_hold_after_a_skip_stays_idle_without_api_calls(
 def test_hold_reports_loss_on_held_when_the_holder_changes(
     api_server: FakeApiServer, start_sidecar: Callable[..., Sidecar]
 ) -> None:
-    sidecar = start_sidecar("--ttl", "10s", "--renew", "300ms")
+    # ttl 3s: the renew deadline (2s) passes during the test, long after the takeover was
+    # seen; the renew thread and the main thread both see the loss, it counts once.
+    sidecar = start_sidecar("--ttl", "3s", "--renew", "300ms")
     wait_for(lambda: sidecar.get("/held")[0] == 200)
+    taken_at = time.monotonic()
     api_server.put_lease(lease_object("thief", transitions=50))
     wait_for(lambda: sidecar.get("/held")[0] == 503, timeout=3)
+    assert time.monotonic() - taken_at < 1.5, "seen at the next renew, not at the deadline"
     wait_for(lambda: "cronlock_sidecar_lost_total 1" in sidecar.get("/metrics")[1], timeout=2)
+    time.sleep(max(0.0, taken_at + 2.5 - time.monotonic()))
+    assert "cronlock_sidecar_lost_total 1\n" in sidecar.get("/metrics")[1]
     code, err = sidecar.terminate()
     assert code == 0
     assert "now held by thief" in err
