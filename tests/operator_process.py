@@ -63,6 +63,8 @@ class OperatorProcess:
     def start(self) -> None:
         env = dict(self.env, KUBECONFIG=str(self.kubeconfig))
         executable = Path(sys.executable).parent / "cronlock-operator"
+        # The log is appended across restarts: only this process's lines count.
+        offset = self.log_path.stat().st_size if self.log_path.exists() else 0
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
                 [str(executable), "--metrics-port", "0", "--liveness", "", *self.args],
@@ -71,7 +73,7 @@ class OperatorProcess:
                 stderr=subprocess.STDOUT,
             )
         wait_for(
-            lambda: "cronlock operator started" in self.log() or self._exited(),
+            lambda: "cronlock operator started" in self.log(offset) or self._exited(),
             timeout=30,
             what="the operator to start",
         )
@@ -100,8 +102,13 @@ class OperatorProcess:
         self.stop()
         self.start()
 
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+    def log(self, offset: int = 0) -> str:
+        """The log from byte `offset` on (the whole log by default)."""
+        if not self.log_path.exists():
+            return ""
+        with open(self.log_path, "rb") as log:
+            log.seek(offset)
+            return log.read().decode(errors="replace")
 
     def _exited(self) -> bool:
         return self.process is not None and self.process.poll() is not None
