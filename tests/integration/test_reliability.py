@@ -8,17 +8,23 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import subprocess
+import sys
 from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import kubernetes
 import pytest
 
 from tests.conftest import ControlPlane
 from tests.reliability.checker import (
+    CLOCK_AHEAD,
     CONTROL_PLANE_FAULTS,
     FREEZE,
     PROCESS_FAULTS,
+    ROOT,
     Checker,
     Cluster,
     Settings,
@@ -33,7 +39,8 @@ from tests.reliability.test_checker import (  # noqa: F401 - collected here: tes
 pytestmark = pytest.mark.controlplane
 
 # ttl 4s, renew 1s: the holder gives up after 2.7s without a renew, others take over after
-# renewTime + 6s; a lock left by a dead holder must be used again within 10s.
+# renewTime + 6s; a lock left by a dead holder must be used again within 10s. Contenders'
+# wall clocks are up to 1.5s apart (the model allows 2s: skew + ttl/3 - kill grace).
 SHORT = Settings(
     ttl=4.0,
     renew=1.0,
@@ -44,6 +51,7 @@ SHORT = Settings(
     work=(0.8, 1.5),
     wait_timeout=20.0,
     trial_timeout=60.0,
+    clock_spread=1.5,
 )
 
 
@@ -93,3 +101,38 @@ def test_the_checker_sees_the_overlap_a_host_frozen_past_the_ttl_causes(
     assert report["overlaps"] == 0  # no fault inside the guarantee was injected
     assert report["overlaps_outside_guarantee"] >= 1, report
     assert report["refused_stale_writes"] >= 1, report
+
+
+@pytest.mark.timeout(90)
+def test_a_contender_whose_clock_is_ahead_beyond_the_model_takes_the_lock_from_a_live_holder(
+    controlplane: ControlPlane, tmp_path: Path
+) -> None:
+    """Outside the guarantee, and why the clock bound in docs/RELIABILITY.md is real: a wall
+    clock ahead by more than ttl + skew sees the live holder's Lease as expired and takes it.
+    The holder finds out at its next renew and is stopped (exit 70), or its work unit is
+    still running when the new one starts (an overlap); its later writes are refused."""
+    report = check(controlplane, tmp_path, [CLOCK_AHEAD], trials=1)
+    assert report["faults"] == 1
+    assert report["fault_errors"] == 0, report["by_fault"]
+    assert report["overlaps"] == 0  # no fault inside the guarantee was injected
+    displaced = report["exit_codes"].get("70", 0)
+    assert displaced + report["overlaps_outside_guarantee"] >= 1, report
+
+
+@pytest.mark.parametrize("offset", [-20.0, 45.0])
+def test_a_skewed_contender_writes_its_own_wall_clock_into_the_lease(
+    controlplane: ControlPlane, api: kubernetes.client.ApiClient, namespace: str, offset: float
+) -> None:
+    """The checker's clock offsets are real: the Lease carries the skewed node's time."""
+    argv = [
+        sys.executable, "-m", "tests.reliability.skewed", f"{offset:+g}",
+        "run", "--lease", f"{namespace}/skewed", "--ttl", "30s", "--", "true",
+    ]  # fmt: skip
+    env = {**controlplane.env, "KUBECONFIG": str(controlplane.kubeconfig), "PYTHONPATH": str(ROOT)}
+    before = datetime.now(UTC)
+    result = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60, check=False)
+    after = datetime.now(UTC)
+    assert result.returncode == 0, result.stderr
+    lease = kubernetes.client.CoordinationV1Api(api).read_namespaced_lease("skewed", namespace)
+    acquired = lease.spec.acquire_time
+    assert before + timedelta(seconds=offset - 1) < acquired < after + timedelta(seconds=offset + 1)

@@ -5,7 +5,8 @@ unit that holds an exclusive, non-blocking `flock` on one local file for its who
 Two work units alive at once cannot both hold it: a failed `flock` is an overlap, whatever
 any clock says. Each work unit also appends its start and end (JSON lines, CLOCK_MONOTONIC,
 which all processes on the machine share) and writes its fencing token to a store that
-refuses tokens older than the newest it has seen.
+refuses tokens older than the newest it has seen. Each contender's wall clock is off by a
+random amount within `--clock-spread` (tests/reliability/skewed.py), as nodes' clocks are.
 
     .venv/bin/python -m tests.reliability.checker --trials 60 --contenders 4
 
@@ -55,10 +56,13 @@ CONTROL_PLANE_FAULTS = (
     "slow-network",
 )
 GUARANTEED_FAULTS = PROCESS_FAULTS + CONTROL_PLANE_FAULTS
-# Outside the guarantee: the whole holder frozen for longer than ttl + skew, then resumed.
-# Overlaps are expected there; the fencing store must refuse the stale holder's writes.
+# Outside the guarantee, overlaps are expected there; the fencing store must refuse the
+# stale holder's writes. The whole holder frozen for longer than ttl + skew, then resumed:
 FREEZE = "freeze-pod"
-ALL_FAULTS = (*GUARANTEED_FAULTS, FREEZE)
+# A contender whose wall clock is ahead by more than the model allows (ttl + skew + 1..3s):
+CLOCK_AHEAD = "clock-ahead"
+OUTSIDE_FAULTS = (FREEZE, CLOCK_AHEAD)
+ALL_FAULTS = (*GUARANTEED_FAULTS, *OUTSIDE_FAULTS)
 
 WORK = textwrap.dedent(
     """
@@ -117,11 +121,27 @@ class Settings:
     work: tuple[float, float] = (1.0, 2.5)
     wait_timeout: float = 30.0
     trial_timeout: float = 120.0
+    # Every contender's wall clock is off by a random amount in [-spread/2, +spread/2].
+    clock_spread: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.clock_spread < self.clock_bound:
+            raise ValueError(
+                f"clock spread {self.clock_spread:g}s is outside the guarantee: two clocks may "
+                f"differ by less than skew + ttl/3 - kill grace = {self.clock_bound:g}s "
+                f"(docs/RELIABILITY.md); use the {CLOCK_AHEAD} fault to go beyond it"
+            )
 
     @property
     def recovery_bound(self) -> float:
         """Longest a lock may stay unused after a fault: ttl + skew + slack."""
         return self.ttl + self.skew + self.slack
+
+    @property
+    def clock_bound(self) -> float:
+        """How far apart two contenders' wall clocks may be: skew + ttl/3 - kill grace."""
+        kill_grace = min(5.0, self.ttl / 3)  # the sidecar's default
+        return self.skew + self.ttl / 3 - kill_grace
 
 
 @dataclass
@@ -231,6 +251,10 @@ class Checker:
             )
         self.proxy = DelayingProxy("127.0.0.1", api_port(cluster.kubeconfig))
         self.trials: list[Trial] = []
+        self.offsets: list[float] = []
+        # Where the current trial's contenders go, for faults that start one of their own.
+        self._spawn: Callable[[float], subprocess.Popen[bytes]] | None = None
+        self._work = settings.work
 
     # --- the whole run ----------------------------------------------------------------
     def run(self, trials: int, faults_per_trial: int = 2) -> dict[str, Any]:
@@ -257,17 +281,18 @@ class Checker:
     def _plan(self, trials: int, per_trial: int) -> list[list[str]]:
         """Every fault kind as evenly as the trials allow, in random order.
 
-        A freeze beyond the TTL gets trials of its own (one per fault kind's share), so its
-        expected overlaps are never mixed with the faults inside the guarantee.
+        A fault outside the guarantee gets trials of its own (one per fault kind's share), so
+        its expected overlaps are never mixed with the faults inside the guarantee.
         """
-        guaranteed = [kind for kind in self.faults if kind != FREEZE]
-        plan: list[list[str]] = [] if self.faults == [FREEZE] else [[] for _ in range(trials)]
+        guaranteed = [kind for kind in self.faults if kind not in OUTSIDE_FAULTS]
+        outside = [kind for kind in OUTSIDE_FAULTS if kind in self.faults]
+        plan: list[list[str]] = [[] for _ in range(trials)] if not outside else []
         if guaranteed:
             kinds = [guaranteed[i % len(guaranteed)] for i in range(trials * per_trial)]
             self.random.shuffle(kinds)
             plan = [kinds[i * per_trial : (i + 1) * per_trial] for i in range(trials)]
-        if FREEZE in self.faults:
-            plan += [[FREEZE] for _ in range(max(1, trials // len(self.faults)))]
+        for kind in outside:
+            plan += [[kind] for _ in range(max(1, trials // len(self.faults)))]
         return plan
 
     def report(self, seconds: float) -> dict[str, Any]:
@@ -291,7 +316,7 @@ class Checker:
         codes: collections.Counter[int] = collections.Counter()
         for trial in self.trials:
             codes.update(trial.exit_codes)
-        guaranteed = [t for t in self.trials if all(f.kind != FREEZE for f in t.faults)]
+        guaranteed = [t for t in self.trials if all(f.kind not in OUTSIDE_FAULTS for f in t.faults)]
         return {
             "seed": self.seed,
             "settings": {**asdict(self.settings), "recovery_bound_s": bound},
@@ -308,6 +333,9 @@ class Checker:
             "timed_out_trials": sum(t.timed_out for t in self.trials),
             "fault_errors": sum(bool(f.error) for f in faults),
             "exit_codes": {str(code): count for code, count in sorted(codes.items())},
+            "clock_offsets_s": (
+                [round(min(self.offsets), 2), round(max(self.offsets), 2)] if self.offsets else None
+            ),
             "by_fault": by_kind,
             "seconds": round(seconds, 1),
         }
@@ -351,6 +379,11 @@ class Checker:
         started = time.monotonic()
         deadline = started + self.settings.trial_timeout
         stderr = open(directory / "contenders.log", "ab")  # noqa: SIM115 - closed in finally
+        self._spawn = lambda offset: self._contender(index, kubeconfig, directory, stderr, offset)
+        # A clock far ahead takes the Lease from a live holder only if the holder still works
+        # when the new contender has started up: its trials get longer work units.
+        longest = self.settings.work[1]
+        self._work = (2 * longest, 3 * longest) if CLOCK_AHEAD in kinds else self.settings.work
         try:
             while True:
                 now = time.monotonic()
@@ -419,17 +452,30 @@ class Checker:
         return all(state.recovery(fault) is not None for fault in trial.faults)
 
     def _contender(
-        self, trial: int, kubeconfig: Path, directory: Path, stderr: Any
+        self,
+        trial: int,
+        kubeconfig: Path,
+        directory: Path,
+        stderr: Any,
+        offset: float | None = None,
     ) -> subprocess.Popen[bytes]:
+        """A `run` contender; its wall clock `offset` seconds off (random within the spread)."""
         settings = self.settings
-        work = self.random.uniform(*settings.work)
+        work = self.random.uniform(*self._work)
+        if offset is None and settings.clock_spread:
+            offset = self.random.uniform(-settings.clock_spread / 2, settings.clock_spread / 2)
+            self.offsets.append(offset)
         env = {
             **self.cluster.env,
             "KUBECONFIG": str(kubeconfig),
             MARKER: self.mark,
         }
+        sidecar = [str(SIDECAR)]
+        if offset is not None:
+            env["PYTHONPATH"] = str(ROOT)
+            sidecar = [sys.executable, "-m", "tests.reliability.skewed", f"{offset:+.3f}"]
         argv = [
-            str(SIDECAR), "run",
+            *sidecar, "run",
             "--lease", f"{self.namespace}/lock-{trial}",
             "--ttl", f"{settings.ttl:g}s",
             "--renew", f"{settings.renew:g}s",
@@ -499,6 +545,19 @@ class Checker:
                     self._frozen([cmd_pid], seconds, then=[pid for pid in pod if pid != cmd_pid])
                 else:
                     self._frozen(targets, seconds)
+            elif fault.kind == CLOCK_AHEAD:
+                # One more contender, its wall clock so far ahead that the live holder's
+                # Lease looks expired to it at once.
+                offset = settings.ttl + settings.skew + self.random.uniform(1, 3)
+                if self._spawn is None:
+                    raise RuntimeError("no trial is running")
+                contender = self._spawn(offset)
+                try:
+                    code = contender.wait(timeout=settings.wait_timeout + settings.work[1] + 10)
+                except subprocess.TimeoutExpired:
+                    contender.kill()
+                    code = contender.wait()
+                fault.detail = f"+{offset:.1f}s, exit {code}"
             elif fault.kind == "slow-network":
                 delay = self.random.uniform(0.3, settings.ttl)
                 seconds = self.random.uniform(2, settings.ttl + 2)
@@ -647,12 +706,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--faults",
         default=",".join(GUARANTEED_FAULTS),
         help=f"comma-separated, from {', '.join(ALL_FAULTS)}, or 'none' "
-        f"(default: every fault inside the guarantee; add {FREEZE} to see what fencing is for)",
+        f"(default: every fault inside the guarantee; add {FREEZE} or {CLOCK_AHEAD} to see "
+        "what fencing is for)",
     )
     parser.add_argument("--ttl", type=float, default=6.0)
     parser.add_argument("--renew", type=float, default=1.0)
     parser.add_argument("--skew", type=float, default=2.0)
     parser.add_argument("--slack", type=float, default=4.0)
+    parser.add_argument(
+        "--clock-spread",
+        type=float,
+        default=1.5,
+        help="each contender's wall clock is off by a random amount in [-S/2, +S/2] "
+        "(default 1.5; must stay under skew + ttl/3 - kill grace)",
+    )
     parser.add_argument("--runs-per-trial", type=int, default=4)
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--env-dir", type=Path, default=ROOT / ".testenv" / "reliability")
@@ -666,6 +733,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         renew=args.renew,
         skew=args.skew,
         slack=args.slack,
+        clock_spread=args.clock_spread,
         contenders=args.contenders,
         runs_per_trial=args.runs_per_trial,
     )
