@@ -68,8 +68,8 @@ class PodSettings:
     ttl: int = 13  # the operator's minimum with the default 2s skew (docs/DECISIONS.md)
     renew: int = 2
     skew: float = float(contract.DEFAULT_SKEW_SECONDS)
-    # Pod start (sandbox, interpreter start of hold, gate and work unit) on a loaded machine.
-    slack: float = 6.0
+    # As checker.py: the contenders' 1s retry, process start, a loaded 2-core machine.
+    slack: float = 4.0
     contenders: int = 3
     runs_per_trial: int = 3
     work: tuple[float, float] = (3.0, 6.0)
@@ -375,7 +375,8 @@ class PodChecker:
         contenders: list[Contender] = []
         threads: list[tuple[PodFault, threading.Thread]] = []
         pending = list(trial.faults)
-        next_fault_after: float | None = None
+        targeted: set[int] = set()
+        next_fault: tuple[int, float] | None = None  # (work unit, when)
         spawn_after = 0.0
         started = time.monotonic()
         deadline = started + self.settings.trial_timeout
@@ -401,18 +402,22 @@ class PodChecker:
                     else:
                         contenders.append(contender)
                         spawn_after = now + 0.3
-                if pending and state.running and not busy:
-                    holder = state.running[-1]
-                    if next_fault_after is None:
-                        next_fault_after = holder.start + self.random.uniform(0.2, 1.0)
-                    elif now >= next_fault_after:
+                # Each fault hits a work unit no earlier fault has hit.
+                fresh = [start for start in state.running if start.pid not in targeted]
+                if pending and fresh and not busy:
+                    holder = fresh[-1]
+                    if next_fault is None or next_fault[0] != holder.pid:
+                        at = holder.start + self.random.uniform(0.2, 1.0)
+                        next_fault = (holder.pid, at)
+                    elif now >= next_fault[1]:
                         fault = pending.pop(0)
                         thread = threading.Thread(
                             target=self._inject, args=(fault, holder), daemon=True
                         )
                         thread.start()
                         threads.append((fault, thread))
-                        next_fault_after = None
+                        targeted.add(holder.pid)
+                        next_fault = None
                 if enough and not state.running:
                     break
                 if now >= deadline:
