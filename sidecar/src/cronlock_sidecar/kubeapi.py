@@ -1,8 +1,11 @@
-"""Lease requests on http.client: the kubernetes package alone costs more than our memory goal."""
+"""Lease requests on our own HTTP/1.1 client.
+
+The kubernetes package alone costs more than our memory goal, and `http.client` (with the
+`email` parser it imports) ~20 ms of a run's start-up; see `cronlock_sidecar.http11`.
+"""
 
 from __future__ import annotations
 
-import http.client
 import json
 import socket
 import ssl
@@ -10,6 +13,7 @@ import threading
 from typing import Any
 from urllib.parse import quote
 
+from cronlock_sidecar.http11 import Connection, ConnectionClosed, ProtocolError
 from cronlock_sidecar.kubeconfig import Cluster
 from cronlock_sidecar.transport import (
     ApiError,
@@ -24,7 +28,7 @@ from cronlock_sidecar.transport import (
 USER_AGENT = "cronlock-sidecar"
 DEFAULT_TIMEOUT = 5.0
 # A kept-alive connection the server closed in the meantime fails on first use like this.
-_STALE = (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError)
+_STALE = (ConnectionClosed, ConnectionResetError, BrokenPipeError)
 
 
 class KubeLeaseClient:
@@ -33,7 +37,7 @@ class KubeLeaseClient:
     def __init__(self, cluster: Cluster, timeout: float = DEFAULT_TIMEOUT) -> None:
         self.cluster = cluster
         self.timeout = timeout
-        self._idle: list[http.client.HTTPConnection] = []
+        self._idle: list[Connection] = []
         self._lock = threading.Lock()
 
     def get(self, lease: LeaseRef, *, timeout: float | None = None) -> Lease:
@@ -58,20 +62,18 @@ class KubeLeaseClient:
         for connection in idle:
             connection.close()
 
-    def _connection(self, timeout: float) -> tuple[http.client.HTTPConnection, bool]:
+    def _connection(self, timeout: float) -> tuple[Connection, bool]:
+        """A kept-alive connection if one is idle, else a new one (it connects on first use)."""
         with self._lock:
             if self._idle:
                 connection = self._idle.pop()
                 connection.timeout = timeout
-                if connection.sock is not None:
-                    connection.sock.settimeout(timeout)
                 return connection, True
         cluster = self.cluster
+        context = None
         if cluster.scheme == "https":
-            return http.client.HTTPSConnection(
-                cluster.host, cluster.port, timeout=timeout, context=cluster.ssl_context
-            ), False
-        return http.client.HTTPConnection(cluster.host, cluster.port, timeout=timeout), False
+            context = cluster.ssl_context or ssl.create_default_context()
+        return Connection(cluster.host, cluster.port, ssl_context=context, timeout=timeout), False
 
     def _request(
         self,
@@ -99,22 +101,21 @@ class KubeLeaseClient:
         for attempt in (1, 2):
             connection, reused = self._connection(limit)
             try:
-                connection.request(method, url, body=payload, headers=headers)
-                response = connection.getresponse()
-                status = response.status
-                raw = response.read()
+                status, _headers, raw, will_close = connection.request(
+                    method, url, headers, payload
+                )
             except _STALE as error:
                 connection.close()
                 if reused and attempt == 1:
                     continue
                 raise Unavailable(verb, lease, f"{self.cluster.server}: {error}") from error
-            except (OSError, http.client.HTTPException, ssl.SSLError) as error:
+            except (OSError, ProtocolError) as error:  # ssl.SSLError is an OSError
                 connection.close()
                 detail = "timed out" if isinstance(error, socket.timeout) else str(error)
                 raise Unavailable(
                     verb, lease, f"{self.cluster.server}: {detail or type(error).__name__}"
                 ) from error
-            if response.will_close:
+            if will_close:
                 connection.close()
             else:
                 with self._lock:
