@@ -278,9 +278,11 @@ class Connection:
                 raise ProtocolError("a chunk does not end with CRLF")
 
     def _to_end(self) -> bytes:
-        while self._fill():
+        while True:
             if len(self._buffer) > MAX_BODY:
                 raise ProtocolError(f"response body is over {MAX_BODY} bytes")
+            if not self._fill():
+                break
         body = bytes(self._buffer)
         self._buffer.clear()
         return body
