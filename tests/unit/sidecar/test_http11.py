@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import socket
+import ssl
 import subprocess
 import sys
 import threading
@@ -194,7 +195,7 @@ def test_a_request_is_framed_as_http11_with_host_and_content_length(
 def test_the_host_header_has_the_port_unless_default_and_brackets_ipv6(
     host: str, port: int, tls: bool, expected: str
 ) -> None:
-    context = http11.ssl.create_default_context() if tls else None
+    context = ssl.create_default_context() if tls else None
     assert Connection(host, port, ssl_context=context).host_header == expected
 
 
