@@ -577,7 +577,9 @@ class PodChecker:
         for contender in contenders:
             if contender.worker is not None:
                 contender.worker.finished.wait(max(0.0, deadline - time.monotonic()))
-            contender.done = True
+            if not contender.done:
+                # Still deciding or waiting for the lock when the trial had enough.
+                contender.done, contender.outcome = True, "stopped-at-trial-end"
 
     # --- faults -------------------------------------------------------------------------------
     def _inject(self, fault: PodFault, holder: _Start) -> None:
