@@ -7,7 +7,8 @@ framed by Content-Length, chunked transfer coding or the connection's end.
 
 Every socket operation of a request (connect, TLS handshake, send, each receive) is
 bounded by what is left of the request's timeout, so a whole request never takes longer
-than that; running out raises `TimeoutError` (`socket.timeout`, "timed out").
+than that; running out raises `TimeoutError` (`socket.timeout`, "timed out"). Name
+resolution (getaddrinfo) is not bounded, as with `http.client`.
 """
 
 from __future__ import annotations
