@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from pathlib import Path
 
 from cronlock_sidecar.contract import DECISION_FILE, FENCING_TOKEN_FILE, LEASE_FILE
@@ -15,6 +14,8 @@ DECISIONS = ("run", "skip", "unavailable")
 
 def write_atomically(path: Path, text: str) -> None:
     """Readers see the old file or the whole new one, never a half-written one."""
+    import tempfile  # here, not at the top: `gate` only reads, and it costs ~4 ms to import
+
     descriptor, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
         with os.fdopen(descriptor, "w", encoding="utf-8") as handle:

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 Lease = dict[str, Any]
 
 
-@dataclass(frozen=True)
-class LeaseRef:
+class LeaseRef(NamedTuple):
     """Where a Lease lives: `namespace/name`, as users write it."""
 
     namespace: str

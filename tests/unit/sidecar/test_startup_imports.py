@@ -1,0 +1,160 @@
+"""A short `run` is mostly interpreter start-up and imports: keep heavy modules off its path.
+
+`cronlock-sidecar run -- true` has a wall-time goal (at most twice one `kubectl get lease`),
+and what it imports before its first request is most of what it costs. These checks import
+the modules of a path in a fresh interpreter and name what must not come along, so a new
+top-level import of one of them fails here instead of quietly slowing every run.
+(test_http11.py checks the HTTP client's part, http.client and email, on its own.)
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+from cronlock_sidecar.kubeconfig import Cluster
+from cronlock_sidecar.lease import Acquired, Busy, RenewOutcome, RenewResult, Timing
+from cronlock_sidecar.options import Options, parse_options
+from cronlock_sidecar.transport import LeaseRef
+
+# What `cli.main` imports for `run` (the `run` module itself is imported inside main()).
+RUN_PATH = ("cronlock_sidecar.cli", "cronlock_sidecar.run", "cronlock_sidecar.kubeapi")
+GATE_PATH = ("cronlock_sidecar.cli", "cronlock_sidecar.gate")
+
+# Module -> why it is not needed at start-up (and roughly what it cost, measured with
+# `python -X importtime` on the benchmark machine).
+NOT_ON_THE_RUN_PATH = {
+    "dataclasses": "records are NamedTuples or plain classes (~6 ms with inspect and ast)",
+    "inspect": "came with dataclasses",
+    "ast": "came with dataclasses",
+    "tempfile": "only a kubeconfig with inline client key data needs it (~4 ms)",
+    "shutil": "came with tempfile",
+    "random": "came with tempfile",
+    "secrets": "the random identity suffix is os.urandom(4).hex() (~2 ms with hashlib, hmac)",
+    "hashlib": "came with secrets",
+    "hmac": "came with secrets",
+    "http.client": "the sidecar has its own HTTP/1.1 client (~21 ms with email)",
+    "email": "came with http.client",
+    "yaml": "a JSON kubeconfig is read without it; YAML is parsed only when met",
+}
+
+
+def imported_by(modules: tuple[str, ...]) -> set[str]:
+    """Every module in sys.modules of a fresh interpreter after importing `modules`."""
+    code = (
+        "import importlib, json, sys\n"
+        f"for name in {list(modules)!r}:\n"
+        "    importlib.import_module(name)\n"
+        "print(json.dumps(sorted(sys.modules)))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    return set(json.loads(result.stdout))
+
+
+def heavy(loaded: set[str], names: list[str]) -> list[str]:
+    return sorted(
+        module for module in loaded if any(module == n or module.startswith(n + ".") for n in names)
+    )
+
+
+def test_the_run_path_imports_none_of_the_modules_it_does_not_need_at_start_up() -> None:
+    loaded = imported_by(RUN_PATH)
+    assert heavy(loaded, list(NOT_ON_THE_RUN_PATH)) == []
+
+
+def test_the_gate_path_does_not_import_tempfile_or_dataclasses() -> None:
+    # gate only reads the decision file; writing it (tempfile) is hold's job.
+    loaded = imported_by(GATE_PATH)
+    assert heavy(loaded, ["tempfile", "dataclasses", "http.client", "email"]) == []
+
+
+def test_the_import_check_sees_a_module_that_is_imported() -> None:
+    # Guards the guard: the subprocess really reports what it imported.
+    assert "tempfile" in imported_by(("tempfile",))
+
+
+# The records that were frozen dataclasses keep what callers relied on.
+RECORDS = [
+    LeaseRef(namespace="default", name="cronlock-report"),
+    Timing(ttl=60, renew=20, skew=2),
+    Acquired(
+        lease=LeaseRef("default", "cronlock-report"),
+        holder="pod-a",
+        transitions=3,
+        acquire_time="2026-01-01T00:00:00.000000Z",
+        resumed=False,
+        reason="free",
+    ),
+    Busy(lease=LeaseRef("default", "cronlock-report"), holder="pod-b", renewed_ago=1, expires_in=2),
+    RenewResult(RenewOutcome.FAILED, "timed out"),
+    parse_options(["run", "--lease", "default/cronlock-report", "--", "true"], {}),
+]
+
+
+@pytest.mark.parametrize("record", RECORDS, ids=lambda record: type(record).__name__)
+def test_records_stay_immutable_hashable_and_equal_by_value(record: Any) -> None:
+    with pytest.raises(AttributeError):
+        setattr(record, record._fields[0], None)
+    rebuilt = type(record)(**record._asdict())  # keyword construction
+    assert record == rebuilt
+    assert record is not rebuilt
+    assert hash(record) == hash(rebuilt)
+    assert record  # truthy, as a dataclass instance was
+
+
+def test_record_defaults_properties_and_methods_are_kept() -> None:
+    assert RenewResult(RenewOutcome.RENEWED).detail == ""
+    assert str(LeaseRef("default", "cronlock-report")) == "default/cronlock-report"
+    assert repr(LeaseRef("default", "x")) == "LeaseRef(namespace='default', name='x')"
+    timing = Timing(ttl=10.5, renew=3, skew=2)
+    assert timing.lease_duration_seconds == 11
+    assert timing.renew_deadline == pytest.approx(7.0)
+    options = RECORDS[-1]
+    assert isinstance(options, Options)
+    assert options.timing == Timing(ttl=60.0, renew=20.0, skew=2.0)
+    assert not options.wait
+    assert options.gate_timeout == 60.0
+    busy = RECORDS[3]
+    assert isinstance(busy, Busy)
+    assert busy.message().startswith("already running: lease default/cronlock-report held by pod-b")
+
+
+def test_acquired_and_busy_stay_distinct_types() -> None:
+    acquired, busy = RECORDS[2], RECORDS[3]
+    assert acquired != busy
+    assert isinstance(acquired, Acquired)
+    assert not isinstance(acquired, Busy)
+    assert isinstance(busy, Busy)
+    assert not isinstance(busy, Acquired)
+
+
+def test_cluster_keeps_dataclass_behaviour() -> None:
+    cluster = Cluster(server="https://example:6443", ssl_context=None, token="t")  # noqa: S106
+    same = Cluster("https://example:6443", None, "t")
+    assert cluster == same
+    assert cluster != Cluster("https://example:6443", None, "other")
+    assert cluster.token_file is None
+    assert cluster.namespace == ""
+    assert cluster.source == ""
+    assert (cluster.host, cluster.port, cluster.scheme, cluster.base_path) == (
+        "example",
+        6443,
+        "https",
+        "",
+    )
+    assert cluster.bearer_token() == "t"
+    assert repr(cluster) == (
+        "Cluster(server='https://example:6443', ssl_context=None, token='t', "
+        "token_file=None, namespace='', source='')"
+    )
+    cluster.namespace = "team-a"  # mutable, as the dataclass was
+    assert cluster.namespace == "team-a"
+    assert cluster != same
+    with pytest.raises(TypeError):
+        hash(cluster)  # unhashable, as an eq=True, non-frozen dataclass was
