@@ -77,6 +77,8 @@ class PodSettings:
     trial_timeout: float = 240.0
     # How long a restarted operator may take to bring the CronJob to what it asks for.
     settle_timeout: float = 30.0
+    # kill-operator: SIGKILL this long (uniform from 0) after the patch that starts a reconcile.
+    operator_kill_window: float = 0.5
     # A Job whose pod the runner has not started after this is given up.
     pod_timeout: float = 60.0
 
@@ -648,7 +650,7 @@ class PodChecker:
         current = (before["metadata"].get("annotations") or {}).get(contract.ANNOTATION_TTL)
         low, high = self.settings.ttls
         ttl = high if current == f"{low}s" else low
-        delay = self.random.uniform(0.0, 0.5)
+        delay = self.random.uniform(0.0, self.settings.operator_kill_window)
         self.batch.patch_namespaced_cron_job(
             name,
             self.namespace,
@@ -780,6 +782,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--ttl", type=int, default=defaults.ttl)
     parser.add_argument("--renew", type=int, default=defaults.renew)
     parser.add_argument("--slack", type=float, default=defaults.slack)
+    parser.add_argument(
+        "--operator-kill-window",
+        type=float,
+        default=defaults.operator_kill_window,
+        help="kill-operator: SIGKILL up to this many seconds after the patch (default 0.5)",
+    )
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--env-dir", type=Path, default=ROOT / ".testenv" / "reliability-pods")
     parser.add_argument("--keep-controlplane", action="store_true")
@@ -793,6 +801,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ttl=args.ttl,
         renew=args.renew,
         slack=args.slack,
+        operator_kill_window=args.operator_kill_window,
         contenders=args.contenders,
         runs_per_trial=args.runs_per_trial,
     )
