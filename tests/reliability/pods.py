@@ -796,6 +796,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if os.geteuid() != 0:
         parser.error("needs root: every pod gets its own network and mount namespaces")
     faults = [] if args.faults == "none" else [f for f in args.faults.split(",") if f]
+    # Volume sources are bind-mounted from inside the pods, whose cwd is /: absolute only.
+    env_dir = args.env_dir.resolve()
     seed = args.seed if args.seed is not None else secrets.randbelow(2**31)
     settings = PodSettings(
         ttl=args.ttl,
@@ -809,10 +811,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     def log(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
 
+    # SIGTERM unwinds like Ctrl-C: pods, operator and control plane are stopped on the way out.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     namespace = f"cronlock-pods-{secrets.token_hex(3)}"
     with (
-        own_controlplane(args.env_dir, args.keep_controlplane) as cluster,
-        operator_and_runner(cluster.kubeconfig, cluster.env, args.env_dir) as (
+        own_controlplane(env_dir, args.keep_controlplane) as cluster,
+        operator_and_runner(cluster.kubeconfig, cluster.env, env_dir) as (
             api,
             operator,
             runner,
