@@ -985,7 +985,8 @@ class PodRunner:
         bin_dir: Path = VENV_BIN,
     ) -> None:
         self.kubeconfig = kubeconfig
-        self.state_dir = state_dir
+        # Containers start in /: a relative state dir would not be found from there.
+        self.state_dir = state_dir.resolve()
         self.node = node
         self.bin_dir = bin_dir
         configuration = kubernetes.client.Configuration()
