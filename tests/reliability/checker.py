@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 import yaml
@@ -185,6 +185,36 @@ class Trial:
     seconds: float = 0.0
 
 
+class TrialCounts(Protocol):
+    """What a fault row needs of a trial (checker.py's and pods.py's trials)."""
+
+    index: int
+    overlaps: int
+    refused: int
+
+    @property
+    def faults(self) -> Sequence[Fault]: ...
+
+
+def fault_rows(trials: Sequence[TrialCounts], bound: float) -> dict[str, dict[str, Any]]:
+    """Per fault kind: faults, overlaps and refused writes in its trials, delays, recovery."""
+    faults = [fault for trial in trials for fault in trial.faults]
+    rows: dict[str, dict[str, Any]] = {}
+    for kind in sorted({fault.kind for fault in faults}):
+        mine = [fault for fault in faults if fault.kind == kind]
+        trials_with = {fault.trial for fault in mine}
+        recoveries = [fault.recovery for fault in mine if fault.recovery is not None]
+        rows[kind] = {
+            "faults": len(mine),
+            "overlaps": sum(t.overlaps for t in trials if t.index in trials_with),
+            "refused_stale_writes": sum(t.refused for t in trials if t.index in trials_with),
+            "delayed": sum(fault.summary(bound)["delayed"] for fault in mine),
+            "recovery_max_s": round(max(recoveries), 2) if recoveries else None,
+            "errors": [fault.error for fault in mine if fault.error],
+        }
+    return rows
+
+
 @dataclass
 class Cluster:
     """Where contenders go: a kubeconfig, the env for kubectl, and the control plane's pids."""
@@ -298,21 +328,7 @@ class Checker:
     def report(self, seconds: float) -> dict[str, Any]:
         bound = self.settings.recovery_bound
         faults = [fault for trial in self.trials for fault in trial.faults]
-        by_kind: dict[str, dict[str, Any]] = {}
-        for kind in sorted({fault.kind for fault in faults}):
-            mine = [fault for fault in faults if fault.kind == kind]
-            trials_with = {fault.trial for fault in mine}
-            recoveries = [fault.recovery for fault in mine if fault.recovery is not None]
-            by_kind[kind] = {
-                "faults": len(mine),
-                "overlaps": sum(t.overlaps for t in self.trials if t.index in trials_with),
-                "refused_stale_writes": sum(
-                    t.refused for t in self.trials if t.index in trials_with
-                ),
-                "delayed": sum(fault.summary(bound)["delayed"] for fault in mine),
-                "recovery_max_s": round(max(recoveries), 2) if recoveries else None,
-                "errors": [fault.error for fault in mine if fault.error],
-            }
+        by_kind = fault_rows(self.trials, bound)
         codes: collections.Counter[int] = collections.Counter()
         for trial in self.trials:
             codes.update(trial.exit_codes)

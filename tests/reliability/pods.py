@@ -44,7 +44,15 @@ from tests.conftest import ControlPlane, make_service_account_kubeconfig
 from tests.e2e.podrunner import PodRunner, PodWorker, ProcessRecord
 from tests.kube import job_from_cronjob
 from tests.operator_process import OperatorProcess, install_chart_rbac, render_chart
-from tests.reliability.checker import TICK, WORK, Fault, _Start, _TrialState, own_controlplane
+from tests.reliability.checker import (
+    TICK,
+    WORK,
+    Fault,
+    _Start,
+    _TrialState,
+    fault_rows,
+    own_controlplane,
+)
 from tests.reliability.faults import ControlPlaneProcesses, signal_all
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -324,24 +332,12 @@ class PodChecker:
         """checker.py's report, plus corrupted CronJobs and how each pod ended."""
         bound = self.settings.recovery_bound
         faults = [fault for trial in self.trials for fault in trial.faults]
-        by_kind: dict[str, dict[str, Any]] = {}
-        for kind in sorted({fault.kind for fault in faults}):
+        by_kind = fault_rows(self.trials, bound)
+        for kind, row in by_kind.items():
             mine = [fault for fault in faults if fault.kind == kind]
-            trials_with = {fault.trial for fault in mine}
-            recoveries = [fault.recovery for fault in mine if fault.recovery is not None]
-            by_kind[kind] = {
-                "faults": len(mine),
-                "overlaps": sum(t.overlaps for t in self.trials if t.index in trials_with),
-                "refused_stale_writes": sum(
-                    t.refused for t in self.trials if t.index in trials_with
-                ),
-                "delayed": sum(fault.summary(bound)["delayed"] for fault in mine),
-                "recovery_max_s": round(max(recoveries), 2) if recoveries else None,
-                "corrupted_cronjobs": sum(fault.corrupted for fault in mine),
-                "killed_before_the_patch": sum(fault.before_patch for fault in mine),
-                "details": [fault.detail for fault in mine],
-                "errors": [fault.error for fault in mine if fault.error],
-            }
+            row["corrupted_cronjobs"] = sum(fault.corrupted for fault in mine)
+            row["killed_before_the_patch"] = sum(fault.before_patch for fault in mine)
+            row["details"] = [fault.detail for fault in mine]
         outcomes: collections.Counter[str] = collections.Counter()
         for trial in self.trials:
             outcomes.update(trial.outcomes)
