@@ -171,21 +171,27 @@ class Fault:
         }
 
 
-@dataclass
-class Trial:
-    index: int
-    faults: list[Fault]
+@dataclass(kw_only=True)
+class Counts:
+    """What the work units of one trial did, as their events tell (`_TrialState.tally`)."""
+
     runs: int = 0
     completed: int = 0
     stopped: int = 0
     overlaps: int = 0
     refused: int = 0
-    exit_codes: dict[int, int] = field(default_factory=dict)
     timed_out: bool = False
     seconds: float = 0.0
 
 
-class TrialCounts(Protocol):
+@dataclass
+class Trial(Counts):
+    index: int
+    faults: list[Fault]
+    exit_codes: dict[int, int] = field(default_factory=dict)
+
+
+class FaultedTrial(Protocol):
     """What a fault row needs of a trial (checker.py's and pods.py's trials)."""
 
     index: int
@@ -196,7 +202,7 @@ class TrialCounts(Protocol):
     def faults(self) -> Sequence[Fault]: ...
 
 
-def fault_rows(trials: Sequence[TrialCounts], bound: float) -> dict[str, dict[str, Any]]:
+def fault_rows(trials: Sequence[FaultedTrial], bound: float) -> dict[str, dict[str, Any]]:
     """Per fault kind: faults, overlaps and refused writes in its trials, delays, recovery."""
     faults = [fault for trial in trials for fault in trial.faults]
     rows: dict[str, dict[str, Any]] = {}
@@ -442,14 +448,7 @@ class Checker:
             self.proxy.delay = 0.0
             self._stop(slots, trial)
             stderr.close()
-        state.read()
-        trial.runs = len(state.starts)
-        trial.completed = state.counts["end"]
-        trial.stopped = state.counts["stopped"]
-        trial.overlaps = state.counts["overlap"]
-        trial.refused = state.counts["refused"]
-        for fault in trial.faults:
-            fault.recovery = state.recovery(fault)
+        state.tally(trial, trial.faults)
         trial.seconds = time.monotonic() - started
         return trial
 
@@ -667,6 +666,17 @@ class _TrialState:
                     start.last_seen = now
                 else:
                     start.ended = True
+
+    def tally(self, counts: Counts, faults: Sequence[Fault]) -> None:
+        """Read the last events into `counts`, and each fault's recovery into it."""
+        self.read()
+        counts.runs = len(self.starts)
+        counts.completed = self.counts["end"]
+        counts.stopped = self.counts["stopped"]
+        counts.overlaps = self.counts["overlap"]
+        counts.refused = self.counts["refused"]
+        for fault in faults:
+            fault.recovery = self.recovery(fault)
 
     @property
     def running(self) -> list[_Start]:

@@ -47,6 +47,7 @@ from tests.operator_process import OperatorProcess, install_chart_rbac, render_c
 from tests.reliability.checker import (
     TICK,
     WORK,
+    Counts,
     Fault,
     _Start,
     _TrialState,
@@ -129,20 +130,13 @@ class Contender:
 
 
 @dataclass
-class PodTrial:
+class PodTrial(Counts):
     index: int
     faults: list[PodFault]
-    runs: int = 0
-    completed: int = 0
-    stopped: int = 0
-    overlaps: int = 0
-    refused: int = 0
     jobs: int = 0
     outcomes: dict[str, int] = field(default_factory=dict)
     # Jobs that could not be made because the CronJob was not fully injected.
     bad_templates: list[str] = field(default_factory=list)
-    timed_out: bool = False
-    seconds: float = 0.0
 
 
 # --- what a consistent injection is ------------------------------------------------------------
@@ -436,18 +430,11 @@ class PodChecker:
             if self.operator.process is None:
                 self.operator.start()
             self._stop(contenders)
-        state.read()
-        trial.runs = len(state.starts)
-        trial.completed = state.counts["end"]
-        trial.stopped = state.counts["stopped"]
-        trial.overlaps = state.counts["overlap"]
-        trial.refused = state.counts["refused"]
+        state.tally(trial, trial.faults)
         trial.jobs = len(contenders)
         for contender in contenders:
             name = contender.outcome or outcome(contender.worker)
             trial.outcomes[name] = trial.outcomes.get(name, 0) + 1
-        for fault in trial.faults:
-            fault.recovery = state.recovery(fault)
         trial.seconds = time.monotonic() - started
         return trial
 
