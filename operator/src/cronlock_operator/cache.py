@@ -1,17 +1,21 @@
-"""The operator's copy of watched objects, kept as compact JSON to bound its memory.
+"""The operator's copy of watched objects, kept as compressed compact JSON to bound memory.
 
 A parsed CronJob costs ten times its JSON in Python objects; with 10,000 CronJobs the
 parsed copies alone would pass the operator's memory budget. Objects are parsed again
-only when a worker needs them. `managedFields` is dropped: nothing here reads it.
+only when a worker needs them. `managedFields` is dropped: nothing here reads it. The
+JSON is zlib-compressed (level 1): an injected CronJob's 3-4 KB become about a third of
+that, for some 80 µs per write and 10 µs per read, next to 20-30 µs to parse it anyway.
 """
 
 from __future__ import annotations
 
 import json
+import zlib
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 Key = tuple[str, str]
+LEVEL = 1
 
 
 class ObjectCache:
@@ -24,7 +28,7 @@ class ObjectCache:
         metadata = body["metadata"]
         key = (str(metadata["namespace"]), str(metadata["name"]))
         slim = {**body, "metadata": {k: v for k, v in metadata.items() if k != "managedFields"}}
-        self._objects[key] = json.dumps(slim, separators=(",", ":")).encode()
+        self._objects[key] = zlib.compress(json.dumps(slim, separators=(",", ":")).encode(), LEVEL)
         return key
 
     def pop(self, key: Key) -> None:
@@ -34,17 +38,20 @@ class ObjectCache:
         data = self._objects.get(key)
         if data is None:
             return None
-        body: dict[str, Any] = json.loads(data)
-        return body
+        return _load(data)
 
     def in_namespace(self, namespace: str) -> Iterator[dict[str, Any]]:
         for (space, _), data in list(self._objects.items()):
             if space == namespace:
-                body: dict[str, Any] = json.loads(data)
-                yield body
+                yield _load(data)
 
     def __contains__(self, key: object) -> bool:
         return key in self._objects
 
     def __len__(self) -> int:
         return len(self._objects)
+
+
+def _load(data: bytes) -> dict[str, Any]:
+    body: dict[str, Any] = json.loads(zlib.decompress(data))
+    return body
