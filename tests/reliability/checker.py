@@ -19,9 +19,7 @@ from __future__ import annotations
 import argparse
 import collections
 import json
-import os
 import random
-import re
 import secrets
 import signal
 import subprocess
@@ -38,6 +36,7 @@ from urllib.parse import urlsplit
 
 import yaml
 
+from tests.kube import controlplane_env, stop_controlplane
 from tests.reliability.faults import ControlPlaneProcesses, alive, children, signal_all, sweep
 from tests.reliability.proxy import DelayingProxy
 
@@ -702,23 +701,42 @@ class _TrialState:
 @contextmanager
 def own_controlplane(env_dir: Path, keep: bool = False) -> Iterator[Cluster]:
     """Start tests/controlplane in env_dir (or reuse it if it runs), stop it unless `keep`."""
-    env = dict(os.environ, CRONLOCK_TESTENV_DIR=str(env_dir))
-    controlplane = ROOT / "tests" / "controlplane"
-    result = subprocess.run(
-        [str(controlplane / "up")], env=env, capture_output=True, text=True, check=False
-    )
-    if result.returncode != 0:
-        raise SystemExit(f"tests/controlplane/up failed:\n{result.stderr}{result.stdout}")
-    for line in result.stdout.splitlines():
-        match = re.fullmatch(r"export (\w+)=(.*)", line)
-        if match:
-            env[match.group(1)] = os.path.expandvars(match.group(2).strip("'"))
+    try:
+        env = controlplane_env(env_dir)
+    except RuntimeError as error:
+        raise SystemExit(str(error)) from error
     try:
         yield Cluster(Path(env["KUBECONFIG"]), env, env_dir)
     finally:
         ControlPlaneProcesses(env_dir, env).resume_all()
         if not keep:
-            subprocess.run([str(controlplane / "down")], env=env, capture_output=True, check=False)
+            stop_controlplane(env)
+
+
+def add_common_arguments(parser: argparse.ArgumentParser, env_dir: Path) -> None:
+    """--seed, --env-dir, --keep-controlplane and --output, as both checkers take them."""
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--env-dir", type=Path, default=env_dir)
+    parser.add_argument("--keep-controlplane", action="store_true")
+    parser.add_argument("--output", type=Path, default=None, help="also write the JSON here")
+
+
+def fault_list(text: str) -> list[str]:
+    """`--faults`: comma-separated kinds, or 'none'."""
+    return [] if text == "none" else [kind for kind in text.split(",") if kind]
+
+
+def seed_of(seed: int | None) -> int:
+    """The given seed, or a random one (printed in the report, so a run can be replayed)."""
+    return seed if seed is not None else secrets.randbelow(2**31)
+
+
+def publish(report: dict[str, Any], output: Path | None) -> None:
+    """The report as JSON on stdout, and in `output` if given."""
+    text = json.dumps(report, indent=2)
+    print(text)
+    if output is not None:
+        output.write_text(text + "\n")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -747,13 +765,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "(default 1.5; must stay under skew + ttl/3 - kill grace)",
     )
     parser.add_argument("--runs-per-trial", type=int, default=4)
-    parser.add_argument("--seed", type=int, default=None)
-    parser.add_argument("--env-dir", type=Path, default=ROOT / ".testenv" / "reliability")
-    parser.add_argument("--keep-controlplane", action="store_true")
-    parser.add_argument("--output", type=Path, default=None, help="also write the JSON here")
+    add_common_arguments(parser, ROOT / ".testenv" / "reliability")
     args = parser.parse_args(argv)
-    faults = [] if args.faults == "none" else [f for f in args.faults.split(",") if f]
-    seed = args.seed if args.seed is not None else secrets.randbelow(2**31)
+    faults = fault_list(args.faults)
+    seed = seed_of(args.seed)
     settings = Settings(
         ttl=args.ttl,
         renew=args.renew,
@@ -773,10 +788,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             log=lambda line: print(line, file=sys.stderr, flush=True),
         )
         report = checker.run(args.trials, args.faults_per_trial)
-    text = json.dumps(report, indent=2)
-    print(text)
-    if args.output is not None:
-        args.output.write_text(text + "\n")
+    publish(report, args.output)
     ok = report["overlaps"] == 0 and report["delayed"] == 0 and report["timed_out_trials"] == 0
     return 0 if ok else 1
 

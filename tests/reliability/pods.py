@@ -51,8 +51,12 @@ from tests.reliability.checker import (
     Fault,
     _Start,
     _TrialState,
+    add_common_arguments,
+    fault_list,
     fault_rows,
     own_controlplane,
+    publish,
+    seed_of,
 )
 from tests.reliability.faults import ControlPlaneProcesses, signal_all
 
@@ -778,17 +782,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=defaults.operator_kill_window,
         help="kill-operator: SIGKILL up to this many seconds after the patch (default 0.03)",
     )
-    parser.add_argument("--seed", type=int, default=None)
-    parser.add_argument("--env-dir", type=Path, default=ROOT / ".testenv" / "reliability-pods")
-    parser.add_argument("--keep-controlplane", action="store_true")
-    parser.add_argument("--output", type=Path, default=None, help="also write the JSON here")
+    add_common_arguments(parser, ROOT / ".testenv" / "reliability-pods")
     args = parser.parse_args(argv)
     if os.geteuid() != 0:
         parser.error("needs root: every pod gets its own network and mount namespaces")
-    faults = [] if args.faults == "none" else [f for f in args.faults.split(",") if f]
+    faults = fault_list(args.faults)
     # Volume sources are bind-mounted from inside the pods, whose cwd is /: absolute only.
     env_dir = args.env_dir.resolve()
-    seed = args.seed if args.seed is not None else secrets.randbelow(2**31)
+    seed = seed_of(args.seed)
     settings = PodSettings(
         ttl=args.ttl,
         renew=args.renew,
@@ -826,10 +827,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         log(f"seed {seed}; work units' files under {checker.workdir}")
         report = checker.run(args.trials, args.faults_per_trial)
-    text = json.dumps(report, indent=2)
-    print(text)
-    if args.output is not None:
-        args.output.write_text(text + "\n")
+    publish(report, args.output)
     ok = (
         report["overlaps"] == 0
         and report["delayed"] == 0
