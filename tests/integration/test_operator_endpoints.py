@@ -98,7 +98,9 @@ def test_metrics_liveness_and_json_logs(
     assert status == 200
 
     def injected_logged() -> bool:
-        lines = [line for line in process.log().splitlines() if line.strip()]
+        # The last line may still be being written: only complete lines are read.
+        complete = process.log().rpartition("\n")[0]
+        lines = [line for line in complete.splitlines() if line.strip()]
         records = [json.loads(line) for line in lines]  # every line is JSON
         return any("Injected" in str(record.get("message")) for record in records)
 
