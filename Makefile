@@ -1,13 +1,15 @@
 # The two commands a newcomer needs: `make demo` and `make test`. Both set up
-# everything themselves: the virtualenv, the Python packages and the local
-# Kubernetes control plane (built once, cached under ~/.cache/cronlock).
+# everything themselves: the Debian packages the node needs (runc, CNI plugins,
+# buildah, mmdebstrap), the virtualenv, the Python packages, the local Kubernetes
+# control plane and real node (built once, cached under ~/.cache/cronlock) and the
+# images built from our Dockerfile.
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck unit integration e2e benchmarks controlplane up down lock clean
+.PHONY: demo test lint typecheck unit integration e2e benchmarks controlplane images up down lock clean
 
 $(STAMP): requirements-dev.lock pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -18,6 +20,7 @@ $(STAMP): requirements-dev.lock pyproject.toml
 venv: $(STAMP)
 
 controlplane:
+	@tests/controlplane/host-packages
 	@tests/controlplane/build >/dev/null
 
 demo: $(STAMP) controlplane
@@ -50,11 +53,18 @@ test: $(STAMP) controlplane
 benchmarks: $(STAMP) controlplane
 	$(PY) -m tests.benchmarks $(BENCH_ARGS)
 
+# The control plane alone (tests/controlplane/up), or with the real node:
+#   eval "$$(make -s up)"; eval "$$(tests/controlplane/node up)"
 up: controlplane
 	@tests/controlplane/up
 
 down:
+	@tests/controlplane/node down
 	@tests/controlplane/down
+
+# The images the real node runs, built from the Dockerfile by buildah (no Docker needed).
+images: controlplane
+	@tests/controlplane/images
 
 # Regenerate the hash-pinned lock files after changing dependencies in pyproject.toml.
 lock:

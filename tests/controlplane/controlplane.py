@@ -34,8 +34,20 @@ CONTROLLERS = ",".join(
         "root-ca-certificate-publisher-controller",
         "ttl-after-finished-controller",
         "clusterrole-aggregation-controller",
+        # For the real node (tests/controlplane/node): marks it Ready/NotReady and
+        # taints it when its kubelet stops reporting. Idle while there is no Node.
+        "node-lifecycle-controller",
     ]
 )
+# Service ClusterIPs come from TEST-NET-3 (RFC 5737, documentation only), never a
+# private range; the `kubernetes` Service gets the first one. The real node relays
+# that address to this API server (tests/controlplane/node.py).
+SERVICE_CIDR = "203.0.113.0/24"
+KUBERNETES_SERVICE_IP = "203.0.113.1"
+# The host's end of the link to the real node's network namespace (TEST-NET-2); the
+# node's kubelet reaches this API server there. (Not TEST-NET-1: sandboxes like ours
+# use 192.0.2.0/24 for their own uplink.)
+NODE_LINK_HOST_IP = "198.51.100.1"
 READY_TIMEOUT = 120.0
 
 
@@ -100,7 +112,8 @@ def make_pki(pki: Path) -> None:
     ext = pki / "server.ext"
     ext.write_text(
         "subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:kubernetes,"
-        "DNS:kubernetes.default,DNS:kubernetes.default.svc,IP:10.0.0.1\n"
+        "DNS:kubernetes.default,DNS:kubernetes.default.svc,"
+        f"IP:{KUBERNETES_SERVICE_IP},IP:{NODE_LINK_HOST_IP}\n"
         "extendedKeyUsage=serverAuth\n"
     )
     for name, subject, extfile in (
@@ -319,7 +332,12 @@ def up() -> dict[str, str]:
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
             f"--service-account-key-file={pki / 'sa.pub'}",
             f"--service-account-signing-key-file={pki / 'sa.key'}",
-            "--service-cluster-ip-range=10.0.0.0/24",
+            f"--service-cluster-ip-range={SERVICE_CIDR}",
+            # Logs, exec and port-forward reach the real node's kubelet with this.
+            f"--kubelet-client-certificate={pki / 'admin.crt'}",
+            f"--kubelet-client-key={pki / 'admin.key'}",
+            # By address, never by the node's name (no lookup leaves this machine).
+            "--kubelet-preferred-address-types=InternalIP",
             "--allow-privileged=true",
             "--endpoint-reconciler-type=none",
             f"--cert-dir={env_dir / 'apiserver-certs'}",

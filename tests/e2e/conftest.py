@@ -1,18 +1,30 @@
-"""End-to-end fixtures: the pod runner on the session's control plane, and a scenario helper."""
+"""End-to-end fixtures: a real node (kubelet, containerd, runc) on the session's control plane."""
 
 from __future__ import annotations
 
 import copy
+import datetime
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import kubernetes
 import pytest
 
 from tests.conftest import ControlPlane
-from tests.e2e.podrunner import PodRunner, PodWorker, ProcessRecord
+from tests.e2e.node import (
+    BUSYBOX_IMAGE,
+    CRONLOCK_IMAGE,
+    PodRecorder,
+    RealNode,
+    Work,
+    WorkTracker,
+    container_state,
+    exit_code,
+    job_of,
+)
 from tests.kube import job_from_cronjob, wait_for
 from tests.operator_process import OperatorProcess
 
@@ -24,38 +36,58 @@ EXIT_SKIPPED = 75
 
 
 @pytest.fixture(scope="session")
-def runner(
-    controlplane: ControlPlane, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[PodRunner]:
-    """The test kubelet, one per session; each test tells it which namespace to serve."""
-    pod_runner = PodRunner(controlplane.kubeconfig, tmp_path_factory.mktemp("podrunner"))
-    pod_runner.start()
-    yield pod_runner
-    pod_runner.stop()
+def node(controlplane: ControlPlane) -> Iterator[RealNode]:
+    """The real node, one per session, started after the control plane and stopped before it."""
+    if controlplane.env_dir is None:
+        pytest.skip("the e2e ring runs pods on its own real node, next to its own control plane")
+    env = dict(controlplane.env, CRONLOCK_TESTENV_DIR=str(controlplane.env_dir))
+    real = RealNode(env)
+    real.start()
+    yield real
+    real.stop()
+
+
+@pytest.fixture(scope="session")
+def tracker(node: RealNode) -> Iterator[WorkTracker]:
+    works = WorkTracker()
+    works.start()
+    yield works
+    works.close()
+
+
+@pytest.fixture(scope="module")
+def node_operator(
+    controlplane: ControlPlane,
+    operator_kubeconfig: Path,
+    node: RealNode,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[OperatorProcess]:
+    """The real operator, injecting the image built from our Dockerfile (never pulled)."""
+    log = tmp_path_factory.mktemp("operator-log") / "operator.log"
+    process = OperatorProcess(
+        operator_kubeconfig,
+        log,
+        controlplane.env,
+        ["--sidecar-image", CRONLOCK_IMAGE, "--sidecar-image-pull-policy", "Never"],
+    )
+    process.start()
+    yield process
+    process.stop()
 
 
 @pytest.fixture
 def cluster(
     api: kubernetes.client.ApiClient,
     namespace: str,
-    operator: OperatorProcess,
-    runner: PodRunner,
-) -> Scenario:
-    """A namespace served by the runner, with the operator watching it."""
-    runner.serve(namespace)
-    return Scenario(api, namespace, runner, operator)
-
-
-def overlapping(records: list[ProcessRecord]) -> list[tuple[ProcessRecord, ProcessRecord]]:
-    """Pairs of processes whose [start, stop] intervals intersect (a running one lasts forever)."""
-    pairs = []
-    ordered = sorted(records, key=lambda record: record.started_monotonic)
-    for index, first in enumerate(ordered):
-        end = first.stopped_monotonic if first.stopped_monotonic is not None else float("inf")
-        for second in ordered[index + 1 :]:
-            if second.started_monotonic < end:
-                pairs.append((first, second))
-    return pairs
+    node_operator: OperatorProcess,
+    node: RealNode,
+    tracker: WorkTracker,
+) -> Iterator[Scenario]:
+    """A namespace whose pods run on the real node, with the operator watching it."""
+    recorder = PodRecorder(api, namespace)
+    recorder.start()
+    yield Scenario(api, namespace, node, node_operator, tracker, recorder)
+    recorder.stop()
 
 
 def seconds_to_next_minute() -> float:
@@ -68,8 +100,10 @@ class Scenario:
 
     api: kubernetes.client.ApiClient
     namespace: str
-    runner: PodRunner
+    node: RealNode
     operator: OperatorProcess
+    tracker: WorkTracker
+    recorder: PodRecorder
 
     @property
     def batch(self) -> kubernetes.client.BatchV1Api:
@@ -109,8 +143,9 @@ class Scenario:
                                 "containers": [
                                     {
                                         "name": MAIN,
-                                        "image": "busybox:1.37",
-                                        "command": ["sh", "-c", script],
+                                        "image": BUSYBOX_IMAGE,
+                                        "imagePullPolicy": "Never",
+                                        "command": ["sh", "-c", self.work(script)],
                                     }
                                 ],
                             }
@@ -126,13 +161,17 @@ class Scenario:
             what=f"the operator to inject CronJob {name}",
         )
 
+    def work(self, script: str) -> str:
+        """`script` as a run's work that the tracker sees start and stop."""
+        return self.tracker.shell_prefix() + script
+
     def run(self, cronjob: str, job: str, script: str | None = None) -> None:
         """`kubectl create job JOB --from=cronjob/CRONJOB`, optionally with another script."""
         body = job_from_cronjob(self.read_cronjob(cronjob), job)
         if script is not None:
             body = copy.deepcopy(body)
             container = body["spec"]["template"]["spec"]["containers"][0]
-            container["command"] = ["sh", "-c", script]
+            container["command"] = ["sh", "-c", self.work(script)]
         self.batch.create_namespaced_job(self.namespace, body)
 
     # -- what the user sees --
@@ -187,47 +226,76 @@ class Scenario:
         annotations = self.read_cronjob(cronjob)["metadata"].get("annotations") or {}
         return int(annotations.get("cronlock.io/consecutive-skips", "0"))
 
-    # -- what the runner saw --
+    # -- what ran on the node --
 
-    def pods(self, job: str) -> list[PodWorker]:
-        return [worker for worker in self.runner.pods(self.namespace) if worker.job == job]
+    def pods(self, job: str) -> list[dict[str, Any]]:
+        """Every pod of the Job the recorder saw, oldest first (deleted ones included)."""
+        return self.recorder.pods(job)
 
-    def processes(self, container: str, job: str | None = None) -> list[ProcessRecord]:
-        return [
-            record
-            for record in self.runner.processes(self.namespace, container)
-            if job is None or record.job == job
-        ]
+    def wait_renewal(self, lock: str, timeout: float = 60) -> float:
+        """Wait for the Lease's next renewal; return its expiry on this host's monotonic clock."""
+        before = self.lease(lock)["spec"].get("renewTime")
 
-    def gate_exit(self, job: str, timeout: float = 60, pod: str | None = None) -> int:
+        def renewed() -> dict[str, Any] | None:
+            spec: dict[str, Any] = self.lease(lock)["spec"]
+            return spec if spec.get("renewTime") not in (None, before) else None
+
+        spec = wait_for(renewed, timeout, f"a renewal of lock {lock}", every=0.05)
+        renewed_at = spec["renewTime"]
+        if isinstance(renewed_at, str):
+            renewed_at = datetime.datetime.fromisoformat(renewed_at.replace("Z", "+00:00"))
+        expires = renewed_at.timestamp() + float(spec["leaseDurationSeconds"])
+        return time.monotonic() + (expires - time.time())
+
+    def jobs_seen(self) -> set[str]:
+        return {job_of(pod) for pod in self.recorder.pods()}
+
+    def works(self, job: str = "") -> list[Work]:
+        """The work of every main container of `job` (all jobs by default), as it ran."""
+        return self.tracker.works(f"{job}-" if job else "")
+
+    def namespace_works(self) -> list[Work]:
+        names = {pod["metadata"]["name"] for pod in self.recorder.pods()}
+        return [work for work in self.tracker.works() if work.pod in names]
+
+    def gate_exit(self, job: str, timeout: float = 90, pod: str | None = None) -> int:
         """The exit code of the gate of the Job's latest pod (or of `pod`), once it decided."""
 
         def decided() -> int | None:
-            gates = [r for r in self.processes(GATE, job) if pod is None or r.pod == pod]
-            if gates and gates[-1].exit_code is not None:
-                return gates[-1].exit_code + 1000  # 0 is falsy; shifted back below
-            return None
+            pods = [p for p in self.pods(job) if pod is None or p["metadata"]["name"] == pod]
+            code = exit_code(pods[-1], GATE) if pods else None
+            return None if code is None else code + 1000  # 0 is falsy; shifted back below
 
         return wait_for(decided, timeout, f"the gate of {pod or job} to decide") - 1000
 
-    def main_running(self, job: str, timeout: float = 60) -> ProcessRecord:
+    def main_running(self, job: str, timeout: float = 90) -> Work:
         return wait_for(
-            lambda: next((r for r in self.processes(MAIN, job) if r.running), None),
+            lambda: next((w for w in self.works(job) if w.running), None),
             timeout,
-            f"the main container of {job} to run",
+            f"the work of {job} to run",
         )
 
-    def main_finished(self, job: str, timeout: float = 60) -> ProcessRecord:
-        return wait_for(
-            lambda: next((r for r in self.processes(MAIN, job) if not r.running), None),
-            timeout,
-            f"the main container of {job} to finish",
-        )
+    def main_finished(self, job: str, timeout: float = 90) -> int:
+        """The exit code of the main container of the Job's latest pod, once it ended."""
+
+        def finished() -> int | None:
+            pods = self.pods(job)
+            code = exit_code(pods[-1], MAIN) if pods else None
+            return None if code is None else code + 1000
+
+        return wait_for(finished, timeout, f"the main container of {job} to finish") - 1000
+
+    def main_state(self, pod: str) -> dict[str, Any]:
+        found = [p for p in self.recorder.pods() if p["metadata"]["name"] == pod]
+        return container_state(found[-1], MAIN) if found else {}
+
+    def pod_uid(self, pod: str) -> str:
+        found = [p for p in self.recorder.pods() if p["metadata"]["name"] == pod]
+        return str(found[-1]["metadata"]["uid"])
 
     def sidecar_log(self, job: str) -> str:
-        return "".join(
-            self.runner.log(self.namespace, worker.name, SIDECAR) for worker in self.pods(job)
-        )
+        """The sidecar's log of every pod of the Job (kubectl logs; kept for deleted pods)."""
+        return "".join(self.recorder.sidecar_log(p["metadata"]["name"]) for p in self.pods(job))
 
     def operator_log(self) -> str:
         return self.operator.log()[-4000:]

@@ -1,4 +1,4 @@
-"""`make demo`: a local cluster, the operator, the pod runner, and two runs that would overlap."""
+"""`make demo`: a local cluster with a real node, the operator, and two runs that would overlap."""
 
 from __future__ import annotations
 
@@ -24,6 +24,10 @@ ENV_DIR = ROOT / ".testenv" / "demo"
 EXAMPLE = ROOT / "manifests" / "examples" / "basic.yaml"
 NAMESPACE = "cronlock-demo"
 VENV_BIN = ROOT / ".venv" / "bin"
+# Built from the repository's Dockerfile and imported into the node's containerd by
+# tests/controlplane/node; there is no registry to pull from.
+SIDECAR_IMAGE = "localhost/cronlock:dev"
+BUSYBOX_IMAGE = "localhost/busybox:cronlock"
 
 
 class Style:
@@ -66,6 +70,7 @@ class Demo:
         self.style = style
         self.env: dict[str, str] = dict(os.environ, CRONLOCK_TESTENV_DIR=str(ENV_DIR))
         self.api: kubernetes.client.ApiClient | None = None
+        self.logs_seen: list[tuple[str, dict[str, str]]] = []
 
     # -- setting up --
 
@@ -98,41 +103,51 @@ class Demo:
         log = ENV_DIR / "operator.log"
         self._spawn(
             "operator",
-            [str(VENV_BIN / "cronlock-operator"), "--metrics-port", "0", "--liveness", ""],
+            [
+                str(VENV_BIN / "cronlock-operator"),
+                "--metrics-port",
+                "0",
+                "--liveness",
+                "",
+                "--sidecar-image",
+                SIDECAR_IMAGE,
+                "--sidecar-image-pull-policy",
+                "Never",
+            ],
             dict(self.env, KUBECONFIG=str(kubeconfig)),
             log,
         )
         self._wait_for_line(log, "cronlock operator started", "the operator")
         self.style.good(f"running as ServiceAccount {OPERATOR_NAMESPACE}/{account}; log {log}")
 
-    def start_runner(self) -> None:
-        self.style.step(f"Starting the e2e pod runner (plays the kubelet for {NAMESPACE})")
-        log = ENV_DIR / "podrunner.log"
-        self._spawn(
-            "podrunner",
-            [
-                sys.executable,
-                "-m",
-                "tests.e2e.podrunner",
-                "--kubeconfig",
-                self.env["KUBECONFIG"],
-                "--state-dir",
-                str(ENV_DIR / "podrunner"),
-                "--namespace",
-                NAMESPACE,
-            ],
-            self.env,
-            log,
+    def start_node(self) -> None:
+        self.style.step(
+            "Starting a real node: kubelet, containerd and runc (images from our Dockerfile)"
         )
-        self._wait_for_line(log, "pod runner started", "the pod runner")
-        self.style.good(f"node cronlock-e2e is Ready; container logs under {ENV_DIR / 'podrunner'}")
+        result = subprocess.run(
+            [str(ROOT / "tests" / "controlplane" / "node"), "up"],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if result.returncode != 0:
+            raise DemoError(f"tests/controlplane/node up failed:\n{result.stderr}{result.stdout}")
+        self.kubectl("get", "nodes", "-o", "wide")
 
     # -- the story --
 
     def apply_example(self) -> None:
         self.style.step("Applying manifests/examples/basic.yaml (a 90s report every minute)")
         self.kubectl("create", "namespace", NAMESPACE)
-        self.kubectl("apply", "-n", NAMESPACE, "-f", str(EXAMPLE.relative_to(ROOT)))
+        # The node has no registry: the example's busybox:1.37 becomes the busybox image
+        # the node was given (Debian's busybox-static), never pulled.
+        manifest = EXAMPLE.read_text().replace(
+            "image: busybox:1.37", f"image: {BUSYBOX_IMAGE}\n              imagePullPolicy: Never"
+        )
+        example = EXAMPLE.relative_to(ROOT)
+        self.style.command(f"sed 's#busybox:1.37#{BUSYBOX_IMAGE}#' {example} | kubectl apply -f -")
+        self.kubectl_quiet("apply", "-n", NAMESPACE, "-f", "-", stdin=manifest)
         batch = kubernetes.client.BatchV1Api(self._api())
 
         def injected() -> bool:
@@ -152,7 +167,7 @@ class Demo:
 
         self.style.step("Starting a second run while the first one works")
         self.kubectl("create", "job", "report-manual-2", "--from=cronjob/report", "-n", NAMESPACE)
-        skipped = wait_for(lambda: self._skipped_jobs()[:1], 90, "the second run to be skipped")
+        skipped = wait_for(self._skipped_with_logs, 90, "the second run to be skipped")
         return holder, skipped[0]
 
     def tick(self, seen: str) -> str:
@@ -160,21 +175,22 @@ class Demo:
         wait = 60 - time.time() % 60
         self.style.step(f"Waiting for the schedule (* * * * *): next tick in about {wait:.0f}s")
         skipped = wait_for(
-            lambda: [job for job in self._skipped_jobs() if job != seen], 90, "a scheduled skip"
+            lambda: [job for job in self._skipped_with_logs() if job != seen],
+            100,
+            "a scheduled skip",
         )[0]
         self.style.good(f"the scheduled run {skipped} was skipped as well")
         return skipped
 
     def report(self, skipped: list[str]) -> None:
         self.style.step(f"What the skipped runs' sidecars logged ({', '.join(skipped)})")
-        pods = ENV_DIR / "podrunner" / "pods"
         for job in skipped:
-            for directory in sorted(pods.glob(f"{NAMESPACE}_{job}-*")):
-                pod = directory.name.split("_", 1)[1]
-                for line in (directory / "cronlock.log").read_text(errors="replace").splitlines():
+            for pod in self._pods_of(job):
+                log = self._logs(pod, "cronlock")
+                for line in log.splitlines():
                     if "already running" in line:
                         self.style.highlight(f"[{pod} cronlock] {line}")
-                gate = (directory / "cronlock-gate.log").read_text(errors="replace").strip()
+                gate = self._logs(pod, "cronlock-gate").strip()
                 self.style.output(f"[{pod} cronlock-gate] {gate}")
 
         self.style.step("The CronJob's Events")
@@ -207,6 +223,20 @@ class Demo:
         self.style.output(result.stdout)
         return result.stdout
 
+    def kubectl_quiet(self, *args: str, stdin: str | None = None) -> str:
+        result = subprocess.run(
+            ["kubectl", *args],
+            env=self.env,
+            input=stdin,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if result.returncode != 0:
+            raise DemoError(f"kubectl {' '.join(args)}: {result.stderr.strip()}")
+        self.style.output(result.stdout)
+        return result.stdout
+
     def _holder(self) -> str | None:
         leases = kubernetes.client.CoordinationV1Api(self._api())
         try:
@@ -214,6 +244,10 @@ class Demo:
         except kubernetes.client.ApiException:
             return None
         return lease.spec.holder_identity or None
+
+    def _skipped_with_logs(self) -> list[str]:
+        self.keep_skip_logs()
+        return self._skipped_jobs()
 
     def _skipped_jobs(self) -> list[str]:
         events = kubernetes.client.CoreV1Api(self._api()).list_namespaced_event(
@@ -225,6 +259,33 @@ class Demo:
             if event.reason == "Skipped" and match:
                 found.append(match.group(1))
         return found
+
+    def _pods_of(self, job: str) -> list[str]:
+        return [pod for pod, _ in self.logs_seen if pod.startswith(f"{job}-")]
+
+    def _logs(self, pod: str, container: str) -> str:
+        return dict(self.logs_seen).get(pod, {}).get(container, "")
+
+    def keep_skip_logs(self) -> None:
+        """Read the skipped pods' logs (kubectl logs) before the operator deletes their Jobs."""
+        core = kubernetes.client.CoreV1Api(self._api())
+        seen = dict(self.logs_seen)
+        for pod in core.list_namespaced_pod(NAMESPACE).items:
+            name = pod.metadata.name
+            gate = next(
+                (s for s in pod.status.init_container_statuses or [] if s.name == "cronlock-gate"),
+                None,
+            )
+            if name in seen or gate is None or gate.state.terminated is None:
+                continue
+            logs = {}
+            for container in ("cronlock", "cronlock-gate"):
+                with contextlib.suppress(kubernetes.client.ApiException):
+                    logs[container] = core.read_namespaced_pod_log(
+                        name, NAMESPACE, container=container
+                    )
+            seen[name] = logs
+            self.logs_seen.append((name, logs))
 
     def _spawn(self, name: str, argv: list[str], env: dict[str, str], log: Path) -> None:
         with open(log, "ab") as output:
@@ -256,8 +317,8 @@ class DemoError(Exception):
 
 
 def stop_everything(env: dict[str, str]) -> None:
-    """Stop the pod runner (its pods release their Leases), the operator, the control plane."""
-    for name in ("podrunner", "operator"):
+    """Stop the operator, the node (its pods release their Leases), the control plane."""
+    for name in ("operator",):
         pid_file = ENV_DIR / f"demo-{name}.pid"
         if not pid_file.exists():
             continue
@@ -268,6 +329,12 @@ def stop_everything(env: dict[str, str]) -> None:
             if _alive(pid):
                 os.kill(pid, signal.SIGKILL)
         pid_file.unlink()
+    subprocess.run(
+        [str(ROOT / "tests" / "controlplane" / "node"), "down"],
+        env=dict(env, CRONLOCK_TESTENV_DIR=str(ENV_DIR)),
+        capture_output=True,
+        check=False,
+    )
     subprocess.run(
         [str(ROOT / "tests" / "controlplane" / "down")],
         env=dict(env, CRONLOCK_TESTENV_DIR=str(ENV_DIR)),
@@ -308,7 +375,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--keep",
         action="store_true",
-        help="leave the cluster, operator and pod runner running to explore with kubectl",
+        help="leave the cluster, its node and the operator running to explore with kubectl",
     )
     parser.add_argument(
         "--quick", action="store_true", help="do not wait for the schedule's next tick"
@@ -318,12 +385,12 @@ def main(argv: list[str] | None = None) -> int:
     style = Style()
     if args.stop:
         stop_everything(dict(os.environ))
-        style.good("stopped the demo's pod runner, operator and control plane")
+        style.good("stopped the demo's operator, node and control plane")
         return 0
     if os.geteuid() != 0:
         style.bad(
-            "the demo's pod runner needs root: it gives each pod its own network and mount "
-            "namespace (unshare, nsenter, mount). Run it as root in a VM or container."
+            "the demo's node needs root: the kubelet, containerd and runc make network "
+            "namespaces, mounts and cgroups. Run it as root in a VM or container."
         )
         return 1
     # A fresh start: whatever an earlier demo left behind goes first.
@@ -334,8 +401,8 @@ def main(argv: list[str] | None = None) -> int:
     keep = args.keep
     try:
         demo.start_controlplane()
+        demo.start_node()
         demo.start_operator()
-        demo.start_runner()
         demo.apply_example()
         holder, skipped = demo.overlap()
         skips = [skipped] if args.quick else [skipped, demo.tick(skipped)]
@@ -344,7 +411,7 @@ def main(argv: list[str] | None = None) -> int:
         style.good(f"{' and '.join(skips)} skipped while {holder} kept the lock: no overlap.")
     except (DemoError, AssertionError, kubernetes.client.ApiException, OSError) as error:
         style.bad(f"demo failed: {error}")
-        for name in ("operator.log", "podrunner.log"):
+        for name in ("operator.log", "node/logs/kubelet.log"):
             style.output(f"--- {name} (last lines)\n{_tail(ENV_DIR / name)}")
         keep = False
         demo.stop()

@@ -24,4 +24,4 @@ def test_repeated_skips_raise_a_warning_after_alert_after(cluster: Scenario) -> 
     assert message.startswith("2 runs in a row skipped because lock digest is held")
     assert f"kubectl get lease -n {cluster.namespace} cronlock-digest" in message
     wait_for(lambda: cluster.consecutive_skips("digest") == 2, 30, "consecutive-skips 2")
-    assert cluster.processes("main", "digest-1")[0].running, "the holder kept working"
+    assert cluster.works("digest-1")[0].running, "the holder kept working"

@@ -1,18 +1,33 @@
-"""Mutual-exclusion checker with real pods: injected Jobs run by the e2e pod runner.
+"""Mutual-exclusion checker with real pods on a real node: injected Jobs, faults from the host.
 
 Each trial creates one annotated CronJob, lets the real operator inject it, and keeps
 several Jobs made from it alive (as `kubectl create job --from=cronjob/...` makes them),
-a new one whenever one ends. The pod runner (tests/e2e/podrunner.py) runs their pods:
-the real `cronlock-sidecar hold` and `gate`, and a main container that is the checker's
-work unit (tests/reliability/checker.py `WORK`): a non-blocking `flock` held for its
-whole life (a failed one is an overlap, counted without clocks), start/end records and
-fenced writes. Faults hit the pod's processes, the API server and the operator.
+a new one whenever one ends. Their pods run on the real node (kubelet, containerd, runc:
+tests/controlplane/node): the injected `cronlock-sidecar hold` and `gate` from the image
+built from our Dockerfile, the `/held` liveness probe, and a main container that is the
+checker's work unit (`WORK`): `sh` as PID 1, which ignores SIGTERM as such a shell does,
+runs a Python process that
 
-    .venv/bin/python -m tests.reliability.pods --trials 14 --seed 1
+- connects to the work tracker on the host (tests/e2e/node.py) first: the host sees the
+  work start, and stop when the kernel closes the connection as the process dies,
+  however it dies;
+- takes a non-blocking `flock` on a file that every pod of the trial shares through a
+  hostPath volume, and holds it for its whole life: a failed `flock` is an overlap,
+  counted without clocks;
+- records its start and end, and writes its fencing token to a store that refuses tokens
+  older than the newest it has seen.
 
-starts its own control plane under .testenv/reliability-pods, installs the chart's RBAC,
-runs the operator and the pod runner, and prints a JSON report. Needs root, like the
-e2e tests (one network and mount namespace per pod).
+The Leases are watched too: a work's stop is compared with the expiry (last renewTime +
+leaseDurationSeconds) of the Lease its pod held, on this host's clock, which the node
+shares. Faults hit the holder's pod from the host (its path to the API server cut, its
+sidecar frozen or killed, its main container killed, the pod deleted, the kubelet lost),
+the API server and the operator.
+
+    flock /tmp/cronlock-node.lock .venv/bin/python -m tests.reliability.pods --trials 8
+
+starts its own control plane and node under .testenv/reliability-pods (the e2e fixtures'
+code paths), installs the chart's RBAC, runs the operator, and prints a JSON report.
+Needs root, like the node.
 """
 
 from __future__ import annotations
@@ -24,9 +39,11 @@ import json
 import os
 import random
 import secrets
+import shlex
 import signal
 import sys
 import tempfile
+import textwrap
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -38,19 +55,35 @@ from typing import Any
 import kubernetes
 import urllib3
 
+from cronlock_operator.config import (
+    RENEW_DEADLINE,
+    InvalidConfig,
+    kill_grace_seconds,
+    minimum_ttl_seconds,
+)
 from cronlock_sidecar import contract
 from cronlock_sidecar.durations import DurationError, parse_duration
 from tests.conftest import ControlPlane, make_service_account_kubeconfig
-from tests.e2e.podrunner import PodRunner, PodWorker, ProcessRecord
+from tests.e2e.node import (
+    CRONLOCK_IMAGE,
+    HOST_LINK_IP,
+    LeaseRecorder,
+    LeaseVersion,
+    PodRecorder,
+    RealNode,
+    Work,
+    WorkTracker,
+    container_state,
+    exit_code,
+    overlapping,
+)
 from tests.kube import job_from_cronjob
 from tests.operator_process import OperatorProcess, install_chart_rbac, render_chart
 from tests.reliability.checker import (
     TICK,
-    WORK,
+    Cluster,
     Counts,
     Fault,
-    _Start,
-    _TrialState,
     add_common_arguments,
     fault_list,
     fault_rows,
@@ -58,31 +91,102 @@ from tests.reliability.checker import (
     publish,
     seed_of,
 )
-from tests.reliability.faults import ControlPlaneProcesses, signal_all
+from tests.reliability.faults import ControlPlaneProcesses
 
 ROOT = Path(__file__).resolve().parents[2]
 NEVER = "0 0 1 1 *"
 MAIN = "main"
 POD_USER = 65532
 API_ERRORS = (kubernetes.client.ApiException, urllib3.exceptions.HTTPError, OSError)
+# As the e2e fixture `node_operator` runs it: the image built from our Dockerfile, never pulled.
+OPERATOR_ARGS = ("--sidecar-image", CRONLOCK_IMAGE, "--sidecar-image-pull-policy", "Never")
+# Where the trial's shared directory (a hostPath volume) is mounted in the main container.
+SHARED = "/checker"
+SHARED_VOLUME = "checker"
+SHARED_FILES = ("flock", "events.jsonl", "fencing-store")
+FENCING_TOKEN = f"{contract.RUN_DIR}/{contract.FENCING_TOKEN_FILE}"
 
-# Faults on one pod's processes, and on the control plane and the operator.
-POD_PROCESS_FAULTS = ("kill-sidecar", "stop-sidecar", "kill-main", "delete-pod", "node-loss")
+# Faults on the holder's pod, from the node's host.
+POD_PROCESS_FAULTS = (
+    "cut-pods",
+    "stop-sidecar",
+    "kill-sidecar",
+    "kill-main",
+    "delete-pod",
+    "node-loss",
+)
 CONTROL_FAULTS = ("pause-apiserver", "kill-operator")
 POD_FAULTS = POD_PROCESS_FAULTS + CONTROL_FAULTS
 # While these run the API server may not answer: no Job is created meanwhile.
 API_AWAY = frozenset({"pause-apiserver"})
+
+WORK = textwrap.dedent(
+    """
+    import fcntl, json, os, socket, sys, time
+    shared, token_path, host, port, seconds = sys.argv[1:6]
+    pod = os.environ["HOSTNAME"]
+    # First the tracker: it sees this work from now until the kernel closes the connection,
+    # when this process dies, however it dies.
+    tracker = socket.create_connection((host, int(port)), timeout=10)
+    tracker.sendall((pod + "\\n").encode())
+    token = int(open(token_path).read())
+    def record(event, **fields):
+        line = json.dumps({"event": event, "pod": pod, "token": token,
+                           "mono": time.monotonic(), **fields})
+        fd = os.open(os.path.join(shared, "events.jsonl"), os.O_WRONLY | os.O_APPEND)
+        try:
+            os.write(fd, (line + "\\n").encode())
+        finally:
+            os.close(fd)
+    def fenced_write(stage):
+        with open(os.path.join(shared, "fencing-store"), "a+") as store:
+            fcntl.flock(store, fcntl.LOCK_EX)
+            store.seek(0)
+            highest = max([int(word) for word in store.read().split()] or [0])
+            if token < highest:
+                record("refused", stage=stage, highest=highest)
+                return
+            store.write(f"{token}\\n")
+    lock = os.open(os.path.join(shared, "flock"), os.O_RDWR)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        # Another work unit is alive: counted, then work on as the lease holder would.
+        record("overlap")
+    record("start")
+    deadline = time.monotonic() + float(seconds)
+    while True:
+        fenced_write("work")
+        if time.monotonic() >= deadline:
+            break
+        time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
+    record("end")
+    """
+)
+# `sh` stays PID 1 (a command after the work keeps it from exec'ing Python): like most
+# shells there, it ignores SIGTERM, so only a SIGKILL ends a work that must stop.
+WORK_SCRIPT = f'python3 -c {shlex.quote(WORK)} "$@"; exit $?'
+
+
+def work_command(tracker_port: int, seconds: float) -> list[str]:
+    """The main container's command: WORK under `sh`; the duration is the last argument."""
+    return [
+        "sh", "-c", WORK_SCRIPT, "work",
+        SHARED, FENCING_TOKEN, HOST_LINK_IP, str(tracker_port), f"{seconds:.2f}",
+    ]  # fmt: skip
 
 
 @dataclass(frozen=True)
 class PodSettings:
     """Timings of the injected CronJob and the trial; ttl and renew are whole seconds."""
 
-    ttl: int = 13  # the operator's minimum with the default 2s skew (docs/DECISIONS.md)
+    # The operator's shortest valid ttl with its default clock skew (cronlock_operator.config).
+    ttl: int = minimum_ttl_seconds(contract.DEFAULT_SKEW_SECONDS)
     renew: int = 2
-    skew: float = float(contract.DEFAULT_SKEW_SECONDS)
-    # As checker.py: the contenders' 1s retry, process start, a loaded 2-core machine.
-    slack: float = 4.0
+    # The operator's default; it is what the injected sidecars use.
+    skew: int = contract.DEFAULT_SKEW_SECONDS
+    # Pods start in seconds on the node, and a fault may leave no contender waiting.
+    slack: float = 8.0
     contenders: int = 3
     runs_per_trial: int = 3
     work: tuple[float, float] = (3.0, 6.0)
@@ -90,18 +194,33 @@ class PodSettings:
     trial_timeout: float = 240.0
     # How long a restarted operator may take to bring the CronJob to what it asks for.
     settle_timeout: float = 30.0
-    # kill-operator: SIGKILL this long (uniform from 0) after the patch that starts a reconcile.
-    # The operator re-injects within about 20-25 ms here: a 0.03s window lands most kills
-    # before its patch (mid-reconcile), the rest just after it (a restart). Measured: 0.1s
-    # landed 0 of 8 before the patch, 0.03s 7 of 10.
+    # kill-operator: SIGKILL this long (uniform from 0) after the patch that starts a
+    # reconcile; the operator re-injects within about 20-25 ms (docs/RELIABILITY.md).
     operator_kill_window: float = 0.03
-    # A Job whose pod the runner has not started after this is given up.
-    pod_timeout: float = 60.0
+    # At a trial's end: how long its pods may take to be gone.
+    stop_timeout: float = 60.0
+
+    def __post_init__(self) -> None:
+        for ttl in self.ttls:
+            try:
+                kill_grace_seconds(ttl, self.skew, f"{ttl}s")
+            except InvalidConfig as error:
+                raise ValueError(str(error)) from None
 
     @property
     def ttls(self) -> tuple[int, int]:
         """kill-operator flips cronlock.io/ttl between these two, forcing a real patch."""
         return self.ttl, self.ttl + 1
+
+    @property
+    def renew_deadline(self) -> float:
+        """How long a holder goes on without a successful renewal (2/3 of the ttl)."""
+        return float(self.ttl * RENEW_DEADLINE)
+
+    @property
+    def kill_grace(self) -> int:
+        """The pod's grace the operator injects for this ttl."""
+        return kill_grace_seconds(self.ttl, self.skew, f"{self.ttl}s")
 
     @property
     def recovery_bound(self) -> float:
@@ -111,11 +230,16 @@ class PodSettings:
 
 @dataclass
 class PodFault(Fault):
-    """A checker fault, plus what was wrong with the CronJob after a kill-operator."""
+    """A checker fault, the work it hit, and what was wrong with the CronJob afterwards."""
 
     problems: list[str] = field(default_factory=list)
     # kill-operator: the kill landed before the operator's patch was visible (mid-reconcile).
     before_patch: bool = False
+    # The pod whose work the fault hit, how its hold on the Lease ended, and its work's
+    # stop minus that Lease's expiry (negative: stopped before the Lease expired).
+    holder: str = ""
+    lease_end: str = ""
+    after_expiry: float | None = None
 
     @property
     def corrupted(self) -> bool:
@@ -124,11 +248,10 @@ class PodFault(Fault):
 
 @dataclass
 class Contender:
-    """One Job made from the trial's CronJob and the pod the runner runs for it."""
+    """One Job made from the trial's CronJob."""
 
     job: str
     created: float
-    worker: PodWorker | None = None
     done: bool = False
     outcome: str = ""
 
@@ -141,6 +264,12 @@ class PodTrial(Counts):
     outcomes: dict[str, int] = field(default_factory=dict)
     # Jobs that could not be made because the CronJob was not fully injected.
     bad_templates: list[str] = field(default_factory=list)
+    # Pairs of works whose lives, as the tracker saw them, intersect.
+    tracker_overlaps: int = 0
+    # Every work's stop minus the expiry of the Lease its pod held.
+    after_expiry: list[float] = field(default_factory=list)
+    # Works still running when the trial had stopped its pods.
+    leftover_works: int = 0
 
 
 # --- what a consistent injection is ------------------------------------------------------------
@@ -221,6 +350,9 @@ def stale_settings(cronjob: Mapping[str, Any]) -> list[str]:
     return [] if same else [f"sidecar {contract.ENV_TTL}={injected}, annotation ttl {wanted}"]
 
 
+# --- the pure parts: the plan, how a pod ended, the Lease's expiry, recovery -------------------
+
+
 def plan_faults(
     faults: Sequence[str], trials: int, per_trial: int, rng: random.Random
 ) -> list[list[str]]:
@@ -232,39 +364,160 @@ def plan_faults(
     return [kinds[i * per_trial : (i + 1) * per_trial] for i in range(trials)]
 
 
-def outcome(worker: PodWorker | None) -> str:
-    """How a contender's pod ended, for the report: its gate's decision, its work's exit."""
-    if worker is None:
+def outcome(pod: Mapping[str, Any] | None) -> str:
+    """How a contender's pod ended, from its last status: its gate's decision, its work's exit."""
+    if pod is None:
         return "no-pod"
-    if worker.interrupt == "dropped":
-        return "node-lost"
-    codes = {c.name: c for c in worker.containers}
-    gate = codes.get(contract.GATE_CONTAINER)
-    gate_code = gate.exit_code() if gate is not None else None
-    if gate_code is None:
-        return "deleted-before-decision" if worker.interrupt == "deleted" else "no-decision"
-    if gate_code == contract.EXIT_SKIPPED:
+    deleted = bool((pod.get("metadata") or {}).get("deletionTimestamp"))
+    gate = exit_code(dict(pod), contract.GATE_CONTAINER)
+    if gate is None:
+        return "deleted-before-decision" if deleted else "no-decision"
+    if gate == contract.EXIT_SKIPPED:
         return "skipped"
-    if gate_code == contract.EXIT_UNAVAILABLE:
+    if gate == contract.EXIT_UNAVAILABLE:
         return "unavailable"
-    if gate_code != 0:
-        return f"gate-{gate_code}"
-    main = codes.get(MAIN)
-    code = main.exit_code() if main is not None else None
-    by = f" ({main.killed_by})" if main is not None and main.killed_by else ""
-    return f"main-{code}{by}"
+    if gate != 0:
+        return f"gate-{gate}"
+    state = container_state(dict(pod), MAIN)
+    terminated = state.get("terminated")
+    if terminated is None:
+        return "main-running" if "running" in state else "main-not-started"
+    name = f"main-{terminated.get('exitCode')}"
+    reason = terminated.get("reason")
+    if reason not in (None, "Completed", "Error"):
+        name += f" ({reason})"
+    return name + (", pod deleted" if deleted and terminated.get("exitCode") != 0 else "")
+
+
+def job_finished(job: Mapping[str, Any]) -> bool:
+    """Whether the Job has a Complete or Failed condition."""
+    conditions = (job.get("status") or {}).get("conditions") or []
+    return any(
+        c.get("type") in ("Complete", "Failed") and c.get("status") == "True" for c in conditions
+    )
+
+
+def holder_pod(identity: str) -> str:
+    """The pod an injected sidecar's holder identity names (`<pod>_<uid[:8]>`)."""
+    pod, _, _ = identity.rpartition("_")
+    return pod
+
+
+def _holds(version: LeaseVersion, pod: str) -> bool:
+    """This version names `pod` as holder, or as the holder just cleared (renewTime kept)."""
+    if version.holder:
+        return holder_pod(version.holder) == pod
+    return bool(version.last_holder) and holder_pod(version.last_holder) == pod
+
+
+def lease_expiry(versions: Sequence[LeaseVersion], pod: str) -> float | None:
+    """When the Lease `pod` held expired, on this host's monotonic clock; None if never held.
+
+    The latest renewTime + leaseDurationSeconds of a version held by the pod. A release or
+    an expiry clears the holder but keeps renewTime, so the version that cleared it counts.
+    """
+    expiries = [
+        v.renew_time + v.duration - v.offset
+        for v in versions
+        if _holds(v, pod) and v.renew_time is not None and v.duration is not None
+    ]
+    return max(expiries) if expiries else None
+
+
+def lease_end(versions: Sequence[LeaseVersion], pod: str) -> str:
+    """How `pod`'s hold on its Lease ended.
+
+    `released` (its sidecar gave it back before it expired), `lost` (it expired: cleared by
+    the operator, taken over, or given back too late), `held` (still its at the last version
+    seen) or `never` (it never held it).
+    """
+    held = [index for index, v in enumerate(versions) if v.holder and holder_pod(v.holder) == pod]
+    if not held:
+        return "never"
+    later = versions[held[-1] + 1 :]
+    if not later:
+        return "held"
+    after = later[0]
+    expiry = lease_expiry(versions, pod)
+    released = (
+        not after.holder
+        and holder_pod(after.last_holder) == pod
+        and after.released_at is not None
+        and expiry is not None
+        and after.released_at - after.offset < expiry
+    )
+    return "released" if released else "lost"
+
+
+def after_expiry(work: Work, versions: Sequence[LeaseVersion]) -> float | None:
+    """How long after its pod's Lease expired the work still ran (negative: stopped before).
+
+    None while it runs, or when its pod never held the Lease.
+    """
+    expiry = lease_expiry(versions, work.pod)
+    if work.stopped is None or expiry is None:
+        return None
+    return work.stopped - expiry
+
+
+def recovery_after(cleared: float, works: Sequence[Work]) -> float | None:
+    """Seconds from when the lock was free of a fault's effects to the next work's start.
+
+    The lock is free of it once the fault is cleared and every work that started before
+    has stopped; None while no work has started since (or one from before still runs).
+    """
+    if not cleared:
+        return None
+    earlier = [work for work in works if work.started <= cleared]
+    if any(work.stopped is None for work in earlier):
+        return None
+    free_from = max([cleared, *(work.stopped for work in earlier if work.stopped is not None)])
+    later = [work.started for work in works if work.started > cleared]
+    if not later:
+        return None
+    return max(0.0, min(later) - free_from)
+
+
+class WorkRecords:
+    """What a trial's work units wrote to their shared events file: clock-free counts."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.offset = 0
+        self.counts: collections.Counter[str] = collections.Counter()
+
+    def read(self) -> None:
+        if not self.path.exists():
+            return
+        with open(self.path, "rb") as handle:
+            handle.seek(self.offset)
+            data = handle.read()
+        complete = data[: data.rfind(b"\n") + 1]
+        self.offset += len(complete)
+        for line in complete.splitlines():
+            self.counts[json.loads(line)["event"]] += 1
+
+    def tally(self, counts: Counts) -> None:
+        self.read()
+        counts.runs = self.counts["start"]
+        counts.completed = self.counts["end"]
+        counts.stopped = self.counts["start"] - self.counts["end"]
+        counts.overlaps = self.counts["overlap"]
+        counts.refused = self.counts["refused"]
 
 
 # --- the checker -------------------------------------------------------------------------------
 
 
 class PodChecker:
-    """Runs pod-mode trials in `namespace` with a running operator and pod runner."""
+    """Runs pod-mode trials in `namespace`, with a running operator, node and work tracker."""
 
     def __init__(
         self,
         api: kubernetes.client.ApiClient,
-        runner: PodRunner,
+        node: RealNode,
+        tracker: WorkTracker,
+        recorder: PodRecorder,
         operator: OperatorProcess,
         namespace: str,
         settings: PodSettings,
@@ -282,7 +535,10 @@ class PodChecker:
         self.api = api
         self.batch = kubernetes.client.BatchV1Api(api)
         self.core = kubernetes.client.CoreV1Api(api)
-        self.runner = runner
+        self.node = node
+        self.tracker = tracker
+        self.recorder = recorder
+        self.leases = LeaseRecorder(api, namespace)
         self.operator = operator
         self.namespace = namespace
         self.settings = settings
@@ -291,7 +547,7 @@ class PodChecker:
         self.random = random.Random(seed)  # noqa: S311 - reproducible fault schedules
         self.components = components
         self.mark = secrets.token_hex(4)
-        # Pods run as POD_USER: every directory above the trial's files must let it through.
+        # Each trial's directory is a hostPath volume of its pods (UID 65532).
         base = workdir or Path(tempfile.mkdtemp(prefix="cronlock-pods-"))
         self.workdir = base / f"{time.strftime('%Y%m%dT%H%M%S')}-{self.mark}"
         self.log = log
@@ -301,48 +557,87 @@ class PodChecker:
     # --- the whole run ------------------------------------------------------------------------
     def run(self, trials: int, faults_per_trial: int = 2) -> dict[str, Any]:
         self.workdir.mkdir(parents=True, exist_ok=True)
-        self.workdir.parent.chmod(0o755)
         self.workdir.chmod(0o755)
-        self.runner.serve(self.namespace)
+        self.leases.start()
         started = time.monotonic()
         bound = self.settings.recovery_bound
-        for index, kinds in enumerate(
-            plan_faults(self.faults, trials, faults_per_trial, self.random)
-        ):
-            try:
-                trial = self._trial(index, kinds)
-            finally:
-                if self.components is not None:
-                    self.components.resume_all()
-                if self.operator.process is None:
-                    self.operator.start()
-            self.trials.append(trial)
-            recoveries = [fault.summary(bound)["recovery_s"] for fault in trial.faults]
-            details = [fault.error or fault.detail for fault in trial.faults]
-            self.log(
-                f"trial {index}: faults {','.join(kinds) or '-'} {details} runs {trial.runs} "
-                f"jobs {trial.jobs} overlaps {trial.overlaps} refused {trial.refused} "
-                f"recovery {recoveries} {'TIMED OUT ' if trial.timed_out else ''}"
-                f"{trial.seconds:.1f}s"
-            )
+        try:
+            for index, kinds in enumerate(
+                plan_faults(self.faults, trials, faults_per_trial, self.random)
+            ):
+                try:
+                    trial = self._trial(index, kinds)
+                finally:
+                    if self.components is not None:
+                        self.components.resume_all()
+                    if self.operator.process is None:
+                        self.operator.start()
+                self.trials.append(trial)
+                self.log(self._trial_line(trial, kinds, bound))
+        finally:
+            self.leases.stop()
         return self.report(time.monotonic() - started)
 
+    @staticmethod
+    def _trial_line(trial: PodTrial, kinds: list[str], bound: float) -> str:
+        faults = [
+            f"{fault.kind}: {fault.error or fault.detail}; holder {fault.holder or '-'} "
+            f"{fault.lease_end or '-'}, work stop - lease expiry "
+            + ("-" if fault.after_expiry is None else f"{fault.after_expiry:+.1f}s")
+            + f", recovery {fault.summary(bound)['recovery_s']}"
+            for fault in trial.faults
+        ]
+        worst = max(trial.after_expiry, default=None)
+        return (
+            f"trial {trial.index}: faults {','.join(kinds) or '-'} {faults} runs {trial.runs} "
+            f"jobs {trial.jobs} overlaps {trial.overlaps}/{trial.tracker_overlaps} "
+            f"refused {trial.refused} max stop - expiry "
+            + ("-" if worst is None else f"{worst:+.1f}s")
+            + f" {'TIMED OUT ' if trial.timed_out else ''}{trial.seconds:.1f}s"
+        )
+
     def report(self, seconds: float) -> dict[str, Any]:
-        """checker.py's report, plus corrupted CronJobs and how each pod ended."""
+        """checker.py's report, plus the works' stops against their Leases' expiries."""
         bound = self.settings.recovery_bound
         faults = [fault for trial in self.trials for fault in trial.faults]
-        by_kind = fault_rows(self.trials, bound)
-        for kind, row in by_kind.items():
+        by_kind: dict[str, dict[str, Any]] = {}
+        for kind, row in fault_rows(self.trials, bound).items():
             mine = [fault for fault in faults if fault.kind == kind]
-            row["corrupted_cronjobs"] = sum(fault.corrupted for fault in mine)
-            row["killed_before_the_patch"] = sum(fault.before_patch for fault in mine)
-            row["details"] = [fault.detail for fault in mine]
+            trials = {fault.trial for fault in mine}
+            afters = [fault.after_expiry for fault in mine if fault.after_expiry is not None]
+            by_kind[kind] = {
+                "trials": len(trials),
+                **row,
+                "tracker_overlaps": sum(
+                    t.tracker_overlaps for t in self.trials if t.index in trials
+                ),
+                "recovery_s": [fault.summary(bound)["recovery_s"] for fault in mine],
+                "lost_leases": sum(fault.lease_end == "lost" for fault in mine),
+                "max_after_expiry_s": round(max(afters), 2) if afters else None,
+                "corrupted_cronjobs": sum(fault.corrupted for fault in mine),
+                "killed_before_the_patch": sum(fault.before_patch for fault in mine),
+                "details": [
+                    f"{fault.detail}; {fault.holder} {fault.lease_end}"
+                    + (
+                        ""
+                        if fault.after_expiry is None
+                        else f", stopped {fault.after_expiry:+.1f}s after its Lease's expiry"
+                    )
+                    for fault in mine
+                ],
+            }
         outcomes: collections.Counter[str] = collections.Counter()
         for trial in self.trials:
             outcomes.update(trial.outcomes)
+        afters = [value for trial in self.trials for value in trial.after_expiry]
         return {
             "seed": self.seed,
-            "settings": {**asdict(self.settings), "recovery_bound_s": bound},
+            "settings": {
+                **asdict(self.settings),
+                "renew_deadline_s": round(self.settings.renew_deadline, 2),
+                "kill_grace_s": self.settings.kill_grace,
+                "recovery_bound_s": bound,
+            },
             "trials": len(self.trials),
             "faults": len(faults),
             "runs": sum(t.runs for t in self.trials),
@@ -350,10 +645,15 @@ class PodChecker:
             "completed_runs": sum(t.completed for t in self.trials),
             "stopped_runs": sum(t.stopped for t in self.trials),
             "overlaps": sum(t.overlaps for t in self.trials),
-            "overlaps_outside_guarantee": 0,  # every pod-mode fault is inside the guarantee
+            "tracker_overlaps": sum(t.tracker_overlaps for t in self.trials),
             "refused_stale_writes": sum(t.refused for t in self.trials),
+            "max_after_expiry_s": round(max(afters), 2) if afters else None,
+            "works_past_expiry": sum(value >= 0 for value in afters),
+            "works_compared_with_expiry": len(afters),
+            "lost_leases": sum(f.lease_end == "lost" for f in faults),
             "delayed": sum(f.summary(bound)["delayed"] for f in faults),
             "timed_out_trials": sum(t.timed_out for t in self.trials),
+            "leftover_works": sum(t.leftover_works for t in self.trials),
             "fault_errors": sum(bool(f.error) for f in faults),
             "corrupted_cronjobs": sum(f.corrupted for f in faults)
             + sum(len(t.bad_templates) for t in self.trials),
@@ -367,50 +667,48 @@ class PodChecker:
         directory = self.workdir / f"trial-{index:03d}"
         directory.mkdir()
         directory.chmod(0o777)
-        for name in ("flock", "events.jsonl", "fencing-store"):
+        for name in SHARED_FILES:
             (directory / name).touch()
             (directory / name).chmod(0o666)
         trial = PodTrial(index, [PodFault(kind, index) for kind in kinds])
-        state = _TrialState(directory / "events.jsonl")
+        records = WorkRecords(directory / "events.jsonl")
         self._cronjob = f"pods-{self.mark}-{index}"
         self._create_cronjob(self._cronjob, directory)
         contenders: list[Contender] = []
         threads: list[tuple[PodFault, threading.Thread]] = []
         pending = list(trial.faults)
-        targeted: set[int] = set()
-        next_fault: tuple[int, float] | None = None  # (work unit, when)
-        spawn_after = 0.0
+        targeted: set[str] = set()
+        next_fault: tuple[str, float] | None = None  # (pod, when)
+        spawn_after = refresh_after = 0.0
         started = time.monotonic()
         deadline = started + self.settings.trial_timeout
         try:
             while True:
                 now = time.monotonic()
-                state.read()
-                state.observe(now)
-                self._update(contenders, now)
+                works = self._works()
                 busy = [fault for fault, thread in threads if thread.is_alive()]
-                alive = [c for c in contenders if not c.done]
                 api_away = any(fault.kind in API_AWAY for fault in busy)
-                enough = self._enough(state, trial, pending, busy)
+                if now >= refresh_after and not api_away:
+                    self._update(contenders, now)
+                    refresh_after = now + 0.5
+                alive = [c for c in contenders if not c.done]
+                enough = self._enough(works, trial, pending, busy)
                 if (
                     len(alive) < self.settings.contenders
                     and not enough
                     and not api_away
                     and now >= spawn_after
                 ):
-                    contender = self._spawn(trial, directory)
-                    if contender is None:
-                        spawn_after = now + 1.0
-                    else:
+                    contender = self._spawn(trial)
+                    if contender is not None:
                         contenders.append(contender)
-                        spawn_after = now + 0.3
-                # Each fault hits a work unit no earlier fault has hit.
-                fresh = [start for start in state.running if start.pid not in targeted]
+                    spawn_after = now + 1.0
+                # Each fault hits a work no earlier fault has hit, 0.2-1s after it started.
+                fresh = [work for work in works if work.running and work.pod not in targeted]
                 if pending and fresh and not busy:
-                    holder = fresh[-1]
-                    if next_fault is None or next_fault[0] != holder.pid:
-                        at = holder.start + self.random.uniform(0.2, 1.0)
-                        next_fault = (holder.pid, at)
+                    holder = max(fresh, key=lambda work: work.started)
+                    if next_fault is None or next_fault[0] != holder.pod:
+                        next_fault = (holder.pod, holder.started + self.random.uniform(0.2, 1.0))
                     elif now >= next_fault[1]:
                         fault = pending.pop(0)
                         thread = threading.Thread(
@@ -418,9 +716,9 @@ class PodChecker:
                         )
                         thread.start()
                         threads.append((fault, thread))
-                        targeted.add(holder.pid)
+                        targeted.add(holder.pod)
                         next_fault = None
-                if enough and not state.running:
+                if enough and not any(work.running for work in works):
                     break
                 if now >= deadline:
                     trial.timed_out = True
@@ -428,35 +726,51 @@ class PodChecker:
                 time.sleep(TICK)
         finally:
             for _, thread in threads:
-                thread.join(timeout=90)
+                thread.join(timeout=120)
             if self.components is not None:
                 self.components.resume_all()
             if self.operator.process is None:
                 self.operator.start()
-            self._stop(contenders)
-        state.tally(trial, trial.faults)
-        trial.jobs = len(contenders)
-        for contender in contenders:
-            name = contender.outcome or outcome(contender.worker)
-            trial.outcomes[name] = trial.outcomes.get(name, 0) + 1
+            trial.leftover_works = self._stop(contenders)
+        self._tally(trial, records, contenders)
         trial.seconds = time.monotonic() - started
         return trial
 
+    def _works(self) -> list[Work]:
+        """The works of the current trial's pods, as the tracker saw them."""
+        return self.tracker.works(f"{self._cronjob}-")
+
     def _enough(
-        self, state: _TrialState, trial: PodTrial, pending: list[PodFault], busy: list[PodFault]
+        self, works: list[Work], trial: PodTrial, pending: list[PodFault], busy: list[PodFault]
     ) -> bool:
-        """Enough work-unit starts, every fault injected and cleared, and a start after each."""
-        if pending or busy or len(state.starts) < self.settings.runs_per_trial:
+        """Enough work starts, every fault injected and cleared, and a start after each."""
+        if pending or busy or len(works) < self.settings.runs_per_trial:
             return False
-        return all(state.recovery(fault) is not None for fault in trial.faults)
+        return all(recovery_after(fault.cleared, works) is not None for fault in trial.faults)
+
+    def _tally(self, trial: PodTrial, records: WorkRecords, contenders: list[Contender]) -> None:
+        records.tally(trial)
+        works = self._works()
+        versions = self.leases.versions(contract.lease_name(self._cronjob))
+        trial.tracker_overlaps = len(overlapping(works))
+        trial.after_expiry = [
+            value for work in works if (value := after_expiry(work, versions)) is not None
+        ]
+        by_pod = {work.pod: work for work in works}
+        for fault in trial.faults:
+            fault.recovery = recovery_after(fault.cleared, works)
+            work = by_pod.get(fault.holder)
+            if work is not None:
+                fault.lease_end = lease_end(versions, work.pod)
+                fault.after_expiry = after_expiry(work, versions)
+        trial.jobs = len(contenders)
+        for contender in contenders:
+            pods = self.recorder.pods(contender.job)
+            name = contender.outcome or outcome(pods[-1] if pods else None)
+            trial.outcomes[name] = trial.outcomes.get(name, 0) + 1
 
     def _create_cronjob(self, name: str, directory: Path) -> None:
         settings = self.settings
-        work = [
-            sys.executable, "-c", WORK,
-            str(directory / "flock"), str(directory / "events.jsonl"),
-            str(directory / "fencing-store"), f"{settings.work[0]:.2f}",
-        ]  # fmt: skip
         body = {
             "apiVersion": "batch/v1",
             "kind": "CronJob",
@@ -481,16 +795,33 @@ class PodChecker:
                                 "securityContext": {
                                     "runAsNonRoot": True,
                                     "runAsUser": POD_USER,
+                                    "runAsGroup": POD_USER,
                                     "seccompProfile": {"type": "RuntimeDefault"},
                                 },
                                 "containers": [
                                     {
                                         "name": MAIN,
-                                        "image": "python:3.11-slim",
-                                        "command": work,
+                                        "image": CRONLOCK_IMAGE,
+                                        "imagePullPolicy": "Never",
+                                        "command": work_command(
+                                            self.tracker.port, settings.work[0]
+                                        ),
+                                        "volumeMounts": [
+                                            {"name": SHARED_VOLUME, "mountPath": SHARED}
+                                        ],
                                         "securityContext": {
                                             "allowPrivilegeEscalation": False,
                                             "capabilities": {"drop": ["ALL"]},
+                                            "readOnlyRootFilesystem": True,
+                                        },
+                                    }
+                                ],
+                                "volumes": [
+                                    {
+                                        "name": SHARED_VOLUME,
+                                        "hostPath": {
+                                            "path": str(directory),
+                                            "type": "DirectoryOrCreate",
                                         },
                                     }
                                 ],
@@ -515,7 +846,7 @@ class PodChecker:
         result: dict[str, Any] = json.loads(raw.data)
         return result
 
-    def _spawn(self, trial: PodTrial, directory: Path) -> Contender | None:
+    def _spawn(self, trial: PodTrial) -> Contender | None:
         """`kubectl create job --from=cronjob/...`, with a random work duration; None if not now."""
         name = f"{self._cronjob}-{trial.jobs + 1}"
         try:
@@ -537,88 +868,113 @@ class PodChecker:
         return Contender(name, time.monotonic())
 
     def _update(self, contenders: list[Contender], now: float) -> None:
-        """A contender is done once the runner has finished its pod (or never got one)."""
-        waiting = [c for c in contenders if not c.done and c.worker is None]
-        if waiting:
-            workers = {w.job: w for w in self.runner.pods(self.namespace)}
-            for contender in waiting:
-                contender.worker = workers.get(contender.job)
+        """A contender is done once its Job finished or is gone (a skipped Job is deleted)."""
+        try:
+            raw = self.batch.list_namespaced_job(
+                self.namespace,
+                label_selector=f"{contract.LABEL_LOCK}={self._cronjob}",
+                _request_timeout=10,
+                _preload_content=False,
+            )
+        except API_ERRORS:
+            return
+        jobs = {job["metadata"]["name"]: job for job in json.loads(raw.data)["items"]}
         for contender in contenders:
             if contender.done:
                 continue
-            if contender.worker is None:
-                if now - contender.created > self.settings.pod_timeout:
-                    contender.done, contender.outcome = True, "no-pod"
-            elif contender.worker.finished.is_set():
-                contender.done = True
+            job = jobs.get(contender.job)
+            if job is None:
+                contender.done = now - contender.created > 5
+            else:
+                contender.done = job_finished(job)
 
-    def _stop(self, contenders: list[Contender]) -> None:
-        """Delete the trial's CronJob (its Jobs and Lease go with it) and wait for its pods."""
+    def _stop(self, contenders: list[Contender]) -> int:
+        """Delete the trial's CronJob and pods, wait until their works stopped; how many did not."""
         for contender in contenders:
-            worker = contender.worker
-            if worker is not None and not worker.finished.is_set():
-                with contextlib.suppress(*API_ERRORS):
-                    self.core.delete_namespaced_pod(
-                        worker.name, self.namespace, grace_period_seconds=5, _request_timeout=10
-                    )
+            if not contender.done:
+                # Still deciding, waiting for the lock or working when the trial had enough.
+                contender.done, contender.outcome = True, "stopped-at-trial-end"
+        selector = f"{contract.LABEL_LOCK}={self._cronjob}"
         with contextlib.suppress(*API_ERRORS):
             self.batch.delete_namespaced_cron_job(
-                self._cronjob,
+                self._cronjob, self.namespace, propagation_policy="Background", _request_timeout=10
+            )
+        with contextlib.suppress(*API_ERRORS):
+            self.core.delete_collection_namespaced_pod(
                 self.namespace,
-                propagation_policy="Background",
+                label_selector=selector,
+                grace_period_seconds=self.settings.kill_grace,
                 _request_timeout=10,
             )
-        deadline = time.monotonic() + 30
-        for contender in contenders:
-            if contender.worker is not None:
-                contender.worker.finished.wait(max(0.0, deadline - time.monotonic()))
-            if not contender.done:
-                # Still deciding or waiting for the lock when the trial had enough.
-                contender.done, contender.outcome = True, "stopped-at-trial-end"
+        deadline = time.monotonic() + self.settings.stop_timeout
+        while time.monotonic() < deadline:
+            running = [work for work in self._works() if work.running]
+            with contextlib.suppress(*API_ERRORS):
+                if not running and not self.core.list_namespaced_pod(
+                    self.namespace, label_selector=selector, _request_timeout=10
+                ).items:
+                    return 0
+            time.sleep(0.5)
+        leftover = [work.pod for work in self._works() if work.running]
+        self.log(f"{self._cronjob}: works still running after the trial: {leftover}")
+        return len(leftover)
 
     # --- faults -------------------------------------------------------------------------------
-    def _inject(self, fault: PodFault, holder: _Start) -> None:
+    def _inject(self, fault: PodFault, holder: Work) -> None:
         settings = self.settings
         fault.fired = time.monotonic()
+        fault.holder = holder.pod
         try:
-            record = self._main_record(holder.pid)
-            worker = self.runner.worker(self.namespace, record.pod)
-            sidecar = next(
-                (c for c in worker.containers if c.name == contract.SIDECAR_CONTAINER), None
-            )
-            hold = sidecar.process.pid if sidecar and sidecar.running and sidecar.process else 0
-            fault.holder_cmd, fault.holder_run = holder.pid, hold
-            if fault.kind in {"kill-sidecar", "stop-sidecar"} and not hold:
-                raise RuntimeError(f"pod {record.pod} has no running sidecar")
-            if fault.kind == "kill-sidecar":
-                signal_all([hold], signal.SIGKILL)
-                fault.detail = record.pod
-            elif fault.kind == "stop-sidecar":
-                seconds = self.random.uniform(1, settings.ttl + settings.skew + 2)
-                signal_all([hold], signal.SIGSTOP)
+            if fault.kind == "cut-pods":
+                # Until the holder's renew deadline has passed at least.
+                seconds = self.random.uniform(
+                    settings.renew_deadline + 1, settings.ttl + settings.skew + 2
+                )
+                self.node.cut_pods_off()
                 try:
                     time.sleep(seconds)
                 finally:
-                    signal_all([hold], signal.SIGCONT)
-                fault.detail = f"{seconds:.1f}s, main {record.killed_by or 'not killed'}"
+                    self.node.reconnect_pods()
+                fault.detail = f"{seconds:.1f}s, {self._work_fate(holder, fault.fired)}"
+            elif fault.kind == "stop-sidecar":
+                seconds = self.random.uniform(1, settings.ttl + settings.skew + 2)
+                pid = self.node.signal_container(
+                    self._pod_uid(holder.pod), contract.SIDECAR_CONTAINER, signal.SIGSTOP
+                )
+                try:
+                    time.sleep(seconds)
+                finally:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGCONT)
+                fault.detail = f"{seconds:.1f}s, {self._work_fate(holder, fault.fired)}"
+            elif fault.kind == "kill-sidecar":
+                self.node.signal_container(
+                    self._pod_uid(holder.pod), contract.SIDECAR_CONTAINER, signal.SIGKILL
+                )
+                fault.detail = holder.pod
             elif fault.kind == "kill-main":
-                signal_all([holder.pid], signal.SIGKILL)
-                fault.detail = record.pod
+                self.node.signal_container(self._pod_uid(holder.pod), MAIN, signal.SIGKILL)
+                fault.detail = holder.pod
             elif fault.kind == "delete-pod":
-                self.core.delete_namespaced_pod(record.pod, self.namespace, _request_timeout=10)
-                fault.detail = record.pod
+                self.core.delete_namespaced_pod(holder.pod, self.namespace, _request_timeout=10)
+                fault.detail = holder.pod
             elif fault.kind == "node-loss":
-                self.runner.drop(self.namespace, record.pod)
-                fault.detail = record.pod
+                seconds = self.random.uniform(settings.ttl + 1, settings.ttl + settings.skew + 4)
+                with self.node.kubelet_down():
+                    time.sleep(seconds)
+                fault.detail = (
+                    f"kubelet away {seconds:.1f}s, back after {time.monotonic() - fault.fired:.1f}s"
+                    f", {self._work_fate(holder, fault.fired)}"
+                )
             elif fault.kind == "pause-apiserver" and self.components is not None:
                 seconds = self.random.uniform(2, settings.ttl + 4)
-                fault.detail = f"{seconds:.1f}s"
                 self.components.pause("kube-apiserver")
                 try:
                     time.sleep(seconds)
                 finally:
                     self.components.resume("kube-apiserver")
                 self.components.wait_ready()
+                fault.detail = f"{seconds:.1f}s, {self._work_fate(holder, fault.fired)}"
             elif fault.kind == "kill-operator":
                 self._kill_operator(fault)
             else:
@@ -629,12 +985,18 @@ class PodChecker:
             if not fault.cleared:
                 fault.cleared = time.monotonic()
 
-    def _main_record(self, pid: int) -> ProcessRecord:
-        """The runner's record of the work unit: the main container's first process is it."""
-        for record in self.runner.processes(self.namespace, MAIN):
-            if record.pid == pid and record.running:
-                return record
-        raise RuntimeError(f"work unit {pid} is not a running main container of the runner")
+    @staticmethod
+    def _work_fate(work: Work, fired: float) -> str:
+        if work.stopped is None:
+            return "work went on"
+        return f"work stopped {work.stopped - fired:.1f}s after the fault"
+
+    def _pod_uid(self, pod: str) -> str:
+        found = [p for p in self.recorder.pods() if p["metadata"]["name"] == pod]
+        if found:
+            return str(found[-1]["metadata"]["uid"])
+        read = self.core.read_namespaced_pod(pod, self.namespace, _request_timeout=10)
+        return str(read.metadata.uid)
 
     def _kill_operator(self, fault: PodFault) -> None:
         """Change the ttl, SIGKILL the operator soon after, start it, check the CronJob."""
@@ -729,33 +1091,52 @@ class PodChecker:
 
 
 # --- command line ------------------------------------------------------------------------------
+@dataclass
+class PodEnvironment:
+    """What the checker needs around it: an admin client, the node, the tracker, the operator."""
+
+    api: kubernetes.client.ApiClient
+    node: RealNode
+    tracker: WorkTracker
+    operator: OperatorProcess
+
+
 @contextmanager
-def operator_and_runner(
-    kubeconfig: Path, env: dict[str, str], env_dir: Path
-) -> Iterator[tuple[kubernetes.client.ApiClient, OperatorProcess, PodRunner]]:
-    """The chart's RBAC, the operator as its ServiceAccount, and the pod runner."""
-    api = kubernetes.config.new_client_from_config(config_file=str(kubeconfig))
-    plane = ControlPlane(kubeconfig, env, env_dir)
+def node_and_operator(cluster: Cluster, env_dir: Path) -> Iterator[PodEnvironment]:
+    """The chart's RBAC, the real node, the work tracker, and the operator as its ServiceAccount.
+
+    The e2e fixtures' code paths (tests/e2e/conftest.py): `RealNode` for
+    tests/controlplane/node, `WorkTracker`, and the operator with the image built from our
+    Dockerfile.
+    """
+    env_dir = cluster.env_dir or env_dir
+    api = kubernetes.config.new_client_from_config(config_file=str(cluster.kubeconfig))
+    plane = ControlPlane(cluster.kubeconfig, cluster.env, env_dir)
     try:
-        account = install_chart_rbac(api, env)
+        account = install_chart_rbac(api, cluster.env)
     except kubernetes.utils.FailToCreateError as error:
         if any(e.status != 409 for e in error.api_exceptions):
             raise
         account = next(
-            d["metadata"]["name"] for d in render_chart(env) if d["kind"] == "ServiceAccount"
+            d["metadata"]["name"] for d in render_chart(cluster.env) if d["kind"] == "ServiceAccount"
         )
     operator_kubeconfig = make_service_account_kubeconfig(
         plane, api, "cronlock-system", account, env_dir
     )
-    operator = OperatorProcess(operator_kubeconfig, env_dir / "pods-operator.log", env)
-    operator.start()
-    runner = PodRunner(kubeconfig, env_dir / "podrunner-pods")
+    node = RealNode(dict(cluster.env, CRONLOCK_TESTENV_DIR=str(env_dir)))
+    node.start()
+    tracker = WorkTracker()
+    operator = OperatorProcess(
+        operator_kubeconfig, env_dir / "pods-operator.log", cluster.env, list(OPERATOR_ARGS)
+    )
     try:
-        runner.start()
-        yield api, operator, runner
+        tracker.start()
+        operator.start()
+        yield PodEnvironment(api, node, tracker, operator)
     finally:
-        runner.stop()
         operator.stop()
+        tracker.close()
+        node.stop()
         api.close()
 
 
@@ -764,7 +1145,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="python -m tests.reliability.pods", description=__doc__.splitlines()[0]
     )
     defaults = PodSettings()
-    parser.add_argument("--trials", type=int, default=14)
+    parser.add_argument("--trials", type=int, default=8)
     parser.add_argument("--faults-per-trial", type=int, default=2)
     parser.add_argument(
         "--faults",
@@ -773,7 +1154,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--contenders", type=int, default=defaults.contenders)
     parser.add_argument("--runs-per-trial", type=int, default=defaults.runs_per_trial)
-    parser.add_argument("--ttl", type=int, default=defaults.ttl)
+    parser.add_argument(
+        "--ttl",
+        type=int,
+        default=defaults.ttl,
+        help=f"seconds (default {defaults.ttl}, the operator's minimum)",
+    )
     parser.add_argument("--renew", type=int, default=defaults.renew)
     parser.add_argument("--slack", type=float, default=defaults.slack)
     parser.add_argument(
@@ -785,57 +1171,73 @@ def main(argv: Sequence[str] | None = None) -> int:
     add_common_arguments(parser, ROOT / ".testenv" / "reliability-pods")
     args = parser.parse_args(argv)
     if os.geteuid() != 0:
-        parser.error("needs root: every pod gets its own network and mount namespaces")
+        parser.error("needs root: the node's kubelet, containerd and network namespace")
     faults = fault_list(args.faults)
-    # Volume sources are bind-mounted from inside the pods, whose cwd is /: absolute only.
+    # The trials' directories are hostPath volumes: absolute paths.
     env_dir = args.env_dir.resolve()
     seed = seed_of(args.seed)
-    settings = PodSettings(
-        ttl=args.ttl,
-        renew=args.renew,
-        slack=args.slack,
-        operator_kill_window=args.operator_kill_window,
-        contenders=args.contenders,
-        runs_per_trial=args.runs_per_trial,
-    )
+    try:
+        settings = PodSettings(
+            ttl=args.ttl,
+            renew=args.renew,
+            slack=args.slack,
+            operator_kill_window=args.operator_kill_window,
+            contenders=args.contenders,
+            runs_per_trial=args.runs_per_trial,
+        )
+    except ValueError as error:
+        parser.error(str(error))
 
     def log(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
 
-    # SIGTERM unwinds like Ctrl-C: pods, operator and control plane are stopped on the way out.
+    # SIGTERM unwinds like Ctrl-C: pods, node, operator and control plane are stopped.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     namespace = f"cronlock-pods-{secrets.token_hex(3)}"
     with (
         own_controlplane(env_dir, args.keep_controlplane) as cluster,
-        operator_and_runner(cluster.kubeconfig, cluster.env, env_dir) as (
-            api,
-            operator,
-            runner,
-        ),
+        node_and_operator(cluster, env_dir) as around,
     ):
-        kubernetes.client.CoreV1Api(api).create_namespace({"metadata": {"name": namespace}})
-        checker = PodChecker(
-            api,
-            runner,
-            operator,
-            namespace,
-            settings,
-            faults,
-            seed,
-            cluster.components(),
-            log=log,
+        kubernetes.client.CoreV1Api(around.api).create_namespace(
+            {"metadata": {"name": namespace}}
         )
-        log(f"seed {seed}; work units' files under {checker.workdir}")
-        report = checker.run(args.trials, args.faults_per_trial)
+        recorder = PodRecorder(around.api, namespace)
+        recorder.start()
+        try:
+            checker = PodChecker(
+                around.api,
+                around.node,
+                around.tracker,
+                recorder,
+                around.operator,
+                namespace,
+                settings,
+                faults,
+                seed,
+                cluster.components(),
+                workdir=env_dir / "pods-work",
+                log=log,
+            )
+            log(f"seed {seed}; ttl {settings.ttl}s; work units' files under {checker.workdir}")
+            report = checker.run(args.trials, args.faults_per_trial)
+        finally:
+            recorder.stop()
     publish(report, args.output)
-    ok = (
+    return 0 if guarantee_held(report) else 1
+
+
+def guarantee_held(report: Mapping[str, Any]) -> bool:
+    """No overlap, no work past its Lease's expiry, nothing stuck or corrupted, no failed fault."""
+    return (
         report["overlaps"] == 0
+        and report["tracker_overlaps"] == 0
+        and report["works_past_expiry"] == 0
         and report["delayed"] == 0
         and report["timed_out_trials"] == 0
+        and report["leftover_works"] == 0
         and report["corrupted_cronjobs"] == 0
         and report["fault_errors"] == 0
     )
-    return 0 if ok else 1
 
 
 if __name__ == "__main__":

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import copy
+import re
 from collections.abc import Iterator, Mapping
-from typing import Any, Final
+from typing import Any, Final, TypeGuard
 
 from cronlock_operator.config import (
     InvalidConfig,
@@ -25,6 +26,10 @@ SIDECAR_UID: Final = 65532
 # Values of ANNOTATION_ORIGINAL_SHARE_PROCESS_NAMESPACE.
 SHARE_PROCESS_NAMESPACE_FALSE: Final = "false"
 SHARE_PROCESS_NAMESPACE_UNSET: Final = "unset"
+# Value of ANNOTATION_ORIGINAL_TERMINATION_GRACE_PERIOD_SECONDS when the user wrote none.
+TERMINATION_GRACE_PERIOD_UNSET: Final = "unset"
+_GRACE: Final = "terminationGracePeriodSeconds"
+_WHOLE_SECONDS: Final = re.compile(r"[0-9]+")
 
 _RESOURCES: Final[Mapping[str, Any]] = {
     "requests": {"cpu": "10m", "memory": "32Mi"},
@@ -82,6 +87,20 @@ def build_injection(
         originals[contract.ANNOTATION_ORIGINAL_RESTART_POLICY] = pod_spec["restartPolicy"]
         pod_spec["restartPolicy"] = "Never"
 
+    # When a liveness failure leaves no container to restart, the kubelet kills the whole pod
+    # with the pod's grace, not the probe's (kubernetes/kubernetes#119377); a user's own
+    # probe under `stop: signal` does the same. Only a whole number can be compared: any
+    # other value is the API server's to refuse, and is left alone.
+    grace = pod_spec.get(_GRACE)
+    if _GRACE not in pod_spec:
+        originals[contract.ANNOTATION_ORIGINAL_TERMINATION_GRACE_PERIOD_SECONDS] = (
+            TERMINATION_GRACE_PERIOD_UNSET
+        )
+        pod_spec[_GRACE] = config.kill_grace_seconds
+    elif _is_whole_number(grace) and grace > config.kill_grace_seconds:
+        originals[contract.ANNOTATION_ORIGINAL_TERMINATION_GRACE_PERIOD_SECONDS] = str(grace)
+        pod_spec[_GRACE] = config.kill_grace_seconds
+
     sidecar_uid = SIDECAR_UID
     if config.stop == "signal":
         if pod_spec.get("shareProcessNamespace") is not True:
@@ -122,7 +141,14 @@ def build_injection(
 
 
 def revert(cronjob: Mapping[str, Any]) -> dict[str, Any]:
-    """A new CronJob as the user wrote it: every piece cronlock added is taken out."""
+    """A new CronJob as the user wrote it: every piece cronlock added is taken out.
+
+    Only a CronJob that carries cronlock's containers or its podFailurePolicy rule (which
+    outlives the rest when someone else removed the containers) is changed: on any other,
+    `cronlock.io/original-*` annotations are text a user wrote, not a record of injection,
+    and must not rewrite the pod spec. Raises InvalidConfig when such a record holds a value
+    cronlock never writes.
+    """
     result: dict[str, Any] = copy.deepcopy(dict(cronjob))
     metadata: dict[str, Any] = result.get("metadata") or {}
     annotations: dict[str, str] = metadata.get("annotations") or {}
@@ -130,8 +156,15 @@ def revert(cronjob: Mapping[str, Any]) -> dict[str, Any]:
     job_spec: dict[str, Any] = job_template.get("spec") or {}
     pod_template: dict[str, Any] = job_spec.get("template") or {}
     pod_spec: dict[str, Any] = pod_template.get("spec") or {}
+    policy: dict[str, Any] | None = job_spec.get("podFailurePolicy")
+    has_skip_rule = policy is not None and any(
+        _is_skip_rule(rule) for rule in policy.get("rules") or []
+    )
+    injected = is_injected(cronjob)
+    if not injected and not has_skip_rule:
+        return result
 
-    if is_injected(cronjob):
+    if injected:
         pod_spec["initContainers"] = [
             container
             for container in pod_spec.get("initContainers", [])
@@ -160,8 +193,7 @@ def revert(cronjob: Mapping[str, Any]) -> dict[str, Any]:
             _drop_if_empty(template, "metadata")
 
     # Our rule is recognisable by itself, even where the rest of the injection is gone.
-    policy: dict[str, Any] | None = job_spec.get("podFailurePolicy")
-    if policy is not None and any(_is_skip_rule(rule) for rule in policy.get("rules", [])):
+    if policy is not None and has_skip_rule:
         policy["rules"] = [rule for rule in policy["rules"] if not _is_skip_rule(rule)]
         if not policy["rules"] and set(policy) == {"rules"}:
             del job_spec["podFailurePolicy"]
@@ -174,7 +206,22 @@ def revert(cronjob: Mapping[str, Any]) -> dict[str, Any]:
         pod_spec["shareProcessNamespace"] = False
     elif share is not None:
         pod_spec.pop("shareProcessNamespace", None)
-    if restart_policy is not None or share is not None:
+    grace = annotations.pop(contract.ANNOTATION_ORIGINAL_TERMINATION_GRACE_PERIOD_SECONDS, None)
+    if grace == TERMINATION_GRACE_PERIOD_UNSET:
+        pod_spec.pop(_GRACE, None)
+    elif grace is not None:
+        if not _WHOLE_SECONDS.fullmatch(grace):
+            raise InvalidConfig(
+                contract.ANNOTATION_ORIGINAL_TERMINATION_GRACE_PERIOD_SECONDS,
+                grace,
+                "is not a value cronlock writes (a whole number of seconds, or "
+                f'"{TERMINATION_GRACE_PERIOD_UNSET}"), so the pod\'s terminationGracePeriodSeconds '
+                "cannot be restored; remove the annotation and set terminationGracePeriodSeconds "
+                "in the job template yourself",
+            )
+        if pod_spec:
+            pod_spec[_GRACE] = int(grace)
+    if restart_policy is not None or share is not None or grace is not None:
         _drop_if_empty(metadata, "annotations")
     return result
 
@@ -435,6 +482,10 @@ def _is_skip_rule(rule: Mapping[str, Any]) -> bool:
         and exit_codes.get("operator") == "In"
         and exit_codes.get("values") == [contract.EXIT_SKIPPED]
     )
+
+
+def _is_whole_number(value: Any) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _drop_if_empty(node: dict[str, Any], key: str) -> None:

@@ -20,6 +20,11 @@ ANNOTATION_ORIGINAL_RESTART_POLICY: Final = PREFIX + "original-restart-policy"
 # Set when `stop: signal` had to turn on shareProcessNamespace: "false" (the user wrote
 # false) or "unset" (the user did not write it), so that revert restores it exactly.
 ANNOTATION_ORIGINAL_SHARE_PROCESS_NAMESPACE: Final = PREFIX + "original-share-process-namespace"
+# Set when injection lowered the pod's terminationGracePeriodSeconds to the kill grace:
+# the user's whole number of seconds, or "unset" (the key was absent).
+ANNOTATION_ORIGINAL_TERMINATION_GRACE_PERIOD_SECONDS: Final = (
+    PREFIX + "original-termination-grace-period-seconds"
+)
 ANNOTATION_CONSECUTIVE_SKIPS: Final = PREFIX + "consecutive-skips"
 # Written on the Lease by the sidecar when it releases.
 ANNOTATION_LAST_HOLDER: Final = PREFIX + "last-holder"
@@ -45,6 +50,7 @@ OPERATOR_OWNED: Final = frozenset(
     {
         ANNOTATION_ORIGINAL_RESTART_POLICY,
         ANNOTATION_ORIGINAL_SHARE_PROCESS_NAMESPACE,
+        ANNOTATION_ORIGINAL_TERMINATION_GRACE_PERIOD_SECONDS,
         ANNOTATION_CONSECUTIVE_SKIPS,
     }
 )

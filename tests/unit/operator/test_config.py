@@ -115,6 +115,7 @@ def test_operator_owned_annotations_are_not_unknown() -> None:
     config = config_of(
         {
             "cronlock.io/original-restart-policy": "OnFailure",
+            "cronlock.io/original-termination-grace-period-seconds": "unset",
             "cronlock.io/consecutive-skips": "2",
             "other.example.com/ttl": "whatever",
         }

@@ -29,6 +29,8 @@ from tests.unit.operator.cronjobs import (
 )
 
 CASES = Path(__file__).parent / "cases"
+GRACE_RECORD = "cronlock.io/original-termination-grace-period-seconds"
+ABSENT = object()
 
 
 def inject(cronjob: dict[str, Any]) -> dict[str, Any]:
@@ -122,6 +124,7 @@ def test_injection_shape() -> None:
         {"name": "cronlock", "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}},
     ]
     assert spec["restartPolicy"] == "Never"
+    assert spec["terminationGracePeriodSeconds"] == 10
     job_template = injected["spec"]["jobTemplate"]
     assert job_template["metadata"]["labels"] == {"cronlock.io/lock": "report"}
     assert job_template["spec"]["template"]["metadata"]["labels"] == {"cronlock.io/lock": "report"}
@@ -136,6 +139,7 @@ def test_injection_shape() -> None:
     assert injected["metadata"]["annotations"] == {
         "cronlock.io/enabled": "true",
         "cronlock.io/original-restart-policy": "OnFailure",
+        "cronlock.io/original-termination-grace-period-seconds": "unset",
     }
     assert "shareProcessNamespace" not in spec
     assert revert(injected) == user
@@ -151,9 +155,152 @@ def test_injection_leaves_its_argument_alone() -> None:
     assert inject(user) == injected
 
 
-def test_never_restart_policy_records_nothing() -> None:
-    injected = inject(make_cronjob(restart_policy="Never"))
+def test_never_restart_policy_and_a_grace_within_the_kill_grace_record_nothing() -> None:
+    user = make_cronjob(restart_policy="Never", terminationGracePeriodSeconds=10)
+    injected = inject(user)
     assert injected["metadata"]["annotations"] == {"cronlock.io/enabled": "true"}
+    assert pod_spec(injected)["terminationGracePeriodSeconds"] == 10
+    assert revert(injected) == user
+
+
+@pytest.mark.parametrize("stop", ["liveness", "signal"])
+@pytest.mark.parametrize(
+    ("ttl", "users_grace", "pod_grace", "recorded"),
+    [
+        ("1m", ABSENT, 10, "unset"),
+        ("1m", 30, 10, "30"),
+        ("1m", 120, 10, "120"),
+        ("1m", 11, 10, "11"),
+        ("1m", 10, 10, None),
+        ("1m", 3, 3, None),
+        ("1m", 0, 0, None),
+        ("30s", 30, 6, "30"),
+        ("30s", 7, 6, "7"),
+        ("30s", 6, 6, None),
+        ("13s", 30, 1, "30"),
+    ],
+)
+def test_the_pods_grace_is_capped_at_the_kill_grace(
+    stop: str, ttl: str, users_grace: object, pod_grace: int, recorded: str | None
+) -> None:
+    """A liveness failure with restartPolicy Never kills the whole pod with the pod's grace."""
+    extra = {} if users_grace is ABSENT else {"terminationGracePeriodSeconds": users_grace}
+    user = make_cronjob(
+        annotations={
+            "cronlock.io/enabled": "true",
+            "cronlock.io/ttl": ttl,
+            "cronlock.io/stop": stop,
+        },
+        restart_policy="Never",
+        shareProcessNamespace=True,
+        **extra,
+    )
+    config = parse_config(user, SETTINGS)
+    injected = inject(user)
+    assert pod_spec(injected)["terminationGracePeriodSeconds"] == pod_grace
+    assert pod_grace <= config.kill_grace_seconds
+    assert injected["metadata"]["annotations"].get(GRACE_RECORD) == recorded
+    assert revert(injected) == user
+    assert inject(injected) == injected
+    assert not needs_patch(server_defaults(injected), inject(server_defaults(injected)))
+
+
+@pytest.mark.parametrize("odd", ["30", 30.0, 12.5, None, True, [30], {"seconds": 30}])
+def test_a_grace_that_is_not_a_whole_number_is_left_to_the_api_server(odd: object) -> None:
+    user = make_cronjob(restart_policy="Never", terminationGracePeriodSeconds=odd)
+    injected = inject(user)
+    assert pod_spec(injected)["terminationGracePeriodSeconds"] == odd
+    assert GRACE_RECORD not in injected["metadata"]["annotations"]
+    assert revert(injected) == user
+    assert inject(injected) == injected
+
+
+def test_the_grace_the_api_server_defaulted_is_recorded_and_put_back() -> None:
+    stored = server_defaults(make_cronjob(restart_policy="Never"))
+    assert pod_spec(stored)["terminationGracePeriodSeconds"] == 30
+    desired = inject(stored)
+    assert pod_spec(desired)["terminationGracePeriodSeconds"] == 10
+    assert desired["metadata"]["annotations"][GRACE_RECORD] == "30"
+    patched = server_defaults(apply_json_patch(stored, injection_patch(stored, desired)))
+    assert not needs_patch(
+        patched, desired_cronjob(patched, parse_config(patched, SETTINGS), SETTINGS)
+    )
+    patched["metadata"]["annotations"]["cronlock.io/enabled"] = "false"
+    reverted = desired_cronjob(patched, None, SETTINGS)
+    assert pod_spec(reverted)["terminationGracePeriodSeconds"] == 30
+    assert GRACE_RECORD not in reverted["metadata"]["annotations"]
+
+
+def test_a_new_ttl_recaps_the_grace_and_keeps_the_users_original() -> None:
+    user = make_cronjob(
+        annotations={"cronlock.io/enabled": "true", "cronlock.io/ttl": "30s"},
+        terminationGracePeriodSeconds=8,
+    )
+    short = inject(user)
+    assert pod_spec(short)["terminationGracePeriodSeconds"] == 6
+    assert short["metadata"]["annotations"][GRACE_RECORD] == "8"
+    short["metadata"]["annotations"]["cronlock.io/ttl"] = "1m"
+    longer = desired_cronjob(short, parse_config(short, SETTINGS), SETTINGS)
+    assert pod_spec(longer)["terminationGracePeriodSeconds"] == 8
+    assert GRACE_RECORD not in longer["metadata"]["annotations"]
+    user["metadata"]["annotations"]["cronlock.io/ttl"] = "1m"
+    assert longer == inject(user)
+    assert revert(longer) == user
+
+
+@pytest.mark.parametrize("record", ["", "ten", "-5", "1.5", " 30"])
+def test_a_grace_record_cronlock_never_writes_is_refused_not_guessed(record: str) -> None:
+    injected = inject(make_cronjob())
+    injected["metadata"]["annotations"][GRACE_RECORD] = record
+    before = copy.deepcopy(injected)
+    for config in (None, parse_config(injected, SETTINGS)):
+        with pytest.raises(InvalidConfig) as caught:
+            desired_cronjob(injected, config, SETTINGS)
+        assert caught.value.annotation == GRACE_RECORD
+        assert "terminationGracePeriodSeconds" in str(caught.value)
+    assert injected == before
+
+
+FORGED_RECORDS = {
+    "cronlock.io/original-restart-policy": "OnFailure",
+    "cronlock.io/original-share-process-namespace": "false",
+    GRACE_RECORD: "unset",
+}
+
+
+def test_original_annotations_on_a_never_injected_cronjob_change_nothing() -> None:
+    """Issue 13: only cronlock's own record of an injection may rewrite the pod spec."""
+    user = make_cronjob(
+        annotations={"cronlock.io/enabled": "false", **FORGED_RECORDS},
+        restart_policy="Never",
+        shareProcessNamespace=True,
+        terminationGracePeriodSeconds=45,
+    )
+    assert not is_injected(user)
+    assert revert(user) == user
+    assert desired_cronjob(user, None, SETTINGS) == user
+    assert not needs_patch(user, desired_cronjob(user, None, SETTINGS))
+
+
+def test_a_half_removed_injection_is_still_reverted_through_its_skip_rule() -> None:
+    """Someone took out cronlock's containers; its podFailurePolicy rule still marks it."""
+    user = make_cronjob(terminationGracePeriodSeconds=120)
+    half = inject(user)
+    del pod_spec(half)["initContainers"]
+    assert not is_injected(half)
+    reverted = revert(half)
+    assert pod_spec(reverted)["restartPolicy"] == "OnFailure"
+    assert pod_spec(reverted)["terminationGracePeriodSeconds"] == 120
+    assert reverted["metadata"]["annotations"] == {"cronlock.io/enabled": "true"}
+    assert "podFailurePolicy" not in reverted["spec"]["jobTemplate"]["spec"]
+
+
+def test_records_without_any_trace_of_injection_are_left_alone() -> None:
+    """Containers and skip rule both gone: the records are no longer evidence of anything."""
+    half = inject(make_cronjob(terminationGracePeriodSeconds=120))
+    del pod_spec(half)["initContainers"]
+    del half["spec"]["jobTemplate"]["spec"]["podFailurePolicy"]
+    assert revert(half) == half
 
 
 def test_user_pod_failure_rules_come_after_ours_and_survive_revert() -> None:
@@ -281,7 +428,12 @@ def test_patch_turns_the_stored_cronjob_into_the_desired_one() -> None:
             "op": "add",
             "path": "/metadata/annotations/cronlock.io~1original-restart-policy",
             "value": "OnFailure",
-        }
+        },
+        {
+            "op": "add",
+            "path": "/metadata/annotations/cronlock.io~1original-termination-grace-period-seconds",
+            "value": "30",
+        },
     ]
     patched = apply_json_patch(stored, patch)
     assert patched == desired
@@ -302,7 +454,10 @@ def test_patch_adds_the_annotations_map_when_there_is_none() -> None:
     assert patch[-1] == {
         "op": "add",
         "path": "/metadata/annotations",
-        "value": {"cronlock.io/original-restart-policy": "OnFailure"},
+        "value": {
+            "cronlock.io/original-restart-policy": "OnFailure",
+            "cronlock.io/original-termination-grace-period-seconds": "unset",
+        },
     }
     assert apply_json_patch(stored, patch) == desired
 

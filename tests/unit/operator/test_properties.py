@@ -22,9 +22,11 @@ from tests.unit.operator.cronjobs import (
     apply_json_patch,
     as_kubernetes_models_see_it,
     make_cronjob,
+    pod_spec,
     server_defaults,
 )
 
+GRACE_RECORD = "cronlock.io/original-termination-grace-period-seconds"
 PROPERTIES = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 names = st.from_regex(r"[a-z]([a-z0-9-]{0,20}[a-z0-9])?", fullmatch=True)
@@ -39,6 +41,10 @@ user_annotations = st.dictionaries(
     st.sampled_from(["example.com/owner", "kubectl.kubernetes.io/last-applied-configuration"]),
     st.text(max_size=10),
     max_size=2,
+)
+# Absent, 0, under, equal to and over the kill graces the ttls below give (1s, 6s, 10s).
+graces = st.one_of(
+    st.none(), st.sampled_from([0, 1, 2, 6, 7, 10, 11, 30, 120]), st.integers(0, 7 * 24 * 3600)
 )
 labels = st.dictionaries(
     st.sampled_from(["app", "team", "app.kubernetes.io/name"]), names, min_size=1, max_size=2
@@ -134,6 +140,9 @@ def cronjobs(draw: st.DrawFn) -> dict[str, Any]:
         pod["shareProcessNamespace"] = share
     if draw(st.booleans()):
         pod["serviceAccountName"] = "reporter"
+    grace = draw(graces)
+    if grace is not None:
+        pod["terminationGracePeriodSeconds"] = grace
 
     cronjob = make_cronjob(
         name=draw(names),
@@ -180,6 +189,23 @@ def test_revert_undoes_injection(user: dict[str, Any]) -> None:
     assert revert(injected) == user
     assert revert(user) == user
     assert as_kubernetes_models_see_it(injected) == injected
+
+
+@PROPERTIES
+@given(cronjobs())
+def test_the_pods_grace_never_exceeds_the_kill_grace(user: dict[str, Any]) -> None:
+    config = config_or_skip(user)
+    injected = build_injection(user, config, SETTINGS)
+    users_grace = pod_spec(user).get("terminationGracePeriodSeconds")
+    recorded = injected["metadata"]["annotations"].get(GRACE_RECORD)
+    assert pod_spec(injected)["terminationGracePeriodSeconds"] <= config.kill_grace_seconds
+    if users_grace is None:
+        assert recorded == "unset"
+    elif users_grace > config.kill_grace_seconds:
+        assert recorded == str(users_grace)
+    else:
+        assert recorded is None
+        assert pod_spec(injected)["terminationGracePeriodSeconds"] == users_grace
 
 
 @PROPERTIES

@@ -1,0 +1,488 @@
+"""The real node as the e2e ring sees it: its processes, its faults, and what ran on it.
+
+`RealNode` starts and stops `tests/controlplane/node` (kubelet, containerd, runc) and
+injects faults from the host: cut the pods' path to the API server, SIGSTOP or SIGKILL a
+container's process, stop and restart the kubelet. `WorkTracker` sees when each run's
+work really starts and stops: the main container keeps a TCP connection to it open for
+exactly as long as the container's processes live (the kernel closes it when they die,
+whatever killed them). `PodRecorder` keeps every pod it saw and its last status, so a
+test can read a gate's exit code after the operator deleted a skipped Job.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import kubernetes
+
+from tests.kube import wait_for
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+NODE_SCRIPT = ROOT / "tests" / "controlplane" / "node"
+# The host's end of the link to the node: pods reach the tracker there.
+HOST_LINK_IP = "198.51.100.1"
+CRONLOCK_IMAGE = "localhost/cronlock:dev"
+BUSYBOX_IMAGE = "localhost/busybox:cronlock"
+SIDECAR_CONTAINER = "cronlock"
+GATE_CONTAINER = "cronlock-gate"
+NODE_NETNS = "/run/netns/cronlock-node"
+NODE_NAME = "cronlock-node"
+KUBELET_BACK_TIMEOUT = 60.0
+
+# Starts a process detached from us (its parent exits at once), so it is never our zombie
+# and `tests/controlplane/node down` stops it through its pid file as usual.
+_DETACHED = """
+import json, subprocess, sys
+spec = json.loads(sys.argv[1])
+with open(spec["log"], "ab") as log:
+    process = subprocess.Popen(spec["argv"], cwd=spec["cwd"], env=spec["env"], stdout=log,
+                               stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                               start_new_session=True)
+print(process.pid)
+"""
+
+
+@dataclass
+class RealNode:
+    """The node started for this test session, and the faults a test can inject on it."""
+
+    env: dict[str, str]
+    state: Path = field(init=False)
+
+    def start(self) -> None:
+        result = subprocess.run(
+            [str(NODE_SCRIPT), "up"], env=self.env, capture_output=True, text=True, check=False
+        )
+        if result.returncode != 0:
+            raise RuntimeError(f"tests/controlplane/node up failed:\n{result.stderr[-4000:]}")
+        exports = dict(
+            line.removeprefix("export ").split("=", 1)
+            for line in result.stdout.splitlines()
+            if line.startswith("export ")
+        )
+        self.state = Path(exports["CRONLOCK_NODE_DIR"])
+
+    def stop(self) -> None:
+        subprocess.run([str(NODE_SCRIPT), "down"], env=self.env, capture_output=True, check=False)
+
+    def pid(self, component: str) -> int:
+        return int((self.state / f"{component}.pid").read_text())
+
+    # -- faults --
+
+    @contextmanager
+    def pods_cut_off(self) -> Iterator[None]:
+        """The pods' path to the API server hangs (their relay is stopped); the kubelet's works."""
+        os.kill(self.pid("pod-relay"), signal.SIGSTOP)
+        try:
+            yield
+        finally:
+            os.kill(self.pid("pod-relay"), signal.SIGCONT)
+
+    def cut_pods_off(self) -> None:
+        os.kill(self.pid("pod-relay"), signal.SIGSTOP)
+
+    def reconnect_pods(self) -> None:
+        os.kill(self.pid("pod-relay"), signal.SIGCONT)
+
+    def stop_kubelet(self) -> None:
+        """SIGKILL the kubelet: the node is lost; its containers keep running under containerd."""
+        pid = self.pid("kubelet")
+        os.killpg(pid, signal.SIGKILL)
+        wait_for(lambda: not Path(f"/proc/{pid}").exists(), 10, "the kubelet to die")
+
+    def start_kubelet(self) -> None:
+        result = subprocess.run(
+            [str(NODE_SCRIPT), "up"], env=self.env, capture_output=True, text=True, check=False
+        )
+        if result.returncode != 0:
+            raise RuntimeError(f"restarting the kubelet failed:\n{result.stderr[-4000:]}")
+
+    @contextmanager
+    def kubelet_down(self) -> Iterator[None]:
+        """The node is lost for the block, then the same kubelet comes back.
+
+        The kubelet is SIGKILLed (containerd and the pods' processes run on, as when a
+        kubelet crashes) and afterwards started again with the argv, environment and log it
+        had, in the node's network namespace; the block ends once it heartbeats again.
+        `start_kubelet` runs `node up`, which tears the whole node down first when any of
+        its processes is missing: the pods would not outlive that.
+        """
+        pid = self.pid("kubelet")
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().rstrip(b"\0").split(b"\0")
+        environ = Path(f"/proc/{pid}/environ").read_bytes().rstrip(b"\0").split(b"\0")
+        spec = {
+            "argv": ["nsenter", f"--net={NODE_NETNS}", "--", *(arg.decode() for arg in argv)],
+            "cwd": os.readlink(f"/proc/{pid}/cwd"),
+            "env": dict(item.decode().split("=", 1) for item in environ if b"=" in item),
+            "log": str(self.state / "logs" / "kubelet.log"),
+        }
+        self.stop_kubelet()
+        try:
+            yield
+        finally:
+            restarted = time.time()
+            launched = subprocess.run(
+                [sys.executable, "-c", _DETACHED, json.dumps(spec)],
+                capture_output=True,
+                text=True,
+                check=True,
+                timeout=30,
+            )
+            (self.state / "kubelet.pid").write_text(launched.stdout.strip())
+            wait_for(
+                lambda: self._node_heartbeat() > restarted,
+                KUBELET_BACK_TIMEOUT,
+                "the restarted kubelet to heartbeat",
+                every=0.2,
+            )
+
+    def _node_heartbeat(self) -> float:
+        """When the kubelet last renewed its node Lease (wall clock; 0 if unknown)."""
+        result = subprocess.run(
+            ["kubectl", "get", "lease", "-n", "kube-node-lease", NODE_NAME, "--request-timeout=5s",
+             "-o", "jsonpath={.spec.renewTime}"],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=15,
+        )  # fmt: skip
+        renewed = wall_time(result.stdout.strip()) if result.returncode == 0 else None
+        return renewed or 0.0
+
+    def container_pid(self, pod_uid: str, container: str) -> int:
+        """The host pid of a running container's first process (its PID 1)."""
+        for status in self._containers():
+            labels = status.get("labels") or {}
+            if (
+                labels.get("io.kubernetes.pod.uid") == pod_uid
+                and labels.get("io.kubernetes.container.name") == container
+                and status.get("state") == "CONTAINER_RUNNING"
+            ):
+                info = self._crictl("inspect", status["id"])
+                return int(json.loads(info)["info"]["pid"])
+        raise LookupError(f"no running container {container} in pod {pod_uid}")
+
+    def signal_container(self, pod_uid: str, container: str, signum: signal.Signals) -> int:
+        pid = self.container_pid(pod_uid, container)
+        os.kill(pid, signum)
+        return pid
+
+    def _containers(self) -> list[dict[str, Any]]:
+        listed: list[dict[str, Any]] = json.loads(self._crictl("ps", "-a", "-o", "json"))[
+            "containers"
+        ]
+        return listed
+
+    def _crictl(self, *args: str) -> str:
+        sock = "unix:///run/cronlock-node/containerd.sock"
+        bins = Path(os.readlink(self.env_dir_bin("kubectl"))).parent
+        result = subprocess.run(
+            [
+                "nsenter",
+                "--net=/run/netns/cronlock-node",
+                "--",
+                str(bins / "crictl"),
+                "--runtime-endpoint",
+                sock,
+                "--image-endpoint",
+                sock,
+                *args,
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        return result.stdout
+
+    def env_dir_bin(self, tool: str) -> Path:
+        return self.state.parent / "bin" / tool
+
+
+@dataclass
+class Work:
+    """One run's work as the tracker saw it, on this host's monotonic clock."""
+
+    pod: str
+    started: float
+    stopped: float | None = None
+
+    @property
+    def running(self) -> bool:
+        return self.stopped is None
+
+
+class WorkTracker:
+    """A TCP server the main containers keep a connection to while their work runs."""
+
+    def __init__(self) -> None:
+        self._server = socket.create_server((HOST_LINK_IP, 0))
+        self.port = int(self._server.getsockname()[1])
+        self._lock = threading.Lock()
+        self._works: list[Work] = []
+        self._thread = threading.Thread(target=self._accept, daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def close(self) -> None:
+        self._server.close()
+
+    def shell_prefix(self) -> str:
+        """Put before a container's `sh -c` script: connect, name the pod, hold on.
+
+        The connection belongs to the container's processes: it closes when the script
+        ends (PID 1 exits and the kernel ends the rest) or when anything kills them.
+        """
+        return f"(echo $HOSTNAME; exec sleep 2147483647) | nc {HOST_LINK_IP} {self.port} & "
+
+    def works(self, prefix: str = "") -> list[Work]:
+        with self._lock:
+            return [w for w in self._works if w.pod.startswith(prefix)]
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                connection, _ = self._server.accept()
+            except OSError:
+                return
+            started = time.monotonic()
+            threading.Thread(target=self._follow, args=(connection, started), daemon=True).start()
+
+    def _follow(self, connection: socket.socket, started: float) -> None:
+        with connection:
+            name = b""
+            while not name.endswith(b"\n"):
+                chunk = connection.recv(256)
+                if not chunk:
+                    return
+                name += chunk
+            work = Work(name.decode().strip(), started)
+            with self._lock:
+                self._works.append(work)
+            while connection.recv(256):
+                pass
+            work.stopped = time.monotonic()
+
+
+def overlapping(works: list[Work]) -> list[tuple[Work, Work]]:
+    """Pairs of works whose [start, stop] intervals intersect (a running one lasts forever)."""
+    pairs = []
+    ordered = sorted(works, key=lambda work: work.started)
+    for index, first in enumerate(ordered):
+        end = first.stopped if first.stopped is not None else float("inf")
+        for second in ordered[index + 1 :]:
+            if second.started < end:
+                pairs.append((first, second))
+    return pairs
+
+
+class PodRecorder:
+    """Every pod of a namespace, as last seen by a watch (kept after the pod is deleted)."""
+
+    def __init__(self, api: kubernetes.client.ApiClient, namespace: str) -> None:
+        self._core = kubernetes.client.CoreV1Api(api)
+        self._namespace = namespace
+        self._pods: dict[str, dict[str, Any]] = {}
+        self._sidecar_logs: dict[str, str] = {}
+        self._order: list[str] = []
+        self._lock = threading.Lock()
+        self._stopped = threading.Event()
+        self._api = api
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopped.set()
+
+    def pods(self, job: str | None = None) -> list[dict[str, Any]]:
+        with self._lock:
+            pods = [self._pods[name] for name in self._order]
+        return [pod for pod in pods if job is None or job_of(pod) == job]
+
+    def sidecar_log(self, pod: str) -> str:
+        """The `cronlock` container's log: live, else as read when the gate had decided."""
+        try:
+            log: str = self._core.read_namespaced_pod_log(
+                pod, self._namespace, container=SIDECAR_CONTAINER
+            )
+        except kubernetes.client.ApiException as error:
+            if error.status not in (400, 404):
+                raise
+            with self._lock:
+                return self._sidecar_logs.get(pod, "")
+        return log
+
+    def _keep_decision_log(self, pod: dict[str, Any]) -> None:
+        # A skipped run's Job (and with it the pod and its logs) is deleted by the
+        # operator moments after the gate exits: read the sidecar's log at once.
+        name = pod["metadata"]["name"]
+        if name in self._sidecar_logs or exit_code(pod, GATE_CONTAINER) is None:
+            return
+        try:
+            log = self._core.read_namespaced_pod_log(
+                name, self._namespace, container=SIDECAR_CONTAINER
+            )
+        except kubernetes.client.ApiException:
+            return
+        with self._lock:
+            self._sidecar_logs[name] = log
+
+    def _watch(self) -> None:
+        version = ""
+        while not self._stopped.is_set():
+            watch = kubernetes.watch.Watch()
+            try:
+                for event in watch.stream(
+                    self._core.list_namespaced_pod,
+                    self._namespace,
+                    resource_version=version,
+                    timeout_seconds=5,
+                    _request_timeout=10,
+                ):
+                    pod = self._api.sanitize_for_serialization(event["object"])
+                    version = pod["metadata"]["resourceVersion"]
+                    name = pod["metadata"]["name"]
+                    with self._lock:
+                        if name not in self._pods:
+                            self._order.append(name)
+                        self._pods[name] = pod
+                    if event["type"] != "DELETED":
+                        self._keep_decision_log(pod)
+                    if self._stopped.is_set():
+                        break
+            except (kubernetes.client.ApiException, OSError, ValueError):
+                version = ""
+                time.sleep(0.2)
+            finally:
+                watch.stop()
+
+
+@dataclass(frozen=True)
+class LeaseVersion:
+    """One version of a Lease as a watch saw it; its times are wall clock (seconds)."""
+
+    name: str
+    holder: str
+    renew_time: float | None
+    duration: float | None
+    last_holder: str
+    released_at: float | None
+    # time.time() - time.monotonic() when it was seen: a wall time minus this is the same
+    # moment on this host's monotonic clock (the node shares this host's clocks).
+    offset: float
+
+    @classmethod
+    def of(cls, lease: dict[str, Any], offset: float) -> LeaseVersion:
+        spec = lease.get("spec") or {}
+        annotations = (lease.get("metadata") or {}).get("annotations") or {}
+        duration = spec.get("leaseDurationSeconds")
+        return cls(
+            name=str(lease["metadata"]["name"]),
+            holder=str(spec.get("holderIdentity") or ""),
+            renew_time=wall_time(spec.get("renewTime")),
+            duration=None if duration is None else float(duration),
+            last_holder=str(annotations.get("cronlock.io/last-holder") or ""),
+            released_at=wall_time(annotations.get("cronlock.io/released-at")),
+            offset=offset,
+        )
+
+
+class LeaseRecorder:
+    """Every version of a namespace's Leases a watch saw, in order (renewals included)."""
+
+    def __init__(self, api: kubernetes.client.ApiClient, namespace: str) -> None:
+        self._coordination = kubernetes.client.CoordinationV1Api(api)
+        self._api = api
+        self._namespace = namespace
+        self._versions: list[LeaseVersion] = []
+        self._lock = threading.Lock()
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopped.set()
+
+    def versions(self, name: str | None = None) -> list[LeaseVersion]:
+        with self._lock:
+            return [v for v in self._versions if name is None or v.name == name]
+
+    def _watch(self) -> None:
+        version = ""
+        while not self._stopped.is_set():
+            watch = kubernetes.watch.Watch()
+            try:
+                for event in watch.stream(
+                    self._coordination.list_namespaced_lease,
+                    self._namespace,
+                    resource_version=version,
+                    timeout_seconds=5,
+                    _request_timeout=10,
+                ):
+                    offset = time.time() - time.monotonic()
+                    lease = self._api.sanitize_for_serialization(event["object"])
+                    version = lease["metadata"]["resourceVersion"]
+                    if event["type"] != "DELETED":
+                        seen = LeaseVersion.of(lease, offset)
+                        with self._lock:
+                            self._versions.append(seen)
+                    if self._stopped.is_set():
+                        break
+            except (kubernetes.client.ApiException, OSError, ValueError):
+                version = ""
+                time.sleep(0.2)
+            finally:
+                watch.stop()
+
+
+def wall_time(value: Any) -> float | None:
+    """A Kubernetes timestamp (RFC 3339, MicroTime or Time) as seconds since the epoch."""
+    if isinstance(value, datetime.datetime):
+        return value.timestamp()
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        return datetime.datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def job_of(pod: dict[str, Any]) -> str:
+    labels = pod["metadata"].get("labels") or {}
+    return str(labels.get("batch.kubernetes.io/job-name") or labels.get("job-name") or "")
+
+
+def container_state(pod: dict[str, Any], container: str) -> dict[str, Any]:
+    """The container's `state` ({} until the kubelet reported it)."""
+    status = pod.get("status") or {}
+    for entry in (status.get("initContainerStatuses") or []) + (
+        status.get("containerStatuses") or []
+    ):
+        if entry["name"] == container:
+            state: dict[str, Any] = entry.get("state") or {}
+            return state
+    return {}
+
+
+def exit_code(pod: dict[str, Any], container: str) -> int | None:
+    terminated = container_state(pod, container).get("terminated")
+    return None if terminated is None else int(terminated["exitCode"])
