@@ -21,7 +21,8 @@ The Leases are watched too: a work's stop is compared with the expiry (last rene
 leaseDurationSeconds) of the Lease its pod held, on this host's clock, which the node
 shares. Faults hit the holder's pod from the host (its path to the API server cut, its
 sidecar frozen or killed, its main container killed, the pod deleted, the kubelet lost),
-the API server and the operator.
+the API server and the operator. The faults that can make a holder lose its Lease hit a
+long work, one that would outlive the Lease if nothing stopped it.
 
     flock /tmp/cronlock-node.lock .venv/bin/python -m tests.reliability.pods --trials 8
 
@@ -119,6 +120,11 @@ CONTROL_FAULTS = ("pause-apiserver", "kill-operator")
 POD_FAULTS = POD_PROCESS_FAULTS + CONTROL_FAULTS
 # While these run the API server may not answer: no Job is created meanwhile.
 API_AWAY = frozenset({"pause-apiserver"})
+# These hit a long work, one that would outlive its Lease if nothing stopped it: only then
+# does its stop, compared with the Lease's expiry, show that the sidecar stopped it in time.
+LONG_WORK_FAULTS = frozenset(
+    {"cut-pods", "stop-sidecar", "kill-sidecar", "node-loss", "pause-apiserver"}
+)
 
 WORK = textwrap.dedent(
     """
@@ -190,6 +196,8 @@ class PodSettings:
     contenders: int = 3
     runs_per_trial: int = 3
     work: tuple[float, float] = (3.0, 6.0)
+    # Beyond the longer ttl + skew by this much: a long work (LONG_WORK_FAULTS).
+    long_work: tuple[float, float] = (4.0, 8.0)
     wait_timeout: int = 60
     trial_timeout: float = 240.0
     # How long a restarted operator may take to bring the CronJob to what it asks for.
@@ -223,6 +231,12 @@ class PodSettings:
         return kill_grace_seconds(self.ttl, self.skew, f"{self.ttl}s")
 
     @property
+    def long_work_seconds(self) -> tuple[float, float]:
+        """A long work outlives the longer ttl + skew: its Lease expires before it ends."""
+        beyond = max(self.ttls) + self.skew
+        return beyond + self.long_work[0], beyond + self.long_work[1]
+
+    @property
     def recovery_bound(self) -> float:
         """Longest a lock may stay unused after a fault: the longer ttl + skew + slack."""
         return max(self.ttls) + self.skew + self.slack
@@ -252,6 +266,7 @@ class Contender:
 
     job: str
     created: float
+    long: bool = False
     done: bool = False
     outcome: str = ""
 
@@ -395,6 +410,12 @@ def job_finished(job: Mapping[str, Any]) -> bool:
     return any(
         c.get("type") in ("Complete", "Failed") and c.get("status") == "True" for c in conditions
     )
+
+
+def job_of_pod(pod: str) -> str:
+    """The Job a pod's name comes from (`<job>-<5 random characters>`)."""
+    job, _, _ = pod.rpartition("-")
+    return job
 
 
 def holder_pod(identity: str) -> str:
@@ -699,12 +720,25 @@ class PodChecker:
                     and not api_away
                     and now >= spawn_after
                 ):
-                    contender = self._spawn(trial)
+                    # Long works while the next fault needs one to hit.
+                    long = bool(pending) and pending[0].kind in LONG_WORK_FAULTS
+                    contender = self._spawn(trial, long)
                     if contender is not None:
                         contenders.append(contender)
                     spawn_after = now + 1.0
                 # Each fault hits a work no earlier fault has hit, 0.2-1s after it started.
-                fresh = [work for work in works if work.running and work.pod not in targeted]
+                longs = {c.job for c in contenders if c.long}
+                fresh = [
+                    work
+                    for work in works
+                    if work.running
+                    and work.pod not in targeted
+                    and (
+                        not pending
+                        or pending[0].kind not in LONG_WORK_FAULTS
+                        or job_of_pod(work.pod) in longs
+                    )
+                ]
                 if pending and fresh and not busy:
                     holder = max(fresh, key=lambda work: work.started)
                     if next_fault is None or next_fault[0] != holder.pod:
@@ -846,7 +880,7 @@ class PodChecker:
         result: dict[str, Any] = json.loads(raw.data)
         return result
 
-    def _spawn(self, trial: PodTrial) -> Contender | None:
+    def _spawn(self, trial: PodTrial, long: bool) -> Contender | None:
         """`kubectl create job --from=cronjob/...`, with a random work duration; None if not now."""
         name = f"{self._cronjob}-{trial.jobs + 1}"
         try:
@@ -857,7 +891,8 @@ class PodChecker:
                 return None
             body = job_from_cronjob(cronjob, name)
             main = body["spec"]["template"]["spec"]["containers"][0]
-            main["command"][-1] = f"{self.random.uniform(*self.settings.work):.2f}"
+            seconds = self.settings.long_work_seconds if long else self.settings.work
+            main["command"][-1] = f"{self.random.uniform(*seconds):.2f}"
             self.batch.create_namespaced_job(
                 self.namespace, body, _request_timeout=10, _preload_content=False
             )
@@ -865,7 +900,7 @@ class PodChecker:
             self.log(f"cannot create Job {name} now: {type(error).__name__}")
             return None
         trial.jobs += 1
-        return Contender(name, time.monotonic())
+        return Contender(name, time.monotonic(), long)
 
     def _update(self, contenders: list[Contender], now: float) -> None:
         """A contender is done once its Job finished or is gone (a skipped Job is deleted)."""
@@ -910,9 +945,12 @@ class PodChecker:
         while time.monotonic() < deadline:
             running = [work for work in self._works() if work.running]
             with contextlib.suppress(*API_ERRORS):
-                if not running and not self.core.list_namespaced_pod(
-                    self.namespace, label_selector=selector, _request_timeout=10
-                ).items:
+                if (
+                    not running
+                    and not self.core.list_namespaced_pod(
+                        self.namespace, label_selector=selector, _request_timeout=10
+                    ).items
+                ):
                     return 0
             time.sleep(0.5)
         leftover = [work.pod for work in self._works() if work.running]
@@ -1118,7 +1156,9 @@ def node_and_operator(cluster: Cluster, env_dir: Path) -> Iterator[PodEnvironmen
         if any(e.status != 409 for e in error.api_exceptions):
             raise
         account = next(
-            d["metadata"]["name"] for d in render_chart(cluster.env) if d["kind"] == "ServiceAccount"
+            d["metadata"]["name"]
+            for d in render_chart(cluster.env)
+            if d["kind"] == "ServiceAccount"
         )
     operator_kubeconfig = make_service_account_kubeconfig(
         plane, api, "cronlock-system", account, env_dir
@@ -1198,9 +1238,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         own_controlplane(env_dir, args.keep_controlplane) as cluster,
         node_and_operator(cluster, env_dir) as around,
     ):
-        kubernetes.client.CoreV1Api(around.api).create_namespace(
-            {"metadata": {"name": namespace}}
-        )
+        kubernetes.client.CoreV1Api(around.api).create_namespace({"metadata": {"name": namespace}})
         recorder = PodRecorder(around.api, namespace)
         recorder.start()
         try:
@@ -1228,16 +1266,17 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def guarantee_held(report: Mapping[str, Any]) -> bool:
     """No overlap, no work past its Lease's expiry, nothing stuck or corrupted, no failed fault."""
-    return (
-        report["overlaps"] == 0
-        and report["tracker_overlaps"] == 0
-        and report["works_past_expiry"] == 0
-        and report["delayed"] == 0
-        and report["timed_out_trials"] == 0
-        and report["leftover_works"] == 0
-        and report["corrupted_cronjobs"] == 0
-        and report["fault_errors"] == 0
+    must_be_zero = (
+        "overlaps",
+        "tracker_overlaps",
+        "works_past_expiry",
+        "delayed",
+        "timed_out_trials",
+        "leftover_works",
+        "corrupted_cronjobs",
+        "fault_errors",
     )
+    return all(report[key] == 0 for key in must_be_zero)
 
 
 if __name__ == "__main__":

@@ -28,7 +28,9 @@ MAX_ALERT_AFTER: Final = 1000
 PROBE_PERIOD_SECONDS: Final = 1
 # Longer graces only delay the stop; the TTL has to cover it.
 MAX_KILL_GRACE_SECONDS: Final = 10
-MIN_KILL_GRACE_SECONDS: Final = 1
+# The kubelet never gives a container less than 2s to stop (minimumGracePeriodInSeconds
+# in kuberuntime's killContainer): a smaller grace would be 2s in fact.
+MIN_KILL_GRACE_SECONDS: Final = 2
 # Exact 2/3, so that boundary TTLs are not decided by float rounding.
 RENEW_DEADLINE: Final = Fraction(contract.RENEW_DEADLINE_FRACTION).limit_denominator(1000)
 

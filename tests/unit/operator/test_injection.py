@@ -177,7 +177,7 @@ def test_never_restart_policy_and_a_grace_within_the_kill_grace_record_nothing()
         ("30s", 30, 6, "30"),
         ("30s", 7, 6, "7"),
         ("30s", 6, 6, None),
-        ("13s", 30, 1, "30"),
+        ("16s", 30, 2, "30"),
     ],
 )
 def test_the_pods_grace_is_capped_at_the_kill_grace(

@@ -1,0 +1,84 @@
+"""The short CI version of the pod-mode checker (tests/reliability/pods.py).
+
+Real pods on the session's real node, the real operator having injected the CronJob, and
+every fault kind once: on the holder's pod from the node's host, on the API server and on
+the operator. The long version is `python -m tests.reliability.pods` (docs/RELIABILITY.md).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ControlPlane
+from tests.e2e.conftest import Scenario
+from tests.reliability.faults import ControlPlaneProcesses
+from tests.reliability.pods import POD_FAULTS, PodChecker, PodSettings
+
+pytestmark = pytest.mark.controlplane
+
+TRIALS = 4
+FAULTS_PER_TRIAL = 2
+# The operator's minimum ttl, 3 pods at a time, 2 work starts per trial at least.
+SHORT = PodSettings(contenders=3, runs_per_trial=2, work=(2.5, 4.0), trial_timeout=150.0)
+
+
+@pytest.mark.timeout(420)
+def test_pod_contenders_never_overlap_under_node_control_plane_and_operator_faults(
+    cluster: Scenario, controlplane: ControlPlane
+) -> None:
+    assert controlplane.env_dir is not None, "the node fixture runs only next to our control plane"
+    components = ControlPlaneProcesses(controlplane.env_dir, controlplane.env)
+    seed = int(os.environ.get("CRONLOCK_RELIABILITY_SEED") or secrets.randbelow(2**31))
+    print(f"pod-mode checker seed {seed} (CRONLOCK_RELIABILITY_SEED={seed} replays it)")
+    # The trials' directories are the pods' hostPath volumes; pytest's tmp is not needed.
+    workdir = Path(tempfile.mkdtemp(prefix="cronlock-pods-"))
+    checker = PodChecker(
+        cluster.api,
+        cluster.node,
+        cluster.tracker,
+        cluster.recorder,
+        cluster.operator,
+        cluster.namespace,
+        SHORT,
+        POD_FAULTS,
+        seed,
+        components,
+        workdir=workdir,
+        log=print,
+    )
+    try:
+        report = checker.run(TRIALS, FAULTS_PER_TRIAL)
+    finally:
+        if cluster.operator.process is None or cluster.operator.process.poll() is not None:
+            cluster.operator.start()
+    print(json.dumps(report, indent=2))
+    shutil.rmtree(workdir, ignore_errors=True)
+    rows = report["by_fault"]
+
+    assert report["overlaps"] == 0, "two work units held the shared flock at once"
+    assert report["tracker_overlaps"] == 0, "two works of one lock ran at once"
+    assert set(rows) == set(POD_FAULTS), "every fault kind injected"
+    assert all(row["trials"] >= 1 for row in rows.values())
+    assert report["fault_errors"] == 0, rows
+    # Every fault's holder stopped before the Lease it held expired: above all where the
+    # Lease expired before the holder gave it back (lost_leases).
+    for kind, row in rows.items():
+        assert row["max_after_expiry_s"] is not None, f"{kind}: holder not compared: {row}"
+        assert row["max_after_expiry_s"] < 0, f"{kind}: a work outlived its Lease: {row}"
+    assert report["works_past_expiry"] == 0, "no work ran past its Lease's expiry"
+    assert report["works_compared_with_expiry"] >= report["runs"], "every work compared"
+    assert report["corrupted_cronjobs"] == 0, rows
+    assert report["timed_out_trials"] == 0
+    assert report["leftover_works"] == 0
+    # A fault's recovery is a work that started after it: one per fault at least.
+    assert all(None not in row["recovery_s"] for row in rows.values()), rows
+    assert report["runs"] >= max(report["faults"], TRIALS * SHORT.runs_per_trial)
+    assert cluster.operator.process is not None
+    assert cluster.operator.process.poll() is None, "the operator is alive at the end"
