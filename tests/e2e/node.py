@@ -17,7 +17,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -27,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import kubernetes
+import urllib3
 
 from tests.kube import wait_for
 
@@ -38,21 +38,8 @@ CRONLOCK_IMAGE = "localhost/cronlock:dev"
 BUSYBOX_IMAGE = "localhost/busybox:cronlock"
 SIDECAR_CONTAINER = "cronlock"
 GATE_CONTAINER = "cronlock-gate"
-NODE_NETNS = "/run/netns/cronlock-node"
-NODE_NAME = "cronlock-node"
-KUBELET_BACK_TIMEOUT = 60.0
-
-# Starts a process detached from us (its parent exits at once), so it is never our zombie
-# and `tests/controlplane/node down` stops it through its pid file as usual.
-_DETACHED = """
-import json, subprocess, sys
-spec = json.loads(sys.argv[1])
-with open(spec["log"], "ab") as log:
-    process = subprocess.Popen(spec["argv"], cwd=spec["cwd"], env=spec["env"], stdout=log,
-                               stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                               start_new_session=True)
-print(process.pid)
-"""
+# What a watch may raise while the API server is away (a paused one times reads out).
+WATCH_ERRORS = (kubernetes.client.ApiException, urllib3.exceptions.HTTPError, OSError, ValueError)
 
 
 @dataclass
@@ -110,59 +97,6 @@ class RealNode:
         )
         if result.returncode != 0:
             raise RuntimeError(f"restarting the kubelet failed:\n{result.stderr[-4000:]}")
-
-    @contextmanager
-    def kubelet_down(self) -> Iterator[None]:
-        """The node is lost for the block, then the same kubelet comes back.
-
-        The kubelet is SIGKILLed (containerd and the pods' processes run on, as when a
-        kubelet crashes) and afterwards started again with the argv, environment and log it
-        had, in the node's network namespace; the block ends once it heartbeats again.
-        `start_kubelet` runs `node up`, which tears the whole node down first when any of
-        its processes is missing: the pods would not outlive that.
-        """
-        pid = self.pid("kubelet")
-        argv = Path(f"/proc/{pid}/cmdline").read_bytes().rstrip(b"\0").split(b"\0")
-        environ = Path(f"/proc/{pid}/environ").read_bytes().rstrip(b"\0").split(b"\0")
-        spec = {
-            "argv": ["nsenter", f"--net={NODE_NETNS}", "--", *(arg.decode() for arg in argv)],
-            "cwd": os.readlink(f"/proc/{pid}/cwd"),
-            "env": dict(item.decode().split("=", 1) for item in environ if b"=" in item),
-            "log": str(self.state / "logs" / "kubelet.log"),
-        }
-        self.stop_kubelet()
-        try:
-            yield
-        finally:
-            restarted = time.time()
-            launched = subprocess.run(
-                [sys.executable, "-c", _DETACHED, json.dumps(spec)],
-                capture_output=True,
-                text=True,
-                check=True,
-                timeout=30,
-            )
-            (self.state / "kubelet.pid").write_text(launched.stdout.strip())
-            wait_for(
-                lambda: self._node_heartbeat() > restarted,
-                KUBELET_BACK_TIMEOUT,
-                "the restarted kubelet to heartbeat",
-                every=0.2,
-            )
-
-    def _node_heartbeat(self) -> float:
-        """When the kubelet last renewed its node Lease (wall clock; 0 if unknown)."""
-        result = subprocess.run(
-            ["kubectl", "get", "lease", "-n", "kube-node-lease", NODE_NAME, "--request-timeout=5s",
-             "-o", "jsonpath={.spec.renewTime}"],
-            env=self.env,
-            capture_output=True,
-            text=True,
-            check=False,
-            timeout=15,
-        )  # fmt: skip
-        renewed = wall_time(result.stdout.strip()) if result.returncode == 0 else None
-        return renewed or 0.0
 
     def container_pid(self, pod_uid: str, container: str) -> int:
         """The host pid of a running container's first process (its PID 1)."""
@@ -367,7 +301,7 @@ class PodRecorder:
                         self._keep_decision_log(pod)
                     if self._stopped.is_set():
                         break
-            except (kubernetes.client.ApiException, OSError, ValueError):
+            except WATCH_ERRORS:
                 version = ""
                 time.sleep(0.2)
             finally:
@@ -447,8 +381,11 @@ class LeaseRecorder:
                             self._versions.append(seen)
                     if self._stopped.is_set():
                         break
-            except (kubernetes.client.ApiException, OSError, ValueError):
-                version = ""
+            except WATCH_ERRORS as error:
+                # Resume where it broke, so that no renewal goes unseen; only a version
+                # too old to resume from (410 Gone) starts over from the current state.
+                if isinstance(error, kubernetes.client.ApiException) and error.status == 410:
+                    version = ""
                 time.sleep(0.2)
             finally:
                 watch.stop()

@@ -29,6 +29,7 @@ from tests.reliability.pods import (
     PodSettings,
     WorkRecords,
     after_expiry,
+    guarantee_held,
     holder_pod,
     injection_problems,
     job_finished,
@@ -323,6 +324,24 @@ def test_the_work_stop_is_compared_with_the_expiry_of_its_pods_lease() -> None:
     assert after_expiry(Work(A, 99.0, 116.5), versions) == pytest.approx(1.5), "past expiry"
     assert after_expiry(Work(A, 99.0), versions) is None, "still running"
     assert after_expiry(Work("x-3-zzzzz", 99.0, 100.0), versions) is None, "never held"
+
+
+def test_the_guarantee_needs_every_work_compared_with_a_lease_it_held() -> None:
+    keys = [
+        "overlaps",
+        "tracker_overlaps",
+        "works_past_expiry",
+        "delayed",
+        "timed_out_trials",
+        "leftover_works",
+        "corrupted_cronjobs",
+        "fault_errors",
+    ]
+    clean: dict[str, Any] = {key: 0 for key in keys} | {"works_without_lease": []}
+    assert guarantee_held(clean)
+    assert not guarantee_held(clean | {"works_without_lease": ["x-1-abcde"]})
+    for key in keys:
+        assert not guarantee_held(clean | {key: 1}), key
 
 
 # --- recovery ------------------------------------------------------------------------------------
