@@ -12,6 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import sys
+import time
+
+
+def stamp() -> str:
+    return time.strftime("%H:%M:%S") + f".{int(time.time() * 1000) % 1000:03d}"
 
 
 async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -27,12 +32,16 @@ async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> No
 
 async def serve(listen_host: str, listen_port: int, target_host: str, target_port: int) -> None:
     async def relay(client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+        peer = client_w.get_extra_info("peername")
         try:
             server_r, server_w = await asyncio.open_connection(target_host, target_port)
-        except OSError:
+        except OSError as error:
+            print(f"{stamp()} {peer}: cannot connect: {error}", flush=True)
             client_w.close()
             return
+        print(f"{stamp()} {peer}: open", flush=True)
         await asyncio.gather(pipe(client_r, server_w), pipe(server_r, client_w))
+        print(f"{stamp()} {peer}: closed", flush=True)
 
     server = await asyncio.start_server(relay, listen_host, listen_port, reuse_address=True)
     print(f"relay {listen_host}:{listen_port} -> {target_host}:{target_port}", flush=True)

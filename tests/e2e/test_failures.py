@@ -162,6 +162,25 @@ def test_signal_stop_ends_a_cut_off_run_before_its_lease_expires(cluster: Scenar
     _next_run_goes_ahead_without_overlap(cluster, "signal", expiry + SKEW)
 
 
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("fault", [signal.SIGSTOP, signal.SIGKILL], ids=["frozen", "killed"])
+def test_signal_stop_ends_the_run_of_a_frozen_or_killed_sidecar_before_its_lease_expires(
+    cluster: Scenario, fault: signal.Signals
+) -> None:
+    # No liveness probe with `stop: signal`: the sidecar's watchdog process stops the work.
+    name = f"signal-{fault.name.lower()}"
+    work, pod, expiry = _hold_then(cluster, name, ttl="30s", stop="signal")
+    pid = cluster.node.signal_container(cluster.pod_uid(pod), SIDECAR, fault)
+    try:
+        margin = _assert_stopped_before_expiry(work, expiry, f"the run ({fault.name} sidecar)")
+    finally:
+        if fault is signal.SIGSTOP:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+    print(f"{fault.name} sidecar (signal) run stopped {margin:.1f}s before its Lease expired")
+    _next_run_goes_ahead_without_overlap(cluster, name, expiry + SKEW)
+
+
 @pytest.mark.timeout(300)
 def test_a_lost_kubelet_leaves_the_run_holding_its_lock_and_nothing_overlaps(
     cluster: Scenario,

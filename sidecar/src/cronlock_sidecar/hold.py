@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from pathlib import Path
+from typing import Protocol
 
 from cronlock_sidecar.contract import EXIT_CONFIG, EXIT_OK
 from cronlock_sidecar.endpoints import SidecarState
@@ -18,11 +20,30 @@ from cronlock_sidecar.lease import (
     acquire,
 )
 from cronlock_sidecar.options import Options
-from cronlock_sidecar.processes import terminate_then_kill, visible_pids
+from cronlock_sidecar.processes import PROC, terminate_then_kill, visible_pids
 from cronlock_sidecar.rundir import read_decision, write_decision
 from cronlock_sidecar.transport import ApiError, LeaseTransport
+from cronlock_sidecar.watchdog import REAP_TIMEOUT, start_for_pod
 
 log = logging.getLogger("cronlock_sidecar.hold")
+
+
+class RunGuard(Protocol):
+    """The watchdog process as `hold` drives it (watchdog.Watchdog; a fake in tests)."""
+
+    pid: int
+
+    def valid_until(self, deadline: float) -> None: ...
+
+    def stop_run(self) -> bool: ...
+
+    def dismiss(self) -> None: ...
+
+    def reap(self, timeout: float) -> int | None: ...
+
+
+# (monotonic deadline, kill grace) -> a running watchdog
+StartWatchdog = Callable[[float, float], RunGuard]
 
 
 class Holder:
@@ -35,12 +56,19 @@ class Holder:
         clock: Clock,
         state: SidecarState,
         stop: threading.Event,
+        *,
+        start_watchdog: StartWatchdog | None = None,
+        proc_root: Path = PROC,
     ) -> None:
         if options.lease is None:
             raise ValueError("hold needs a lease")
         self.options = options
         self.state = state
         self.stop = stop
+        self.proc_root = proc_root
+        self._start_watchdog = start_watchdog or self._fork_watchdog
+        # Under `stop: signal`, from before the gate may let the run start until release.
+        self.watchdog: RunGuard | None = None
         self.run_dir = Path(options.run_dir)
         self.keeper = LeaseKeeper(
             transport, options.lease, options.identity, options.timing, clock, options.job_name
@@ -80,6 +108,9 @@ class Holder:
         if not isinstance(result, Acquired):
             log.info("%s", result.message())
             return self._write("skip", None)
+        if not self._guard_the_run("this run will not start"):
+            self._release()
+            return self._write("unavailable", None)
         return self._write("run", result)
 
     def _write(self, decision: str, acquired: Acquired | None) -> Acquired | None:
@@ -119,14 +150,37 @@ class Holder:
                 self._lost()
                 return None
             self.state.update(held=True, fencing_token=acquired.transitions)
+            self._guard_the_run("the run's processes go on without it")
             return acquired
         return None
+
+    def _guard_the_run(self, otherwise: str) -> bool:
+        """Under `stop: signal`, fork the process that stops the run if this one cannot."""
+        if self.options.stop != "signal":
+            return True
+        try:
+            self.watchdog = self._start_watchdog(self.keeper.valid_until(), self.options.kill_grace)
+        except OSError as error:
+            log.error("cannot start the watchdog process: %s; %s", error, otherwise)
+            return False
+        log.info(
+            "watchdog process %d guards the run: it stops the run's processes if this sidecar "
+            "stops renewing lease %s or dies",
+            self.watchdog.pid,
+            self.keeper.lease,
+        )
+        return True
+
+    def _fork_watchdog(self, valid_until: float, grace: float) -> RunGuard:
+        return start_for_pod(valid_until, grace, self.proc_root)
 
     def _on_renew(self, result: RenewResult) -> None:
         self.state.count_renewal(
             result.outcome.value,
             self.keeper.last_renew_sent() if result.outcome is RenewOutcome.RENEWED else None,
         )
+        if result.outcome is RenewOutcome.RENEWED and self.watchdog is not None:
+            self.watchdog.valid_until(self.keeper.valid_until())
         if result.outcome is RenewOutcome.LOST:
             # At once, from the renew thread: the main thread sleeps until SIGTERM or deadline.
             self._lost()
@@ -161,22 +215,41 @@ class Holder:
             self.keeper.lease,
             self.keeper.identity,
         )
-        if self.options.stop == "signal":
-            threading.Thread(
-                target=terminate_then_kill,
-                args=(visible_pids(), self.options.kill_grace),
-                name="cronlock-stop",
-                daemon=True,
-            ).start()
+        if self.options.stop != "signal":
+            return
+        # The watchdog stops them: it finishes the job even if this process freezes meanwhile.
+        if self.watchdog is not None and self.watchdog.stop_run():
+            return
+        helpers = {self.watchdog.pid} if self.watchdog is not None else set()
+        threading.Thread(
+            target=terminate_then_kill,
+            args=(visible_pids(self.proc_root, exclude=helpers), self.options.kill_grace),
+            name="cronlock-stop",
+            daemon=True,
+        ).start()
 
     def _release(self) -> None:
+        # First: a watchdog that outlived us would take our exit for a death and kill.
+        self._dismiss_watchdog()
         released = self.keeper.release()
         self.state.count_release("released" if released else "failed")
         self.state.update(held=False)
+        self._reap_watchdog()
+
+    def _dismiss_watchdog(self) -> None:
+        if self.watchdog is not None:
+            self.watchdog.dismiss()
+
+    def _reap_watchdog(self) -> None:
+        if self.watchdog is not None and self.watchdog.reap(REAP_TIMEOUT) is None:
+            log.warning("the watchdog process %d has not exited yet", self.watchdog.pid)
 
     def _idle(self) -> int:
         """A native sidecar that exits is restarted: wait for the pod's SIGTERM instead."""
         self.stop.wait()
         if self.keeper.held or self.keeper.lost:
             self._release()
+        else:
+            self._dismiss_watchdog()
+            self._reap_watchdog()
         return EXIT_OK

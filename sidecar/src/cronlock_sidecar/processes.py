@@ -6,7 +6,7 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from pathlib import Path
 
 log = logging.getLogger("cronlock_sidecar.processes")
@@ -24,14 +24,17 @@ def is_alive(pid: int, proc_root: Path = PROC) -> bool:
     return state not in (["Z"], ["X"])
 
 
-def visible_pids(proc_root: Path = PROC, own_pid: int | None = None) -> list[int]:
-    """Every process in our PID namespace except us and PID 1 (the pod's pause process)."""
+def visible_pids(
+    proc_root: Path = PROC, own_pid: int | None = None, exclude: Collection[int] = ()
+) -> list[int]:
+    """Every process in our PID namespace except us, PID 1 (the pod's pause) and `exclude`."""
     me = os.getpid() if own_pid is None else own_pid
+    spared = {1, me, *exclude}
     pids = []
     for entry in proc_root.iterdir():
         if entry.name.isdigit():
             pid = int(entry.name)
-            if pid not in {1, me}:
+            if pid not in spared:
                 pids.append(pid)
     return sorted(pids)
 
@@ -64,6 +67,14 @@ def terminate_then_kill(
         if targets:
             time.sleep(poll)
     killed = [pid for pid in targets if alive(pid) and _signal(pid, signal.SIGKILL)]
+    if killed:
+        log.warning("sent SIGKILL to pids %s", killed)
+    return killed
+
+
+def kill_at_once(pids: Iterable[int]) -> list[int]:
+    """SIGKILL each process now, for when nothing may wait any longer; returns the killed ones."""
+    killed = [pid for pid in pids if _signal(pid, signal.SIGKILL)]
     if killed:
         log.warning("sent SIGKILL to pids %s", killed)
     return killed

@@ -1,12 +1,17 @@
-"""`cronlock-sidecar hold` as the native sidecar: decision files, probes, renewals, release."""
+"""`cronlock-sidecar hold`: decision files, probes, renewals, release, and the watchdog."""
 
 from __future__ import annotations
 
+import errno
 import json
+import logging
+import os
+import re
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -17,10 +22,22 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from cronlock_sidecar.endpoints import SidecarState
+from cronlock_sidecar.hold import Holder, RunGuard
+from cronlock_sidecar.options import parse_options
+from cronlock_sidecar.transport import Lease, LeaseRef
+
 if TYPE_CHECKING:
     from tests.unit.sidecar.conftest import FakeApiServer
 
-from tests.unit.sidecar.conftest import holder, lease_object, wait_for
+from tests.unit.sidecar.conftest import (
+    FakeClock,
+    FakeTransport,
+    holder,
+    lease_object,
+    process_alive,
+    wait_for,
+)
 
 ME = "report-29001-x7k2p_3f2a9c1e"
 
@@ -31,13 +48,31 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
+# `hold` as the pod runs it, except that its watchdog sees only the processes listed in the
+# directory argv[1] instead of /proc: a test can never have it signal the test runner.
+HOLD_WITH_PROC_ROOT = """
+import sys
+from pathlib import Path
+from cronlock_sidecar import cli, hold
+hold.Holder.__init__.__kwdefaults__["proc_root"] = Path(sys.argv[1])
+sys.exit(cli.main(sys.argv[2:]))
+"""
+
+
 class Sidecar:
-    def __init__(self, env: dict[str, str], run_dir: Path, *args: str) -> None:
+    def __init__(
+        self, env: dict[str, str], run_dir: Path, *args: str, proc_root: Path | None = None
+    ) -> None:
         self.port = free_port()
         self.run_dir = run_dir
+        program = (
+            ["-m", "cronlock_sidecar.cli"]
+            if proc_root is None
+            else ["-c", HOLD_WITH_PROC_ROOT, str(proc_root)]
+        )
         self.process = subprocess.Popen(
             [
-                sys.executable, "-m", "cronlock_sidecar.cli", "hold",
+                sys.executable, *program, "hold",
                 "--lease", "default/cronlock-report", "--port", str(self.port), *args,
             ],
             env={
@@ -78,8 +113,8 @@ class Sidecar:
 def start_sidecar(sidecar_env: dict[str, str], tmp_path: Path) -> Iterator[Callable[..., Sidecar]]:
     started: list[Sidecar] = []
 
-    def start(*args: str) -> Sidecar:
-        sidecar = Sidecar(sidecar_env, tmp_path / "run", *args)
+    def start(*args: str, proc_root: Path | None = None) -> Sidecar:
+        sidecar = Sidecar(sidecar_env, tmp_path / "run", *args, proc_root=proc_root)
         started.append(sidecar)
         wait_for(lambda: sidecar.get("/healthz")[0] == 200 if _listening(sidecar) else False)
         return sidecar
@@ -234,3 +269,297 @@ def test_hold_reports_loss_when_renewals_fail_past_the_deadline(
     wait_for(lambda: sidecar.get("/held")[0] == 503, timeout=5)
     assert time.monotonic() - broken_at < 2.5  # renew deadline: 2/3 of 3s
     sidecar.kill()
+
+
+# --- `stop: signal`: the watchdog, driven by an in-process holder ----------------------
+class FakeWatchdog:
+    """Records what the holder tells its watchdog; `hears` False plays one that is gone."""
+
+    def __init__(self, events: list[str], pid: int = 4242, *, hears: bool = True) -> None:
+        self.events = events
+        self.pid = pid
+        self.hears = hears
+
+    def valid_until(self, deadline: float) -> None:
+        self.events.append(f"until {deadline:.3f}")
+
+    def stop_run(self) -> bool:
+        self.events.append("stop")
+        return self.hears
+
+    def dismiss(self) -> None:
+        self.events.append("done")
+
+    def reap(self, timeout: float) -> int | None:
+        self.events.append("reaped")
+        return 0
+
+
+class RecordingTransport(FakeTransport):
+    """Records every Lease write among the events; each one moves the fake clock 0.1s on."""
+
+    def __init__(self, clock: FakeClock, events: list[str], lease: Lease) -> None:
+        super().__init__(lease)
+        self.clock = clock
+        self.events = events
+
+    def replace(self, lease: LeaseRef, body: Lease, *, timeout: float | None = None) -> Lease:
+        self.events.append("write " + (body["spec"].get("holderIdentity") or "(nobody)"))
+        try:
+            return super().replace(lease, body, timeout=timeout)
+        finally:
+            self.clock.advance(0.1)
+
+
+class InProcess:
+    """A Holder on a thread, with a fake clock, transport and watchdog, and its event log."""
+
+    def __init__(self, tmp_path: Path, clock: FakeClock, lease: Lease, stop_mode: str) -> None:
+        self.events: list[str] = []
+        self.run_dir = tmp_path / "run"
+        self.proc_root = tmp_path / "proc"
+        self.proc_root.mkdir()
+        self.transport = RecordingTransport(clock, self.events, lease)
+        self.watchdog_pid = 4242
+        self.watchdog_hears = True
+        self.start_error: OSError | None = None
+        options = parse_options(
+            [
+                "hold", "--lease", "default/cronlock-report", "--identity", ME,
+                "--ttl", "3s", "--renew", "200ms", "--kill-grace", "1s", "--stop", stop_mode,
+                "--run-dir", str(self.run_dir),
+            ],
+            {},
+        )  # fmt: skip
+        self.stop = threading.Event()
+        self.holder = Holder(
+            options,
+            self.transport,
+            clock,
+            SidecarState(),
+            self.stop,
+            start_watchdog=self.start_watchdog,
+            proc_root=self.proc_root,
+        )
+        self.codes: list[int] = []
+        self.thread = threading.Thread(target=lambda: self.codes.append(self.holder.run()))
+
+    def start_watchdog(self, valid_until: float, grace: float) -> RunGuard:
+        decided = (self.run_dir / "decision").exists()
+        self.events.append(f"start until {valid_until:.3f} grace {grace:g} decided {decided}")
+        if self.start_error is not None:
+            raise self.start_error
+        return FakeWatchdog(self.events, self.watchdog_pid, hears=self.watchdog_hears)
+
+    def decision(self) -> str:
+        path = self.run_dir / "decision"
+        return path.read_text().strip() if path.exists() else ""
+
+    def untils(self) -> list[float]:
+        return [float(event.split()[1]) for event in self.events if event.startswith("until")]
+
+    def terminate(self) -> int:
+        self.stop.set()
+        self.thread.join(10)
+        assert not self.thread.is_alive()
+        return self.codes[0]
+
+
+@pytest.fixture
+def in_process(tmp_path: Path, clock: FakeClock) -> Iterator[Callable[..., InProcess]]:
+    made: list[InProcess] = []
+
+    def make(stop_mode: str, lease: Lease | None = None) -> InProcess:
+        made.append(InProcess(tmp_path, clock, lease or lease_object(), stop_mode))
+        return made[-1]
+
+    yield make
+    for each in made:
+        each.stop.set()
+        each.thread.join(5)
+
+
+def test_signal_mode_starts_the_watchdog_before_the_gate_may_run_and_feeds_it_on_renewals(
+    in_process: Callable[..., InProcess],
+) -> None:
+    held = in_process("signal")
+    held.thread.start()
+    wait_for(lambda: len(held.untils()) >= 3)
+    assert held.decision() == "run"
+    assert held.terminate() == 0
+    # Acquired (sent at 1000.0, renew deadline 2s), then the watchdog, then the decision.
+    assert held.events[:2] == [f"write {ME}", "start until 1002.000 grace 1 decided False"]
+    # Each renewal is sent 0.1s after the previous write; its heartbeat is its new deadline.
+    untils = held.untils()
+    assert untils == pytest.approx([1002.1 + 0.1 * n for n in range(len(untils))])
+    # SIGTERM: the watchdog is dismissed before the release, so it never kills on our exit.
+    done = held.events.index("done")
+    assert held.events[done:] == ["done", "write (nobody)", "reaped"]
+    assert holder_of(held.transport) == ""
+
+
+def test_liveness_mode_starts_no_watchdog(in_process: Callable[..., InProcess]) -> None:
+    held = in_process("liveness")
+    held.thread.start()
+    wait_for(lambda: held.events.count(f"write {ME}") >= 3)
+    assert held.decision() == "run"
+    assert held.terminate() == 0
+    assert [event for event in held.events if not event.startswith("write")] == []
+
+
+def test_a_lost_lease_is_stopped_by_the_watchdog_and_the_sidecar_signals_nothing(
+    in_process: Callable[..., InProcess],
+) -> None:
+    held = in_process("signal")
+    user = subprocess.Popen(["sleep", "60"])
+    try:
+        (held.proc_root / str(user.pid)).mkdir()
+        held.thread.start()
+        wait_for(lambda: held.decision() == "run")
+        held.transport.before_write.append(taken_by_a_thief)
+        wait_for(lambda: "stop" in held.events)
+        time.sleep(0.3)
+        assert user.poll() is None, "the watchdog stops the run, not the sidecar as well"
+        assert held.terminate() == 0
+        assert held.events[-2:] == ["done", "reaped"]
+        assert holder_of(held.transport) == "thief"
+    finally:
+        user.kill()
+        user.wait()
+
+
+def test_a_lost_lease_with_the_watchdog_gone_is_stopped_by_the_sidecar_sparing_the_watchdog(
+    in_process: Callable[..., InProcess],
+) -> None:
+    held = in_process("signal")
+    user = subprocess.Popen(["sleep", "60"])
+    stand_in = subprocess.Popen(["sleep", "60"])  # plays the watchdog's pid
+    try:
+        held.watchdog_pid = stand_in.pid
+        held.watchdog_hears = False
+        for process in (user, stand_in):
+            (held.proc_root / str(process.pid)).mkdir()
+        held.thread.start()
+        wait_for(lambda: held.decision() == "run")
+        held.transport.before_write.append(taken_by_a_thief)
+        assert user.wait(5) == -signal.SIGTERM
+        assert stand_in.poll() is None
+        assert held.terminate() == 0
+    finally:
+        for process in (user, stand_in):
+            process.kill()
+            process.wait()
+
+
+def test_a_restarted_sidecar_that_resumes_its_run_guards_it_again(
+    in_process: Callable[..., InProcess], clock: FakeClock
+) -> None:
+    held = in_process("signal", lease_object(ME, renewed=clock.now(), transitions=3))
+    held.run_dir.mkdir()
+    (held.run_dir / "decision").write_text("run\n")
+    held.thread.start()
+    wait_for(lambda: len(held.untils()) >= 1)
+    assert held.terminate() == 0
+    assert held.events[:2] == [f"write {ME}", "start until 1002.000 grace 1 decided True"]
+
+
+def test_a_watchdog_that_cannot_be_started_means_no_run(
+    in_process: Callable[..., InProcess], caplog: pytest.LogCaptureFixture
+) -> None:
+    held = in_process("signal")
+    held.start_error = OSError(errno.EAGAIN, "Resource temporarily unavailable")
+    with caplog.at_level(logging.ERROR, logger="cronlock_sidecar.hold"):
+        held.thread.start()
+        wait_for(lambda: held.decision() != "")
+        assert held.decision() == "unavailable"
+        assert held.terminate() == 0
+    assert holder_of(held.transport) == "", "released at once"
+    assert (
+        "cannot start the watchdog process: [Errno 11] Resource temporarily unavailable; "
+        "this run will not start" in caplog.text
+    )
+
+
+def taken_by_a_thief(transport: FakeTransport) -> None:
+    transport.store(lease_object("thief", transitions=50))
+
+
+def holder_of(transport: FakeTransport) -> str:
+    assert transport.lease
+    return str(transport.lease["spec"].get("holderIdentity") or "")
+
+
+# --- `stop: signal` in a real sidecar process --------------------------------------------
+@pytest.fixture
+def user_process(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], Path]]:
+    """A "user" process and the only process directory the sidecar's watchdog sees."""
+    proc_root = tmp_path / "proc"
+    proc_root.mkdir()
+    process = subprocess.Popen(["sleep", "60"])
+    (proc_root / str(process.pid)).mkdir()
+    yield process, proc_root
+    process.kill()
+    process.wait()
+
+
+SIGNAL_MODE = ("--stop", "signal", "--ttl", "3s", "--renew", "500ms", "--kill-grace", "500ms")
+
+
+def test_signal_mode_a_frozen_sidecar_has_its_run_stopped_by_its_watchdog(
+    api_server: FakeApiServer,
+    start_sidecar: Callable[..., Sidecar],
+    user_process: tuple[subprocess.Popen[bytes], Path],
+) -> None:
+    user, proc_root = user_process
+    sidecar = start_sidecar(*SIGNAL_MODE, proc_root=proc_root)
+    wait_for(lambda: sidecar.decision() == "run")
+    time.sleep(1.0)  # renewals, each one a heartbeat
+    assert user.poll() is None
+    os.kill(sidecar.process.pid, signal.SIGSTOP)
+    try:
+        frozen_at = time.monotonic()
+        assert user.wait(5) == -signal.SIGTERM
+        # Within the renew deadline (2s) of the last renewal, well before the TTL (3s + skew).
+        assert time.monotonic() - frozen_at < 2.3
+        assert process_alive(sidecar.process.pid), "the frozen sidecar itself is spared"
+    finally:
+        os.kill(sidecar.process.pid, signal.SIGKILL)
+    _, err = sidecar.process.communicate(timeout=10)
+    assert "watchdog: no lease heartbeat from the sidecar for" in err
+
+
+def test_signal_mode_a_killed_sidecar_has_its_run_killed_at_once(
+    api_server: FakeApiServer,
+    start_sidecar: Callable[..., Sidecar],
+    user_process: tuple[subprocess.Popen[bytes], Path],
+) -> None:
+    user, proc_root = user_process
+    sidecar = start_sidecar(*SIGNAL_MODE, proc_root=proc_root)
+    wait_for(lambda: sidecar.decision() == "run")
+    sidecar.process.kill()
+    killed_at = time.monotonic()
+    assert user.wait(5) == -signal.SIGKILL
+    assert time.monotonic() - killed_at < 1.0
+    _, err = sidecar.process.communicate(timeout=10)
+    assert re.search(r"watchdog: the sidecar \(pid \d+\) died", err), err
+
+
+def test_signal_mode_a_normal_end_kills_nothing_and_does_not_wait_for_the_watchdog(
+    api_server: FakeApiServer,
+    start_sidecar: Callable[..., Sidecar],
+    user_process: tuple[subprocess.Popen[bytes], Path],
+) -> None:
+    user, proc_root = user_process
+    sidecar = start_sidecar(*SIGNAL_MODE, proc_root=proc_root)
+    wait_for(lambda: sidecar.decision() == "run")
+    started = time.monotonic()
+    code, err = sidecar.terminate()
+    assert code == 0, err
+    assert time.monotonic() - started < 1.5
+    assert holder(api_server) == ""
+    found = re.search(r"watchdog process (\d+) guards the run", err)
+    assert found, err
+    assert not process_alive(int(found.group(1))), "it exited on `done`"
+    time.sleep(2.5)  # past the last heartbeat's deadline (2s)
+    assert user.poll() is None, "a dismissed watchdog kills nothing"
+    assert "watchdog:" not in err

@@ -9,7 +9,13 @@ import sys
 import time
 from pathlib import Path
 
-from cronlock_sidecar.processes import is_alive, stop_group, terminate_then_kill, visible_pids
+from cronlock_sidecar.processes import (
+    is_alive,
+    kill_at_once,
+    stop_group,
+    terminate_then_kill,
+    visible_pids,
+)
 
 IGNORES_SIGTERM = [
     sys.executable,
@@ -23,6 +29,21 @@ def test_visible_pids_skip_pid_1_ourselves_and_non_processes(tmp_path: Path) -> 
     for name in ("1", "7", "42", "self", "sys", "300"):
         (tmp_path / name).mkdir()
     assert visible_pids(tmp_path, own_pid=42) == [7, 300]
+
+
+def test_visible_pids_also_spare_the_excluded_helpers(tmp_path: Path) -> None:
+    for name in ("1", "7", "42", "55", "300"):
+        (tmp_path / name).mkdir()
+    assert visible_pids(tmp_path, own_pid=42, exclude={55, 9999}) == [7, 300]
+
+
+def test_kill_at_once_gives_no_grace_even_to_a_process_that_ignores_sigterm() -> None:
+    stubborn = subprocess.Popen(IGNORES_SIGTERM, stdout=subprocess.PIPE)
+    assert stubborn.stdout
+    stubborn.stdout.readline()
+    assert kill_at_once([stubborn.pid]) == [stubborn.pid]
+    assert stubborn.wait(5) == -signal.SIGKILL
+    stubborn.stdout.close()
 
 
 def test_terminate_then_kill_escalates_only_for_processes_that_ignore_sigterm() -> None:

@@ -1,14 +1,19 @@
-"""The watchdog stops CMD when heartbeats stop, even when `run` itself is frozen or dead."""
+"""The watchdog stops the work when heartbeats stop, even when its parent is frozen or dead."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+import pytest
 
 if TYPE_CHECKING:
     from tests.unit.sidecar.conftest import FakeApiServer
@@ -108,3 +113,207 @@ def test_cmd_is_stopped_when_run_is_killed(
     killed_at = time.monotonic()
     wait_for(lambda: not process_alive(cmd_pid), timeout=5)
     assert time.monotonic() - killed_at < 1.5
+
+
+# --- hold's watchdog: the run's processes in the pod's shared PID namespace -------------
+POD_PARENT = """
+import os, signal, sys, time
+from pathlib import Path
+from cronlock_sidecar import logs, watchdog
+logs.configure()
+mode, proc_root, grace = sys.argv[1], Path(sys.argv[2]), float(sys.argv[3])
+guard = watchdog.start_for_pod(time.monotonic() + 1.0, grace, proc_root)
+print(guard.pid, flush=True)
+if mode == "freeze":
+    started = time.monotonic()
+    while time.monotonic() - started < 1.5:
+        guard.valid_until(time.monotonic() + 1.0)
+        time.sleep(0.1)
+    print("frozen", flush=True)
+    os.kill(os.getpid(), signal.SIGSTOP)
+elif mode == "die":
+    guard.valid_until(time.monotonic() + 60)
+    print("ready", flush=True)
+    time.sleep(60)
+elif mode == "stop":
+    guard.valid_until(time.monotonic() + 60)
+    print(guard.stop_run(), guard.reap(10), flush=True)
+elif mode == "done":
+    guard.dismiss()
+    print(guard.reap(5), flush=True)
+"""
+
+
+# Says so once its SIGTERM handler is installed.
+STUBBORN = [
+    sys.executable,
+    "-c",
+    "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print(flush=True); "
+    "time.sleep(60)",
+]
+
+
+class Pod:
+    """The sidecar's stand-in (POD_PARENT), its watchdog, and two "user" processes it guards.
+
+    The watchdog sees only `proc_root`, a directory listing these processes' pids: a broken
+    exclusion can only hit the stand-ins, never the test runner.
+    """
+
+    def __init__(self, proc_root: Path) -> None:
+        self.proc_root = proc_root
+        self.proc_root.mkdir(parents=True)
+        self.sidecar: subprocess.Popen[str] | None = None
+        self.watchdog_pid: int | None = None
+        self.polite = subprocess.Popen(["sleep", "60"])
+        self.stubborn = subprocess.Popen(STUBBORN, stdout=subprocess.PIPE, text=True)
+        assert self.stubborn.stdout
+        self.stubborn.stdout.readline()
+        for pid in self.user_pids:
+            (self.proc_root / str(pid)).mkdir()
+
+    def start(self, mode: str, grace: float) -> None:
+        self.sidecar = subprocess.Popen(
+            [sys.executable, "-c", POD_PARENT, mode, str(self.proc_root), str(grace)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        self.watchdog_pid = int(self.line())
+        # The watchdog lists the pids only when it acts: both must be in the list and spared.
+        for pid in (self.sidecar.pid, self.watchdog_pid):
+            (self.proc_root / str(pid)).mkdir()
+
+    @property
+    def user_pids(self) -> list[int]:
+        return sorted([self.polite.pid, self.stubborn.pid])
+
+    @property
+    def parent(self) -> subprocess.Popen[str]:
+        assert self.sidecar
+        return self.sidecar
+
+    @property
+    def guard(self) -> int:
+        assert self.watchdog_pid
+        return self.watchdog_pid
+
+    def line(self) -> str:
+        assert self.parent.stdout
+        return self.parent.stdout.readline().strip()
+
+    def user_deaths(self, timeout: float) -> dict[int, float]:
+        """pid -> monotonic time its exit was seen, for the user processes that ended."""
+        seen: dict[int, float] = {}
+        deadline = time.monotonic() + timeout
+        while len(seen) < 2 and time.monotonic() < deadline:
+            for process in (self.polite, self.stubborn):
+                if process.pid not in seen and process.poll() is not None:
+                    seen[process.pid] = time.monotonic()
+            time.sleep(0.01)
+        return seen
+
+    def log(self) -> str:
+        """The sidecar's and the watchdog's stderr, once both are gone."""
+        if self.parent.poll() is None:
+            self.parent.kill()
+        wait_for(lambda: not process_alive(self.guard), timeout=10)
+        _, err = self.parent.communicate(timeout=10)
+        return err
+
+    def close(self) -> None:
+        for pid in (self.watchdog_pid, self.polite.pid, self.stubborn.pid):
+            if pid is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+        for process in (self.sidecar, self.polite, self.stubborn):
+            if process is not None:
+                if process.poll() is None:
+                    process.kill()
+                process.communicate()
+
+
+@pytest.fixture
+def pod(tmp_path: Path) -> Iterator[Callable[[str, float], Pod]]:
+    pods: list[Pod] = []
+
+    def make(mode: str, grace: float) -> Pod:
+        pods.append(Pod(tmp_path / str(len(pods)) / "proc"))
+        pods[-1].start(mode, grace)
+        return pods[-1]
+
+    yield make
+    for each in pods:
+        each.close()
+
+
+def test_a_frozen_sidecar_gets_the_runs_processes_stopped_at_the_heartbeat_deadline(
+    pod: Callable[[str, float], Pod],
+) -> None:
+    guarded = pod("freeze", 0.5)
+    assert guarded.line() == "frozen"
+    frozen_at = time.monotonic()
+    # 1.5s of heartbeats carried the run past the first deadline (1s after the start).
+    assert guarded.polite.poll() is None
+    assert guarded.stubborn.poll() is None
+    deaths = guarded.user_deaths(timeout=5)
+    assert guarded.polite.returncode == -signal.SIGTERM
+    assert guarded.stubborn.returncode == -signal.SIGKILL  # after the grace
+    assert 0.7 <= deaths[guarded.polite.pid] - frozen_at < 1.6
+    assert 0.4 <= deaths[guarded.stubborn.pid] - deaths[guarded.polite.pid] < 1.5
+    assert process_alive(guarded.parent.pid), "the frozen sidecar itself is spared"
+    pids = ", ".join(map(str, guarded.user_pids))
+    log = guarded.log()
+    assert re.search(
+        rf"watchdog: no lease heartbeat from the sidecar for \d+\.\ds; "
+        rf"stopping the run's processes \(pids {pids}\)",
+        log,
+    ), log
+
+
+def test_a_dead_sidecar_gets_the_runs_processes_killed_at_once_without_the_grace(
+    pod: Callable[[str, float], Pod],
+) -> None:
+    guarded = pod("die", 5.0)
+    assert guarded.line() == "ready"
+    # The run's processes share the sidecar's UID and may signal everything they see.
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        os.kill(guarded.guard, signum)
+    time.sleep(0.2)
+    assert process_alive(guarded.guard), "only SIGKILL ends the watchdog"
+    assert guarded.polite.poll() is None
+    guarded.parent.kill()
+    killed_at = time.monotonic()
+    deaths = guarded.user_deaths(timeout=5)
+    assert guarded.polite.returncode == -signal.SIGKILL  # no SIGTERM first
+    assert guarded.stubborn.returncode == -signal.SIGKILL
+    assert max(deaths.values()) - killed_at < 1.0, "at once, not after the 5s grace"
+    log = guarded.log()
+    assert f"watchdog: the sidecar (pid {guarded.parent.pid}) died" in log
+    assert "killed the run's processes at once (pids " in log
+
+
+def test_the_sidecar_hands_the_stop_of_a_lost_run_to_the_watchdog(
+    pod: Callable[[str, float], Pod],
+) -> None:
+    guarded = pod("stop", 0.5)
+    asked_at = time.monotonic()
+    deaths = guarded.user_deaths(timeout=5)
+    assert guarded.polite.returncode == -signal.SIGTERM
+    assert guarded.stubborn.returncode == -signal.SIGKILL
+    assert 0.4 <= deaths[guarded.stubborn.pid] - asked_at < 2.0
+    assert guarded.line() == "True 0"  # heard, then exited by itself
+    assert guarded.parent.wait(5) == 0, "the sidecar itself is spared"
+    assert "watchdog: the sidecar lost the lease; stopping the run's processes" in guarded.log()
+
+
+def test_a_dismissed_watchdog_exits_at_once_and_stops_nothing(
+    pod: Callable[[str, float], Pod],
+) -> None:
+    guarded = pod("done", 0.5)
+    assert guarded.line() == "0"  # reaped within reap()'s 5s: it exited on `done`
+    assert guarded.parent.wait(5) == 0
+    time.sleep(1.3)  # past the deadline it was started with, and past the sidecar's exit
+    assert guarded.polite.poll() is None
+    assert guarded.stubborn.poll() is None
+    assert "watchdog:" not in guarded.log()
