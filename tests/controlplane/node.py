@@ -53,6 +53,7 @@ HOST_LINK_IP, NODE_LINK_IP = cp.NODE_LINK_HOST_IP, "198.51.100.2"
 LINK_PREFIX = 30
 LINK_NET = "198.51.100.0/30"
 BRIDGE = "cn0"
+BRIDGE_MAC = "02:00:c6:33:64:81"  # locally administered; c6:33:64:81 = 198.51.100.129
 NODE_IP = "198.51.100.129"
 POD_SUBNET = "198.51.100.128/25"
 POD_RANGE = ("198.51.100.130", "198.51.100.254")
@@ -239,7 +240,11 @@ def network_up(state: Path) -> None:
     run(*netns("ip", "addr", "replace", f"{NODE_LINK_IP}/{LINK_PREFIX}", "dev", NODE_LINK))
     run(*netns("ip", "link", "set", NODE_LINK, "up"))
     if run(*netns("ip", "link", "show", BRIDGE), check=False).returncode != 0:
-        run(*netns("ip", "link", "add", BRIDGE, "type", "bridge"))
+        # A fixed address: a bridge without one takes its lowest port's, which changes as
+        # pods come and go, and pods keep the old gateway address in their ARP cache
+        # (their packets to the API server, the probes' answers and a dying work's FIN
+        # were then lost for seconds).
+        run(*netns("ip", "link", "add", BRIDGE, "address", BRIDGE_MAC, "type", "bridge"))
     run(*netns("ip", "addr", "replace", f"{NODE_IP}/{POD_SUBNET.split('/')[1]}", "dev", BRIDGE))
     run(*netns("ip", "link", "set", BRIDGE, "up"))
     run(*netns("ip", "route", "replace", cp.SERVICE_CIDR, "via", HOST_LINK_IP, "dev", NODE_LINK))

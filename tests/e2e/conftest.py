@@ -125,7 +125,7 @@ class Scenario:
         **settings: str,
     ) -> dict[str, Any]:
         """Create an annotated CronJob running `sh -c script`; return it once injected."""
-        annotations = {"cronlock.io/enabled": "true", "cronlock.io/ttl": "16s"}
+        annotations = {"cronlock.io/enabled": "true", "cronlock.io/ttl": "19s"}
         annotations.update({f"cronlock.io/{k.replace('_', '-')}": v for k, v in settings.items()})
         body = {
             "apiVersion": "batch/v1",

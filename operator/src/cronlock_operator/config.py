@@ -26,6 +26,10 @@ MIN_ALERT_AFTER: Final = 1
 MAX_ALERT_AFTER: Final = 1000
 # The liveness probe on user containers runs every second; the sidecar checks as often.
 PROBE_PERIOD_SECONDS: Final = 1
+# ... and a probe fails at the latest this long after it was sent (a frozen sidecar never
+# answers). On the real kubelet the failure was seen up to 1.5s after the renew deadline,
+# more than the probe period alone (docs/RELIABILITY.md).
+PROBE_TIMEOUT_SECONDS: Final = 1
 # Longer graces only delay the stop; the TTL has to cover it.
 MAX_KILL_GRACE_SECONDS: Final = 10
 # The kubelet never gives a container less than 2s to stop (minimumGracePeriodInSeconds
@@ -186,9 +190,15 @@ def kill_grace_seconds(ttl_seconds: int, skew_seconds: int, ttl_shown: str) -> i
     """The longest whole grace (at most 10s) that stops a run before its Lease can expire.
 
     A run that lost its lease must be gone before another run may take the lock:
-    renew deadline + probe period + kill grace + clock skew < ttl, strictly.
+    renew deadline + probe period + probe timeout + kill grace + clock skew < ttl, strictly.
     """
-    margin = ttl_seconds - ttl_seconds * RENEW_DEADLINE - PROBE_PERIOD_SECONDS - skew_seconds
+    margin = (
+        ttl_seconds
+        - ttl_seconds * RENEW_DEADLINE
+        - PROBE_PERIOD_SECONDS
+        - PROBE_TIMEOUT_SECONDS
+        - skew_seconds
+    )
     grace = min(MAX_KILL_GRACE_SECONDS, math.ceil(margin) - 1)
     if grace < MIN_KILL_GRACE_SECONDS:
         raise InvalidConfig(
@@ -196,7 +206,8 @@ def kill_grace_seconds(ttl_seconds: int, skew_seconds: int, ttl_shown: str) -> i
             ttl_shown,
             "is too short to stop a run that lost its lease before another run may take it: "
             f"renew deadline ({_format_fraction(ttl_seconds * RENEW_DEADLINE)}, 2/3 of the ttl) "
-            f"+ probe period ({PROBE_PERIOD_SECONDS}s) + kill grace (at least "
+            f"+ probe period ({PROBE_PERIOD_SECONDS}s) + probe timeout "
+            f"({PROBE_TIMEOUT_SECONDS}s) + kill grace (at least "
             f"{MIN_KILL_GRACE_SECONDS}s) + clock skew ({skew_seconds}s) must stay under the ttl; "
             f"use a ttl of at least {minimum_ttl_seconds(skew_seconds)}s",
         )
@@ -205,7 +216,7 @@ def kill_grace_seconds(ttl_seconds: int, skew_seconds: int, ttl_shown: str) -> i
 
 def minimum_ttl_seconds(skew_seconds: int) -> int:
     """The shortest whole TTL that leaves room for the smallest kill grace."""
-    needed = PROBE_PERIOD_SECONDS + MIN_KILL_GRACE_SECONDS + skew_seconds
+    needed = PROBE_PERIOD_SECONDS + PROBE_TIMEOUT_SECONDS + MIN_KILL_GRACE_SECONDS + skew_seconds
     # ttl * (1 - RENEW_DEADLINE) > needed, strictly.
     return max(MIN_TTL_SECONDS, math.floor(needed / (1 - RENEW_DEADLINE)) + 1)
 

@@ -8,6 +8,8 @@ from collections.abc import Iterator, Mapping
 from typing import Any, Final, TypeGuard
 
 from cronlock_operator.config import (
+    PROBE_PERIOD_SECONDS,
+    PROBE_TIMEOUT_SECONDS,
     InvalidConfig,
     LockConfig,
     OperatorSettings,
@@ -392,9 +394,9 @@ def _gate_container(config: LockConfig, settings: OperatorSettings) -> dict[str,
 def _held_probe(config: LockConfig) -> dict[str, Any]:
     return {
         "httpGet": {"path": contract.HELD_PATH, "port": contract.SIDECAR_PORT},
-        "periodSeconds": 1,
+        "periodSeconds": PROBE_PERIOD_SECONDS,
         "failureThreshold": 1,
-        "timeoutSeconds": 1,
+        "timeoutSeconds": PROBE_TIMEOUT_SECONDS,
         "terminationGracePeriodSeconds": config.kill_grace_seconds,
     }
 

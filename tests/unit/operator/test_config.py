@@ -128,7 +128,7 @@ def test_default_renew_is_a_third_of_the_ttl_in_milliseconds() -> None:
 
 
 @pytest.mark.parametrize(
-    ("ttl", "grace"), [(16, 2), (18, 2), (19, 3), (30, 6), (45, 10), (60, 10), (86400, 10)]
+    ("ttl", "grace"), [(19, 2), (21, 2), (22, 3), (30, 5), (46, 10), (60, 10), (86400, 10)]
 )
 def test_kill_grace_fits_inside_the_ttl(ttl: int, grace: int) -> None:
     assert kill_grace_seconds(ttl, 2, f"{ttl}s") == grace
@@ -139,17 +139,17 @@ def test_timing_is_safe_for_every_accepted_ttl(skew: int) -> None:
     for ttl in range(minimum_ttl_seconds(skew), 400):
         grace = kill_grace_seconds(ttl, skew, f"{ttl}s")
         assert grace >= 2  # the kubelet's own floor
-        assert ttl * 2 / 3 + 1 + grace + skew < ttl
+        assert ttl * 2 / 3 + 1 + 1 + grace + skew < ttl
     with pytest.raises(InvalidConfig):
         kill_grace_seconds(minimum_ttl_seconds(skew) - 1, skew, "short")
 
 
 def test_too_short_ttl_says_the_minimum() -> None:
     with pytest.raises(InvalidConfig) as caught:
-        config_of({"cronlock.io/ttl": "15s"})
+        config_of({"cronlock.io/ttl": "18s"})
     assert caught.value.annotation == "cronlock.io/ttl"
-    assert "at least 16s" in str(caught.value)
-    assert config_of({"cronlock.io/ttl": "16s"}).kill_grace_seconds == 2
+    assert "at least 19s" in str(caught.value)
+    assert config_of({"cronlock.io/ttl": "19s"}).kill_grace_seconds == 2
 
 
 def test_settings_defaults_apply_and_a_users_ttl_brings_its_own_renew() -> None:
@@ -199,7 +199,7 @@ BAD = [
     ({"cronlock.io/ttl": "4s"}, {}, "cronlock.io/ttl", "from 5s to 24h"),
     ({"cronlock.io/ttl": "25h"}, {}, "cronlock.io/ttl", "from 5s to 24h"),
     ({"cronlock.io/ttl": "90.5s"}, {}, "cronlock.io/ttl", "whole number of seconds"),
-    ({"cronlock.io/ttl": "10s"}, {}, "cronlock.io/ttl", "at least 16s"),
+    ({"cronlock.io/ttl": "10s"}, {}, "cronlock.io/ttl", "at least 19s"),
     ({"cronlock.io/renew": "soon"}, {}, "cronlock.io/renew", "not a duration"),
     ({"cronlock.io/renew": "60s"}, {}, "cronlock.io/renew", "shorter than the ttl"),
     ({"cronlock.io/renew": "2m"}, {}, "cronlock.io/renew", "shorter than the ttl"),

@@ -174,10 +174,10 @@ def test_never_restart_policy_and_a_grace_within_the_kill_grace_record_nothing()
         ("1m", 10, 10, None),
         ("1m", 3, 3, None),
         ("1m", 0, 0, None),
-        ("30s", 30, 6, "30"),
-        ("30s", 7, 6, "7"),
-        ("30s", 6, 6, None),
-        ("16s", 30, 2, "30"),
+        ("30s", 30, 5, "30"),
+        ("30s", 6, 5, "6"),
+        ("30s", 5, 5, None),
+        ("19s", 30, 2, "30"),
     ],
 )
 def test_the_pods_grace_is_capped_at_the_kill_grace(
@@ -237,7 +237,7 @@ def test_a_new_ttl_recaps_the_grace_and_keeps_the_users_original() -> None:
         terminationGracePeriodSeconds=8,
     )
     short = inject(user)
-    assert pod_spec(short)["terminationGracePeriodSeconds"] == 6
+    assert pod_spec(short)["terminationGracePeriodSeconds"] == 5
     assert short["metadata"]["annotations"][GRACE_RECORD] == "8"
     short["metadata"]["annotations"]["cronlock.io/ttl"] = "1m"
     longer = desired_cronjob(short, parse_config(short, SETTINGS), SETTINGS)

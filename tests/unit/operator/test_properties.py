@@ -57,7 +57,7 @@ def lock_annotations(draw: st.DrawFn) -> dict[str, str]:
     annotations = {"cronlock.io/enabled": "true"}
     if draw(st.booleans()):
         annotations["cronlock.io/lock"] = draw(names)
-    ttl = draw(st.sampled_from([None, "16s", "30s", "1m", "5m", "1h", "24h"]))
+    ttl = draw(st.sampled_from([None, "19s", "30s", "1m", "5m", "1h", "24h"]))
     if ttl is not None:
         annotations["cronlock.io/ttl"] = ttl
         if draw(st.booleans()):
