@@ -155,8 +155,14 @@ def make_pki(pki: Path) -> None:
     openssl("rsa", "-in", str(pki / "sa.key"), "-pubout", "-out", str(pki / "sa.pub"))
 
 
-def write_kubeconfig(path: Path, server: str, pki: Path, user: str) -> None:
-    """A kubeconfig with file references (kept simple; every client here reads them)."""
+def write_kubeconfig(
+    path: Path, server: str, pki: Path, user: str, cert_dir: Path | None = None
+) -> None:
+    """A kubeconfig with file references (kept simple; every client here reads them).
+
+    The client certificate is `<cert_dir or pki>/<user>.crt` (and `.key`).
+    """
+    certs = pki if cert_dir is None else cert_dir
     path.write_text(
         json.dumps(
             {
@@ -172,8 +178,8 @@ def write_kubeconfig(path: Path, server: str, pki: Path, user: str) -> None:
                     {
                         "name": user,
                         "user": {
-                            "client-certificate": str(pki / f"{user}.crt"),
-                            "client-key": str(pki / f"{user}.key"),
+                            "client-certificate": str(certs / f"{user}.crt"),
+                            "client-key": str(certs / f"{user}.key"),
                         },
                     }
                 ],
@@ -195,9 +201,9 @@ def write_kubeconfig(path: Path, server: str, pki: Path, user: str) -> None:
     path.chmod(0o600)
 
 
-def start(name: str, argv: list[str], env_dir: Path) -> int:
+def start(name: str, argv: list[str], env_dir: Path, env: dict[str, str] | None = None) -> int:
     logs = env_dir / "logs"
-    logs.mkdir(exist_ok=True)
+    logs.mkdir(parents=True, exist_ok=True)
     with open(logs / f"{name}.log", "ab") as log:
         process = subprocess.Popen(
             argv,
@@ -205,6 +211,7 @@ def start(name: str, argv: list[str], env_dir: Path) -> int:
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
+            env=env,
         )
     (env_dir / f"{name}.pid").write_text(str(process.pid))
     return process.pid

@@ -97,21 +97,6 @@ def in_netns(*argv: str) -> list[str]:
     return ["nsenter", f"--net=/run/netns/{NETNS}", "--", *argv]
 
 
-def start(name: str, argv: list[str], state: Path, env: dict[str, str] | None = None) -> None:
-    logs = state / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
-    with open(logs / f"{name}.log", "ab") as log:
-        process = subprocess.Popen(
-            argv,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-            env=env,
-        )
-    (state / f"{name}.pid").write_text(str(process.pid))
-
-
 def stop(name: str, state: Path, grace: float) -> None:
     pid = cp.pid_of(state, name)
     if pid is None:
@@ -146,38 +131,6 @@ def sign(pki: Path, out: Path, name: str, subject: str, ext: str | None = None) 
         (out / f"{name}.ext").write_text(ext)
         argv += ["-extfile", str(out / f"{name}.ext")]
     cp.openssl(*argv)
-
-
-def write_kubeconfig(path: Path, server: str, pki: Path, cert_dir: Path, user: str) -> None:
-    path.write_text(
-        json.dumps(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "clusters": [
-                    {
-                        "name": "cronlock-test",
-                        "cluster": {"server": server, "certificate-authority": str(pki / "ca.crt")},
-                    }
-                ],
-                "users": [
-                    {
-                        "name": user,
-                        "user": {
-                            "client-certificate": str(cert_dir / f"{user}.crt"),
-                            "client-key": str(cert_dir / f"{user}.key"),
-                        },
-                    }
-                ],
-                "contexts": [
-                    {"name": "cronlock-test", "context": {"cluster": "cronlock-test", "user": user}}
-                ],
-                "current-context": "cronlock-test",
-            },
-            indent=2,
-        )
-    )
-    path.chmod(0o600)
 
 
 def kubectl(*args: str, stdin: str | None = None, check: bool = True) -> str:
@@ -485,7 +438,7 @@ def up() -> dict[str, str]:
     ):
         # Only the kubelet is gone (a test stopped it: node loss): start it again on the
         # same containerd, whose containers kept running, as a restarted kubelet would.
-        start("kubelet", json.loads((state / "kubelet.argv").read_text()), state)
+        cp.start("kubelet", json.loads((state / "kubelet.argv").read_text()), state)
         wait_ready(state)
         return exports
     owner = RUN_DIR / "owner"
@@ -506,8 +459,10 @@ def up() -> dict[str, str]:
     save_host_state(state)
     network_up(state)
     relay = [sys.executable, str(cp.HERE / "relay.py")]
-    start("node-relay", [*relay, HOST_LINK_IP, str(NODE_RELAY_PORT), "127.0.0.1", api_port], state)
-    start(
+    cp.start(
+        "node-relay", [*relay, HOST_LINK_IP, str(NODE_RELAY_PORT), "127.0.0.1", api_port], state
+    )
+    cp.start(
         "pod-relay",
         [*relay, cp.KUBERNETES_SERVICE_IP, str(SERVICE_PORT), "127.0.0.1", api_port],
         state,
@@ -518,14 +473,16 @@ def up() -> dict[str, str]:
     sign(pki, certs, "kube-scheduler", "/CN=system:kube-scheduler")
     # The kubelet's serving certificate, for the API server's logs/exec calls.
     sign(pki, certs, "kubelet-serving", f"/CN={NODE_NAME}", f"subjectAltName=IP:{NODE_IP}\n")
-    write_kubeconfig(
+    cp.write_kubeconfig(
         state / "kubelet.kubeconfig",
         f"https://{HOST_LINK_IP}:{NODE_RELAY_PORT}",
         pki,
-        certs,
         "kubelet",
+        cert_dir=certs,
     )
-    write_kubeconfig(state / "kube-scheduler.kubeconfig", api, pki, certs, "kube-scheduler")
+    cp.write_kubeconfig(
+        state / "kube-scheduler.kubeconfig", api, pki, "kube-scheduler", cert_dir=certs
+    )
     # RBAC is the API server's only authorizer: grant the node group the built-in role
     # the Node authorizer would otherwise stand for.
     kubectl(
@@ -553,7 +510,7 @@ def up() -> dict[str, str]:
         ),
     )
     scheduler_kubeconfig = str(state / "kube-scheduler.kubeconfig")
-    start(
+    cp.start(
         "kube-scheduler",
         [
             str(bins / "kube-scheduler"),
@@ -570,7 +527,7 @@ def up() -> dict[str, str]:
 
     containerd_config = write_containerd_config(state, bins)
     env = {**os.environ, "PATH": f"{bins}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
-    start(
+    cp.start(
         "containerd",
         in_netns(str(bins / "containerd"), "--config", str(containerd_config)),
         state,
@@ -602,7 +559,7 @@ def up() -> dict[str, str]:
         "--v=2",
     )
     (state / "kubelet.argv").write_text(json.dumps(kubelet_argv))
-    start("kubelet", kubelet_argv, state)
+    cp.start("kubelet", kubelet_argv, state)
     wait_ready(state)
     return exports
 

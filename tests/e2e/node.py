@@ -19,7 +19,7 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -279,33 +279,51 @@ class PodRecorder:
             self._sidecar_logs[name] = log
 
     def _watch(self) -> None:
-        version = ""
-        while not self._stopped.is_set():
-            watch = kubernetes.watch.Watch()
-            try:
-                for event in watch.stream(
-                    self._core.list_namespaced_pod,
-                    self._namespace,
-                    resource_version=version,
-                    timeout_seconds=5,
-                    _request_timeout=10,
-                ):
-                    pod = self._api.sanitize_for_serialization(event["object"])
-                    version = pod["metadata"]["resourceVersion"]
-                    name = pod["metadata"]["name"]
-                    with self._lock:
-                        if name not in self._pods:
-                            self._order.append(name)
-                        self._pods[name] = pod
-                    if event["type"] != "DELETED":
-                        self._keep_decision_log(pod)
-                    if self._stopped.is_set():
-                        break
-            except WATCH_ERRORS:
+        follow(self._core.list_namespaced_pod, self._namespace, self._stopped, self._seen)
+
+    def _seen(self, kind: str, raw: Any) -> None:
+        pod = self._api.sanitize_for_serialization(raw)
+        name = pod["metadata"]["name"]
+        with self._lock:
+            if name not in self._pods:
+                self._order.append(name)
+            self._pods[name] = pod
+        if kind != "DELETED":
+            self._keep_decision_log(pod)
+
+
+def follow(
+    list_objects: Callable[..., Any],
+    namespace: str,
+    stopped: threading.Event,
+    seen: Callable[[str, Any], None],
+) -> None:
+    """Watch a namespace's objects until `stopped`, calling `seen(event type, object)`.
+
+    Resumes where a broken watch stopped, so no version goes unseen; only a version too
+    old to resume from (410 Gone) starts over from the current state.
+    """
+    version = ""
+    while not stopped.is_set():
+        watch = kubernetes.watch.Watch()
+        try:
+            for event in watch.stream(
+                list_objects,
+                namespace,
+                resource_version=version,
+                timeout_seconds=5,
+                _request_timeout=10,
+            ):
+                version = event["object"].metadata.resource_version
+                seen(event["type"], event["object"])
+                if stopped.is_set():
+                    break
+        except WATCH_ERRORS as error:
+            if isinstance(error, kubernetes.client.ApiException) and error.status == 410:
                 version = ""
-                time.sleep(0.2)
-            finally:
-                watch.stop()
+            time.sleep(0.2)
+        finally:
+            watch.stop()
 
 
 @dataclass(frozen=True)
@@ -361,34 +379,14 @@ class LeaseRecorder:
             return [v for v in self._versions if name is None or v.name == name]
 
     def _watch(self) -> None:
-        version = ""
-        while not self._stopped.is_set():
-            watch = kubernetes.watch.Watch()
-            try:
-                for event in watch.stream(
-                    self._coordination.list_namespaced_lease,
-                    self._namespace,
-                    resource_version=version,
-                    timeout_seconds=5,
-                    _request_timeout=10,
-                ):
-                    offset = time.time() - time.monotonic()
-                    lease = self._api.sanitize_for_serialization(event["object"])
-                    version = lease["metadata"]["resourceVersion"]
-                    if event["type"] != "DELETED":
-                        seen = LeaseVersion.of(lease, offset)
-                        with self._lock:
-                            self._versions.append(seen)
-                    if self._stopped.is_set():
-                        break
-            except WATCH_ERRORS as error:
-                # Resume where it broke, so that no renewal goes unseen; only a version
-                # too old to resume from (410 Gone) starts over from the current state.
-                if isinstance(error, kubernetes.client.ApiException) and error.status == 410:
-                    version = ""
-                time.sleep(0.2)
-            finally:
-                watch.stop()
+        follow(self._coordination.list_namespaced_lease, self._namespace, self._stopped, self._seen)
+
+    def _seen(self, kind: str, raw: Any) -> None:
+        offset = time.time() - time.monotonic()
+        if kind != "DELETED":
+            seen = LeaseVersion.of(self._api.sanitize_for_serialization(raw), offset)
+            with self._lock:
+                self._versions.append(seen)
 
 
 def wall_time(value: Any) -> float | None:
