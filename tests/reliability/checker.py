@@ -628,25 +628,35 @@ class _Start:
     ended: bool = False
 
 
-class _TrialState:
-    """What the work units wrote, and when the checker last saw each one alive."""
+class EventsFile:
+    """The work units' shared JSON-lines file, read on from where the last read ended."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self.offset = 0
-        self.starts: list[_Start] = []
-        self.counts: collections.Counter[str] = collections.Counter()
 
-    def read(self) -> None:
+    def new_events(self) -> list[dict[str, Any]]:
+        """The complete lines written since the last call (a line being written waits)."""
         if not self.path.exists():
-            return
+            return []
         with open(self.path, "rb") as handle:
             handle.seek(self.offset)
             data = handle.read()
         complete = data[: data.rfind(b"\n") + 1]
         self.offset += len(complete)
-        for line in complete.splitlines():
-            event = json.loads(line)
+        return [json.loads(line) for line in complete.splitlines()]
+
+
+class _TrialState:
+    """What the work units wrote, and when the checker last saw each one alive."""
+
+    def __init__(self, path: Path) -> None:
+        self.events = EventsFile(path)
+        self.starts: list[_Start] = []
+        self.counts: collections.Counter[str] = collections.Counter()
+
+    def read(self) -> None:
+        for event in self.events.new_events():
             self.counts[event["event"]] += 1
             if event["event"] == "start":
                 self.starts.append(

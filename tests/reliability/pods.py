@@ -84,6 +84,7 @@ from tests.reliability.checker import (
     TICK,
     Cluster,
     Counts,
+    EventsFile,
     Fault,
     add_common_arguments,
     fault_list,
@@ -506,20 +507,12 @@ class WorkRecords:
     """What a trial's work units wrote to their shared events file: clock-free counts."""
 
     def __init__(self, path: Path) -> None:
-        self.path = path
-        self.offset = 0
+        self.events = EventsFile(path)
         self.counts: collections.Counter[str] = collections.Counter()
 
     def read(self) -> None:
-        if not self.path.exists():
-            return
-        with open(self.path, "rb") as handle:
-            handle.seek(self.offset)
-            data = handle.read()
-        complete = data[: data.rfind(b"\n") + 1]
-        self.offset += len(complete)
-        for line in complete.splitlines():
-            self.counts[json.loads(line)["event"]] += 1
+        for event in self.events.new_events():
+            self.counts[event["event"]] += 1
 
     def tally(self, counts: Counts) -> None:
         self.read()
