@@ -40,6 +40,9 @@ def test_two_cronjobs_sharing_a_lock_never_overlap_over_many_runs(cluster: Scena
     def skip_events() -> list[tuple[str, str]]:
         return cluster.events("export-a", "Skipped") + cluster.events("export-b", "Skipped")
 
-    wait_for(lambda: len(skip_events()) >= skipped, 60, "a Skipped Event for every skipped run")
+    try:
+        wait_for(lambda: len(skip_events()) >= skipped, 60, "a Skipped Event for every skipped run")
+    except AssertionError as error:
+        raise AssertionError(f"{error}: decisions {decisions}, Events {skip_events()}") from None
     messages = sorted(message for _, message in skip_events())
     assert len(messages) == skipped, (decisions, messages)

@@ -71,6 +71,12 @@ class Reconciler:
     observations: dict[tuple[str, str], Observation] = field(default_factory=dict)
     # Per CronJob uid: the last message of each kind we posted, so a replay posts nothing.
     posted: dict[tuple[str, str], str] = field(default_factory=dict)
+    # Finished runs deleted before they were counted (the CronJob controller keeps only
+    # `failedJobsHistoryLimit` failed Jobs, 1 by default): counted from their last state.
+    departed: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    # Uids of the Jobs this process has marked counted, until their deletion is seen: the
+    # cache may still show a Job without the mark when the next accounting runs.
+    accounted: set[str] = field(default_factory=set)
     # Per namespace: the (service account, lease) pairs the holder Roles grant.
     synced_rbac: dict[str, frozenset[Guard]] = field(default_factory=dict)
     queue: WorkQueue[Key] = field(init=False)
@@ -91,13 +97,20 @@ class Reconciler:
 
     def on_job(self, kind: str | None, body: dict[str, Any]) -> None:
         key = _key(body)
+        owner = skips.owning_cronjob(body)
+        finished = owner is not None and skips.outcome(body) is not None
         if kind == "DELETED":
             self.jobs.pop(key)
+            uid = str(body["metadata"].get("uid"))
+            if uid in self.accounted:
+                self.accounted.discard(uid)
+            elif finished and not skips.is_accounted(body):
+                self.departed[key] = body
+                self.queue.add(("account", key[0], str(owner)))
             return
         self.jobs.put(body)
-        owner = skips.owning_cronjob(body)
-        if owner is not None and skips.outcome(body) is not None:
-            self.queue.add(("account", key[0], owner))
+        if finished:
+            self.queue.add(("account", key[0], str(owner)))
 
     def on_lease(self, kind: str | None, body: dict[str, Any]) -> None:
         key = _key(body)
@@ -255,24 +268,42 @@ class Reconciler:
         alert_after = config.alert_after if config else contract.DEFAULT_ALERT_AFTER
         keep = config.keep_skipped_jobs if config else False
         count = skips.consecutive_skips(cronjob)
-        finished = sorted(
-            (
-                job
-                for job in self.jobs.in_namespace(namespace)
-                if skips.owning_cronjob(job) == cronjob_name
+        # Jobs still here, and those deleted before they were counted; one entry per uid
+        # (a Job deleted while this runs can be in both).
+        candidates: dict[str, dict[str, Any]] = {}
+        for key, job in list(self.departed.items()):
+            if key[0] == namespace and skips.owning_cronjob(job) == cronjob_name:
+                self.departed.pop(key, None)
+                candidates[str(job["metadata"].get("uid"))] = job
+        for job in self.jobs.in_namespace(namespace):
+            uid = str(job["metadata"].get("uid"))
+            if (
+                skips.owning_cronjob(job) == cronjob_name
                 and skips.outcome(job) is not None
-                and skips.ACCOUNTED_ANNOTATION not in (job["metadata"].get("annotations") or {})
-            ),
-            key=lambda job: str(job["metadata"].get("creationTimestamp")),
+                and not skips.is_accounted(job)
+                and uid not in self.accounted
+            ):
+                candidates.setdefault(uid, job)
+        finished = sorted(
+            candidates.items(), key=lambda item: str(item[1]["metadata"].get("creationTimestamp"))
         )
         start = count
-        for job in finished:
+        for uid, job in finished:
             job_name = job["metadata"]["name"]
             outcome = skips.outcome(job)
-            if not self.kube.mark_job(
-                namespace, job_name, skips.ACCOUNTED_ANNOTATION, str(outcome)
-            ):
-                continue
+            # Claimed before the mark is written: a DELETED event from now on leaves it to us.
+            self.accounted.add(uid)
+            try:
+                present = self.kube.mark_job(
+                    namespace, job_name, skips.ACCOUNTED_ANNOTATION, str(outcome)
+                )
+            except BaseException:
+                self.accounted.discard(uid)  # not counted: the retry counts it
+                if (namespace, job_name) not in self.jobs:
+                    self.departed[(namespace, job_name)] = job
+                raise
+            if present and (namespace, job_name) not in self.jobs:
+                self.accounted.discard(uid)  # its deletion was already seen: nothing to wait for
             if outcome == "succeeded":
                 count = 0
             elif outcome == "skipped":
@@ -293,7 +324,7 @@ class Reconciler:
                         f"be stuck: kubectl get lease -n {namespace} {contract.lease_name(lock)}",
                         warning=True,
                     )
-                if not keep:
+                if not keep and present:
                     self.kube.delete_job(namespace, job_name)
         if count != start:
             self.kube.annotate_cronjob(

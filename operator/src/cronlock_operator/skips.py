@@ -34,6 +34,11 @@ def is_skip_failure(condition: Mapping[str, Any]) -> bool:
     )
 
 
+def is_accounted(job: Mapping[str, Any]) -> bool:
+    """The operator has already counted this Job (it wrote the mark before anything else)."""
+    return ACCOUNTED_ANNOTATION in ((job.get("metadata") or {}).get("annotations") or {})
+
+
 def owning_cronjob(job: Mapping[str, Any]) -> str | None:
     """The CronJob a Job was made from (scheduled or `kubectl create job --from`)."""
     for owner in (job.get("metadata") or {}).get("ownerReferences") or []:
