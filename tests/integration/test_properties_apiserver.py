@@ -25,11 +25,13 @@ import pytest
 from hypothesis import HealthCheck, event, given, note, settings
 from hypothesis import strategies as st
 
+from cronlock_operator.config import parse_config
 from cronlock_operator.injection import revert
 from cronlock_operator.kube import Kube
 from cronlock_operator.workqueue import Retry
 from tests.kube import job_from_cronjob, wait_for
 from tests.operator_process import OperatorProcess
+from tests.unit.operator.cronjobs import SETTINGS
 from tests.unit.operator.test_properties import cronjobs, lock_annotations
 
 pytestmark = pytest.mark.controlplane
@@ -239,4 +241,10 @@ def test_a_lease_deleted_behind_the_operators_cache_is_retried_not_dropped(
         }
     }
     with pytest.raises(Retry):
-        Kube(api).ensure_lease(property_namespace, "cronlock-behind-the-cache", cronjob, 60, cached)
+        Kube(api).ensure_lease(
+            property_namespace,
+            "cronlock-behind-the-cache",
+            cronjob,
+            parse_config(cronjob, SETTINGS),
+            cached,
+        )

@@ -57,13 +57,13 @@ import kubernetes
 import urllib3
 
 from cronlock_operator.config import (
-    RENEW_DEADLINE,
     InvalidConfig,
     kill_grace_seconds,
     minimum_ttl_seconds,
 )
 from cronlock_sidecar import contract
 from cronlock_sidecar.durations import DurationError, parse_duration
+from cronlock_sidecar.lockmodel import Timing
 from tests.conftest import ControlPlane, make_service_account_kubeconfig
 from tests.e2e.node import (
     CRONLOCK_IMAGE,
@@ -224,7 +224,7 @@ class PodSettings:
     @property
     def renew_deadline(self) -> float:
         """How long a holder goes on without a successful renewal (2/3 of the ttl)."""
-        return float(self.ttl * RENEW_DEADLINE)
+        return Timing.of(self.ttl, skew=self.skew).renew_deadline
 
     @property
     def kill_grace(self) -> int:

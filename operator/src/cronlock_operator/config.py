@@ -8,11 +8,11 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from fractions import Fraction
 from typing import Any, Final, Literal
 
 from cronlock_sidecar import contract
 from cronlock_sidecar.durations import DURATION_FORMS, DurationError, parse_duration
+from cronlock_sidecar.lockmodel import Timing, TimingError, default_renew_ms, seconds_text
 
 Policy = Literal["skip", "wait"]
 Stop = Literal["liveness", "signal"]
@@ -35,8 +35,8 @@ MAX_KILL_GRACE_SECONDS: Final = 10
 # The kubelet never gives a container less than 2s to stop (minimumGracePeriodInSeconds
 # in kuberuntime's killContainer): a smaller grace would be 2s in fact.
 MIN_KILL_GRACE_SECONDS: Final = 2
-# Exact 2/3, so that boundary TTLs are not decided by float rounding.
-RENEW_DEADLINE: Final = Fraction(contract.RENEW_DEADLINE_FRACTION).limit_denominator(1000)
+# How late the kubelet can see a lost lease: one probe period plus the probe's timeout.
+DETECTION_MS: Final = (PROBE_PERIOD_SECONDS + PROBE_TIMEOUT_SECONDS) * 1000
 
 _LOCK = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 _MAX_LOCK_LENGTH: Final = 63  # the lock is also the value of the label cronlock.io/lock
@@ -86,7 +86,7 @@ class OperatorSettings:
             renew = self.default_renew_seconds
             if renew is None:
                 renew = default_renew_seconds(ttl)
-            _check_renew(ttl, renew, _format_seconds(renew))
+            _check_renew(ttl, renew, _format_seconds(renew), self.skew_seconds)
             kill_grace_seconds(ttl, self.skew_seconds, _format_seconds(ttl))
         except InvalidConfig as error:
             raise ValueError(f"operator default: {error}") from error
@@ -113,9 +113,13 @@ class LockConfig:
         return contract.lease_name(self.lock)
 
     @property
+    def timing(self) -> Timing:
+        return Timing.of(self.ttl_seconds, self.renew_seconds, self.skew_seconds)
+
+    @property
     def renew_deadline_seconds(self) -> float:
         """How long the holder keeps running without a successful renewal."""
-        return float(self.ttl_seconds * RENEW_DEADLINE)
+        return self.timing.renew_deadline
 
 
 def annotations_of(cronjob: Mapping[str, Any]) -> Mapping[str, str]:
@@ -154,7 +158,7 @@ def parse_config(cronjob: Mapping[str, Any], settings: OperatorSettings) -> Lock
     renew_text = annotations.get(contract.ANNOTATION_RENEW)
     if renew_text is not None:
         renew = _duration(contract.ANNOTATION_RENEW, renew_text)
-        _check_renew(ttl, renew, renew_text)
+        _check_renew(ttl, renew, renew_text, settings.skew_seconds)
     elif ttl_text is None and settings.default_renew_seconds is not None:
         renew = settings.default_renew_seconds
     else:
@@ -183,42 +187,42 @@ def parse_config(cronjob: Mapping[str, Any], settings: OperatorSettings) -> Lock
 
 def default_renew_seconds(ttl_seconds: int) -> float:
     """A third of the TTL, rounded down to the millisecond so that it prints short."""
-    return math.floor(ttl_seconds * 1000 / 3) / 1000
+    return default_renew_ms(ttl_seconds * 1000) / 1000
 
 
 def kill_grace_seconds(ttl_seconds: int, skew_seconds: int, ttl_shown: str) -> int:
     """The longest whole grace (at most 10s) that stops a run before its Lease can expire.
 
     A run that lost its lease must be gone before another run may take the lock:
-    renew deadline + probe period + probe timeout + kill grace + clock skew < ttl, strictly.
+    renew deadline + probe period + probe timeout + kill grace + clock skew < ttl, strictly
+    (the lock model's `Timing.kill_grace_fits`).
     """
-    margin = (
-        ttl_seconds
-        - ttl_seconds * RENEW_DEADLINE
-        - PROBE_PERIOD_SECONDS
-        - PROBE_TIMEOUT_SECONDS
-        - skew_seconds
+    timing = Timing.of(ttl_seconds, skew=skew_seconds)
+    grace = timing.longest_kill_grace(
+        DETECTION_MS, step_ms=1000, most_ms=MAX_KILL_GRACE_SECONDS * 1000
     )
-    grace = min(MAX_KILL_GRACE_SECONDS, math.ceil(margin) - 1)
-    if grace < MIN_KILL_GRACE_SECONDS:
+    if grace is None or grace < MIN_KILL_GRACE_SECONDS * 1000:
         raise InvalidConfig(
             contract.ANNOTATION_TTL,
             ttl_shown,
             "is too short to stop a run that lost its lease before another run may take it: "
-            f"renew deadline ({_format_fraction(ttl_seconds * RENEW_DEADLINE)}, 2/3 of the ttl) "
+            f"renew deadline ({seconds_text(timing.renew_deadline * 1000)}, 2/3 of the ttl) "
             f"+ probe period ({PROBE_PERIOD_SECONDS}s) + probe timeout "
             f"({PROBE_TIMEOUT_SECONDS}s) + kill grace (at least "
             f"{MIN_KILL_GRACE_SECONDS}s) + clock skew ({skew_seconds}s) must stay under the ttl; "
             f"use a ttl of at least {minimum_ttl_seconds(skew_seconds)}s",
         )
-    return grace
+    return grace // 1000
 
 
 def minimum_ttl_seconds(skew_seconds: int) -> int:
     """The shortest whole TTL that leaves room for the smallest kill grace."""
-    needed = PROBE_PERIOD_SECONDS + PROBE_TIMEOUT_SECONDS + MIN_KILL_GRACE_SECONDS + skew_seconds
-    # ttl * (1 - RENEW_DEADLINE) > needed, strictly.
-    return max(MIN_TTL_SECONDS, math.floor(needed / (1 - RENEW_DEADLINE)) + 1)
+    ttl = MIN_TTL_SECONDS
+    while not Timing.of(ttl, skew=skew_seconds).kill_grace_fits(
+        MIN_KILL_GRACE_SECONDS * 1000, DETECTION_MS
+    ):
+        ttl += 1
+    return ttl
 
 
 def _refuse_unknown(annotations: Mapping[str, str]) -> None:
@@ -281,7 +285,7 @@ def _check_ttl(seconds: float, text: str) -> int:
     return int(seconds)
 
 
-def _check_renew(ttl: int, renew: float, text: str) -> None:
+def _check_renew(ttl: int, renew: float, text: str, skew_seconds: int) -> None:
     annotation = contract.ANNOTATION_RENEW
     if renew >= ttl:
         raise InvalidConfig(
@@ -291,16 +295,10 @@ def _check_renew(ttl: int, renew: float, text: str) -> None:
         raise InvalidConfig(
             annotation, text, "is too short; renew at most once a second (expected at least 1s)"
         )
-    deadline = ttl * RENEW_DEADLINE
-    if renew > deadline / 2:
-        raise InvalidConfig(
-            annotation,
-            text,
-            f"is too long for a ttl of {_format_seconds(ttl)}: a holder gives up after "
-            f"{_format_fraction(deadline)} without a successful renewal (2/3 of the ttl), and "
-            "needs at least two renewal attempts before that; expected at most "
-            f"{_format_fraction(deadline / 2)} (a third of the ttl)",
-        )
+    try:
+        Timing.of(ttl, renew, skew_seconds).check()
+    except TimingError as error:
+        raise InvalidConfig(annotation, text, error.reason) from None
 
 
 def _parse_policy(annotations: Mapping[str, str], settings: OperatorSettings) -> Policy:
@@ -414,8 +412,3 @@ def pod_spec_of(cronjob: Mapping[str, Any]) -> Mapping[str, Any]:
 def _format_seconds(seconds: float) -> str:
     whole = int(seconds)
     return f"{whole}s" if whole == seconds else f"{seconds:g}s"
-
-
-def _format_fraction(seconds: Fraction) -> str:
-    value = float(seconds)
-    return f"{value:.0f}s" if value.is_integer() else f"{value:.2f}s"

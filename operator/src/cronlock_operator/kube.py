@@ -16,8 +16,10 @@ import kubernetes
 import urllib3
 
 from cronlock_operator.cache import ObjectCache
+from cronlock_operator.config import LockConfig
 from cronlock_operator.workqueue import Retry
 from cronlock_sidecar import contract
+from cronlock_sidecar.lockmodel import read_lease
 
 logger = logging.getLogger(__name__)
 
@@ -42,13 +44,10 @@ def transient_errors(what: str) -> Iterator[None]:
         raise Retry(f"{what}: {error}") from error
 
 
-def _lease_is_ours(lease: Mapping[str, Any], owner_uid: str) -> bool:
-    metadata = lease.get("metadata") or {}
-    labels = metadata.get("labels") or {}
-    owners = metadata.get("ownerReferences") or []
-    return labels.get(contract.LABEL_MANAGED_BY) == contract.MANAGED_BY and any(
-        owner.get("uid") == owner_uid for owner in owners
-    )
+def _lease_is_ours(lease: Mapping[str, Any], owner_uid: str, lock: str) -> bool:
+    """Labelled as cronlock's Lease for `lock` and owned by this CronJob (among others)."""
+    record = read_lease(lease)
+    return record.managed and record.lock == lock and owner_uid in record.owner_uids
 
 
 def raw(response: Any) -> dict[str, Any]:
@@ -152,17 +151,18 @@ class Kube:
         namespace: str,
         name: str,
         cronjob: Mapping[str, Any],
-        ttl: int,
+        config: LockConfig,
         cached: Mapping[str, Any] | None,
     ) -> None:
-        """The Lease exists, labelled as ours and owned by this CronJob (among others).
+        """The Lease exists, labelled as ours (and with its lock), owned by this CronJob.
 
         `cached` is the Lease as the operator's watch last saw it: when it already is as
         it should be, nothing is sent; when the watch has not seen it, creating is tried
         first, since that is what a new lock needs.
         """
         reference = owner_reference(cronjob)
-        if cached is not None and _lease_is_ours(cached, reference["uid"]):
+        labels = {contract.LABEL_MANAGED_BY: contract.MANAGED_BY, contract.LABEL_LOCK: config.lock}
+        if cached is not None and _lease_is_ours(cached, reference["uid"], config.lock):
             return
         with transient_errors(f"ensure lease {namespace}/{name}"):
             if cached is None:
@@ -172,10 +172,10 @@ class Kube:
                         {
                             "metadata": {
                                 "name": name,
-                                "labels": {contract.LABEL_MANAGED_BY: contract.MANAGED_BY},
+                                "labels": labels,
                                 "ownerReferences": [reference],
                             },
-                            "spec": {"leaseDurationSeconds": ttl},
+                            "spec": {"leaseDurationSeconds": config.timing.lease_duration_seconds},
                         },
                         _preload_content=False,
                     )
@@ -187,7 +187,7 @@ class Kube:
                 current = self.read_lease(namespace, name)
                 if current is None:
                     raise Retry(f"lease {namespace}/{name} vanished while being created")
-                if _lease_is_ours(current, reference["uid"]):
+                if _lease_is_ours(current, reference["uid"], config.lock):
                     return
             # Strategic merge: ownerReferences merge by uid, so other owners stay.
             try:
@@ -196,7 +196,7 @@ class Kube:
                     namespace,
                     {
                         "metadata": {
-                            "labels": {contract.LABEL_MANAGED_BY: contract.MANAGED_BY},
+                            "labels": labels,
                             "ownerReferences": [reference],
                         }
                     },

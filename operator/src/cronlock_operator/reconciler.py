@@ -32,6 +32,7 @@ from cronlock_operator.kube import Kube
 from cronlock_operator.schedule import ttl_longer_than_gap_warning
 from cronlock_operator.workqueue import Retry, WorkQueue
 from cronlock_sidecar import contract
+from cronlock_sidecar.lockmodel import read_lease
 from cronlock_sidecar.microtime import format_microtime
 
 logger = logging.getLogger(__name__)
@@ -114,7 +115,9 @@ class Reconciler:
 
     def on_lease(self, kind: str | None, body: dict[str, Any]) -> None:
         key = _key(body)
-        lock = key[1].removeprefix(contract.LEASE_PREFIX)
+        record = read_lease(body)
+        # Leases made before the lock label existed get it at their CronJob's next reconcile.
+        lock = record.lock or key[1].removeprefix(contract.LEASE_PREFIX)
         if kind == "DELETED":
             self.leases.pop(key)
             self.observations.pop(key, None)
@@ -125,10 +128,7 @@ class Reconciler:
                     self.queue.add(("cronjob", key[0], owner["name"]))
             return
         self.leases.put(body)
-        spec = body.get("spec") or {}
-        holder = spec.get("holderIdentity") or ""
-        renew_time = spec.get("renewTime")
-        transitions = int(spec.get("leaseTransitions") or 0)
+        holder, renew_time, transitions = record.holder, record.renew_time_text, record.transitions
         previous = self.observations.get(key)
         if previous is None or (previous.holder, previous.renew_time) != (holder, renew_time):
             if previous is not None and holder and transitions > previous.transitions:
@@ -138,7 +138,7 @@ class Reconciler:
             self.observations[key] = Observation(
                 holder,
                 renew_time,
-                int(spec.get("leaseDurationSeconds") or contract.DEFAULT_TTL_SECONDS),
+                record.duration_seconds or contract.DEFAULT_TTL_SECONDS,
                 transitions,
                 self.clock(),
             )
@@ -193,7 +193,7 @@ class Reconciler:
                 namespace,
                 guard.lease,
                 body,
-                config.ttl_seconds,
+                config,
                 self.leases.get((namespace, guard.lease)),
             )
             if previous is not None and previous.lease != guard.lease:
@@ -344,8 +344,8 @@ class Reconciler:
         lease = self.kube.read_lease(namespace, name)
         if lease is None:
             return
-        spec = lease.get("spec") or {}
-        if spec.get("holderIdentity") != seen.holder or spec.get("renewTime") != seen.renew_time:
+        record = read_lease(lease)
+        if (record.holder, record.renew_time_text) != (seen.holder, seen.renew_time):
             return  # it renewed (or changed hands) after all; the next event updates us
         metadata = lease["metadata"]
         annotations = dict(metadata.get("annotations") or {})

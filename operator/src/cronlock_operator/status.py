@@ -19,6 +19,7 @@ import kubernetes
 import urllib3
 
 from cronlock_sidecar import contract
+from cronlock_sidecar.lockmodel import is_expired, read_lease
 from cronlock_sidecar.microtime import MicroTimeError, parse_microtime
 
 LeaseState = Literal["held", "free", "expired", "missing"]
@@ -116,23 +117,15 @@ def _row(
     lock = annotations.get(contract.ANNOTATION_LOCK) or name
     lease_name = contract.lease_name(lock)
     lease = leases.get((namespace, lease_name))
-    spec: Mapping[str, Any] = (lease or {}).get("spec") or {}
-    lease_annotations = _annotations(lease or {})
-    holder = str(spec.get("holderIdentity") or "") or None
-    renewed_at = _time(spec.get("renewTime")) or _time(spec.get("acquireTime"))
-    duration = spec.get("leaseDurationSeconds")
-    duration = int(duration) if isinstance(duration, int | float) else None
-    expires_at = (
-        renewed_at + timedelta(seconds=duration)
-        if renewed_at is not None and duration is not None
-        else None
-    )
+    record = read_lease(lease or {})
+    holder = record.holder or None
+    expires_at = record.expires_at
     state: LeaseState
     if lease is None:
         state = "missing"
     elif holder is None:
         state = "free"
-    elif expires_at is not None and now > expires_at + timedelta(seconds=skew_seconds):
+    elif is_expired(record, now, skew_seconds):
         # The same rule the sidecar uses to take a lock over: expired beyond the clock skew.
         state = "expired"
     else:
@@ -143,10 +136,10 @@ def _row(
     )
     status: Mapping[str, Any] = cronjob.get("status") or {}
     problems = []
-    if state == "expired" and expires_at is not None:
+    if state == "expired":
+        ago = f"{human_duration(now - expires_at)} ago" if expires_at is not None else "long ago"
         problems.append(
-            f"lease {namespace}/{lease_name} expired {human_duration(now - expires_at)} ago "
-            f"but is still held by {holder}"
+            f"lease {namespace}/{lease_name} expired {ago} but is still held by {holder}"
         )
     if skips >= alert_after:
         problems.append(
@@ -160,14 +153,14 @@ def _row(
         lease=lease_name,
         state=state,
         holder=holder,
-        renewed_at=renewed_at,
+        renewed_at=record.renewed_at,
         expires_at=expires_at,
-        lease_duration_seconds=duration,
+        lease_duration_seconds=record.duration_seconds,
         consecutive_skips=skips,
         alert_after=alert_after,
         last_schedule=_time(status.get("lastScheduleTime")),
-        last_holder=lease_annotations.get(contract.ANNOTATION_LAST_HOLDER) or None,
-        released_at=_time(lease_annotations.get(contract.ANNOTATION_RELEASED_AT)),
+        last_holder=record.last_holder or None,
+        released_at=record.released_at,
         suspended=bool((cronjob.get("spec") or {}).get("suspend")),
         now=now,
         problems=tuple(problems),

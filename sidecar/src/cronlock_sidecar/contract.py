@@ -116,5 +116,3 @@ JOB_NAME_LABEL: Final = "batch.kubernetes.io/job-name"
 DEFAULT_TTL_SECONDS: Final = 60
 DEFAULT_SKEW_SECONDS: Final = 2
 DEFAULT_ALERT_AFTER: Final = 3
-# Fraction of the TTL after which a holder with no successful renewal gives up.
-RENEW_DEADLINE_FRACTION: Final = 2 / 3

@@ -10,7 +10,7 @@ import threading
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any, NamedTuple, Protocol
+from typing import NamedTuple, Protocol
 
 from cronlock_sidecar.contract import (
     ANNOTATION_HOLDER_JOB,
@@ -18,9 +18,9 @@ from cronlock_sidecar.contract import (
     ANNOTATION_RELEASED_AT,
     LABEL_MANAGED_BY,
     MANAGED_BY,
-    RENEW_DEADLINE_FRACTION,
 )
-from cronlock_sidecar.microtime import MicroTimeError, format_microtime, parse_microtime
+from cronlock_sidecar.lockmodel import Timing, is_expired, read_lease
+from cronlock_sidecar.microtime import format_microtime
 from cronlock_sidecar.transport import (
     ApiError,
     Conflict,
@@ -57,23 +57,6 @@ class SystemClock:
 
 # The records below are NamedTuples, not dataclasses: importing dataclasses (with inspect
 # and ast) costs a short `run` ~6 ms of start-up. They are immutable as before.
-class Timing(NamedTuple):
-    """How long a Lease lasts, how often it is renewed, how much clock skew we tolerate."""
-
-    ttl: float
-    renew: float
-    skew: float
-
-    @property
-    def renew_deadline(self) -> float:
-        """Without a successful renew for this long (monotonic) the holder gives up."""
-        return self.ttl * RENEW_DEADLINE_FRACTION
-
-    @property
-    def lease_duration_seconds(self) -> int:
-        return max(1, math.ceil(self.ttl))
-
-
 class Acquired(NamedTuple):
     """We hold the Lease; `transitions` is the fencing token."""
 
@@ -112,25 +95,8 @@ class RenewResult(NamedTuple):
     detail: str = ""
 
 
-def spec_of(lease: Lease) -> dict[str, Any]:
-    spec = lease.get("spec")
-    return spec if isinstance(spec, dict) else {}
-
-
 def holder_of(lease: Lease) -> str:
-    holder = spec_of(lease).get("holderIdentity")
-    return holder if isinstance(holder, str) else ""
-
-
-def annotations_of(lease: Lease) -> dict[str, str]:
-    metadata = lease.get("metadata")
-    annotations = metadata.get("annotations") if isinstance(metadata, dict) else None
-    return annotations if isinstance(annotations, dict) else {}
-
-
-def transitions_of(lease: Lease) -> int:
-    value = spec_of(lease).get("leaseTransitions")
-    return value if isinstance(value, int) else 0
+    return read_lease(lease).holder
 
 
 class LeaseKeeper:
@@ -305,27 +271,22 @@ class LeaseKeeper:
     def _free_reason(self, current: Lease, holder: str, now: datetime) -> str | Busy:
         if not holder:
             return "free"
-        if self.job_name and annotations_of(current).get(ANNOTATION_HOLDER_JOB) == self.job_name:
+        record = read_lease(current)
+        if self.job_name and record.holder_job == self.job_name:
             return "earlier pod of the same Job"
-        spec = spec_of(current)
-        renewed = _timestamp(spec.get("renewTime")) or _timestamp(spec.get("acquireTime"))
-        if renewed is None:
+        if is_expired(record, now, self.timing.skew) or record.renewed_at is None:
             return "expired"
-        duration = spec.get("leaseDurationSeconds")
-        seconds = float(duration) if isinstance(duration, int | float) else 0.0
-        renewed_ago = (now - renewed).total_seconds()
-        if renewed_ago > seconds + self.timing.skew:
-            return "expired"
-        return Busy(self.lease, holder, renewed_ago, seconds - renewed_ago)
+        renewed_ago = (now - record.renewed_at).total_seconds()
+        return Busy(self.lease, holder, renewed_ago, (record.duration_seconds or 0) - renewed_ago)
 
     def _took(self, written: Lease, sent: float, *, resumed: bool, reason: str) -> Acquired:
         self._hold(written, sent)
-        spec = spec_of(written)
+        record = read_lease(written)
         acquired = Acquired(
             lease=self.lease,
             holder=self.identity,
-            transitions=transitions_of(written),
-            acquire_time=str(spec.get("acquireTime") or ""),
+            transitions=record.transitions,
+            acquire_time=format_microtime(record.acquire_time) if record.acquire_time else "",
             resumed=resumed,
             reason=reason,
         )
@@ -348,7 +309,7 @@ class LeaseKeeper:
         spec["acquireTime"] = stamp
         spec["renewTime"] = stamp
         spec["leaseDurationSeconds"] = self.timing.lease_duration_seconds
-        spec["leaseTransitions"] = transitions_of(current) + 1
+        spec["leaseTransitions"] = read_lease(current).transitions + 1
         metadata = body.setdefault("metadata", {})
         annotations = dict(metadata.get("annotations") or {})
         if self.job_name:
@@ -479,15 +440,6 @@ class LeaseKeeper:
         annotations[ANNOTATION_RELEASED_AT] = format_microtime(self.clock.now())
         metadata["annotations"] = annotations
         return body
-
-
-def _timestamp(value: object) -> datetime | None:
-    if not isinstance(value, str) or not value:
-        return None
-    try:
-        return parse_microtime(value)
-    except MicroTimeError:
-        return None
 
 
 def acquire(

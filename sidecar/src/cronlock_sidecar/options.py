@@ -11,7 +11,7 @@ from typing import NamedTuple, NoReturn
 
 from cronlock_sidecar import contract
 from cronlock_sidecar.durations import DURATION_FORMS, DurationError, parse_duration
-from cronlock_sidecar.lease import Timing
+from cronlock_sidecar.lockmodel import Timing, TimingError
 from cronlock_sidecar.transport import LeaseRef
 
 COMMANDS = ("hold", "gate", "run")
@@ -19,7 +19,6 @@ POLICIES = ("skip", "wait")
 STOP_MODES = ("auto", "liveness", "signal")
 LOG_FORMATS = ("plain", "json")
 LOG_LEVELS = ("debug", "info", "warning", "error")
-DEFAULT_KILL_GRACE = 5.0
 DEFAULT_WAIT_TIMEOUT = 0.0
 
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -77,7 +76,7 @@ class Options(NamedTuple):
 
     @property
     def timing(self) -> Timing:
-        return Timing(ttl=self.ttl, renew=self.renew, skew=self.skew)
+        return Timing.of(self.ttl, self.renew, self.skew)
 
     @property
     def wait(self) -> bool:
@@ -206,24 +205,17 @@ def parse_options(argv: Sequence[str], env: Mapping[str, str]) -> Options:
     command: str = parsed.command
 
     ttl = values.duration("ttl", float(contract.DEFAULT_TTL_SECONDS))
-    if ttl < 1:
-        raise ConfigError(f"{values.get('ttl')[1]}: must be at least 1s; expected {DURATION_FORMS}")
-    renew = values.duration("renew", ttl / 3)
-    if not 0 < renew < ttl:
-        raise ConfigError(
-            f"{values.get('renew')[1]}: must be more than 0s and less than the ttl "
-            f"({ttl:g}s); the default is ttl/3"
-        )
-    deadline = ttl * contract.RENEW_DEADLINE_FRACTION
-    if renew >= deadline:
-        # The holder gives up after 2/3 of the ttl without a successful renewal; a longer
-        # period would have every run stopped as lost before its first renewal.
-        raise ConfigError(
-            f"{values.get('renew')[1]}: must be less than the renew deadline, 2/3 of the ttl "
-            f"({deadline:g}s): the holder gives up before its first renewal otherwise; "
-            "the default is ttl/3"
-        )
+    renew_text, _ = values.get("renew")
+    renew = None if renew_text is None else values.duration("renew", 0.0)
     skew = values.duration("skew", float(contract.DEFAULT_SKEW_SECONDS))
+    timing = Timing.of(ttl, renew, skew)
+    try:
+        timing.check()
+    except TimingError as error:
+        detail = (
+            f"{error.reason}; expected {DURATION_FORMS}" if error.field == "ttl" else error.reason
+        )
+        raise ConfigError(f"{values.get(error.field)[1]}: {detail}") from None
     policy = values.choice("policy", POLICIES, "skip")
     wait_timeout = values.duration("wait_timeout", DEFAULT_WAIT_TIMEOUT)
     if wait_timeout > 0 and policy != "wait" and command != "gate":
@@ -231,7 +223,7 @@ def parse_options(argv: Sequence[str], env: Mapping[str, str]) -> Options:
             f"{values.get('wait_timeout')[1]}: only meaningful with --policy wait "
             "(drop it, or set --policy wait)"
         )
-    kill_grace = values.duration("kill_grace", min(DEFAULT_KILL_GRACE, ttl / 3))
+    kill_grace = values.duration("kill_grace", timing.default_kill_grace_ms() / 1000)
     stop = values.choice("stop", STOP_MODES, "auto")
     log_format = values.choice("log_format", LOG_FORMATS, "plain")
     log_level = values.choice("log_level", LOG_LEVELS, "info")
@@ -283,9 +275,9 @@ def parse_options(argv: Sequence[str], env: Mapping[str, str]) -> Options:
     return Options(
         command=command,
         lease=lease,
-        ttl=ttl,
-        renew=renew,
-        skew=skew,
+        ttl=timing.ttl,
+        renew=timing.renew,
+        skew=timing.skew,
         policy=policy,
         wait_timeout=wait_timeout,
         identity=identity,

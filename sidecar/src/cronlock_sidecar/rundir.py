@@ -7,7 +7,8 @@ import os
 from pathlib import Path
 
 from cronlock_sidecar.contract import DECISION_FILE, FENCING_TOKEN_FILE, LEASE_FILE
-from cronlock_sidecar.lease import Acquired, Timing
+from cronlock_sidecar.lease import Acquired
+from cronlock_sidecar.lockmodel import Timing
 
 DECISIONS = ("run", "skip", "unavailable")
 

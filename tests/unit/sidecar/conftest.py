@@ -19,7 +19,8 @@ from typing import Any
 import pytest
 import yaml
 
-from cronlock_sidecar.lease import LeaseKeeper, Timing
+from cronlock_sidecar.lease import LeaseKeeper
+from cronlock_sidecar.lockmodel import Timing
 from cronlock_sidecar.microtime import format_microtime
 from cronlock_sidecar.transport import Conflict, Lease, LeaseRef, NotFound
 
@@ -142,7 +143,7 @@ def make_keeper(clock: FakeClock, transport: FakeTransport) -> Callable[..., Lea
     def make(
         identity: str = "pod-b_22222222", ttl: float = 60, renew: float = 20, job_name: str = ""
     ) -> LeaseKeeper:
-        timing = Timing(ttl=ttl, renew=renew, skew=2)
+        timing = Timing.of(ttl, renew, 2)
         return LeaseKeeper(transport, LEASE, identity, timing, clock, job_name)
 
     return make

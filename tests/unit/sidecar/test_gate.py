@@ -10,11 +10,11 @@ import pytest
 
 from cronlock_sidecar.cli import main
 from cronlock_sidecar.gate import gate
-from cronlock_sidecar.lease import Timing
+from cronlock_sidecar.lockmodel import Timing
 from cronlock_sidecar.options import parse_options
 from cronlock_sidecar.rundir import write_decision
 
-TIMING = Timing(ttl=60, renew=20, skew=2)
+TIMING = Timing.of(60, 20, 2)
 
 
 @pytest.mark.parametrize(("decision", "code"), [("run", 0), ("skip", 75), ("unavailable", 69)])

@@ -20,7 +20,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cronlock_sidecar.cli import main
-from cronlock_sidecar.contract import RENEW_DEADLINE_FRACTION
 from cronlock_sidecar.options import ENV_TWINS, ConfigError, Options, parse_options
 from tests.unit.sidecar.conftest import FakeApiServer
 
@@ -145,18 +144,22 @@ class Case:
         }
         if "lease" not in meaning:
             return None
-        ttl = float(meaning.get("ttl", 60.0))
-        renew = float(meaning.get("renew", ttl / 3))
+        # The lock model's rule, in whole milliseconds: ttl at least 1s, and a renew
+        # period (default a third of the ttl) of at most a third of the ttl.
+        ttl_ms = round(float(meaning.get("ttl", 60.0)) * 1000)
+        renew_ms = round(float(meaning["renew"]) * 1000) if "renew" in meaning else ttl_ms // 3
         policy = meaning.get("policy", "skip")
         wait_timeout = float(meaning.get("wait_timeout", 0.0))
-        if ttl < 1 or not 0 < renew < ttl * RENEW_DEADLINE_FRACTION:
+        if ttl_ms < 1000 or renew_ms <= 0 or 3 * renew_ms > ttl_ms:
             return None
         if wait_timeout > 0 and policy != "wait":
             return None
-        expected: dict[str, float | str] = {"ttl": ttl, "renew": renew}
-        for key in ("lease", "policy", "identity", "log_format", "log_level", "skew"):
+        expected: dict[str, float | str] = {"ttl": ttl_ms / 1000, "renew": renew_ms / 1000}
+        for key in ("lease", "policy", "identity", "log_format", "log_level"):
             if key in meaning:
                 expected[key] = meaning[key]
+        if "skew" in meaning:
+            expected["skew"] = round(float(meaning["skew"]) * 1000) / 1000
         return expected
 
 
@@ -263,7 +266,7 @@ def test_no_accepted_renew_period_makes_the_holder_give_up_before_its_first_rene
         options = parse_options(case.argv(), case.env())
     except ConfigError:
         return
-    assert options.renew < options.ttl * RENEW_DEADLINE_FRACTION
+    assert options.renew < options.ttl * 2 / 3
 
 
 def test_the_sharp_edge_the_fuzzer_found() -> None:

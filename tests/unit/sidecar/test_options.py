@@ -39,7 +39,7 @@ POD = {
         (
             ["run", "--lease", "default/x", "--ttl", "30s", "--renew", "30s", "--", "true"],
             {},
-            "--renew: must be more than 0s and less than the ttl (30s)",
+            "--renew: is too long for a ttl of 30s",
         ),
         (
             ["run", "--lease", "default/x", "--renew", "0s", "--", "true"],

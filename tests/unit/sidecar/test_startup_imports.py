@@ -17,7 +17,8 @@ from typing import Any
 import pytest
 
 from cronlock_sidecar.kubeconfig import Cluster
-from cronlock_sidecar.lease import Acquired, Busy, RenewOutcome, RenewResult, Timing
+from cronlock_sidecar.lease import Acquired, Busy, RenewOutcome, RenewResult
+from cronlock_sidecar.lockmodel import Timing
 from cronlock_sidecar.options import Options, parse_options
 from cronlock_sidecar.transport import LeaseRef
 
@@ -82,7 +83,7 @@ def test_the_import_check_sees_a_module_that_is_imported() -> None:
 # The records that were frozen dataclasses keep what callers relied on.
 RECORDS = [
     LeaseRef(namespace="default", name="cronlock-report"),
-    Timing(ttl=60, renew=20, skew=2),
+    Timing.of(60, 20, 2),
     Acquired(
         lease=LeaseRef("default", "cronlock-report"),
         holder="pod-a",
@@ -112,12 +113,12 @@ def test_record_defaults_properties_and_methods_are_kept() -> None:
     assert RenewResult(RenewOutcome.RENEWED).detail == ""
     assert str(LeaseRef("default", "cronlock-report")) == "default/cronlock-report"
     assert repr(LeaseRef("default", "x")) == "LeaseRef(namespace='default', name='x')"
-    timing = Timing(ttl=10.5, renew=3, skew=2)
+    timing = Timing.of(10.5, 3, 2)
     assert timing.lease_duration_seconds == 11
     assert timing.renew_deadline == pytest.approx(7.0)
     options = RECORDS[-1]
     assert isinstance(options, Options)
-    assert options.timing == Timing(ttl=60.0, renew=20.0, skew=2.0)
+    assert options.timing == Timing.of(60.0, 20.0, 2.0)
     assert not options.wait
     assert options.gate_timeout == 60.0
     busy = RECORDS[3]

@@ -1,0 +1,242 @@
+"""The lock model: a Lease as cronlock reads it, when it is free, and the timing rule.
+
+The sidecar (which takes and renews Leases), the operator (which creates them and clears
+expired holders) and `cronlock status` (which shows them) all read a Lease through
+`read_lease` and judge it with `is_expired`, and both validators of a ttl/renew pair
+use `Timing.check`. Times are whole milliseconds so that boundary values (a renew of
+exactly a third of the ttl, a kill grace that just fits) are decided exactly, not by
+float rounding. Standard library only: it is on the sidecar's start-up path.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from datetime import datetime, timedelta
+from typing import Any, NamedTuple
+
+from cronlock_sidecar.contract import (
+    ANNOTATION_HOLDER_JOB,
+    ANNOTATION_LAST_HOLDER,
+    ANNOTATION_RELEASED_AT,
+    DEFAULT_SKEW_SECONDS,
+    LABEL_LOCK,
+    LABEL_MANAGED_BY,
+    MANAGED_BY,
+)
+from cronlock_sidecar.microtime import MicroTimeError, parse_microtime
+
+# A holder that has not renewed for 2/3 of the ttl (on its own monotonic clock) gives up.
+RENEW_DEADLINE_NUMERATOR = 2
+RENEW_DEADLINE_DENOMINATOR = 3
+MIN_TTL_MS = 1000
+# Without a `--kill-grace` the standalone sidecar gives a stopped command this long, or
+# a third of the ttl if that is shorter; the operator computes its own (`longest_kill_grace`).
+DEFAULT_KILL_GRACE_MS = 5000
+
+
+class TimingError(ValueError):
+    """A ttl/renew/skew combination the protocol cannot keep; `field` names the culprit."""
+
+    def __init__(self, field: str, reason: str) -> None:
+        super().__init__(f"{field} {reason}")
+        self.field = field
+        self.reason = reason
+
+
+def to_ms(seconds: float) -> int:
+    """Whole milliseconds (durations are parsed with nanosecond precision)."""
+    return round(seconds * 1000)
+
+
+def seconds_text(ms: int | float) -> str:
+    """`20s`, `6.667s`: how the timing rule's messages show a duration."""
+    seconds = ms / 1000
+    return f"{seconds:.0f}s" if float(seconds).is_integer() else f"{seconds:.3f}".rstrip("0") + "s"
+
+
+class Timing(NamedTuple):
+    """How long a Lease lasts, how often its holder renews it, how much skew contenders allow."""
+
+    ttl_ms: int
+    renew_ms: int
+    skew_ms: int
+
+    @classmethod
+    def of(
+        cls, ttl: float, renew: float | None = None, skew: float = DEFAULT_SKEW_SECONDS
+    ) -> Timing:
+        """From seconds; renew defaults to a third of the ttl (rounded down to the ms)."""
+        ttl_ms = to_ms(ttl)
+        renew_ms = default_renew_ms(ttl_ms) if renew is None else to_ms(renew)
+        return cls(ttl_ms, renew_ms, to_ms(skew))
+
+    @property
+    def ttl(self) -> float:
+        return self.ttl_ms / 1000
+
+    @property
+    def renew(self) -> float:
+        return self.renew_ms / 1000
+
+    @property
+    def skew(self) -> float:
+        return self.skew_ms / 1000
+
+    @property
+    def renew_deadline(self) -> float:
+        """Seconds without a successful renew (monotonic) after which the holder gives up."""
+        return self.ttl_ms * RENEW_DEADLINE_NUMERATOR / (RENEW_DEADLINE_DENOMINATOR * 1000)
+
+    @property
+    def lease_duration_seconds(self) -> int:
+        """`spec.leaseDurationSeconds`: whole seconds, never shorter than the ttl."""
+        return max(1, math.ceil(self.ttl_ms / 1000))
+
+    def check(self) -> None:
+        """The rule every holder needs, whoever configured it; TimingError names what fails."""
+        if self.ttl_ms < MIN_TTL_MS:
+            raise TimingError("ttl", f"must be at least {seconds_text(MIN_TTL_MS)}")
+        if self.renew_ms <= 0:
+            raise TimingError("renew", "must be more than 0s; the default is a third of the ttl")
+        if self.renew_ms * RENEW_DEADLINE_DENOMINATOR > self.ttl_ms:
+            # Two renewal attempts must fit in the renew deadline (2/3 of the ttl), or one
+            # failed attempt has the run stopped as lost.
+            raise TimingError(
+                "renew",
+                f"is too long for a ttl of {seconds_text(self.ttl_ms)}: a holder gives up after "
+                f"{seconds_text(self.ttl_ms * 2 / 3)} without a successful renewal (2/3 of the "
+                "ttl), and needs at least two renewal attempts before that; expected at most "
+                f"{seconds_text(self.ttl_ms / 3)} (a third of the ttl)",
+            )
+        if self.skew_ms < 0:
+            raise TimingError("skew", "must not be negative")
+
+    def kill_grace_fits(self, grace_ms: int, detection_ms: int) -> bool:
+        """Whether a run that lost the Lease is gone before anyone else may take it over.
+
+        renew deadline + detection (how late the loss is noticed) + kill grace + skew must
+        stay under the ttl, strictly: 3 (detection + grace + skew) < ttl, in whole ms.
+        """
+        return (
+            RENEW_DEADLINE_DENOMINATOR * (detection_ms + grace_ms + self.skew_ms)
+            < (RENEW_DEADLINE_DENOMINATOR - RENEW_DEADLINE_NUMERATOR) * self.ttl_ms
+        )
+
+    def longest_kill_grace(self, detection_ms: int, *, step_ms: int, most_ms: int) -> int | None:
+        """The longest grace in steps of `step_ms`, at most `most_ms`, that fits; None if none."""
+        grace = most_ms - most_ms % step_ms
+        while grace > 0:
+            if self.kill_grace_fits(grace, detection_ms):
+                return grace
+            grace -= step_ms
+        return None
+
+    def default_kill_grace_ms(self) -> int:
+        return min(DEFAULT_KILL_GRACE_MS, self.ttl_ms // 3)
+
+
+def default_renew_ms(ttl_ms: int) -> int:
+    return ttl_ms // 3
+
+
+class LeaseRecord(NamedTuple):
+    """What cronlock reads from a Lease; the only parser of its holder and times."""
+
+    namespace: str
+    name: str
+    resource_version: str
+    lock: str | None  # the label cronlock.io/lock (Leases the operator made carry it)
+    managed: bool  # labelled app.kubernetes.io/managed-by=cronlock
+    owner_uids: tuple[str, ...]  # the CronJobs that own it
+    holder: str  # "" when free
+    acquire_time: datetime | None
+    renew_time: datetime | None
+    renew_time_text: str | None  # exactly as the API server returned it
+    duration_seconds: int | None
+    transitions: int
+    holder_job: str
+    last_holder: str
+    released_at: datetime | None
+
+    @property
+    def renewed_at(self) -> datetime | None:
+        """The last sign of life: the renew time, else the acquire time."""
+        return self.renew_time or self.acquire_time
+
+    @property
+    def expires_at(self) -> datetime | None:
+        """When the holder's hold ends unless it renews; None without a time or duration."""
+        renewed = self.renewed_at
+        if renewed is None or self.duration_seconds is None:
+            return None
+        return renewed + timedelta(seconds=self.duration_seconds)
+
+
+def read_lease(body: Mapping[str, Any]) -> LeaseRecord:
+    """A LeaseRecord from a Lease as the API server returns it (malformed fields read as unset)."""
+    metadata = _mapping(body.get("metadata"))
+    spec = _mapping(body.get("spec"))
+    labels = _mapping(metadata.get("labels"))
+    annotations = _mapping(metadata.get("annotations"))
+    owners = metadata.get("ownerReferences")
+    duration = spec.get("leaseDurationSeconds")
+    transitions = spec.get("leaseTransitions")
+    renew_text = spec.get("renewTime")
+    lock = labels.get(LABEL_LOCK)
+    return LeaseRecord(
+        namespace=str(metadata.get("namespace") or ""),
+        name=str(metadata.get("name") or ""),
+        resource_version=str(metadata.get("resourceVersion") or ""),
+        lock=lock if isinstance(lock, str) and lock else None,
+        managed=labels.get(LABEL_MANAGED_BY) == MANAGED_BY,
+        owner_uids=tuple(
+            str(owner.get("uid"))
+            for owner in (owners if isinstance(owners, list) else [])
+            if isinstance(owner, Mapping) and owner.get("kind") == "CronJob"
+        ),
+        holder=_text(spec.get("holderIdentity")),
+        acquire_time=_moment(spec.get("acquireTime")),
+        renew_time=_moment(renew_text),
+        renew_time_text=renew_text if isinstance(renew_text, str) and renew_text else None,
+        duration_seconds=duration
+        if isinstance(duration, int) and not isinstance(duration, bool)
+        else None,
+        transitions=transitions
+        if isinstance(transitions, int) and not isinstance(transitions, bool)
+        else 0,
+        holder_job=_text(annotations.get(ANNOTATION_HOLDER_JOB)),
+        last_holder=_text(annotations.get(ANNOTATION_LAST_HOLDER)),
+        released_at=_moment(annotations.get(ANNOTATION_RELEASED_AT)),
+    )
+
+
+def is_expired(record: LeaseRecord, now: datetime, skew_seconds: float) -> bool:
+    """The one expiry rule: held, and not renewed for longer than its duration plus the skew.
+
+    A holder with no readable renew or acquire time counts as expired (nothing shows it is
+    alive); a missing duration counts as zero.
+    """
+    if not record.holder:
+        return False
+    renewed = record.renewed_at
+    if renewed is None:
+        return True
+    return (now - renewed).total_seconds() > (record.duration_seconds or 0) + skew_seconds
+
+
+def _mapping(value: object) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _text(value: object) -> str:
+    return value if isinstance(value, str) else ""
+
+
+def _moment(value: object) -> datetime | None:
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        return parse_microtime(value)
+    except MicroTimeError:
+        return None
