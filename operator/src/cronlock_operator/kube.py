@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime
-import hashlib
 import json
 import logging
 import secrets
@@ -24,7 +23,6 @@ from cronlock_sidecar.lockmodel import read_lease
 logger = logging.getLogger(__name__)
 
 REPORTING_COMPONENT = "cronlock-operator"
-MAX_NAME = 253
 JSON_PATCH = "application/json-patch+json"
 MERGE_PATCH = "application/merge-patch+json"
 _RETRIABLE = {409, 422, 429, 500, 502, 503, 504}
@@ -54,15 +52,6 @@ def raw(response: Any) -> dict[str, Any]:
     """The object exactly as the API server sent it (the client's models reformat times)."""
     result: dict[str, Any] = json.loads(response.data)
     return result
-
-
-def holder_role_name(service_account: str) -> str:
-    """`cronlock-holder-<account>`, shortened with a hash where it would be too long."""
-    name = f"{contract.HOLDER_ROLE}-{service_account}"
-    if len(name) <= MAX_NAME:
-        return name
-    digest = hashlib.sha256(service_account.encode()).hexdigest()[:10]
-    return f"{name[: MAX_NAME - 11]}-{digest}"
 
 
 def owner_reference(cronjob: Mapping[str, Any]) -> dict[str, Any]:
@@ -267,37 +256,16 @@ class Kube:
             raise Retry(f"lease {namespace}/{name} changed while dropping an owner")
 
     # --- RBAC ----------------------------------------------------------------------
-    def sync_holder_rbac(self, namespace: str, leases_by_account: Mapping[str, list[str]]) -> None:
-        """One Role and RoleBinding per ServiceAccount: its pods may hold only their own Leases.
-
-        Stale pairs (a ServiceAccount no guarded CronJob uses any more) are deleted.
-        """
-        labels = {contract.LABEL_MANAGED_BY: contract.MANAGED_BY}
+    def write_holder_rbac(
+        self,
+        namespace: str,
+        roles: Sequence[dict[str, Any]],
+        bindings: Sequence[dict[str, Any]],
+    ) -> None:
+        """Exactly these holder Roles and RoleBindings: each written if it differs, and the
+        labelled ones no guarded CronJob needs any more deleted."""
         with transient_errors(f"sync rbac in {namespace}"):
-            for account, lease_names in sorted(leases_by_account.items()):
-                name = holder_role_name(account)
-                role = {
-                    "metadata": {"name": name, "labels": labels},
-                    "rules": [
-                        {
-                            "apiGroups": ["coordination.k8s.io"],
-                            "resources": ["leases"],
-                            "resourceNames": sorted(lease_names),
-                            "verbs": ["get", "update", "patch"],
-                        }
-                    ],
-                }
-                binding = {
-                    "metadata": {"name": name, "labels": labels},
-                    "roleRef": {
-                        "apiGroup": "rbac.authorization.k8s.io",
-                        "kind": "Role",
-                        "name": name,
-                    },
-                    "subjects": [
-                        {"kind": "ServiceAccount", "name": account, "namespace": namespace}
-                    ],
-                }
+            for role in roles:
                 self._upsert(
                     self.rbac.read_namespaced_role,
                     self.rbac.create_namespaced_role,
@@ -306,6 +274,7 @@ class Kube:
                     role,
                     ("rules",),
                 )
+            for binding in bindings:
                 self._upsert(
                     self.rbac.read_namespaced_role_binding,
                     self.rbac.create_namespaced_role_binding,
@@ -314,7 +283,7 @@ class Kube:
                     binding,
                     ("subjects", "roleRef"),
                 )
-            wanted = {holder_role_name(account) for account in leases_by_account}
+            wanted = {item["metadata"]["name"] for item in (*roles, *bindings)}
             selector = f"{contract.LABEL_MANAGED_BY}={contract.MANAGED_BY}"
             for listing, delete in (
                 (self.rbac.list_namespaced_role_binding, self.rbac.delete_namespaced_role_binding),

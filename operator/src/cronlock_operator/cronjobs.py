@@ -1,0 +1,128 @@
+"""The CronJob reconciler: from a cached CronJob to the writes that guard (or release) it.
+
+`decide` is pure. It parses the annotations, computes the desired job template, and
+returns what must happen before the holder RBAC is brought in line (the Lease exists and
+is owned by this CronJob) and after it (the patch, then the Event saying so), so that a
+run's pod never starts under a template whose Lease or Role is not there yet.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Container, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from cronlock_operator.actions import Action, DropLeaseOwner, EnsureLease, PatchCronJob, PostEvent
+from cronlock_operator.config import (
+    InvalidConfig,
+    LockConfig,
+    OperatorSettings,
+    is_enabled,
+    parse_config,
+)
+from cronlock_operator.injection import desired_cronjob, injection_patch, is_injected, needs_patch
+from cronlock_operator.rbac import Guard
+from cronlock_operator.schedule import ttl_longer_than_gap_warning
+
+DEFAULT_SERVICE_ACCOUNT = "default"
+LEFT_AS_IT_WAS = "; the CronJob is left as it was"
+
+
+@dataclass(frozen=True)
+class CronJobDecision:
+    """What to write for one CronJob, and what the operator remembers of it afterwards."""
+
+    guard: Guard | None = None
+    keep_guard: bool = False  # bad input: remember what we had, change nothing
+    before: list[Action] = field(default_factory=list)
+    sync_rbac: bool = False
+    after: list[Action] = field(default_factory=list)
+    # Warnings posted once per message: reason -> message now posted (None: forget it).
+    posted: dict[str, str | None] = field(default_factory=dict)
+
+
+def decide(
+    body: Mapping[str, Any],
+    settings: OperatorSettings,
+    *,
+    previous: Guard | None,
+    cached_lease: Callable[[str], Mapping[str, Any] | None],
+    granted: Container[Guard],
+    posted: Mapping[str, str],
+) -> CronJobDecision:
+    """`previous`: the guard last recorded for it; `granted`: guards the holder Roles already
+    cover; `posted`: warnings already posted on it (reason -> message)."""
+    metadata = body["metadata"]
+    namespace, name, uid = metadata["namespace"], metadata["name"], metadata["uid"]
+    try:
+        config = parse_config(body, settings) if is_enabled(body) else None
+        desired = desired_cronjob(body, config, settings)
+    except InvalidConfig as error:
+        message = str(error) + LEFT_AS_IT_WAS
+        return CronJobDecision(
+            keep_guard=True,
+            before=_once(body, "InvalidConfig", message, posted),
+            posted={"InvalidConfig": message},
+        )
+
+    before: list[Action] = []
+    after: list[Action] = []
+    updates: dict[str, str | None] = {"InvalidConfig": None}
+    guard = None
+    if config is not None:
+        guard = Guard(config.lease_name, service_account(body))
+        before.append(EnsureLease(namespace, guard.lease, body, config, cached_lease(guard.lease)))
+        if previous is not None and previous.lease != guard.lease:
+            before.append(DropLeaseOwner(namespace, previous.lease, uid))
+        warning = ttl_longer_than_gap_warning(config, body["spec"].get("schedule", ""))
+        if warning:
+            after.extend(_once(body, "TTLLongerThanSchedule", warning, posted))
+            updates["TTLLongerThanSchedule"] = warning
+    elif previous is not None:
+        before.append(DropLeaseOwner(namespace, previous.lease, uid))
+
+    if needs_patch(body, desired):
+        after.append(PatchCronJob(namespace, name, injection_patch(body, desired)))
+        if config is not None:
+            after.append(PostEvent(body, "Injected", describe(config)))
+        elif is_injected(body):
+            after.append(
+                PostEvent(body, "Reverted", "cronlock removed; the job template is as you wrote it")
+            )
+    return CronJobDecision(
+        guard=guard,
+        before=before,
+        sync_rbac=guard not in granted if guard is not None else previous is not None,
+        after=after,
+        posted=updates,
+    )
+
+
+def pending_guard(cronjob: Mapping[str, Any], settings: OperatorSettings) -> Guard | None:
+    """The guard a CronJob will need once reconciled; None if it is not (validly) guarded."""
+    try:
+        if not is_enabled(cronjob):
+            return None
+        config = parse_config(cronjob, settings)
+    except InvalidConfig:
+        return None
+    return Guard(config.lease_name, service_account(cronjob))
+
+
+def service_account(cronjob: Mapping[str, Any]) -> str:
+    pod_spec = cronjob["spec"]["jobTemplate"]["spec"]["template"].get("spec") or {}
+    return str(pod_spec.get("serviceAccountName") or DEFAULT_SERVICE_ACCOUNT)
+
+
+def describe(config: LockConfig) -> str:
+    return (
+        f"lock {config.lock} (lease {config.lease_name}): ttl {config.ttl_seconds}s, renew "
+        f"{config.renew_seconds:g}s, policy {config.policy}, stop {config.stop}"
+    )
+
+
+def _once(
+    body: Mapping[str, Any], reason: str, message: str, posted: Mapping[str, str]
+) -> list[Action]:
+    """A Warning unless this very message was already posted on this CronJob."""
+    return [] if posted.get(reason) == message else [PostEvent(body, reason, message, warning=True)]

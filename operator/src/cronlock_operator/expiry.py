@@ -1,0 +1,104 @@
+"""The Lease reconciler: notice holders that stopped renewing, and clear them, decided purely.
+
+Expiry is judged on the operator's own monotonic clock (how long since it last saw the
+Lease change), never by comparing the holder's wall clock with ours: a holder whose
+renewals stopped reaching the API server for longer than its duration plus the skew is
+cleared with a guarded patch, so the next run need not wait for the TTL itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from cronlock_operator.actions import Action, CountRun, CountTakeover, PatchLease, PostEvent
+from cronlock_sidecar import contract
+from cronlock_sidecar.lockmodel import LeaseRecord, read_lease
+from cronlock_sidecar.microtime import format_microtime
+
+
+@dataclass(frozen=True)
+class Observation:
+    """A Lease's holder as last seen, timed on the operator's own monotonic clock."""
+
+    holder: str
+    renew_time: str | None
+    duration: int
+    transitions: int
+    seen_at: float
+
+    def overdue(self, now: float, skew_seconds: float) -> bool:
+        """Held, and unchanged for longer than its duration plus the skew."""
+        return bool(self.holder) and now - self.seen_at > self.duration + skew_seconds
+
+
+def observe(
+    previous: Observation | None, record: LeaseRecord, now: float
+) -> tuple[Observation | None, list[Action]]:
+    """A new Observation when the holder or renew time changed (None: unchanged), and what
+    the change counts as: a new holder is an acquired run, a cleared one a released run."""
+    if previous is not None and (previous.holder, previous.renew_time) == (
+        record.holder,
+        record.renew_time_text,
+    ):
+        return None, []
+    counts: list[Action] = []
+    if previous is not None and record.holder and record.transitions > previous.transitions:
+        counts.append(CountRun("acquired"))
+    if previous is not None and previous.holder and not record.holder:
+        counts.append(CountRun("released"))
+    seen = Observation(
+        record.holder,
+        record.renew_time_text,
+        record.duration_seconds or contract.DEFAULT_TTL_SECONDS,
+        record.transitions,
+        now,
+    )
+    return seen, counts
+
+
+def decide(
+    seen: Observation,
+    lease: Mapping[str, Any],
+    owners: Sequence[Mapping[str, Any]],
+    now: float,
+    wall_now: datetime,
+) -> list[Action]:
+    """Clear the holder of `lease` (as just read) if it is still the one seen, unrenewed.
+
+    `owners` are the cached CronJobs that own the Lease; each gets a `LeaseExpired` Event,
+    but only once the guarded patch went through (it stops the list otherwise).
+    """
+    record = read_lease(lease)
+    if (record.holder, record.renew_time_text) != (seen.holder, seen.renew_time):
+        return []  # it renewed (or changed hands) after all; the next event updates us
+    metadata = lease["metadata"]
+    annotations = dict(metadata.get("annotations") or {})
+    annotations[contract.ANNOTATION_LAST_HOLDER] = seen.holder
+    annotations[contract.ANNOTATION_RELEASED_AT] = format_microtime(wall_now)
+    message = (
+        f"lease {record.namespace}/{record.name} held by {seen.holder} was not renewed for "
+        f"{now - seen.seen_at:.0f}s (duration {seen.duration}s); cleared so the next run can "
+        "start"
+    )
+    return [
+        PatchLease(
+            record.namespace,
+            record.name,
+            [
+                {
+                    "op": "test",
+                    "path": "/metadata/resourceVersion",
+                    "value": record.resource_version,
+                },
+                {"op": "test", "path": "/spec/holderIdentity", "value": seen.holder},
+                {"op": "remove", "path": "/spec/holderIdentity"},
+                {"op": "add", "path": "/metadata/annotations", "value": annotations},
+            ],
+        ),
+        CountTakeover("expired"),
+        CountRun("lost"),
+        *(PostEvent(cronjob, "LeaseExpired", message, warning=True) for cronjob in owners),
+    ]

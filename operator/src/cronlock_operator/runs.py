@@ -1,0 +1,106 @@
+"""The runs reconciler: count a CronJob's finished runs, oldest first, and say what follows.
+
+Each skipped run is a `Skipped` Event and one more consecutive skip; `alert-after` of them
+in a row is a `RepeatedSkips` Warning; a successful run resets the count. The decision is
+pure: the runtime passes the CronJob and the runs not yet counted, and executes the result.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence, Set
+from dataclasses import dataclass
+from typing import Any
+
+from cronlock_operator import skips
+from cronlock_operator.actions import (
+    Action,
+    AnnotateCronJob,
+    CountRun,
+    DeleteJob,
+    MarkJob,
+    PostEvent,
+    SetConsecutiveSkips,
+)
+from cronlock_operator.config import InvalidConfig, OperatorSettings, parse_config
+from cronlock_sidecar import contract
+
+
+@dataclass(frozen=True)
+class CountedRun:
+    """One finished run and what counting it writes; the mark comes first."""
+
+    uid: str
+    job: str
+    actions: list[Action]
+
+
+@dataclass(frozen=True)
+class RunsDecision:
+    runs: list[CountedRun]
+    after: list[Action]  # the CronJob's counter annotation and gauge
+
+
+def decide(
+    cronjob: Mapping[str, Any],
+    finished: Sequence[Mapping[str, Any]],
+    settings: OperatorSettings,
+    gone: Set[str] = frozenset(),
+) -> RunsDecision:
+    """What counting `finished` (Jobs of this CronJob not yet counted) writes, oldest first.
+
+    Jobs whose uid is in `gone` were deleted before they were counted: they are counted
+    from their last state, with nothing written to them.
+    """
+    metadata = cronjob["metadata"]
+    namespace, name = str(metadata["namespace"]), str(metadata["name"])
+    try:
+        config = parse_config(cronjob, settings)
+        alert_after, keep = config.alert_after, config.keep_skipped_jobs
+    except InvalidConfig:
+        alert_after, keep = contract.DEFAULT_ALERT_AFTER, False
+    start = count = skips.consecutive_skips(cronjob)
+    counted = []
+    for job in sorted(finished, key=lambda job: str(job["metadata"].get("creationTimestamp"))):
+        job_name = str(job["metadata"]["name"])
+        outcome = skips.outcome(job)
+        uid = str(job["metadata"].get("uid"))
+        present = uid not in gone
+        actions: list[Action] = []
+        if present:
+            actions.append(MarkJob(namespace, job_name, skips.ACCOUNTED_ANNOTATION, str(outcome)))
+        if outcome == "succeeded":
+            count = 0
+        elif outcome == "skipped":
+            count += 1
+            lock = (job["metadata"].get("labels") or {}).get(contract.LABEL_LOCK, "?")
+            actions.append(CountRun("skipped"))
+            actions.append(
+                PostEvent(
+                    cronjob,
+                    "Skipped",
+                    f"run {job_name} skipped: lock {lock} was held by another run "
+                    f"({count} in a row)",
+                )
+            )
+            if count >= alert_after:
+                actions.append(
+                    PostEvent(
+                        cronjob,
+                        "RepeatedSkips",
+                        f"{count} runs in a row skipped because lock {lock} is held; a run "
+                        f"may be stuck: kubectl get lease -n {namespace} "
+                        f"{contract.lease_name(lock)}",
+                        warning=True,
+                    )
+                )
+            if not keep and present:
+                actions.append(DeleteJob(namespace, job_name))
+        counted.append(CountedRun(uid, job_name, actions))
+    after: list[Action] = []
+    if count != start:
+        value = str(count) if count else None
+        after.append(
+            AnnotateCronJob(namespace, name, {contract.ANNOTATION_CONSECUTIVE_SKIPS: value})
+        )
+    after.append(SetConsecutiveSkips(namespace, name, count))
+    return RunsDecision(counted, after)

@@ -1,0 +1,360 @@
+"""The reconcilers' decisions, from cached state to actions, without an API server."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from cronlock_operator import cronjobs, expiry, rbac, runs
+from cronlock_operator.actions import (
+    AnnotateCronJob,
+    CountRun,
+    CountTakeover,
+    DeleteJob,
+    DropLeaseOwner,
+    EnsureLease,
+    Executor,
+    MarkJob,
+    PatchCronJob,
+    PatchLease,
+    PostEvent,
+    SetConsecutiveSkips,
+    WriteHolderRbac,
+)
+from cronlock_operator.config import parse_config
+from cronlock_operator.injection import desired_cronjob
+from cronlock_operator.rbac import Guard
+from cronlock_sidecar.lockmodel import read_lease
+from tests.unit.operator.cronjobs import SETTINGS, make_cronjob, server_defaults
+
+NAMESPACE = "team-a"
+
+
+def cronjob(annotations: dict[str, str] | None = None, **pod_spec: Any) -> dict[str, Any]:
+    body = server_defaults(make_cronjob(namespace=NAMESPACE, annotations=annotations, **pod_spec))
+    body["metadata"]["uid"] = "uid-report"
+    return body
+
+
+def injected(body: dict[str, Any]) -> dict[str, Any]:
+    return desired_cronjob(body, parse_config(body, SETTINGS), SETTINGS)
+
+
+def decide(body: dict[str, Any], **state: Any) -> cronjobs.CronJobDecision:
+    arguments: dict[str, Any] = {
+        "previous": None,
+        "cached_lease": lambda name: None,
+        "granted": frozenset(),
+        "posted": {},
+    }
+    arguments.update(state)
+    return cronjobs.decide(body, SETTINGS, **arguments)
+
+
+def kinds(actions: list[Any]) -> list[str]:
+    return [
+        f"{type(action).__name__}:{action.reason}"
+        if isinstance(action, PostEvent)
+        else type(action).__name__
+        for action in actions
+    ]
+
+
+# --- CronJobs ---------------------------------------------------------------------------
+
+
+def test_a_new_guarded_cronjob_gets_its_lease_and_rbac_before_the_patch() -> None:
+    decision = decide(cronjob())
+    assert decision.guard == Guard("cronlock-report", "default")
+    assert kinds(decision.before) == ["EnsureLease"]
+    assert decision.sync_rbac
+    assert kinds(decision.after) == ["PatchCronJob", "PostEvent:Injected"]
+    ensure = decision.before[0]
+    assert isinstance(ensure, EnsureLease)
+    assert (ensure.name, ensure.config.lock) == ("cronlock-report", "report")
+
+
+def test_an_injected_cronjob_whose_rbac_is_granted_needs_no_write_but_the_lease_check() -> None:
+    body = injected(cronjob())
+    guard = Guard("cronlock-report", "default")
+    decision = decide(body, previous=guard, granted=frozenset({guard}))
+    assert decision.after == []
+    assert not decision.sync_rbac
+    # EnsureLease with the cached Lease sends nothing when that Lease is already as it should be.
+    assert kinds(decision.before) == ["EnsureLease"]
+
+
+def test_changing_the_lock_moves_the_owner_reference() -> None:
+    body = injected(cronjob())
+    body["metadata"]["annotations"]["cronlock.io/lock"] = "exports"
+    decision = decide(body, previous=Guard("cronlock-report", "default"))
+    assert kinds(decision.before) == ["EnsureLease", "DropLeaseOwner"]
+    drop = decision.before[1]
+    assert isinstance(drop, DropLeaseOwner)
+    assert drop.name == "cronlock-report"
+    assert decision.guard == Guard("cronlock-exports", "default")
+
+
+def test_opting_out_reverts_releases_the_lease_and_syncs_rbac() -> None:
+    body = injected(cronjob())
+    body["metadata"]["annotations"]["cronlock.io/enabled"] = "false"
+    decision = decide(body, previous=Guard("cronlock-report", "default"))
+    assert decision.guard is None
+    assert kinds(decision.before) == ["DropLeaseOwner"]
+    assert decision.sync_rbac
+    assert kinds(decision.after) == ["PatchCronJob", "PostEvent:Reverted"]
+
+
+def test_bad_input_is_one_warning_that_changes_nothing_and_is_not_repeated() -> None:
+    body = injected(cronjob())
+    body["metadata"]["annotations"]["cronlock.io/policy"] = "replce"
+    decision = decide(body, previous=Guard("cronlock-report", "default"))
+    assert decision.keep_guard
+    assert kinds(decision.before) == ["PostEvent:InvalidConfig"]
+    assert decision.after == []
+    assert not decision.sync_rbac
+    message = decision.posted["InvalidConfig"]
+    assert message is not None
+    assert "cronlock.io/policy" in message
+    again = decide(body, posted={"InvalidConfig": message})
+    assert again.before == []
+
+
+def test_a_valid_config_forgets_the_earlier_warning() -> None:
+    assert decide(cronjob()).posted["InvalidConfig"] is None
+
+
+def test_a_ttl_longer_than_the_schedule_gap_is_warned_once() -> None:
+    body = cronjob({"cronlock.io/enabled": "true", "cronlock.io/ttl": "10m"})
+    first = decide(body)
+    assert "PostEvent:TTLLongerThanSchedule" in kinds(first.after)
+    warning = first.posted["TTLLongerThanSchedule"]
+    assert warning is not None
+    second = decide(body, posted={"TTLLongerThanSchedule": warning})
+    assert "PostEvent:TTLLongerThanSchedule" not in kinds(second.after)
+
+
+def test_the_pending_guard_names_the_account_the_runs_use() -> None:
+    body = cronjob(serviceAccountName="exporter")
+    assert cronjobs.pending_guard(body, SETTINGS) == Guard("cronlock-report", "exporter")
+    body["metadata"]["annotations"]["cronlock.io/ttl"] = "soon"
+    assert cronjobs.pending_guard(body, SETTINGS) is None
+
+
+# --- RBAC -------------------------------------------------------------------------------
+
+
+def test_rbac_grants_each_account_only_its_own_leases() -> None:
+    guards = {Guard("cronlock-a", "ci"), Guard("cronlock-b", "ci"), Guard("cronlock-c", "other")}
+    desired, actions = rbac.decide(NAMESPACE, guards, None)
+    assert desired == frozenset(guards)
+    [write] = actions
+    assert isinstance(write, WriteHolderRbac)
+    rules = {role["metadata"]["name"]: role["rules"][0] for role in write.roles}
+    assert rules["cronlock-holder-ci"]["resourceNames"] == ["cronlock-a", "cronlock-b"]
+    assert rules["cronlock-holder-other"]["resourceNames"] == ["cronlock-c"]
+    assert all(rule["verbs"] == ["get", "update", "patch"] for rule in rules.values())
+    subjects = {b["metadata"]["name"]: b["subjects"] for b in write.bindings}
+    assert subjects["cronlock-holder-ci"] == [
+        {"kind": "ServiceAccount", "name": "ci", "namespace": NAMESPACE}
+    ]
+
+
+def test_rbac_in_sync_writes_nothing_and_an_empty_namespace_removes_everything() -> None:
+    guards = frozenset({Guard("cronlock-a", "ci")})
+    assert rbac.decide(NAMESPACE, guards, guards) == (guards, [])
+    _, [write] = rbac.decide(NAMESPACE, set(), guards)
+    assert isinstance(write, WriteHolderRbac)
+    assert (write.roles, write.bindings) == ((), ())
+
+
+def test_a_long_account_name_gives_a_valid_role_name() -> None:
+    name = rbac.holder_role_name("x" * 300)
+    assert len(name) == 253
+    assert name != rbac.holder_role_name("x" * 299 + "y")
+
+
+# --- runs -------------------------------------------------------------------------------
+
+
+def finished_job(name: str, created: str, outcome: str) -> dict[str, Any]:
+    conditions = {
+        "skipped": {
+            "type": "Failed",
+            "status": "True",
+            "reason": "PodFailurePolicy",
+            "message": f"Container cronlock-gate for pod {NAMESPACE}/{name}-x failed with exit "
+            "code 75 matching FailJob rule at index 0",
+        },
+        "failed": {"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded"},
+        "succeeded": {"type": "Complete", "status": "True"},
+    }
+    return {
+        "metadata": {
+            "name": name,
+            "uid": f"uid-{name}",
+            "creationTimestamp": created,
+            "labels": {"cronlock.io/lock": "report"},
+        },
+        "status": {"conditions": [conditions[outcome]]},
+    }
+
+
+def test_skips_are_counted_in_creation_order_and_alert_at_alert_after() -> None:
+    body = cronjob({"cronlock.io/enabled": "true", "cronlock.io/alert-after": "2"})
+    body["metadata"]["annotations"]["cronlock.io/consecutive-skips"] = "1"
+    jobs = [
+        finished_job("report-3", "2026-12-01T00:00:03Z", "skipped"),
+        finished_job("report-2", "2026-12-01T00:00:02Z", "skipped"),
+    ]
+    decision = runs.decide(body, jobs, SETTINGS)
+    assert [run.job for run in decision.runs] == ["report-2", "report-3"]
+    first, second = (run.actions for run in decision.runs)
+    assert isinstance(first[0], MarkJob)
+    assert kinds(first) == [
+        "MarkJob",
+        "CountRun",
+        "PostEvent:Skipped",
+        "PostEvent:RepeatedSkips",
+        "DeleteJob",
+    ]
+    assert kinds(second)[2:4] == ["PostEvent:Skipped", "PostEvent:RepeatedSkips"]
+    skipped = second[2]
+    assert isinstance(skipped, PostEvent)
+    assert skipped.message.endswith("(3 in a row)")
+    assert decision.after == [
+        AnnotateCronJob(NAMESPACE, "report", {"cronlock.io/consecutive-skips": "3"}),
+        SetConsecutiveSkips(NAMESPACE, "report", 3),
+    ]
+
+
+def test_a_success_resets_the_count_and_a_failure_leaves_it() -> None:
+    body = cronjob()
+    body["metadata"]["annotations"]["cronlock.io/consecutive-skips"] = "4"
+    decision = runs.decide(
+        body,
+        [
+            finished_job("report-1", "2026-12-01T00:00:01Z", "succeeded"),
+            finished_job("report-2", "2026-12-01T00:00:02Z", "failed"),
+        ],
+        SETTINGS,
+    )
+    assert [kinds(run.actions) for run in decision.runs] == [["MarkJob"], ["MarkJob"]]
+    assert decision.after == [
+        AnnotateCronJob(NAMESPACE, "report", {"cronlock.io/consecutive-skips": None}),
+        SetConsecutiveSkips(NAMESPACE, "report", 0),
+    ]
+
+
+def test_kept_and_gone_skipped_jobs_are_not_deleted() -> None:
+    body = cronjob({"cronlock.io/enabled": "true", "cronlock.io/keep-skipped-jobs": "true"})
+    job = finished_job("report-1", "2026-12-01T00:00:01Z", "skipped")
+    assert (
+        DeleteJob(NAMESPACE, "report-1") not in runs.decide(body, [job], SETTINGS).runs[0].actions
+    )
+    gone = runs.decide(cronjob(), [job], SETTINGS, gone=frozenset({"uid-report-1"}))
+    assert kinds(gone.runs[0].actions) == ["CountRun", "PostEvent:Skipped"]
+
+
+# --- Lease expiry -----------------------------------------------------------------------
+
+
+def lease(holder: str, renew: str, transitions: int = 1, version: str = "7") -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": "cronlock-report",
+            "namespace": NAMESPACE,
+            "resourceVersion": version,
+            "annotations": {"cronlock.io/holder-job": "report-1"},
+        },
+        "spec": {
+            "holderIdentity": holder,
+            "renewTime": renew,
+            "leaseDurationSeconds": 30,
+            "leaseTransitions": transitions,
+        },
+    }
+
+
+RENEWED = "2026-12-01T12:00:00.000000Z"
+
+
+def test_observing_a_new_holder_counts_an_acquired_run_and_a_cleared_one_a_release() -> None:
+    first, counts = expiry.observe(None, read_lease(lease("a", RENEWED)), 100.0)
+    assert first is not None
+    assert counts == []
+    same, counts = expiry.observe(first, read_lease(lease("a", RENEWED)), 150.0)
+    assert same is None
+    assert counts == []
+    second, counts = expiry.observe(first, read_lease(lease("b", RENEWED, 2)), 160.0)
+    assert second is not None
+    assert counts == [CountRun("acquired")]
+    free = read_lease(lease("", RENEWED, 2))
+    _, counts = expiry.observe(second, free, 170.0)
+    assert counts == [CountRun("released")]
+
+
+def test_a_holder_is_overdue_only_past_its_duration_plus_the_skew() -> None:
+    seen, _ = expiry.observe(None, read_lease(lease("a", RENEWED)), 100.0)
+    assert seen is not None
+    assert not seen.overdue(132.0, 2)
+    assert seen.overdue(132.5, 2)
+
+
+def test_an_overdue_holder_is_cleared_with_a_guarded_patch_then_the_owners_are_told() -> None:
+    seen, _ = expiry.observe(None, read_lease(lease("a", RENEWED)), 100.0)
+    assert seen is not None
+    owner = cronjob()
+    wall = datetime(2026, 12, 1, 12, 1, 0, tzinfo=UTC)
+    actions = expiry.decide(seen, lease("a", RENEWED), [owner], 140.0, wall)
+    assert kinds(actions) == ["PatchLease", "CountTakeover", "CountRun", "PostEvent:LeaseExpired"]
+    patch = actions[0]
+    assert isinstance(patch, PatchLease)
+    assert patch.patch[:3] == [
+        {"op": "test", "path": "/metadata/resourceVersion", "value": "7"},
+        {"op": "test", "path": "/spec/holderIdentity", "value": "a"},
+        {"op": "remove", "path": "/spec/holderIdentity"},
+    ]
+    assert patch.patch[3]["value"]["cronlock.io/last-holder"] == "a"
+    assert actions[1:3] == [CountTakeover("expired"), CountRun("lost")]
+    event = actions[3]
+    assert isinstance(event, PostEvent)
+    assert "not renewed for 40s" in event.message
+
+
+def test_a_holder_that_renewed_meanwhile_is_left_alone() -> None:
+    seen, _ = expiry.observe(None, read_lease(lease("a", RENEWED)), 100.0)
+    assert seen is not None
+    later = "2026-12-01T12:00:10.000000Z"
+    wall = datetime(2026, 12, 1, 12, 1, 0, tzinfo=UTC)
+    assert expiry.decide(seen, lease("a", later), [], 140.0, wall) == []
+    assert expiry.decide(seen, lease("b", RENEWED), [], 140.0, wall) == []
+
+
+class GoneKube:
+    """A Kube whose CronJob is gone: the patch answers False, everything else is recorded."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def patch_cronjob(self, namespace: str, name: str, patch: list[dict[str, Any]]) -> bool:
+        self.calls.append("patch")
+        return False
+
+    def post_event(self, *args: Any, **kwargs: Any) -> None:
+        self.calls.append("event")
+
+
+def test_the_executor_drops_what_follows_a_write_whose_object_is_gone() -> None:
+    kube = GoneKube()
+    executor = Executor(kube)  # type: ignore[arg-type]
+    body = cronjob()
+    done = executor.run(
+        [
+            PostEvent(body, "A", "a"),
+            PatchCronJob(NAMESPACE, "report", []),
+            PostEvent(body, "B", "b"),
+        ]
+    )
+    assert done is False
+    assert kube.calls == ["event", "patch"]  # no Event claims an injection that did not happen
