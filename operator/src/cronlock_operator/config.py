@@ -167,7 +167,7 @@ def parse_config(cronjob: Mapping[str, Any], settings: OperatorSettings) -> Lock
     policy = _parse_policy(annotations, settings)
     wait_timeout = _parse_wait_timeout(annotations, policy)
     stop = _parse_stop(annotations, cronjob)
-    alert_after = _parse_alert_after(annotations)
+    alert_after = parse_alert_after(annotations)
     keep = _parse_flag(annotations, contract.ANNOTATION_KEEP_SKIPPED_JOBS, default=False)
     kill_grace = kill_grace_seconds(ttl, settings.skew_seconds, ttl_shown)
 
@@ -358,11 +358,16 @@ def _parse_stop(annotations: Mapping[str, str], cronjob: Mapping[str, Any]) -> S
     )
 
 
-def _parse_alert_after(annotations: Mapping[str, str]) -> int:
+def parse_alert_after(annotations: Mapping[str, str]) -> int:
     value = annotations.get(contract.ANNOTATION_ALERT_AFTER)
     if value is None:
         return contract.DEFAULT_ALERT_AFTER
-    if not _INTEGER.fullmatch(value) or not MIN_ALERT_AFTER <= int(value) <= MAX_ALERT_AFTER:
+    # The length first: int() refuses more than 4,300 digits with a plain ValueError.
+    if (
+        len(value) > len(str(MAX_ALERT_AFTER))
+        or not _INTEGER.fullmatch(value)
+        or not MIN_ALERT_AFTER <= int(value) <= MAX_ALERT_AFTER
+    ):
         raise InvalidConfig(
             contract.ANNOTATION_ALERT_AFTER,
             value,

@@ -31,7 +31,7 @@ SHARE_PROCESS_NAMESPACE_UNSET: Final = "unset"
 # Value of ANNOTATION_ORIGINAL_TERMINATION_GRACE_PERIOD_SECONDS when the user wrote none.
 TERMINATION_GRACE_PERIOD_UNSET: Final = "unset"
 _GRACE: Final = "terminationGracePeriodSeconds"
-_WHOLE_SECONDS: Final = re.compile(r"[0-9]+")
+_WHOLE_SECONDS: Final = re.compile(r"[0-9]{1,10}")  # int() refuses 4,301 digits
 
 _RESOURCES: Final[Mapping[str, Any]] = {
     "requests": {"cpu": "10m", "memory": "32Mi"},

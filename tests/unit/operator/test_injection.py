@@ -248,7 +248,7 @@ def test_a_new_ttl_recaps_the_grace_and_keeps_the_users_original() -> None:
     assert revert(longer) == user
 
 
-@pytest.mark.parametrize("record", ["", "ten", "-5", "1.5", " 30"])
+@pytest.mark.parametrize("record", ["", "ten", "-5", "1.5", " 30", "9" * 5000])
 def test_a_grace_record_cronlock_never_writes_is_refused_not_guessed(record: str) -> None:
     injected = inject(make_cronjob())
     injected["metadata"]["annotations"][GRACE_RECORD] = record

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from cronlock_operator import status
+from cronlock_operator.status import cli as status
 from tests.unit.status.objects import cronjob, lease
 
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 
-from cronlock_operator.status import StatusRow, render_json, render_table, rows
+from cronlock_operator.status.model import StatusRow, rows
+from cronlock_operator.status.render import render_json, render_table
 from tests.unit.status.objects import NOW, cronjob, lease
 
 LONG_HOLDER = "nightly-report-export-29123456-x7k2p_4f0e9a1c-2b3d-4e5f-8a9b-0c1d2e3f4a5b"

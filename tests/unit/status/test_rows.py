@@ -6,14 +6,8 @@ from datetime import timedelta
 
 import pytest
 
-from cronlock_operator.status import (
-    exit_code,
-    expires_text,
-    holder_text,
-    human_duration,
-    renewed_text,
-    rows,
-)
+from cronlock_operator.status.model import exit_code, human_duration, rows
+from cronlock_operator.status.render import expires_text, holder_text, renewed_text
 from tests.unit.status.objects import NOW, cronjob, lease
 
 
@@ -147,8 +141,6 @@ def test_the_lock_annotation_names_the_lease_and_only_the_same_namespace_counts(
         (4, "5", False),
         (5, "5", True),
         (1, "1", True),
-        (7, "not-a-number", True),  # a bad alert-after falls back to the default, 3
-        (2, "0", False),  # so does one below 1
     ],
 )
 def test_consecutive_skips_fail_the_check_from_alert_after_on(
@@ -163,6 +155,19 @@ def test_consecutive_skips_fail_the_check_from_alert_after_on(
             f"cronjob default/report skipped {skips} consecutive runs "
             f"(alert-after {row.alert_after})",
         )
+
+
+@pytest.mark.parametrize("alert_after", ["not-a-number", "0", "1" + "0" * 5000])
+def test_a_bad_alert_after_is_named_as_the_operator_names_it_and_the_default_applies(
+    alert_after: str,
+) -> None:
+    [row] = rows([cronjob("report", skips=2, alert_after=alert_after)], [], NOW)
+
+    assert row.alert_after == 3
+    assert exit_code([row]) == 1
+    [problem] = row.problems
+    assert problem.startswith("cronjob default/report: cronlock.io/alert-after: ")
+    assert "is not a number of skips; expected a whole number from 1 to 1000" in problem
 
 
 def test_a_garbled_skip_counter_reads_as_zero() -> None:

@@ -1,0 +1,163 @@
+"""`cronlock status` on the command line: flags, exit codes, one shot or `--watch`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import time
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Final, Literal
+
+from cronlock_operator.status.api import Cluster, Unavailable, UsageError, connect, fetch
+from cronlock_operator.status.model import EXIT_OK, StatusRow, exit_code, rows
+from cronlock_operator.status.render import json_row, render_json, render_table
+from cronlock_sidecar import contract
+
+Output = Literal["table", "json", "wide"]
+
+EXIT_USAGE: Final = 2
+EXIT_UNAVAILABLE: Final = contract.EXIT_UNAVAILABLE
+WATCH_INTERVAL_SECONDS: Final = 2.0
+# Piped output has no terminal to fit; kubectl does not truncate it either.
+_UNBOUNDED_WIDTH: Final = 10_000
+
+
+def parser(prog: str = "cronlock") -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(
+        prog=prog,
+        description="Inspect the Leases that keep cronlock-guarded CronJob runs from overlapping.",
+    )
+    commands = top.add_subparsers(dest="command", metavar="COMMAND")
+    status = commands.add_parser(
+        "status",
+        help="show who holds each guarded CronJob's lock",
+        description=(
+            "Show every CronJob annotated cronlock.io/enabled=true with its Lease. Exit 0 when "
+            "all is well, 1 when a Lease is expired but still held or a CronJob reached its "
+            "cronlock.io/alert-after consecutive skips, 2 on usage errors, 69 when the API "
+            "server is unreachable or refuses."
+        ),
+    )
+    scope = status.add_mutually_exclusive_group()
+    scope.add_argument(
+        "-n",
+        "--namespace",
+        help="namespace to show (default: the kubeconfig context's namespace, else default)",
+    )
+    scope.add_argument("-A", "--all-namespaces", action="store_true", help="show every namespace")
+    status.add_argument(
+        "-o", "--output", choices=("table", "json", "wide"), default="table", help="output format"
+    )
+    status.add_argument(
+        "-w",
+        "--watch",
+        action="store_true",
+        help=f"redraw every {WATCH_INTERVAL_SECONDS:g}s until Ctrl-C",
+    )
+    status.add_argument(
+        "--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, ~/.kube/config)"
+    )
+    status.add_argument("--context", help="kubeconfig context to use")
+    return top
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    prog = "kubectl cronlock" if Path(sys.argv[0]).name.startswith("kubectl-") else "cronlock"
+    top = parser(prog)
+    args = top.parse_args(argv)
+    if args.command is None:
+        top.print_help(sys.stderr)
+        return EXIT_USAGE
+    try:
+        cluster = connect(args.kubeconfig, args.context)
+    except UsageError as error:
+        print(f"{prog}: error: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    except Unavailable as error:
+        print(f"{prog}: {error}", file=sys.stderr)
+        return EXIT_UNAVAILABLE
+    namespace = None if args.all_namespaces else (args.namespace or cluster.namespace)
+    try:
+        if args.watch:
+            return _watch(cluster, namespace, args.output, prog)
+        return _show_once(cluster, namespace, args.output, prog)
+    finally:
+        cluster.api.close()
+
+
+def _show_once(cluster: Cluster, namespace: str | None, output: Output, prog: str) -> int:
+    try:
+        status_rows = _snapshot(cluster, namespace)
+    except Unavailable as error:
+        print(f"{prog}: {error}", file=sys.stderr)
+        return EXIT_UNAVAILABLE
+    if not status_rows and output != "json":
+        # Like kubectl's "No resources found": on stderr, so stdout stays parseable.
+        print(_nothing_found(namespace), file=sys.stderr)
+    else:
+        print(_render(status_rows, namespace, output))
+    for row in status_rows:
+        for problem in row.problems:
+            print(f"{prog}: warning: {problem}", file=sys.stderr)
+    return exit_code(status_rows)
+
+
+def _watch(cluster: Cluster, namespace: str | None, output: Output, prog: str) -> int:
+    clear = "\x1b[H\x1b[2J" if sys.stdout.isatty() and output != "json" else ""
+    try:
+        while True:
+            try:
+                status_rows = _snapshot(cluster, namespace)
+                screen = _render(status_rows, namespace, output, compact=True)
+            except Unavailable as error:
+                # A hiccup while watching is shown and retried, not the end of the watch;
+                # JSON Lines on stdout stay parseable, so there it goes to stderr.
+                if output == "json":
+                    print(f"{prog}: {error}", file=sys.stderr, flush=True)
+                    _pause(WATCH_INTERVAL_SECONDS)
+                    continue
+                screen = f"{prog}: {error}"
+            stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+            header = "" if output == "json" else f"Every {WATCH_INTERVAL_SECONDS:g}s: {stamp}\n\n"
+            sys.stdout.write(f"{clear}{header}{screen}\n")
+            sys.stdout.flush()
+            _pause(WATCH_INTERVAL_SECONDS)
+    except KeyboardInterrupt:
+        if output != "json":
+            sys.stdout.write("\n")
+        return EXIT_OK
+
+
+def _pause(seconds: float) -> None:
+    time.sleep(seconds)
+
+
+def _snapshot(cluster: Cluster, namespace: str | None) -> list[StatusRow]:
+    cronjobs, leases = fetch(cluster, namespace)
+    return rows(cronjobs, leases, datetime.now(UTC))
+
+
+def _render(
+    status_rows: Sequence[StatusRow],
+    namespace: str | None,
+    output: Output,
+    *,
+    compact: bool = False,
+) -> str:
+    if output == "json":
+        if compact:
+            return json.dumps([json_row(row) for row in status_rows])
+        return render_json(status_rows)
+    if not status_rows:
+        return _nothing_found(namespace)
+    width = shutil.get_terminal_size((_UNBOUNDED_WIDTH, 24)).columns
+    return render_table(status_rows, width, all_namespaces=namespace is None, wide=output == "wide")
+
+
+def _nothing_found(namespace: str | None) -> str:
+    where = "any namespace" if namespace is None else f"namespace {namespace}"
+    return f"No guarded CronJobs (annotated {contract.ANNOTATION_ENABLED}=true) in {where}."

@@ -1,0 +1,215 @@
+"""The pure part of `cronlock status`: a row per guarded CronJob from CronJobs and Leases."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any, Final, Literal
+
+from cronlock_operator.config import InvalidConfig, parse_alert_after
+from cronlock_sidecar import contract
+from cronlock_sidecar.lockmodel import is_expired, read_lease
+from cronlock_sidecar.microtime import MicroTimeError, parse_microtime
+
+LeaseState = Literal["held", "free", "expired", "missing"]
+
+EXIT_OK: Final = 0
+EXIT_ATTENTION: Final = 1
+
+
+@dataclass(frozen=True)
+class StatusRow:
+    """One guarded CronJob and the state of its lock at `now`."""
+
+    namespace: str
+    cronjob: str
+    lock: str
+    lease: str
+    state: LeaseState
+    holder: str | None
+    renewed_at: datetime | None
+    expires_at: datetime | None
+    lease_duration_seconds: int | None
+    consecutive_skips: int
+    alert_after: int
+    last_schedule: datetime | None
+    last_holder: str | None
+    released_at: datetime | None
+    suspended: bool
+    now: datetime
+    problems: tuple[str, ...]
+
+    @property
+    def renewed_seconds_ago(self) -> float | None:
+        return seconds_between(self.renewed_at, self.now)
+
+    @property
+    def expires_in_seconds(self) -> float | None:
+        """Negative once expired; None when nobody holds the lock."""
+        if self.state not in ("held", "expired"):
+            return None
+        return seconds_between(self.now, self.expires_at)
+
+    @property
+    def last_schedule_seconds_ago(self) -> float | None:
+        return seconds_between(self.last_schedule, self.now)
+
+
+def rows(
+    cronjobs: list[dict[str, Any]],
+    leases: list[dict[str, Any]],
+    now: datetime,
+    *,
+    skew_seconds: float = contract.DEFAULT_SKEW_SECONDS,
+) -> list[StatusRow]:
+    """A row per guarded CronJob (annotated enabled=true), sorted by namespace and name."""
+    by_name = {
+        (metadata_of(lease).get("namespace", ""), metadata_of(lease).get("name", "")): lease
+        for lease in leases
+    }
+    guarded = [
+        cronjob
+        for cronjob in cronjobs
+        if annotations_of(cronjob).get(contract.ANNOTATION_ENABLED) == "true"
+    ]
+    result = [_row(cronjob, by_name, now, skew_seconds) for cronjob in guarded]
+    return sorted(result, key=lambda row: (row.namespace, row.cronjob))
+
+
+def _row(
+    cronjob: Mapping[str, Any],
+    leases: Mapping[tuple[str, str], Mapping[str, Any]],
+    now: datetime,
+    skew_seconds: float,
+) -> StatusRow:
+    metadata = metadata_of(cronjob)
+    namespace = str(metadata.get("namespace", ""))
+    name = str(metadata.get("name", ""))
+    annotations = annotations_of(cronjob)
+    lock = annotations.get(contract.ANNOTATION_LOCK) or name
+    lease_name = contract.lease_name(lock)
+    lease = leases.get((namespace, lease_name))
+    record = read_lease(lease or {})
+    holder = record.holder or None
+    expires_at = record.expires_at
+    state: LeaseState
+    if lease is None:
+        state = "missing"
+    elif holder is None:
+        state = "free"
+    elif is_expired(record, now, skew_seconds):
+        # The same rule the sidecar uses to take a lock over: expired beyond the clock skew.
+        state = "expired"
+    else:
+        state = "held"
+    skips = _whole_number(annotations.get(contract.ANNOTATION_CONSECUTIVE_SKIPS), 0)
+    status: Mapping[str, Any] = cronjob.get("status") or {}
+    problems = []
+    try:
+        alert_after = parse_alert_after(annotations)
+    except InvalidConfig as error:
+        # The operator refuses it the same way (an InvalidConfig Event); its default applies.
+        alert_after = contract.DEFAULT_ALERT_AFTER
+        problems.append(f"cronjob {namespace}/{name}: {error}")
+    if state == "expired":
+        ago = f"{human_duration(now - expires_at)} ago" if expires_at is not None else "long ago"
+        problems.append(
+            f"lease {namespace}/{lease_name} expired {ago} but is still held by {holder}"
+        )
+    if skips >= alert_after:
+        problems.append(
+            f"cronjob {namespace}/{name} skipped {skips} consecutive runs "
+            f"(alert-after {alert_after})"
+        )
+    return StatusRow(
+        namespace=namespace,
+        cronjob=name,
+        lock=lock,
+        lease=lease_name,
+        state=state,
+        holder=holder,
+        renewed_at=record.renewed_at,
+        expires_at=expires_at,
+        lease_duration_seconds=record.duration_seconds,
+        consecutive_skips=skips,
+        alert_after=alert_after,
+        last_schedule=_time(status.get("lastScheduleTime")),
+        last_holder=record.last_holder or None,
+        released_at=record.released_at,
+        suspended=bool((cronjob.get("spec") or {}).get("suspend")),
+        now=now,
+        problems=tuple(problems),
+    )
+
+
+def exit_code(status_rows: Iterable[StatusRow]) -> int:
+    """1 when any lock is expired but still held or any CronJob reached its alert-after."""
+    return EXIT_ATTENTION if any(row.problems for row in status_rows) else EXIT_OK
+
+
+def human_duration(delta: timedelta | float) -> str:
+    """kubectl's short ages: 45s, 3m12s, 47m, 5h3m, 2d4h, 400d."""
+    seconds = round(delta.total_seconds() if isinstance(delta, timedelta) else delta)
+    if seconds < 0:
+        return "0s"
+    if seconds < 120:
+        return f"{seconds}s"
+    minutes = seconds // 60
+    if minutes < 10:
+        rest = seconds % 60
+        return f"{minutes}m{rest}s" if rest else f"{minutes}m"
+    if minutes < 180:
+        return f"{minutes}m"
+    hours = minutes // 60
+    if hours < 8:
+        rest = minutes % 60
+        return f"{hours}h{rest}m" if rest else f"{hours}h"
+    if hours < 48:
+        return f"{hours}h"
+    days = hours // 24
+    if days < 8:
+        rest = hours % 24
+        return f"{days}d{rest}h" if rest else f"{days}d"
+    if days < 730:
+        return f"{days}d"
+    years, rest = divmod(days, 365)
+    return f"{years}y{rest}d" if rest and years < 8 else f"{years}y"
+
+
+def seconds_between(start: datetime | None, end: datetime | None) -> float | None:
+    if start is None or end is None:
+        return None
+    return (end - start).total_seconds()
+
+
+def metadata_of(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    metadata: Mapping[str, Any] = obj.get("metadata") or {}
+    return metadata
+
+
+def annotations_of(obj: Mapping[str, Any]) -> Mapping[str, str]:
+    annotations: Mapping[str, str] = metadata_of(obj).get("annotations") or {}
+    return annotations
+
+
+def _time(value: object) -> datetime | None:
+    if isinstance(value, datetime):
+        return value if value.tzinfo else value.replace(tzinfo=UTC)
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        return parse_microtime(value)
+    except MicroTimeError:
+        return None
+
+
+_MAX_DIGITS = 18  # more is no counter cronlock wrote (and int() refuses 4,301 digits)
+
+
+def _whole_number(value: str | None, default: int, *, minimum: int = 0) -> int:
+    """A counter or threshold from an annotation; the operator reports bad values itself."""
+    if value is None or not value.strip().isdigit() or len(value.strip()) > _MAX_DIGITS:
+        return default
+    number = int(value)
+    return number if number >= minimum else default

@@ -1,0 +1,195 @@
+"""How `cronlock status` shows its rows: kubectl-like tables that fit the terminal, JSON."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from typing import Any, Final
+
+from cronlock_operator.status.model import StatusRow, human_duration, seconds_between
+
+_GAP: Final = "   "
+_NONE: Final = "-"
+_ELLIPSIS: Final = "…"
+_HOLDER_MIN_WIDTH: Final = 16
+_LAST_RESORT_MIN_WIDTH: Final = 6
+
+
+def renewed_text(row: StatusRow) -> str:
+    seconds = row.renewed_seconds_ago
+    if seconds is None or row.state == "missing":
+        return _NONE
+    return f"{human_duration(seconds)} ago"
+
+
+def expires_text(row: StatusRow) -> str:
+    seconds = row.expires_in_seconds
+    if seconds is None:
+        return _NONE
+    if seconds >= 0:
+        return f"in {human_duration(seconds)}"
+    return f"expired {human_duration(-seconds)} ago"
+
+
+def holder_text(row: StatusRow) -> str:
+    if row.state == "missing":
+        return "missing"
+    return row.holder or _NONE
+
+
+def _ago(moment: datetime | None, now: datetime) -> str:
+    seconds = seconds_between(moment, now)
+    return _NONE if seconds is None else f"{human_duration(seconds)} ago"
+
+
+@dataclass(frozen=True)
+class _Column:
+    header: str
+    cell: Callable[[StatusRow], str]
+    # Order in which columns go when the terminal is too narrow; None = never dropped.
+    drop_rank: int | None = None
+    truncatable: bool = False
+
+
+_NAMESPACE = _Column("NAMESPACE", lambda row: row.namespace, truncatable=True)
+_COLUMNS: Final = (
+    _Column("CRONJOB", lambda row: row.cronjob, truncatable=True),
+    _Column("LOCK", lambda row: row.lock, drop_rank=3),
+    _Column("HOLDER", holder_text, truncatable=True),
+    _Column("RENEWED", renewed_text, drop_rank=2),
+    _Column("EXPIRES", expires_text),
+    _Column("SKIPS", lambda row: str(row.consecutive_skips), drop_rank=4),
+    _Column("LAST SCHEDULE", lambda row: _ago(row.last_schedule, row.now), drop_rank=1),
+)
+_WIDE_COLUMNS: Final = (
+    *_COLUMNS,
+    _Column("STATE", lambda row: row.state),
+    _Column(
+        "TTL",
+        lambda row: (
+            _NONE if row.lease_duration_seconds is None else f"{row.lease_duration_seconds}s"
+        ),
+    ),
+    _Column("ALERT AFTER", lambda row: str(row.alert_after)),
+    _Column("SUSPEND", lambda row: str(row.suspended).lower()),
+    _Column("LAST HOLDER", lambda row: row.last_holder or _NONE),
+    _Column("RELEASED", lambda row: _ago(row.released_at, row.now)),
+)
+
+
+def render_table(
+    status_rows: Sequence[StatusRow],
+    width: int,
+    *,
+    all_namespaces: bool = False,
+    wide: bool = False,
+) -> str:
+    """Aligned columns that fit `width`: HOLDER is truncated with … first, then columns go."""
+    columns = list(_WIDE_COLUMNS if wide else _COLUMNS)
+    if all_namespaces:
+        columns.insert(0, _NAMESPACE)
+    if all(row.lock == row.cronjob for row in status_rows):
+        # Every lock is the default one, the CronJob's name: LOCK says nothing new.
+        columns = [
+            replace(column, drop_rank=0) if column.header == "LOCK" else column
+            for column in columns
+        ]
+    cells = [[column.cell(row) for column in columns] for row in status_rows]
+    natural = [
+        max([len(column.header), *(len(line[index]) for line in cells)])
+        for index, column in enumerate(columns)
+    ]
+    if wide:
+        visible, widths = list(range(len(columns))), natural
+    else:
+        visible, widths = _fit(columns, natural, width)
+    lines = [[column.header for column in columns], *cells]
+    return "\n".join(
+        _GAP.join(
+            _truncate(line[index], widths[index]).ljust(widths[index]) for index in visible
+        ).rstrip()
+        for line in lines
+    )
+
+
+def _fit(
+    columns: Sequence[_Column], natural: Sequence[int], width: int
+) -> tuple[list[int], list[int]]:
+    """Which columns to show and how wide, so that a line is at most `width` when possible."""
+    headers = [column.header for column in columns]
+    holder = headers.index("HOLDER")
+    visible = list(range(len(columns)))
+    droppable = sorted(
+        (index for index, column in enumerate(columns) if column.drop_rank is not None),
+        key=lambda index: columns[index].drop_rank or 0,
+    )
+
+    def total(widths: Sequence[int]) -> int:
+        return sum(widths[index] for index in visible) + len(_GAP) * (len(visible) - 1)
+
+    while True:
+        widths = list(natural)
+        excess = total(widths) - width
+        if excess <= 0:
+            return visible, widths
+        if natural[holder] - excess >= min(_HOLDER_MIN_WIDTH, natural[holder]):
+            widths[holder] = natural[holder] - excess
+            return visible, widths
+        if not droppable:
+            break
+        visible.remove(droppable.pop(0))
+    # Still too wide with only the essential columns: shave the widest name-like column.
+    widths[holder] = min(natural[holder], _HOLDER_MIN_WIDTH)
+    shrinkable = [index for index in visible if columns[index].truncatable]
+    while total(widths) > width:
+        index = max(shrinkable, key=lambda candidate: widths[candidate])
+        floor = max(_LAST_RESORT_MIN_WIDTH, len(headers[index]))
+        if widths[index] <= floor:
+            break
+        widths[index] -= 1
+    return visible, widths
+
+
+def _truncate(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: max(width - 1, 0)] + _ELLIPSIS
+
+
+def render_json(status_rows: Sequence[StatusRow]) -> str:
+    """A JSON list with the table's fields: ISO timestamps, seconds as numbers, null for none."""
+    return json.dumps([json_row(row) for row in status_rows], indent=2)
+
+
+def json_row(row: StatusRow) -> dict[str, Any]:
+    return {
+        "namespace": row.namespace,
+        "cronjob": row.cronjob,
+        "lock": row.lock,
+        "lease": row.lease,
+        "state": row.state,
+        "holder": row.holder,
+        "renewTime": _iso(row.renewed_at),
+        "renewedSecondsAgo": _number(row.renewed_seconds_ago),
+        "expireTime": _iso(row.expires_at) if row.state in ("held", "expired") else None,
+        "expiresInSeconds": _number(row.expires_in_seconds),
+        "leaseDurationSeconds": row.lease_duration_seconds,
+        "consecutiveSkips": row.consecutive_skips,
+        "alertAfter": row.alert_after,
+        "lastScheduleTime": _iso(row.last_schedule),
+        "lastScheduleSecondsAgo": _number(row.last_schedule_seconds_ago),
+        "lastHolder": row.last_holder,
+        "releasedAt": _iso(row.released_at),
+        "suspend": row.suspended,
+        "problems": list(row.problems),
+    }
+
+
+def _iso(moment: datetime | None) -> str | None:
+    if moment is None:
+        return None
+    return moment.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
+def _number(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds, 3)
