@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import re
 import subprocess
 import time
 from collections.abc import Callable
@@ -24,32 +22,6 @@ def wait_for(probe: Callable[[], T | None], timeout: float, what: str, every: fl
         if time.monotonic() >= deadline:
             raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
         time.sleep(every)
-
-
-def job_from_cronjob(cronjob: dict[str, Any], name: str) -> dict[str, Any]:
-    """The Job `kubectl create job NAME --from=cronjob/...` makes: template labels, owner."""
-    template = cronjob["spec"]["jobTemplate"]
-    metadata = cronjob["metadata"]
-    return {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": {
-            "name": name,
-            "labels": dict((template.get("metadata") or {}).get("labels") or {}),
-            "annotations": {"cronjob.kubernetes.io/instantiate": "manual"},
-            "ownerReferences": [
-                {
-                    "apiVersion": "batch/v1",
-                    "kind": "CronJob",
-                    "name": metadata["name"],
-                    "uid": metadata["uid"],
-                    "controller": True,
-                    "blockOwnerDeletion": True,
-                }
-            ],
-        },
-        "spec": template["spec"],
-    }
 
 
 def terminated(name: str, exit_code: int) -> dict[str, Any]:
@@ -87,29 +59,6 @@ def finish_pod(core: Any, namespace: str, pod: str, *, gate_exit: int, main_exit
     core.patch_namespaced_pod_status(
         pod, namespace, {"status": status}, _content_type="application/merge-patch+json"
     )
-
-
-def controlplane_env(env_dir: Path) -> dict[str, str]:
-    """Start (or find) the local control plane in `env_dir`; the environment to reach it.
-
-    Runs `tests/controlplane/up` and applies the `export` lines it prints.
-    """
-    env = dict(os.environ, CRONLOCK_TESTENV_DIR=str(env_dir))
-    result = subprocess.run(
-        [str(CONTROLPLANE / "up")], env=env, capture_output=True, text=True, check=False
-    )
-    if result.returncode != 0:
-        # Not a skip: whoever needs the control plane must fail loudly without it.
-        raise RuntimeError(f"tests/controlplane/up failed:\n{result.stderr}{result.stdout}")
-    for line in result.stdout.splitlines():
-        match = re.fullmatch(r"export (\w+)=(.*)", line)
-        if match:
-            env[match.group(1)] = os.path.expandvars(match.group(2).strip("'"))
-    return env
-
-
-def stop_controlplane(env: dict[str, str]) -> None:
-    subprocess.run([str(CONTROLPLANE / "down")], env=env, capture_output=True, check=False)
 
 
 def run_tool(

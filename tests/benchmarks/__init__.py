@@ -2,7 +2,7 @@
 
 They are not timed tests: they print a table, write JSON next to the control plane's
 files and never fail on a figure. Each benchmark module exposes
-`run(plane: Plane, repeat: int) -> dict` and is registered in `tests/benchmarks/__main__.py`.
+`run(plane: ControlPlane, repeat: int) -> dict` and is registered in `tests/benchmarks/__main__.py`.
 """
 
 from __future__ import annotations
@@ -12,41 +12,21 @@ import platform
 import statistics
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tests.kube import controlplane_env, run_tool, stop_controlplane
+from tests.support.controlplane import ControlPlane, started
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 CONTROLPLANE = ROOT / "tests" / "controlplane"
 BENCH_DIR = ROOT / ".testenv" / "bench"
 
 
-@dataclass(frozen=True)
-class Plane:
-    """The benchmark's control plane: environment (KUBECONFIG, PATH) and where it keeps files."""
-
-    env: dict[str, str]
-    env_dir: Path
-
-    @property
-    def kubeconfig(self) -> str:
-        return self.env["KUBECONFIG"]
-
-    def kubectl(self, *args: str, input_text: str | None = None) -> str:
-        return run_tool(self.env, "kubectl", *args, input_text=input_text).stdout
-
-
 @contextmanager
-def controlplane(env_dir: Path = BENCH_DIR, keep: bool = False) -> Iterator[Plane]:
+def controlplane(env_dir: Path = BENCH_DIR, keep: bool = False) -> Iterator[ControlPlane]:
     """The same control plane the tests use (`tests/controlplane/up`), in its own directory."""
-    env = controlplane_env(env_dir)
-    try:
-        yield Plane(env, env_dir)
-    finally:
-        if not keep:
-            stop_controlplane(env)
+    with started(env_dir, keep=keep) as plane:
+        yield plane
 
 
 def summary(values: Sequence[float]) -> dict[str, float]:

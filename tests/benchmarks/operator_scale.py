@@ -28,8 +28,8 @@ import urllib3
 
 from cronlock_operator.config import OperatorSettings, parse_config
 from cronlock_operator.injection import build_injection, injection_patch
-from tests.kube import controlplane_env, stop_controlplane
 from tests.operator_process import OperatorProcess
+from tests.support.controlplane import started
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKERS = 4  # the operator's work queue has four workers
@@ -257,9 +257,9 @@ def count_writes(api: kubernetes.client.ApiClient, seconds: float) -> int:
 
 
 def run(sizes: list[int]) -> dict[str, Any]:
-    env = controlplane_env(ROOT / ".testenv" / "bench-operator")
-    try:
-        api = kubernetes.config.new_client_from_config(config_file=env["KUBECONFIG"])
+    with started(ROOT / ".testenv" / "bench-operator") as plane:
+        env = plane.env
+        api = plane.api_client()
         results: dict[str, Any] = {"machine": {"nproc": os.cpu_count()}, "sizes": {}}
         for size in sizes:
             plain = create_many(api, f"plain-{size}", size, annotated=False)
@@ -274,8 +274,6 @@ def run(sizes: list[int]) -> dict[str, Any]:
             results["sizes"][str(size)] = measured
             print_row(size, measured)
         return results
-    finally:
-        stop_controlplane(env)
 
 
 def print_row(size: int, measured: dict[str, Any]) -> None:

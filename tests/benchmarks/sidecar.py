@@ -21,7 +21,8 @@ from typing import Any
 
 import kubernetes
 
-from tests.benchmarks import BENCH_DIR, ROOT, Plane, controlplane, machine, summary, table
+from tests.benchmarks import BENCH_DIR, ROOT, controlplane, machine, summary, table
+from tests.support.controlplane import ControlPlane
 
 VENV_BIN = ROOT / ".venv" / "bin"
 SIDECAR = str(VENV_BIN / "cronlock-sidecar")
@@ -45,8 +46,8 @@ class Change:
 class LeaseWatch:
     """Every version of one Lease as a watch sees it, with its monotonic arrival time."""
 
-    def __init__(self, plane: Plane, namespace: str, name: str) -> None:
-        self.client = kubernetes.config.new_client_from_config(config_file=plane.kubeconfig)
+    def __init__(self, plane: ControlPlane, namespace: str, name: str) -> None:
+        self.client = kubernetes.config.new_client_from_config(config_file=str(plane.kubeconfig))
         self.namespace = namespace
         self.name = name
         self.changes: list[Change] = []
@@ -135,7 +136,7 @@ def _free_port() -> int:
 class Sidecars:
     """Starts `run` and `hold` processes on the benchmark's Lease."""
 
-    def __init__(self, plane: Plane, namespace: str, workdir: Path) -> None:
+    def __init__(self, plane: ControlPlane, namespace: str, workdir: Path) -> None:
         self.plane = plane
         self.lease = f"{namespace}/{LEASE}"
         self.workdir = workdir
@@ -185,7 +186,7 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
 
 
 # --- 1. a whole run next to one kubectl request ---------------------------------------------
-def whole_run(plane: Plane, namespace: str, repeat: int) -> dict[str, Any]:
+def whole_run(plane: ControlPlane, namespace: str, repeat: int) -> dict[str, Any]:
     commands = {
         "cronlock-sidecar run -- true": [
             SIDECAR,
@@ -267,7 +268,7 @@ def _children(pid: int) -> list[int]:
     return [int(child) for child in text.split()]
 
 
-def _python_baseline(plane: Plane, code: str) -> dict[str, float]:
+def _python_baseline(plane: ControlPlane, code: str) -> dict[str, float]:
     process = subprocess.Popen(
         [PYTHON, "-c", code], env=plane.env, stdout=subprocess.PIPE, text=True
     )
@@ -281,7 +282,9 @@ def _python_baseline(plane: Plane, code: str) -> dict[str, float]:
         process.wait()
 
 
-def memory(plane: Plane, sidecars: Sidecars, watch: LeaseWatch, samples: int) -> dict[str, Any]:
+def memory(
+    plane: ControlPlane, sidecars: Sidecars, watch: LeaseWatch, samples: int
+) -> dict[str, Any]:
     measured: dict[str, list[dict[str, float]]] = {
         "python sleep (bare interpreter)": [],
         "python import kubernetes.client": [],
@@ -452,7 +455,7 @@ def report(results: dict[str, Any]) -> str:
     return f"{first}\n\n{second}\n\n{third}"
 
 
-def run(plane: Plane, repeat: int) -> dict[str, Any]:
+def run(plane: ControlPlane, repeat: int) -> dict[str, Any]:
     namespace = f"bench-sidecar-{secrets.token_hex(3)}"
     plane.kubectl("create", "namespace", namespace)
     results: dict[str, Any] = {"namespace": namespace}

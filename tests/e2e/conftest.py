@@ -13,7 +13,6 @@ from typing import Any
 import kubernetes
 import pytest
 
-from tests.conftest import ControlPlane
 from tests.e2e.node import (
     BUSYBOX_IMAGE,
     CRONLOCK_IMAGE,
@@ -25,8 +24,10 @@ from tests.e2e.node import (
     exit_code,
     job_of,
 )
-from tests.kube import job_from_cronjob, wait_for
+from tests.kube import wait_for
 from tests.operator_process import OperatorProcess
+from tests.support.controlplane import ControlPlane
+from tests.support.cronjobs import job_from_cronjob
 
 GATE = "cronlock-gate"
 SIDECAR = "cronlock"

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import kubernetes
 
-from tests.conftest import ControlPlane, make_service_account_kubeconfig
 from tests.kube import wait_for
 from tests.operator_process import OPERATOR_NAMESPACE, install_chart_rbac
+from tests.support.controlplane import ControlPlane, make_service_account_kubeconfig
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 ENV_DIR = ROOT / ".testenv" / "demo"

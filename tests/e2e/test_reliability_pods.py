@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ControlPlane
 from tests.e2e.conftest import Scenario
 from tests.reliability.faults import ControlPlaneProcesses
 from tests.reliability.pods import POD_FAULTS, PodChecker, PodSettings
+from tests.support.controlplane import ControlPlane
 
 pytestmark = pytest.mark.controlplane
 

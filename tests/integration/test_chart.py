@@ -15,8 +15,8 @@ import kubernetes
 import pytest
 import yaml
 
-from tests.conftest import ControlPlane, ServiceAccountKubeconfig
 from tests.kube import run_tool, wait_for
+from tests.support.controlplane import ControlPlane, ServiceAccountKubeconfig
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "cronlock"

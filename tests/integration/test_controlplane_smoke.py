@@ -7,8 +7,8 @@ import datetime
 import kubernetes
 import pytest
 
-from tests.conftest import ControlPlane, ServiceAccountKubeconfig
 from tests.kube import wait_for
+from tests.support.controlplane import ControlPlane, ServiceAccountKubeconfig
 
 
 def test_kubectl_shows_the_holder_of_a_lease_written_by_the_python_client(

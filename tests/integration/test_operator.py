@@ -10,9 +10,10 @@ import kubernetes
 import pytest
 import yaml
 
-from tests.conftest import ControlPlane, ServiceAccountKubeconfig
-from tests.kube import finish_pod, job_from_cronjob, wait_for
+from tests.kube import finish_pod, wait_for
 from tests.operator_process import OperatorProcess, wait_settled
+from tests.support.controlplane import ControlPlane, ServiceAccountKubeconfig
+from tests.support.cronjobs import job_from_cronjob
 
 GATE = "cronlock-gate"
 

@@ -11,9 +11,9 @@ from pathlib import Path
 import kubernetes
 import pytest
 
-from tests.conftest import ControlPlane
 from tests.kube import wait_for
 from tests.operator_process import OperatorProcess
+from tests.support.controlplane import ControlPlane
 
 
 def free_port() -> int:

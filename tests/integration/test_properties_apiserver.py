@@ -29,9 +29,9 @@ from cronlock_operator.config import parse_config
 from cronlock_operator.injection import revert
 from cronlock_operator.kube import Kube
 from cronlock_operator.workqueue import Retry
-from tests.kube import job_from_cronjob, wait_for
+from tests.kube import wait_for
 from tests.operator_process import OperatorProcess
-from tests.unit.operator.cronjobs import SETTINGS
+from tests.support.cronjobs import SETTINGS, job_from_cronjob
 from tests.unit.operator.test_properties import cronjobs, lock_annotations
 
 pytestmark = pytest.mark.controlplane

@@ -18,7 +18,6 @@ from typing import Any
 import kubernetes
 import pytest
 
-from tests.conftest import ControlPlane
 from tests.reliability.checker import (
     CLOCK_AHEAD,
     CONTROL_PLANE_FAULTS,
@@ -26,7 +25,6 @@ from tests.reliability.checker import (
     PROCESS_FAULTS,
     ROOT,
     Checker,
-    Cluster,
     Settings,
 )
 from tests.reliability.test_checker import (  # noqa: F401 - collected here: testpaths
@@ -35,6 +33,7 @@ from tests.reliability.test_checker import (  # noqa: F401 - collected here: tes
     test_the_relay_passes_bytes_through_and_delays_each_direction,
     test_the_relay_refuses_a_non_loopback_upstream,
 )
+from tests.support.controlplane import ControlPlane
 
 pytestmark = pytest.mark.controlplane
 
@@ -64,8 +63,7 @@ def seed() -> int:
 def check(
     controlplane: ControlPlane, tmp_path: Path, faults: Sequence[str], trials: int
 ) -> dict[str, Any]:
-    cluster = Cluster(controlplane.kubeconfig, controlplane.env, controlplane.env_dir)
-    checker = Checker(cluster, tmp_path, SHORT, faults, seed(), log=print)
+    checker = Checker(controlplane, tmp_path, SHORT, faults, seed(), log=print)
     report = checker.run(trials, faults_per_trial=2)
     print(json.dumps(report, indent=2))
     return report

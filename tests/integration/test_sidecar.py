@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import ControlPlane, ServiceAccountKubeconfig
 from tests.kube import wait_for
+from tests.support.controlplane import ControlPlane, ServiceAccountKubeconfig
 
 pytestmark = pytest.mark.controlplane
 

@@ -14,7 +14,7 @@ from typing import Any
 import kubernetes
 import pytest
 
-from tests.conftest import ROOT, ControlPlane, ServiceAccountKubeconfig
+from tests.support.controlplane import ROOT, ControlPlane, ServiceAccountKubeconfig
 
 pytestmark = pytest.mark.controlplane
 

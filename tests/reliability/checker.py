@@ -36,9 +36,9 @@ from urllib.parse import urlsplit
 
 import yaml
 
-from tests.kube import controlplane_env, stop_controlplane
 from tests.reliability.faults import ControlPlaneProcesses, alive, children, signal_all, sweep
 from tests.reliability.proxy import DelayingProxy
+from tests.support.controlplane import ControlPlane, started
 
 ROOT = Path(__file__).resolve().parents[2]
 SIDECAR = Path(sys.executable).with_name("cronlock-sidecar")
@@ -220,16 +220,13 @@ def fault_rows(trials: Sequence[FaultedTrial], bound: float) -> dict[str, dict[s
     return rows
 
 
-@dataclass
-class Cluster:
-    """Where contenders go: a kubeconfig, the env for kubectl, and the control plane's pids."""
+# Where contenders go: the kubeconfig, the env for kubectl, the control plane's pids.
+Cluster = ControlPlane
 
-    kubeconfig: Path
-    env: dict[str, str]
-    env_dir: Path | None
 
-    def components(self) -> ControlPlaneProcesses | None:
-        return None if self.env_dir is None else ControlPlaneProcesses(self.env_dir, self.env)
+def components_of(cluster: ControlPlane) -> ControlPlaneProcesses | None:
+    """The local control plane's processes, to fault; None for a cluster of the user's own."""
+    return None if cluster.env_dir is None else ControlPlaneProcesses(cluster.env_dir, cluster.env)
 
 
 def proxied_kubeconfig(kubeconfig: Path, port: int, target: Path) -> Path:
@@ -277,7 +274,7 @@ class Checker:
         self.seed = seed
         self.log = log
         self.namespace = f"cronlock-reliability-{self.mark}"
-        self.components = cluster.components()
+        self.components = components_of(cluster)
         if self.components is None and set(self.faults) & set(CONTROL_PLANE_FAULTS) - {
             "slow-network"
         }:
@@ -709,18 +706,18 @@ class _TrialState:
 
 # --- command line ---------------------------------------------------------------------------
 @contextmanager
-def own_controlplane(env_dir: Path, keep: bool = False) -> Iterator[Cluster]:
+def own_controlplane(env_dir: Path, keep: bool = False) -> Iterator[ControlPlane]:
     """Start tests/controlplane in env_dir (or reuse it if it runs), stop it unless `keep`."""
     try:
-        env = controlplane_env(env_dir)
+        context = started(env_dir, keep=keep)
+        plane = context.__enter__()
     except RuntimeError as error:
         raise SystemExit(str(error)) from error
     try:
-        yield Cluster(Path(env["KUBECONFIG"]), env, env_dir)
+        yield plane
     finally:
-        ControlPlaneProcesses(env_dir, env).resume_all()
-        if not keep:
-            stop_controlplane(env)
+        ControlPlaneProcesses(env_dir, plane.env).resume_all()  # a paused one cannot stop
+        context.__exit__(None, None, None)
 
 
 def add_common_arguments(parser: argparse.ArgumentParser, env_dir: Path) -> None:

@@ -64,7 +64,6 @@ from cronlock_operator.config import (
 from cronlock_sidecar import contract
 from cronlock_sidecar.durations import DurationError, parse_duration
 from cronlock_sidecar.lockmodel import Timing
-from tests.conftest import ControlPlane, make_service_account_kubeconfig
 from tests.e2e.node import (
     CRONLOCK_IMAGE,
     HOST_LINK_IP,
@@ -78,7 +77,6 @@ from tests.e2e.node import (
     exit_code,
     overlapping,
 )
-from tests.kube import job_from_cronjob
 from tests.operator_process import OperatorProcess, install_chart_rbac, render_chart
 from tests.reliability.checker import (
     TICK,
@@ -87,6 +85,7 @@ from tests.reliability.checker import (
     EventsFile,
     Fault,
     add_common_arguments,
+    components_of,
     fault_list,
     fault_rows,
     own_controlplane,
@@ -94,6 +93,8 @@ from tests.reliability.checker import (
     seed_of,
 )
 from tests.reliability.faults import ControlPlaneProcesses
+from tests.support.controlplane import ControlPlane, make_service_account_kubeconfig
+from tests.support.cronjobs import job_from_cronjob
 
 ROOT = Path(__file__).resolve().parents[2]
 NEVER = "0 0 1 1 *"
@@ -1257,7 +1258,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 settings,
                 faults,
                 seed,
-                cluster.components(),
+                components_of(cluster),
                 workdir=env_dir / "pods-work",
                 log=log,
             )

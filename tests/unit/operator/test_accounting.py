@@ -9,7 +9,7 @@ import pytest
 
 from cronlock_operator import skips
 from cronlock_operator.reconciler import Reconciler
-from tests.unit.operator.cronjobs import SETTINGS, make_cronjob
+from tests.support.cronjobs import SETTINGS, make_cronjob
 
 NAMESPACE = "team-a"
 

@@ -8,7 +8,7 @@ from typing import Any
 from cronlock_operator.cache import ObjectCache
 from cronlock_operator.config import parse_config
 from cronlock_operator.injection import desired_cronjob
-from tests.unit.operator.cronjobs import SETTINGS, make_cronjob
+from tests.support.cronjobs import SETTINGS, make_cronjob
 
 
 def cronjob(namespace: str, name: str) -> dict[str, Any]:

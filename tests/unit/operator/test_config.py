@@ -16,7 +16,7 @@ from cronlock_operator.config import (
     parse_config,
 )
 from cronlock_operator.injection import build_injection
-from tests.unit.operator.cronjobs import SETTINGS, make_cronjob
+from tests.support.cronjobs import SETTINGS, make_cronjob
 
 PROBED = [
     {

@@ -18,7 +18,7 @@ from cronlock_operator.injection import (
     needs_patch,
     revert,
 )
-from tests.unit.operator.cronjobs import (
+from tests.support.cronjobs import (
     NEW_SETTINGS,
     SETTINGS,
     apply_json_patch,

@@ -16,7 +16,7 @@ from cronlock_operator.injection import (
     needs_patch,
     revert,
 )
-from tests.unit.operator.cronjobs import (
+from tests.support.cronjobs import (
     NEW_SETTINGS,
     SETTINGS,
     apply_json_patch,

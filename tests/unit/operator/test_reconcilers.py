@@ -25,7 +25,7 @@ from cronlock_operator.config import parse_config
 from cronlock_operator.injection import desired_cronjob
 from cronlock_operator.rbac import Guard
 from cronlock_sidecar.lockmodel import read_lease
-from tests.unit.operator.cronjobs import SETTINGS, make_cronjob, server_defaults
+from tests.support.cronjobs import SETTINGS, make_cronjob, server_defaults
 
 NAMESPACE = "team-a"
 

@@ -6,7 +6,7 @@ import pytest
 
 from cronlock_operator.config import parse_config
 from cronlock_operator.schedule import min_gap_seconds, ttl_longer_than_gap_warning
-from tests.unit.operator.cronjobs import SETTINGS, make_cronjob
+from tests.support.cronjobs import SETTINGS, make_cronjob
 
 MINUTE = 60.0
 HOUR = 3600.0

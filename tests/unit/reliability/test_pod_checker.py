@@ -42,7 +42,7 @@ from tests.reliability.pods import (
     stale_settings,
     work_command,
 )
-from tests.unit.operator.cronjobs import SETTINGS, make_cronjob, pod_spec
+from tests.support.cronjobs import SETTINGS, make_cronjob, pod_spec
 
 TTL = PodSettings().ttl
 

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from cronlock_operator.config import InvalidConfig, OperatorSettings, parse_config
 from cronlock_sidecar.lockmodel import Timing, TimingError, is_expired, read_lease
 from cronlock_sidecar.options import ConfigError, parse_options
-from tests.unit.operator.cronjobs import make_cronjob
+from tests.support.cronjobs import make_cronjob
 
 NOW = datetime(2026, 12, 1, 12, 0, 0, tzinfo=UTC)
 

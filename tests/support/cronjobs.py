@@ -1,4 +1,4 @@
-"""CronJobs to inject, and what the API server does to them, for the operator's unit tests."""
+"""CronJobs as users write them, what the API server does to them, and the Jobs made from them."""
 
 from __future__ import annotations
 
@@ -128,3 +128,29 @@ def as_kubernetes_models_see_it(cronjob: dict[str, Any]) -> Any:
     client = ApiClient()
     model = client.deserialize(json.dumps(cronjob), "V1CronJob", "application/json")
     return client.sanitize_for_serialization(model)  # type: ignore[no-untyped-call]
+
+
+def job_from_cronjob(cronjob: dict[str, Any], name: str) -> dict[str, Any]:
+    """The Job `kubectl create job NAME --from=cronjob/...` makes: template labels, owner."""
+    template = cronjob["spec"]["jobTemplate"]
+    metadata = cronjob["metadata"]
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": name,
+            "labels": dict((template.get("metadata") or {}).get("labels") or {}),
+            "annotations": {"cronjob.kubernetes.io/instantiate": "manual"},
+            "ownerReferences": [
+                {
+                    "apiVersion": "batch/v1",
+                    "kind": "CronJob",
+                    "name": metadata["name"],
+                    "uid": metadata["uid"],
+                    "controller": True,
+                    "blockOwnerDeletion": True,
+                }
+            ],
+        },
+        "spec": template["spec"],
+    }

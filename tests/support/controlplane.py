@@ -1,0 +1,164 @@
+"""The one handle on a control plane that tests, checkers and benchmarks share.
+
+`started()` runs `tests/controlplane/up` in a directory of its own (or finds it running)
+and stops it afterwards; `ControlPlane` is what callers get: the kubeconfig, the
+environment for kubectl and helm, clients, and the pids of its components.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import re
+import signal
+import subprocess
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import kubernetes
+import pytest
+import yaml
+
+from tests.kube import run_tool
+
+ROOT = Path(__file__).resolve().parents[2]
+CONTROLPLANE = ROOT / "tests" / "controlplane"
+
+
+@dataclass
+class ControlPlane:
+    """A running API server the tests may use; `env_dir` is None for a user's own cluster."""
+
+    kubeconfig: Path
+    env: dict[str, str]
+    env_dir: Path | None
+    _clients: list[kubernetes.client.ApiClient] = field(default_factory=list)
+
+    def kubectl(self, *args: str, check: bool = True, input_text: str | None = None) -> str:
+        result = run_tool(self.env, "kubectl", *args, input_text=input_text, check=check)
+        return result.stdout if check else result.stdout + result.stderr
+
+    def api_client(self, kubeconfig: Path | None = None) -> kubernetes.client.ApiClient:
+        client = kubernetes.config.new_client_from_config(
+            config_file=str(kubeconfig or self.kubeconfig)
+        )
+        self._clients.append(client)
+        return client
+
+    def server(self) -> str:
+        config = yaml.safe_load(self.kubeconfig.read_text())
+        return str(config["clusters"][0]["cluster"]["server"])
+
+    def ca_file(self) -> str:
+        config = yaml.safe_load(self.kubeconfig.read_text())
+        cluster = config["clusters"][0]["cluster"]
+        if "certificate-authority" in cluster:
+            return str(cluster["certificate-authority"])
+        with tempfile.NamedTemporaryFile("wb", suffix=".crt", delete=False) as handle:
+            handle.write(base64.b64decode(cluster["certificate-authority-data"]))
+        return handle.name
+
+    def pid(self, component: str) -> int:
+        if self.env_dir is None:
+            pytest.skip(f"needs the local control plane to signal {component}")
+        return int((self.env_dir / f"{component}.pid").read_text())
+
+    def pause(self, component: str = "kube-apiserver") -> None:
+        os.kill(self.pid(component), signal.SIGSTOP)
+
+    def resume(self, component: str = "kube-apiserver") -> None:
+        os.kill(self.pid(component), signal.SIGCONT)
+
+    def close(self) -> None:
+        for client in self._clients:
+            client.close()
+
+
+@contextmanager
+def started(env_dir: Path, *, keep: bool = False) -> Iterator[ControlPlane]:
+    """The local control plane in `env_dir`, started if it is not running; stopped after
+    unless `keep`. Raises RuntimeError naming what `up` printed when it cannot start."""
+    env = controlplane_env(env_dir)
+    plane = ControlPlane(Path(env["KUBECONFIG"]), env, env_dir)
+    try:
+        yield plane
+    finally:
+        plane.close()
+        if not keep:
+            stop_controlplane(env)
+
+
+def controlplane_env(env_dir: Path) -> dict[str, str]:
+    """Start (or find) the local control plane in `env_dir`; the environment to reach it.
+
+    Runs `tests/controlplane/up` and applies the `export` lines it prints.
+    """
+    env = dict(os.environ, CRONLOCK_TESTENV_DIR=str(env_dir))
+    result = subprocess.run(
+        [str(CONTROLPLANE / "up")], env=env, capture_output=True, text=True, check=False
+    )
+    if result.returncode != 0:
+        # Not a skip: whoever needs the control plane must fail loudly without it.
+        raise RuntimeError(f"tests/controlplane/up failed:\n{result.stderr}{result.stdout}")
+    for line in result.stdout.splitlines():
+        match = re.fullmatch(r"export (\w+)=(.*)", line)
+        if match:
+            env[match.group(1)] = os.path.expandvars(match.group(2).strip("'"))
+    return env
+
+
+def stop_controlplane(env: dict[str, str]) -> None:
+    subprocess.run([str(CONTROLPLANE / "down")], env=env, capture_output=True, check=False)
+
+
+ServiceAccountKubeconfig = Callable[[str, str], Path]
+
+
+def make_service_account_kubeconfig(
+    controlplane: ControlPlane,
+    api: kubernetes.client.ApiClient,
+    namespace: str,
+    name: str,
+    directory: Path,
+) -> Path:
+    """A kubeconfig that authenticates as a ServiceAccount with a TokenRequest token."""
+    core = kubernetes.client.CoreV1Api(api)
+    try:
+        core.create_namespaced_service_account(namespace, {"metadata": {"name": name}})
+    except kubernetes.client.ApiException as error:
+        if error.status != 409:
+            raise
+    token = core.create_namespaced_service_account_token(
+        name, namespace, {"spec": {"expirationSeconds": 6 * 3600}}
+    ).status.token
+    path = directory / f"{namespace}-{name}.kubeconfig"
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [
+                    {
+                        "name": "test",
+                        "cluster": {
+                            "server": controlplane.server(),
+                            "certificate-authority": controlplane.ca_file(),
+                        },
+                    }
+                ],
+                "users": [{"name": name, "user": {"token": token}}],
+                "contexts": [
+                    {
+                        "name": "test",
+                        "context": {"cluster": "test", "user": name, "namespace": namespace},
+                    }
+                ],
+                "current-context": "test",
+            }
+        )
+    )
+    path.chmod(0o600)
+    return path
