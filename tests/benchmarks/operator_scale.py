@@ -27,7 +27,8 @@ import kubernetes
 import urllib3
 
 from cronlock_operator.config import OperatorSettings, parse_config
-from cronlock_operator.injection import build_injection, injection_patch
+from cronlock_operator.injection import build_injection
+from cronlock_operator.patching import injection_patch
 from tests.operator_process import OperatorProcess
 from tests.support.controlplane import started
 

@@ -20,7 +20,8 @@ from cronlock_operator.config import (
     is_enabled,
     parse_config,
 )
-from cronlock_operator.injection import desired_cronjob, injection_patch, is_injected, needs_patch
+from cronlock_operator.injection import desired_cronjob, is_injected
+from cronlock_operator.patching import injection_patch, needs_patch
 from cronlock_operator.rbac import Guard
 from cronlock_operator.schedule import ttl_longer_than_gap_warning
 

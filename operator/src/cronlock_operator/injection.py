@@ -8,23 +8,26 @@ from collections.abc import Iterator, Mapping
 from typing import Any, Final, TypeGuard
 
 from cronlock_operator.config import (
-    PROBE_PERIOD_SECONDS,
-    PROBE_TIMEOUT_SECONDS,
     InvalidConfig,
     LockConfig,
     OperatorSettings,
     is_cronlock_probe,
     pod_spec_of,
 )
+from cronlock_operator.containers import (
+    SIDECAR_UID,
+    SKIP_RULE,
+    VOLUME,
+    gate_container,
+    held_probe,
+    is_injected_container,
+    is_skip_rule,
+    sidecar_container,
+)
 from cronlock_sidecar import contract
-from cronlock_sidecar.durations import format_duration
 
-SIDECAR_COMMAND: Final = ("cronlock-sidecar", "hold")
-GATE_COMMAND: Final = ("cronlock-sidecar", "gate")
 # Kubernetes refuses a podFailurePolicy with more rules than this; ours takes one.
 MAX_POD_FAILURE_POLICY_RULES: Final = 20
-# The injected containers' UID when nothing asks for another (distroless "nonroot").
-SIDECAR_UID: Final = 65532
 # Values of ANNOTATION_ORIGINAL_SHARE_PROCESS_NAMESPACE.
 SHARE_PROCESS_NAMESPACE_FALSE: Final = "false"
 SHARE_PROCESS_NAMESPACE_UNSET: Final = "unset"
@@ -32,23 +35,6 @@ SHARE_PROCESS_NAMESPACE_UNSET: Final = "unset"
 TERMINATION_GRACE_PERIOD_UNSET: Final = "unset"
 _GRACE: Final = "terminationGracePeriodSeconds"
 _WHOLE_SECONDS: Final = re.compile(r"[0-9]{1,10}")  # int() refuses 4,301 digits
-
-_RESOURCES: Final[Mapping[str, Any]] = {
-    "requests": {"cpu": "10m", "memory": "32Mi"},
-    "limits": {"memory": "64Mi"},
-}
-_VOLUME: Final[Mapping[str, Any]] = {
-    "name": contract.VOLUME_NAME,
-    "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"},
-}
-_SKIP_RULE: Final[Mapping[str, Any]] = {
-    "action": "FailJob",
-    "onExitCodes": {
-        "containerName": contract.GATE_CONTAINER,
-        "operator": "In",
-        "values": [contract.EXIT_SKIPPED],
-    },
-}
 
 
 def desired_cronjob(
@@ -122,17 +108,17 @@ def build_injection(
         )
     if config.stop == "liveness":
         for container in pod_spec["containers"]:
-            container["livenessProbe"] = _held_probe(config)
+            container["livenessProbe"] = held_probe(config)
 
     pod_spec["initContainers"] = [
-        _sidecar_container(namespace, config, settings, sidecar_uid),
-        _gate_container(config, settings),
+        sidecar_container(namespace, config, settings, sidecar_uid),
+        gate_container(config, settings),
         *pod_spec.get("initContainers", []),
     ]
-    pod_spec.setdefault("volumes", []).append(copy.deepcopy(dict(_VOLUME)))
+    pod_spec.setdefault("volumes", []).append(copy.deepcopy(dict(VOLUME)))
 
     policy: dict[str, Any] = job_spec.setdefault("podFailurePolicy", {})
-    policy["rules"] = [copy.deepcopy(dict(_SKIP_RULE)), *policy.get("rules", [])]
+    policy["rules"] = [copy.deepcopy(dict(SKIP_RULE)), *policy.get("rules", [])]
 
     for template in (job_template, pod_template):
         labels: dict[str, str] = template.setdefault("metadata", {}).setdefault("labels", {})
@@ -160,7 +146,7 @@ def revert(cronjob: Mapping[str, Any]) -> dict[str, Any]:
     pod_spec: dict[str, Any] = pod_template.get("spec") or {}
     policy: dict[str, Any] | None = job_spec.get("podFailurePolicy")
     has_skip_rule = policy is not None and any(
-        _is_skip_rule(rule) for rule in policy.get("rules") or []
+        is_skip_rule(rule) for rule in policy.get("rules") or []
     )
     injected = is_injected(cronjob)
     if not injected and not has_skip_rule:
@@ -170,7 +156,7 @@ def revert(cronjob: Mapping[str, Any]) -> dict[str, Any]:
         pod_spec["initContainers"] = [
             container
             for container in pod_spec.get("initContainers", [])
-            if not _is_injected_container(container)
+            if not is_injected_container(container)
         ]
         _drop_if_empty(pod_spec, "initContainers")
         for container in _user_containers(pod_spec):
@@ -196,7 +182,7 @@ def revert(cronjob: Mapping[str, Any]) -> dict[str, Any]:
 
     # Our rule is recognisable by itself, even where the rest of the injection is gone.
     if policy is not None and has_skip_rule:
-        policy["rules"] = [rule for rule in policy["rules"] if not _is_skip_rule(rule)]
+        policy["rules"] = [rule for rule in policy["rules"] if not is_skip_rule(rule)]
         if not policy["rules"] and set(policy) == {"rules"}:
             del job_spec["podFailurePolicy"]
 
@@ -231,7 +217,7 @@ def revert(cronjob: Mapping[str, Any]) -> dict[str, Any]:
 def is_injected(cronjob: Mapping[str, Any]) -> bool:
     """Whether the job template carries cronlock's containers."""
     init_containers: list[Mapping[str, Any]] = pod_spec_of(cronjob).get("initContainers") or []
-    return any(_is_injected_container(container) for container in init_containers)
+    return any(is_injected_container(container) for container in init_containers)
 
 
 def check_injectable(cronjob: Mapping[str, Any], config: LockConfig) -> None:
@@ -298,129 +284,6 @@ def check_injectable(cronjob: Mapping[str, Any], config: LockConfig) -> None:
         _check_signal_uids(spec)
 
 
-def needs_patch(actual: Mapping[str, Any], desired: Mapping[str, Any]) -> bool:
-    """Whether the stored CronJob differs from the desired one in what cronlock writes.
-
-    Defaults the API server fills into cronlock's own pieces (terminationMessagePath,
-    probe successThreshold, ...) are not differences; anything else is.
-    """
-    actual_job_template = _without_server_defaults(_job_template(actual), _job_template(desired))
-    same_job_template: bool = _normalized(actual_job_template) == _normalized(
-        _job_template(desired)
-    )
-    same_annotations: bool = _annotations(actual) == _annotations(desired)
-    return not (same_job_template and same_annotations)
-
-
-def injection_patch(actual: Mapping[str, Any], desired: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """The JSON patch (RFC 6902) that turns `actual` into `desired`, only if still unchanged.
-
-    It tests metadata.resourceVersion, replaces spec.jobTemplate whole and sets or removes
-    the annotations that differ; a concurrent writer makes it fail (422) instead of mixing.
-    """
-    operations: list[dict[str, Any]] = []
-    version = (actual.get("metadata") or {}).get("resourceVersion")
-    if version is not None:
-        operations.append({"op": "test", "path": "/metadata/resourceVersion", "value": version})
-    operations.append(
-        {
-            "op": "replace",
-            "path": "/spec/jobTemplate",
-            "value": copy.deepcopy(_job_template(desired)),
-        }
-    )
-    before = _annotations(actual)
-    after = _annotations(desired)
-    if not before and after:
-        operations.append({"op": "add", "path": "/metadata/annotations", "value": dict(after)})
-        return operations
-    for key in sorted(before.keys() | after.keys()):
-        path = "/metadata/annotations/" + key.replace("~", "~0").replace("/", "~1")
-        if key not in after:
-            operations.append({"op": "remove", "path": path})
-        elif before.get(key) != after[key]:
-            operations.append({"op": "add", "path": path, "value": after[key]})
-    return operations
-
-
-def _sidecar_container(
-    namespace: str, config: LockConfig, settings: OperatorSettings, uid: int
-) -> dict[str, Any]:
-    return {
-        "name": contract.SIDECAR_CONTAINER,
-        "image": settings.sidecar_image,
-        "imagePullPolicy": settings.sidecar_image_pull_policy,
-        "command": list(SIDECAR_COMMAND),
-        "restartPolicy": "Always",
-        "ports": [{"name": "cronlock", "containerPort": contract.SIDECAR_PORT, "protocol": "TCP"}],
-        "env": [
-            _env(contract.ENV_LEASE, f"{namespace}/{config.lease_name}"),
-            _env(contract.ENV_TTL, format_duration(config.ttl_seconds)),
-            _env(contract.ENV_RENEW, format_duration(config.renew_seconds)),
-            _env(contract.ENV_POLICY, config.policy),
-            _env(contract.ENV_WAIT_TIMEOUT, format_duration(config.wait_timeout_seconds)),
-            _env(contract.ENV_STOP, config.stop),
-            _env(contract.ENV_KILL_GRACE, format_duration(config.kill_grace_seconds)),
-            _env(contract.ENV_SKEW, format_duration(config.skew_seconds)),
-            _env(contract.ENV_PORT, str(contract.SIDECAR_PORT)),
-            _env(contract.ENV_RUN_DIR, contract.RUN_DIR),
-            _field_env(contract.ENV_POD_NAME, "metadata.name"),
-            _field_env(contract.ENV_POD_UID, "metadata.uid"),
-            _field_env(contract.ENV_POD_NAMESPACE, "metadata.namespace"),
-            _field_env(contract.ENV_JOB_NAME, f"metadata.labels['{contract.JOB_NAME_LABEL}']"),
-        ],
-        "resources": copy.deepcopy(dict(_RESOURCES)),
-        "securityContext": _security_context(uid),
-        "volumeMounts": [{"name": contract.VOLUME_NAME, "mountPath": contract.RUN_DIR}],
-    }
-
-
-def _gate_container(config: LockConfig, settings: OperatorSettings) -> dict[str, Any]:
-    return {
-        "name": contract.GATE_CONTAINER,
-        "image": settings.sidecar_image,
-        "imagePullPolicy": settings.sidecar_image_pull_policy,
-        "command": list(GATE_COMMAND),
-        "env": [
-            _env(contract.ENV_RUN_DIR, contract.RUN_DIR),
-            _env(contract.ENV_WAIT_TIMEOUT, format_duration(config.wait_timeout_seconds)),
-        ],
-        "resources": copy.deepcopy(dict(_RESOURCES)),
-        "securityContext": _security_context(SIDECAR_UID),
-        "volumeMounts": [{"name": contract.VOLUME_NAME, "mountPath": contract.RUN_DIR}],
-    }
-
-
-def _held_probe(config: LockConfig) -> dict[str, Any]:
-    return {
-        "httpGet": {"path": contract.HELD_PATH, "port": contract.SIDECAR_PORT},
-        "periodSeconds": PROBE_PERIOD_SECONDS,
-        "failureThreshold": 1,
-        "timeoutSeconds": PROBE_TIMEOUT_SECONDS,
-        "terminationGracePeriodSeconds": config.kill_grace_seconds,
-    }
-
-
-def _security_context(uid: int) -> dict[str, Any]:
-    return {
-        "runAsNonRoot": True,
-        "runAsUser": uid,
-        "runAsGroup": SIDECAR_UID,
-        "allowPrivilegeEscalation": False,
-        "capabilities": {"drop": ["ALL"]},
-        "readOnlyRootFilesystem": True,
-        "seccompProfile": {"type": "RuntimeDefault"},
-    }
-
-
-def _env(name: str, value: str) -> dict[str, Any]:
-    return {"name": name, "value": value}
-
-
-def _field_env(name: str, field_path: str) -> dict[str, Any]:
-    return {"name": name, "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": field_path}}}
-
-
 def _user_uid(pod_spec: Mapping[str, Any]) -> int | None:
     """The UID the user's containers run as, when the pod spec says: pod level, else first."""
     pod_uid = (pod_spec.get("securityContext") or {}).get("runAsUser")
@@ -463,27 +326,9 @@ def _check_signal_uids(pod_spec: Mapping[str, Any]) -> None:
 def _user_containers(pod_spec: Mapping[str, Any]) -> Iterator[dict[str, Any]]:
     """The user's init containers and containers (cronlock's own are skipped)."""
     for container in pod_spec.get("initContainers") or []:
-        if not _is_injected_container(container):
+        if not is_injected_container(container):
             yield container
     yield from pod_spec.get("containers") or []
-
-
-def _is_injected_container(container: Mapping[str, Any]) -> bool:
-    command = container.get("command") or []
-    return container.get("name") in contract.INJECTED_CONTAINERS and tuple(command) in (
-        SIDECAR_COMMAND,
-        GATE_COMMAND,
-    )
-
-
-def _is_skip_rule(rule: Mapping[str, Any]) -> bool:
-    exit_codes: Mapping[str, Any] = rule.get("onExitCodes") or {}
-    return (
-        rule.get("action") == "FailJob"
-        and exit_codes.get("containerName") == contract.GATE_CONTAINER
-        and exit_codes.get("operator") == "In"
-        and exit_codes.get("values") == [contract.EXIT_SKIPPED]
-    )
 
 
 def _is_whole_number(value: Any) -> TypeGuard[int]:
@@ -493,81 +338,3 @@ def _is_whole_number(value: Any) -> TypeGuard[int]:
 def _drop_if_empty(node: dict[str, Any], key: str) -> None:
     if key in node and not node[key]:
         del node[key]
-
-
-def _job_template(cronjob: Mapping[str, Any]) -> Mapping[str, Any]:
-    job_template: Mapping[str, Any] = (cronjob.get("spec") or {}).get("jobTemplate") or {}
-    return job_template
-
-
-def _annotations(cronjob: Mapping[str, Any]) -> Mapping[str, str]:
-    annotations: Mapping[str, str] = (cronjob.get("metadata") or {}).get("annotations") or {}
-    return annotations
-
-
-def _without_server_defaults(actual: Mapping[str, Any], desired: Mapping[str, Any]) -> Any:
-    """`actual` with the keys inside cronlock's pieces that `desired` does not set removed."""
-    result: dict[str, Any] = copy.deepcopy(dict(actual))
-    actual_pod = (((result.get("spec") or {}).get("template") or {}).get("spec")) or {}
-    desired_pod: Mapping[str, Any] = (
-        ((desired.get("spec") or {}).get("template") or {}).get("spec")
-    ) or {}
-
-    desired_containers = {
-        container.get("name"): container
-        for container in [
-            *desired_pod.get("initContainers", []),
-            *desired_pod.get("containers", []),
-        ]
-    }
-    for key in ("initContainers", "containers"):
-        for index, container in enumerate(actual_pod.get(key) or []):
-            wanted = desired_containers.get(container.get("name"))
-            if wanted is None:
-                continue
-            if _is_injected_container(container):
-                actual_pod[key][index] = _project(container, wanted)
-                continue
-            if "livenessProbe" in container and is_cronlock_probe(wanted.get("livenessProbe")):
-                container["livenessProbe"] = _project(
-                    container["livenessProbe"], wanted["livenessProbe"]
-                )
-            wanted_mounts = {mount.get("name"): mount for mount in wanted.get("volumeMounts", [])}
-            for mount_index, mount in enumerate(container.get("volumeMounts") or []):
-                if (
-                    mount.get("name") == contract.VOLUME_NAME
-                    and contract.VOLUME_NAME in wanted_mounts
-                ):
-                    container["volumeMounts"][mount_index] = _project(
-                        mount, wanted_mounts[contract.VOLUME_NAME]
-                    )
-    wanted_volumes = {volume.get("name"): volume for volume in desired_pod.get("volumes", [])}
-    for index, volume in enumerate(actual_pod.get("volumes") or []):
-        if volume.get("name") == contract.VOLUME_NAME and contract.VOLUME_NAME in wanted_volumes:
-            actual_pod["volumes"][index] = _project(volume, wanted_volumes[contract.VOLUME_NAME])
-    actual_rules = ((result.get("spec") or {}).get("podFailurePolicy") or {}).get("rules") or []
-    for index, rule in enumerate(actual_rules):
-        if _is_skip_rule(rule):
-            actual_rules[index] = _project(rule, _SKIP_RULE)
-    return result
-
-
-def _project(actual: Any, desired: Any) -> Any:
-    """`actual` cut down to the keys `desired` has, recursively."""
-    if isinstance(actual, Mapping) and isinstance(desired, Mapping):
-        return {
-            key: _project(value, desired[key]) for key, value in actual.items() if key in desired
-        }
-    if isinstance(actual, list) and isinstance(desired, list) and len(actual) == len(desired):
-        return [_project(item, wanted) for item, wanted in zip(actual, desired, strict=True)]
-    return actual
-
-
-def _normalized(value: Any) -> Any:
-    """`value` without nulls, empty maps and empty lists, which the API server omits."""
-    if isinstance(value, Mapping):
-        kept = {key: _normalized(item) for key, item in value.items()}
-        return {key: item for key, item in kept.items() if item not in (None, {}, [])}
-    if isinstance(value, list):
-        return [_normalized(item) for item in value]
-    return value

@@ -12,10 +12,9 @@ from cronlock_operator.config import InvalidConfig, LockConfig, OperatorSettings
 from cronlock_operator.injection import (
     build_injection,
     desired_cronjob,
-    injection_patch,
-    needs_patch,
     revert,
 )
+from cronlock_operator.patching import injection_patch, needs_patch
 from tests.support.cronjobs import (
     NEW_SETTINGS,
     SETTINGS,

@@ -1,0 +1,137 @@
+"""The pieces injection adds to a pod: the sidecar, the gate, the probe and the skip rule.
+
+Every injected container runs under restricted pod security (non-root numeric UID, no
+privilege escalation, all capabilities dropped, read-only root, RuntimeDefault seccomp).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from typing import Any, Final
+
+from cronlock_operator.config import (
+    PROBE_PERIOD_SECONDS,
+    PROBE_TIMEOUT_SECONDS,
+    LockConfig,
+    OperatorSettings,
+)
+from cronlock_sidecar import contract
+from cronlock_sidecar.durations import format_duration
+
+SIDECAR_COMMAND: Final = ("cronlock-sidecar", "hold")
+GATE_COMMAND: Final = ("cronlock-sidecar", "gate")
+# The injected containers' UID when nothing asks for another (distroless "nonroot").
+SIDECAR_UID: Final = 65532
+RESOURCES: Final[Mapping[str, Any]] = {
+    "requests": {"cpu": "10m", "memory": "32Mi"},
+    "limits": {"memory": "64Mi"},
+}
+VOLUME: Final[Mapping[str, Any]] = {
+    "name": contract.VOLUME_NAME,
+    "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"},
+}
+SKIP_RULE: Final[Mapping[str, Any]] = {
+    "action": "FailJob",
+    "onExitCodes": {
+        "containerName": contract.GATE_CONTAINER,
+        "operator": "In",
+        "values": [contract.EXIT_SKIPPED],
+    },
+}
+
+
+def sidecar_container(
+    namespace: str, config: LockConfig, settings: OperatorSettings, uid: int
+) -> dict[str, Any]:
+    return {
+        "name": contract.SIDECAR_CONTAINER,
+        "image": settings.sidecar_image,
+        "imagePullPolicy": settings.sidecar_image_pull_policy,
+        "command": list(SIDECAR_COMMAND),
+        "restartPolicy": "Always",
+        "ports": [{"name": "cronlock", "containerPort": contract.SIDECAR_PORT, "protocol": "TCP"}],
+        "env": [
+            _env(contract.ENV_LEASE, f"{namespace}/{config.lease_name}"),
+            _env(contract.ENV_TTL, format_duration(config.ttl_seconds)),
+            _env(contract.ENV_RENEW, format_duration(config.renew_seconds)),
+            _env(contract.ENV_POLICY, config.policy),
+            _env(contract.ENV_WAIT_TIMEOUT, format_duration(config.wait_timeout_seconds)),
+            _env(contract.ENV_STOP, config.stop),
+            _env(contract.ENV_KILL_GRACE, format_duration(config.kill_grace_seconds)),
+            _env(contract.ENV_SKEW, format_duration(config.skew_seconds)),
+            _env(contract.ENV_PORT, str(contract.SIDECAR_PORT)),
+            _env(contract.ENV_RUN_DIR, contract.RUN_DIR),
+            _field_env(contract.ENV_POD_NAME, "metadata.name"),
+            _field_env(contract.ENV_POD_UID, "metadata.uid"),
+            _field_env(contract.ENV_POD_NAMESPACE, "metadata.namespace"),
+            _field_env(contract.ENV_JOB_NAME, f"metadata.labels['{contract.JOB_NAME_LABEL}']"),
+        ],
+        "resources": copy.deepcopy(dict(RESOURCES)),
+        "securityContext": security_context(uid),
+        "volumeMounts": [{"name": contract.VOLUME_NAME, "mountPath": contract.RUN_DIR}],
+    }
+
+
+def gate_container(config: LockConfig, settings: OperatorSettings) -> dict[str, Any]:
+    return {
+        "name": contract.GATE_CONTAINER,
+        "image": settings.sidecar_image,
+        "imagePullPolicy": settings.sidecar_image_pull_policy,
+        "command": list(GATE_COMMAND),
+        "env": [
+            _env(contract.ENV_RUN_DIR, contract.RUN_DIR),
+            _env(contract.ENV_WAIT_TIMEOUT, format_duration(config.wait_timeout_seconds)),
+        ],
+        "resources": copy.deepcopy(dict(RESOURCES)),
+        "securityContext": security_context(SIDECAR_UID),
+        "volumeMounts": [{"name": contract.VOLUME_NAME, "mountPath": contract.RUN_DIR}],
+    }
+
+
+def held_probe(config: LockConfig) -> dict[str, Any]:
+    return {
+        "httpGet": {"path": contract.HELD_PATH, "port": contract.SIDECAR_PORT},
+        "periodSeconds": PROBE_PERIOD_SECONDS,
+        "failureThreshold": 1,
+        "timeoutSeconds": PROBE_TIMEOUT_SECONDS,
+        "terminationGracePeriodSeconds": config.kill_grace_seconds,
+    }
+
+
+def security_context(uid: int) -> dict[str, Any]:
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": uid,
+        "runAsGroup": SIDECAR_UID,
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "readOnlyRootFilesystem": True,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def _env(name: str, value: str) -> dict[str, Any]:
+    return {"name": name, "value": value}
+
+
+def _field_env(name: str, field_path: str) -> dict[str, Any]:
+    return {"name": name, "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": field_path}}}
+
+
+def is_injected_container(container: Mapping[str, Any]) -> bool:
+    command = container.get("command") or []
+    return container.get("name") in contract.INJECTED_CONTAINERS and tuple(command) in (
+        SIDECAR_COMMAND,
+        GATE_COMMAND,
+    )
+
+
+def is_skip_rule(rule: Mapping[str, Any]) -> bool:
+    exit_codes: Mapping[str, Any] = rule.get("onExitCodes") or {}
+    return (
+        rule.get("action") == "FailJob"
+        and exit_codes.get("containerName") == contract.GATE_CONTAINER
+        and exit_codes.get("operator") == "In"
+        and exit_codes.get("values") == [contract.EXIT_SKIPPED]
+    )
