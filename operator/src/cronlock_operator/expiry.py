@@ -15,8 +15,7 @@ from typing import Any
 
 from cronlock_operator.actions import Action, CountRun, CountTakeover, PatchLease, PostEvent
 from cronlock_sidecar import contract
-from cronlock_sidecar.lockmodel import LeaseRecord, read_lease
-from cronlock_sidecar.microtime import format_microtime
+from cronlock_sidecar.lockmodel import LeaseRecord, read_lease, released
 
 
 @dataclass(frozen=True)
@@ -74,10 +73,7 @@ def decide(
     record = read_lease(lease)
     if (record.holder, record.renew_time_text) != (seen.holder, seen.renew_time):
         return []  # it renewed (or changed hands) after all; the next event updates us
-    metadata = lease["metadata"]
-    annotations = dict(metadata.get("annotations") or {})
-    annotations[contract.ANNOTATION_LAST_HOLDER] = seen.holder
-    annotations[contract.ANNOTATION_RELEASED_AT] = format_microtime(wall_now)
+    annotations = released(lease, seen.holder, wall_now)["metadata"]["annotations"]
     message = (
         f"lease {record.namespace}/{record.name} held by {seen.holder} was not renewed for "
         f"{now - seen.seen_at:.0f}s (duration {seen.duration}s); cleared so the next run can "

@@ -17,9 +17,9 @@ from cronlock_sidecar.lease import (
     LeaseKeeper,
     RenewOutcome,
     RenewResult,
-    acquire,
 )
 from cronlock_sidecar.options import Options
+from cronlock_sidecar.policy import acquire
 from cronlock_sidecar.processes import PROC, terminate_then_kill, visible_pids
 from cronlock_sidecar.rundir import read_decision, write_decision
 from cronlock_sidecar.transport import ApiError, LeaseTransport

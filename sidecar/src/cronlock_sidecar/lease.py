@@ -2,24 +2,26 @@
 
 from __future__ import annotations
 
-import copy
 import enum
 import logging
 import math
 import threading
 import time
-from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import NamedTuple, Protocol
 
 from cronlock_sidecar.contract import (
-    ANNOTATION_HOLDER_JOB,
-    ANNOTATION_LAST_HOLDER,
-    ANNOTATION_RELEASED_AT,
     LABEL_MANAGED_BY,
     MANAGED_BY,
 )
-from cronlock_sidecar.lockmodel import Timing, is_expired, read_lease
+from cronlock_sidecar.lockmodel import (
+    Timing,
+    claimed,
+    is_expired,
+    read_lease,
+    released,
+    renewed,
+)
 from cronlock_sidecar.microtime import format_microtime
 from cronlock_sidecar.transport import (
     ApiError,
@@ -241,7 +243,7 @@ class LeaseKeeper:
             },
             "spec": {},
         }
-        body = self._claimed(body, now)
+        body = claimed(body, self.identity, self.timing, now, self.job_name)
         sent = self.clock.monotonic()
         try:
             written = self.transport.create(self.lease, body)
@@ -253,14 +255,14 @@ class LeaseKeeper:
         holder = holder_of(current)
         now = self.clock.now()
         if holder == self.identity:
-            body = self._renewed(current, now)
+            body = renewed(current, self.timing, now)
             reason = "resumed"
         else:
             reason_or_busy = self._free_reason(current, holder, now)
             if isinstance(reason_or_busy, Busy):
                 return reason_or_busy
             reason = reason_or_busy
-            body = self._claimed(current, now)
+            body = claimed(current, self.identity, self.timing, now, self.job_name)
         sent = self.clock.monotonic()
         try:
             written = self.transport.replace(self.lease, body)
@@ -301,31 +303,6 @@ class LeaseKeeper:
         )
         return acquired
 
-    def _claimed(self, current: Lease, now: datetime) -> Lease:
-        body = copy.deepcopy(current)
-        spec = body.setdefault("spec", {})
-        stamp = format_microtime(now)
-        spec["holderIdentity"] = self.identity
-        spec["acquireTime"] = stamp
-        spec["renewTime"] = stamp
-        spec["leaseDurationSeconds"] = self.timing.lease_duration_seconds
-        spec["leaseTransitions"] = read_lease(current).transitions + 1
-        metadata = body.setdefault("metadata", {})
-        annotations = dict(metadata.get("annotations") or {})
-        if self.job_name:
-            annotations[ANNOTATION_HOLDER_JOB] = self.job_name
-        else:
-            annotations.pop(ANNOTATION_HOLDER_JOB, None)
-        metadata["annotations"] = annotations
-        return body
-
-    def _renewed(self, current: Lease, now: datetime) -> Lease:
-        body = copy.deepcopy(current)
-        spec = body.setdefault("spec", {})
-        spec["renewTime"] = format_microtime(now)
-        spec["leaseDurationSeconds"] = self.timing.lease_duration_seconds
-        return body
-
     # --- renew -----------------------------------------------------------------
     def renew(self) -> RenewResult:
         """One guarded renew; a Lease that names another holder is lost at once."""
@@ -333,7 +310,7 @@ class LeaseKeeper:
             if not self._held or self._closing or self._record is None:
                 return RenewResult(RenewOutcome.LOST, "not held")
             record = self._record
-        body = self._renewed(record, self.clock.now())
+        body = renewed(record, self.timing, self.clock.now())
         sent = self.clock.monotonic()
         try:
             written = self.transport.replace(self.lease, body)
@@ -355,7 +332,7 @@ class LeaseKeeper:
         holder = holder_of(current)
         if holder != self.identity:
             return self._mark_lost(f"now held by {holder or 'nobody'}", taken=True)
-        body = self._renewed(current, self.clock.now())
+        body = renewed(current, self.timing, self.clock.now())
         sent = self.clock.monotonic()
         try:
             written = self.transport.replace(self.lease, body)
@@ -399,7 +376,11 @@ class LeaseKeeper:
                 )
                 return False
             try:
-                self.transport.replace(self.lease, self._released(current), timeout=remaining)
+                self.transport.replace(
+                    self.lease,
+                    released(current, self.identity, self.clock.now()),
+                    timeout=remaining,
+                )
             except Conflict:
                 current_or_none = self._reread_for_release(remaining)
                 if current_or_none is None:
@@ -428,43 +409,3 @@ class LeaseKeeper:
                 self._taken_by_other = True
             return None
         return current
-
-    def _released(self, current: Lease) -> Lease:
-        body = copy.deepcopy(current)
-        spec = body.setdefault("spec", {})
-        spec.pop("holderIdentity", None)
-        metadata = body.setdefault("metadata", {})
-        annotations = dict(metadata.get("annotations") or {})
-        annotations.pop(ANNOTATION_HOLDER_JOB, None)
-        annotations[ANNOTATION_LAST_HOLDER] = self.identity
-        annotations[ANNOTATION_RELEASED_AT] = format_microtime(self.clock.now())
-        metadata["annotations"] = annotations
-        return body
-
-
-def acquire(
-    keeper: LeaseKeeper,
-    *,
-    wait: bool,
-    wait_timeout: float,
-    pause: Callable[[float], bool],
-) -> Acquired | Busy:
-    """Decide under a policy: skip at once, or retry until `wait_timeout` has passed.
-
-    `pause(seconds)` sleeps and returns True when the caller was asked to stop.
-    """
-    started = keeper.clock.monotonic()
-    retry_every = min(keeper.timing.renew, 1.0)
-    announced = False
-    while True:
-        result = keeper.try_acquire()
-        if isinstance(result, Acquired) or not wait:
-            return result
-        left = started + wait_timeout - keeper.clock.monotonic()
-        if left <= 0:
-            return result
-        if not announced:
-            log.info("lease %s held by %s; waiting up to %.0fs", keeper.lease, result.holder, left)
-            announced = True
-        if pause(min(retry_every, left)):
-            return result

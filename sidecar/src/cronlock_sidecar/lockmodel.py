@@ -10,6 +10,7 @@ float rounding. Standard library only: it is on the sidecar's start-up path.
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Mapping
 from datetime import datetime, timedelta
@@ -24,7 +25,7 @@ from cronlock_sidecar.contract import (
     LABEL_MANAGED_BY,
     MANAGED_BY,
 )
-from cronlock_sidecar.microtime import MicroTimeError, parse_microtime
+from cronlock_sidecar.microtime import MicroTimeError, format_microtime, parse_microtime
 
 # A holder that has not renewed for 2/3 of the ttl (on its own monotonic clock) gives up.
 RENEW_DEADLINE_NUMERATOR = 2
@@ -223,6 +224,53 @@ def is_expired(record: LeaseRecord, now: datetime, skew_seconds: float) -> bool:
     if renewed is None:
         return True
     return (now - renewed).total_seconds() > (record.duration_seconds or 0) + skew_seconds
+
+
+# --- what a holder writes ------------------------------------------------------------
+def claimed(
+    current: Mapping[str, Any], identity: str, timing: Timing, now: datetime, job_name: str
+) -> dict[str, Any]:
+    """`current` taken by `identity`: acquire and renew time now, one more transition."""
+    body = copy.deepcopy(dict(current))
+    spec = body.setdefault("spec", {})
+    stamp = format_microtime(now)
+    spec["holderIdentity"] = identity
+    spec["acquireTime"] = stamp
+    spec["renewTime"] = stamp
+    spec["leaseDurationSeconds"] = timing.lease_duration_seconds
+    spec["leaseTransitions"] = read_lease(current).transitions + 1
+    metadata = body.setdefault("metadata", {})
+    annotations = dict(metadata.get("annotations") or {})
+    if job_name:
+        annotations[ANNOTATION_HOLDER_JOB] = job_name
+    else:
+        annotations.pop(ANNOTATION_HOLDER_JOB, None)
+    metadata["annotations"] = annotations
+    return body
+
+
+def renewed(current: Mapping[str, Any], timing: Timing, now: datetime) -> dict[str, Any]:
+    """`current` renewed now by its holder."""
+    body = copy.deepcopy(dict(current))
+    spec = body.setdefault("spec", {})
+    spec["renewTime"] = format_microtime(now)
+    spec["leaseDurationSeconds"] = timing.lease_duration_seconds
+    return body
+
+
+def released(current: Mapping[str, Any], holder: str, now: datetime) -> dict[str, Any]:
+    """`current` given back (or cleared) on behalf of `holder`: no holder, the transitions
+    kept, and who held it last and when it was released on record."""
+    body = copy.deepcopy(dict(current))
+    spec = body.setdefault("spec", {})
+    spec.pop("holderIdentity", None)
+    metadata = body.setdefault("metadata", {})
+    annotations = dict(metadata.get("annotations") or {})
+    annotations.pop(ANNOTATION_HOLDER_JOB, None)
+    annotations[ANNOTATION_LAST_HOLDER] = holder
+    annotations[ANNOTATION_RELEASED_AT] = format_microtime(now)
+    metadata["annotations"] = annotations
+    return body
 
 
 def _mapping(value: object) -> Mapping[str, Any]:

@@ -19,8 +19,9 @@ from cronlock_sidecar.contract import (
     EXIT_UNAVAILABLE,
 )
 from cronlock_sidecar.heartbeat import Heartbeat
-from cronlock_sidecar.lease import Acquired, Clock, LeaseKeeper, RenewOutcome, RenewResult, acquire
+from cronlock_sidecar.lease import Acquired, Clock, LeaseKeeper, RenewOutcome, RenewResult
 from cronlock_sidecar.options import Options
+from cronlock_sidecar.policy import acquire
 from cronlock_sidecar.processes import stop_group
 from cronlock_sidecar.stopping import StopPipe
 from cronlock_sidecar.transport import ApiError, LeaseTransport

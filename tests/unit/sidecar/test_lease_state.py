@@ -14,7 +14,8 @@ from cronlock_sidecar.contract import (
     ANNOTATION_LAST_HOLDER,
     ANNOTATION_RELEASED_AT,
 )
-from cronlock_sidecar.lease import Acquired, Busy, LeaseKeeper, RenewOutcome, acquire
+from cronlock_sidecar.lease import Acquired, Busy, LeaseKeeper, RenewOutcome
+from cronlock_sidecar.policy import acquire
 from cronlock_sidecar.transport import Conflict, Forbidden, NotFound, Unavailable
 
 if TYPE_CHECKING:
