@@ -3,7 +3,8 @@
 Both sides run in one session against the same local control plane, each on its own
 freshly created CronJobs, so the ratio compares like with like:
 - baseline: a plain Python client with as many threads as the operator has workers
-  sends one JSON patch per CronJob (the least API work an injection can take);
+  makes the operator's writes: per namespace the holder Role and RoleBinding, per
+  CronJob the Lease, the JSON patch with its injection and the `Injected` Event;
 - operator: the real `cronlock-operator` starts with N annotated CronJobs waiting and
   does everything it does for users (Lease, holder RBAC, patch, Event).
 Then, with nothing changing, it counts the writes the operator makes while idle and
@@ -13,6 +14,7 @@ across a restart (goal: zero).
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import sys
@@ -26,9 +28,14 @@ from typing import Any
 import kubernetes
 import urllib3
 
+from cronlock_operator import rbac
 from cronlock_operator.config import OperatorSettings, parse_config
+from cronlock_operator.cronjobs import describe
 from cronlock_operator.injection import build_injection
+from cronlock_operator.kube import Kube
 from cronlock_operator.patching import injection_patch
+from cronlock_operator.rbac import Guard
+from cronlock_sidecar import contract
 from tests.operator_process import OperatorProcess
 from tests.support.controlplane import started
 
@@ -95,31 +102,46 @@ def delete_namespaces(api: kubernetes.client.ApiClient, namespaces: set[str]) ->
 
 
 def baseline(api: kubernetes.client.ApiClient, names: list[tuple[str, str]]) -> float:
-    """Seconds for a plain client to patch every CronJob once with its injection."""
-    batch = kubernetes.client.BatchV1Api(api)
-    settings = OperatorSettings(sidecar_image="ghcr.io/cronlock/cronlock:0.1.0")
-    patches = []
-    for namespace, name in names:
-        stored = json.loads(
-            batch.read_namespaced_cron_job(name, namespace, _preload_content=False).data
-        )
-        stored["metadata"]["annotations"] = {"cronlock.io/enabled": "true"}
-        desired = build_injection(stored, parse_config(stored, settings), settings)
-        # The same job template change the operator makes, without the opt-in annotation,
-        # so these CronJobs are not the operator's business afterwards.
-        operations = injection_patch(stored, desired)
-        patches.append(
-            (namespace, name, [op for op in operations if "annotations" not in op["path"]])
-        )
+    """Seconds for a plain client to make the operator's writes for every CronJob.
 
-    def patch(item: tuple[str, str, list[dict[str, Any]]]) -> None:
-        batch.patch_namespaced_cron_job(
-            item[1], item[0], item[2], _content_type="application/json-patch+json"
-        )
+    The same writes, through the same client calls (`Kube`): per namespace the holder Role
+    and RoleBinding, per CronJob the Lease, the JSON patch with its injection and the
+    `Injected` Event, with as many threads as the operator has workers. Without the
+    opt-in annotation, so these CronJobs are not the operator's business afterwards.
+    """
+    kube = Kube(api)
+    settings = OperatorSettings(sidecar_image="ghcr.io/cronlock/cronlock:0.1.0")
+    work = []
+    for namespace, name in names:
+        stored = kube.read_cronjob(namespace, name)
+        assert stored is not None
+        opted_in = copy.deepcopy(stored)
+        opted_in["metadata"]["annotations"] = {"cronlock.io/enabled": "true"}
+        config = parse_config(opted_in, settings)
+        desired = build_injection(opted_in, config, settings)
+        operations = injection_patch(stored, desired)
+        patch = [op for op in operations if "annotations" not in op["path"]]
+        work.append((namespace, name, stored, config, patch))
+    by_namespace: dict[str, set[Guard]] = {}
+    for namespace, name in names:
+        by_namespace.setdefault(namespace, set()).add(Guard(contract.lease_name(name), "default"))
+    rbac_actions = [
+        rbac.decide(namespace, guards, None)[1][0] for namespace, guards in by_namespace.items()
+    ]
+
+    def rbac_write(action: Any) -> None:
+        kube.write_holder_rbac(action.namespace, action.roles, action.bindings)
+
+    def inject(item: tuple[str, str, dict[str, Any], Any, list[dict[str, Any]]]) -> None:
+        namespace, name, stored, config, patch = item
+        kube.ensure_lease(namespace, config.lease_name, stored, config, None)
+        kube.patch_cronjob(namespace, name, patch)
+        kube.post_event(stored, "Injected", describe(config))
 
     start = time.monotonic()
     with ThreadPoolExecutor(WORKERS) as pool:
-        list(pool.map(patch, patches))
+        list(pool.map(rbac_write, rbac_actions))
+        list(pool.map(inject, work))
     return time.monotonic() - start
 
 
