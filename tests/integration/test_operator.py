@@ -14,6 +14,7 @@ from tests.kube import finish_pod, wait_for
 from tests.operator_process import OperatorProcess, wait_settled
 from tests.support.controlplane import ControlPlane, ServiceAccountKubeconfig
 from tests.support.cronjobs import job_from_cronjob
+from tests.support.objects import annotate, batch, events, read, wait_event
 
 GATE = "cronlock-gate"
 
@@ -76,59 +77,9 @@ VARIANTS["several-containers"]["metadata"]["labels"] = {"team": "billing"}
 VARIANTS["several-containers"]["spec"]["jobTemplate"]["metadata"] = {"labels": {"tier": "batch"}}
 
 
-def batch(api: kubernetes.client.ApiClient) -> kubernetes.client.BatchV1Api:
-    return kubernetes.client.BatchV1Api(api)
-
-
-def read(api: kubernetes.client.ApiClient, namespace: str, name: str) -> dict[str, Any]:
-    raw = batch(api).read_namespaced_cron_job(name, namespace)
-    result: dict[str, Any] = api.sanitize_for_serialization(raw)
-    return result
-
-
 def init_names(cronjob: dict[str, Any]) -> list[str]:
     spec = cronjob["spec"]["jobTemplate"]["spec"]["template"]["spec"]
     return [container["name"] for container in spec.get("initContainers") or []]
-
-
-def annotate(
-    api: kubernetes.client.ApiClient, namespace: str, name: str, **values: str | None
-) -> None:
-    batch(api).patch_namespaced_cron_job(
-        name,
-        namespace,
-        {
-            "metadata": {
-                "annotations": {f"cronlock.io/{k.replace('_', '-')}": v for k, v in values.items()}
-            }
-        },
-        _content_type="application/merge-patch+json",
-    )
-
-
-def events(
-    api: kubernetes.client.ApiClient, namespace: str, name: str
-) -> list[tuple[str, str, str]]:
-    items = (
-        kubernetes.client.CoreV1Api(api)
-        .list_namespaced_event(namespace, field_selector=f"involvedObject.name={name}")
-        .items
-    )
-    return [(event.type, event.reason, event.message) for event in items]
-
-
-def wait_event(
-    api: kubernetes.client.ApiClient, namespace: str, name: str, reason: str, count: int = 1
-) -> list[str]:
-    return wait_for(
-        lambda: (
-            found
-            if len(found := [m for _, r, m in events(api, namespace, name) if r == reason]) >= count
-            else None
-        ),
-        timeout=30,
-        what=f"{count} {reason} Event(s) on {namespace}/{name}",
-    )
 
 
 def comparable(cronjob: dict[str, Any]) -> dict[str, Any]:

@@ -62,7 +62,7 @@ def decide(
         message = str(error) + LEFT_AS_IT_WAS
         return CronJobDecision(
             keep_guard=True,
-            before=_once(body, "InvalidConfig", message, posted),
+            before=once(body, "InvalidConfig", message, posted),
             posted={"InvalidConfig": message},
         )
 
@@ -77,7 +77,7 @@ def decide(
             before.append(DropLeaseOwner(namespace, previous.lease, uid))
         warning = ttl_longer_than_gap_warning(config, body["spec"].get("schedule", ""))
         if warning:
-            after.extend(_once(body, "TTLLongerThanSchedule", warning, posted))
+            after.extend(once(body, "TTLLongerThanSchedule", warning, posted))
             updates["TTLLongerThanSchedule"] = warning
     elif previous is not None:
         before.append(DropLeaseOwner(namespace, previous.lease, uid))
@@ -122,7 +122,7 @@ def describe(config: LockConfig) -> str:
     )
 
 
-def _once(
+def once(
     body: Mapping[str, Any], reason: str, message: str, posted: Mapping[str, str]
 ) -> list[Action]:
     """A Warning unless this very message was already posted on this CronJob."""

@@ -42,6 +42,38 @@ def transient_errors(what: str) -> Iterator[None]:
         raise Retry(f"{what}: {error}") from error
 
 
+class Rejected(Exception):
+    """The API server refused what cronlock wrote as invalid: retrying cannot help."""
+
+
+def _invalid_message(error: Any) -> str:
+    """The API server's message for a 422 that names what is invalid; "" for a bare one."""
+    try:
+        status = json.loads(error.body or "")
+    except (TypeError, ValueError):
+        return ""
+    if not isinstance(status, dict) or not (status.get("details") or {}).get("causes"):
+        return ""
+    return str(status.get("message") or "")
+
+
+class NotOurs(Exception):
+    """An object cronlock would write exists, and cronlock did not make it: it is left alone.
+
+    The message names the object and what to do; the CronJob that needed it gets it as a
+    Warning Event and stays as it was. `names` maps each such object's name to its message.
+    """
+
+    def __init__(self, message: str, names: Mapping[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.names = dict(names or {})
+
+
+def _made_by_cronlock(obj: Mapping[str, Any]) -> bool:
+    labels = (obj.get("metadata") or {}).get("labels") or {}
+    return bool(labels.get(contract.LABEL_MANAGED_BY) == contract.MANAGED_BY)
+
+
 def _lease_is_ours(lease: Mapping[str, Any], owner_uid: str, lock: str) -> bool:
     """Labelled as cronlock's Lease for `lock` and owned by this CronJob (among others)."""
     record = read_lease(lease)
@@ -52,6 +84,23 @@ def raw(response: Any) -> dict[str, Any]:
     """The object exactly as the API server sent it (the client's models reformat times)."""
     result: dict[str, Any] = json.loads(response.data)
     return result
+
+
+def _refuse_foreign_lease(lease: Mapping[str, Any], lock: str) -> None:
+    """A Lease of that name that cronlock did not make (or made for another lock)."""
+    record = read_lease(lease)
+    if record.managed and record.lock in (None, lock):
+        return  # ours (labelled before the lock label existed, or for this very lock)
+    why = (
+        f"lacks the label {contract.LABEL_MANAGED_BY}={contract.MANAGED_BY}"
+        if not record.managed
+        else f"is labelled for lock {record.lock}"
+    )
+    raise NotOurs(
+        f"lease {record.namespace}/{record.name} exists and {why}; cronlock does not adopt "
+        f"it, and leaves the CronJob as it was: set {contract.ANNOTATION_LOCK} to another "
+        "lock name, or delete that Lease if nothing else uses it"
+    )
 
 
 def owner_reference(cronjob: Mapping[str, Any]) -> dict[str, Any]:
@@ -77,15 +126,27 @@ class Kube:
 
     # --- CronJobs ------------------------------------------------------------------
     def patch_cronjob(self, namespace: str, name: str, patch: list[dict[str, Any]]) -> bool:
-        """Apply a JSON patch; False when the CronJob is gone."""
-        return self._patch(
-            self.batch.patch_namespaced_cron_job,
-            "patch cronjob",
-            namespace,
-            name,
-            patch,
-            JSON_PATCH,
-        )
+        """Apply a JSON patch; False when the CronJob is gone.
+
+        A 422 with causes is the API server refusing the result (Rejected, permanent); a
+        bare 422 is the patch's resourceVersion test failing (a lost race, retried).
+        """
+        try:
+            return self._patch(
+                self.batch.patch_namespaced_cron_job,
+                "patch cronjob",
+                namespace,
+                name,
+                patch,
+                JSON_PATCH,
+            )
+        except Retry as retry:
+            cause = retry.__cause__
+            if isinstance(cause, kubernetes.client.ApiException) and cause.status == 422:
+                message = _invalid_message(cause)
+                if message:
+                    raise Rejected(message) from cause
+            raise
 
     def annotate_cronjob(
         self, namespace: str, name: str, annotations: Mapping[str, str | None]
@@ -178,6 +239,9 @@ class Kube:
                     raise Retry(f"lease {namespace}/{name} vanished while being created")
                 if _lease_is_ours(current, reference["uid"], config.lock):
                     return
+                _refuse_foreign_lease(current, config.lock)
+            else:
+                _refuse_foreign_lease(cached, config.lock)
             # Strategic merge: ownerReferences merge by uid, so other owners stay.
             try:
                 self.leases.patch_namespaced_lease(
@@ -227,6 +291,8 @@ class Kube:
         lease = self.read_lease(namespace, name)
         if lease is None:
             return
+        if not _made_by_cronlock(lease):
+            return  # not ours to edit, nor to delete
         metadata = lease["metadata"]
         owners = metadata.get("ownerReferences") or []
         keep = [owner for owner in owners if owner.get("uid") != uid]
@@ -263,26 +329,33 @@ class Kube:
         bindings: Sequence[dict[str, Any]],
     ) -> None:
         """Exactly these holder Roles and RoleBindings: each written if it differs, and the
-        labelled ones no guarded CronJob needs any more deleted."""
+        labelled ones no guarded CronJob needs any more deleted.
+
+        A Role or RoleBinding of the same name that cronlock did not make is left alone;
+        the others are written all the same, then NotOurs names the ones left alone.
+        """
+        conflicts: dict[str, str] = {}
         with transient_errors(f"sync rbac in {namespace}"):
-            for role in roles:
-                self._upsert(
-                    self.rbac.read_namespaced_role,
-                    self.rbac.create_namespaced_role,
-                    self.rbac.replace_namespaced_role,
-                    namespace,
-                    role,
-                    ("rules",),
-                )
-            for binding in bindings:
-                self._upsert(
-                    self.rbac.read_namespaced_role_binding,
-                    self.rbac.create_namespaced_role_binding,
-                    self.rbac.replace_namespaced_role_binding,
-                    namespace,
-                    binding,
-                    ("subjects", "roleRef"),
-                )
+            for role, binding in zip(roles, bindings, strict=True):
+                try:
+                    self._upsert(
+                        self.rbac.read_namespaced_role,
+                        self.rbac.create_namespaced_role,
+                        self.rbac.replace_namespaced_role,
+                        namespace,
+                        role,
+                        ("rules",),
+                    )
+                    self._upsert(
+                        self.rbac.read_namespaced_role_binding,
+                        self.rbac.create_namespaced_role_binding,
+                        self.rbac.replace_namespaced_role_binding,
+                        namespace,
+                        binding,
+                        ("subjects", "roleRef"),
+                    )
+                except NotOurs as conflict:
+                    conflicts[role["metadata"]["name"]] = str(conflict)
             wanted = {item["metadata"]["name"] for item in (*roles, *bindings)}
             selector = f"{contract.LABEL_MANAGED_BY}={contract.MANAGED_BY}"
             for listing, delete in (
@@ -297,6 +370,8 @@ class Kube:
                         except kubernetes.client.ApiException as error:
                             if error.status != 404:
                                 raise
+        if conflicts:
+            raise NotOurs("; ".join(conflicts.values()), conflicts)
 
     def _upsert(
         self,
@@ -315,6 +390,14 @@ class Kube:
                 raise
             create(namespace, desired, _preload_content=False)
             return True
+        if not _made_by_cronlock(current):
+            kind = "RoleBinding" if "roleRef" in desired else "Role"
+            raise NotOurs(
+                f"{kind} {namespace}/{name} exists and was not made by cronlock (it lacks the "
+                f"label {contract.LABEL_MANAGED_BY}={contract.MANAGED_BY}); cronlock leaves it "
+                "as it is, so runs of this ServiceAccount get no holder access: rename or "
+                f"delete that {kind}, or give the CronJob another serviceAccountName"
+            )
         if all(current.get(key) == desired[key] for key in fields) and (
             (current["metadata"].get("labels") or {}).items()
             >= desired["metadata"]["labels"].items()

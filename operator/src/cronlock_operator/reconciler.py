@@ -25,7 +25,7 @@ from cronlock_operator.actions import Executor
 from cronlock_operator.cache import ObjectCache
 from cronlock_operator.config import OperatorSettings
 from cronlock_operator.expiry import Observation
-from cronlock_operator.kube import Kube
+from cronlock_operator.kube import Kube, NotOurs, Rejected
 from cronlock_operator.rbac import Guard
 from cronlock_operator.workqueue import Retry, WorkQueue
 from cronlock_sidecar import contract
@@ -34,6 +34,8 @@ from cronlock_sidecar.lockmodel import read_lease
 logger = logging.getLogger(__name__)
 
 Name = tuple[str, str]  # (namespace, name)
+# How often a CronJob refused for a conflict looks again (someone may have fixed it).
+CONFLICT_RECHECK = 60.0
 
 
 @dataclass(frozen=True)
@@ -84,6 +86,10 @@ class Reconciler:
     accounted: set[str] = field(default_factory=set)
     # Per namespace: the guards the holder Roles grant.
     synced_rbac: dict[str, frozenset[Guard]] = field(default_factory=dict)
+    # Per namespace: holder Role name -> why cronlock could not write it (not cronlock's).
+    rbac_conflicts: dict[str, dict[str, str]] = field(default_factory=dict)
+    # CronJobs refused because a Lease or Role they need is not cronlock's.
+    conflicted: set[Name] = field(default_factory=set)
     queue: WorkQueue[Key] = field(init=False)
     executor: Executor = field(init=False)
     _rbac_locks: dict[str, threading.Lock] = field(default_factory=dict)
@@ -169,6 +175,7 @@ class Reconciler:
         key = (namespace, name)
         body = self.cronjobs.get(key)
         if body is None:
+            self.conflicted.discard(key)
             if self.guards.pop(key, None) is not None:
                 metrics.guarded_cronjobs.set(len(self.guards))
                 self.sync_rbac(namespace)
@@ -188,11 +195,45 @@ class Reconciler:
             else:
                 self.guards.pop(key, None)
             metrics.guarded_cronjobs.set(len(self.guards))
-        self.executor.run(decision.before)
-        if decision.sync_rbac:
-            self.sync_rbac(namespace)
-        self.executor.run(decision.after)
-        self._remember_posted(uid, decision.posted)
+        try:
+            self.executor.run(decision.before)
+            if decision.sync_rbac:
+                self.sync_rbac(namespace)
+            if decision.guard is not None:
+                role = rbac.holder_role_name(decision.guard.service_account)
+                conflict = self.rbac_conflicts.get(namespace, {}).get(role)
+                if conflict is not None:
+                    raise NotOurs(conflict)
+        except NotOurs as conflict:
+            self._refuse(key, body, str(conflict))
+            raise Retry(f"cronjob {namespace}/{name}: {conflict}", delay=CONFLICT_RECHECK) from None
+        self.conflicted.discard(key)
+        try:
+            self.executor.run(decision.after)
+        except Rejected as rejected:
+            # Permanent: one Warning and no retry; the CronJob's next change is looked at anew.
+            metrics.reconcile_errors.labels(CronJobKey.kind).inc()
+            message = (
+                f"the API server refused cronlock's change: {rejected}; the CronJob is left "
+                "as it was"
+            )
+            self.executor.run(
+                cronjobs.once(body, "ReconcileError", message, self.posted.get(uid, {}))
+            )
+            self._remember_posted(uid, {**decision.posted, "ReconcileError": message})
+            return
+        self._remember_posted(uid, {**decision.posted, "ReconcileError": None})
+
+    def _refuse(self, key: Name, body: Mapping[str, Any], conflict: str) -> None:
+        """Something it needs is not cronlock's: not guarded, one Warning, left as it was."""
+        self.conflicted.add(key)
+        if self.guards.pop(key, None) is not None:
+            metrics.guarded_cronjobs.set(len(self.guards))
+        uid = body["metadata"]["uid"]
+        message = conflict + "; the CronJob is left as it was"
+        actions = cronjobs.once(body, "Conflict", message, self.posted.get(uid, {}))
+        self.executor.run(actions)
+        self._remember_posted(uid, {"Conflict": message})
 
     def sync_rbac(self, namespace: str) -> None:
         """The holder Roles of a namespace grant exactly its guarded CronJobs' Leases."""
@@ -204,13 +245,22 @@ class Reconciler:
             }
             # CronJobs seen but not yet reconciled join now, so a burst writes the Roles once.
             for body in self.cronjobs.in_namespace(namespace):
+                if _name(body) in self.conflicted:
+                    continue
                 pending = cronjobs.pending_guard(body, self.settings)
                 if pending is not None:
                     guards.add(pending)
             desired, actions = rbac.decide(namespace, guards, self.synced_rbac.get(namespace))
             if not actions:
                 return
-            self.executor.run(actions)
+            try:
+                self.executor.run(actions)
+            except NotOurs as conflict:
+                # Written where it could be; the rest waits for the next change (or recheck).
+                self.rbac_conflicts[namespace] = conflict.names
+                self.synced_rbac.pop(namespace, None)
+                return
+            self.rbac_conflicts.pop(namespace, None)
             self.synced_rbac[namespace] = desired
             logger.info(
                 "holder RBAC in %s: %d leases for %d service accounts",

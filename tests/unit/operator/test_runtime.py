@@ -1,0 +1,103 @@
+"""The operator's runtime between reconciles: conflicts and refusals, without an API server."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from cronlock_operator.kube import NotOurs, Rejected
+from cronlock_operator.reconciler import Reconciler
+from cronlock_operator.workqueue import Retry
+from tests.support.cronjobs import SETTINGS, make_cronjob, server_defaults
+
+
+class FakeKube:
+    """Records writes; `foreign_lease`, `foreign_role` and `reject` fail them as the API would."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, str]] = []
+        self.patches = 0
+        self.rbac_writes: list[tuple[str, ...]] = []
+        self.foreign_lease = False
+        self.foreign_role = ""
+        self.reject = False
+
+    def ensure_lease(self, namespace: str, name: str, *args: Any) -> None:
+        if self.foreign_lease:
+            raise NotOurs(f"lease {namespace}/{name} exists and lacks the label")
+
+    def write_holder_rbac(self, namespace: str, roles: Any, bindings: Any) -> None:
+        names = tuple(role["metadata"]["name"] for role in roles)
+        self.rbac_writes.append(names)
+        if self.foreign_role in names:
+            message = f"Role {namespace}/{self.foreign_role} exists and was not made by cronlock"
+            raise NotOurs(message, {self.foreign_role: message})
+
+    def patch_cronjob(self, namespace: str, name: str, patch: Any) -> bool:
+        if self.reject:
+            raise Rejected('CronJob.batch "report" is invalid: restartPolicy')
+        self.patches += 1
+        return True
+
+    def post_event(self, involved: Any, reason: str, message: str, warning: bool = False) -> None:
+        self.events.append((reason, message))
+
+    def drop_lease_owner(self, *args: Any) -> None:
+        pass
+
+
+def setup(**account: str) -> tuple[Reconciler, FakeKube]:
+    kube = FakeKube()
+    reconciler = Reconciler(kube=kube, settings=SETTINGS)  # type: ignore[arg-type]
+    for name, service_account in {"report": "default", **account}.items():
+        body = server_defaults(make_cronjob(name=name, serviceAccountName=service_account))
+        body["metadata"]["uid"] = f"uid-{name}"
+        reconciler.on_cronjob("ADDED", body)
+    return reconciler, kube
+
+
+def reasons(kube: FakeKube) -> list[str]:
+    return [reason for reason, _ in kube.events]
+
+
+def test_a_foreign_lease_refuses_the_cronjob_once_and_keeps_it_out_of_the_roles() -> None:
+    reconciler, kube = setup(export="default")
+    kube.foreign_lease = True
+    for _ in range(2):  # the periodic recheck finds the same conflict
+        with pytest.raises(Retry):
+            reconciler.reconcile_cronjob("team-a", "report")
+    assert reasons(kube) == ["Conflict"]
+    assert kube.patches == 0
+    assert ("team-a", "report") not in reconciler.guards
+    kube.foreign_lease = False
+    reconciler.reconcile_cronjob("team-a", "export")
+    # The refused CronJob's Lease is granted to nobody, not even as a pending guard.
+    granted = reconciler.synced_rbac["team-a"]
+    assert {guard.lease for guard in granted} == {"cronlock-export"}
+
+    reconciler.reconcile_cronjob("team-a", "report")  # the name was freed meanwhile
+    assert kube.patches == 2
+    assert ("team-a", "report") not in reconciler.conflicted
+
+
+def test_a_foreign_role_holds_back_only_the_cronjobs_of_its_account() -> None:
+    reconciler, kube = setup(export="exporter")
+    kube.foreign_role = "cronlock-holder-default"
+    with pytest.raises(Retry):
+        reconciler.reconcile_cronjob("team-a", "report")
+    reconciler.reconcile_cronjob("team-a", "export")
+    assert reasons(kube) == ["Conflict", "Injected"]
+    assert kube.patches == 1
+    assert all("cronlock-holder-exporter" in names for names in kube.rbac_writes)
+
+
+def test_a_refused_patch_is_one_warning_and_no_retry() -> None:
+    reconciler, kube = setup()
+    kube.reject = True
+    reconciler.reconcile_cronjob("team-a", "report")
+    reconciler.reconcile_cronjob("team-a", "report")
+    assert reasons(kube) == ["ReconcileError"]
+    kube.reject = False
+    reconciler.reconcile_cronjob("team-a", "report")
+    assert reasons(kube) == ["ReconcileError", "Injected"]
