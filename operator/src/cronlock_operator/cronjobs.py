@@ -8,6 +8,7 @@ run's pod never starts under a template whose Lease or Role is not there yet.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Container, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,6 +25,8 @@ from cronlock_operator.injection import desired_cronjob, is_injected
 from cronlock_operator.patching import injection_patch, needs_patch
 from cronlock_operator.rbac import Guard
 from cronlock_operator.schedule import ttl_longer_than_gap_warning
+
+logger = logging.getLogger(__name__)
 
 DEFAULT_SERVICE_ACCOUNT = "default"
 LEFT_AS_IT_WAS = "; the CronJob is left as it was"
@@ -105,9 +108,14 @@ def pending_guard(cronjob: Mapping[str, Any], settings: OperatorSettings) -> Gua
         if not is_enabled(cronjob):
             return None
         config = parse_config(cronjob, settings)
+        return Guard(config.lease_name, service_account(cronjob))
     except InvalidConfig:
         return None
-    return Guard(config.lease_name, service_account(cronjob))
+    except Exception:
+        # Never let one CronJob's input stop the namespace's RBAC: its own reconcile
+        # reports what went wrong, as a ReconcileError Event.
+        logger.exception("pending guard of %s: unexpected error", _name_of(cronjob))
+        return None
 
 
 def service_account(cronjob: Mapping[str, Any]) -> str:
@@ -127,3 +135,8 @@ def once(
 ) -> list[Action]:
     """A Warning unless this very message was already posted on this CronJob."""
     return [] if posted.get(reason) == message else [PostEvent(body, reason, message, warning=True)]
+
+
+def _name_of(cronjob: Mapping[str, Any]) -> str:
+    metadata = cronjob.get("metadata") or {}
+    return f"{metadata.get('namespace')}/{metadata.get('name')}"

@@ -170,6 +170,32 @@ class Reconciler:
         except Retry:
             metrics.reconcile_errors.labels(key.kind).inc()
             raise
+        except Exception as error:
+            # A bug or an input nothing foresaw: counted, told to the CronJob it is about,
+            # retried with backoff; the other keys go on as before.
+            metrics.reconcile_errors.labels(key.kind).inc()
+            if isinstance(key, CronJobKey | RunsKey):
+                name = key.name if isinstance(key, CronJobKey) else key.cronjob
+                await asyncio.to_thread(self._report_error, key.namespace, name, error)
+            raise
+
+    def _report_error(self, namespace: str, name: str, error: Exception) -> None:
+        body = self.cronjobs.get((namespace, name))
+        if body is None:
+            return
+        uid = body["metadata"]["uid"]
+        message = (
+            f"cronlock could not reconcile this CronJob ({type(error).__name__}: {error}); "
+            "retrying with backoff, the CronJob is left as it was"
+        )
+        try:
+            self.executor.run(
+                cronjobs.once(body, "ReconcileError", message, self.posted.get(uid, {}))
+            )
+        except Exception:
+            logger.exception("could not post ReconcileError on %s/%s", namespace, name)
+            return
+        self._remember_posted(uid, {"ReconcileError": message})
 
     def reconcile_cronjob(self, namespace: str, name: str) -> None:
         key = (namespace, name)

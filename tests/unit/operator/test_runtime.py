@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
 
 from cronlock_operator.kube import NotOurs, Rejected
 from cronlock_operator.reconciler import Reconciler
@@ -101,3 +104,55 @@ def test_a_refused_patch_is_one_warning_and_no_retry() -> None:
     kube.reject = False
     reconciler.reconcile_cronjob("team-a", "report")
     assert reasons(kube) == ["ReconcileError", "Injected"]
+
+
+KEYS = [
+    "cronlock.io/enabled",
+    "cronlock.io/lock",
+    "cronlock.io/ttl",
+    "cronlock.io/renew",
+    "cronlock.io/policy",
+    "cronlock.io/wait-timeout",
+    "cronlock.io/stop",
+    "cronlock.io/alert-after",
+    "cronlock.io/keep-skipped-jobs",
+    "cronlock.io/consecutive-skips",
+    "cronlock.io/original-restart-policy",
+    "cronlock.io/original-share-process-namespace",
+    "cronlock.io/original-termination-grace-period-seconds",
+    "cronlock.io/unknown",
+]
+VALUES = st.one_of(
+    st.text(max_size=40),
+    st.sampled_from(["true", "false", "", "0", "-1", "1e9", "9" * 5000, "30s", "1h", "wait"]),
+    st.integers(min_value=0, max_value=10**30).map(str),
+)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    annotations=st.one_of(
+        st.dictionaries(st.sampled_from(KEYS), VALUES, max_size=1),
+        st.dictionaries(st.sampled_from(KEYS), VALUES, max_size=6),
+    )
+)
+@example(annotations={"cronlock.io/alert-after": "9" * 5000})
+@example(annotations={"cronlock.io/consecutive-skips": "9" * 5000})
+@example(annotations={"cronlock.io/original-termination-grace-period-seconds": "9" * 5000})
+@example(annotations={"cronlock.io/original-restart-policy": "Always"})
+def test_no_annotation_on_one_cronjob_stops_another_in_its_namespace(
+    annotations: dict[str, str],
+) -> None:
+    """Fuzzed: whatever one CronJob carries, reconciling it ends normally, with an Event
+    or with a retry, and the next CronJob of the namespace is injected as usual."""
+    reconciler, kube = setup(export="default")
+    hostile = reconciler.cronjobs.get(("team-a", "report"))
+    assert hostile is not None
+    hostile["metadata"]["annotations"] = {"cronlock.io/enabled": "true", **annotations}
+    reconciler.on_cronjob("MODIFIED", hostile)
+    with contextlib.suppress(Retry):
+        reconciler.reconcile_cronjob("team-a", "report")
+    reconciler.reconcile_cronjob("team-a", "export")
+    assert kube.events[-1][0] == "Injected"
+    assert ("team-a", "export") in reconciler.guards
+    assert any(guard.lease == "cronlock-export" for guard in reconciler.synced_rbac["team-a"])
