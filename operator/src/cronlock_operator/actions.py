@@ -8,7 +8,7 @@ follows (an Event saying it happened) would no longer be true.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -124,11 +124,33 @@ Action = (
 )
 
 
-class Executor:
-    """Carries out actions through one `Kube`; nothing here decides anything."""
+Written = Callable[[dict[str, Any]], None]
+PostEventCall = Callable[[Mapping[str, Any], str, str, bool], None]
 
-    def __init__(self, kube: Kube) -> None:
+
+def _ignore(body: dict[str, Any]) -> None:
+    pass
+
+
+class Executor:
+    """Carries out actions through one `Kube`; nothing here decides anything.
+
+    `cronjob_written` and `lease_written` hear what the API server answered to a CronJob
+    patch or a Lease write, so the runtime knows its own writes before the watch shows them.
+    """
+
+    def __init__(
+        self,
+        kube: Kube,
+        cronjob_written: Written = _ignore,
+        lease_written: Written = _ignore,
+        post_event: PostEventCall | None = None,
+    ) -> None:
         self.kube = kube
+        self.cronjob_written = cronjob_written
+        self.lease_written = lease_written
+        # By default synchronously; the operator hands Events to its EventPoster.
+        self.post_event: PostEventCall = post_event or kube.post_event
 
     def run(self, actions: Iterable[Action]) -> bool:
         """Every action in order; False when one found its object gone and the rest was dropped."""
@@ -138,15 +160,20 @@ class Executor:
         kube = self.kube
         match action:
             case PatchCronJob(namespace, name, patch):
-                return kube.patch_cronjob(namespace, name, patch)
+                patched = kube.patch_cronjob(namespace, name, patch)
+                if patched is None:
+                    return False
+                self.cronjob_written(patched)
             case PatchLease(namespace, name, patch):
                 return kube.patch_lease(namespace, name, patch)
             case AnnotateCronJob(namespace, name, annotations):
                 kube.annotate_cronjob(namespace, name, annotations)
             case PostEvent(involved, reason, message, warning):
-                kube.post_event(involved, reason, message, warning=warning)
+                self.post_event(involved, reason, message, warning)
             case EnsureLease(namespace, name, cronjob, config, cached):
-                kube.ensure_lease(namespace, name, cronjob, config, cached)
+                written = kube.ensure_lease(namespace, name, cronjob, config, cached)
+                if written is not None:
+                    self.lease_written(written)
             case DropLeaseOwner(namespace, name, uid):
                 kube.drop_lease_owner(namespace, name, uid)
             case WriteHolderRbac(namespace, roles, bindings):

@@ -82,8 +82,21 @@ def _lease_is_ours(lease: Mapping[str, Any], owner_uid: str, lock: str) -> bool:
 
 def raw(response: Any) -> dict[str, Any]:
     """The object exactly as the API server sent it (the client's models reformat times)."""
-    result: dict[str, Any] = json.loads(response.data)
+    data = response.data
+    response.release_conn()
+    result: dict[str, Any] = json.loads(data)
     return result
+
+
+def done(response: Any) -> None:
+    """Finish a response whose body nobody needs, so its connection goes back to the pool.
+
+    With `_preload_content=False` the client leaves the body unread, and urllib3 keeps an
+    unread connection out of the pool: every write then opened a new TLS connection
+    (handshakes were a third of the operator's CPU while injecting 1,000 CronJobs).
+    """
+    response.drain_conn()
+    response.release_conn()
 
 
 def _refuse_foreign_lease(lease: Mapping[str, Any], lock: str) -> None:
@@ -125,28 +138,28 @@ class Kube:
         self.instance = socket.gethostname()
 
     # --- CronJobs ------------------------------------------------------------------
-    def patch_cronjob(self, namespace: str, name: str, patch: list[dict[str, Any]]) -> bool:
-        """Apply a JSON patch; False when the CronJob is gone.
+    def patch_cronjob(
+        self, namespace: str, name: str, patch: list[dict[str, Any]]
+    ) -> dict[str, Any] | None:
+        """Apply a JSON patch; the CronJob as patched, or None when it is gone.
 
         A 422 with causes is the API server refusing the result (Rejected, permanent); a
         bare 422 is the patch's resourceVersion test failing (a lost race, retried).
         """
-        try:
-            return self._patch(
-                self.batch.patch_namespaced_cron_job,
-                "patch cronjob",
-                namespace,
-                name,
-                patch,
-                JSON_PATCH,
-            )
-        except Retry as retry:
-            cause = retry.__cause__
-            if isinstance(cause, kubernetes.client.ApiException) and cause.status == 422:
-                message = _invalid_message(cause)
+        with transient_errors(f"patch cronjob {namespace}/{name}"):
+            try:
+                return raw(
+                    self.batch.patch_namespaced_cron_job(
+                        name, namespace, patch, _content_type=JSON_PATCH, _preload_content=False
+                    )
+                )
+            except kubernetes.client.ApiException as error:
+                if error.status == 404:
+                    return None
+                message = _invalid_message(error) if error.status == 422 else ""
                 if message:
-                    raise Rejected(message) from cause
-            raise
+                    raise Rejected(message) from error
+                raise
 
     def annotate_cronjob(
         self, namespace: str, name: str, annotations: Mapping[str, str | None]
@@ -203,21 +216,22 @@ class Kube:
         cronjob: Mapping[str, Any],
         config: LockConfig,
         cached: Mapping[str, Any] | None,
-    ) -> None:
+    ) -> dict[str, Any] | None:
         """The Lease exists, labelled as ours (and with its lock), owned by this CronJob.
 
         `cached` is the Lease as the operator's watch last saw it: when it already is as
         it should be, nothing is sent; when the watch has not seen it, creating is tried
-        first, since that is what a new lock needs.
+        first, since that is what a new lock needs. Returns the Lease as the API server
+        answered (None when nothing was sent), for the cache until the watch catches up.
         """
         reference = owner_reference(cronjob)
         labels = {contract.LABEL_MANAGED_BY: contract.MANAGED_BY, contract.LABEL_LOCK: config.lock}
         if cached is not None and _lease_is_ours(cached, reference["uid"], config.lock):
-            return
+            return None
         with transient_errors(f"ensure lease {namespace}/{name}"):
             if cached is None:
                 try:
-                    self.leases.create_namespaced_lease(
+                    response = self.leases.create_namespaced_lease(
                         namespace,
                         {
                             "metadata": {
@@ -230,7 +244,7 @@ class Kube:
                         _preload_content=False,
                     )
                     logger.info("lease %s/%s created", namespace, name)
-                    return
+                    return raw(response)
                 except kubernetes.client.ApiException as error:
                     if error.status != 409:
                         raise
@@ -238,13 +252,13 @@ class Kube:
                 if current is None:
                     raise Retry(f"lease {namespace}/{name} vanished while being created")
                 if _lease_is_ours(current, reference["uid"], config.lock):
-                    return
+                    return current
                 _refuse_foreign_lease(current, config.lock)
             else:
                 _refuse_foreign_lease(cached, config.lock)
             # Strategic merge: ownerReferences merge by uid, so other owners stay.
             try:
-                self.leases.patch_namespaced_lease(
+                response = self.leases.patch_namespaced_lease(
                     name,
                     namespace,
                     {
@@ -256,6 +270,7 @@ class Kube:
                     _content_type="application/strategic-merge-patch+json",
                     _preload_content=False,
                 )
+                return raw(response)
             except kubernetes.client.ApiException as error:
                 if error.status != 404:
                     raise
@@ -310,11 +325,13 @@ class Kube:
             )
         else:
             with transient_errors(f"delete lease {namespace}/{name}"):
-                self.leases.delete_namespaced_lease(
-                    name,
-                    namespace,
-                    body={"preconditions": {"resourceVersion": version}},
-                    _preload_content=False,
+                done(
+                    self.leases.delete_namespaced_lease(
+                        name,
+                        namespace,
+                        body={"preconditions": {"resourceVersion": version}},
+                        _preload_content=False,
+                    )
                 )
             logger.info("lease %s/%s deleted: no CronJob uses it any more", namespace, name)
             moved = False
@@ -388,7 +405,7 @@ class Kube:
         except kubernetes.client.ApiException as error:
             if error.status != 404:
                 raise
-            create(namespace, desired, _preload_content=False)
+            done(create(namespace, desired, _preload_content=False))
             return True
         if not _made_by_cronlock(current):
             kind = "RoleBinding" if "roleRef" in desired else "Role"
@@ -410,7 +427,7 @@ class Kube:
                 "resourceVersion": current["metadata"]["resourceVersion"],
             },
         }
-        replace(name, namespace, desired, _preload_content=False)
+        done(replace(name, namespace, desired, _preload_content=False))
         return True
 
     # --- Jobs ----------------------------------------------------------------------
@@ -438,7 +455,9 @@ class Kube:
         """One patch; False when the API answers one of `refused` (gone, moved on)."""
         with transient_errors(f"{what} {namespace}/{name}"):
             try:
-                call(name, namespace, body, _content_type=content_type, _preload_content=False)
+                done(
+                    call(name, namespace, body, _content_type=content_type, _preload_content=False)
+                )
             except kubernetes.client.ApiException as error:
                 if error.status in refused:
                     return False
@@ -448,8 +467,10 @@ class Kube:
     def delete_job(self, namespace: str, name: str) -> None:
         with transient_errors(f"delete job {namespace}/{name}"):
             try:
-                self.batch.delete_namespaced_job(
-                    name, namespace, propagation_policy="Background", _preload_content=False
+                done(
+                    self.batch.delete_namespaced_job(
+                        name, namespace, propagation_policy="Background", _preload_content=False
+                    )
                 )
             except kubernetes.client.ApiException as error:
                 if error.status != 404:
@@ -489,6 +510,10 @@ class Kube:
             "count": 1,
         }
         with transient_errors(f"post event {reason} on {metadata['namespace']}/{metadata['name']}"):
-            self.core.create_namespaced_event(metadata["namespace"], event, _preload_content=False)
+            done(
+                self.core.create_namespaced_event(
+                    metadata["namespace"], event, _preload_content=False
+                )
+            )
         level = logging.WARNING if warning else logging.INFO
         logger.log(level, "%s %s/%s: %s", reason, metadata["namespace"], metadata["name"], message)

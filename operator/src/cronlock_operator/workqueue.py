@@ -77,6 +77,10 @@ class WorkQueue(Generic[Key]):
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()
 
+    def waiting(self, key: Key) -> bool:
+        """Whether `key` is queued (or due again after its current run)."""
+        return key in self._queued or key in self._dirty
+
     def idle(self) -> bool:
         """Nothing queued, running or waiting for a retry."""
         return not (self._queued or self._active or self._timers)

@@ -332,14 +332,13 @@ def test_a_holder_that_renewed_meanwhile_is_left_alone() -> None:
 
 
 class GoneKube:
-    """A Kube whose CronJob is gone: the patch answers False, everything else is recorded."""
+    """A Kube whose CronJob is gone: the patch answers None, everything else is recorded."""
 
     def __init__(self) -> None:
         self.calls: list[str] = []
 
-    def patch_cronjob(self, namespace: str, name: str, patch: list[dict[str, Any]]) -> bool:
+    def patch_cronjob(self, namespace: str, name: str, patch: list[dict[str, Any]]) -> None:
         self.calls.append("patch")
-        return False
 
     def post_event(self, *args: Any, **kwargs: Any) -> None:
         self.calls.append("event")

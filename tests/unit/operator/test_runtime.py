@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from cronlock_operator.kube import NotOurs, Rejected
-from cronlock_operator.reconciler import Reconciler
+from cronlock_operator.reconciler import CronJobKey, Reconciler
 from cronlock_operator.workqueue import Retry
 from tests.support.cronjobs import SETTINGS, make_cronjob, server_defaults
 
@@ -37,11 +37,11 @@ class FakeKube:
             message = f"Role {namespace}/{self.foreign_role} exists and was not made by cronlock"
             raise NotOurs(message, {self.foreign_role: message})
 
-    def patch_cronjob(self, namespace: str, name: str, patch: Any) -> bool:
+    def patch_cronjob(self, namespace: str, name: str, patch: Any) -> dict[str, Any]:
         if self.reject:
             raise Rejected('CronJob.batch "report" is invalid: restartPolicy')
         self.patches += 1
-        return True
+        return {"metadata": {"namespace": namespace, "name": name, "resourceVersion": "1"}}
 
     def post_event(self, involved: Any, reason: str, message: str, warning: bool = False) -> None:
         self.events.append((reason, message))
@@ -156,3 +156,19 @@ def test_no_annotation_on_one_cronjob_stops_another_in_its_namespace(
     assert kube.events[-1][0] == "Injected"
     assert ("team-a", "export") in reconciler.guards
     assert any(guard.lease == "cronlock-export" for guard in reconciler.synced_rbac["team-a"])
+
+
+def test_the_watch_event_of_our_own_patch_is_not_reconciled_again() -> None:
+    reconciler, kube = setup()
+    key = CronJobKey("team-a", "report")
+    reconciler.queue = type(reconciler.queue)(reconciler.queue.work)  # forget setup's keys
+    reconciler.reconcile_cronjob("team-a", "report")
+    assert kube.patches == 1
+    body = reconciler.cronjobs.get(("team-a", "report"))
+    assert body is not None
+    body["metadata"]["resourceVersion"] = "1"  # what the patch answered
+    reconciler.on_cronjob("MODIFIED", body)
+    assert not reconciler.queue.waiting(key)
+    body["metadata"]["resourceVersion"] = "2"  # someone else's change after ours
+    reconciler.on_cronjob("MODIFIED", body)
+    assert reconciler.queue.waiting(key)
