@@ -3,130 +3,39 @@
 from __future__ import annotations
 
 import datetime
-import json
 import logging
 import secrets
 import socket
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import kubernetes
-import urllib3
 
+from cronlock_operator.answers import (
+    Rejected,
+    done,
+    invalid_message,
+    lease_is_ours,
+    made_by_cronlock,
+    owner_reference,
+    raw,
+    refuse_foreign_lease,
+    transient_errors,
+)
 from cronlock_operator.cache import ObjectCache
 from cronlock_operator.config import LockConfig
+from cronlock_operator.rbac_writes import HolderRbacWrites
 from cronlock_operator.workqueue import Retry
 from cronlock_sidecar import contract
-from cronlock_sidecar.lockmodel import read_lease
 
 logger = logging.getLogger(__name__)
 
 REPORTING_COMPONENT = "cronlock-operator"
 JSON_PATCH = "application/json-patch+json"
 MERGE_PATCH = "application/merge-patch+json"
-_RETRIABLE = {409, 422, 429, 500, 502, 503, 504}
 
 
-@contextmanager
-def transient_errors(what: str) -> Iterator[None]:
-    """Turn API hiccups into Retry so the work queue backs off and tries again."""
-    try:
-        yield
-    except kubernetes.client.ApiException as error:
-        if error.status in _RETRIABLE or error.status == 403:
-            # 403 too: the RBAC that is missing now may be granted in a moment.
-            raise Retry(f"{what}: HTTP {error.status} {error.reason}") from error
-        raise
-    except (urllib3.exceptions.HTTPError, OSError) as error:
-        raise Retry(f"{what}: {error}") from error
-
-
-class Rejected(Exception):
-    """The API server refused what cronlock wrote as invalid: retrying cannot help."""
-
-
-def _invalid_message(error: Any) -> str:
-    """The API server's message for a 422 that names what is invalid; "" for a bare one."""
-    try:
-        status = json.loads(error.body or "")
-    except (TypeError, ValueError):
-        return ""
-    if not isinstance(status, dict) or not (status.get("details") or {}).get("causes"):
-        return ""
-    return str(status.get("message") or "")
-
-
-class NotOurs(Exception):
-    """An object cronlock would write exists, and cronlock did not make it: it is left alone.
-
-    The message names the object and what to do; the CronJob that needed it gets it as a
-    Warning Event and stays as it was. `names` maps each such object's name to its message.
-    """
-
-    def __init__(self, message: str, names: Mapping[str, str] | None = None) -> None:
-        super().__init__(message)
-        self.names = dict(names or {})
-
-
-def _made_by_cronlock(obj: Mapping[str, Any]) -> bool:
-    labels = (obj.get("metadata") or {}).get("labels") or {}
-    return bool(labels.get(contract.LABEL_MANAGED_BY) == contract.MANAGED_BY)
-
-
-def _lease_is_ours(lease: Mapping[str, Any], owner_uid: str, lock: str) -> bool:
-    """Labelled as cronlock's Lease for `lock` and owned by this CronJob (among others)."""
-    record = read_lease(lease)
-    return record.managed and record.lock == lock and owner_uid in record.owner_uids
-
-
-def raw(response: Any) -> dict[str, Any]:
-    """The object exactly as the API server sent it (the client's models reformat times)."""
-    data = response.data
-    response.release_conn()
-    result: dict[str, Any] = json.loads(data)
-    return result
-
-
-def done(response: Any) -> None:
-    """Finish a response whose body nobody needs, so its connection goes back to the pool.
-
-    With `_preload_content=False` the client leaves the body unread, and urllib3 keeps an
-    unread connection out of the pool: every write then opened a new TLS connection
-    (handshakes were a third of the operator's CPU while injecting 1,000 CronJobs).
-    """
-    response.drain_conn()
-    response.release_conn()
-
-
-def _refuse_foreign_lease(lease: Mapping[str, Any], lock: str) -> None:
-    """A Lease of that name that cronlock did not make (or made for another lock)."""
-    record = read_lease(lease)
-    if record.managed and record.lock in (None, lock):
-        return  # ours (labelled before the lock label existed, or for this very lock)
-    why = (
-        f"lacks the label {contract.LABEL_MANAGED_BY}={contract.MANAGED_BY}"
-        if not record.managed
-        else f"is labelled for lock {record.lock}"
-    )
-    raise NotOurs(
-        f"lease {record.namespace}/{record.name} exists and {why}; cronlock does not adopt "
-        f"it, and leaves the CronJob as it was: set {contract.ANNOTATION_LOCK} to another "
-        "lock name, or delete that Lease if nothing else uses it"
-    )
-
-
-def owner_reference(cronjob: Mapping[str, Any]) -> dict[str, Any]:
-    metadata = cronjob["metadata"]
-    return {
-        "apiVersion": "batch/v1",
-        "kind": "CronJob",
-        "name": metadata["name"],
-        "uid": metadata["uid"],
-    }
-
-
-class Kube:
+class Kube(HolderRbacWrites):
     """Typed clients over one ApiClient; every method is safe to call again."""
 
     def __init__(self, api: kubernetes.client.ApiClient) -> None:
@@ -156,7 +65,7 @@ class Kube:
             except kubernetes.client.ApiException as error:
                 if error.status == 404:
                     return None
-                message = _invalid_message(error) if error.status == 422 else ""
+                message = invalid_message(error) if error.status == 422 else ""
                 if message:
                     raise Rejected(message) from error
                 raise
@@ -226,7 +135,7 @@ class Kube:
         """
         reference = owner_reference(cronjob)
         labels = {contract.LABEL_MANAGED_BY: contract.MANAGED_BY, contract.LABEL_LOCK: config.lock}
-        if cached is not None and _lease_is_ours(cached, reference["uid"], config.lock):
+        if cached is not None and lease_is_ours(cached, reference["uid"], config.lock):
             return None
         with transient_errors(f"ensure lease {namespace}/{name}"):
             if cached is None:
@@ -251,11 +160,11 @@ class Kube:
                 current = self.read_lease(namespace, name)
                 if current is None:
                     raise Retry(f"lease {namespace}/{name} vanished while being created")
-                if _lease_is_ours(current, reference["uid"], config.lock):
+                if lease_is_ours(current, reference["uid"], config.lock):
                     return current
-                _refuse_foreign_lease(current, config.lock)
+                refuse_foreign_lease(current, config.lock)
             else:
-                _refuse_foreign_lease(cached, config.lock)
+                refuse_foreign_lease(cached, config.lock)
             # Strategic merge: ownerReferences merge by uid, so other owners stay.
             try:
                 response = self.leases.patch_namespaced_lease(
@@ -306,7 +215,7 @@ class Kube:
         lease = self.read_lease(namespace, name)
         if lease is None:
             return
-        if not _made_by_cronlock(lease):
+        if not made_by_cronlock(lease):
             return  # not ours to edit, nor to delete
         metadata = lease["metadata"]
         owners = metadata.get("ownerReferences") or []
@@ -337,98 +246,6 @@ class Kube:
             moved = False
         if moved:
             raise Retry(f"lease {namespace}/{name} changed while dropping an owner")
-
-    # --- RBAC ----------------------------------------------------------------------
-    def write_holder_rbac(
-        self,
-        namespace: str,
-        roles: Sequence[dict[str, Any]],
-        bindings: Sequence[dict[str, Any]],
-    ) -> None:
-        """Exactly these holder Roles and RoleBindings: each written if it differs, and the
-        labelled ones no guarded CronJob needs any more deleted.
-
-        A Role or RoleBinding of the same name that cronlock did not make is left alone;
-        the others are written all the same, then NotOurs names the ones left alone.
-        """
-        conflicts: dict[str, str] = {}
-        with transient_errors(f"sync rbac in {namespace}"):
-            for role, binding in zip(roles, bindings, strict=True):
-                try:
-                    self._upsert(
-                        self.rbac.read_namespaced_role,
-                        self.rbac.create_namespaced_role,
-                        self.rbac.replace_namespaced_role,
-                        namespace,
-                        role,
-                        ("rules",),
-                    )
-                    self._upsert(
-                        self.rbac.read_namespaced_role_binding,
-                        self.rbac.create_namespaced_role_binding,
-                        self.rbac.replace_namespaced_role_binding,
-                        namespace,
-                        binding,
-                        ("subjects", "roleRef"),
-                    )
-                except NotOurs as conflict:
-                    conflicts[role["metadata"]["name"]] = str(conflict)
-            wanted = {item["metadata"]["name"] for item in (*roles, *bindings)}
-            selector = f"{contract.LABEL_MANAGED_BY}={contract.MANAGED_BY}"
-            for listing, delete in (
-                (self.rbac.list_namespaced_role_binding, self.rbac.delete_namespaced_role_binding),
-                (self.rbac.list_namespaced_role, self.rbac.delete_namespaced_role),
-            ):
-                for item in listing(namespace, label_selector=selector).items:
-                    stale = item.metadata.name
-                    if stale.startswith(contract.HOLDER_ROLE) and stale not in wanted:
-                        try:
-                            delete(stale, namespace)
-                        except kubernetes.client.ApiException as error:
-                            if error.status != 404:
-                                raise
-        if conflicts:
-            raise NotOurs("; ".join(conflicts.values()), conflicts)
-
-    def _upsert(
-        self,
-        read: Any,
-        create: Any,
-        replace: Any,
-        namespace: str,
-        desired: dict[str, Any],
-        fields: tuple[str, ...],
-    ) -> bool:
-        name = desired["metadata"]["name"]
-        try:
-            current = raw(read(name, namespace, _preload_content=False))
-        except kubernetes.client.ApiException as error:
-            if error.status != 404:
-                raise
-            done(create(namespace, desired, _preload_content=False))
-            return True
-        if not _made_by_cronlock(current):
-            kind = "RoleBinding" if "roleRef" in desired else "Role"
-            raise NotOurs(
-                f"{kind} {namespace}/{name} exists and was not made by cronlock (it lacks the "
-                f"label {contract.LABEL_MANAGED_BY}={contract.MANAGED_BY}); cronlock leaves it "
-                "as it is, so runs of this ServiceAccount get no holder access: rename or "
-                f"delete that {kind}, or give the CronJob another serviceAccountName"
-            )
-        if all(current.get(key) == desired[key] for key in fields) and (
-            (current["metadata"].get("labels") or {}).items()
-            >= desired["metadata"]["labels"].items()
-        ):
-            return False
-        desired = {
-            **desired,
-            "metadata": {
-                **desired["metadata"],
-                "resourceVersion": current["metadata"]["resourceVersion"],
-            },
-        }
-        done(replace(name, namespace, desired, _preload_content=False))
-        return True
 
     # --- Jobs ----------------------------------------------------------------------
     def mark_job(self, namespace: str, name: str, annotation: str, value: str) -> bool:

@@ -22,10 +22,11 @@ import kubernetes
 
 from cronlock_operator import cronjobs, expiry, metrics, rbac, runs, skips
 from cronlock_operator.actions import Executor, PostEventCall
+from cronlock_operator.answers import NotOurs, Rejected
 from cronlock_operator.cache import ObjectCache
 from cronlock_operator.config import OperatorSettings
 from cronlock_operator.expiry import Observation
-from cronlock_operator.kube import Kube, NotOurs, Rejected
+from cronlock_operator.kube import Kube
 from cronlock_operator.rbac import Guard
 from cronlock_operator.workqueue import Retry, WorkQueue
 from cronlock_sidecar import contract
