@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import socket
+import subprocess
+import sys
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -105,3 +107,45 @@ def test_metrics_liveness_and_json_logs(
         return any("Injected" in str(record.get("message")) for record in records)
 
     assert wait_for(injected_logged, timeout=30, what="the Injected line in the JSON log")
+
+
+def test_metrics_listen_only_where_they_are_told(
+    controlplane: ControlPlane, operator_kubeconfig: Path, tmp_path: Path
+) -> None:
+    port = free_port()
+    process = OperatorProcess(
+        operator_kubeconfig,
+        tmp_path / "operator.log",
+        controlplane.env,
+        args=["--metrics-port", str(port), "--metrics-bind-address", "127.0.0.2"],
+    )
+    process.start()
+    try:
+        status, text = wait_for(
+            lambda: get(f"http://127.0.0.2:{port}/metrics"), 30, "the metrics on 127.0.0.2"
+        )
+        assert status == 200
+        assert "cronlock_guarded_cronjobs" in text
+        with pytest.raises(OSError, match="refused"):
+            get(f"http://127.0.0.1:{port}/metrics")
+    finally:
+        process.stop()
+
+
+def test_a_bind_address_that_is_not_an_ip_exits_78_naming_the_flag(
+    controlplane: ControlPlane, operator_kubeconfig: Path, tmp_path: Path
+) -> None:
+    result = subprocess.run(
+        [
+            str(Path(sys.executable).parent / "cronlock-operator"),
+            "--metrics-bind-address",
+            "all-of-them",
+        ],
+        env=dict(controlplane.env, KUBECONFIG=str(operator_kubeconfig)),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 78
+    assert "--metrics-bind-address: 'all-of-them' is not an IP address" in result.stderr

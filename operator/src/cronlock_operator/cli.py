@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import logging
 import os
 import sys
@@ -47,6 +48,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--metrics-port", type=int, default=int(_env("METRICS_PORT", "8080") or 0))
     parser.add_argument(
+        "--metrics-bind-address",
+        default=_env("METRICS_BIND_ADDRESS", "0.0.0.0"),
+        help="address /metrics listens on (default all interfaces, for the metrics Service)",
+    )
+    parser.add_argument(
         "--liveness",
         default=_env("LIVENESS", "http://0.0.0.0:8081/healthz"),
         help="liveness endpoint URL served by kopf ('' to disable)",
@@ -70,6 +76,13 @@ def settings_from(args: argparse.Namespace) -> OperatorSettings:
         raise ValueError(f"--default-ttl/--default-renew: {error}") from error
     if ttl != int(ttl):
         raise ValueError(f"--default-ttl: {args.default_ttl!r} must be whole seconds")
+    try:
+        ipaddress.ip_address(args.metrics_bind_address)
+    except ValueError:
+        raise ValueError(
+            f"--metrics-bind-address: {args.metrics_bind_address!r} is not an IP address "
+            "(0.0.0.0 for all interfaces, 127.0.0.1 for loopback only)"
+        ) from None
     return OperatorSettings(
         sidecar_image=args.sidecar_image,
         sidecar_image_pull_policy=args.sidecar_image_pull_policy,
@@ -101,7 +114,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         clusterwide=not args.namespace,
         liveness_endpoint=args.liveness or None,
         memo=kopf.Memo(
-            settings=settings, metrics_port=args.metrics_port, namespaces=args.namespace or []
+            settings=settings,
+            metrics_port=args.metrics_port,
+            metrics_address=args.metrics_bind_address,
+            namespaces=args.namespace or [],
         ),
     )
     return 0

@@ -81,7 +81,7 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
     memo.reconciler = reconciler
     memo.expiry_task = asyncio.create_task(_check_expiry(reconciler), name="cronlock-expiry")
     if memo.metrics_port:
-        metrics.serve(memo.metrics_port)
+        metrics.serve(memo.metrics_port, memo.metrics_address)
     logger.info("cronlock operator started; sidecar image %s", operator_settings.sidecar_image)
 
 

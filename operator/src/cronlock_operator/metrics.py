@@ -43,6 +43,6 @@ reconcile_errors = Counter(
 )
 
 
-def serve(port: int) -> None:
-    """Serve /metrics on all interfaces (a Service scrapes it) in a daemon thread."""
-    start_http_server(port, registry=registry)
+def serve(port: int, address: str = "0.0.0.0") -> None:
+    """Serve /metrics on `address` (all interfaces by default: a Service scrapes it)."""
+    start_http_server(port, addr=address, registry=registry)
