@@ -38,6 +38,7 @@ from cronlock_operator.rbac import Guard
 from cronlock_sidecar import contract
 from tests.operator_process import OperatorProcess
 from tests.support.controlplane import started
+from tests.support.cronjobs import make_cronjob
 
 ROOT = Path(__file__).resolve().parents[2]
 from cronlock_operator.reconciler import WORKERS  # noqa: E402 - as many threads as it has workers
@@ -46,29 +47,14 @@ NAMESPACES = 10
 
 
 def cronjob(name: str, annotated: bool) -> dict[str, Any]:
-    metadata: dict[str, Any] = {"name": name}
-    if annotated:
-        metadata["annotations"] = {"cronlock.io/enabled": "true"}
-    return {
-        "apiVersion": "batch/v1",
-        "kind": "CronJob",
-        "metadata": metadata,
-        "spec": {
-            "schedule": "0 0 1 1 *",
-            "jobTemplate": {
-                "spec": {
-                    "template": {
-                        "spec": {
-                            "restartPolicy": "Never",
-                            "containers": [
-                                {"name": "main", "image": "busybox:1.37", "command": ["true"]}
-                            ],
-                        }
-                    }
-                }
-            },
-        },
-    }
+    return make_cronjob(
+        name=name,
+        namespace=None,
+        schedule="0 0 1 1 *",
+        annotations={"cronlock.io/enabled": "true"} if annotated else {},
+        restart_policy="Never",
+        containers=[{"name": "main", "image": "busybox:1.37", "command": ["true"]}],
+    )
 
 
 def create_many(

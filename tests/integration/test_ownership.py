@@ -11,35 +11,20 @@ import pytest
 
 from tests.kube import wait_for
 from tests.operator_process import OperatorProcess, wait_settled
+from tests.support.cronjobs import make_cronjob
 from tests.support.objects import annotate, events, read, wait_event
 
 pytestmark = pytest.mark.usefixtures("operator")
 
 
 def cronjob(name: str, **annotations: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "batch/v1",
-        "kind": "CronJob",
-        "metadata": {
-            "name": name,
-            "annotations": {"cronlock.io/enabled": "true", **annotations},
-        },
-        "spec": {
-            "schedule": "0 0 1 1 *",
-            "jobTemplate": {
-                "spec": {
-                    "template": {
-                        "spec": {
-                            "restartPolicy": "Never",
-                            "containers": [
-                                {"name": "main", "image": "busybox:1.37", "command": ["true"]}
-                            ],
-                        }
-                    }
-                }
-            },
-        },
-    }
+    return make_cronjob(
+        name=name,
+        namespace=None,
+        schedule="0 0 1 1 *",
+        annotations={"cronlock.io/enabled": "true", **annotations},
+        restart_policy="Never",
+    )
 
 
 def injected(api: kubernetes.client.ApiClient, namespace: str, name: str) -> bool:

@@ -19,21 +19,29 @@ NEW_SETTINGS = OperatorSettings(
 def make_cronjob(
     *,
     name: str = "report",
-    namespace: str = "team-a",
+    namespace: str | None = "team-a",
+    schedule: str = "*/5 * * * *",
     annotations: dict[str, str] | None = None,
     restart_policy: str = "OnFailure",
     containers: list[dict[str, Any]] | None = None,
     **pod_spec: Any,
 ) -> dict[str, Any]:
-    """A CronJob as a user would write it (enabled unless annotations say otherwise)."""
+    """A CronJob as a user would write it (enabled unless annotations say otherwise).
+
+    `namespace=None` leaves the namespace out, for a CronJob created through the API.
+    """
     if annotations is None:
         annotations = {"cronlock.io/enabled": "true"}
     return {
         "apiVersion": "batch/v1",
         "kind": "CronJob",
-        "metadata": {"name": name, "namespace": namespace, "annotations": annotations},
+        "metadata": {
+            "name": name,
+            **({"namespace": namespace} if namespace is not None else {}),
+            "annotations": annotations,
+        },
         "spec": {
-            "schedule": "*/5 * * * *",
+            "schedule": schedule,
             "jobTemplate": {
                 "spec": {
                     "template": {

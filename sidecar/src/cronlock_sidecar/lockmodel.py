@@ -25,7 +25,7 @@ from cronlock_sidecar.contract import (
     LABEL_MANAGED_BY,
     MANAGED_BY,
 )
-from cronlock_sidecar.microtime import MicroTimeError, format_microtime, parse_microtime
+from cronlock_sidecar.microtime import format_microtime, read_time
 
 # A holder that has not renewed for 2/3 of the ttl (on its own monotonic clock) gives up.
 RENEW_DEADLINE_NUMERATOR = 2
@@ -197,8 +197,8 @@ def read_lease(body: Mapping[str, Any]) -> LeaseRecord:
             if isinstance(owner, Mapping) and owner.get("kind") == "CronJob"
         ),
         holder=_text(spec.get("holderIdentity")),
-        acquire_time=_moment(spec.get("acquireTime")),
-        renew_time=_moment(renew_text),
+        acquire_time=read_time(spec.get("acquireTime")),
+        renew_time=read_time(renew_text),
         renew_time_text=renew_text if isinstance(renew_text, str) and renew_text else None,
         duration_seconds=duration
         if isinstance(duration, int) and not isinstance(duration, bool)
@@ -208,7 +208,7 @@ def read_lease(body: Mapping[str, Any]) -> LeaseRecord:
         else 0,
         holder_job=_text(annotations.get(ANNOTATION_HOLDER_JOB)),
         last_holder=_text(annotations.get(ANNOTATION_LAST_HOLDER)),
-        released_at=_moment(annotations.get(ANNOTATION_RELEASED_AT)),
+        released_at=read_time(annotations.get(ANNOTATION_RELEASED_AT)),
     )
 
 
@@ -279,12 +279,3 @@ def _mapping(value: object) -> Mapping[str, Any]:
 
 def _text(value: object) -> str:
     return value if isinstance(value, str) else ""
-
-
-def _moment(value: object) -> datetime | None:
-    if not isinstance(value, str) or not value:
-        return None
-    try:
-        return parse_microtime(value)
-    except MicroTimeError:
-        return None

@@ -37,3 +37,15 @@ def parse_microtime(text: str) -> datetime:
         offset = timedelta(hours=int(match.group(10)), minutes=int(match.group(11)))
         moment -= offset if match.group(9) == "+" else -offset
     return moment
+
+
+def read_time(value: object) -> datetime | None:
+    """A timestamp read from an object's field: None when absent or not RFC 3339."""
+    if isinstance(value, datetime):
+        return value if value.tzinfo else value.replace(tzinfo=UTC)
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        return parse_microtime(value)
+    except MicroTimeError:
+        return None

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any, Final, Literal
 
 from cronlock_operator.config import InvalidConfig, parse_alert_after
 from cronlock_sidecar import contract
 from cronlock_sidecar.lockmodel import is_expired, read_lease
-from cronlock_sidecar.microtime import MicroTimeError, parse_microtime
+from cronlock_sidecar.microtime import read_time
 
 LeaseState = Literal["held", "free", "expired", "missing"]
 
@@ -134,7 +134,7 @@ def _row(
         lease_duration_seconds=record.duration_seconds,
         consecutive_skips=skips,
         alert_after=alert_after,
-        last_schedule=_time(status.get("lastScheduleTime")),
+        last_schedule=read_time(status.get("lastScheduleTime")),
         last_holder=record.last_holder or None,
         released_at=record.released_at,
         suspended=bool((cronjob.get("spec") or {}).get("suspend")),
@@ -191,17 +191,6 @@ def metadata_of(obj: Mapping[str, Any]) -> Mapping[str, Any]:
 def annotations_of(obj: Mapping[str, Any]) -> Mapping[str, str]:
     annotations: Mapping[str, str] = metadata_of(obj).get("annotations") or {}
     return annotations
-
-
-def _time(value: object) -> datetime | None:
-    if isinstance(value, datetime):
-        return value if value.tzinfo else value.replace(tzinfo=UTC)
-    if not isinstance(value, str) or not value:
-        return None
-    try:
-        return parse_microtime(value)
-    except MicroTimeError:
-        return None
 
 
 _MAX_DIGITS = 18  # more is no counter cronlock wrote (and int() refuses 4,301 digits)
