@@ -19,7 +19,15 @@ from tests.kube import wait_for
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "charts" / "cronlock"
 OPERATOR_NAMESPACE = "cronlock-system"
-RBAC_KINDS = {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}
+RBAC_KINDS = {
+    "ServiceAccount",
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "Role",
+    "RoleBinding",
+    "ValidatingAdmissionPolicy",
+    "ValidatingAdmissionPolicyBinding",
+}
 
 
 def render_chart(env: dict[str, str], *values: str) -> list[dict[str, Any]]:
