@@ -55,7 +55,31 @@ def install_chart_rbac(api: kubernetes.client.ApiClient, env: dict[str, str]) ->
             account = doc["metadata"]["name"]
         kubernetes.utils.create_from_dict(api, doc, namespace=OPERATOR_NAMESPACE)
     assert account, "the chart renders no ServiceAccount"
+    _wait_for_admission_policy(api, account)
     return account
+
+
+def _wait_for_admission_policy(api: kubernetes.client.ApiClient, account: str) -> None:
+    """The API server enforces a new ValidatingAdmissionPolicy a moment after it exists:
+    wait until a dry-run write the policy forbids is refused for the chart's account."""
+    impersonating = kubernetes.client.ApiClient(api.configuration)
+    impersonating.default_headers["Impersonate-User"] = (
+        f"system:serviceaccount:{OPERATOR_NAMESPACE}:{account}"
+    )
+    leases = kubernetes.client.CoordinationV1Api(impersonating)
+    body = {"metadata": {"name": "cronlock-policy-probe"}}
+
+    def enforced() -> bool:
+        try:
+            leases.create_namespaced_lease("kube-system", body, dry_run="All")
+        except kubernetes.client.ApiException as error:
+            return error.status == 403 and "ValidatingAdmissionPolicy" in str(error.body)
+        return False
+
+    try:
+        wait_for(enforced, timeout=30, what="the chart's admission policy to be enforced")
+    finally:
+        impersonating.close()
 
 
 @dataclass
