@@ -5,6 +5,8 @@ from __future__ import annotations
 import http.server
 import json
 import socket
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -56,12 +58,14 @@ class FakeApi(http.server.ThreadingHTTPServer):
 
     objects: dict[str, list[dict[str, Any]]]
     refuse: int | None = None
+    paths: list[str]
 
 
 class Handler(http.server.BaseHTTPRequestHandler):
     server: FakeApi
 
     def do_GET(self) -> None:
+        self.server.paths.append(self.path)
         path = self.path.split("?")[0]
         if self.server.refuse is not None:
             self.reply(
@@ -101,6 +105,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
 def fake_api() -> Iterator[FakeApi]:
     server = FakeApi(("127.0.0.1", 0), Handler)
     server.objects = {"cronjobs": [], "leases": []}
+    server.paths = []
     thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
     thread.start()
     yield server
@@ -132,7 +137,7 @@ def test_no_subcommand_prints_help_and_exits_2(capsys: pytest.CaptureFixture[str
     "argv",
     [
         ["status", "--bogus"],
-        ["status", "-o", "yaml"],
+        ["status", "-o", "xml"],
         ["status", "-n", "a", "-A"],
         ["status", "-n"],
         ["stauts"],
@@ -283,11 +288,13 @@ def test_json_output_and_all_namespaces(
 
     assert code == 1
     document = json.loads(out)
-    assert [(entry["namespace"], entry["cronjob"], entry["state"]) for entry in document] == [
+    assert (document["apiVersion"], document["kind"]) == ("v1", "List")
+    items = document["items"]
+    assert [(entry["namespace"], entry["cronjob"], entry["state"]) for entry in items] == [
         ("team-a", "report", "missing"),
         ("team-b", "elsewhere", "missing"),
     ]
-    assert document[1]["consecutiveSkips"] == 5
+    assert items[1]["consecutiveSkips"] == 5
     assert "skipped 5 consecutive runs" in err
 
 
@@ -349,8 +356,79 @@ def test_watch_as_json_writes_one_list_per_line_and_errors_to_stderr(
     code, out, err = run(capsys, "status", "--kubeconfig", str(reachable), "--watch", "-o", "json")
 
     assert code == 0
-    assert [[entry["cronjob"] for entry in json.loads(line)] for line in out.splitlines()] == [
+    lines = [json.loads(line)["items"] for line in out.splitlines()]
+    assert [[entry["cronjob"] for entry in items] for items in lines] == [
         ["report"],
         ["report"],
     ]
     assert "cannot list cronjobs.batch in namespace team-a: refused" in err
+
+
+def test_name_output_and_no_headers(
+    capsys: pytest.CaptureFixture[str], reachable: Path, fake_api: FakeApi
+) -> None:
+    fake_api.objects["cronjobs"] = [cronjob("report", "team-a"), cronjob("export", "team-a")]
+
+    code, out, _ = run(capsys, "status", "--kubeconfig", str(reachable), "-o", "name")
+    assert code == 0
+    assert out.splitlines() == ["cronjob.batch/export", "cronjob.batch/report"]
+
+    code, out, _ = run(capsys, "status", "--kubeconfig", str(reachable), "--no-headers")
+    assert code == 0
+    assert [line.split()[0] for line in out.splitlines()] == ["export", "report"]
+
+
+def test_the_selector_goes_to_the_api_server(
+    capsys: pytest.CaptureFixture[str], reachable: Path, fake_api: FakeApi
+) -> None:
+    fake_api.objects["cronjobs"] = [cronjob("report", "team-a")]
+    code, _, _ = run(capsys, "status", "--kubeconfig", str(reachable), "-l", "team=billing")
+    assert code == 0
+    assert any("labelSelector=team%3Dbilling" in path for path in fake_api.paths)
+
+
+@pytest.mark.parametrize(
+    "content",
+    ["clusters: [unclosed", "- just\n- a list\n", "apiVersion: v1\nkind: Config\nclusters: 7\n"],
+)
+def test_a_malformed_kubeconfig_is_a_usage_error_without_a_traceback(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, content: str
+) -> None:
+    broken = tmp_path / "broken"
+    broken.write_text(content)
+    code, out, err = run(capsys, "status", "--kubeconfig", str(broken))
+    assert code == 2
+    assert out == ""
+    assert err.startswith("cronlock: error: kubeconfig")
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("value", ["soon", "0s", "-1s"])
+def test_a_bad_request_timeout_is_a_usage_error(
+    capsys: pytest.CaptureFixture[str], reachable: Path, value: str
+) -> None:
+    code, _, err = run(
+        capsys, "status", "--kubeconfig", str(reachable), f"--request-timeout={value}"
+    )
+    assert code == 2
+    assert "--request-timeout" in err
+
+
+def test_a_closed_pipe_ends_quietly(reachable: Path, fake_api: FakeApi) -> None:
+    fake_api.objects["cronjobs"] = [cronjob(f"job-{n}", "team-a") for n in range(2000)]
+    script = (
+        "import sys; from cronlock_operator.status.cli import main; "
+        f"sys.exit(main(['status', '--kubeconfig', {str(reachable)!r}]))"
+    )
+    producer = subprocess.Popen(
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    assert producer.stdout is not None
+    head = subprocess.run(
+        ["head", "-n", "1"], stdin=producer.stdout, capture_output=True, text=True, timeout=60
+    )
+    producer.stdout.close()  # head has gone: the next write meets a closed pipe
+    _, stderr = producer.communicate(timeout=60)
+    assert head.stdout.startswith("CRONJOB")
+    assert b"Traceback" not in stderr, stderr
+    assert producer.returncode == 0

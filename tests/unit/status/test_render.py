@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 
+import yaml
+
 from cronlock_operator.status.model import StatusRow, rows
-from cronlock_operator.status.render import render_json, render_table
+from cronlock_operator.status.render import render_json, render_table, render_yaml
 from tests.unit.status.objects import NOW, cronjob, lease
 
 LONG_HOLDER = "nightly-report-export-29123456-x7k2p_4f0e9a1c-2b3d-4e5f-8a9b-0c1d2e3f4a5b"
@@ -182,8 +184,8 @@ def test_wide_output_adds_state_ttl_alert_after_and_the_last_release() -> None:
 def test_json_is_a_list_of_objects_with_iso_times_and_numeric_seconds() -> None:
     document = json.loads(render_json(sample()))
 
-    assert isinstance(document, list)
-    by_name = {entry["cronjob"]: entry for entry in document}
+    assert (document["apiVersion"], document["kind"], document["metadata"]) == ("v1", "List", {})
+    by_name = {entry["cronjob"]: entry for entry in document["items"]}
     held = by_name["nightly-report-export"]
     assert held == {
         "namespace": "analytics",
@@ -226,4 +228,13 @@ def test_json_is_a_list_of_objects_with_iso_times_and_numeric_seconds() -> None:
 
 
 def test_json_of_nothing_is_an_empty_list() -> None:
-    assert json.loads(render_json([])) == []
+    assert json.loads(render_json([])) == {
+        "apiVersion": "v1",
+        "kind": "List",
+        "metadata": {},
+        "items": [],
+    }
+
+
+def test_yaml_is_the_same_list() -> None:
+    assert yaml.safe_load(render_yaml(sample())) == json.loads(render_json(sample()))

@@ -4,20 +4,23 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
 import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Final, Literal
+from typing import Final, Literal, NamedTuple
 
 from cronlock_operator.status.api import Cluster, Unavailable, UsageError, connect, fetch
 from cronlock_operator.status.model import EXIT_OK, StatusRow, exit_code, rows
-from cronlock_operator.status.render import json_row, render_json, render_table
+from cronlock_operator.status.render import as_list, render_json, render_table, render_yaml
 from cronlock_sidecar import contract
+from cronlock_sidecar.durations import DurationError, parse_duration
 
-Output = Literal["table", "json", "wide"]
+Output = Literal["table", "wide", "json", "yaml", "name"]
+OUTPUTS: Final = ("table", "wide", "json", "yaml", "name")
 
 EXIT_USAGE: Final = 2
 EXIT_UNAVAILABLE: Final = contract.EXIT_UNAVAILABLE
@@ -50,7 +53,20 @@ def parser(prog: str = "cronlock") -> argparse.ArgumentParser:
     )
     scope.add_argument("-A", "--all-namespaces", action="store_true", help="show every namespace")
     status.add_argument(
-        "-o", "--output", choices=("table", "json", "wide"), default="table", help="output format"
+        "-o",
+        "--output",
+        choices=OUTPUTS,
+        default="table",
+        help="output format: table, wide, json or yaml (a List), name (cronjob.batch/NAME)",
+    )
+    status.add_argument(
+        "-l", "--selector", default="", help="only CronJobs with these labels (kubectl's syntax)"
+    )
+    status.add_argument("--no-headers", action="store_true", help="tables without their header")
+    status.add_argument(
+        "--request-timeout",
+        default="30s",
+        help="give up on a request after this long (a duration, like kubectl's; default 30s)",
     )
     status.add_argument(
         "-w",
@@ -73,7 +89,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         top.print_help(sys.stderr)
         return EXIT_USAGE
     try:
-        cluster = connect(args.kubeconfig, args.context)
+        timeout = parse_duration(args.request_timeout)
+        if timeout <= 0:
+            raise DurationError("must be more than 0s")
+    except DurationError as error:
+        print(
+            f"{prog}: error: --request-timeout {args.request_timeout!r}: {error}", file=sys.stderr
+        )
+        return EXIT_USAGE
+    view = View(args.output, args.selector, args.no_headers)
+    try:
+        cluster = connect(args.kubeconfig, args.context, timeout)
     except UsageError as error:
         print(f"{prog}: error: {error}", file=sys.stderr)
         return EXIT_USAGE
@@ -83,36 +109,54 @@ def main(argv: Sequence[str] | None = None) -> int:
     namespace = None if args.all_namespaces else (args.namespace or cluster.namespace)
     try:
         if args.watch:
-            return _watch(cluster, namespace, args.output, prog)
-        return _show_once(cluster, namespace, args.output, prog)
+            return _watch(cluster, namespace, view, prog)
+        return _show_once(cluster, namespace, view, prog)
+    except BrokenPipeError:
+        # The reader went away (`| head`): nothing more to say, and no traceback.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_OK
     finally:
         cluster.api.close()
 
 
-def _show_once(cluster: Cluster, namespace: str | None, output: Output, prog: str) -> int:
+class View(NamedTuple):
+    """How rows are chosen and shown."""
+
+    output: Output
+    selector: str = ""
+    no_headers: bool = False
+
+    @property
+    def structured(self) -> bool:
+        return self.output in ("json", "yaml")
+
+
+def _show_once(cluster: Cluster, namespace: str | None, view: View, prog: str) -> int:
     try:
-        status_rows = _snapshot(cluster, namespace)
+        status_rows = _snapshot(cluster, namespace, view.selector)
     except Unavailable as error:
         print(f"{prog}: {error}", file=sys.stderr)
         return EXIT_UNAVAILABLE
-    if not status_rows and output != "json":
+    if not status_rows and not view.structured:
         # Like kubectl's "No resources found": on stderr, so stdout stays parseable.
         print(_nothing_found(namespace), file=sys.stderr)
     else:
-        print(_render(status_rows, namespace, output))
+        print(_render(status_rows, namespace, view))
     for row in status_rows:
         for problem in row.problems:
             print(f"{prog}: warning: {problem}", file=sys.stderr)
     return exit_code(status_rows)
 
 
-def _watch(cluster: Cluster, namespace: str | None, output: Output, prog: str) -> int:
+def _watch(cluster: Cluster, namespace: str | None, view: View, prog: str) -> int:
+    output = view.output
     clear = "\x1b[H\x1b[2J" if sys.stdout.isatty() and output != "json" else ""
     try:
         while True:
             try:
-                status_rows = _snapshot(cluster, namespace)
-                screen = _render(status_rows, namespace, output, compact=True)
+                status_rows = _snapshot(cluster, namespace, view.selector)
+                screen = _render(status_rows, namespace, view, compact=True)
             except Unavailable as error:
                 # A hiccup while watching is shown and retried, not the end of the watch;
                 # JSON Lines on stdout stay parseable, so there it goes to stderr.
@@ -136,26 +180,33 @@ def _pause(seconds: float) -> None:
     time.sleep(seconds)
 
 
-def _snapshot(cluster: Cluster, namespace: str | None) -> list[StatusRow]:
-    cronjobs, leases = fetch(cluster, namespace)
+def _snapshot(cluster: Cluster, namespace: str | None, selector: str = "") -> list[StatusRow]:
+    cronjobs, leases = fetch(cluster, namespace, selector)
     return rows(cronjobs, leases, datetime.now(UTC))
 
 
 def _render(
     status_rows: Sequence[StatusRow],
     namespace: str | None,
-    output: Output,
+    view: View,
     *,
     compact: bool = False,
 ) -> str:
-    if output == "json":
+    if view.output == "json":
         if compact:
-            return json.dumps([json_row(row) for row in status_rows])
+            return json.dumps(as_list(status_rows))
         return render_json(status_rows)
+    if view.output == "yaml":
+        return render_yaml(status_rows)
     if not status_rows:
         return _nothing_found(namespace)
+    if view.output == "name":
+        return "\n".join(f"cronjob.batch/{row.cronjob}" for row in status_rows)
     width = shutil.get_terminal_size((_UNBOUNDED_WIDTH, 24)).columns
-    return render_table(status_rows, width, all_namespaces=namespace is None, wide=output == "wide")
+    table = render_table(
+        status_rows, width, all_namespaces=namespace is None, wide=view.output == "wide"
+    )
+    return table.split("\n", 1)[1] if view.no_headers and "\n" in table else table
 
 
 def _nothing_found(namespace: str | None) -> str:

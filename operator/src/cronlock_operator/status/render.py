@@ -8,6 +8,8 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any, Final
 
+import yaml
+
 from cronlock_operator.status.model import StatusRow, human_duration, seconds_between
 
 _GAP: Final = "   "
@@ -156,9 +158,26 @@ def _truncate(text: str, width: int) -> str:
     return text if len(text) <= width else text[: max(width - 1, 0)] + _ELLIPSIS
 
 
+def as_list(status_rows: Sequence[StatusRow]) -> dict[str, Any]:
+    """The rows as kubectl lists objects: `kind: List` with the table's fields as items."""
+    return {
+        "apiVersion": "v1",
+        "kind": "List",
+        "metadata": {},
+        "items": [json_row(row) for row in status_rows],
+    }
+
+
 def render_json(status_rows: Sequence[StatusRow]) -> str:
-    """A JSON list with the table's fields: ISO timestamps, seconds as numbers, null for none."""
-    return json.dumps([json_row(row) for row in status_rows], indent=2)
+    """A List whose items have the table's fields: ISO timestamps, seconds as numbers,
+    null for none."""
+    return json.dumps(as_list(status_rows), indent=2)
+
+
+def render_yaml(status_rows: Sequence[StatusRow]) -> str:
+    """The same List as YAML."""
+    text: str = yaml.safe_dump(as_list(status_rows), sort_keys=False)
+    return text.rstrip("\n")
 
 
 def json_row(row: StatusRow) -> dict[str, Any]:
