@@ -157,7 +157,9 @@ def test_json_output_is_machine_readable(controlplane: ControlPlane, guarded: st
     result = cronlock(controlplane, "status", "-n", guarded, "-o", "json")
 
     assert result.returncode == 1, result.stderr
-    by_name = {entry["cronjob"]: entry for entry in json.loads(result.stdout)}
+    document = json.loads(result.stdout)
+    assert document["kind"] == "List"
+    by_name = {entry["cronjob"]: entry for entry in document["items"]}
     assert sorted(by_name) == ["fresh", "idle", "new", "stuck"]
     assert {name: entry["state"] for name, entry in by_name.items()} == {
         "fresh": "held",
@@ -246,7 +248,7 @@ def test_the_namespace_defaults_to_the_kubeconfig_context(
     )
 
     assert result.returncode == 1, result.stderr
-    assert {entry["namespace"] for entry in json.loads(result.stdout)} == {guarded}
+    assert {entry["namespace"] for entry in json.loads(result.stdout)["items"]} == {guarded}
 
 
 def test_a_user_who_may_not_list_cronjobs_gets_69_and_what_was_refused(
