@@ -220,3 +220,15 @@ def test_a_lease_renewed_by_a_clock_ahead_of_ours_does_not_show_negative_ages() 
 )
 def test_ages_read_like_kubectl(seconds: float, text: str) -> None:
     assert human_duration(seconds) == text
+
+
+def test_a_cronjob_the_operator_refuses_is_named_with_the_operators_reason() -> None:
+    broken = cronjob("report")
+    broken["metadata"]["annotations"]["cronlock.io/ttl"] = "soon"
+
+    [row] = rows([broken], [], NOW)
+
+    assert exit_code([row]) == 1
+    [problem] = row.problems
+    assert problem.startswith('cronjob default/report: cronlock.io/ttl: "soon" is not a duration')
+    assert "InvalidConfig Event" in problem

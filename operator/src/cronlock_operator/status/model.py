@@ -7,7 +7,12 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Final, Literal
 
-from cronlock_operator.config import InvalidConfig, parse_alert_after
+from cronlock_operator.config import (
+    InvalidConfig,
+    OperatorSettings,
+    parse_alert_after,
+    parse_config,
+)
 from cronlock_sidecar import contract
 from cronlock_sidecar.lockmodel import is_expired, read_lease
 from cronlock_sidecar.microtime import read_time
@@ -108,10 +113,15 @@ def _row(
     problems = []
     try:
         alert_after = parse_alert_after(annotations)
-    except InvalidConfig as error:
-        # The operator refuses it the same way (an InvalidConfig Event); its default applies.
-        alert_after = contract.DEFAULT_ALERT_AFTER
-        problems.append(f"cronjob {namespace}/{name}: {error}")
+    except InvalidConfig:
+        alert_after = contract.DEFAULT_ALERT_AFTER  # the operator's default applies too
+    invalid = _invalid_config(cronjob)
+    if invalid is not None:
+        # What the operator refuses the same way, with an InvalidConfig Event.
+        problems.append(
+            f"cronjob {namespace}/{name}: {invalid} (see its InvalidConfig Event; the "
+            "operator leaves it as it was)"
+        )
     if state == "expired":
         ago = f"{human_duration(now - expires_at)} ago" if expires_at is not None else "long ago"
         problems.append(
@@ -194,6 +204,19 @@ def annotations_of(obj: Mapping[str, Any]) -> Mapping[str, str]:
 
 
 _MAX_DIGITS = 18  # more is no counter cronlock wrote (and int() refuses 4,301 digits)
+
+
+# The annotations are checked as the operator checks them; only its defaults (ttl, renew,
+# policy from its flags) can differ, and the ones here are the chart's.
+_SETTINGS: Final = OperatorSettings(sidecar_image="status")
+
+
+def _invalid_config(cronjob: Mapping[str, Any]) -> str | None:
+    try:
+        parse_config(cronjob, _SETTINGS)
+    except InvalidConfig as error:
+        return str(error)
+    return None
 
 
 def _whole_number(value: str | None, default: int, *, minimum: int = 0) -> int:
