@@ -96,6 +96,12 @@ def test_metrics_liveness_and_json_logs(
         "cronlock_reconcile_errors_total counter",
     ):
         assert f"# TYPE {family}" in text, family
+    # Counters exist at 0 before anything happened, and no *_created series.
+    for result in ("acquired", "skipped", "lost", "released"):
+        assert f'cronlock_runs_total{{result="{result}"}} ' in text, result
+    assert 'cronlock_takeovers_total{reason="expired"} 0.0' in text
+    assert 'cronlock_reconcile_errors_total{kind="cronjob"} ' in text
+    assert "_created" not in text
     status, _ = get(f"http://127.0.0.1:{liveness_port}/healthz")
     assert status == 200
 
