@@ -198,19 +198,14 @@ class Reconciler:
         body = self.cronjobs.get((namespace, name))
         if body is None:
             return
-        uid = body["metadata"]["uid"]
         message = (
             f"cronlock could not reconcile this CronJob ({type(error).__name__}: {error}); "
             "retrying with backoff, the CronJob is left as it was"
         )
         try:
-            self.executor.run(
-                cronjobs.once(body, "ReconcileError", message, self.posted.get(uid, {}))
-            )
+            self._warn_once(body, "ReconcileError", message)
         except Exception:
             logger.exception("could not post ReconcileError on %s/%s", namespace, name)
-            return
-        self._remember_posted(uid, {"ReconcileError": message})
 
     def reconcile_cronjob(self, namespace: str, name: str) -> None:
         key = (namespace, name)
@@ -258,10 +253,8 @@ class Reconciler:
                 f"the API server refused cronlock's change: {rejected}; the CronJob is left "
                 "as it was"
             )
-            self.executor.run(
-                cronjobs.once(body, "ReconcileError", message, self.posted.get(uid, {}))
-            )
-            self._remember_posted(uid, {**decision.posted, "ReconcileError": message})
+            self._remember_posted(uid, decision.posted)
+            self._warn_once(body, "ReconcileError", message)
             return
         self._remember_posted(uid, {**decision.posted, "ReconcileError": None})
 
@@ -270,11 +263,7 @@ class Reconciler:
         self.conflicted.add(key)
         if self.guards.pop(key, None) is not None:
             metrics.guarded_cronjobs.set(len(self.guards))
-        uid = body["metadata"]["uid"]
-        message = conflict + "; the CronJob is left as it was"
-        actions = cronjobs.once(body, "Conflict", message, self.posted.get(uid, {}))
-        self.executor.run(actions)
-        self._remember_posted(uid, {"Conflict": message})
+        self._warn_once(body, "Conflict", conflict + "; the CronJob is left as it was")
 
     def sync_rbac(self, namespace: str) -> None:
         """The holder Roles of a namespace grant exactly its guarded CronJobs' Leases."""
@@ -375,6 +364,12 @@ class Reconciler:
         # Until the Lease watch shows it, so the next reconcile does not create it again.
         if _name(body) not in self.leases:
             self.leases.put(_lease_entry(body))
+
+    def _warn_once(self, body: Mapping[str, Any], reason: str, message: str) -> None:
+        """A Warning on the CronJob, unless this very message is the last one of its reason."""
+        uid = body["metadata"]["uid"]
+        self.executor.run(cronjobs.once(body, reason, message, self.posted.get(uid, {})))
+        self._remember_posted(uid, {reason: message})
 
     def _remember_posted(self, uid: str, updates: Mapping[str, str | None]) -> None:
         posted = self.posted.setdefault(uid, {})

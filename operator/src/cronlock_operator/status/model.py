@@ -112,10 +112,14 @@ def _row(
     status: Mapping[str, Any] = cronjob.get("status") or {}
     problems = []
     try:
-        alert_after = parse_alert_after(annotations)
-    except InvalidConfig:
-        alert_after = contract.DEFAULT_ALERT_AFTER  # the operator's default applies too
-    invalid = _invalid_config(cronjob)
+        alert_after = parse_config(cronjob, _SETTINGS).alert_after
+        invalid = None
+    except InvalidConfig as error:
+        invalid = str(error)
+        try:
+            alert_after = parse_alert_after(annotations)
+        except InvalidConfig:
+            alert_after = contract.DEFAULT_ALERT_AFTER  # the operator's default applies too
     if invalid is not None:
         # What the operator refuses the same way, with an InvalidConfig Event.
         problems.append(
@@ -209,14 +213,6 @@ _MAX_DIGITS = 18  # more is no counter cronlock wrote (and int() refuses 4,301 d
 # The annotations are checked as the operator checks them; only its defaults (ttl, renew,
 # policy from its flags) can differ, and the ones here are the chart's.
 _SETTINGS: Final = OperatorSettings(sidecar_image="status")
-
-
-def _invalid_config(cronjob: Mapping[str, Any]) -> str | None:
-    try:
-        parse_config(cronjob, _SETTINGS)
-    except InvalidConfig as error:
-        return str(error)
-    return None
 
 
 def _whole_number(value: str | None, default: int, *, minimum: int = 0) -> int:
