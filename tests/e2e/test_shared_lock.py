@@ -11,7 +11,10 @@ RUNS = 10
 
 def test_two_cronjobs_sharing_a_lock_never_overlap_over_many_runs(cluster: Scenario) -> None:
     for name in ("export-a", "export-b"):
-        cluster.cronjob(name, "echo exporting; sleep 2", lock="exports")
+        # Each names the other: whichever is guarded first, the second may join its lock.
+        cluster.cronjob(
+            name, "echo exporting; sleep 2", lock="exports", share_lock_with="export-a,export-b"
+        )
     jobs = [f"export-{'ab'[i % 2]}-{i}" for i in range(RUNS)]
 
     # Four at once (their sidecars race for the Lease), then one after each decision.

@@ -278,6 +278,7 @@ def test_two_cronjobs_sharing_a_lock_share_one_lease_and_their_pods_may_hold_onl
         manifest["metadata"]["annotations"] = {
             "cronlock.io/enabled": "true",
             "cronlock.io/lock": "ledger",
+            "cronlock.io/share-lock-with": "daily-report,daily-export",
         }
         batch(api).create_namespaced_cron_job(namespace, manifest)
     unrelated = cronjob("unrelated")

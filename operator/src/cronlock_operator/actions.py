@@ -9,12 +9,13 @@ follows (an Event saying it happened) would no longer be true.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from cronlock_operator import metrics
 from cronlock_operator.config import LockConfig
 from cronlock_operator.kube import Kube
+from cronlock_operator.sharing import CronJobLookup
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,8 @@ class EnsureLease:
     cronjob: Mapping[str, Any]
     config: LockConfig
     cached: Mapping[str, Any] | None
+    # The namespace's cached CronJobs by name: whose consent a new user of the lock needs.
+    users: CronJobLookup = field(default=lambda name: None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -170,8 +173,8 @@ class Executor:
                 kube.annotate_cronjob(namespace, name, annotations)
             case PostEvent(involved, reason, message, warning):
                 self.post_event(involved, reason, message, warning)
-            case EnsureLease(namespace, name, cronjob, config, cached):
-                written = kube.ensure_lease(namespace, name, cronjob, config, cached)
+            case EnsureLease(namespace, name, cronjob, config, cached, users):
+                written = kube.ensure_lease(namespace, name, cronjob, config, cached, users)
                 if written is not None:
                     self.lease_written(written)
             case DropLeaseOwner(namespace, name, uid):

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
+from cronlock_operator.sharing import InvalidPeers, parse_peers
 from cronlock_sidecar import contract
 from cronlock_sidecar.durations import DURATION_FORMS, DurationError, parse_duration
 from cronlock_sidecar.lockmodel import Timing, TimingError, default_renew_ms, seconds_text
@@ -169,6 +170,11 @@ def parse_config(cronjob: Mapping[str, Any], settings: OperatorSettings) -> Lock
     stop = _parse_stop(annotations, cronjob)
     alert_after = parse_alert_after(annotations)
     keep = _parse_flag(annotations, contract.ANNOTATION_KEEP_SKIPPED_JOBS, default=False)
+    try:
+        parse_peers(annotations)
+    except InvalidPeers as error:
+        text = annotations[contract.ANNOTATION_SHARE_LOCK_WITH]
+        raise InvalidConfig(contract.ANNOTATION_SHARE_LOCK_WITH, text[:200], str(error)) from None
     kill_grace = kill_grace_seconds(ttl, settings.skew_seconds, ttl_shown)
 
     return LockConfig(

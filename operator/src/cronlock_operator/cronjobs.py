@@ -25,6 +25,7 @@ from cronlock_operator.injection import desired_cronjob, is_injected
 from cronlock_operator.patching import injection_patch, needs_patch
 from cronlock_operator.rbac import Guard
 from cronlock_operator.schedule import ttl_longer_than_gap_warning
+from cronlock_operator.sharing import CronJobLookup
 
 logger = logging.getLogger(__name__)
 
@@ -51,11 +52,13 @@ def decide(
     *,
     previous: Guard | None,
     cached_lease: Callable[[str], Mapping[str, Any] | None],
+    cached_cronjob: CronJobLookup = lambda name: None,
     granted: Container[Guard],
     posted: Mapping[str, str],
 ) -> CronJobDecision:
-    """`previous`: the guard last recorded for it; `granted`: guards the holder Roles already
-    cover; `posted`: warnings already posted on it (reason -> message)."""
+    """`previous`: the guard last recorded for it; `cached_cronjob`: the namespace's cached
+    CronJobs by name (whose consent joining a used lock needs); `granted`: guards the
+    holder Roles already cover; `posted`: warnings already posted on it (reason -> message)."""
     metadata = body["metadata"]
     namespace, name, uid = metadata["namespace"], metadata["name"], metadata["uid"]
     try:
@@ -75,7 +78,11 @@ def decide(
     guard = None
     if config is not None:
         guard = Guard(config.lease_name, service_account(body))
-        before.append(EnsureLease(namespace, guard.lease, body, config, cached_lease(guard.lease)))
+        before.append(
+            EnsureLease(
+                namespace, guard.lease, body, config, cached_lease(guard.lease), cached_cronjob
+            )
+        )
         if previous is not None and previous.lease != guard.lease:
             before.append(DropLeaseOwner(namespace, previous.lease, uid))
         warning = ttl_longer_than_gap_warning(config, body["spec"].get("schedule", ""))

@@ -25,6 +25,7 @@ from cronlock_operator.answers import (
 from cronlock_operator.cache import ObjectCache
 from cronlock_operator.config import LockConfig
 from cronlock_operator.rbac_writes import HolderRbacWrites
+from cronlock_operator.sharing import CronJobLookup, refuse_unshared_lock
 from cronlock_operator.workqueue import Retry
 from cronlock_sidecar import contract
 
@@ -125,8 +126,12 @@ class Kube(HolderRbacWrites):
         cronjob: Mapping[str, Any],
         config: LockConfig,
         cached: Mapping[str, Any] | None,
+        users: CronJobLookup = lambda name: None,
     ) -> dict[str, Any] | None:
         """The Lease exists, labelled as ours (and with its lock), owned by this CronJob.
+
+        A Lease other CronJobs use is joined only with their consent (`sharing`); `users`
+        finds them among the cached CronJobs.
 
         `cached` is the Lease as the operator's watch last saw it: when it already is as
         it should be, nothing is sent; when the watch has not seen it, creating is tried
@@ -163,8 +168,10 @@ class Kube(HolderRbacWrites):
                 if lease_is_ours(current, reference["uid"], config.lock):
                     return current
                 refuse_foreign_lease(current, config.lock)
+                refuse_unshared_lock(current, cronjob, config.lock, users)
             else:
                 refuse_foreign_lease(cached, config.lock)
+                refuse_unshared_lock(cached, cronjob, config.lock, users)
             # Strategic merge: ownerReferences merge by uid, so other owners stay.
             try:
                 response = self.leases.patch_namespaced_lease(

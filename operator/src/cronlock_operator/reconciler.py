@@ -20,7 +20,7 @@ from typing import Any, ClassVar
 
 import kubernetes
 
-from cronlock_operator import cronjobs, expiry, metrics, rbac, runs, skips
+from cronlock_operator import cronjobs, expiry, metrics, rbac, runs, sharing, skips
 from cronlock_operator.actions import Executor, PostEventCall
 from cronlock_operator.answers import NotOurs, Rejected
 from cronlock_operator.cache import ObjectCache
@@ -222,6 +222,7 @@ class Reconciler:
             self.settings,
             previous=self.guards.get(key),
             cached_lease=lambda lease: self.leases.get((namespace, lease)),
+            cached_cronjob=lambda other: self.cronjobs.get((namespace, other)),
             granted=self.synced_rbac.get(namespace, frozenset()),
             posted=self.posted.get(uid, {}),
         )
@@ -278,7 +279,7 @@ class Reconciler:
                 if _name(body) in self.conflicted:
                     continue
                 pending = cronjobs.pending_guard(body, self.settings)
-                if pending is not None:
+                if pending is not None and self._may_use(namespace, body, pending):
                     guards.add(pending)
             desired, actions = rbac.decide(namespace, guards, self.synced_rbac.get(namespace))
             if not actions:
@@ -298,6 +299,19 @@ class Reconciler:
                 len(desired),
                 len({guard.service_account for guard in desired}),
             )
+
+    def _may_use(self, namespace: str, body: Mapping[str, Any], guard: rbac.Guard) -> bool:
+        """Whether a CronJob not yet reconciled may be granted its lock's Lease ahead."""
+        lease = self.leases.get((namespace, guard.lease))
+        if lease is None:
+            return True
+        try:
+            sharing.refuse_unshared_lock(
+                lease, body, guard.lease, lambda other: self.cronjobs.get((namespace, other))
+            )
+        except NotOurs:
+            return False
+        return True
 
     def account_runs(self, namespace: str, cronjob_name: str) -> None:
         """Count the finished runs of one CronJob, oldest first, each exactly once."""

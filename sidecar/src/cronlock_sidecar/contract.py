@@ -15,6 +15,9 @@ ANNOTATION_WAIT_TIMEOUT: Final = PREFIX + "wait-timeout"
 ANNOTATION_STOP: Final = PREFIX + "stop"
 ANNOTATION_ALERT_AFTER: Final = PREFIX + "alert-after"
 ANNOTATION_KEEP_SKIPPED_JOBS: Final = PREFIX + "keep-skipped-jobs"
+# The CronJobs (names, comma-separated) that may join this CronJob's lock: the consent a
+# CronJob needs from one that already uses the lock before it may share it.
+ANNOTATION_SHARE_LOCK_WITH: Final = PREFIX + "share-lock-with"
 # Written by the operator, never by users.
 ANNOTATION_ORIGINAL_RESTART_POLICY: Final = PREFIX + "original-restart-policy"
 # Set when `stop: signal` had to turn on shareProcessNamespace: "false" (the user wrote
@@ -44,6 +47,7 @@ USER_SETTINGS: Final = frozenset(
         ANNOTATION_STOP,
         ANNOTATION_ALERT_AFTER,
         ANNOTATION_KEEP_SKIPPED_JOBS,
+        ANNOTATION_SHARE_LOCK_WITH,
     }
 )
 OPERATOR_OWNED: Final = frozenset(

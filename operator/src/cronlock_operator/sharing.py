@@ -1,0 +1,91 @@
+"""Who may use a lock: the CronJobs that already use it, and those they name.
+
+A CronJob editor chooses her CronJob's lock, so without a rule she could point it at
+another team's lock and have her ServiceAccount granted that team's Lease. The rule: a
+CronJob may use a lock nobody uses yet, one it already uses (it owns the Lease), or one
+whose users include a CronJob naming it in `cronlock.io/share-lock-with`. That consent
+lives on a CronJob the joiner's editor may not be able to edit, so she cannot forge it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from typing import Any, Final
+
+from cronlock_operator.answers import NotOurs
+from cronlock_sidecar import contract
+
+_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+MAX_PEERS: Final = 100
+MAX_NAME_LENGTH: Final = 52  # a CronJob's name is at most 52 characters
+
+# A cached CronJob by name, or None when the operator has not seen it.
+CronJobLookup = Callable[[str], Mapping[str, Any] | None]
+
+
+class InvalidPeers(ValueError):
+    """`cronlock.io/share-lock-with` is not a list of CronJob names."""
+
+
+def parse_peers(annotations: Mapping[str, str]) -> frozenset[str]:
+    """The CronJob names in `cronlock.io/share-lock-with` (empty when absent)."""
+    text = annotations.get(contract.ANNOTATION_SHARE_LOCK_WITH)
+    if text is None:
+        return frozenset()
+    names = [part.strip() for part in text.split(",")]
+    if len(names) > MAX_PEERS:
+        raise InvalidPeers(f"names more than {MAX_PEERS} CronJobs")
+    for name in names:
+        if len(name) > MAX_NAME_LENGTH or not _NAME.fullmatch(name):
+            shown = name if len(name) <= 80 else name[:80] + "..."
+            raise InvalidPeers(
+                f"has {shown!r}, which is not a CronJob name; expected CronJob names of this "
+                "namespace, separated by commas"
+            )
+    return frozenset(names)
+
+
+def lease_users(lease: Mapping[str, Any]) -> dict[str, str]:
+    """The CronJobs (uid -> name) the Lease's owner references name."""
+    owners = (lease.get("metadata") or {}).get("ownerReferences")
+    users: dict[str, str] = {}
+    for owner in owners if isinstance(owners, list) else []:
+        if isinstance(owner, Mapping) and owner.get("kind") == "CronJob":
+            users[str(owner.get("uid"))] = str(owner.get("name"))
+    return users
+
+
+def refuse_unshared_lock(
+    lease: Mapping[str, Any], cronjob: Mapping[str, Any], lock: str, cached: CronJobLookup
+) -> None:
+    """Raise NotOurs unless `cronjob` may use the lock whose Lease is `lease`.
+
+    A user that is gone from the operator's cache (or replaced under the same name) gives
+    no consent; the garbage collector removes its reference soon, and the refusal is looked
+    at again.
+    """
+    metadata = cronjob["metadata"]
+    name, uid = metadata["name"], metadata["uid"]
+    users = lease_users(lease)
+    if uid in users:
+        return
+    others = {user_uid: user for user_uid, user in users.items() if user_uid != uid}
+    if not others:
+        return
+    for user_uid, user in others.items():
+        body = cached(user)
+        if body is None or body["metadata"].get("uid") != user_uid:
+            continue
+        try:
+            if name in parse_peers(body["metadata"].get("annotations") or {}):
+                return
+        except InvalidPeers:
+            continue
+    named = ", ".join(sorted(others.values()))
+    raise NotOurs(
+        f"lock {lock} is already used by CronJob {named}; a CronJob may share a lock only "
+        f"when one that uses it names it: add {contract.ANNOTATION_SHARE_LOCK_WITH}: {name} "
+        f"to {sorted(others.values())[0]}, or set {contract.ANNOTATION_LOCK} to a lock of "
+        "its own"
+    )

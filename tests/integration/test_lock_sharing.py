@@ -1,0 +1,156 @@
+"""A lock is only its runs': a CronJob cannot join another CronJob's lock (and have its
+ServiceAccount granted that Lease) unless a CronJob already using the lock names it.
+
+The attacker here holds a token that may create CronJobs in the namespace and edit only
+her own: she cannot forge the consent, which lives on the other team's CronJob.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import kubernetes
+import pytest
+
+from tests.kube import wait_for
+from tests.operator_process import wait_settled
+from tests.support.controlplane import ControlPlane
+from tests.support.cronjobs import make_cronjob
+from tests.support.objects import annotate, read, wait_event
+
+pytestmark = pytest.mark.usefixtures("operator")
+
+
+def cronjob(name: str, account: str, **annotations: str) -> dict[str, Any]:
+    body = make_cronjob(
+        name=name,
+        namespace=None,
+        schedule="0 0 1 1 *",
+        annotations={"cronlock.io/enabled": "true", **annotations},
+        restart_policy="Never",
+    )
+    body["spec"]["jobTemplate"]["spec"]["template"]["spec"]["serviceAccountName"] = account
+    return body
+
+
+def injected(api: kubernetes.client.ApiClient, namespace: str, name: str) -> bool:
+    spec = read(api, namespace, name)["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+    return any(c["name"] == "cronlock" for c in spec.get("initContainers") or [])
+
+
+def granted(api: kubernetes.client.ApiClient, namespace: str, account: str) -> set[str]:
+    rbac = kubernetes.client.RbacAuthorizationV1Api(api)
+    try:
+        role = rbac.read_namespaced_role(f"cronlock-holder-{account}", namespace)
+    except kubernetes.client.ApiException as error:
+        if error.status == 404:
+            return set()
+        raise
+    return {name for rule in role.rules for name in rule.resource_names or []}
+
+
+def owners(api: kubernetes.client.ApiClient, namespace: str, lease: str) -> list[str]:
+    found = kubernetes.client.CoordinationV1Api(api).read_namespaced_lease(lease, namespace)
+    return sorted(owner.name for owner in found.metadata.owner_references or [])
+
+
+def cronjob_editor(
+    api: kubernetes.client.ApiClient,
+    namespace: str,
+    service_account_kubeconfig: Any,
+    controlplane: ControlPlane,
+    own: str,
+) -> kubernetes.client.BatchV1Api:
+    """A token that may create CronJobs and change only the one named `own`."""
+    rbac = kubernetes.client.RbacAuthorizationV1Api(api)
+    rules = [
+        {"apiGroups": ["batch"], "resources": ["cronjobs"], "verbs": ["create", "list", "get"]},
+        {
+            "apiGroups": ["batch"],
+            "resources": ["cronjobs"],
+            "resourceNames": [own],
+            "verbs": ["update", "patch"],
+        },
+    ]
+    rbac.create_namespaced_role(namespace, {"metadata": {"name": "editor"}, "rules": rules})
+    path: Path = service_account_kubeconfig(namespace, "mallory")
+    rbac.create_namespaced_role_binding(
+        namespace,
+        {
+            "metadata": {"name": "editor"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "editor"},
+            "subjects": [{"kind": "ServiceAccount", "name": "mallory", "namespace": namespace}],
+        },
+    )
+    return kubernetes.client.BatchV1Api(controlplane.api_client(path))
+
+
+def test_a_cronjob_editor_cannot_join_another_teams_lock_until_that_team_names_her_cronjob(
+    api: kubernetes.client.ApiClient,
+    namespace: str,
+    controlplane: ControlPlane,
+    service_account_kubeconfig: Any,
+) -> None:
+    core = kubernetes.client.CoreV1Api(api)
+    for account in ("billing", "ci"):
+        core.create_namespaced_service_account(namespace, {"metadata": {"name": account}})
+    batch = kubernetes.client.BatchV1Api(api)
+    batch.create_namespaced_cron_job(
+        namespace, cronjob("invoices", "billing", **{"cronlock.io/lock": "ledger"})
+    )
+    wait_for(lambda: injected(api, namespace, "invoices"), 30, "the team's CronJob injected")
+    wait_for(lambda: "cronlock-ledger" in granted(api, namespace, "billing"), 30, "its Role")
+    as_mallory = cronjob_editor(api, namespace, service_account_kubeconfig, controlplane, "squat")
+
+    # Her own CronJob on the team's lock, run as her account, even naming itself as a peer.
+    as_mallory.create_namespaced_cron_job(
+        namespace,
+        cronjob(
+            "squat",
+            "ci",
+            **{"cronlock.io/lock": "ledger", "cronlock.io/share-lock-with": "squat,invoices"},
+        ),
+    )
+
+    [message] = wait_event(api, namespace, "squat", "Conflict")
+    assert "lock ledger is already used by CronJob invoices" in message
+    assert "cronlock.io/share-lock-with: squat" in message
+    wait_settled(2)
+    assert not injected(api, namespace, "squat")
+    assert "cronlock-ledger" not in granted(api, namespace, "ci")
+    assert owners(api, namespace, "cronlock-ledger") == ["invoices"]
+    # The consent is on the team's CronJob, which her token may not change.
+    with pytest.raises(kubernetes.client.ApiException) as denied:
+        as_mallory.patch_namespaced_cron_job(
+            "invoices",
+            namespace,
+            {"metadata": {"annotations": {"cronlock.io/share-lock-with": "squat"}}},
+        )
+    assert denied.value.status == 403
+
+    # The team names her CronJob: it joins at the next look (within a minute, or at once on
+    # a change of hers), and her account is granted the Lease with the team's.
+    annotate(api, namespace, "invoices", share_lock_with="squat")
+    as_mallory.patch_namespaced_cron_job(
+        "squat", namespace, {"metadata": {"annotations": {"cronlock.io/ttl": "60s"}}}
+    )
+    wait_for(lambda: injected(api, namespace, "squat"), 30, "the joining CronJob injected")
+    wait_for(lambda: "cronlock-ledger" in granted(api, namespace, "ci"), 30, "the joiner's Role")
+    assert owners(api, namespace, "cronlock-ledger") == ["invoices", "squat"]
+    assert injected(api, namespace, "invoices")
+
+
+def test_a_malformed_share_list_is_invalid_config_and_changes_nothing(
+    api: kubernetes.client.ApiClient, namespace: str
+) -> None:
+    kubernetes.client.BatchV1Api(api).create_namespaced_cron_job(
+        namespace,
+        cronjob("report", "default", **{"cronlock.io/share-lock-with": "export, Not_A_Name"}),
+    )
+
+    [message] = wait_event(api, namespace, "report", "InvalidConfig")
+    assert "cronlock.io/share-lock-with" in message
+    assert "'Not_A_Name', which is not a CronJob name" in message
+    wait_settled(2)
+    assert not injected(api, namespace, "report")
