@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import kubernetes
 import pytest
@@ -123,18 +124,25 @@ def make_service_account_kubeconfig(
     namespace: str,
     name: str,
     directory: Path,
+    bound_pod: tuple[str, str] | None = None,
 ) -> Path:
-    """A kubeconfig that authenticates as a ServiceAccount with a TokenRequest token."""
+    """A kubeconfig that authenticates as a ServiceAccount with a TokenRequest token;
+    `bound_pod` (name, uid) binds the token to that pod, as the kubelet's tokens are."""
     core = kubernetes.client.CoreV1Api(api)
     try:
         core.create_namespaced_service_account(namespace, {"metadata": {"name": name}})
     except kubernetes.client.ApiException as error:
         if error.status != 409:
             raise
+    spec: dict[str, Any] = {"expirationSeconds": 6 * 3600}
+    if bound_pod is not None:
+        pod, uid = bound_pod
+        spec["boundObjectRef"] = {"apiVersion": "v1", "kind": "Pod", "name": pod, "uid": uid}
     token = core.create_namespaced_service_account_token(
-        name, namespace, {"spec": {"expirationSeconds": 6 * 3600}}
+        name, namespace, {"spec": spec}
     ).status.token
-    path = directory / f"{namespace}-{name}.kubeconfig"
+    suffix = f"-{bound_pod[0]}" if bound_pod is not None else ""
+    path = directory / f"{namespace}-{name}{suffix}.kubeconfig"
     path.write_text(
         yaml.safe_dump(
             {

@@ -59,6 +59,11 @@ OPERATOR_OWNED: Final = frozenset(
     }
 )
 
+# Every denial of the chart's holders' admission policy starts so (charts/cronlock/
+# templates/admission-policy.yaml): a pod that may not take an expired hold over waits
+# for the operator to clear it instead of failing.
+HOLDER_POLICY_DENIAL: Final = "cronlock holder policy:"
+
 LABEL_LOCK: Final = PREFIX + "lock"
 LABEL_MANAGED_BY: Final = "app.kubernetes.io/managed-by"
 MANAGED_BY: Final = "cronlock"

@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 from typing import NamedTuple, Protocol
 
 from cronlock_sidecar.contract import (
+    HOLDER_POLICY_DENIAL,
     LABEL_MANAGED_BY,
     MANAGED_BY,
 )
@@ -26,6 +27,7 @@ from cronlock_sidecar.microtime import format_microtime
 from cronlock_sidecar.transport import (
     ApiError,
     Conflict,
+    Forbidden,
     Lease,
     LeaseRef,
     LeaseTransport,
@@ -71,14 +73,22 @@ class Acquired(NamedTuple):
 
 
 class Busy(NamedTuple):
-    """A live holder has the Lease."""
+    """A live holder has the Lease, or (`clearing`) an expired one that only the operator
+    may clear: the holders' admission policy refused our takeover."""
 
     lease: LeaseRef
     holder: str
     renewed_ago: float
     expires_in: float
+    clearing: bool = False
 
     def message(self) -> str:
+        if self.clearing:
+            return (
+                f"already running: lease {self.lease} held by {self.holder}, not renewed for "
+                f"{max(0, round(self.renewed_ago))}s; the holders' admission policy leaves "
+                "clearing it to the operator, which has not yet; skipping this run"
+            )
         return (
             f"already running: lease {self.lease} held by {self.holder} "
             f"(renewed {max(0, round(self.renewed_ago))}s ago, "
@@ -268,6 +278,12 @@ class LeaseKeeper:
             written = self.transport.replace(self.lease, body)
         except Conflict:
             return None
+        except Forbidden as error:
+            if reason != "expired" or HOLDER_POLICY_DENIAL not in error.detail:
+                raise
+            record = read_lease(current)
+            ago = (now - record.renewed_at).total_seconds() if record.renewed_at else math.inf
+            return Busy(self.lease, holder, ago, 0.0, clearing=True)
         return self._took(written, sent, resumed=reason == "resumed", reason=reason)
 
     def _free_reason(self, current: Lease, holder: str, now: datetime) -> str | Busy:

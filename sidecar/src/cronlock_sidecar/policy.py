@@ -19,20 +19,36 @@ def acquire(
 ) -> Acquired | Busy:
     """Decide under a policy: skip at once, or retry until `wait_timeout` has passed.
 
+    A hold that expired but only the operator may clear (the holders' admission policy) is
+    waited for under either policy, at most one renew interval plus the skew: that is how
+    late the operator clears it after this pod judged it expired, clocks allowing.
     `pause(seconds)` sleeps and returns True when the caller was asked to stop.
     """
     started = keeper.clock.monotonic()
     retry_every = min(keeper.timing.renew, 1.0)
+    clearing_timeout = keeper.timing.renew + keeper.timing.skew
     announced = False
     while True:
         result = keeper.try_acquire()
-        if isinstance(result, Acquired) or not wait:
+        if isinstance(result, Acquired):
             return result
-        left = started + wait_timeout - keeper.clock.monotonic()
+        if not wait and not result.clearing:
+            return result
+        timeout = wait_timeout if wait else 0.0
+        if result.clearing:
+            timeout = max(timeout, clearing_timeout)
+        left = started + timeout - keeper.clock.monotonic()
         if left <= 0:
             return result
         if not announced:
-            log.info("lease %s held by %s; waiting up to %.0fs", keeper.lease, result.holder, left)
+            why = "expired; waiting for the operator to clear it" if result.clearing else ""
+            log.info(
+                "lease %s held by %s%s; waiting up to %.0fs",
+                keeper.lease,
+                result.holder,
+                f" ({why})" if why else "",
+                left,
+            )
             announced = True
         if pause(min(retry_every, left)):
             return result

@@ -228,6 +228,63 @@ def test_wait_policy_gives_up_after_the_timeout(
     assert clock.monotonic() - started == pytest.approx(5)
 
 
+POLICY_DENIAL = (
+    'HTTP 403: leases.coordination.k8s.io "cronlock-report" is forbidden: '
+    "ValidatingAdmissionPolicy 'cronlock-lease-holders' with binding 'cronlock-lease-holders' "
+    "denied request: cronlock holder policy: the Lease is held by pod-a_11111111; ..."
+)
+
+
+def test_an_expired_hold_the_admission_policy_keeps_is_waited_for_until_the_operator_clears_it(
+    clock: FakeClock, transport: FakeTransport, make_keeper: MakeKeeper
+) -> None:
+    """Under skip too: one renew interval plus the skew, then the cleared Lease is taken."""
+    transport.store(lease_object(OTHER, renewed=START - timedelta(seconds=70)))
+    transport.fail("replace", *[Forbidden("update", LEASE, POLICY_DENIAL)] * 100)
+    pauses: list[float] = []
+
+    def pause(seconds: float) -> bool:
+        pauses.append(seconds)
+        clock.advance(seconds)
+        if len(pauses) == 4:  # the operator clears it: a free Lease may be claimed
+            transport.store(lease_object(transitions=9))
+            transport.failures["replace"].clear()
+        return False
+
+    result = acquire(make_keeper(), wait=False, wait_timeout=0, pause=pause)
+    assert isinstance(result, Acquired)
+    assert result.transitions == 10
+    assert pauses == [1.0] * 4
+
+
+def test_an_expired_hold_the_operator_never_clears_is_a_skip_after_renew_plus_skew(
+    clock: FakeClock, transport: FakeTransport, make_keeper: MakeKeeper
+) -> None:
+    transport.store(lease_object(OTHER, renewed=START - timedelta(seconds=70)))
+    denial = Forbidden("update", LEASE, POLICY_DENIAL)
+    transport.fail("replace", *([denial] * 100))
+
+    def pause(seconds: float) -> bool:
+        clock.advance(seconds)
+        return False
+
+    started = clock.monotonic()
+    result = acquire(make_keeper(), wait=False, wait_timeout=0, pause=pause)
+    assert isinstance(result, Busy)
+    assert result.clearing
+    assert clock.monotonic() - started == pytest.approx(20 + 2)  # renew 20s, skew 2s
+    assert "leaves clearing it to the operator" in result.message()
+
+
+def test_any_other_refusal_of_a_takeover_still_fails_closed(
+    transport: FakeTransport, make_keeper: MakeKeeper
+) -> None:
+    transport.store(lease_object(OTHER, renewed=START - timedelta(seconds=70)))
+    transport.fail("replace", Forbidden("update", LEASE, "HTTP 403: forbidden by RBAC"))
+    with pytest.raises(Forbidden):
+        make_keeper().try_acquire()
+
+
 def test_skip_policy_never_waits(transport: FakeTransport, make_keeper: MakeKeeper) -> None:
     transport.store(lease_object(OTHER))
 

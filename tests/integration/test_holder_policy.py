@@ -1,0 +1,211 @@
+"""The holders' admission policy, from the side of a pod on a shared ServiceAccount.
+
+Every pod here authenticates with a token bound to it, as the kubelet's projected tokens
+are, on the account `shared` that the guarded CronJob `report` runs as. RBAC lets all of
+them update `cronlock-report`; the chart's policy lets each write it only as itself.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import kubernetes
+import pytest
+
+from cronlock_sidecar.microtime import format_microtime
+from tests.kube import wait_for
+from tests.support.controlplane import ControlPlane, make_service_account_kubeconfig
+from tests.support.cronjobs import make_cronjob
+from tests.support.objects import read
+
+pytestmark = pytest.mark.usefixtures("operator")
+
+LEASE = "cronlock-report"
+RUN_JOB = "report-29000000"
+
+
+class Pod:
+    """A pod on the shared account, and the Lease API as its token sees it."""
+
+    def __init__(self, api: kubernetes.client.ApiClient, name: str, leases: Any, uid: str):
+        self.name = name
+        self.identity = f"{name}_{uid[:8]}"
+        self.leases = leases
+        self._api = api
+
+    def write(self, namespace: str, change: Callable[[dict[str, Any]], None]) -> None:
+        """Read the Lease, change it, write it back (raises the API's refusal)."""
+        lease = self._api.sanitize_for_serialization(
+            self.leases.read_namespaced_lease(LEASE, namespace)
+        )
+        change(lease)
+        self.leases.replace_namespaced_lease(LEASE, namespace, lease)
+
+
+def make_pod(
+    api: kubernetes.client.ApiClient,
+    controlplane: ControlPlane,
+    namespace: str,
+    name: str,
+    directory: Path,
+) -> Pod:
+    body = {
+        "metadata": {"name": name},
+        "spec": {
+            "serviceAccountName": "shared",
+            "securityContext": {"runAsNonRoot": True, "runAsUser": 65532},
+            "containers": [{"name": "main", "image": "busybox:never-pulled"}],
+        },
+    }
+    created = kubernetes.client.CoreV1Api(api).create_namespaced_pod(namespace, body)
+    uid = created.metadata.uid
+    path = make_service_account_kubeconfig(
+        controlplane, api, namespace, "shared", directory, bound_pod=(name, uid)
+    )
+    leases = kubernetes.client.CoordinationV1Api(controlplane.api_client(path))
+    return Pod(api, name, leases, uid)
+
+
+def refused(pod: Pod, namespace: str, change: Callable[[dict[str, Any]], None]) -> str:
+    with pytest.raises(kubernetes.client.ApiException) as denied:
+        pod.write(namespace, change)
+    assert denied.value.status == 403, denied.value.body
+    body = str(denied.value.body)
+    assert "cronlock holder policy:" in body, body
+    return body
+
+
+def hold(identity: str, *, duration: int = 60, job: str = "") -> Callable[[dict[str, Any]], None]:
+    def change(lease: dict[str, Any]) -> None:
+        stamp = format_microtime(datetime.datetime.now(datetime.UTC))
+        lease["spec"].update(
+            holderIdentity=identity,
+            acquireTime=stamp,
+            renewTime=stamp,
+            leaseDurationSeconds=duration,
+            leaseTransitions=lease["spec"].get("leaseTransitions", 0) + 1,
+        )
+        annotations = lease["metadata"].setdefault("annotations", {})
+        if job:
+            annotations["cronlock.io/holder-job"] = job
+
+    return change
+
+
+def renew(lease: dict[str, Any]) -> None:
+    lease["spec"]["renewTime"] = format_microtime(datetime.datetime.now(datetime.UTC))
+
+
+def clear(lease: dict[str, Any]) -> None:
+    lease["spec"].pop("holderIdentity", None)
+
+
+def test_a_pod_on_the_shared_account_writes_the_lease_only_as_itself(
+    api: kubernetes.client.ApiClient,
+    namespace: str,
+    controlplane: ControlPlane,
+    tmp_path: Path,
+) -> None:
+    core = kubernetes.client.CoreV1Api(api)
+    core.create_namespaced_service_account(namespace, {"metadata": {"name": "shared"}})
+    cronjob = make_cronjob(
+        name="report",
+        namespace=None,
+        schedule="0 0 1 1 *",
+        annotations={"cronlock.io/enabled": "true"},
+        restart_policy="Never",
+    )
+    cronjob["spec"]["jobTemplate"]["spec"]["template"]["spec"]["serviceAccountName"] = "shared"
+    kubernetes.client.BatchV1Api(api).create_namespaced_cron_job(namespace, cronjob)
+    wait_for(
+        lambda: any(
+            container["name"] == "cronlock"
+            for container in read(api, namespace, "report")["spec"]["jobTemplate"]["spec"][
+                "template"
+            ]["spec"].get("initContainers")
+            or []
+        ),
+        30,
+        "the CronJob to be injected",
+    )
+    run = make_pod(api, controlplane, namespace, f"{RUN_JOB}-abcde", tmp_path)
+    intruder = make_pod(api, controlplane, namespace, "intruder", tmp_path)
+    retry = make_pod(api, controlplane, namespace, f"{RUN_JOB}-fghij", tmp_path)
+    wait_for(lambda: _can_read(intruder, namespace), 30, "the holder Role for `shared`")
+
+    # While the Lease is free: nobody may claim it in another pod's name. (The first
+    # refusal is waited for: the API server enforces a new policy a moment after it exists.)
+    leases = kubernetes.client.CoordinationV1Api(api)
+    wait_for(
+        lambda: _refused_now(intruder, namespace, hold(run.identity), leases),
+        30,
+        "the holders' policy to be enforced",
+    )
+    message = refused(intruder, namespace, hold(run.identity))
+    assert f"pod intruder may hold this Lease only as {intruder.identity}" in message
+
+    # The run's pod claims it as itself.
+    run.write(namespace, hold(run.identity, job=RUN_JOB))
+
+    # The intruder can neither take it over, renew it, clear it, nor change its labels
+    # or owners.
+    assert "the Lease is held by " + run.identity in refused(
+        intruder, namespace, hold(intruder.identity)
+    )
+    refused(intruder, namespace, renew)
+    refused(intruder, namespace, clear)
+
+    def unlabel(lease: dict[str, Any]) -> None:
+        lease["metadata"]["labels"].pop("app.kubernetes.io/managed-by")
+
+    def disown(lease: dict[str, Any]) -> None:
+        lease["metadata"]["ownerReferences"] = []
+
+    assert "never changes a Lease's labels or owners" in refused(intruder, namespace, unlabel)
+    refused(run, namespace, disown)
+    assert leases.read_namespaced_lease(LEASE, namespace).spec.holder_identity == run.identity
+
+    # Its holder renews it; the Job's next pod (its retry) may take it over at once.
+    run.write(namespace, renew)
+    retry.write(namespace, hold(retry.identity, duration=5, job=RUN_JOB))
+
+    # A hold whose renewals stopped is cleared by the operator (duration 5s + skew), and
+    # then the Lease is free for whoever claims it first.
+    wait_for(
+        lambda: not leases.read_namespaced_lease(LEASE, namespace).spec.holder_identity,
+        30,
+        "the operator to clear the hold that stopped renewing",
+    )
+    run.write(namespace, hold(run.identity, job=RUN_JOB))
+    run.write(namespace, clear)
+    assert not leases.read_namespaced_lease(LEASE, namespace).spec.holder_identity
+
+
+def _can_read(pod: Pod, namespace: str) -> bool:
+    try:
+        pod.leases.read_namespaced_lease(LEASE, namespace)
+    except kubernetes.client.ApiException as error:
+        if error.status in (403, 404):
+            return False
+        raise
+    return True
+
+
+def _refused_now(
+    pod: Pod, namespace: str, change: Callable[[dict[str, Any]], None], admin: Any
+) -> bool:
+    try:
+        pod.write(namespace, change)
+    except kubernetes.client.ApiException as error:
+        return error.status == 403 and "cronlock holder policy:" in str(error.body)
+    # Not yet enforced: the cluster admin undoes what got through, and we look again.
+    admin.patch_namespaced_lease(
+        LEASE,
+        namespace,
+        [{"op": "remove", "path": "/spec/holderIdentity"}],
+        _content_type="application/json-patch+json",
+    )
+    return False
