@@ -15,6 +15,7 @@ import kubernetes
 import pytest
 
 from tests.support.controlplane import ControlPlane
+from tests.support.cronjobs import make_cronjob
 
 OURS = {"app.kubernetes.io/managed-by": "cronlock"}
 
@@ -134,4 +135,40 @@ def test_the_operator_cannot_mint_rbac_for_anyone(
                 "name": "cronlock-holder-ci",
             },
         },
+    )
+
+
+def test_the_operators_cronjob_patches_can_neither_switch_account_nor_image_nor_schedule(
+    api: kubernetes.client.ApiClient, as_operator: kubernetes.client.ApiClient, namespace: str
+) -> None:
+    """A stolen operator token may still wrap a job template in cronlock's containers, but
+    not run the user's containers as another account or from another image."""
+    batch = kubernetes.client.BatchV1Api(as_operator)
+    kubernetes.client.BatchV1Api(api).create_namespaced_cron_job(
+        namespace,
+        make_cronjob(name="plain", namespace=None, schedule="0 0 1 1 *", restart_policy="Never"),
+    )
+    pod = "/spec/jobTemplate/spec/template/spec"
+
+    def patch(*ops: dict[str, Any]) -> Any:
+        return batch.patch_namespaced_cron_job(
+            "plain", namespace, list(ops), _content_type="application/json-patch+json"
+        )
+
+    body = refused(lambda: patch({"op": "add", "path": f"{pod}/serviceAccountName", "value": "x"}))
+    assert "never changes the account" in body
+    body = refused(
+        lambda: patch({"op": "replace", "path": f"{pod}/containers/0/image", "value": "evil:1"})
+    )
+    assert "never changes the image of a container it did not add" in body
+    body = refused(lambda: patch({"op": "replace", "path": "/spec/schedule", "value": "* * * * *"}))
+    assert "changes only a CronJob's job template and its cronlock.io annotations" in body
+    refused(
+        lambda: patch({"op": "add", "path": "/metadata/annotations", "value": {"team": "evil"}})
+    )
+    # What injection does stays possible: its own containers, its own annotations.
+    sidecar = {"name": "cronlock", "image": "cronlock:any", "restartPolicy": "Always"}
+    patch(
+        {"op": "add", "path": f"{pod}/initContainers", "value": [sidecar]},
+        {"op": "add", "path": "/metadata/annotations", "value": {"cronlock.io/x": "1"}},
     )

@@ -124,7 +124,8 @@ def test_annotating_injects_and_removing_the_annotation_restores_the_stored_cron
     )
     assert len(rules) == 1 + len(user_rules)
     assert injected["spec"]["jobTemplate"]["metadata"]["labels"]["cronlock.io/lock"] == name
-    assert "Injected" in [reason for _, reason, _ in events(api, namespace, name)]
+    # Events are posted in the background, a moment after the patch.
+    wait_event(api, namespace, name, "Injected")
     # No kopf bookkeeping on the user's object.
     assert not injected["metadata"].get("finalizers")
     assert not [key for key in injected["metadata"].get("annotations", {}) if "kopf" in key]

@@ -333,11 +333,21 @@ class Kube(HolderRbacWrites):
             "lastTimestamp": now,
             "count": 1,
         }
-        with transient_errors(f"post event {reason} on {metadata['namespace']}/{metadata['name']}"):
-            done(
-                self.core.create_namespaced_event(
+        what = f"post event {reason} on {metadata['namespace']}/{metadata['name']}"
+        with transient_errors(what):
+            try:
+                response = self.core.create_namespaced_event(
                     metadata["namespace"], event, _preload_content=False
                 )
-            )
+            except kubernetes.client.ApiException as error:
+                if error.status == 404 or (
+                    error.status == 403 and "being terminated" in str(error.body or "")
+                ):
+                    # Its namespace is gone or going: no retry (the poster would stall
+                    # every other namespace's Events behind it).
+                    logger.debug("%s: its namespace is being deleted", what)
+                    return
+                raise
+            done(response)
         level = logging.WARNING if warning else logging.INFO
         logger.log(level, "%s %s/%s: %s", reason, metadata["namespace"], metadata["name"], message)

@@ -309,7 +309,7 @@ class Reconciler:
             sharing.refuse_unshared_lock(
                 lease, body, guard.lease, lambda other: self.cronjobs.get((namespace, other))
             )
-        except NotOurs:
+        except (NotOurs, Retry):
             return False
         return True
 

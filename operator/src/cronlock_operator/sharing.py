@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 from cronlock_operator.answers import NotOurs
+from cronlock_operator.workqueue import Retry
 from cronlock_sidecar import contract
 
 _NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
@@ -61,9 +62,9 @@ def refuse_unshared_lock(
 ) -> None:
     """Raise NotOurs unless `cronjob` may use the lock whose Lease is `lease`.
 
-    A user that is gone from the operator's cache (or replaced under the same name) gives
-    no consent; the garbage collector removes its reference soon, and the refusal is looked
-    at again.
+    A user the operator has not seen (gone, or replaced under the same name) gives no
+    consent; while one is left and nobody consents, it is Retry, not a refusal: the
+    garbage collector removes that reference soon, and the next try decides.
     """
     metadata = cronjob["metadata"]
     name, uid = metadata["name"], metadata["uid"]
@@ -73,15 +74,24 @@ def refuse_unshared_lock(
     others = {user_uid: user for user_uid, user in users.items() if user_uid != uid}
     if not others:
         return
+    unseen = []
     for user_uid, user in others.items():
         body = cached(user)
         if body is None or body["metadata"].get("uid") != user_uid:
+            unseen.append(user)
             continue
         try:
             if name in parse_peers(body["metadata"].get("annotations") or {}):
                 return
         except InvalidPeers:
             continue
+    if unseen:
+        # Most likely deleted: the garbage collector drops its reference (or the Lease
+        # with its last owner) soon. Until then, no consent and no verdict either.
+        raise Retry(
+            f"lock {lock}: its Lease names CronJob {', '.join(sorted(unseen))}, not (yet) "
+            "seen by the operator"
+        )
     named = ", ".join(sorted(others.values()))
     raise NotOurs(
         f"lock {lock} is already used by CronJob {named}; a CronJob may share a lock only "

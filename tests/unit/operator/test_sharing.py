@@ -8,6 +8,7 @@ import pytest
 
 from cronlock_operator.answers import NotOurs
 from cronlock_operator.sharing import InvalidPeers, parse_peers, refuse_unshared_lock
+from cronlock_operator.workqueue import Retry
 
 
 def cronjob(name: str, uid: str, share: str | None = None) -> dict[str, Any]:
@@ -51,15 +52,24 @@ def test_joining_a_used_lock_needs_a_user_naming_the_joiner() -> None:
     )
 
 
-def test_consent_from_a_cronjob_replaced_under_the_same_name_or_not_cached_does_not_count() -> None:
+def test_a_user_not_seen_or_replaced_under_its_name_gives_no_consent_and_no_verdict_yet() -> None:
+    """Most likely deleted, its reference not yet dropped by the garbage collector: Retry."""
     me = cronjob("squat", "u-squat")
     used = lease(("invoices", "u-old"))
-    with pytest.raises(NotOurs):
+    with pytest.raises(Retry, match="names CronJob invoices, not \\(yet\\) seen"):
         refuse_unshared_lock(used, me, "ledger", lookup(cronjob("invoices", "u-new", "squat")))
-    with pytest.raises(NotOurs):
+    with pytest.raises(Retry):
         refuse_unshared_lock(used, me, "ledger", lookup())
-    with pytest.raises(NotOurs):  # a malformed list consents to nobody
-        refuse_unshared_lock(used, me, "ledger", lookup(cronjob("invoices", "u-old", "squat,X")))
+    # One that is seen and consents is enough, whoever else is unseen.
+    both = lease(("invoices", "u-inv"), ("gone", "u-gone"))
+    refuse_unshared_lock(both, me, "ledger", lookup(cronjob("invoices", "u-inv", "squat")))
+
+
+def test_a_malformed_share_list_consents_to_nobody() -> None:
+    me = cronjob("squat", "u-squat")
+    used = lease(("invoices", "u-inv"))
+    with pytest.raises(NotOurs):
+        refuse_unshared_lock(used, me, "ledger", lookup(cronjob("invoices", "u-inv", "squat,X")))
 
 
 @pytest.mark.parametrize(
