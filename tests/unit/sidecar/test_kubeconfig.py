@@ -19,9 +19,9 @@ from cronlock_sidecar.kubeconfig import KubeConfigError, TokenFile, in_cluster, 
 from cronlock_sidecar.transport import Unavailable
 
 if TYPE_CHECKING:
-    from tests.unit.sidecar.conftest import FakeApiServer
+    from tests.unit.sidecar.fakes import FakeApiServer
 
-from tests.unit.sidecar.conftest import LEASE, lease_object
+from tests.unit.sidecar.fakes import LEASE, lease_object
 
 
 def write_kubeconfig(path: Path, cluster: dict[str, Any], user: dict[str, Any]) -> Path:

@@ -12,9 +12,9 @@ import pytest
 from cronlock_sidecar.contract import ANNOTATION_LAST_HOLDER
 
 if TYPE_CHECKING:
-    from tests.unit.sidecar.conftest import FakeApiServer
+    from tests.unit.sidecar.fakes import FakeApiServer
 
-from tests.unit.sidecar.conftest import (
+from tests.unit.sidecar.fakes import (
     finish,
     holder,
     lease_object,
