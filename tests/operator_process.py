@@ -30,9 +30,20 @@ RBAC_KINDS = {
 }
 
 
+def kube_version() -> str:
+    """The control plane's Kubernetes version (tests/controlplane/versions.env), which
+    `helm template` needs: the chart requires 1.30+, and a helm built from source, as ours
+    is, assumes 1.20 when not told."""
+    for line in (ROOT / "tests" / "controlplane" / "versions.env").read_text().splitlines():
+        if line.startswith("KUBERNETES_VERSION="):
+            return line.split("=", 1)[1].strip()
+    raise RuntimeError("tests/controlplane/versions.env names no KUBERNETES_VERSION")
+
+
 def render_chart(env: dict[str, str], *values: str) -> list[dict[str, Any]]:
     """`helm template` of the chart: the objects a user's `helm install` would create."""
     args = ["helm", "template", "cronlock", str(CHART), "--namespace", OPERATOR_NAMESPACE]
+    args += ["--kube-version", kube_version()]
     for value in values:
         args += ["--set", value]
     result = subprocess.run(args, env=env, capture_output=True, text=True, check=True)
