@@ -414,6 +414,73 @@ def test_the_chart_needs_kubernetes_1_30(controlplane: ControlPlane) -> None:
     assert "requires kubeVersion: >=1.30.0-0" in old.stderr
 
 
+def rule_file(directory: Path, docs: list[dict[str, Any]]) -> Path:
+    """The PrometheusRule's groups as the rule file Prometheus would load."""
+    [rule] = [doc for doc in docs if doc["kind"] == "PrometheusRule"]
+    path = directory / f"rules-{secrets.token_hex(3)}.yaml"
+    path.write_text(yaml.safe_dump({"groups": rule["spec"]["groups"]}))
+    return path
+
+
+def rulecheck(path: Path) -> subprocess.CompletedProcess[str]:
+    """Prometheus' own parser (rulefmt and PromQL), built from its pinned Go module."""
+    binary = subprocess.run(
+        [str(ROOT / "tests" / "controlplane" / "rulecheck")],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=600,
+    ).stdout.strip()
+    return subprocess.run([binary, str(path)], capture_output=True, text=True, timeout=60)
+
+
+def test_the_prometheus_rule_parses_as_prometheus_parses_it_with_thresholds_from_values(
+    controlplane: ControlPlane, tmp_path: Path
+) -> None:
+    on = ["--set", "prometheusRule.enabled=true", "--api-versions", "monitoring.coreos.com/v1"]
+    assert "PrometheusRule" not in kinds(
+        render(controlplane, "--set", "prometheusRule.enabled=true")
+    )
+    assert "PrometheusRule" not in kinds(
+        render(controlplane, *on, "--set", "metrics.enabled=false")
+    )
+
+    default = rule_file(tmp_path, render(controlplane, *on))
+    checked = rulecheck(default)
+    assert checked.returncode == 0, checked.stderr
+    assert "1 groups, 4 rules" in checked.stdout
+    tuned = render(
+        controlplane,
+        *on,
+        "--set",
+        "prometheusRule.repeatedSkips=7,prometheusRule.reconcileErrors=0",
+        "--set",
+        "prometheusRule.window=1h,prometheusRule.operatorDownFor=2m",
+        "--set",
+        "prometheusRule.severity=page,prometheusRule.labels.release=kube-prometheus",
+    )
+    [rule] = [doc for doc in tuned if doc["kind"] == "PrometheusRule"]
+    assert rule["metadata"]["labels"]["release"] == "kube-prometheus"
+    alerts = {alert["alert"]: alert for alert in rule["spec"]["groups"][0]["rules"]}
+    assert set(alerts) == {
+        "CronlockRepeatedSkips",
+        "CronlockExpiredHoldCleared",
+        "CronlockOperatorDown",
+        "CronlockReconcileErrors",
+    }
+    assert alerts["CronlockRepeatedSkips"]["expr"].endswith(">= 7")
+    assert alerts["CronlockReconcileErrors"]["expr"].endswith("[1h])) > 0")
+    assert alerts["CronlockOperatorDown"]["for"] == "2m"
+    assert {alert["labels"]["severity"] for alert in alerts.values()} == {"page"}
+    assert rulecheck(rule_file(tmp_path, tuned)).returncode == 0
+    # The check can fail: one broken expression is named.
+    broken = default.read_text().replace(">= 3", ">= = 3")
+    default.write_text(broken)
+    refused = rulecheck(default)
+    assert refused.returncode == 1
+    assert '"CronlockRepeatedSkips": could not parse expression' in refused.stderr
+
+
 def test_every_object_in_the_schema_is_closed_typed_and_described() -> None:
     schema = json.loads((CHART / "values.schema.json").read_text())
 

@@ -121,7 +121,7 @@ class Reconciler:
         if kind == "DELETED":
             self.leases.pop(key)
             self.observations.pop(key, None)
-            metrics.lease_held.labels(key[0], lock).set(0)
+            metrics.forget_lock(key[0], lock)
             # A guarded CronJob still needs it: its reconcile creates it again.
             for owner in body["metadata"].get("ownerReferences") or []:
                 if owner.get("kind") == "CronJob":
@@ -143,6 +143,10 @@ class Reconciler:
 
     # --- work (worker tasks; the blocking API calls run in threads) -------------------
     async def _work(self, key: Key) -> None:
+        with metrics.reconcile_duration.labels(key.kind).time():
+            await self._reconcile(key)
+
+    async def _reconcile(self, key: Key) -> None:
         try:
             if isinstance(key, CronJobKey):
                 await asyncio.to_thread(self.reconcile_cronjob, key.namespace, key.name)
@@ -185,6 +189,7 @@ class Reconciler:
         body = self.cronjobs.get(key)
         if body is None:
             self.conflicted.discard(key)
+            metrics.forget_cronjob(namespace, name)
             if self.guards.pop(key, None) is not None:
                 metrics.guarded_cronjobs.set(len(self.guards))
                 self.sync_rbac(namespace)
