@@ -123,6 +123,14 @@ def test_metrics_liveness_and_json_logs(
         return any("Injected" in str(record.get("message")) for record in records)
 
     assert wait_for(injected_logged, timeout=30, what="the Injected line in the JSON log")
+    # One schema with the sidecar's JSON lines (tests/unit/sidecar/test_run.py): kopf's
+    # own lines too, and those about an object name it.
+    complete = process.log().rpartition("\n")[0]
+    records = [json.loads(line) for line in complete.splitlines() if line.strip()]
+    for record in records:
+        assert set(record) >= {"timestamp", "level", "logger", "message"}, record
+        assert "severity" not in record
+    assert any(record["logger"].startswith("kopf") for record in records)
 
     # A deleted CronJob's Lease goes (garbage collector), and with it its series: none
     # stays behind showing the last value for ever.

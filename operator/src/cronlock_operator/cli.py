@@ -12,10 +12,12 @@ from collections.abc import Sequence
 import kopf
 
 from cronlock_operator.config import OperatorSettings
-from cronlock_sidecar import contract
+from cronlock_sidecar import contract, logs
 from cronlock_sidecar.durations import DurationError, parse_duration
 
 DEFAULT_SIDECAR_IMAGE = "ghcr.io/cronlock/cronlock:0.1.0"
+
+PROGRAM = "cronlock-operator"
 
 
 def _env(name: str, default: str | None = None) -> str | None:
@@ -24,7 +26,7 @@ def _env(name: str, default: str | None = None) -> str | None:
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="cronlock-operator",
+        prog=PROGRAM,
         description="Guard CronJobs annotated cronlock.io/enabled=true with a Lease.",
     )
     scope = parser.add_mutually_exclusive_group()
@@ -97,12 +99,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         settings = settings_from(args)
     except ValueError as error:
-        print(f"cronlock-operator: {error}", file=sys.stderr)
+        print(f"{PROGRAM}: {error}", file=sys.stderr)
         return contract.EXIT_CONFIG
-    kopf.configure(
-        verbose=args.verbose,
-        log_format=kopf.LogFormat.JSON if args.log_format == "json" else kopf.LogFormat.PLAIN,
-    )
+    kopf.configure(verbose=args.verbose, log_format=kopf.LogFormat.PLAIN)
+    # kopf's handlers, our format: the sidecar's JSON schema, or its plain lines with the
+    # time and level (kopf's plain format has neither).
+    formatter = logs.JsonFormatter() if args.log_format == "json" else logs.PlainFormatter(PROGRAM)
+    for handler in logging.getLogger().handlers:
+        handler.setFormatter(formatter)
     logging.getLogger("kubernetes").setLevel(logging.WARNING)
     # kopf reports every handled watch event at INFO; our own lines say what happened.
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)
