@@ -103,7 +103,9 @@ class OperatorProcess:
     args: list[str] = field(default_factory=list)
     process: subprocess.Popen[bytes] | None = None
 
-    def start(self) -> None:
+    def start(self, until: str = "cronlock operator started") -> None:
+        """Start it and wait for the line `until` in its log (a follower waiting to lead
+        never says it started)."""
         env = dict(self.env, KUBECONFIG=str(self.kubeconfig))
         executable = Path(sys.executable).parent / "cronlock-operator"
         # The log is appended across restarts: only this process's lines count.
@@ -116,9 +118,9 @@ class OperatorProcess:
                 stderr=subprocess.STDOUT,
             )
         wait_for(
-            lambda: "cronlock operator started" in self.log(offset) or self._exited(),
+            lambda: until in self.log(offset) or self._exited(),
             timeout=30,
-            what="the operator to start",
+            what=f"the operator to log {until!r}",
         )
         assert not self._exited(), f"the operator exited:\n{self.log()[-3000:]}"
 
