@@ -181,6 +181,8 @@ class FakeApiServer:
         self.requests: list[tuple[str, str]] = []
         self.tokens_seen: list[str] = []
         self.forbidden: set[str] = set()
+        # Seconds of Retry-After for the next requests, each answered 429 (one per entry).
+        self.throttle: list[int] = []
         self.broken = False
         self.lock = threading.Lock()
         server = self
@@ -203,6 +205,16 @@ class FakeApiServer:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = json.loads(self.rfile.read(length)) if length else None
                 self.tokens_seen_append()
+                if server.throttle:
+                    wait = server.throttle.pop(0)
+                    server.requests.append((method, self.path))
+                    payload = b'{"kind":"Status","code":429,"reason":"TooManyRequests"}'
+                    self.send_response(429)
+                    self.send_header("Retry-After", str(wait))
+                    self.send_header("Content-Length", str(len(payload)))
+                    self.end_headers()
+                    self.wfile.write(payload)
+                    return
                 status, document = server.handle(method, self.path, body)
                 self._reply(status, document)
 
