@@ -30,9 +30,20 @@ RBAC_KINDS = {
 }
 
 
+def kube_version() -> str:
+    """The control plane's Kubernetes version (tests/controlplane/versions.env), which
+    `helm template` needs: the chart requires 1.30+, and a helm built from source, as ours
+    is, assumes 1.20 when not told."""
+    for line in (ROOT / "tests" / "controlplane" / "versions.env").read_text().splitlines():
+        if line.startswith("KUBERNETES_VERSION="):
+            return line.split("=", 1)[1].strip()
+    raise RuntimeError("tests/controlplane/versions.env names no KUBERNETES_VERSION")
+
+
 def render_chart(env: dict[str, str], *values: str) -> list[dict[str, Any]]:
     """`helm template` of the chart: the objects a user's `helm install` would create."""
     args = ["helm", "template", "cronlock", str(CHART), "--namespace", OPERATOR_NAMESPACE]
+    args += ["--kube-version", kube_version()]
     for value in values:
         args += ["--set", value]
     result = subprocess.run(args, env=env, capture_output=True, text=True, check=True)
@@ -92,7 +103,9 @@ class OperatorProcess:
     args: list[str] = field(default_factory=list)
     process: subprocess.Popen[bytes] | None = None
 
-    def start(self) -> None:
+    def start(self, until: str = "cronlock operator started") -> None:
+        """Start it and wait for the line `until` in its log (a follower waiting to lead
+        never says it started)."""
         env = dict(self.env, KUBECONFIG=str(self.kubeconfig))
         executable = Path(sys.executable).parent / "cronlock-operator"
         # The log is appended across restarts: only this process's lines count.
@@ -105,9 +118,9 @@ class OperatorProcess:
                 stderr=subprocess.STDOUT,
             )
         wait_for(
-            lambda: "cronlock operator started" in self.log(offset) or self._exited(),
+            lambda: until in self.log(offset) or self._exited(),
             timeout=30,
-            what="the operator to start",
+            what=f"the operator to log {until!r}",
         )
         assert not self._exited(), f"the operator exited:\n{self.log()[-3000:]}"
 

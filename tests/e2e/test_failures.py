@@ -16,12 +16,12 @@ import time
 
 import pytest
 
-from tests.e2e.conftest import EXIT_SKIPPED, SIDECAR, Scenario
 from tests.e2e.node import Work, overlapping
+from tests.e2e.scenario import SIDECAR, Scenario
 from tests.kube import wait_for
+from tests.support.contract import EXIT_SKIPPED, EXIT_UNAVAILABLE
 
 SKEW = 2.0
-EXIT_UNAVAILABLE = 69
 
 
 def test_a_crashed_run_releases_at_once_and_the_jobs_retry_acquires(cluster: Scenario) -> None:

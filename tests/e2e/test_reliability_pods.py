@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.conftest import Scenario
+from tests.e2e.scenario import Scenario
 from tests.reliability.faults import ControlPlaneProcesses
 from tests.reliability.pods import POD_FAULTS, PodChecker, PodSettings
 from tests.support.controlplane import ControlPlane

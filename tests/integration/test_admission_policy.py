@@ -146,7 +146,13 @@ def test_the_operators_cronjob_patches_can_neither_switch_account_nor_image_nor_
     batch = kubernetes.client.BatchV1Api(as_operator)
     kubernetes.client.BatchV1Api(api).create_namespaced_cron_job(
         namespace,
-        make_cronjob(name="plain", namespace=None, schedule="0 0 1 1 *", restart_policy="Never"),
+        make_cronjob(
+            name="plain",
+            namespace=None,
+            schedule="0 0 1 1 *",
+            annotations={},
+            restart_policy="Never",
+        ),
     )
     pod = "/spec/jobTemplate/spec/template/spec"
 

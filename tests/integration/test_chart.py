@@ -15,7 +15,9 @@ import kubernetes
 import pytest
 import yaml
 
+from cronlock_operator import cli as operator_cli
 from tests.kube import run_tool, wait_for
+from tests.operator_process import kube_version
 from tests.support.controlplane import ControlPlane, ServiceAccountKubeconfig
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -25,11 +27,12 @@ EXAMPLES = sorted((ROOT / "manifests" / "examples").glob("*.yaml"))
 INSTALL_DOC = ROOT / "docs" / "INSTALL.md"
 REGENERATE = (
     "{ sed '/^---$/,$d' manifests/install.yaml; "
-    "helm template cronlock charts/cronlock --namespace cronlock-system; } "
+    "helm template cronlock charts/cronlock --namespace cronlock-system "
+    f"--kube-version {kube_version()}; }} "
     "> install.yaml.new && mv install.yaml.new manifests/install.yaml"
 )
 # Values that hold a Kubernetes type: one row each in docs/INSTALL.md.
-OPAQUE = ("resources", "affinity")
+OPAQUE = ("resources", "affinity", "podSecurityContext", "securityContext")
 RESTRICTED = {
     "pod-security.kubernetes.io/enforce": "restricted",
     "pod-security.kubernetes.io/warn": "restricted",
@@ -137,6 +140,8 @@ NON_DEFAULT: dict[str, Any] = {
 def helm(
     controlplane: ControlPlane, *args: str, check: bool = True
 ) -> subprocess.CompletedProcess[str]:
+    if args[:1] == ("template",):
+        args = (*args, "--kube-version", kube_version())
     return run_tool(controlplane.env, "helm", *args, check=check, timeout=90, cwd=ROOT)
 
 
@@ -304,6 +309,178 @@ def test_the_schema_refuses_bad_values_naming_the_field(
     assert named in result.stderr, result.stderr
 
 
+DEFAULTS = [
+    ("60s", ""),
+    ("19s", ""),
+    ("18s", ""),
+    ("5s", ""),
+    ("24h", ""),
+    ("86401s", ""),
+    ("1.5m", ""),
+    ("19.5s", ""),
+    ("60s", "20s"),
+    ("60s", "20.001s"),
+    ("60s", "1s"),
+    ("60s", "999ms"),
+    ("19s", "6s"),
+    ("19s", "7s"),
+    ("1h", "20m"),
+]
+
+
+def test_the_chart_accepts_exactly_the_defaults_the_operator_accepts(
+    controlplane: ControlPlane,
+) -> None:
+    """Both ways: a chart that renders starts an operator, and an operator default the
+    chart refuses is one the operator would refuse too (exit 78, a crash loop)."""
+    verdicts = []
+    for ttl, renew in DEFAULTS:
+        setting = ["--set", f"defaults.ttl={ttl}", "--set", f"defaults.renew={renew}"]
+        rendered = helm(controlplane, "template", "cronlock", str(CHART), *setting, check=False)
+        argv = ["--sidecar-image", "x", "--default-ttl", ttl]
+        argv += ["--default-renew", renew] if renew else []
+        try:
+            operator_cli.settings_from(operator_cli.parse_args(argv))
+            operator_accepts = True
+        except ValueError:
+            operator_accepts = False
+        if rendered.returncode != 0:
+            assert "is not one the operator accepts" in rendered.stderr, rendered.stderr
+        verdicts.append((ttl, renew, rendered.returncode == 0, operator_accepts))
+    assert [v for v in verdicts if v[2] != v[3]] == [], verdicts
+    assert {v[3] for v in verdicts} == {True, False}
+
+
+def test_metrics_can_be_turned_off_entirely(controlplane: ControlPlane) -> None:
+    off = render(
+        controlplane,
+        "--set",
+        "metrics.enabled=false",
+        "--set",
+        "serviceMonitor.enabled=true",
+        "--api-versions",
+        "monitoring.coreos.com/v1",
+    )
+    kinds = {doc["kind"] for doc in off}
+    assert "Service" not in kinds
+    assert "ServiceMonitor" not in kinds
+    [deployment] = [doc for doc in off if doc["kind"] == "Deployment"]
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    assert deployment_env(deployment)["CRONLOCK_METRICS_PORT"] == "0"
+    assert [port["name"] for port in container["ports"]] == ["healthz"]
+
+
+def test_the_pod_security_context_scheduling_and_env_are_the_users_to_set(
+    controlplane: ControlPlane,
+) -> None:
+    docs = render(
+        controlplane,
+        "--set",
+        "podSecurityContext.runAsUser=null,podSecurityContext.runAsGroup=null",
+        "--set",
+        "podSecurityContext.fsGroup=null,priorityClassName=system-cluster-critical",
+        "--set-json",
+        'extraEnv=[{"name":"HTTPS_PROXY","value":"http://192.0.2.1:3128"}]',
+        "--set-json",
+        'topologySpreadConstraints=[{"maxSkew":1,"topologyKey":"zone",'
+        '"whenUnsatisfiable":"ScheduleAnyway"}]',
+    )
+    [deployment] = [doc for doc in docs if doc["kind"] == "Deployment"]
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["securityContext"] == {
+        "runAsNonRoot": True,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    assert pod["priorityClassName"] == "system-cluster-critical"
+    assert pod["topologySpreadConstraints"][0]["topologyKey"] == "zone"
+    assert deployment_env(deployment)["HTTPS_PROXY"] == "http://192.0.2.1:3128"
+    assert pod["containers"][0]["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+
+
+def test_the_chart_needs_kubernetes_1_30(controlplane: ControlPlane) -> None:
+    old = run_tool(
+        controlplane.env,
+        "helm",
+        "template",
+        "cronlock",
+        str(CHART),
+        "--kube-version",
+        "1.29.9",
+        check=False,
+        timeout=90,
+        cwd=ROOT,
+    )
+    assert old.returncode != 0
+    assert "requires kubeVersion: >=1.30.0-0" in old.stderr
+
+
+def rule_file(directory: Path, docs: list[dict[str, Any]]) -> Path:
+    """The PrometheusRule's groups as the rule file Prometheus would load."""
+    [rule] = [doc for doc in docs if doc["kind"] == "PrometheusRule"]
+    path = directory / f"rules-{secrets.token_hex(3)}.yaml"
+    path.write_text(yaml.safe_dump({"groups": rule["spec"]["groups"]}))
+    return path
+
+
+def rulecheck(path: Path) -> subprocess.CompletedProcess[str]:
+    """Prometheus' own parser (rulefmt and PromQL), built from its pinned Go module."""
+    binary = subprocess.run(
+        [str(ROOT / "tests" / "controlplane" / "rulecheck")],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=600,
+    ).stdout.strip()
+    return subprocess.run([binary, str(path)], capture_output=True, text=True, timeout=60)
+
+
+def test_the_prometheus_rule_parses_as_prometheus_parses_it_with_thresholds_from_values(
+    controlplane: ControlPlane, tmp_path: Path
+) -> None:
+    on = ["--set", "prometheusRule.enabled=true", "--api-versions", "monitoring.coreos.com/v1"]
+    assert "PrometheusRule" not in kinds(
+        render(controlplane, "--set", "prometheusRule.enabled=true")
+    )
+    assert "PrometheusRule" not in kinds(
+        render(controlplane, *on, "--set", "metrics.enabled=false")
+    )
+
+    default = rule_file(tmp_path, render(controlplane, *on))
+    checked = rulecheck(default)
+    assert checked.returncode == 0, checked.stderr
+    assert "1 groups, 4 rules" in checked.stdout
+    tuned = render(
+        controlplane,
+        *on,
+        "--set",
+        "prometheusRule.repeatedSkips=7,prometheusRule.reconcileErrors=0",
+        "--set",
+        "prometheusRule.window=1h,prometheusRule.operatorDownFor=2m",
+        "--set",
+        "prometheusRule.severity=page,prometheusRule.labels.release=kube-prometheus",
+    )
+    [rule] = [doc for doc in tuned if doc["kind"] == "PrometheusRule"]
+    assert rule["metadata"]["labels"]["release"] == "kube-prometheus"
+    alerts = {alert["alert"]: alert for alert in rule["spec"]["groups"][0]["rules"]}
+    assert set(alerts) == {
+        "CronlockRepeatedSkips",
+        "CronlockExpiredHoldCleared",
+        "CronlockOperatorDown",
+        "CronlockReconcileErrors",
+    }
+    assert alerts["CronlockRepeatedSkips"]["expr"].endswith(">= 7")
+    assert alerts["CronlockReconcileErrors"]["expr"].endswith("[1h])) > 0")
+    assert alerts["CronlockOperatorDown"]["for"] == "2m"
+    assert {alert["labels"]["severity"] for alert in alerts.values()} == {"page"}
+    assert rulecheck(rule_file(tmp_path, tuned)).returncode == 0
+    # The check can fail: one broken expression is named.
+    broken = default.read_text().replace(">= 3", ">= = 3")
+    default.write_text(broken)
+    refused = rulecheck(default)
+    assert refused.returncode == 1
+    assert '"CronlockRepeatedSkips": could not parse expression' in refused.stderr
+
+
 def test_every_object_in_the_schema_is_closed_typed_and_described() -> None:
     schema = json.loads((CHART / "values.schema.json").read_text())
 
@@ -355,6 +532,11 @@ def test_the_servicemonitor_is_rendered_only_when_enabled_and_its_api_is_served(
     api = ["--api-versions", "monitoring.coreos.com/v1"]
 
     assert "ServiceMonitor" in kinds(render(controlplane, *enabled, *api))
+    [monitor] = [
+        doc for doc in render(controlplane, *enabled, *api) if doc["kind"] == "ServiceMonitor"
+    ]
+    # The series' own `namespace` label (the CronJob's) is kept, not renamed exported_namespace.
+    assert monitor["spec"]["endpoints"][0]["honorLabels"] is True
     assert "ServiceMonitor" not in kinds(render(controlplane, *enabled))
     assert "ServiceMonitor" not in kinds(render(controlplane, *api))
 

@@ -12,11 +12,12 @@ import yaml
 
 from tests.kube import finish_pod, wait_for
 from tests.operator_process import OperatorProcess, wait_settled
+from tests.support.contract import EXIT_SKIPPED, GATE_CONTAINER
 from tests.support.controlplane import ControlPlane, ServiceAccountKubeconfig
 from tests.support.cronjobs import job_from_cronjob
 from tests.support.objects import annotate, batch, events, read, wait_event
 
-GATE = "cronlock-gate"
+GATE = GATE_CONTAINER
 
 
 def cronjob(name: str, **pod_spec: Any) -> dict[str, Any]:
@@ -118,7 +119,11 @@ def test_annotating_injects_and_removing_the_annotation_restores_the_stored_cron
     assert init_names(injected) == ["cronlock", GATE, *user_inits]
     assert pod_spec["restartPolicy"] == "Never"
     rules = injected["spec"]["jobTemplate"]["spec"]["podFailurePolicy"]["rules"]
-    assert rules[0]["onExitCodes"] == {"containerName": GATE, "operator": "In", "values": [75]}
+    assert rules[0]["onExitCodes"] == {
+        "containerName": GATE,
+        "operator": "In",
+        "values": [EXIT_SKIPPED],
+    }
     user_rules = (
         manifest["spec"]["jobTemplate"]["spec"].get("podFailurePolicy", {}).get("rules", [])
     )

@@ -102,6 +102,16 @@ def test_metrics_liveness_and_json_logs(
     assert 'cronlock_takeovers_total{reason="expired"} 0.0' in text
     assert 'cronlock_reconcile_errors_total{kind="cronjob"} ' in text
     assert "_created" not in text
+    assert 'cronlock_build_info{python="' in text
+    assert 'version="0.1.0"} 1.0' in text
+    # How long reconciles take, per kind; the CronJob's took at least one.
+    assert "# TYPE cronlock_reconcile_duration_seconds histogram" in text
+    count = [
+        line
+        for line in text.splitlines()
+        if line.startswith('cronlock_reconcile_duration_seconds_count{kind="cronjob"}')
+    ]
+    assert float(count[0].split()[1]) >= 1
     status, _ = get(f"http://127.0.0.1:{liveness_port}/healthz")
     assert status == 200
 
@@ -113,6 +123,26 @@ def test_metrics_liveness_and_json_logs(
         return any("Injected" in str(record.get("message")) for record in records)
 
     assert wait_for(injected_logged, timeout=30, what="the Injected line in the JSON log")
+    # One schema with the sidecar's JSON lines (tests/unit/sidecar/test_run.py): kopf's
+    # own lines too, and those about an object name it.
+    complete = process.log().rpartition("\n")[0]
+    records = [json.loads(line) for line in complete.splitlines() if line.strip()]
+    for record in records:
+        assert set(record) >= {"timestamp", "level", "logger", "message"}, record
+        assert "severity" not in record
+    assert any(record["logger"].startswith("kopf") for record in records)
+
+    # A deleted CronJob's Lease goes (garbage collector), and with it its series: none
+    # stays behind showing the last value for ever.
+    kubernetes.client.BatchV1Api(api).delete_namespaced_cron_job(
+        "watched", namespace, propagation_policy="Foreground"
+    )
+
+    def series_gone() -> bool:
+        _, text = get(f"http://127.0.0.1:{metrics_port}/metrics")
+        return f'lock="watched",namespace="{namespace}"' not in text
+
+    wait_for(series_gone, timeout=60, what="the deleted lock's series to be removed")
 
 
 def test_metrics_listen_only_where_they_are_told(

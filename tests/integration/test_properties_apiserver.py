@@ -31,12 +31,13 @@ from cronlock_operator.kube import Kube
 from cronlock_operator.workqueue import Retry
 from tests.kube import wait_for
 from tests.operator_process import OperatorProcess
+from tests.support.contract import GATE_CONTAINER
 from tests.support.cronjobs import SETTINGS, job_from_cronjob
 from tests.unit.operator.test_properties import cronjobs, lock_annotations
 
 pytestmark = pytest.mark.controlplane
 
-GATE = "cronlock-gate"
+GATE = GATE_CONTAINER
 # 25 keeps CI short; CRONLOCK_PROPERTY_EXAMPLES=300 for a longer search.
 SERVER = settings(
     max_examples=int(os.environ.get("CRONLOCK_PROPERTY_EXAMPLES", "25")),

@@ -70,3 +70,40 @@ Images: repository:tag, the tag defaulting to the chart's appVersion.
 {{- define "cronlock.sidecarImage" -}}
 {{- printf "%s:%s" .Values.sidecarImage.repository (.Values.sidecarImage.tag | default .Chart.AppVersion) }}
 {{- end }}
+
+{{/*
+A Go duration ("90s", "1m30s", "1.5h") in seconds, as a float; "" for anything else.
+*/}}
+{{- define "cronlock.seconds" -}}
+{{- $text := toString . -}}
+{{- if regexMatch "^([0-9]+(\\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$" $text -}}
+{{- $units := dict "ns" 0.000000001 "us" 0.000001 "µs" 0.000001 "ms" 0.001 "s" 1.0 "m" 60.0 "h" 3600.0 -}}
+{{- $total := 0.0 -}}
+{{- range regexFindAll "[0-9]+(\\.[0-9]+)?(ns|us|µs|ms|s|m|h)" $text -1 -}}
+{{- $number := regexFind "^[0-9]+(\\.[0-9]+)?" . -}}
+{{- $unit := trimPrefix $number . -}}
+{{- $total = addf $total (mulf (float64 $number) (get $units $unit)) -}}
+{{- end -}}
+{{- $total -}}
+{{- end -}}
+{{- end }}
+
+{{/*
+defaults.ttl and defaults.renew as the operator checks them (operator/src/cronlock_operator/
+config.py, OperatorSettings): a ttl of whole seconds from 19s (the shortest that leaves
+room to stop a run that lost its lease, with the 2s clock skew) to 24h; a renew from 1s to
+a third of the ttl. tests/integration/test_chart.py renders both sides of every bound and
+compares with the operator's own verdict, so the two cannot drift apart.
+*/}}
+{{- define "cronlock.checkDefaults" -}}
+{{- $ttl := include "cronlock.seconds" .Values.defaults.ttl -}}
+{{- if or (eq $ttl "") (lt (float64 $ttl) 19.0) (gt (float64 $ttl) 86400.0) (ne (float64 $ttl) (floor (float64 $ttl))) -}}
+{{- fail (printf "defaults.ttl: %q is not one the operator accepts; expected whole seconds from 19s to 24h (e.g. 60s, 5m)" .Values.defaults.ttl) -}}
+{{- end -}}
+{{- with .Values.defaults.renew -}}
+{{- $renew := include "cronlock.seconds" . -}}
+{{- if or (eq $renew "") (lt (float64 $renew) 1.0) (gt (mulf (float64 $renew) 3.0) (float64 $ttl)) -}}
+{{- fail (printf "defaults.renew: %q is not one the operator accepts; expected from 1s to a third of defaults.ttl (%s)" . $.Values.defaults.ttl) -}}
+{{- end -}}
+{{- end -}}
+{{- end }}

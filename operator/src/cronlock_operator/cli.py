@@ -10,12 +10,16 @@ import sys
 from collections.abc import Sequence
 
 import kopf
+import kubernetes
 
+from cronlock_operator import leader
 from cronlock_operator.config import OperatorSettings
-from cronlock_sidecar import contract
+from cronlock_sidecar import contract, logs
 from cronlock_sidecar.durations import DurationError, parse_duration
 
 DEFAULT_SIDECAR_IMAGE = "ghcr.io/cronlock/cronlock:0.1.0"
+
+PROGRAM = "cronlock-operator"
 
 
 def _env(name: str, default: str | None = None) -> str | None:
@@ -24,7 +28,7 @@ def _env(name: str, default: str | None = None) -> str | None:
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="cronlock-operator",
+        prog=PROGRAM,
         description="Guard CronJobs annotated cronlock.io/enabled=true with a Lease.",
     )
     scope = parser.add_mutually_exclusive_group()
@@ -53,6 +57,17 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="address /metrics listens on (default all interfaces, for the metrics Service)",
     )
     parser.add_argument(
+        "--leader-election",
+        action="store_true",
+        default=_env("LEADER_ELECTION") == "true",
+        help="lead through a Lease before writing anything, so that several replicas may run",
+    )
+    parser.add_argument(
+        "--leader-election-lease",
+        default=_env("LEADER_ELECTION_LEASE", "cronlock-system/cronlock-operator-leader"),
+        help="NAMESPACE/NAME of that Lease",
+    )
+    parser.add_argument(
         "--liveness",
         default=_env("LIVENESS", "http://0.0.0.0:8081/healthz"),
         help="liveness endpoint URL served by kopf ('' to disable)",
@@ -76,6 +91,11 @@ def settings_from(args: argparse.Namespace) -> OperatorSettings:
         raise ValueError(f"--default-ttl/--default-renew: {error}") from error
     if ttl != int(ttl):
         raise ValueError(f"--default-ttl: {args.default_ttl!r} must be whole seconds")
+    space, _, name = str(args.leader_election_lease).partition("/")
+    if not space or not name or "/" in name:
+        raise ValueError(
+            f"--leader-election-lease: {args.leader_election_lease!r} is not NAMESPACE/NAME"
+        )
     try:
         ipaddress.ip_address(args.metrics_bind_address)
     except ValueError:
@@ -97,17 +117,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         settings = settings_from(args)
     except ValueError as error:
-        print(f"cronlock-operator: {error}", file=sys.stderr)
+        print(f"{PROGRAM}: {error}", file=sys.stderr)
         return contract.EXIT_CONFIG
-    kopf.configure(
-        verbose=args.verbose,
-        log_format=kopf.LogFormat.JSON if args.log_format == "json" else kopf.LogFormat.PLAIN,
-    )
+    kopf.configure(verbose=args.verbose, log_format=kopf.LogFormat.PLAIN)
+    # kopf's handlers, our format: the sidecar's JSON schema, or its plain lines with the
+    # time and level (kopf's plain format has neither).
+    formatter = logs.JsonFormatter() if args.log_format == "json" else logs.PlainFormatter(PROGRAM)
+    for handler in logging.getLogger().handlers:
+        handler.setFormatter(formatter)
     logging.getLogger("kubernetes").setLevel(logging.WARNING)
     # kopf reports every handled watch event at INFO; our own lines say what happened.
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     import cronlock_operator.handlers  # noqa: F401 - registers the handlers with kopf
 
+    elector = _lead(args) if args.leader_election else None
     kopf.run(
         standalone=True,
         namespaces=args.namespace or (),
@@ -120,4 +143,30 @@ def main(argv: Sequence[str] | None = None) -> int:
             namespaces=args.namespace or [],
         ),
     )
+    if elector is not None:
+        elector.release()
     return 0
+
+
+def _lead(args: argparse.Namespace) -> leader.Elector:
+    """Wait for the lead (answering the liveness probe meanwhile), then keep it; a replica
+    that loses it exits at once, before another may take over (cronlock_operator.leader)."""
+    configuration = kubernetes.client.Configuration()
+    try:
+        kubernetes.config.load_incluster_config(client_configuration=configuration)
+    except kubernetes.config.ConfigException:
+        kubernetes.config.load_kube_config(client_configuration=configuration)
+    namespace, _, name = str(args.leader_election_lease).partition("/")
+    elector = leader.Elector(
+        kubernetes.client.ApiClient(configuration), namespace, name, leader.identity()
+    )
+    with leader.healthy_while_waiting(args.liveness):
+        elector.acquire()
+
+    def lost() -> None:
+        logging.getLogger(__name__).error("exiting: another replica may lead from now on")
+        logging.shutdown()
+        os._exit(contract.EXIT_SOFTWARE_LOST)
+
+    elector.keep(lost)
+    return elector

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
+from cronlock_operator.podspec import containers_with_own_liveness_probe
 from cronlock_operator.sharing import InvalidPeers, parse_peers
 from cronlock_sidecar import contract
 from cronlock_sidecar.durations import DURATION_FORMS, DurationError, parse_duration
@@ -341,7 +342,7 @@ def _parse_wait_timeout(annotations: Mapping[str, str], policy: Policy) -> float
 
 def _parse_stop(annotations: Mapping[str, str], cronjob: Mapping[str, Any]) -> Stop:
     value = annotations.get(contract.ANNOTATION_STOP, "auto")
-    probed = _containers_with_own_liveness_probe(cronjob)
+    probed = containers_with_own_liveness_probe(cronjob)
     if value == "auto":
         return "signal" if probed else "liveness"
     if value == "signal":
@@ -390,34 +391,6 @@ def _parse_flag(annotations: Mapping[str, str], annotation: str, *, default: boo
     if value in ("true", "false"):
         return value == "true"
     raise InvalidConfig(annotation, value, 'is neither "true" nor "false"')
-
-
-def is_cronlock_probe(probe: Mapping[str, Any] | None) -> bool:
-    """Whether a livenessProbe is the one cronlock adds (GET /held on the sidecar's port)."""
-    if not probe:
-        return False
-    http_get: Mapping[str, Any] = probe.get("httpGet") or {}
-    return (
-        http_get.get("path") == contract.HELD_PATH and http_get.get("port") == contract.SIDECAR_PORT
-    )
-
-
-def _containers_with_own_liveness_probe(cronjob: Mapping[str, Any]) -> list[str]:
-    spec = pod_spec_of(cronjob)
-    containers: list[Mapping[str, Any]] = spec.get("containers") or []
-    return [
-        str(container.get("name"))
-        for container in containers
-        if container.get("livenessProbe") and not is_cronlock_probe(container["livenessProbe"])
-    ]
-
-
-def pod_spec_of(cronjob: Mapping[str, Any]) -> Mapping[str, Any]:
-    """spec.jobTemplate.spec.template.spec, empty where the CronJob lacks it."""
-    node: Mapping[str, Any] = cronjob
-    for key in ("spec", "jobTemplate", "spec", "template", "spec"):
-        node = node.get(key) or {}
-    return node
 
 
 def _format_seconds(seconds: float) -> str:

@@ -11,8 +11,6 @@ from cronlock_operator.config import (
     InvalidConfig,
     LockConfig,
     OperatorSettings,
-    is_cronlock_probe,
-    pod_spec_of,
 )
 from cronlock_operator.containers import (
     SIDECAR_UID,
@@ -24,6 +22,7 @@ from cronlock_operator.containers import (
     is_skip_rule,
     sidecar_container,
 )
+from cronlock_operator.podspec import is_cronlock_probe, pod_spec_of
 from cronlock_sidecar import contract
 
 # Kubernetes refuses a podFailurePolicy with more rules than this; ours takes one.

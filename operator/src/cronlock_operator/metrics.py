@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+import platform
+from importlib import metadata
+
 from prometheus_client import (
     CollectorRegistry,
     Counter,
     Gauge,
+    Histogram,
     disable_created_metrics,
     start_http_server,
 )
@@ -50,6 +55,45 @@ reconcile_errors = Counter(
     registry=registry,
 )
 
+reconcile_duration = Histogram(
+    "cronlock_reconcile_duration_seconds",
+    "How long one reconcile took, by kind (a retried one counts once per try)",
+    ["kind"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
+    registry=registry,
+)
+build_info = Gauge(
+    "cronlock_build_info",
+    "Always 1; the labels say which operator version runs, on which Python",
+    ["version", "python"],
+    registry=registry,
+)
+
+
+def _version() -> str:
+    try:
+        return metadata.version("cronlock")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+build_info.labels(_version(), platform.python_version()).set(1)
+
+
+def forget_cronjob(namespace: str, name: str) -> None:
+    """A deleted CronJob's series go with it (Prometheus would keep showing the last value)."""
+    _remove(consecutive_skips, namespace, name)
+
+
+def forget_lock(namespace: str, lock: str) -> None:
+    """A deleted Lease's series go with it."""
+    _remove(lease_held, namespace, lock)
+
+
+def _remove(gauge: Gauge, *labels: str) -> None:
+    with contextlib.suppress(KeyError):  # never set
+        gauge.remove(*labels)
+
 
 # Every label value a counter can take exists from the start at 0, so that rate() and
 # increase() see the first run, skip, takeover or error after a restart.
@@ -62,6 +106,7 @@ for _reason in TAKEOVER_REASONS:
     takeovers.labels(_reason)
 for _kind in RECONCILE_KINDS:
     reconcile_errors.labels(_kind)
+    reconcile_duration.labels(_kind)
 
 
 def serve(port: int, address: str = "0.0.0.0") -> None:

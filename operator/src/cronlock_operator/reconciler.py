@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any
 
 import kubernetes
 
@@ -26,6 +26,7 @@ from cronlock_operator.answers import NotOurs, Rejected
 from cronlock_operator.cache import ObjectCache
 from cronlock_operator.config import OperatorSettings
 from cronlock_operator.expiry import Observation
+from cronlock_operator.keys import CronJobKey, Key, LeaseKey, RunsKey
 from cronlock_operator.kube import Kube
 from cronlock_operator.rbac import Guard
 from cronlock_operator.workqueue import Retry, WorkQueue
@@ -40,34 +41,6 @@ Name = tuple[str, str]  # (namespace, name)
 WORKERS = 4
 # How often a CronJob refused for a conflict looks again (someone may have fixed it).
 CONFLICT_RECHECK = 60.0
-
-
-@dataclass(frozen=True)
-class CronJobKey:
-    kind: ClassVar[str] = "cronjob"
-    namespace: str
-    name: str
-
-
-@dataclass(frozen=True)
-class RunsKey:
-    """The finished runs of one CronJob, to be counted."""
-
-    kind: ClassVar[str] = "account"
-    namespace: str
-    cronjob: str
-
-
-@dataclass(frozen=True)
-class LeaseKey:
-    """A Lease whose holder may have stopped renewing."""
-
-    kind: ClassVar[str] = "lease"
-    namespace: str
-    name: str
-
-
-Key = CronJobKey | RunsKey | LeaseKey
 
 
 @dataclass
@@ -148,7 +121,7 @@ class Reconciler:
         if kind == "DELETED":
             self.leases.pop(key)
             self.observations.pop(key, None)
-            metrics.lease_held.labels(key[0], lock).set(0)
+            metrics.forget_lock(key[0], lock)
             # A guarded CronJob still needs it: its reconcile creates it again.
             for owner in body["metadata"].get("ownerReferences") or []:
                 if owner.get("kind") == "CronJob":
@@ -170,6 +143,10 @@ class Reconciler:
 
     # --- work (worker tasks; the blocking API calls run in threads) -------------------
     async def _work(self, key: Key) -> None:
+        with metrics.reconcile_duration.labels(key.kind).time():
+            await self._reconcile(key)
+
+    async def _reconcile(self, key: Key) -> None:
         try:
             if isinstance(key, CronJobKey):
                 await asyncio.to_thread(self.reconcile_cronjob, key.namespace, key.name)
@@ -212,6 +189,7 @@ class Reconciler:
         body = self.cronjobs.get(key)
         if body is None:
             self.conflicted.discard(key)
+            metrics.forget_cronjob(namespace, name)
             if self.guards.pop(key, None) is not None:
                 metrics.guarded_cronjobs.set(len(self.guards))
                 self.sync_rbac(namespace)

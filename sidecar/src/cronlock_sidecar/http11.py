@@ -58,10 +58,13 @@ class Connection:
         *,
         ssl_context: ssl.SSLContext | None = None,
         timeout: float = 5.0,
+        server_hostname: str = "",
     ) -> None:
         self.host = host
         self.port = port
         self.ssl_context = ssl_context
+        # The name the certificate is checked against (kubeconfig tls-server-name), if not host.
+        self.server_hostname = server_hostname or host
         self.timeout = timeout
         self.sock: socket.socket | None = None
         self._buffer = bytearray()
@@ -86,7 +89,7 @@ class Connection:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             if self.ssl_context is not None:
                 sock.settimeout(self._remaining())
-                sock = self.ssl_context.wrap_socket(sock, server_hostname=self.host)
+                sock = self.ssl_context.wrap_socket(sock, server_hostname=self.server_hostname)
         except BaseException:
             sock.close()
             raise

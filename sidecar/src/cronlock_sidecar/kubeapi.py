@@ -10,6 +10,7 @@ import json
 import socket
 import ssl
 import threading
+import time
 from typing import Any
 from urllib.parse import quote
 
@@ -73,7 +74,14 @@ class KubeLeaseClient:
         context = None
         if cluster.scheme == "https":
             context = cluster.ssl_context or ssl.create_default_context()
-        return Connection(cluster.host, cluster.port, ssl_context=context, timeout=timeout), False
+        connection = Connection(
+            cluster.host,
+            cluster.port,
+            ssl_context=context,
+            timeout=timeout,
+            server_hostname=cluster.tls_server_name,
+        )
+        return connection, False
 
     def _request(
         self,
@@ -92,16 +100,36 @@ class KubeLeaseClient:
         try:
             token = self.cluster.bearer_token()
         except OSError as error:
-            raise Unavailable(
-                verb, lease, f"cannot read the service account token: {error}"
-            ) from error
+            raise Unavailable(verb, lease, f"cannot get a token: {error}") from error
         if token:
             headers["Authorization"] = f"Bearer {token}"
         url = self.cluster.base_path + path
+        deadline = time.monotonic() + limit
+        while True:
+            status, answer_headers, raw = self._send(
+                verb, method, url, headers, payload, lease, limit
+            )
+            # 429 (priority and fairness, or a webhook's rate limit): wait as told, within
+            # this request's own time budget, then ask again.
+            wait = _retry_after(answer_headers) if status == 429 else None
+            if wait is None or time.monotonic() + wait >= deadline:
+                return _answer(verb, lease, status, raw)
+            time.sleep(wait)
+
+    def _send(
+        self,
+        verb: str,
+        method: str,
+        url: str,
+        headers: dict[str, str],
+        payload: bytes | None,
+        lease: LeaseRef,
+        limit: float,
+    ) -> tuple[int, dict[str, str], bytes]:
         for attempt in (1, 2):
             connection, reused = self._connection(limit)
             try:
-                status, _headers, raw, will_close = connection.request(
+                status, answer_headers, raw, will_close = connection.request(
                     method, url, headers, payload
                 )
             except _STALE as error:
@@ -120,8 +148,16 @@ class KubeLeaseClient:
             else:
                 with self._lock:
                     self._idle.append(connection)
-            return _answer(verb, lease, status, raw)
+            return status, answer_headers, raw
         raise Unavailable(verb, lease, "connection closed twice")
+
+
+def _retry_after(headers: dict[str, str]) -> float | None:
+    """Retry-After in seconds (the API server sends whole seconds); None if absent or odd."""
+    value = headers.get("retry-after", "").strip()
+    if not value.isdigit():
+        return None
+    return min(float(value), 10.0)
 
 
 def _lease_path(lease: LeaseRef) -> str:

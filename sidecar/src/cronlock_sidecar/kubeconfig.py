@@ -8,6 +8,7 @@ import json
 import os
 import ssl
 import threading
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -44,7 +45,16 @@ class Cluster:
 
     # A plain class, not a dataclass: importing dataclasses costs a short run ~6 ms.
     # Constructor order, not sorted: repr and equality go through the slots in this order.
-    __slots__ = ("server", "ssl_context", "token", "token_file", "namespace", "source")  # noqa: RUF023
+    __slots__ = (  # noqa: RUF023
+        "server",
+        "ssl_context",
+        "token",
+        "token_file",
+        "namespace",
+        "source",
+        "tls_server_name",
+        "credential",
+    )
     __hash__ = None  # type: ignore[assignment]  # mutable and compared by value
 
     def __init__(
@@ -55,8 +65,12 @@ class Cluster:
         token_file: TokenFile | None = None,
         namespace: str = "",
         source: str = "",
+        tls_server_name: str = "",
+        credential: ExecCredential | None = None,
     ) -> None:
         self.server = server
+        self.tls_server_name = tls_server_name
+        self.credential = credential
         self.ssl_context = ssl_context
         self.token = token
         self.token_file = token_file
@@ -93,6 +107,8 @@ class Cluster:
         return urlsplit(self.server).path.rstrip("/")
 
     def bearer_token(self) -> str:
+        if self.credential is not None:
+            return self.credential()
         if self.token_file is not None:
             return self.token_file()
         return self.token
@@ -191,14 +207,17 @@ def from_kubeconfig(paths: list[Path]) -> Cluster:
         raise KubeConfigError(
             f"kubeconfig {where}: cluster {cluster_name!r}: bad server {server!r}"
         )
-    if "exec" in user or "auth-provider" in user:
-        plugin = "exec" if "exec" in user else "auth-provider"
-        raise KubeConfigError(
-            f"kubeconfig {where}: user {user_name!r} uses an {plugin} credential plugin, "
-            "which cronlock-sidecar does not run; use a token, tokenFile or client certificate"
+    credential = None
+    token = str(user.get("token") or "")
+    if "exec" in user:
+        credential = ExecCredential(
+            user["exec"], user_dir, f"kubeconfig {where}: user {user_name!r}"
+        )
+    elif "auth-provider" in user:
+        token = _auth_provider_token(
+            user["auth-provider"], f"kubeconfig {where}: user {user_name!r}"
         )
     context_ssl = _ssl_context(cluster, cluster_dir, user, user_dir) if scheme == "https" else None
-    token = str(user.get("token") or "")
     token_file = user.get("tokenFile")
     return Cluster(
         server=server,
@@ -207,6 +226,88 @@ def from_kubeconfig(paths: list[Path]) -> Cluster:
         token_file=TokenFile(_resolve(str(token_file), user_dir)) if token_file else None,
         namespace=str(context.get("namespace") or ""),
         source=f"kubeconfig {where} (context {current})",
+        tls_server_name=str(cluster.get("tls-server-name") or ""),
+        credential=credential,
+    )
+
+
+class ExecCredential:
+    """A token from a kubeconfig `exec` plugin (EKS, GKE, OIDC helpers), run as kubectl
+    runs it: with its args and env and KUBERNETES_EXEC_INFO, its ExecCredential read from
+    stdout, and run again once the token's expirationTimestamp has passed."""
+
+    def __init__(self, spec: object, base: Path, where: str) -> None:
+        if not isinstance(spec, dict) or not spec.get("command"):
+            raise KubeConfigError(f"{where}: exec has no command")
+        self.where = where
+        command = str(spec["command"])
+        # kubectl resolves a relative command with a slash against the kubeconfig's dir.
+        if "/" in command and not Path(command).is_absolute():
+            command = str(base / command)
+        self.argv = [command, *(str(arg) for arg in spec.get("args") or [])]
+        self.env = {
+            str(item.get("name")): str(item.get("value"))
+            for item in spec.get("env") or []
+            if isinstance(item, dict) and item.get("name")
+        }
+        self.api_version = str(spec.get("apiVersion") or "client.authentication.k8s.io/v1")
+        self._lock = threading.Lock()
+        self._token = ""
+        self._expires: float | None = None
+
+    def __call__(self) -> str:
+        with self._lock:
+            if not self._token or (self._expires is not None and time.time() >= self._expires):
+                self._token, self._expires = self._run()
+            return self._token
+
+    def _run(self) -> tuple[str, float | None]:
+        import subprocess  # only for exec kubeconfigs: off the start-up path of the others
+
+        info = {
+            "apiVersion": self.api_version,
+            "kind": "ExecCredential",
+            "spec": {"interactive": False},
+        }
+        env = {**os.environ, **self.env, "KUBERNETES_EXEC_INFO": json.dumps(info)}
+        try:
+            done = subprocess.run(
+                self.argv, env=env, capture_output=True, text=True, timeout=30, check=False
+            )
+        except (OSError, subprocess.TimeoutExpired) as error:
+            raise OSError(f"{self.where}: exec plugin {self.argv[0]}: {error}") from error
+        if done.returncode != 0:
+            raise OSError(
+                f"{self.where}: exec plugin {self.argv[0]} exited {done.returncode}: "
+                + done.stderr.strip()[-300:]
+            )
+        try:
+            status = json.loads(done.stdout).get("status") or {}
+        except (ValueError, AttributeError) as error:
+            raise OSError(f"{self.where}: exec plugin printed no ExecCredential") from error
+        token = status.get("token")
+        if not isinstance(token, str) or not token:
+            raise OSError(
+                f"{self.where}: exec plugin gave no token (client certificates from a plugin "
+                "are not supported)"
+            )
+        expires = status.get("expirationTimestamp")
+        if isinstance(expires, str) and expires:
+            from datetime import datetime
+
+            return token, datetime.fromisoformat(expires.replace("Z", "+00:00")).timestamp()
+        return token, None
+
+
+def _auth_provider_token(provider: object, where: str) -> str:
+    """The id-token of an `oidc` auth-provider (as kubectl sends it); others are refused."""
+    name = provider.get("name") if isinstance(provider, dict) else None
+    config = provider.get("config") if isinstance(provider, dict) else None
+    if name == "oidc" and isinstance(config, dict) and config.get("id-token"):
+        return str(config["id-token"])
+    raise KubeConfigError(
+        f"{where}: auth-provider {name!r} is not supported (only oidc with an id-token); "
+        "use an exec plugin, a token, a tokenFile or a client certificate"
     )
 
 

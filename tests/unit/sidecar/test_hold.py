@@ -28,9 +28,9 @@ from cronlock_sidecar.options import parse_options
 from cronlock_sidecar.transport import Lease, LeaseRef
 
 if TYPE_CHECKING:
-    from tests.unit.sidecar.conftest import FakeApiServer
+    from tests.unit.sidecar.fakes import FakeApiServer
 
-from tests.unit.sidecar.conftest import (
+from tests.unit.sidecar.fakes import (
     FakeClock,
     FakeTransport,
     holder,

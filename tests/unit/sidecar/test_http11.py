@@ -22,7 +22,7 @@ from cronlock_sidecar.kubeconfig import Cluster
 from cronlock_sidecar.transport import LeaseRef, NotFound, Unavailable
 
 if TYPE_CHECKING:
-    from tests.unit.sidecar.conftest import FakeApiServer
+    from tests.unit.sidecar.fakes import FakeApiServer
 
 LEASE = LeaseRef("default", "cronlock-report")
 LEASE_PATH = "/apis/coordination.k8s.io/v1/namespaces/default/leases/cronlock-report"

@@ -19,9 +19,9 @@ from cronlock_sidecar.kubeconfig import KubeConfigError, TokenFile, in_cluster, 
 from cronlock_sidecar.transport import Unavailable
 
 if TYPE_CHECKING:
-    from tests.unit.sidecar.conftest import FakeApiServer
+    from tests.unit.sidecar.fakes import FakeApiServer
 
-from tests.unit.sidecar.conftest import LEASE, lease_object
+from tests.unit.sidecar.fakes import LEASE, lease_object
 
 
 def write_kubeconfig(path: Path, cluster: dict[str, Any], user: dict[str, Any]) -> Path:
@@ -71,6 +71,14 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
             "x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
             "-CAcreateserial", "-out", f"{name}.crt", "-days", "1", "-extfile", "san.ext",
         )  # fmt: skip
+    # A server certificate for a name only (no IP): reachable at 127.0.0.1 only with
+    # tls-server-name.
+    (root / "named.ext").write_text("subjectAltName=DNS:api.cluster.internal\n")
+    openssl("req", *key, "-keyout", "named.key", "-out", "named.csr", "-subj", "/CN=api")
+    openssl(
+        "x509", "-req", "-in", "named.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
+        "-CAcreateserial", "-out", "named.crt", "-days", "1", "-extfile", "named.ext",
+    )  # fmt: skip
     return root
 
 
@@ -211,18 +219,133 @@ def test_token_file_keeps_its_value_while_unchanged(tmp_path: Path) -> None:
     assert source() in {"abc", "xyz"}  # same size and mtime: may be cached, never an error
 
 
-def test_exec_credential_plugins_are_refused_with_exit_78(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+def plugin(tmp_path: Path, body: str) -> Path:
+    """An exec credential plugin: a shell script that counts its runs in `runs`."""
+    script = tmp_path / "plugin"
+    script.write_text(f"#!/bin/sh\necho run >> {tmp_path / 'runs'}\n{body}\n")
+    script.chmod(0o755)
+    return script
+
+
+def exec_user(script: Path, **extra: Any) -> dict[str, Any]:
+    return {
+        "exec": {
+            "apiVersion": "client.authentication.k8s.io/v1",
+            "command": str(script),
+            "args": ["token", "--cluster", "test"],
+            "env": [{"name": "PLUGIN_REGION", "value": "eu-1"}],
+            **extra,
+        }
+    }
+
+
+def test_an_exec_plugins_token_is_used_and_fetched_again_once_it_expires(
+    api_server: FakeApiServer, tmp_path: Path
 ) -> None:
+    api_server.put_lease(lease_object())
+    expires = tmp_path / "expires"
+    expires.write_text("2000-01-01T00:00:00Z")  # already expired: fetched for each request
+    script = plugin(
+        tmp_path,
+        # What kubectl gives a plugin: its args, its env, and KUBERNETES_EXEC_INFO.
+        'test "$1 $2 $3" = "token --cluster test" || exit 3\n'
+        'test "$PLUGIN_REGION" = eu-1 || exit 4\n'
+        'echo "$KUBERNETES_EXEC_INFO" | grep -q \'"interactive": false\' || exit 5\n'
+        "n=$(wc -l < " + str(tmp_path / "runs") + ")\n"
+        'printf \'{"apiVersion":"client.authentication.k8s.io/v1","kind":"ExecCredential",'
+        '"status":{"token":"plugin-%s","expirationTimestamp":"%s"}}\' "$n" "$(cat '
+        + str(expires)
+        + ')"',
+    )
     kubeconfig = write_kubeconfig(
-        tmp_path / "config",
-        {"server": "https://127.0.0.1:6443"},
-        {"exec": {"apiVersion": "client.authentication.k8s.io/v1", "command": "aws"}},
+        tmp_path / "config", {"server": api_server.url}, exec_user(script)
+    )
+    with KubeLeaseClient(load_cluster({"KUBECONFIG": str(kubeconfig)})) as client:
+        client.get(LEASE)
+        client.get(LEASE)
+        expires.write_text("2099-01-01T00:00:00Z")  # from now on valid: kept
+        client.get(LEASE)
+        client.get(LEASE)
+    assert api_server.tokens_seen == [
+        "Bearer plugin-1",
+        "Bearer plugin-2",
+        "Bearer plugin-3",
+        "Bearer plugin-3",
+    ]
+
+
+def test_a_failing_exec_plugin_fails_the_run_closed_with_exit_69_naming_it(
+    api_server: FakeApiServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    script = plugin(tmp_path, "echo 'token expired, run aws sso login' >&2; exit 1")
+    kubeconfig = write_kubeconfig(
+        tmp_path / "config", {"server": api_server.url}, exec_user(script)
     )
     code = main(["run", "--lease", "default/x", "--", "true"], {"KUBECONFIG": str(kubeconfig)})
-    assert code == 78
+    assert code == 69
     err = capsys.readouterr().err
-    assert "uses an exec credential plugin, which cronlock-sidecar does not run" in err
+    assert f"exec plugin {script} exited 1: token expired, run aws sso login" in err
+
+
+def test_an_oidc_auth_provider_sends_its_id_token_and_others_are_refused_with_exit_78(
+    api_server: FakeApiServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    api_server.put_lease(lease_object())
+    oidc = {
+        "auth-provider": {"name": "oidc", "config": {"id-token": "eyJ-id", "idp-issuer-url": "x"}}
+    }
+    kubeconfig = write_kubeconfig(tmp_path / "config", {"server": api_server.url}, oidc)
+    with KubeLeaseClient(load_cluster({"KUBECONFIG": str(kubeconfig)})) as client:
+        client.get(LEASE)
+    assert api_server.tokens_seen == ["Bearer eyJ-id"]
+
+    gcp = {"auth-provider": {"name": "gcp", "config": {}}}
+    kubeconfig = write_kubeconfig(tmp_path / "config2", {"server": api_server.url}, gcp)
+    code = main(["run", "--lease", "default/x", "--", "true"], {"KUBECONFIG": str(kubeconfig)})
+    assert code == 78
+    assert "auth-provider 'gcp' is not supported (only oidc with an id-token)" in (
+        capsys.readouterr().err
+    )
+
+
+def test_tls_server_name_is_the_name_the_certificate_is_checked_against(
+    api_server: FakeApiServer, pki: Path, tmp_path: Path
+) -> None:
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(pki / "named.crt", pki / "named.key")
+    api_server.httpd.socket = context.wrap_socket(api_server.httpd.socket, server_side=True)
+    api_server.put_lease(lease_object())
+    url = api_server.url.replace("http://", "https://")
+    cluster = {"server": url, "certificate-authority": str(pki / "ca.crt")}
+    plain = write_kubeconfig(tmp_path / "plain", cluster, {"token": "t"})
+    with (
+        KubeLeaseClient(load_cluster({"KUBECONFIG": str(plain)})) as client,
+        pytest.raises(Unavailable, match=r"certificate verify failed|IP address mismatch"),
+    ):
+        client.get(LEASE)
+    named = write_kubeconfig(
+        tmp_path / "named", {**cluster, "tls-server-name": "api.cluster.internal"}, {"token": "t"}
+    )
+    with KubeLeaseClient(load_cluster({"KUBECONFIG": str(named)})) as client:
+        assert client.get(LEASE)["kind"] == "Lease"
+
+
+def test_429_is_retried_after_the_servers_retry_after_within_the_request_budget(
+    api_server: FakeApiServer,
+) -> None:
+    import time
+
+    api_server.put_lease(lease_object())
+    api_server.throttle = [1, 1]
+    cluster = load_cluster({"KUBECONFIG": str(api_server.kubeconfig)})
+    with KubeLeaseClient(cluster) as client:
+        started = time.monotonic()
+        assert client.get(LEASE)["kind"] == "Lease"
+        assert time.monotonic() - started >= 2
+        # Told to wait longer than the request may take: the 429 is the answer.
+        api_server.throttle = [60]
+        with pytest.raises(Unavailable, match="HTTP 429"):
+            client.get(LEASE, timeout=2)
 
 
 @pytest.mark.parametrize(

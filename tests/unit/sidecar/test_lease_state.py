@@ -19,9 +19,9 @@ from cronlock_sidecar.policy import acquire
 from cronlock_sidecar.transport import Conflict, Forbidden, NotFound, Unavailable
 
 if TYPE_CHECKING:
-    from tests.unit.sidecar.conftest import FakeClock, FakeTransport
+    from tests.unit.sidecar.fakes import FakeClock, FakeTransport
 
-from tests.unit.sidecar.conftest import LEASE, START, lease_object
+from tests.unit.sidecar.fakes import LEASE, START, lease_object
 
 MakeKeeper = Callable[..., LeaseKeeper]
 ME = "pod-b_22222222"

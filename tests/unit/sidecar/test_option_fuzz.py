@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from cronlock_sidecar.cli import main
 from cronlock_sidecar.options import ENV_TWINS, ConfigError, Options, parse_options
-from tests.unit.sidecar.conftest import FakeApiServer
+from tests.unit.sidecar.fakes import FakeApiServer
 
 FUZZ = settings(
     max_examples=300,

@@ -10,7 +10,7 @@ from cronlock_sidecar.cli import main
 from cronlock_sidecar.options import parse_options
 
 if TYPE_CHECKING:
-    from tests.unit.sidecar.conftest import FakeApiServer
+    from tests.unit.sidecar.fakes import FakeApiServer
 
 POD = {
     "CRONLOCK_POD_NAME": "report-29001-x7k2p",

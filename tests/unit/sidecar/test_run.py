@@ -12,9 +12,9 @@ import pytest
 from cronlock_sidecar.contract import ANNOTATION_LAST_HOLDER
 
 if TYPE_CHECKING:
-    from tests.unit.sidecar.conftest import FakeApiServer
+    from tests.unit.sidecar.fakes import FakeApiServer
 
-from tests.unit.sidecar.conftest import (
+from tests.unit.sidecar.fakes import (
     finish,
     holder,
     lease_object,
@@ -174,5 +174,11 @@ def test_json_logs_are_one_object_per_line(
 
     code, err = run_sidecar(sidecar_env, "--log-format", log_format, "--", "true")
     assert code == 0
-    messages = [json.loads(line)["message"] for line in err.splitlines()]
+    records = [json.loads(line) for line in err.splitlines()]
+    messages = [record["message"] for record in records]
     assert any(message.startswith("lease default/cronlock-report acquired") for message in messages)
+    # The schema the operator's JSON lines share (tests/integration/test_operator_endpoints.py).
+    for record in records:
+        assert set(record) >= {"timestamp", "level", "logger", "message"}, record
+        assert record["level"] in {"debug", "info", "warning", "error", "critical"}
+        assert record["logger"].startswith("cronlock_sidecar")

@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING
 import pytest
 
 if TYPE_CHECKING:
-    from tests.unit.sidecar.conftest import FakeApiServer
+    from tests.unit.sidecar.fakes import FakeApiServer
 
-from tests.unit.sidecar.conftest import holder, process_alive, start_run, wait_for
+from tests.unit.sidecar.fakes import holder, process_alive, start_run, wait_for
 
 IGNORES_SIGTERM = [
     sys.executable,

@@ -1,0 +1,34 @@
+"""The work queue's keys: what one reconcile is about, typed per kind."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+
+@dataclass(frozen=True)
+class CronJobKey:
+    kind: ClassVar[str] = "cronjob"
+    namespace: str
+    name: str
+
+
+@dataclass(frozen=True)
+class RunsKey:
+    """The finished runs of one CronJob, to be counted."""
+
+    kind: ClassVar[str] = "account"
+    namespace: str
+    cronjob: str
+
+
+@dataclass(frozen=True)
+class LeaseKey:
+    """A Lease whose holder may have stopped renewing."""
+
+    kind: ClassVar[str] = "lease"
+    namespace: str
+    name: str
+
+
+Key = CronJobKey | RunsKey | LeaseKey

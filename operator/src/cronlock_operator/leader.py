@@ -1,0 +1,221 @@
+"""Leader election, so that `replicas: 2` is safe: one operator writes, the others wait.
+
+The lock the operator gives CronJobs, for itself: a Lease in its own namespace, held by
+`<hostname>_<pid>`, renewed every RENEW seconds. A waiting replica takes it when it is
+free, or when its holder has not renewed it for its duration plus the skew, timed on the
+waiting replica's own monotonic clock since it last saw the Lease change (never by
+comparing wall clocks, as client-go's leader election does too). A leader that has not
+renewed within RENEW_DEADLINE (shorter than the duration by more than the skew) exits at
+once: by the time another replica may take the Lease, it can write nothing more.
+"""
+
+from __future__ import annotations
+
+import datetime
+import http.server
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+from urllib.parse import urlsplit
+
+import kubernetes
+
+from cronlock_operator.answers import raw
+from cronlock_sidecar import contract
+from cronlock_sidecar.microtime import format_microtime
+
+logger = logging.getLogger(__name__)
+
+DURATION = 15
+RENEW = 2.0
+RENEW_DEADLINE = 10.0
+SKEW = 2.0
+
+
+def identity() -> str:
+    return f"{socket.gethostname()}_{os.getpid()}"
+
+
+class Elector:
+    """One replica's side of the election, over the Lease `namespace/name`."""
+
+    def __init__(
+        self,
+        api: kubernetes.client.ApiClient,
+        namespace: str,
+        name: str,
+        me: str,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.leases = kubernetes.client.CoordinationV1Api(api)
+        self.namespace, self.name, self.me = namespace, name, me
+        self.clock = clock
+        self._seen: tuple[tuple[str, str], float] | None = None  # (holder, renewTime), when
+        self._renewed_at = -float("inf")
+        self._stop = threading.Event()
+
+    # --- taking the lead -------------------------------------------------------------
+    def acquire(self, stop: threading.Event | None = None) -> bool:
+        """Block until this replica leads (True), or `stop` is set (False)."""
+        waiting_logged = False
+        while stop is None or not stop.is_set():
+            try:
+                holder = self.try_acquire()
+            except (kubernetes.client.ApiException, OSError) as error:
+                logger.warning("leader election: %s; trying again", error)
+                holder = None
+            if holder == self.me:
+                logger.info("leading: lease %s/%s held by %s", self.namespace, self.name, self.me)
+                return True
+            if not waiting_logged and holder:
+                logger.info(
+                    "waiting to lead: lease %s/%s held by %s", self.namespace, self.name, holder
+                )
+                waiting_logged = True
+            if stop is not None:
+                stop.wait(RENEW)
+            else:
+                time.sleep(RENEW)
+        return False
+
+    def try_acquire(self) -> str:
+        """One look: take the Lease if it is free, ours, or unrenewed; return its holder."""
+        try:
+            lease = raw(
+                self.leases.read_namespaced_lease(self.name, self.namespace, _preload_content=False)
+            )
+        except kubernetes.client.ApiException as error:
+            if error.status != 404:
+                raise
+            return self._create()
+        spec = lease.get("spec") or {}
+        holder = str(spec.get("holderIdentity") or "")
+        now = self.clock()
+        observed = (holder, str(spec.get("renewTime") or ""))
+        if self._seen is None or self._seen[0] != observed:
+            self._seen = (observed, now)
+        duration = int(spec.get("leaseDurationSeconds") or DURATION)
+        if holder and holder != self.me and now - self._seen[1] <= duration + SKEW:
+            return holder
+        return self._write(lease, taking=holder != self.me)
+
+    def _create(self) -> str:
+        body = {
+            "metadata": {
+                "name": self.name,
+                "namespace": self.namespace,
+                "labels": {contract.LABEL_MANAGED_BY: contract.MANAGED_BY},
+            },
+            "spec": {},
+        }
+        sent = self.clock()
+        try:
+            self.leases.create_namespaced_lease(
+                self.namespace, self._held(body, taking=True), _preload_content=False
+            ).release_conn()
+        except kubernetes.client.ApiException as error:
+            if error.status == 409:
+                return ""  # another replica was first: look again
+            raise
+        self._renewed_at = sent
+        return self.me
+
+    def _write(self, lease: dict[str, Any], *, taking: bool) -> str:
+        sent = self.clock()
+        try:
+            self.leases.replace_namespaced_lease(
+                self.name, self.namespace, self._held(lease, taking=taking), _preload_content=False
+            ).release_conn()
+        except kubernetes.client.ApiException as error:
+            if error.status == 409:
+                return ""  # it moved on meanwhile: look again
+            raise
+        self._renewed_at = sent
+        return self.me
+
+    def _held(self, lease: dict[str, Any], *, taking: bool) -> dict[str, Any]:
+        spec = dict(lease.get("spec") or {})
+        stamp = format_microtime(datetime.datetime.now(datetime.UTC))
+        spec.update(holderIdentity=self.me, renewTime=stamp, leaseDurationSeconds=DURATION)
+        if taking:
+            spec.update(
+                acquireTime=stamp, leaseTransitions=int(spec.get("leaseTransitions") or 0) + 1
+            )
+        return {**lease, "spec": spec}
+
+    # --- keeping it ------------------------------------------------------------------
+    def keep(self, lost: Callable[[], None]) -> threading.Thread:
+        """Renew in the background; call `lost` once the renew deadline passes."""
+
+        def renew() -> None:
+            while not self._stop.wait(RENEW):
+                try:
+                    if self.try_acquire() != self.me:
+                        logger.error("leadership lost: the lease names another replica")
+                        lost()
+                        return
+                except (kubernetes.client.ApiException, OSError) as error:
+                    logger.warning("leader lease not renewed: %s", error)
+                if self.clock() - self._renewed_at > RENEW_DEADLINE:
+                    logger.error(
+                        "leadership lost: no renewal for %.0fs (deadline %.0fs)",
+                        self.clock() - self._renewed_at,
+                        RENEW_DEADLINE,
+                    )
+                    lost()
+                    return
+
+        thread = threading.Thread(target=renew, name="cronlock-leader", daemon=True)
+        thread.start()
+        return thread
+
+    def release(self) -> None:
+        """On a clean stop: hand the lead over at once instead of after the duration."""
+        self._stop.set()
+        try:
+            lease = raw(
+                self.leases.read_namespaced_lease(self.name, self.namespace, _preload_content=False)
+            )
+            if (lease.get("spec") or {}).get("holderIdentity") != self.me:
+                return
+            lease["spec"].pop("holderIdentity", None)
+            self.leases.replace_namespaced_lease(
+                self.name, self.namespace, lease, _preload_content=False
+            ).release_conn()
+            logger.info("leader lease %s/%s released", self.namespace, self.name)
+        except (kubernetes.client.ApiException, OSError) as error:
+            logger.warning("leader lease not released: %s", error)
+
+
+@contextmanager
+def healthy_while_waiting(liveness: str) -> Iterator[None]:
+    """Answer the liveness probe while this replica waits to lead (kopf serves it after)."""
+    if not liveness:
+        yield
+        return
+    url = urlsplit(liveness)
+    path = url.path or "/"
+
+    class Health(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            ok = self.path.split("?")[0] == path
+            self.send_response(200 if ok else 404)
+            self.end_headers()
+            self.wfile.write(b'{"waiting": "to lead"}' if ok else b"")
+
+        def log_message(self, format: str, *args: Any) -> None:
+            return
+
+    server = http.server.ThreadingHTTPServer((url.hostname or "0.0.0.0", url.port or 80), Health)
+    thread = threading.Thread(target=server.serve_forever, name="cronlock-waiting", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -1,0 +1,42 @@
+// rulecheck parses Prometheus rule files exactly as Prometheus does (rulefmt, with the
+// PromQL parser), for the chart's PrometheusRule: `rulecheck FILE...` prints each file's
+// errors and exits 1 if there are any. promtool does the same, but comes with every
+// service-discovery plugin; this needs only the rule format.
+package main
+
+import (
+	"fmt"
+	"log/slog"
+	"os"
+
+	"github.com/prometheus/common/model"
+	"github.com/prometheus/prometheus/model/rulefmt"
+	"github.com/prometheus/prometheus/promql/parser"
+)
+
+func main() {
+	if len(os.Args) < 2 {
+		fmt.Fprintln(os.Stderr, "usage: rulecheck FILE...")
+		os.Exit(2)
+	}
+	failed := false
+	logger := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	promql := parser.NewParser(parser.Options{})
+	for _, path := range os.Args[1:] {
+		groups, errs := rulefmt.ParseFile(path, false, model.UTF8Validation, promql, logger)
+		for _, err := range errs {
+			fmt.Fprintf(os.Stderr, "%s: %v\n", path, err)
+			failed = true
+		}
+		if groups != nil {
+			rules := 0
+			for _, group := range groups.Groups {
+				rules += len(group.Rules)
+			}
+			fmt.Printf("%s: %d groups, %d rules\n", path, len(groups.Groups), rules)
+		}
+	}
+	if failed {
+		os.Exit(1)
+	}
+}

@@ -1,0 +1,84 @@
+"""Two operator replicas with leader election: only the leader writes, and the other takes
+over when the leader is killed (SIGKILL: no release, its Lease just stops being renewed)."""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import kubernetes
+import pytest
+
+from tests.kube import wait_for
+from tests.operator_process import OPERATOR_NAMESPACE, OperatorProcess
+from tests.support.controlplane import ControlPlane
+from tests.support.cronjobs import make_cronjob
+from tests.support.objects import read
+
+LEASE = "test-operator-leader"
+ELECTION = ["--leader-election", "--leader-election-lease", f"{OPERATOR_NAMESPACE}/{LEASE}"]
+# What only a writing operator logs.
+WRITES = re.compile(r"Injected|lease \S+ created|holder RBAC in")
+
+
+def injected(api: kubernetes.client.ApiClient, namespace: str, name: str) -> bool:
+    spec = read(api, namespace, name)["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+    return any(c["name"] == "cronlock" for c in spec.get("initContainers") or [])
+
+
+def create(api: kubernetes.client.ApiClient, namespace: str, name: str) -> None:
+    kubernetes.client.BatchV1Api(api).create_namespaced_cron_job(
+        namespace, make_cronjob(name=name, namespace=None, schedule="0 0 1 1 *")
+    )
+
+
+@pytest.fixture
+def replicas(
+    controlplane: ControlPlane, operator_kubeconfig: Path, tmp_path: Path
+) -> Iterator[list[OperatorProcess]]:
+    started = [
+        OperatorProcess(
+            operator_kubeconfig, tmp_path / f"operator-{n}.log", controlplane.env, ELECTION
+        )
+        for n in (1, 2)
+    ]
+    yield started
+    for replica in started:
+        replica.stop()
+    kubernetes.client.CoordinationV1Api(controlplane.api_client()).delete_namespaced_lease(
+        LEASE, OPERATOR_NAMESPACE
+    )
+
+
+def test_only_the_leader_writes_and_the_other_replica_takes_over_when_it_is_killed(
+    api: kubernetes.client.ApiClient, namespace: str, replicas: list[OperatorProcess]
+) -> None:
+    first, second = replicas
+    first.start(until="leading: lease")
+    second.start(until="waiting to lead")
+    for name in ("one", "two", "three"):
+        create(api, namespace, name)
+    for name in ("one", "two", "three"):
+        wait_for(lambda name=name: injected(api, namespace, name), 30, f"{name} injected")
+    assert WRITES.search(first.log())
+    time.sleep(2)  # what a follower would write, it would have written by now
+    assert not WRITES.search(second.log()), second.log()[-2000:]
+    leases = kubernetes.client.CoordinationV1Api(api)
+    holder = leases.read_namespaced_lease(LEASE, OPERATOR_NAMESPACE).spec.holder_identity
+    assert first.process is not None
+    assert holder.endswith(f"_{first.process.pid}")
+
+    killed_at = time.monotonic()
+    first.kill()
+    wait_for(lambda: "leading: lease" in second.log(), 40, "the second replica to lead")
+    took = time.monotonic() - killed_at
+    # Not before the Lease's duration (15s) plus the skew (2s) since it last changed.
+    assert took > 13, took
+    create(api, namespace, "four")
+    wait_for(lambda: injected(api, namespace, "four"), 30, "four injected by the new leader")
+    assert WRITES.search(second.log())
+    holder = leases.read_namespaced_lease(LEASE, OPERATOR_NAMESPACE).spec.holder_identity
+    assert second.process is not None
+    assert holder.endswith(f"_{second.process.pid}")
