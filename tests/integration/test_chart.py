@@ -280,7 +280,8 @@ def test_helm_lint_strict_passes(
 @pytest.mark.parametrize(
     ("setting", "named"),
     [
-        (["--set", "replicas=2"], "'replicas' not allowed"),
+        (["--set", "replica=2"], "'replica' not allowed"),
+        (["--set", "replicas=2"], "replicas > 1 needs leaderElection.enabled=true"),
         (["--set", "image.digest=sha256:0"], "'digest' not allowed"),
         (["--set", "serviceAccount.automount=false"], "'automount' not allowed"),
         (["--set-json", 'metrics.port="8080"'], "/metrics/port"),
@@ -291,6 +292,7 @@ def test_helm_lint_strict_passes(
     ],
     ids=[
         "unknown-top-level",
+        "replicas-without-leader-election",
         "unknown-image-key",
         "unknown-serviceaccount-key",
         "port-as-string",
