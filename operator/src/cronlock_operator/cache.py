@@ -45,6 +45,9 @@ class ObjectCache:
             if space == namespace:
                 yield _load(data)
 
+    def keys(self) -> list[Key]:
+        return list(self._objects)
+
     def __contains__(self, key: object) -> bool:
         return key in self._objects
 

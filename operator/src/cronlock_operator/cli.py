@@ -68,6 +68,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="NAMESPACE/NAME of that Lease",
     )
     parser.add_argument(
+        "--uninstall",
+        action="store_true",
+        help="revert every injected CronJob in the watched namespaces, delete the Leases, "
+        "holder Roles and RoleBindings cronlock made, and exit (the chart's uninstall hook)",
+    )
+    parser.add_argument(
         "--liveness",
         default=_env("LIVENESS", "http://0.0.0.0:8081/healthz"),
         help="liveness endpoint URL served by kopf ('' to disable)",
@@ -128,6 +134,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.getLogger("kubernetes").setLevel(logging.WARNING)
     # kopf reports every handled watch event at INFO; our own lines say what happened.
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)
+    if args.uninstall:
+        from cronlock_operator.uninstall import uninstall
+
+        return uninstall(_api_client(), args.namespace or [])
     import cronlock_operator.handlers  # noqa: F401 - registers the handlers with kopf
 
     elector = _lead(args) if args.leader_election else None
@@ -151,15 +161,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _lead(args: argparse.Namespace) -> leader.Elector:
     """Wait for the lead (answering the liveness probe meanwhile), then keep it; a replica
     that loses it exits at once, before another may take over (cronlock_operator.leader)."""
-    configuration = kubernetes.client.Configuration()
-    try:
-        kubernetes.config.load_incluster_config(client_configuration=configuration)
-    except kubernetes.config.ConfigException:
-        kubernetes.config.load_kube_config(client_configuration=configuration)
     namespace, _, name = str(args.leader_election_lease).partition("/")
-    elector = leader.Elector(
-        kubernetes.client.ApiClient(configuration), namespace, name, leader.identity()
-    )
+    elector = leader.Elector(_api_client(), namespace, name, leader.identity())
     with leader.healthy_while_waiting(args.liveness):
         elector.acquire()
 
@@ -170,3 +173,13 @@ def _lead(args: argparse.Namespace) -> leader.Elector:
 
     elector.keep(lost)
     return elector
+
+
+def _api_client() -> kubernetes.client.ApiClient:
+    """In a pod its ServiceAccount, else the kubeconfig (as kopf logs in)."""
+    configuration = kubernetes.client.Configuration()
+    try:
+        kubernetes.config.load_incluster_config(client_configuration=configuration)
+    except kubernetes.config.ConfigException:
+        kubernetes.config.load_kube_config(client_configuration=configuration)
+    return kubernetes.client.ApiClient(configuration)

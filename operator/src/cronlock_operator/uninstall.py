@@ -1,0 +1,116 @@
+"""`cronlock-operator --uninstall`: every injected CronJob back as its user wrote it, and
+what cronlock made (Leases, holder Roles and RoleBindings) deleted; then exit.
+
+The chart runs it as a post-delete hook when `uninstall.revert` is set. An operator that
+is still stopping could inject a CronJob again meanwhile, so CronJobs are looked at again
+until a whole pass finds none injected (or `settle` seconds have passed: then the exit
+code says so, naming them). A CronJob keeps its `cronlock.io/*` annotations: installing
+cronlock again guards it again.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+
+import kubernetes
+
+from cronlock_operator.answers import Rejected, done, made_by_cronlock, raw
+from cronlock_operator.cache import ObjectCache
+from cronlock_operator.injection import is_injected, revert
+from cronlock_operator.kube import Kube
+from cronlock_operator.patching import injection_patch
+from cronlock_operator.workqueue import Retry
+from cronlock_sidecar import contract
+
+logger = logging.getLogger(__name__)
+
+SELECTOR = f"{contract.LABEL_MANAGED_BY}={contract.MANAGED_BY}"
+PASS_PAUSE = 2.0
+
+
+def uninstall(
+    api: kubernetes.client.ApiClient,
+    namespaces: Sequence[str],
+    *,
+    settle: float = 30.0,
+    sleep: Callable[[float], None] = time.sleep,
+) -> int:
+    """0 when every CronJob is reverted and everything cronlock made is deleted, else 1."""
+    kube = Kube(api)
+    started = time.monotonic()
+    left: list[str] = []
+    while True:
+        reverted, left = _revert_pass(kube, namespaces)
+        if not reverted and not left:
+            break
+        if time.monotonic() - started > settle:
+            break
+        sleep(PASS_PAUSE)
+    deleted = _delete_ours(kube, namespaces)
+    logger.info("uninstall: %d objects cronlock made deleted", deleted)
+    if left:
+        logger.error(
+            "uninstall: still injected after %.0fs (is an operator still running?): %s",
+            settle,
+            ", ".join(left),
+        )
+        return 1
+    logger.info("uninstall: every CronJob is as its user wrote it")
+    return 0
+
+
+def _revert_pass(kube: Kube, namespaces: Sequence[str]) -> tuple[int, list[str]]:
+    """Revert what is injected now: (how many were reverted, which could not be)."""
+    cronjobs = ObjectCache()
+    kube.list_cronjobs(namespaces, cronjobs)
+    reverted, failed = 0, []
+    for namespace, name in sorted(cronjobs.keys()):
+        body = cronjobs.get((namespace, name))
+        if body is None or not is_injected(body):
+            continue
+        patch = injection_patch(body, revert(body))
+        try:
+            kube.patch_cronjob(namespace, name, patch)
+        except (Retry, Rejected) as error:
+            logger.warning("uninstall: %s/%s not reverted yet: %s", namespace, name, error)
+            failed.append(f"{namespace}/{name}")
+            continue
+        logger.info("uninstall: %s/%s reverted", namespace, name)
+        reverted += 1
+    return reverted, failed
+
+
+def _delete_ours(kube: Kube, namespaces: Sequence[str]) -> int:
+    """Delete the Leases, holder Roles and RoleBindings labelled as cronlock's."""
+    deleted = 0
+    scopes: Sequence[str | None] = list(namespaces) or [None]
+    kinds = (
+        ("lease", kube.leases.list_namespaced_lease, kube.leases.list_lease_for_all_namespaces,
+         kube.leases.delete_namespaced_lease),
+        ("rolebinding", kube.rbac.list_namespaced_role_binding,
+         kube.rbac.list_role_binding_for_all_namespaces, kube.rbac.delete_namespaced_role_binding),
+        ("role", kube.rbac.list_namespaced_role, kube.rbac.list_role_for_all_namespaces,
+         kube.rbac.delete_namespaced_role),
+    )  # fmt: skip
+    for kind, list_in, list_all, delete in kinds:
+        for scope in scopes:
+            page = raw(
+                list_all(label_selector=SELECTOR, _preload_content=False)
+                if scope is None
+                else list_in(scope, label_selector=SELECTOR, _preload_content=False)
+            )
+            for item in page.get("items") or []:
+                metadata = item["metadata"]
+                if not made_by_cronlock(item):
+                    continue
+                if kind != "lease" and not metadata["name"].startswith(contract.HOLDER_ROLE):
+                    continue  # a Role or RoleBinding of the chart, not a holder's
+                try:
+                    done(delete(metadata["name"], metadata["namespace"], _preload_content=False))
+                except kubernetes.client.ApiException as error:
+                    if error.status != 404:
+                        raise
+                deleted += 1
+    return deleted
