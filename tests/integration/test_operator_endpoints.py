@@ -16,6 +16,7 @@ import pytest
 from tests.kube import wait_for
 from tests.operator_process import OperatorProcess
 from tests.support.controlplane import ControlPlane
+from tests.support.cronjobs import make_cronjob
 
 
 def free_port() -> int:
@@ -60,22 +61,7 @@ def test_metrics_liveness_and_json_logs(
     process, metrics_port, liveness_port = observed_operator
     kubernetes.client.BatchV1Api(api).create_namespaced_cron_job(
         namespace,
-        {
-            "metadata": {"name": "watched", "annotations": {"cronlock.io/enabled": "true"}},
-            "spec": {
-                "schedule": "0 0 1 1 *",
-                "jobTemplate": {
-                    "spec": {
-                        "template": {
-                            "spec": {
-                                "restartPolicy": "Never",
-                                "containers": [{"name": "main", "image": "busybox:1.37"}],
-                            }
-                        }
-                    }
-                },
-            },
-        },
+        make_cronjob(name="watched", namespace=None, schedule="0 0 1 1 *", restart_policy="Never"),
     )
 
     held = f'cronlock_lease_held{{lock="watched",namespace="{namespace}"}} 0.0'

@@ -15,6 +15,7 @@ import kubernetes
 import pytest
 
 from tests.support.controlplane import ROOT, ControlPlane, ServiceAccountKubeconfig
+from tests.support.cronjobs import make_cronjob
 
 pytestmark = pytest.mark.controlplane
 
@@ -24,24 +25,7 @@ STALE_HOLDER = "stuck-29000000-q1w2e_77aa0bb1"
 
 
 def cronjob(name: str, annotations: dict[str, str]) -> dict[str, Any]:
-    return {
-        "metadata": {"name": name, "annotations": annotations},
-        "spec": {
-            "schedule": "*/5 * * * *",
-            "jobTemplate": {
-                "spec": {
-                    "template": {
-                        "spec": {
-                            "restartPolicy": "Never",
-                            "containers": [
-                                {"name": "main", "image": "busybox", "command": ["true"]}
-                            ],
-                        }
-                    }
-                }
-            },
-        },
-    }
+    return make_cronjob(name=name, namespace=None, annotations=annotations, restart_policy="Never")
 
 
 def microtime(moment: datetime.datetime) -> datetime.datetime:
