@@ -13,10 +13,12 @@ resolution (getaddrinfo) is not bounded, as with `http.client`.
 
 from __future__ import annotations
 
+import base64
 import socket
 import ssl
 import time
 from typing import NamedTuple
+from urllib.parse import unquote, urlsplit
 
 MAX_LINE = 16 * 1024  # one status, header, chunk-size or trailer line
 MAX_HEADER_BYTES = 64 * 1024  # all header lines of one response (or its trailers)
@@ -59,9 +61,12 @@ class Connection:
         ssl_context: ssl.SSLContext | None = None,
         timeout: float = 5.0,
         server_hostname: str = "",
+        proxy: str = "",
     ) -> None:
         self.host = host
         self.port = port
+        # http://[user:password@]host:port of an HTTP proxy to tunnel through (CONNECT).
+        self.proxy = proxy
         self.ssl_context = ssl_context
         # The name the certificate is checked against (kubeconfig tls-server-name), if not host.
         self.server_hostname = server_hostname or host
@@ -84,7 +89,10 @@ class Connection:
 
     def _connect(self) -> None:
         self.close()
-        sock = socket.create_connection((self.host, self.port), timeout=self._remaining())
+        if self.proxy:
+            sock = self._tunnel()
+        else:
+            sock = socket.create_connection((self.host, self.port), timeout=self._remaining())
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             if self.ssl_context is not None:
@@ -94,6 +102,42 @@ class Connection:
             sock.close()
             raise
         self.sock = sock
+
+    def _tunnel(self) -> socket.socket:
+        """A TCP connection to host:port through the proxy's CONNECT (as kubectl's)."""
+        proxy = urlsplit(self.proxy)
+        if proxy.scheme != "http" or not proxy.hostname:
+            raise ProtocolError(f"proxy {self.proxy!r}: only http:// proxies are supported")
+        sock = socket.create_connection(
+            (proxy.hostname, proxy.port or 80), timeout=self._remaining()
+        )
+        try:
+            name = f"[{self.host}]" if ":" in self.host else self.host
+            target = f"{name}:{self.port}"
+            head = f"CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n"
+            if proxy.username:
+                secret = f"{unquote(proxy.username)}:{unquote(proxy.password or '')}"
+                head += (
+                    f"Proxy-Authorization: Basic {base64.b64encode(secret.encode()).decode()}\r\n"
+                )
+            sock.sendall((head + "\r\n").encode("latin-1"))
+            answer = b""
+            while b"\r\n\r\n" not in answer:
+                sock.settimeout(self._remaining())
+                chunk = sock.recv(4096)
+                if not chunk or len(answer) > 16384:
+                    raise ProtocolError(f"proxy {proxy.hostname}: no answer to CONNECT")
+                answer += chunk
+            status_line = answer.split(b"\r\n", 1)[0].decode("latin-1")
+            parts = status_line.split(" ", 2)
+            if len(parts) < 2 or not parts[1].startswith("2"):
+                raise ProtocolError(
+                    f"proxy {proxy.hostname} refused CONNECT {target}: {status_line}"
+                )
+        except BaseException:
+            sock.close()
+            raise
+        return sock
 
     def close(self) -> None:
         sock, self.sock = self.sock, None

@@ -80,6 +80,7 @@ class KubeLeaseClient:
             ssl_context=context,
             timeout=timeout,
             server_hostname=cluster.tls_server_name,
+            proxy=cluster.proxy,
         )
         return connection, False
 

@@ -54,6 +54,7 @@ class Cluster:
         "source",
         "tls_server_name",
         "credential",
+        "proxy",
     )
     __hash__ = None  # type: ignore[assignment]  # mutable and compared by value
 
@@ -67,8 +68,10 @@ class Cluster:
         source: str = "",
         tls_server_name: str = "",
         credential: ExecCredential | None = None,
+        proxy: str = "",
     ) -> None:
         self.server = server
+        self.proxy = proxy
         self.tls_server_name = tls_server_name
         self.credential = credential
         self.ssl_context = ssl_context
@@ -115,7 +118,41 @@ class Cluster:
 
 
 def load_cluster(env: Mapping[str, str]) -> Cluster:
-    """kubectl's order: $KUBECONFIG, then ~/.kube/config, then the pod's service account."""
+    """kubectl's order: $KUBECONFIG, then ~/.kube/config, then the pod's service account;
+    then the proxy, as client-go picks it: the cluster's proxy-url, else HTTPS_PROXY (or
+    HTTP_PROXY for an http:// server) unless NO_PROXY names the host."""
+    cluster = _load_cluster(env)
+    if not cluster.proxy:
+        cluster.proxy = proxy_from_env(env, cluster.scheme, cluster.host)
+    return cluster
+
+
+def proxy_from_env(env: Mapping[str, str], scheme: str, host: str) -> str:
+    names = ("HTTPS_PROXY", "https_proxy") if scheme == "https" else ("HTTP_PROXY", "http_proxy")
+    proxy = next((env[name] for name in names if env.get(name)), "")
+    if not proxy:
+        return ""
+    no_proxy = env.get("NO_PROXY") or env.get("no_proxy") or ""
+    for entry in (part.strip().lower() for part in no_proxy.split(",")):
+        if not entry:
+            continue
+        if entry == "*" or host.lower() == entry or host.lower().endswith("." + entry.lstrip(".")):
+            return ""
+        if "/" in entry and _in_network(host, entry):
+            return ""
+    return proxy
+
+
+def _in_network(host: str, network: str) -> bool:
+    import ipaddress  # only for a NO_PROXY with a CIDR: off everyone else's start-up
+
+    try:
+        return ipaddress.ip_address(host) in ipaddress.ip_network(network, strict=False)
+    except ValueError:
+        return False
+
+
+def _load_cluster(env: Mapping[str, str]) -> Cluster:
     kubeconfig = env.get("KUBECONFIG", "")
     if kubeconfig:
         paths = [Path(part) for part in kubeconfig.split(os.pathsep) if part]
@@ -228,6 +265,7 @@ def from_kubeconfig(paths: list[Path]) -> Cluster:
         source=f"kubeconfig {where} (context {current})",
         tls_server_name=str(cluster.get("tls-server-name") or ""),
         credential=credential,
+        proxy=str(cluster.get("proxy-url") or ""),
     )
 
 

@@ -389,3 +389,122 @@ def test_server_errors_become_typed_errors(api_server: FakeApiServer) -> None:
         ),
     ):
         client.get(LEASE)
+
+
+class ConnectProxy:
+    """An HTTP CONNECT proxy: records each tunnel's target and Proxy-Authorization, relays."""
+
+    def __init__(self) -> None:
+        import socket
+        import threading
+
+        self.tunnels: list[tuple[str, str]] = []
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        import socket
+        import threading
+
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            head = b""
+            while b"\r\n\r\n" not in head:
+                head += client.recv(4096)
+            lines = head.decode().split("\r\n")
+            target = lines[0].split()[1]
+            auth = next(
+                (
+                    line.split(": ", 1)[1]
+                    for line in lines
+                    if line.startswith("Proxy-Authorization")
+                ),
+                "",
+            )
+            self.tunnels.append((target, auth))
+            host, port = target.rsplit(":", 1)
+            upstream = socket.create_connection((host, int(port)))
+            client.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
+            for source, sink in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._relay, args=(source, sink), daemon=True).start()
+
+    @staticmethod
+    def _relay(source: Any, sink: Any) -> None:
+        try:
+            while chunk := source.recv(65536):
+                sink.sendall(chunk)
+        except OSError:
+            pass
+        finally:
+            sink.close()
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+def test_https_proxy_and_proxy_url_tunnel_with_connect_and_no_proxy_bypasses(
+    tls_api_server: FakeApiServer, pki: Path, tmp_path: Path
+) -> None:
+    proxy = ConnectProxy()
+    try:
+        cluster = {"server": tls_api_server.url, "certificate-authority": str(pki / "ca.crt")}
+        user = {
+            "client-certificate": str(pki / "client.crt"),
+            "client-key": str(pki / "client.key"),
+        }
+        kubeconfig = write_kubeconfig(tmp_path / "config", cluster, user)
+        port = tls_api_server.url.rsplit(":", 1)[1]
+        env = {
+            "KUBECONFIG": str(kubeconfig),
+            "HTTPS_PROXY": proxy.url.replace("//", "//ops:s%3Acret@"),
+        }
+        with KubeLeaseClient(load_cluster(env)) as client:
+            assert client.get(LEASE)["kind"] == "Lease"  # TLS end to end, through the tunnel
+        assert proxy.tunnels == [
+            (f"127.0.0.1:{port}", "Basic " + base64.b64encode(b"ops:s:cret").decode())
+        ]
+        # NO_PROXY (a CIDR here) goes direct; the kubeconfig's proxy-url wins over the env.
+        with KubeLeaseClient(
+            load_cluster({**env, "NO_PROXY": "example.com,127.0.0.0/8"})
+        ) as client:
+            client.get(LEASE)
+        assert len(proxy.tunnels) == 1
+        with_url = write_kubeconfig(
+            tmp_path / "with-url", {**cluster, "proxy-url": proxy.url}, user
+        )
+        with KubeLeaseClient(load_cluster({"KUBECONFIG": str(with_url)})) as client:
+            client.get(LEASE)
+        assert [target for target, _ in proxy.tunnels] == [f"127.0.0.1:{port}"] * 2
+    finally:
+        proxy.close()
+
+
+def test_a_proxy_that_refuses_the_tunnel_fails_closed_naming_it(
+    api_server: FakeApiServer, tmp_path: Path
+) -> None:
+    import socket
+    import threading
+
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def refuse() -> None:
+        client, _ = listener.accept()
+        client.recv(4096)
+        client.sendall(b"HTTP/1.1 403 Forbidden\r\n\r\n")
+        client.close()
+
+    threading.Thread(target=refuse, daemon=True).start()
+    env = {
+        "KUBECONFIG": str(api_server.kubeconfig),
+        "HTTP_PROXY": f"http://127.0.0.1:{listener.getsockname()[1]}",
+    }
+    with (
+        KubeLeaseClient(load_cluster(env)) as client,
+        pytest.raises(Unavailable, match="refused CONNECT"),
+    ):
+        client.get(LEASE)
+    listener.close()

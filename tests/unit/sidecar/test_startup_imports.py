@@ -152,7 +152,8 @@ def test_cluster_keeps_dataclass_behaviour() -> None:
     assert cluster.bearer_token() == "t"
     assert repr(cluster) == (
         "Cluster(server='https://example:6443', ssl_context=None, token='t', "
-        "token_file=None, namespace='', source='', tls_server_name='', credential=None)"
+        "token_file=None, namespace='', source='', tls_server_name='', credential=None, "
+        "proxy='')"
     )
     cluster.namespace = "team-a"  # mutable, as the dataclass was
     assert cluster.namespace == "team-a"
