@@ -1,0 +1,121 @@
+"""What a GitOps tool does to an injected CronJob: re-apply the user's own manifest, with
+client-side `kubectl apply` (Argo CD's default) and with server-side apply forcing
+conflicts (what Flux's kustomize-controller does), on the real API server."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import kubernetes
+import pytest
+import yaml
+
+from tests.kube import wait_for
+from tests.support.controlplane import ControlPlane
+from tests.support.cronjobs import make_cronjob
+from tests.support.objects import read
+
+pytestmark = pytest.mark.usefixtures("operator")
+
+
+def injected(body: dict[str, Any]) -> bool:
+    spec = body["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+    names = [c["name"] for c in spec.get("initContainers") or []]
+    return names[:2] == ["cronlock", "cronlock-gate"] and spec["restartPolicy"] == "Never"
+
+
+def manifest(namespace: str, restart_policy: str) -> str:
+    body = make_cronjob(
+        name="report", namespace=namespace, schedule="0 0 1 1 *", restart_policy=restart_policy
+    )
+    return yaml.safe_dump(body)
+
+
+class Versions:
+    """Every version of the CronJob the API server stores from now on (a watch)."""
+
+    def __init__(self, api: kubernetes.client.ApiClient, namespace: str, version: str) -> None:
+        self.seen: list[dict[str, Any]] = []
+        self._watch = kubernetes.watch.Watch()
+        batch = kubernetes.client.BatchV1Api(api)
+
+        self._stopping = False
+        self.error: BaseException | None = None
+
+        def follow() -> None:
+            try:
+                for event in self._watch.stream(
+                    batch.list_namespaced_cron_job,
+                    namespace,
+                    resource_version=version,
+                    timeout_seconds=60,
+                ):
+                    self.seen.append(api.sanitize_for_serialization(event["object"]))
+            except Exception as error:  # noqa: BLE001 - closing the stream mid-read ends so
+                if not self._stopping:
+                    self.error = error
+
+        self._thread = threading.Thread(target=follow, daemon=True)
+        self._thread.start()
+
+    def stop(self) -> list[dict[str, Any]]:
+        self._stopping = True
+        self._watch.stop()
+        self._thread.join(timeout=70)
+        assert self.error is None, self.error
+        assert self.seen, "the watch saw no version at all"
+        return self.seen
+
+
+def test_re_applying_a_never_manifest_both_ways_keeps_the_injection_at_every_version(
+    api: kubernetes.client.ApiClient, namespace: str, controlplane: ControlPlane
+) -> None:
+    text = manifest(namespace, "Never")
+    controlplane.kubectl("apply", "-f", "-", input_text=text)
+    first = wait_for(
+        lambda: body if injected(body := read(api, namespace, "report")) else None,
+        30,
+        "the injection",
+    )
+    versions = Versions(api, namespace, first["metadata"]["resourceVersion"])
+
+    controlplane.kubectl("apply", "-f", "-", input_text=text)
+    controlplane.kubectl(
+        "apply",
+        "--server-side",
+        "--force-conflicts",
+        "--field-manager=kustomize-controller",
+        "-f",
+        "-",
+        input_text=text,
+    )
+    controlplane.kubectl("apply", "-f", "-", input_text=text)
+    wait_for(lambda: injected(read(api, namespace, "report")), 30, "the injection after it all")
+    seen = versions.stop()
+
+    # No version a run could have started from lacked the lock.
+    assert all(injected(body) for body in seen), [
+        body["metadata"]["resourceVersion"] for body in seen if not injected(body)
+    ]
+    last = read(api, namespace, "report")
+    assert last["spec"]["jobTemplate"] == first["spec"]["jobTemplate"]
+
+
+def test_re_applying_an_on_failure_manifest_is_refused_and_the_injection_stays(
+    api: kubernetes.client.ApiClient, namespace: str, controlplane: ControlPlane
+) -> None:
+    """Why the README says to write `Never` in Git: the API server refuses `OnFailure`
+    next to cronlock's podFailurePolicy, whichever way it is applied."""
+    text = manifest(namespace, "OnFailure")
+    controlplane.kubectl("apply", "-f", "-", input_text=text)
+    wait_for(lambda: injected(read(api, namespace, "report")), 30, "the injection")
+
+    for args in (
+        ("apply", "-f", "-"),
+        ("apply", "--server-side", "--force-conflicts", "--field-manager=flux", "-f", "-"),
+    ):
+        answer = controlplane.kubectl(*args, check=False, input_text=text)
+        assert "podFailurePolicy" in answer, answer
+        assert "Never" in answer, answer
+        assert injected(read(api, namespace, "report"))
