@@ -51,7 +51,12 @@ def granted(api: kubernetes.client.ApiClient, namespace: str, account: str) -> s
 
 
 def owners(api: kubernetes.client.ApiClient, namespace: str, lease: str) -> list[str]:
-    found = kubernetes.client.CoordinationV1Api(api).read_namespaced_lease(lease, namespace)
+    try:
+        found = kubernetes.client.CoordinationV1Api(api).read_namespaced_lease(lease, namespace)
+    except kubernetes.client.ApiException as error:
+        if error.status == 404:
+            return []
+        raise
     return sorted(owner.name for owner in found.metadata.owner_references or [])
 
 
@@ -154,3 +159,19 @@ def test_a_malformed_share_list_is_invalid_config_and_changes_nothing(
     assert "'Not_A_Name', which is not a CronJob name" in message
     wait_settled(2)
     assert not injected(api, namespace, "report")
+
+
+def test_the_shared_lock_example_guards_both_cronjobs_with_one_lease(
+    api: kubernetes.client.ApiClient, namespace: str, controlplane: ControlPlane
+) -> None:
+    """manifests/examples/shared-lock.yaml as a user applies it, the operator running."""
+    example = Path(__file__).resolve().parents[2] / "manifests" / "examples" / "shared-lock.yaml"
+    controlplane.kubectl("apply", "-n", namespace, "-f", str(example))
+
+    for name in ("import-orders", "rebuild-index"):
+        wait_for(lambda name=name: injected(api, namespace, name), 30, f"{name} injected")
+    wait_for(
+        lambda: owners(api, namespace, "cronlock-orders-db") == ["import-orders", "rebuild-index"],
+        30,
+        "one Lease owned by both",
+    )
