@@ -15,17 +15,12 @@ from tests.kube import wait_for
 from tests.operator_process import OPERATOR_NAMESPACE, OperatorProcess
 from tests.support.controlplane import ControlPlane
 from tests.support.cronjobs import make_cronjob
-from tests.support.objects import read
+from tests.support.objects import injected
 
 LEASE = "test-operator-leader"
 ELECTION = ["--leader-election", "--leader-election-lease", f"{OPERATOR_NAMESPACE}/{LEASE}"]
 # What only a writing operator logs.
 WRITES = re.compile(r"Injected|lease \S+ created|holder RBAC in")
-
-
-def injected(api: kubernetes.client.ApiClient, namespace: str, name: str) -> bool:
-    spec = read(api, namespace, name)["spec"]["jobTemplate"]["spec"]["template"]["spec"]
-    return any(c["name"] == "cronlock" for c in spec.get("initContainers") or [])
 
 
 def create(api: kubernetes.client.ApiClient, namespace: str, name: str) -> None:

@@ -17,7 +17,7 @@ from tests.kube import wait_for
 from tests.operator_process import wait_settled
 from tests.support.controlplane import ControlPlane
 from tests.support.cronjobs import make_cronjob
-from tests.support.objects import annotate, read, wait_event
+from tests.support.objects import annotate, injected, wait_event
 
 pytestmark = pytest.mark.usefixtures("operator")
 
@@ -32,11 +32,6 @@ def cronjob(name: str, account: str, **annotations: str) -> dict[str, Any]:
     )
     body["spec"]["jobTemplate"]["spec"]["template"]["spec"]["serviceAccountName"] = account
     return body
-
-
-def injected(api: kubernetes.client.ApiClient, namespace: str, name: str) -> bool:
-    spec = read(api, namespace, name)["spec"]["jobTemplate"]["spec"]["template"]["spec"]
-    return any(c["name"] == "cronlock" for c in spec.get("initContainers") or [])
 
 
 def granted(api: kubernetes.client.ApiClient, namespace: str, account: str) -> set[str]:

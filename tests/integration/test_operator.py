@@ -15,7 +15,7 @@ from tests.operator_process import OperatorProcess, wait_settled
 from tests.support.contract import EXIT_SKIPPED, GATE_CONTAINER
 from tests.support.controlplane import ControlPlane, ServiceAccountKubeconfig
 from tests.support.cronjobs import job_from_cronjob
-from tests.support.objects import annotate, batch, events, read, wait_event
+from tests.support.objects import annotate, batch, comparable, events, read, wait_event
 
 GATE = GATE_CONTAINER
 
@@ -81,15 +81,6 @@ VARIANTS["several-containers"]["spec"]["jobTemplate"]["metadata"] = {"labels": {
 def init_names(cronjob: dict[str, Any]) -> list[str]:
     spec = cronjob["spec"]["jobTemplate"]["spec"]["template"]["spec"]
     return [container["name"] for container in spec.get("initContainers") or []]
-
-
-def comparable(cronjob: dict[str, Any]) -> dict[str, Any]:
-    """What the user wrote and the server stored, without the fields every write changes."""
-    result = copy.deepcopy(cronjob)
-    for key in ("resourceVersion", "generation", "managedFields"):
-        result["metadata"].pop(key, None)
-    result.pop("status", None)
-    return result
 
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))

@@ -12,7 +12,7 @@ import pytest
 from tests.kube import wait_for
 from tests.operator_process import OperatorProcess, wait_settled
 from tests.support.cronjobs import make_cronjob
-from tests.support.objects import annotate, events, read, wait_event
+from tests.support.objects import annotate, events, injected, wait_event
 
 pytestmark = pytest.mark.usefixtures("operator")
 
@@ -25,11 +25,6 @@ def cronjob(name: str, **annotations: str) -> dict[str, Any]:
         annotations={"cronlock.io/enabled": "true", **annotations},
         restart_policy="Never",
     )
-
-
-def injected(api: kubernetes.client.ApiClient, namespace: str, name: str) -> bool:
-    spec = read(api, namespace, name)["spec"]["jobTemplate"]["spec"]["template"]["spec"]
-    return any(c["name"] == "cronlock" for c in spec.get("initContainers") or [])
 
 
 def stored(raw: Any, api: kubernetes.client.ApiClient) -> dict[str, Any]:

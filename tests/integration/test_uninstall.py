@@ -5,7 +5,6 @@ hook does once the release is gone."""
 
 from __future__ import annotations
 
-import copy
 import subprocess
 import sys
 from pathlib import Path
@@ -18,22 +17,9 @@ from tests.kube import wait_for
 from tests.operator_process import OPERATOR_NAMESPACE, OperatorProcess, render_chart
 from tests.support.controlplane import ControlPlane, make_service_account_kubeconfig
 from tests.support.cronjobs import make_cronjob
-from tests.support.objects import read
+from tests.support.objects import comparable, injected, read
 
 OURS = {"app.kubernetes.io/managed-by": "cronlock"}
-
-
-def comparable(cronjob: dict[str, Any]) -> dict[str, Any]:
-    result = copy.deepcopy(cronjob)
-    for key in ("resourceVersion", "generation", "managedFields"):
-        result["metadata"].pop(key, None)
-    result.pop("status", None)
-    return result
-
-
-def injected(body: dict[str, Any]) -> bool:
-    spec = body["spec"]["jobTemplate"]["spec"]["template"]["spec"]
-    return any(c["name"] == "cronlock" for c in spec.get("initContainers") or [])
 
 
 def hook_account(
@@ -114,7 +100,7 @@ def test_uninstall_reverts_every_cronjob_exactly_and_deletes_only_what_cronlock_
     operator.start()
     try:
         for name in ("report", "export"):
-            wait_for(lambda name=name: injected(read(api, namespace, name)), 30, f"{name} injected")
+            wait_for(lambda name=name: injected(api, namespace, name), 30, f"{name} injected")
         wait_for(
             lambda: (
                 {lease.metadata.name for lease in leases.list_namespaced_lease(namespace).items}

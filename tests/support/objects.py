@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import kubernetes
@@ -17,6 +18,25 @@ def read(api: kubernetes.client.ApiClient, namespace: str, name: str) -> dict[st
     raw = batch(api).read_namespaced_cron_job(name, namespace)
     result: dict[str, Any] = api.sanitize_for_serialization(raw)
     return result
+
+
+def comparable(cronjob: dict[str, Any]) -> dict[str, Any]:
+    """What the user wrote and the server stored, without the fields every write changes."""
+    result = copy.deepcopy(cronjob)
+    for key in ("resourceVersion", "generation", "managedFields"):
+        result["metadata"].pop(key, None)
+    result.pop("status", None)
+    return result
+
+
+def has_sidecar(cronjob: dict[str, Any]) -> bool:
+    """The job template carries cronlock's sidecar (the CronJob is injected)."""
+    spec = cronjob["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+    return any(c["name"] == "cronlock" for c in spec.get("initContainers") or [])
+
+
+def injected(api: kubernetes.client.ApiClient, namespace: str, name: str) -> bool:
+    return has_sidecar(read(api, namespace, name))
 
 
 def annotate(

@@ -113,27 +113,27 @@ class Elector:
             },
             "spec": {},
         }
-        sent = self.clock()
-        try:
-            self.leases.create_namespaced_lease(
+        return self._send(
+            lambda: self.leases.create_namespaced_lease(
                 self.namespace, self._held(body, taking=True), _preload_content=False
-            ).release_conn()
-        except kubernetes.client.ApiException as error:
-            if error.status == 409:
-                return ""  # another replica was first: look again
-            raise
-        self._renewed_at = sent
-        return self.me
+            )
+        )
 
     def _write(self, lease: dict[str, Any], *, taking: bool) -> str:
+        return self._send(
+            lambda: self.leases.replace_namespaced_lease(
+                self.name, self.namespace, self._held(lease, taking=taking), _preload_content=False
+            )
+        )
+
+    def _send(self, write: Callable[[], Any]) -> str:
+        """One write of our hold; "" when another replica wrote first (409: look again)."""
         sent = self.clock()
         try:
-            self.leases.replace_namespaced_lease(
-                self.name, self.namespace, self._held(lease, taking=taking), _preload_content=False
-            ).release_conn()
+            write().release_conn()
         except kubernetes.client.ApiException as error:
             if error.status == 409:
-                return ""  # it moved on meanwhile: look again
+                return ""
             raise
         self._renewed_at = sent
         return self.me
