@@ -35,6 +35,23 @@ ANNOTATION_RELEASED_AT: Final = PREFIX + "released-at"
 # Written on the Lease by the holder at acquire: the Job whose pod holds it, so that the
 # retry pod of the same Job may take over from its terminal predecessor at once.
 ANNOTATION_HOLDER_JOB: Final = PREFIX + "holder-job"
+# Contenders' notes: the only writes a pod that does not hold the Lease may make to it
+# (the holders' admission policy allows each, valued with the writer's own identity).
+# A run under `policy: replace` asks the holder to yield; one under `policy: observe`
+# records that it ran while the Lease was held.
+ANNOTATION_YIELD_TO: Final = PREFIX + "yield-to"
+ANNOTATION_OVERLAP: Final = PREFIX + "overlap"
+CONTENDER_NOTES: Final = (ANNOTATION_YIELD_TO, ANNOTATION_OVERLAP)
+# Written on the Lease by a holder that yielded: who replaced it, and the latest replaced
+# Jobs (newest first, comma-separated), so a replaced Job's retry pod skips instead of
+# replacing the run that replaced it.
+ANNOTATION_REPLACED_BY: Final = PREFIX + "replaced-by"
+ANNOTATION_REPLACED_JOBS: Final = PREFIX + "replaced-jobs"
+REPLACED_JOBS_KEPT: Final = 10
+# Written on a Job by the operator: its run overlapped a held Lease (observe policy), or
+# was replaced by a newer run; the value names the other run.
+JOB_ANNOTATION_OVERLAPPED: Final = PREFIX + "overlapped"
+JOB_ANNOTATION_REPLACED_BY: Final = PREFIX + "replaced-by"
 
 USER_SETTINGS: Final = frozenset(
     {
@@ -125,3 +142,6 @@ JOB_NAME_LABEL: Final = "batch.kubernetes.io/job-name"
 DEFAULT_TTL_SECONDS: Final = 60
 DEFAULT_SKEW_SECONDS: Final = 2
 DEFAULT_ALERT_AFTER: Final = 3
+# What a run does when it finds the lock held: skip it, wait for it, replace its holder,
+# or (observe) run anyway and record the overlap.
+POLICIES: Final = ("skip", "wait", "replace", "observe")

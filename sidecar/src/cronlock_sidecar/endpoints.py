@@ -21,6 +21,8 @@ class SidecarState:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.held = False
+        # Observe policy: /held answers 200 whatever happens, so the run is never stopped.
+        self.never_stop = False
         self.decision = ""
         self.fencing_token = -1
         self.renewals: Counter[str] = Counter()
@@ -35,8 +37,11 @@ class SidecarState:
         held: bool | None = None,
         decision: str | None = None,
         fencing_token: int | None = None,
+        never_stop: bool | None = None,
     ) -> None:
         with self._lock:
+            if never_stop is not None:
+                self.never_stop = never_stop
             if held is not None:
                 self.held = held
             if decision is not None:
@@ -65,8 +70,9 @@ class SidecarState:
             self.releases[result] += 1
 
     def is_held(self) -> bool:
+        """What /held answers: held, or (observe policy) never to be stopped."""
         with self._lock:
-            return self.held
+            return self.held or self.never_stop
 
     def metrics(self) -> str:
         """Prometheus text exposition format 0.0.4."""
@@ -80,7 +86,7 @@ class SidecarState:
             family("held", "gauge", "1 while this pod holds the Lease.")
             lines.append(f"{METRIC_PREFIX}held {int(self.held)}")
             family("decision", "gauge", "The decision of this run (1 for the current one).")
-            for decision in ("run", "skip", "unavailable"):
+            for decision in ("run", "skip", "unavailable", "overlap"):
                 value = int(self.decision == decision)
                 lines.append(f'{METRIC_PREFIX}decision{{decision="{decision}"}} {value}')
             family("fencing_token", "gauge", "leaseTransitions after this run acquired.")

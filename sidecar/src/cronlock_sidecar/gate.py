@@ -13,7 +13,12 @@ from cronlock_sidecar.rundir import read_decision
 log = logging.getLogger("cronlock_sidecar.gate")
 
 POLL_SECONDS = 0.1
-EXIT_CODES = {"run": EXIT_OK, "skip": EXIT_SKIPPED, "unavailable": EXIT_UNAVAILABLE}
+EXIT_CODES = {
+    "run": EXIT_OK,
+    "overlap": EXIT_OK,
+    "skip": EXIT_SKIPPED,
+    "unavailable": EXIT_UNAVAILABLE,
+}
 
 
 def gate(
@@ -43,6 +48,8 @@ def gate(
 def _report(decision: str, run_dir: Path) -> int:
     if decision == "run":
         log.info("lease acquired; starting the run")
+    elif decision == "overlap":
+        log.warning("another run holds the lease; observe policy: starting the run anyway")
     elif decision == "skip":
         log.info("another run holds the lease; skipping this run")
     elif decision == "unavailable":

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
-from cronlock_sidecar.contract import EXIT_CONFIG, EXIT_OK
+from cronlock_sidecar.contract import ANNOTATION_OVERLAP, EXIT_CONFIG, EXIT_OK
 from cronlock_sidecar.endpoints import SidecarState
 from cronlock_sidecar.heartbeat import Heartbeat
 from cronlock_sidecar.lease import (
@@ -19,7 +19,7 @@ from cronlock_sidecar.lease import (
     RenewResult,
 )
 from cronlock_sidecar.options import Options
-from cronlock_sidecar.policy import acquire
+from cronlock_sidecar.policy import acquire, note
 from cronlock_sidecar.processes import PROC, terminate_then_kill, visible_pids
 from cronlock_sidecar.rundir import read_decision, write_decision
 from cronlock_sidecar.transport import ApiError, LeaseTransport
@@ -76,11 +76,13 @@ class Holder:
         # The renew thread and the main thread may both see the loss; it is handled once.
         self._loss_lock = threading.Lock()
         self._loss_handled = False
+        # Under `policy: observe` nothing stops the run: /held always answers 200.
+        state.update(never_stop=options.observe)
 
     def run(self) -> int:
         """Until SIGTERM (the `stop` event): exit 0 after releasing what we hold."""
         previous = read_decision(self.run_dir)
-        if previous in {"skip", "unavailable"}:
+        if previous in {"skip", "unavailable", "overlap"}:
             log.info("restarted after deciding %r; staying idle", previous)
             self.state.update(decision=previous)
             return self._idle()
@@ -96,22 +98,40 @@ class Holder:
         try:
             result = acquire(
                 self.keeper,
-                wait=self.options.wait,
+                policy=self.options.policy,
                 wait_timeout=self.options.wait_timeout,
                 pause=self.stop.wait,
             )
         except ApiError as error:
+            if self.options.observe:
+                log.error("%s; observe policy: running anyway", error)
+                return self._write("overlap", None)
             log.error("%s; this run will not start", error)
             return self._write("unavailable", None)
         if self.stop.is_set() and not isinstance(result, Acquired):
             return None
         if not isinstance(result, Acquired):
+            if self.options.observe and not result.why:
+                self._record_overlap(result.holder)
+                return self._write("overlap", None)
             log.info("%s", result.message())
             return self._write("skip", None)
         if not self._guard_the_run("this run will not start"):
             self._release()
             return self._write("unavailable", None)
         return self._write("run", result)
+
+    def _record_overlap(self, holder: str) -> None:
+        """Observe policy: one line, and a note on the Lease the operator counts."""
+        log.warning(
+            "overlap: lease %s held by %s (observe policy: running anyway)",
+            self.keeper.lease,
+            holder,
+        )
+        try:
+            note(self.keeper, ANNOTATION_OVERLAP)
+        except ApiError as error:
+            log.warning("cannot record the overlap on lease %s: %s", self.keeper.lease, error)
 
     def _write(self, decision: str, acquired: Acquired | None) -> Acquired | None:
         try:
@@ -156,7 +176,7 @@ class Holder:
 
     def _guard_the_run(self, otherwise: str) -> bool:
         """Under `stop: signal`, fork the process that stops the run if this one cannot."""
-        if self.options.stop != "signal":
+        if self.options.stop != "signal" or self.options.observe:
             return True
         try:
             self.watchdog = self._start_watchdog(self.keeper.valid_until(), self.options.kill_grace)
@@ -210,6 +230,13 @@ class Holder:
             self._loss_handled = True
         self.state.update(held=False)
         self.state.count_lost()
+        if self.options.observe:
+            log.error(
+                "lease %s is no longer held by %s (observe policy: the run goes on)",
+                self.keeper.lease,
+                self.keeper.identity,
+            )
+            return
         log.error(
             "lease %s is no longer held by %s: /held answers 503 so the run is stopped",
             self.keeper.lease,

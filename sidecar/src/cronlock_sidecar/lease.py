@@ -77,6 +77,8 @@ class LeaseKeeper:
         self._lost = False
         self._taken_by_other = False
         self._closing = False
+        # The replace run we yielded to: our release names it.
+        self._replaced_by = ""
 
     # --- state -----------------------------------------------------------------
     @property
@@ -88,6 +90,12 @@ class LeaseKeeper:
     def lost(self) -> bool:
         with self._state_lock:
             return self._lost
+
+    @property
+    def replaced_by(self) -> str:
+        """The replace run this holder yielded to ("" if none asked)."""
+        with self._state_lock:
+            return self._replaced_by
 
     def valid_until(self) -> float:
         """Monotonic time until which we may act as holder without a further renew."""
@@ -177,6 +185,9 @@ class LeaseKeeper:
                     holder or "nobody",
                 )
                 return None
+            if self._asked_to_yield(current):
+                self._yield(current)
+                return None
             result = self._decide(current)
             if isinstance(result, Acquired):
                 return result
@@ -224,19 +235,37 @@ class LeaseKeeper:
                 raise
             record = read_lease(current)
             ago = (now - record.renewed_at).total_seconds() if record.renewed_at else math.inf
-            return Busy(self.lease, holder, ago, 0.0, clearing=True)
+            return Busy(
+                self.lease,
+                holder,
+                ago,
+                0.0,
+                clearing=True,
+                acquired_at=record.acquire_time,
+                yield_to=record.yield_to,
+            )
         return self._took(written, sent, resumed=reason == "resumed", reason=reason)
 
     def _free_reason(self, current: Lease, holder: str, now: datetime) -> str | Busy:
+        record = read_lease(current)
+        if self.job_name and self.job_name in record.replaced_jobs:
+            # Our Job's run yielded to a replace run: this retry must not take it back.
+            return Busy(self.lease, holder, 0.0, 0.0, why="replaced", other=record.replaced_by)
         if not holder:
             return "free"
-        record = read_lease(current)
         if self.job_name and record.holder_job == self.job_name:
             return "earlier pod of the same Job"
         if is_expired(record, now, self.timing.skew) or record.renewed_at is None:
             return "expired"
         renewed_ago = (now - record.renewed_at).total_seconds()
-        return Busy(self.lease, holder, renewed_ago, (record.duration_seconds or 0) - renewed_ago)
+        return Busy(
+            self.lease,
+            holder,
+            renewed_ago,
+            (record.duration_seconds or 0) - renewed_ago,
+            acquired_at=record.acquire_time,
+            yield_to=record.yield_to,
+        )
 
     def _took(self, written: Lease, sent: float, *, resumed: bool, reason: str) -> Acquired:
         self._hold(written, sent)
@@ -289,6 +318,8 @@ class LeaseKeeper:
         holder = holder_of(current)
         if holder != self.identity:
             return self._mark_lost(f"now held by {holder or 'nobody'}", taken=True)
+        if self._asked_to_yield(current):
+            return self._yield(current)
         body = renewed(current, self.timing, self.clock.now())
         sent = self.clock.monotonic()
         try:
@@ -307,6 +338,20 @@ class LeaseKeeper:
             self._last_renew_sent = max(self._last_renew_sent, sent)
         log.debug("lease %s renewed by %s", self.lease, self.identity)
         return RenewResult(RenewOutcome.RENEWED)
+
+    # --- yield (replace policy) -------------------------------------------------------
+    def _asked_to_yield(self, current: Lease) -> bool:
+        asking = read_lease(current).yield_to
+        return bool(asking) and asking != self.identity
+
+    def _yield(self, current: Lease) -> RenewResult:
+        """A replace run asked us to yield: lost as if taken (the run is stopped), but
+        released by us once it has stopped, the release naming who replaced us."""
+        asking = read_lease(current).yield_to
+        with self._state_lock:
+            self._record = current
+            self._replaced_by = asking
+        return self._mark_lost(f"replaced by {asking}; stopping this run", taken=False)
 
     def _renew_failed(self, error: ApiError) -> RenewResult:
         left = self.valid_until() - self.clock.monotonic()
@@ -335,7 +380,13 @@ class LeaseKeeper:
             try:
                 self.transport.replace(
                     self.lease,
-                    released(current, self.identity, self.clock.now()),
+                    released(
+                        current,
+                        self.identity,
+                        self.clock.now(),
+                        replaced_by=self.replaced_by,
+                        job_name=self.job_name,
+                    ),
                     timeout=remaining,
                 )
             except Conflict:

@@ -19,11 +19,16 @@ from typing import Any, NamedTuple
 from cronlock_sidecar.contract import (
     ANNOTATION_HOLDER_JOB,
     ANNOTATION_LAST_HOLDER,
+    ANNOTATION_OVERLAP,
     ANNOTATION_RELEASED_AT,
+    ANNOTATION_REPLACED_BY,
+    ANNOTATION_REPLACED_JOBS,
+    ANNOTATION_YIELD_TO,
     DEFAULT_SKEW_SECONDS,
     LABEL_LOCK,
     LABEL_MANAGED_BY,
     MANAGED_BY,
+    REPLACED_JOBS_KEPT,
 )
 from cronlock_sidecar.microtime import format_microtime, read_time
 
@@ -141,6 +146,13 @@ def default_renew_ms(ttl_ms: int) -> int:
     return ttl_ms // 3
 
 
+def replace_wait_timeout(timing: Timing) -> float:
+    """How long a replace run waits for the holder by default: ttl + skew + renew, the
+    longest a live holder needs to read the request and stop, and the least that sees a
+    frozen holder's Lease expire (and cleared by the operator)."""
+    return (timing.ttl_ms + timing.skew_ms + timing.renew_ms) / 1000
+
+
 class LeaseRecord(NamedTuple):
     """What cronlock reads from a Lease; the only parser of its holder and times."""
 
@@ -159,6 +171,10 @@ class LeaseRecord(NamedTuple):
     holder_job: str
     last_holder: str
     released_at: datetime | None
+    yield_to: str = ""  # a replace run asked the holder to yield to it
+    overlap: str = ""  # the last observe run that ran while the Lease was held
+    replaced_by: str = ""  # who replaced the last holder that yielded
+    replaced_jobs: tuple[str, ...] = ()  # the latest Jobs whose runs were replaced
 
     @property
     def renewed_at(self) -> datetime | None:
@@ -209,6 +225,12 @@ def read_lease(body: Mapping[str, Any]) -> LeaseRecord:
         holder_job=_text(annotations.get(ANNOTATION_HOLDER_JOB)),
         last_holder=_text(annotations.get(ANNOTATION_LAST_HOLDER)),
         released_at=read_time(annotations.get(ANNOTATION_RELEASED_AT)),
+        yield_to=_text(annotations.get(ANNOTATION_YIELD_TO)),
+        overlap=_text(annotations.get(ANNOTATION_OVERLAP)),
+        replaced_by=_text(annotations.get(ANNOTATION_REPLACED_BY)),
+        replaced_jobs=tuple(
+            job for job in _text(annotations.get(ANNOTATION_REPLACED_JOBS)).split(",") if job
+        ),
     )
 
 
@@ -245,6 +267,7 @@ def claimed(
         annotations[ANNOTATION_HOLDER_JOB] = job_name
     else:
         annotations.pop(ANNOTATION_HOLDER_JOB, None)
+    annotations.pop(ANNOTATION_YIELD_TO, None)  # asked of the previous holder
     metadata["annotations"] = annotations
     return body
 
@@ -258,17 +281,44 @@ def renewed(current: Mapping[str, Any], timing: Timing, now: datetime) -> dict[s
     return body
 
 
-def released(current: Mapping[str, Any], holder: str, now: datetime) -> dict[str, Any]:
+def released(
+    current: Mapping[str, Any],
+    holder: str,
+    now: datetime,
+    *,
+    replaced_by: str = "",
+    job_name: str = "",
+) -> dict[str, Any]:
     """`current` given back (or cleared) on behalf of `holder`: no holder, the transitions
-    kept, and who held it last and when it was released on record."""
+    kept, and who held it last and when it was released on record.
+
+    A holder that yielded to a replace run names it (`replaced_by`) and puts its own Job
+    first in the replaced Jobs, so that Job's retry pod skips.
+    """
     body = copy.deepcopy(dict(current))
     spec = body.setdefault("spec", {})
     spec.pop("holderIdentity", None)
     metadata = body.setdefault("metadata", {})
     annotations = dict(metadata.get("annotations") or {})
+    before = read_lease(body)
     annotations.pop(ANNOTATION_HOLDER_JOB, None)
     annotations[ANNOTATION_LAST_HOLDER] = holder
     annotations[ANNOTATION_RELEASED_AT] = format_microtime(now)
+    if replaced_by:
+        annotations[ANNOTATION_REPLACED_BY] = replaced_by
+        if job_name:
+            jobs = [job_name, *(job for job in before.replaced_jobs if job != job_name)]
+            annotations[ANNOTATION_REPLACED_JOBS] = ",".join(jobs[:REPLACED_JOBS_KEPT])
+    metadata["annotations"] = annotations
+    return body
+
+
+def noted(current: Mapping[str, Any], note: str, identity: str) -> dict[str, Any]:
+    """`current` with a contender's note (`yield-to` or `overlap`) naming `identity`."""
+    body = copy.deepcopy(dict(current))
+    metadata = body.setdefault("metadata", {})
+    annotations = dict(metadata.get("annotations") or {})
+    annotations[note] = identity
     metadata["annotations"] = annotations
     return body
 

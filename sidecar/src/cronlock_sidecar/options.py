@@ -11,11 +11,11 @@ from typing import NamedTuple, NoReturn
 
 from cronlock_sidecar import contract
 from cronlock_sidecar.durations import DURATION_FORMS, DurationError, parse_duration
-from cronlock_sidecar.lockmodel import Timing, TimingError
+from cronlock_sidecar.lockmodel import Timing, TimingError, replace_wait_timeout
 from cronlock_sidecar.transport import LeaseRef
 
 COMMANDS = ("hold", "gate", "run")
-POLICIES = ("skip", "wait")
+POLICIES = contract.POLICIES
 STOP_MODES = ("auto", "liveness", "signal")
 LOG_FORMATS = ("plain", "json")
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -79,8 +79,9 @@ class Options(NamedTuple):
         return Timing.of(self.ttl, self.renew, self.skew)
 
     @property
-    def wait(self) -> bool:
-        return self.policy == "wait"
+    def observe(self) -> bool:
+        """Under `policy: observe` a run goes on whatever the Lease says: never stopped."""
+        return self.policy == "observe"
 
     @property
     def gate_timeout(self) -> float:
@@ -112,13 +113,19 @@ def _parser() -> _Parser:
         sub.add_argument(
             "--renew", metavar="D", help="renew period, default ttl/3 (CRONLOCK_RENEW)"
         )
-        sub.add_argument("--policy", metavar="skip|wait", help="when held (CRONLOCK_POLICY)")
+        sub.add_argument(
+            "--policy", metavar="skip|wait|replace|observe", help="when held (CRONLOCK_POLICY)"
+        )
         sub.add_argument("--identity", metavar="ID", help="holder identity (CRONLOCK_IDENTITY)")
         sub.add_argument("--skew", metavar="D", help="clock skew allowance, default 2s")
         sub.add_argument("--kill-grace", metavar="D", help="SIGTERM to SIGKILL, default 5s")
         sub.add_argument("--job-name", metavar="NAME", help="this pod's Job (CRONLOCK_JOB_NAME)")
     for sub in (hold, gate, run):
-        sub.add_argument("--wait-timeout", metavar="D", help="with --policy wait, default 0s")
+        sub.add_argument(
+            "--wait-timeout",
+            metavar="D",
+            help="with --policy wait (default 0s) or replace (default ttl + skew)",
+        )
         sub.add_argument("--log-format", metavar="plain|json", help="(CRONLOCK_LOG_FORMAT)")
         sub.add_argument("--log-level", metavar="LEVEL", help="debug|info|warning|error")
     for sub in (hold, gate):
@@ -217,11 +224,15 @@ def parse_options(argv: Sequence[str], env: Mapping[str, str]) -> Options:
         )
         raise ConfigError(f"{values.get(error.field)[1]}: {detail}") from None
     policy = values.choice("policy", POLICIES, "skip")
-    wait_timeout = values.duration("wait_timeout", DEFAULT_WAIT_TIMEOUT)
-    if wait_timeout > 0 and policy != "wait" and command != "gate":
+    # replace waits for the holder to yield; by default until a frozen holder's Lease has
+    # surely expired: ttl + skew after its last renewal (which can be as late as our
+    # start), judged strictly, plus one renew interval for the retries and the clearing.
+    default_wait = replace_wait_timeout(timing) if policy == "replace" else DEFAULT_WAIT_TIMEOUT
+    wait_timeout = values.duration("wait_timeout", default_wait)
+    if wait_timeout > 0 and policy not in ("wait", "replace") and command != "gate":
         raise ConfigError(
-            f"{values.get('wait_timeout')[1]}: only meaningful with --policy wait "
-            "(drop it, or set --policy wait)"
+            f"{values.get('wait_timeout')[1]}: only meaningful with --policy wait or replace "
+            "(drop it, or set one of those)"
         )
     kill_grace = values.duration("kill_grace", timing.default_kill_grace_ms() / 1000)
     stop = values.choice("stop", STOP_MODES, "auto")

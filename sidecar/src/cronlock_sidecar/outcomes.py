@@ -43,15 +43,41 @@ class Acquired(NamedTuple):
 
 class Busy(NamedTuple):
     """A live holder has the Lease, or (`clearing`) an expired one that only the operator
-    may clear: the holders' admission policy refused our takeover."""
+    may clear: the holders' admission policy refused our takeover.
+
+    `acquired_at` and `yield_to` are what a replace run decides on (is the holder older
+    than us, has a newer run asked it to yield); `why` is set once the run gives up for a
+    reason of its own: "replaced" (our Job's run was replaced, this is its retry),
+    "superseded" (a newer replace run came), "not yielded" (the holder did not yield in
+    time).
+    """
 
     lease: LeaseRef
     holder: str
     renewed_ago: float
     expires_in: float
     clearing: bool = False
+    acquired_at: datetime | None = None
+    yield_to: str = ""
+    why: str = ""
+    other: str = ""  # the run `why` is about
 
     def message(self) -> str:
+        if self.why == "replaced":
+            return (
+                f"this Job's run was replaced by {self.other or 'a newer run'} on lease "
+                f"{self.lease}; its retry skips instead of replacing that run"
+            )
+        if self.why == "superseded":
+            return (
+                f"lease {self.lease}: a newer run ({self.other}) replaces {self.holder} "
+                "instead of this one (replace policy: the newest run wins); skipping this run"
+            )
+        if self.why == "not yielded":
+            return (
+                f"already running: lease {self.lease} held by {self.holder}, which did not "
+                f"yield within the wait timeout (replace policy); skipping this run"
+            )
         if self.clearing:
             return (
                 f"already running: lease {self.lease} held by {self.holder}, not renewed for "

@@ -1,11 +1,23 @@
-"""The run policies: what a run does when it finds the lock held (skip at once, or wait)."""
+"""The run policies: what a run does when it finds the lock held.
+
+- skip: give up at once;
+- wait: retry until the wait timeout;
+- replace: ask the holder to yield (a note on the Lease it reads at its next renewal),
+  then take the Lease once the holder released it or it expired, within the wait
+  timeout; the newest replace run wins;
+- observe: like skip, but the caller runs anyway and records the overlap (`note`).
+"""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from datetime import datetime
 
-from cronlock_sidecar.lease import Acquired, Busy, LeaseKeeper
+from cronlock_sidecar.contract import ANNOTATION_YIELD_TO
+from cronlock_sidecar.lease import MAX_CONFLICTS, Acquired, Busy, LeaseKeeper
+from cronlock_sidecar.lockmodel import noted, read_lease
+from cronlock_sidecar.transport import ApiError, Conflict, Lease, NotFound, Unavailable
 
 log = logging.getLogger("cronlock_sidecar.lease")
 
@@ -13,42 +25,119 @@ log = logging.getLogger("cronlock_sidecar.lease")
 def acquire(
     keeper: LeaseKeeper,
     *,
-    wait: bool,
+    policy: str,
     wait_timeout: float,
     pause: Callable[[float], bool],
 ) -> Acquired | Busy:
-    """Decide under a policy: skip at once, or retry until `wait_timeout` has passed.
+    """Decide under `policy`; a Busy answer means the run does not hold the Lease.
 
     A hold that expired but only the operator may clear (the holders' admission policy) is
-    waited for under either policy, at most one renew interval plus the skew: that is how
-    late the operator clears it after this pod judged it expired, clocks allowing.
-    `pause(seconds)` sleeps and returns True when the caller was asked to stop.
+    waited for under every policy, up to one renew interval plus the skew after it was
+    first seen: that is how late the operator clears it after this pod judged it expired,
+    clocks allowing. `pause(seconds)` sleeps and returns True when asked to stop.
     """
-    started = keeper.clock.monotonic()
+    clock = keeper.clock
+    started = clock.monotonic()
+    started_at = clock.now()
     retry_every = min(keeper.timing.renew, 1.0)
-    clearing_timeout = keeper.timing.renew + keeper.timing.skew
+    waits = policy in ("wait", "replace")
+    deadline = started + (wait_timeout if waits else 0.0)
+    clearing_since: float | None = None
+    asked = False
     announced = False
     while True:
         result = keeper.try_acquire()
-        if isinstance(result, Acquired):
+        if isinstance(result, Acquired) or result.why:
             return result
-        if not wait and not result.clearing:
-            return result
-        timeout = wait_timeout if wait else 0.0
+        if policy == "replace" and not result.clearing:
+            newer = _newer_run(result, asked, started_at, keeper.identity)
+            if newer:
+                return result._replace(why="superseded", other=newer)
+            if result.yield_to != keeper.identity:
+                asked = _ask_to_yield(keeper, result) or asked
         if result.clearing:
-            timeout = max(timeout, clearing_timeout)
-        left = started + timeout - keeper.clock.monotonic()
+            if clearing_since is None:
+                clearing_since = clock.monotonic()
+            deadline = max(deadline, clearing_since + keeper.timing.renew + keeper.timing.skew)
+        left = deadline - clock.monotonic()
         if left <= 0:
+            if policy == "replace" and not result.clearing:
+                return result._replace(why="not yielded")
             return result
         if not announced:
-            why = "expired; waiting for the operator to clear it" if result.clearing else ""
-            log.info(
-                "lease %s held by %s%s; waiting up to %.0fs",
-                keeper.lease,
-                result.holder,
-                f" ({why})" if why else "",
-                left,
-            )
+            log.info("%s; waiting up to %.0fs", _waiting_for(result, policy), left)
             announced = True
         if pause(min(retry_every, left)):
             return result
+
+
+def _newer_run(result: Busy, asked: bool, started_at: datetime, identity: str) -> str:
+    """The run that replaces the holder instead of us, if a newer one came ("" if none).
+
+    Newer: it asked the holder to yield after we did, or it took the Lease after we
+    started waiting (then it is the holder).
+    """
+    if asked and result.yield_to and result.yield_to != identity:
+        return result.yield_to
+    if result.acquired_at is not None and result.acquired_at > started_at:
+        return result.holder
+    return ""
+
+
+def _ask_to_yield(keeper: LeaseKeeper, result: Busy) -> bool:
+    try:
+        written = note(keeper, ANNOTATION_YIELD_TO)
+    except ApiError as error:
+        log.warning(
+            "lease %s: cannot ask %s to yield (%s); waiting for it to end or expire",
+            keeper.lease,
+            result.holder,
+            error,
+        )
+        return False
+    if written is not None:
+        log.info(
+            "lease %s held by %s: asked it to yield to %s (replace policy)",
+            keeper.lease,
+            result.holder,
+            keeper.identity,
+        )
+    return written is not None
+
+
+def _waiting_for(result: Busy, policy: str) -> str:
+    if result.clearing:
+        return (
+            f"lease {result.lease} held by {result.holder} (expired; waiting for the "
+            "operator to clear it)"
+        )
+    if policy == "replace":
+        return f"lease {result.lease} held by {result.holder}; waiting for it to yield"
+    return f"lease {result.lease} held by {result.holder}"
+
+
+def note(keeper: LeaseKeeper, annotation: str) -> Lease | None:
+    """As a contender, set `annotation` (yield-to or overlap) to our identity on the Lease.
+
+    The only write a pod that does not hold the Lease may make to it (the holders'
+    admission policy). Returns the Lease as written, or None when it is free or ours by
+    now (nothing to note). Raises Forbidden or Unavailable like an acquire.
+    """
+    for _ in range(MAX_CONFLICTS):
+        try:
+            current = keeper.transport.get(keeper.lease)
+        except NotFound:
+            return None
+        record = read_lease(current)
+        if not record.holder or record.holder == keeper.identity:
+            return None
+        annotations = (current.get("metadata") or {}).get("annotations") or {}
+        if annotations.get(annotation) == keeper.identity:
+            return current
+        try:
+            return keeper.transport.replace(
+                keeper.lease, noted(current, annotation, keeper.identity)
+            )
+        except Conflict:
+            continue
+    raise Unavailable("update", keeper.lease, f"{MAX_CONFLICTS} write conflicts in a row")

@@ -13,6 +13,7 @@ from types import FrameType
 
 from cronlock_sidecar import watchdog
 from cronlock_sidecar.contract import (
+    ANNOTATION_OVERLAP,
     ENV_FENCING_TOKEN,
     EXIT_SKIPPED,
     EXIT_SOFTWARE_LOST,
@@ -21,7 +22,7 @@ from cronlock_sidecar.contract import (
 from cronlock_sidecar.heartbeat import Heartbeat
 from cronlock_sidecar.lease import Acquired, Clock, LeaseKeeper, RenewOutcome, RenewResult
 from cronlock_sidecar.options import Options
-from cronlock_sidecar.policy import acquire
+from cronlock_sidecar.policy import acquire, note
 from cronlock_sidecar.processes import stop_group
 from cronlock_sidecar.stopping import StopPipe
 from cronlock_sidecar.transport import ApiError, LeaseTransport
@@ -91,16 +92,32 @@ class Runner:
         try:
             result = acquire(
                 self.keeper,
-                wait=options.wait,
+                policy=options.policy,
                 wait_timeout=options.wait_timeout,
                 pause=self.stop.wait,
             )
         except ApiError as error:
+            if options.observe:
+                log.error("%s; observe policy: running CMD anyway", error)
+                return self._unguarded()
             log.error("%s; not running CMD", error)
             return EXIT_UNAVAILABLE
         if not isinstance(result, Acquired):
             if self.signals:
                 return 128 + self.signals[0]
+            if options.observe and not result.why:
+                log.warning(
+                    "overlap: lease %s held by %s (observe policy: running anyway)",
+                    self.keeper.lease,
+                    result.holder,
+                )
+                try:
+                    note(self.keeper, ANNOTATION_OVERLAP)
+                except ApiError as error:
+                    log.warning(
+                        "cannot record the overlap on lease %s: %s", self.keeper.lease, error
+                    )
+                return self._unguarded()
             log.info("%s", result.message())
             return EXIT_SKIPPED
         try:
@@ -110,29 +127,49 @@ class Runner:
         finally:
             self.keeper.release()
 
+    def _unguarded(self) -> int:
+        """Observe policy without the Lease: CMD runs as it would without cronlock."""
+        process = self._spawn(dict(os.environ))
+        if isinstance(process, int):
+            return process
+        code = process.wait()
+        return 128 - code if code < 0 else code
+
+    def _spawn(self, environment: dict[str, str]) -> subprocess.Popen[bytes] | int:
+        """CMD in its own session (so it can be stopped as a group), or the exit code."""
+        options = self.options
+        try:
+            self.process = subprocess.Popen(
+                options.cmd,
+                env=environment,
+                start_new_session=True,
+                preexec_fn=_die_with_parent(),
+            )
+        except FileNotFoundError as error:
+            log.error("cannot run %s: %s", options.cmd[0], error)
+            return EXIT_NOT_FOUND
+        except PermissionError as error:
+            log.error("cannot run %s: %s", options.cmd[0], error)
+            return EXIT_NOT_EXECUTABLE
+        if self.signals:
+            os.killpg(self.process.pid, self.signals[-1])
+        return self.process
+
     def _guarded(self, acquired: Acquired) -> int:
         options = self.options
-        guard = watchdog.start(self.keeper.valid_until(), options.kill_grace)
+        guard = (
+            _Unwatched()
+            if options.observe
+            else watchdog.start(self.keeper.valid_until(), options.kill_grace)
+        )
         heartbeat: Heartbeat | None = None
         try:
             environment = dict(os.environ)
             environment[ENV_FENCING_TOKEN] = str(acquired.transitions)
-            try:
-                self.process = subprocess.Popen(
-                    options.cmd,
-                    env=environment,
-                    start_new_session=True,
-                    preexec_fn=_die_with_parent(),
-                )
-            except FileNotFoundError as error:
-                log.error("cannot run %s: %s", options.cmd[0], error)
-                return EXIT_NOT_FOUND
-            except PermissionError as error:
-                log.error("cannot run %s: %s", options.cmd[0], error)
-                return EXIT_NOT_EXECUTABLE
-            guard.guard(self.process.pid)
-            if self.signals:
-                os.killpg(self.process.pid, self.signals[-1])
+            process = self._spawn(environment)
+            if isinstance(process, int):
+                return process
+            guard.guard(process.pid)
             guard.valid_until(self.keeper.valid_until())
 
             def on_renew(result: RenewResult) -> None:
@@ -143,7 +180,7 @@ class Runner:
 
             heartbeat = Heartbeat(self.keeper, on_renew)
             heartbeat.start()
-            return self._wait(self.process)
+            return self._wait(process)
         finally:
             if heartbeat is not None:
                 heartbeat.stop(join_timeout=0.1)
@@ -164,8 +201,12 @@ class Runner:
             self._wake.clear()
             code = self._exit_code
             if code is not None:
-                if keeper.check_deadline() or keeper.lost:
+                if (keeper.check_deadline() or keeper.lost) and not self.options.observe:
                     return EXIT_SOFTWARE_LOST
+                return 128 - code if code < 0 else code
+            if (keeper.check_deadline() or keeper.lost) and self.options.observe:
+                log.error("lease %s lost (observe policy: CMD goes on)", keeper.lease)
+                code = process.wait()
                 return 128 - code if code < 0 else code
             if keeper.check_deadline() or keeper.lost:
                 log.error(
@@ -178,3 +219,16 @@ class Runner:
                 return EXIT_SOFTWARE_LOST
             # A renew moves the deadline later: waking at the old one only re-checks.
             self._wake.wait(max(0.0, keeper.valid_until() - keeper.clock.monotonic()))
+
+
+class _Unwatched:
+    """Observe policy: no watchdog, since nothing stops the run."""
+
+    def guard(self, pid: int) -> None:
+        """Nothing to guard."""
+
+    def valid_until(self, deadline: float) -> None:
+        """Nothing to move."""
+
+    def finish(self) -> None:
+        """Nothing to end."""

@@ -10,7 +10,8 @@ from cronlock_sidecar.contract import DECISION_FILE, FENCING_TOKEN_FILE, LEASE_F
 from cronlock_sidecar.lease import Acquired
 from cronlock_sidecar.lockmodel import Timing
 
-DECISIONS = ("run", "skip", "unavailable")
+# overlap: the observe policy runs although another run holds the Lease.
+DECISIONS = ("run", "skip", "unavailable", "overlap")
 
 
 def write_atomically(path: Path, text: str) -> None:

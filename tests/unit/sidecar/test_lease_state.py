@@ -207,7 +207,7 @@ def test_wait_policy_takes_the_lease_once_it_is_released(
             transport.store(lease_object(transitions=9))
         return False
 
-    result = acquire(make_keeper(), wait=True, wait_timeout=30, pause=pause)
+    result = acquire(make_keeper(), policy="wait", wait_timeout=30, pause=pause)
     assert isinstance(result, Acquired)
     assert result.transitions == 10
     assert pauses == [1.0, 1.0, 1.0]
@@ -223,7 +223,7 @@ def test_wait_policy_gives_up_after_the_timeout(
         return False
 
     started = clock.monotonic()
-    result = acquire(make_keeper(), wait=True, wait_timeout=5, pause=pause)
+    result = acquire(make_keeper(), policy="wait", wait_timeout=5, pause=pause)
     assert isinstance(result, Busy)
     assert clock.monotonic() - started == pytest.approx(5)
 
@@ -251,7 +251,7 @@ def test_an_expired_hold_the_admission_policy_keeps_is_waited_for_until_the_oper
             transport.failures["replace"].clear()
         return False
 
-    result = acquire(make_keeper(), wait=False, wait_timeout=0, pause=pause)
+    result = acquire(make_keeper(), policy="skip", wait_timeout=0, pause=pause)
     assert isinstance(result, Acquired)
     assert result.transitions == 10
     assert pauses == [1.0] * 4
@@ -269,7 +269,7 @@ def test_an_expired_hold_the_operator_never_clears_is_a_skip_after_renew_plus_sk
         return False
 
     started = clock.monotonic()
-    result = acquire(make_keeper(), wait=False, wait_timeout=0, pause=pause)
+    result = acquire(make_keeper(), policy="skip", wait_timeout=0, pause=pause)
     assert isinstance(result, Busy)
     assert result.clearing
     assert clock.monotonic() - started == pytest.approx(20 + 2)  # renew 20s, skew 2s
@@ -291,7 +291,7 @@ def test_skip_policy_never_waits(transport: FakeTransport, make_keeper: MakeKeep
     def pause(seconds: float) -> bool:
         raise AssertionError("skip must not wait")
 
-    assert isinstance(acquire(make_keeper(), wait=False, wait_timeout=0, pause=pause), Busy)
+    assert isinstance(acquire(make_keeper(), policy="skip", wait_timeout=0, pause=pause), Busy)
 
 
 # --- renew -------------------------------------------------------------------------

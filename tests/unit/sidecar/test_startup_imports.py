@@ -119,7 +119,7 @@ def test_record_defaults_properties_and_methods_are_kept() -> None:
     options = RECORDS[-1]
     assert isinstance(options, Options)
     assert options.timing == Timing.of(60.0, 20.0, 2.0)
-    assert not options.wait
+    assert options.policy == "skip"
     assert options.gate_timeout == 60.0
     busy = RECORDS[3]
     assert isinstance(busy, Busy)

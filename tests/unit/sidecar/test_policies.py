@@ -1,0 +1,233 @@
+"""The replace and observe policies over the Lease protocol: fake clock, fake transport.
+
+Two keepers share one fake Lease: the holder renewing and releasing as the sidecar does,
+the contender deciding under its policy. A pause of the contender is where time passes
+for both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import timedelta
+from typing import TYPE_CHECKING
+
+import pytest
+
+from cronlock_sidecar.contract import (
+    ANNOTATION_OVERLAP,
+    ANNOTATION_REPLACED_BY,
+    ANNOTATION_REPLACED_JOBS,
+    ANNOTATION_YIELD_TO,
+    REPLACED_JOBS_KEPT,
+)
+from cronlock_sidecar.lease import Acquired, Busy, LeaseKeeper, RenewOutcome
+from cronlock_sidecar.lockmodel import read_lease, released, replace_wait_timeout
+from cronlock_sidecar.options import ConfigError, parse_options
+from cronlock_sidecar.policy import acquire, note
+from tests.unit.sidecar.fakes import START, lease_object
+
+if TYPE_CHECKING:
+    from tests.unit.sidecar.fakes import FakeClock, FakeTransport
+
+MakeKeeper = Callable[..., LeaseKeeper]
+OLD = "report-29001-aaaaa_11111111"
+NEW = "report-29002-bbbbb_22222222"
+NEWER = "report-29003-ccccc_33333333"
+
+
+def annotations(transport: FakeTransport) -> dict[str, str]:
+    assert transport.lease is not None
+    return dict(transport.lease["metadata"].get("annotations") or {})
+
+
+def holding(
+    transport: FakeTransport, make_keeper: MakeKeeper, identity: str, job: str
+) -> LeaseKeeper:
+    keeper = make_keeper(identity=identity, job_name=job)
+    assert isinstance(keeper.try_acquire(), Acquired)
+    return keeper
+
+
+def test_replace_asks_the_holder_to_yield_and_takes_the_lease_once_it_released(
+    clock: FakeClock, transport: FakeTransport, make_keeper: MakeKeeper
+) -> None:
+    transport.store(lease_object(transitions=4))
+    old = holding(transport, make_keeper, OLD, "report-29001")
+    clock.advance(5)
+    events: list[str] = []
+
+    def pause(seconds: float) -> bool:
+        clock.advance(seconds)
+        if not events:
+            # The holder's next renewal reads the request: lost, its run is stopped.
+            result = old.renew()
+            events.append(f"renew {result.outcome.value}: {result.detail}")
+            assert old.lost
+            assert not old.held
+            assert annotations(transport)[ANNOTATION_YIELD_TO] == NEW
+        elif len(events) == 1:
+            # Its run stopped (the pod's containers ended): the sidecar releases.
+            events.append(f"released {old.release()}")
+        return False
+
+    contender = make_keeper(identity=NEW, job_name="report-29002")
+    result = acquire(contender, policy="replace", wait_timeout=62, pause=pause)
+    assert isinstance(result, Acquired)
+    assert result.transitions == 6  # the old hold was 5: the fencing token moved on
+    assert events == [f"renew lost: replaced by {NEW}; stopping this run", "released True"]
+    assert old.replaced_by == NEW
+    notes = annotations(transport)
+    assert ANNOTATION_YIELD_TO not in notes  # the request is answered
+    assert notes[ANNOTATION_REPLACED_BY] == NEW
+    assert notes[ANNOTATION_REPLACED_JOBS] == "report-29001"
+    assert read_lease(transport.lease or {}).holder == NEW
+
+
+def test_a_holder_asked_to_yield_never_renews_again(
+    clock: FakeClock, transport: FakeTransport, make_keeper: MakeKeeper
+) -> None:
+    transport.store(lease_object(transitions=4))
+    old = holding(transport, make_keeper, OLD, "report-29001")
+    contender = make_keeper(identity=NEW)
+    assert note(contender, ANNOTATION_YIELD_TO) is not None
+    before = transport.lease
+    assert old.renew().outcome is RenewOutcome.LOST
+    assert old.renew().outcome is RenewOutcome.LOST
+    assert transport.lease == before  # no renewal was written after the request
+    assert old.check_deadline()  # the run counts as lost: it is stopped
+
+
+def test_the_retry_pod_of_a_replaced_job_skips_instead_of_replacing_back(
+    transport: FakeTransport, make_keeper: MakeKeeper
+) -> None:
+    lease = lease_object(NEW, annotations={ANNOTATION_REPLACED_JOBS: "report-29001"})
+    transport.store(lease)
+
+    def pause(seconds: float) -> bool:
+        raise AssertionError("a replaced Job's retry must not wait")
+
+    retry = make_keeper(identity="report-29001-ddddd_44444444", job_name="report-29001")
+    result = acquire(retry, policy="replace", wait_timeout=62, pause=pause)
+    assert isinstance(result, Busy)
+    assert result.why == "replaced"
+    assert ANNOTATION_YIELD_TO not in annotations(transport)
+    # Free, too: the replacing run may not have taken it yet.
+    transport.store(lease_object(annotations={ANNOTATION_REPLACED_JOBS: "x,report-29001"}))
+    assert isinstance(acquire(retry, policy="skip", wait_timeout=0, pause=pause), Busy)
+
+
+def test_replaced_jobs_keep_the_newest_first_and_are_bounded(
+    transport: FakeTransport,
+) -> None:
+    lease = lease_object(OLD)
+    for index in range(REPLACED_JOBS_KEPT + 3):
+        lease = released(lease, OLD, START, replaced_by=NEW, job_name=f"job-{index}")
+    jobs = read_lease(lease).replaced_jobs
+    assert len(jobs) == REPLACED_JOBS_KEPT
+    assert jobs[0] == f"job-{REPLACED_JOBS_KEPT + 2}"
+    # A plain release keeps the record: a late retry of a replaced Job still skips.
+    assert read_lease(released(lease, OLD, START)).replaced_jobs == jobs
+
+
+def test_a_newer_replace_run_supersedes_an_older_waiting_one(
+    clock: FakeClock, transport: FakeTransport, make_keeper: MakeKeeper
+) -> None:
+    transport.store(lease_object(OLD, duration=3600))
+    newer = make_keeper(identity=NEWER)
+
+    def pause(seconds: float) -> bool:
+        clock.advance(seconds)
+        assert note(newer, ANNOTATION_YIELD_TO) is not None
+        return False
+
+    result = acquire(make_keeper(identity=NEW), policy="replace", wait_timeout=62, pause=pause)
+    assert isinstance(result, Busy)
+    assert (result.why, result.other) == ("superseded", NEWER)
+    assert "newest run wins" in result.message()
+    assert annotations(transport)[ANNOTATION_YIELD_TO] == NEWER
+
+
+def test_a_holder_that_took_the_lease_after_we_started_is_newer_and_kept(
+    clock: FakeClock, transport: FakeTransport, make_keeper: MakeKeeper
+) -> None:
+    transport.store(lease_object(OLD, duration=3600))
+
+    def pause(seconds: float) -> bool:
+        clock.advance(seconds)
+        # The old holder yielded and a newer run took the Lease before we saw it free.
+        transport.store(lease_object(NEWER, renewed=clock.now(), duration=3600))
+        return False
+
+    result = acquire(make_keeper(identity=NEW), policy="replace", wait_timeout=62, pause=pause)
+    assert isinstance(result, Busy)
+    assert (result.why, result.other) == ("superseded", NEWER)
+    assert ANNOTATION_YIELD_TO not in annotations(transport)  # NEWER is never asked
+
+
+def test_a_holder_that_never_yields_is_a_skip_after_the_wait_timeout(
+    clock: FakeClock, transport: FakeTransport, make_keeper: MakeKeeper
+) -> None:
+    transport.store(lease_object(OLD, duration=3600))
+
+    def pause(seconds: float) -> bool:
+        clock.advance(seconds)
+        return False
+
+    started = clock.monotonic()
+    result = acquire(make_keeper(identity=NEW), policy="replace", wait_timeout=62, pause=pause)
+    assert isinstance(result, Busy)
+    assert result.why == "not yielded"
+    assert clock.monotonic() - started == pytest.approx(62)
+    assert annotations(transport)[ANNOTATION_YIELD_TO] == NEW  # asked once, still there
+
+
+def test_a_frozen_holder_is_replaced_only_once_its_lease_expired(
+    clock: FakeClock, transport: FakeTransport, make_keeper: MakeKeeper
+) -> None:
+    """Never two at once: a holder that cannot read the request keeps the Lease to expiry."""
+    transport.store(lease_object(OLD, renewed=START, duration=60, transitions=3))
+    taken_at: list[float] = []
+
+    def pause(seconds: float) -> bool:
+        clock.advance(seconds)
+        return False
+
+    keeper = make_keeper(identity=NEW)
+    wait = replace_wait_timeout(keeper.timing)
+    assert wait == 60 + 2 + 20  # the default: ttl + skew + renew
+    result = acquire(keeper, policy="replace", wait_timeout=wait, pause=pause)
+    taken_at.append((clock.now() - START).total_seconds())
+    assert isinstance(result, Acquired)
+    assert result.reason == "expired"
+    assert taken_at[0] > 60 + 2  # the duration plus the skew
+
+
+def test_observe_notes_the_overlap_without_touching_the_hold(
+    transport: FakeTransport, make_keeper: MakeKeeper
+) -> None:
+    transport.store(lease_object(OLD, renewed=START - timedelta(seconds=3)))
+    spec_before = dict((transport.lease or {})["spec"])
+    observer = make_keeper(identity=NEW)
+    result = acquire(observer, policy="observe", wait_timeout=0, pause=lambda _s: False)
+    assert isinstance(result, Busy)
+    assert not result.why
+    assert note(observer, ANNOTATION_OVERLAP) is not None
+    assert annotations(transport)[ANNOTATION_OVERLAP] == NEW
+    assert (transport.lease or {})["spec"] == spec_before
+    # Nothing to note on a free Lease (the observer would have taken it).
+    transport.store(lease_object())
+    assert note(observer, ANNOTATION_OVERLAP) is None
+
+
+def test_replace_waits_ttl_plus_skew_plus_renew_by_default_and_observe_takes_no_wait_timeout() -> (
+    None
+):
+    base = ["hold", "--lease", "default/cronlock-report", "--identity", NEW, "--ttl", "30s"]
+    assert parse_options([*base, "--policy", "replace"], {}).wait_timeout == 30 + 2 + 10
+    assert (
+        parse_options([*base, "--policy", "replace", "--wait-timeout", "5s"], {}).wait_timeout == 5
+    )
+    with pytest.raises(ConfigError, match="only meaningful with --policy wait or replace"):
+        parse_options([*base, "--policy", "observe", "--wait-timeout", "5s"], {})
+    with pytest.raises(ConfigError, match="replce"):
+        parse_options([*base, "--policy", "replce"], {})
