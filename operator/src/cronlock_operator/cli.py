@@ -48,7 +48,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--default-ttl", default=_env("DEFAULT_TTL", "60s"))
     parser.add_argument("--default-renew", default=_env("DEFAULT_RENEW"))
     parser.add_argument(
-        "--default-policy", default=_env("DEFAULT_POLICY", "skip"), choices=["skip", "wait"]
+        "--default-policy", default=_env("DEFAULT_POLICY", "skip"), choices=list(contract.POLICIES)
     )
     parser.add_argument("--metrics-port", type=int, default=int(_env("METRICS_PORT", "8080") or 0))
     parser.add_argument(

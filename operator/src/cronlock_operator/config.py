@@ -3,27 +3,31 @@
 from __future__ import annotations
 
 import difflib
-import json
 import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
+from cronlock_operator.invalid import InvalidConfig as InvalidConfig
+from cronlock_operator.invalid import duration_annotation
 from cronlock_operator.podspec import containers_with_own_liveness_probe
+from cronlock_operator.policies import Policy, parse_policy, parse_wait_timeout
 from cronlock_operator.sharing import InvalidPeers, parse_peers
 from cronlock_sidecar import contract
-from cronlock_sidecar.durations import DURATION_FORMS, DurationError, parse_duration
-from cronlock_sidecar.lockmodel import Timing, TimingError, default_renew_ms, seconds_text
+from cronlock_sidecar.lockmodel import (
+    Timing,
+    TimingError,
+    default_renew_ms,
+    seconds_text,
+)
 
-Policy = Literal["skip", "wait"]
 Stop = Literal["liveness", "signal"]
 
 MIN_TTL_SECONDS: Final = 5
 MAX_TTL_SECONDS: Final = 24 * 3600
 # A renewal more often than once a second only loads the API server.
 MIN_RENEW_SECONDS: Final = 1.0
-MAX_WAIT_TIMEOUT_SECONDS: Final = 24 * 3600
 MIN_ALERT_AFTER: Final = 1
 MAX_ALERT_AFTER: Final = 1000
 # The liveness probe on user containers runs every second; the sidecar checks as often.
@@ -46,17 +50,6 @@ _INTEGER = re.compile(r"[0-9]+")
 _IMAGE_PULL_POLICIES: Final = ("Always", "IfNotPresent", "Never")
 
 
-class InvalidConfig(ValueError):
-    """A `cronlock.io/*` annotation (or the CronJob it is on) that cronlock cannot honour."""
-
-    def __init__(self, annotation: str, value: str | None, reason: str) -> None:
-        self.annotation = annotation
-        self.value = value
-        self.reason = reason
-        shown = f"{annotation}: {json.dumps(value)}" if value is not None else annotation
-        super().__init__(f"{shown} {reason}")
-
-
 @dataclass(frozen=True)
 class OperatorSettings:
     """What the operator's flags (and so the chart) decide for every CronJob."""
@@ -77,8 +70,11 @@ class OperatorSettings:
                 f"sidecar image pull policy {self.sidecar_image_pull_policy!r} is not one of "
                 + ", ".join(_IMAGE_PULL_POLICIES)
             )
-        if self.default_policy not in ("skip", "wait"):
-            raise ValueError(f"default policy {self.default_policy!r} is not skip or wait")
+        if self.default_policy not in contract.POLICIES:
+            raise ValueError(
+                f"default policy {self.default_policy!r} is not one of "
+                + ", ".join(contract.POLICIES)
+            )
         if self.skew_seconds < 0:
             raise ValueError(f"clock skew {self.skew_seconds}s must not be negative")
         try:
@@ -154,20 +150,22 @@ def parse_config(cronjob: Mapping[str, Any], settings: OperatorSettings) -> Lock
         ttl = settings.default_ttl_seconds
         ttl_shown = f"{_format_seconds(ttl)} (the operator's default)"
     else:
-        ttl = _check_ttl(_duration(contract.ANNOTATION_TTL, ttl_text), ttl_text)
+        ttl = _check_ttl(duration_annotation(contract.ANNOTATION_TTL, ttl_text), ttl_text)
         ttl_shown = ttl_text
 
     renew_text = annotations.get(contract.ANNOTATION_RENEW)
     if renew_text is not None:
-        renew = _duration(contract.ANNOTATION_RENEW, renew_text)
+        renew = duration_annotation(contract.ANNOTATION_RENEW, renew_text)
         _check_renew(ttl, renew, renew_text, settings.skew_seconds)
     elif ttl_text is None and settings.default_renew_seconds is not None:
         renew = settings.default_renew_seconds
     else:
         renew = default_renew_seconds(ttl)
 
-    policy = _parse_policy(annotations, settings)
-    wait_timeout = _parse_wait_timeout(annotations, policy)
+    policy = parse_policy(annotations, settings.default_policy)
+    wait_timeout = parse_wait_timeout(
+        annotations, policy, Timing.of(ttl, renew, settings.skew_seconds)
+    )
     stop = _parse_stop(annotations, cronjob)
     alert_after = parse_alert_after(annotations)
     keep = _parse_flag(annotations, contract.ANNOTATION_KEEP_SKIPPED_JOBS, default=False)
@@ -264,17 +262,6 @@ def _parse_lock(annotations: Mapping[str, str], cronjob: Mapping[str, Any]) -> s
     return value
 
 
-def _duration(annotation: str, text: str) -> float:
-    try:
-        seconds = parse_duration(text)
-    except DurationError:
-        raise InvalidConfig(
-            annotation, text, f"is not a duration; expected {DURATION_FORMS}"
-        ) from None
-    # Nanosecond precision, as in Go; avoids 0.1h being 360.00000000000006s.
-    return round(seconds, 9)
-
-
 def _check_ttl(seconds: float, text: str) -> int:
     if not MIN_TTL_SECONDS <= seconds <= MAX_TTL_SECONDS:
         raise InvalidConfig(
@@ -306,38 +293,6 @@ def _check_renew(ttl: int, renew: float, text: str, skew_seconds: int) -> None:
         Timing.of(ttl, renew, skew_seconds).check()
     except TimingError as error:
         raise InvalidConfig(annotation, text, error.reason) from None
-
-
-def _parse_policy(annotations: Mapping[str, str], settings: OperatorSettings) -> Policy:
-    value = annotations.get(contract.ANNOTATION_POLICY)
-    if value is None:
-        return settings.default_policy
-    if value == "skip":
-        return "skip"
-    if value == "wait":
-        return "wait"
-    raise InvalidConfig(
-        contract.ANNOTATION_POLICY, value, 'is not a policy; expected "skip" or "wait"'
-    )
-
-
-def _parse_wait_timeout(annotations: Mapping[str, str], policy: Policy) -> float:
-    text = annotations.get(contract.ANNOTATION_WAIT_TIMEOUT)
-    if text is None:
-        return 0.0
-    seconds = _duration(contract.ANNOTATION_WAIT_TIMEOUT, text)
-    if seconds > MAX_WAIT_TIMEOUT_SECONDS:
-        raise InvalidConfig(
-            contract.ANNOTATION_WAIT_TIMEOUT, text, "is out of range; expected at most 24h"
-        )
-    if seconds > 0 and policy != "wait":
-        raise InvalidConfig(
-            contract.ANNOTATION_WAIT_TIMEOUT,
-            text,
-            f'only applies with {contract.ANNOTATION_POLICY}: "wait"; with "skip" a held lock '
-            "skips the run at once (set the policy to wait, or remove the wait-timeout)",
-        )
-    return seconds
 
 
 def _parse_stop(annotations: Mapping[str, str], cronjob: Mapping[str, Any]) -> Stop:

@@ -206,9 +206,16 @@ BAD = [
     ({"cronlock.io/renew": "30s"}, {}, "cronlock.io/renew", "at least two renewal attempts"),
     ({"cronlock.io/renew": "500ms"}, {}, "cronlock.io/renew", "at least 1s"),
     ({"cronlock.io/renew": "0"}, {}, "cronlock.io/renew", "at least 1s"),
-    ({"cronlock.io/policy": "Skip"}, {}, "cronlock.io/policy", '"skip" or "wait"'),
-    ({"cronlock.io/policy": "queue"}, {}, "cronlock.io/policy", '"skip" or "wait"'),
+    ({"cronlock.io/policy": "Skip"}, {}, "cronlock.io/policy", 'did you mean "skip"?'),
+    ({"cronlock.io/policy": "replce"}, {}, "cronlock.io/policy", 'did you mean "replace"?'),
+    ({"cronlock.io/policy": "queue"}, {}, "cronlock.io/policy", '"wait", "replace", "observe"'),
     ({"cronlock.io/wait-timeout": "10s"}, {}, "cronlock.io/wait-timeout", "only applies with"),
+    (
+        {"cronlock.io/policy": "observe", "cronlock.io/wait-timeout": "10s"},
+        {},
+        "cronlock.io/wait-timeout",
+        'with "observe" a run never waits',
+    ),
     (
         {"cronlock.io/policy": "wait", "cronlock.io/wait-timeout": "forever"},
         {},
@@ -259,3 +266,16 @@ def test_a_cronjob_name_that_is_no_lock_name_is_refused_on_the_lock_annotation()
         parse_config(make_cronjob(name="x" * 64), SETTINGS)
     assert caught.value.annotation == "cronlock.io/lock"
     assert "the CronJob's name" in str(caught.value)
+
+
+@pytest.mark.parametrize("policy", ["skip", "wait", "replace", "observe"])
+def test_every_policy_is_accepted(policy: str) -> None:
+    assert config_of({"cronlock.io/policy": policy}).policy == policy
+
+
+def test_replace_waits_for_the_holder_ttl_plus_skew_plus_renew_unless_told() -> None:
+    config = config_of({"cronlock.io/policy": "replace", "cronlock.io/ttl": "30s"})
+    assert config.wait_timeout_seconds == 30 + 2 + 10
+    told = config_of({"cronlock.io/policy": "replace", "cronlock.io/wait-timeout": "5s"})
+    assert told.wait_timeout_seconds == 5
+    assert config_of({"cronlock.io/policy": "observe"}).wait_timeout_seconds == 0
