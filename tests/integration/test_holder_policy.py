@@ -168,6 +168,34 @@ def test_a_pod_on_the_shared_account_writes_the_lease_only_as_itself(
     refused(run, namespace, disown)
     assert leases.read_namespaced_lease(LEASE, namespace).spec.holder_identity == run.identity
 
+    # A contender may add exactly its notes, each naming itself (replace: yield-to,
+    # observe: overlap), and nothing else with them.
+    def noting(key: str, value: str) -> Callable[[dict[str, Any]], None]:
+        def change(lease: dict[str, Any]) -> None:
+            lease["metadata"].setdefault("annotations", {})[key] = value
+
+        return change
+
+    def note_and_renew(lease: dict[str, Any]) -> None:
+        noting("cronlock.io/yield-to", intruder.identity)(lease)
+        renew(lease)
+
+    def drop_job(lease: dict[str, Any]) -> None:
+        lease["metadata"]["annotations"].pop("cronlock.io/holder-job")
+
+    intruder.write(namespace, noting("cronlock.io/yield-to", intruder.identity))
+    intruder.write(namespace, noting("cronlock.io/overlap", intruder.identity))
+    refused(intruder, namespace, noting("cronlock.io/yield-to", retry.identity))
+    refused(intruder, namespace, noting("cronlock.io/replaced-jobs", RUN_JOB))
+    refused(intruder, namespace, note_and_renew)
+    refused(intruder, namespace, drop_job)
+    noted = leases.read_namespaced_lease(LEASE, namespace)
+    assert noted.spec.holder_identity == run.identity
+    assert noted.metadata.annotations["cronlock.io/yield-to"] == intruder.identity
+    assert noted.metadata.annotations["cronlock.io/overlap"] == intruder.identity
+    # Another contender overwrites a note with its own name (the newest replace run wins).
+    retry.write(namespace, noting("cronlock.io/yield-to", retry.identity))
+
     # Its holder renews it; the Job's next pod (its retry) may take it over at once.
     run.write(namespace, renew)
     retry.write(namespace, hold(retry.identity, duration=5, job=RUN_JOB))
