@@ -105,6 +105,11 @@ class CountTakeover:
 
 
 @dataclass(frozen=True)
+class CountContention:
+    kind: str  # overlap, replacement
+
+
+@dataclass(frozen=True)
 class SetConsecutiveSkips:
     namespace: str
     cronjob: str
@@ -123,6 +128,7 @@ Action = (
     | PatchLease
     | CountRun
     | CountTakeover
+    | CountContention
     | SetConsecutiveSkips
 )
 
@@ -189,6 +195,8 @@ class Executor:
                 metrics.runs.labels(result).inc()
             case CountTakeover(reason):
                 metrics.takeovers.labels(reason).inc()
+            case CountContention(kind):
+                (metrics.overlaps if kind == "overlap" else metrics.replacements).inc()
             case SetConsecutiveSkips(namespace, cronjob, count):
                 metrics.consecutive_skips.labels(namespace, cronjob).set(count)
         return True

@@ -31,4 +31,13 @@ class LeaseKey:
     name: str
 
 
-Key = CronJobKey | RunsKey | LeaseKey
+@dataclass(frozen=True)
+class ContentionKey:
+    """A Lease whose contender notes (overlap, replaced-by) changed: to be told."""
+
+    kind: ClassVar[str] = "contention"
+    namespace: str
+    name: str
+
+
+Key = CronJobKey | RunsKey | LeaseKey | ContentionKey

@@ -48,6 +48,16 @@ takeovers = Counter(
     ["reason"],
     registry=registry,
 )
+overlaps = Counter(
+    "cronlock_overlaps",
+    "Runs under the observe policy that ran while another run held their lock",
+    registry=registry,
+)
+replacements = Counter(
+    "cronlock_replacements",
+    "Runs stopped under the replace policy because a newer run took their lock over",
+    registry=registry,
+)
 reconcile_errors = Counter(
     "cronlock_reconcile_errors",
     "Reconciles that failed and were retried, by kind",
@@ -99,7 +109,7 @@ def _remove(gauge: Gauge, *labels: str) -> None:
 # increase() see the first run, skip, takeover or error after a restart.
 RUN_RESULTS = ("acquired", "skipped", "lost", "released")
 TAKEOVER_REASONS = ("expired",)
-RECONCILE_KINDS = ("cronjob", "account", "lease")
+RECONCILE_KINDS = ("cronjob", "account", "lease", "contention")
 for _result in RUN_RESULTS:
     runs.labels(_result)
 for _reason in TAKEOVER_REASONS:

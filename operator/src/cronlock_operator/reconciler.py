@@ -20,13 +20,13 @@ from typing import Any
 
 import kubernetes
 
-from cronlock_operator import cronjobs, expiry, metrics, rbac, runs, sharing, skips
+from cronlock_operator import contention, cronjobs, expiry, metrics, rbac, runs, sharing, skips
 from cronlock_operator.actions import Executor, PostEventCall
 from cronlock_operator.answers import NotOurs, Rejected
 from cronlock_operator.cache import ObjectCache
 from cronlock_operator.config import OperatorSettings
 from cronlock_operator.expiry import Observation
-from cronlock_operator.keys import CronJobKey, Key, LeaseKey, RunsKey
+from cronlock_operator.keys import ContentionKey, CronJobKey, Key, LeaseKey, RunsKey
 from cronlock_operator.kube import Kube
 from cronlock_operator.rbac import Guard
 from cronlock_operator.workqueue import Retry, WorkQueue
@@ -70,6 +70,12 @@ class Reconciler:
     # The resourceVersion each CronJob had right after our own patch: its watch event then
     # brings nothing to decide (a change by anyone else has another version).
     own_versions: dict[Name, str] = field(default_factory=dict)
+    # Per Lease: its contender notes as last seen, and as last told (contention.py).
+    notes: dict[Name, contention.Notes] = field(default_factory=dict)
+    told: dict[Name, contention.Notes] = field(default_factory=dict)
+    # Per namespace and Job: what the notes say happened to its run, known before the
+    # operator's mark on the Job is (a run may finish before it is told).
+    contended: dict[Name, tuple[str, str]] = field(default_factory=dict)
     # How Events are posted (default: at once, in the worker); see events.EventPoster.
     post_event: PostEventCall | None = None
     queue: WorkQueue[Key] = field(init=False)
@@ -121,6 +127,8 @@ class Reconciler:
         if kind == "DELETED":
             self.leases.pop(key)
             self.observations.pop(key, None)
+            self.notes.pop(key, None)
+            self.told.pop(key, None)
             metrics.forget_lock(key[0], lock)
             # A guarded CronJob still needs it: its reconcile creates it again.
             for owner in body["metadata"].get("ownerReferences") or []:
@@ -133,6 +141,12 @@ class Reconciler:
             self.executor.run(counts)
             self.observations[key] = seen
         metrics.lease_held.labels(key[0], lock).set(1 if record.holder else 0)
+        notes = contention.Notes.of(record)
+        if notes != self.notes.get(key, contention.Notes()):
+            self.notes[key] = notes
+            for job, what in notes.contended().items():
+                self.contended[(key[0], job)] = what
+            self.queue.add(ContentionKey(*key))
 
     def check_expiry(self) -> None:
         """Enqueue every Lease whose holder has not renewed for longer than its duration."""
@@ -152,6 +166,8 @@ class Reconciler:
                 await asyncio.to_thread(self.reconcile_cronjob, key.namespace, key.name)
             elif isinstance(key, RunsKey):
                 await asyncio.to_thread(self.account_runs, key.namespace, key.cronjob)
+            elif isinstance(key, ContentionKey):
+                await asyncio.to_thread(self.tell_contention, key.namespace, key.name)
             else:
                 await asyncio.to_thread(self.expire_lease, key.namespace, key.name)
         except kubernetes.client.ApiException as error:
@@ -313,7 +329,12 @@ class Reconciler:
                 and uid not in self.accounted
             ):
                 candidates.setdefault(uid, job)
-        decision = runs.decide(cronjob, list(candidates.values()), self.settings, gone)
+        contended = {
+            job: what for (space, job), what in list(self.contended.items()) if space == namespace
+        }
+        decision = runs.decide(
+            cronjob, list(candidates.values()), self.settings, gone, contended=contended
+        )
         for run in decision.runs:
             job_key = (namespace, run.job)
             # Claimed before its mark is written: a DELETED event from now on leaves it to us.
@@ -327,7 +348,37 @@ class Reconciler:
                 raise
             if job_key not in self.jobs:
                 self.accounted.discard(run.uid)  # its deletion was already seen
+            self.contended.pop(job_key, None)
         self.executor.run(decision.after)
+
+    def tell_contention(self, namespace: str, name: str) -> None:
+        """Mark, tell and count what a Lease's new contender notes say happened."""
+        key = (namespace, name)
+        now = self.notes.get(key)
+        if now is None:
+            return
+        actions = contention.decide(
+            namespace,
+            name,
+            self.told.get(key),
+            now,
+            lambda job: self._job_named(namespace, job),
+            lambda cronjob: self.cronjobs.get((namespace, cronjob)),
+        )
+        self.executor.run(actions)
+        self.told[key] = now
+
+    def _job_named(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """A cached Job by name; one whose pods carry it cut at 57 characters by prefix."""
+        job = self.jobs.get((namespace, name))
+        if job is not None or len(name) != contention.CUT_JOB_NAME:
+            return job
+        matches = [
+            other
+            for other in self.jobs.in_namespace(namespace)
+            if str(other["metadata"]["name"]).startswith(name)
+        ]
+        return matches[0] if len(matches) == 1 else None
 
     def expire_lease(self, namespace: str, name: str) -> None:
         """Clear a holder that stopped renewing, if it still has not renewed."""

@@ -1,8 +1,11 @@
 """The runs reconciler: count a CronJob's finished runs, oldest first, and say what follows.
 
 Each skipped run is a `Skipped` Event and one more consecutive skip; `alert-after` of them
-in a row is a `RepeatedSkips` Warning; a successful run resets the count. The decision is
-pure: the runtime passes the CronJob and the runs not yet counted, and executes the result.
+in a row is a `RepeatedSkips` Warning; a successful run resets the count. A run that
+overlapped a held lock (observe policy) counts like a skip, since skip would have skipped
+it, but keeps its Job; a run replaced by a newer one (replace policy) neither counts nor
+resets. The decision is pure: the runtime passes the CronJob and the runs not yet
+counted, and executes the result.
 """
 
 from __future__ import annotations
@@ -45,11 +48,14 @@ def decide(
     finished: Sequence[Mapping[str, Any]],
     settings: OperatorSettings,
     gone: Set[str] = frozenset(),
+    *,
+    contended: Mapping[str, tuple[str, str]] | None = None,
 ) -> RunsDecision:
     """What counting `finished` (Jobs of this CronJob not yet counted) writes, oldest first.
 
     Jobs whose uid is in `gone` were deleted before they were counted: they are counted
-    from their last state, with nothing written to them.
+    from their last state, with nothing written to them. `contended` (Job name -> what
+    happened, the other run) is what the Leases' notes said before any mark on the Job.
     """
     metadata = cronjob["metadata"]
     namespace, name = str(metadata["namespace"]), str(metadata["name"])
@@ -62,38 +68,33 @@ def decide(
     counted = []
     for job in sorted(finished, key=lambda job: str(job["metadata"].get("creationTimestamp"))):
         job_name = str(job["metadata"]["name"])
-        outcome = skips.outcome(job)
+        outcome: str | None = skips.outcome(job)
+        what = skips.contended(job) or (contended or {}).get(job_name)
+        if what is not None:
+            outcome = what[0]
         uid = str(job["metadata"].get("uid"))
         present = uid not in gone
         actions: list[Action] = []
         if present:
             actions.append(MarkJob(namespace, job_name, skips.ACCOUNTED_ANNOTATION, str(outcome)))
+        lock = (job["metadata"].get("labels") or {}).get(contract.LABEL_LOCK, "?")
         if outcome == "succeeded":
             count = 0
-        elif outcome == "skipped":
+        elif outcome in ("skipped", "overlapped"):
             count += 1
-            lock = (job["metadata"].get("labels") or {}).get(contract.LABEL_LOCK, "?")
-            actions.append(CountRun("skipped"))
-            actions.append(
-                PostEvent(
-                    cronjob,
-                    "Skipped",
-                    f"run {job_name} skipped: lock {lock} was held by another run "
-                    f"({count} in a row)",
-                )
-            )
-            if count >= alert_after:
+            if outcome == "skipped":
+                actions.append(CountRun("skipped"))
                 actions.append(
                     PostEvent(
                         cronjob,
-                        "RepeatedSkips",
-                        f"{count} runs in a row skipped because lock {lock} is held; a run "
-                        f"may be stuck: kubectl get lease -n {namespace} "
-                        f"{contract.lease_name(lock)}",
-                        warning=True,
+                        "Skipped",
+                        f"run {job_name} skipped: lock {lock} was held by another run "
+                        f"({count} in a row)",
                     )
                 )
-            if not keep and present:
+            if count >= alert_after:
+                actions.append(_repeated(cronjob, count, lock, outcome))
+            if outcome == "skipped" and not keep and present:
                 actions.append(DeleteJob(namespace, job_name))
         counted.append(CountedRun(uid, job_name, actions))
     after: list[Action] = []
@@ -104,3 +105,21 @@ def decide(
         )
     after.append(SetConsecutiveSkips(namespace, name, count))
     return RunsDecision(counted, after)
+
+
+def _repeated(cronjob: Mapping[str, Any], count: int, lock: str, outcome: str) -> PostEvent:
+    """The Warning that a run may be stuck: `count` runs in a row found the lock held."""
+    namespace = str(cronjob["metadata"]["namespace"])
+    why = (
+        f"skipped because lock {lock} is held"
+        if outcome == "skipped"
+        else f"overlapped a run holding lock {lock} (observe policy; under skip they would "
+        "have been skipped)"
+    )
+    return PostEvent(
+        cronjob,
+        "RepeatedSkips",
+        f"{count} runs in a row {why}; a run may be stuck: kubectl get lease -n {namespace} "
+        f"{contract.lease_name(lock)}",
+        warning=True,
+    )

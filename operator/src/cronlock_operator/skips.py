@@ -34,6 +34,16 @@ def is_skip_failure(condition: Mapping[str, Any]) -> bool:
     )
 
 
+def contended(job: Mapping[str, Any]) -> tuple[str, str] | None:
+    """What the operator marked on the Job: its run overlapped, or was replaced (and by)."""
+    annotations = (job.get("metadata") or {}).get("annotations") or {}
+    if contract.JOB_ANNOTATION_REPLACED_BY in annotations:
+        return "replaced", str(annotations[contract.JOB_ANNOTATION_REPLACED_BY])
+    if contract.JOB_ANNOTATION_OVERLAPPED in annotations:
+        return "overlapped", str(annotations[contract.JOB_ANNOTATION_OVERLAPPED])
+    return None
+
+
 def is_accounted(job: Mapping[str, Any]) -> bool:
     """The operator has already counted this Job (it wrote the mark before anything else)."""
     return ACCOUNTED_ANNOTATION in ((job.get("metadata") or {}).get("annotations") or {})

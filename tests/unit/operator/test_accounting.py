@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from cronlock_operator import skips
+from cronlock_operator import contention, skips
 from cronlock_operator.reconciler import Reconciler
 from tests.support.cronjobs import SETTINGS, make_cronjob
 
@@ -166,3 +166,133 @@ def test_a_success_resets_the_count_in_creation_order(
         "run report-3 skipped: lock report was held by another run (1 in a row)",
     ]
     assert skips.consecutive_skips(kube.cronjob) == 1
+
+
+# --- the replace and observe policies' notes on the Lease (contention.py) ----------------
+OLD = "report-1-aaaaa_11111111"
+NEW = "report-2-bbbbb_22222222"
+
+
+def running_job(name: str, created: str) -> dict[str, Any]:
+    job = finished_job(name, created)
+    job["status"] = {"active": 1}
+    return job
+
+
+def lease_with(holder: str, **annotations: str) -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": "cronlock-report",
+            "namespace": NAMESPACE,
+            "labels": {"cronlock.io/lock": "report", "app.kubernetes.io/managed-by": "cronlock"},
+            "annotations": {
+                f"cronlock.io/{key.replace('_', '-')}": v for key, v in annotations.items()
+            },
+        },
+        "spec": {"holderIdentity": holder, "leaseDurationSeconds": 60} if holder else {},
+    }
+
+
+def told(reconciler: Reconciler, kube: RecordingKube, lease: dict[str, Any]) -> None:
+    reconciler.on_lease("MODIFIED", lease)
+    reconciler.tell_contention(NAMESPACE, "cronlock-report")
+
+
+@pytest.fixture
+def guarded(setup: tuple[Reconciler, RecordingKube]) -> tuple[Reconciler, RecordingKube]:
+    reconciler, kube = setup
+    reconciler.cronjobs.put(kube.cronjob)
+    return reconciler, kube
+
+
+def test_an_overlap_is_told_once_marked_on_its_job_and_counted_like_a_skip(
+    guarded: tuple[Reconciler, RecordingKube],
+) -> None:
+    reconciler, kube = guarded
+    arrive(reconciler, kube, running_job("report-2", "2026-12-01T00:00:02Z"))
+    told(reconciler, kube, lease_with(OLD, overlap=NEW))
+    told(reconciler, kube, lease_with(OLD, overlap=NEW))  # a replay, or a renewal since
+    assert kube.events == [
+        (
+            "Overlap",
+            f"run report-2 started while lease {NAMESPACE}/cronlock-report was held by {OLD} "
+            "(observe policy: it ran anyway; under skip it would have been skipped)",
+        )
+    ]
+    assert kube.jobs["report-2"]["metadata"]["annotations"]["cronlock.io/overlapped"] == OLD
+
+    done = finished_job("report-2", "2026-12-01T00:00:02Z", skipped=False)
+    done["metadata"]["annotations"] = kube.jobs["report-2"]["metadata"]["annotations"]
+    arrive(reconciler, kube, done)
+    reconciler.account_runs(NAMESPACE, "report")
+    assert skips.consecutive_skips(kube.cronjob) == 1  # a success, but skip would have skipped
+    assert skipped_events(kube) == []
+    assert kube.deleted == []  # the run did its work: its Job stays
+
+
+def test_an_overlapped_run_that_finished_before_it_was_told_still_counts(
+    guarded: tuple[Reconciler, RecordingKube],
+) -> None:
+    reconciler, kube = guarded
+    for number in (1, 2, 3):
+        name = f"report-{number}"
+        arrive(reconciler, kube, finished_job(name, f"2026-12-01T00:00:0{number}Z", False))
+        reconciler.on_lease("MODIFIED", lease_with(OLD, overlap=f"{name}-ccccc_3333333{number}"))
+        reconciler.account_runs(NAMESPACE, "report")  # before tell_contention ran
+    assert skips.consecutive_skips(kube.cronjob) == 3
+    [warning] = [message for reason, message in kube.events if reason == "RepeatedSkips"]
+    assert warning.startswith("3 runs in a row overlapped a run holding lock report")
+
+
+def test_a_replaced_run_is_told_and_neither_counts_as_a_skip_nor_is_deleted(
+    guarded: tuple[Reconciler, RecordingKube],
+) -> None:
+    reconciler, kube = guarded
+    arrive(reconciler, kube, running_job("report-1", "2026-12-01T00:00:01Z"))
+    # The old holder yielded and released; the replacing run took the Lease.
+    told(reconciler, kube, lease_with("", replaced_by=NEW, replaced_jobs="report-1"))
+    told(reconciler, kube, lease_with(NEW, replaced_by=NEW, replaced_jobs="report-1"))
+    assert kube.events == [
+        (
+            "Replaced",
+            f"run report-1 was stopped and gave up lease {NAMESPACE}/cronlock-report: replaced "
+            f"by {NEW} (run report-2) under the replace policy",
+        )
+    ]
+    assert kube.jobs["report-1"]["metadata"]["annotations"]["cronlock.io/replaced-by"] == NEW
+    # Its retry pod skipped (gate exit 75): the Job fails through the skip rule.
+    failed = finished_job("report-1", "2026-12-01T00:00:01Z", skipped=True)
+    failed["metadata"]["annotations"] = kube.jobs["report-1"]["metadata"]["annotations"]
+    arrive(reconciler, kube, failed)
+    reconciler.account_runs(NAMESPACE, "report")
+    assert skipped_events(kube) == []
+    assert kube.deleted == []
+    assert skips.consecutive_skips(kube.cronjob) == 0
+
+
+def test_notes_about_unknown_jobs_tell_nothing(guarded: tuple[Reconciler, RecordingKube]) -> None:
+    reconciler, kube = guarded
+    told(reconciler, kube, lease_with(OLD, overlap="someone-else_12345678"))
+    told(reconciler, kube, lease_with("", replaced_by=NEW, replaced_jobs="gone-job"))
+    assert kube.events == []
+
+
+def test_the_job_of_a_sidecar_identity() -> None:
+    assert contention.job_of("report-29001-x7k2p_3f2a9c1e") == "report-29001"
+    assert contention.job_of("laptop_4242_0a1b2c3d") == ""  # `run` outside a pod
+    assert contention.job_of("") == ""
+    exactly_57 = "j" * 57
+    assert contention.job_of(f"{exactly_57}-abcde_12345678") == exactly_57
+
+
+def test_a_job_whose_pods_carry_its_name_cut_is_found_by_prefix(
+    guarded: tuple[Reconciler, RecordingKube],
+) -> None:
+    reconciler, kube = guarded
+    long_name = "a-rather-long-cronjob-name-for-the-nightly-reports-29001234"
+    assert len(long_name) > contention.CUT_JOB_NAME
+    arrive(reconciler, kube, running_job(long_name, "2026-12-01T00:00:02Z"))
+    pod = f"{long_name[: contention.CUT_JOB_NAME]}bbbbb"  # the API server's generateName
+    told(reconciler, kube, lease_with(OLD, overlap=f"{pod}_22222222"))
+    assert [reason for reason, _ in kube.events] == ["Overlap"]
+    assert "cronlock.io/overlapped" in kube.jobs[long_name]["metadata"]["annotations"]
