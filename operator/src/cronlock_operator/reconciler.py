@@ -20,7 +20,8 @@ from typing import Any
 
 import kubernetes
 
-from cronlock_operator import contention, cronjobs, expiry, metrics, rbac, runs, sharing, skips
+from cronlock_operator import contention, cronjobs, expiry, metrics, rbac, sharing, skips
+from cronlock_operator.accounting import RunAccounting
 from cronlock_operator.actions import Executor, PostEventCall
 from cronlock_operator.answers import NotOurs, Rejected
 from cronlock_operator.cache import ObjectCache
@@ -44,7 +45,7 @@ CONFLICT_RECHECK = 60.0
 
 
 @dataclass
-class Reconciler:
+class Reconciler(RunAccounting):
     kube: Kube
     settings: OperatorSettings
     clock: Callable[[], float] = time.monotonic
@@ -114,6 +115,8 @@ class Reconciler:
             elif finished and not skips.is_accounted(body):
                 self.departed[key] = body
                 self.queue.add(RunsKey(key[0], str(owner)))
+                return  # counted from its last state, with what the notes said
+            self.contended.pop(key, None)
             return
         self.jobs.put(body)
         if finished:
@@ -306,79 +309,6 @@ class Reconciler:
         except (NotOurs, Retry):
             return False
         return True
-
-    def account_runs(self, namespace: str, cronjob_name: str) -> None:
-        """Count the finished runs of one CronJob, oldest first, each exactly once."""
-        cronjob = self.kube.read_cronjob(namespace, cronjob_name)
-        if cronjob is None:
-            return
-        # Jobs still here, and those deleted before they were counted; one entry per uid
-        # (a Job deleted while this runs can be in both).
-        candidates: dict[str, dict[str, Any]] = {}
-        for key, job in list(self.departed.items()):
-            if key[0] == namespace and skips.owning_cronjob(job) == cronjob_name:
-                self.departed.pop(key, None)
-                candidates[str(job["metadata"].get("uid"))] = job
-        gone = frozenset(candidates)
-        for job in self.jobs.in_namespace(namespace):
-            uid = str(job["metadata"].get("uid"))
-            if (
-                skips.owning_cronjob(job) == cronjob_name
-                and skips.outcome(job) is not None
-                and not skips.is_accounted(job)
-                and uid not in self.accounted
-            ):
-                candidates.setdefault(uid, job)
-        contended = {
-            job: what for (space, job), what in list(self.contended.items()) if space == namespace
-        }
-        decision = runs.decide(
-            cronjob, list(candidates.values()), self.settings, gone, contended=contended
-        )
-        for run in decision.runs:
-            job_key = (namespace, run.job)
-            # Claimed before its mark is written: a DELETED event from now on leaves it to us.
-            self.accounted.add(run.uid)
-            try:
-                self.executor.run(run.actions)
-            except BaseException:
-                self.accounted.discard(run.uid)  # not counted: the retry counts it
-                if job_key not in self.jobs:
-                    self.departed[job_key] = candidates[run.uid]
-                raise
-            if job_key not in self.jobs:
-                self.accounted.discard(run.uid)  # its deletion was already seen
-            self.contended.pop(job_key, None)
-        self.executor.run(decision.after)
-
-    def tell_contention(self, namespace: str, name: str) -> None:
-        """Mark, tell and count what a Lease's new contender notes say happened."""
-        key = (namespace, name)
-        now = self.notes.get(key)
-        if now is None:
-            return
-        actions = contention.decide(
-            namespace,
-            name,
-            self.told.get(key),
-            now,
-            lambda job: self._job_named(namespace, job),
-            lambda cronjob: self.cronjobs.get((namespace, cronjob)),
-        )
-        self.executor.run(actions)
-        self.told[key] = now
-
-    def _job_named(self, namespace: str, name: str) -> dict[str, Any] | None:
-        """A cached Job by name; one whose pods carry it cut at 57 characters by prefix."""
-        job = self.jobs.get((namespace, name))
-        if job is not None or len(name) != contention.CUT_JOB_NAME:
-            return job
-        matches = [
-            other
-            for other in self.jobs.in_namespace(namespace)
-            if str(other["metadata"]["name"]).startswith(name)
-        ]
-        return matches[0] if len(matches) == 1 else None
 
     def expire_lease(self, namespace: str, name: str) -> None:
         """Clear a holder that stopped renewing, if it still has not renewed."""
