@@ -172,13 +172,14 @@ def test_wide_output_adds_state_ttl_alert_after_and_the_last_release() -> None:
         "SKIPS",
         "LAST SCHEDULE",
         "STATE",
+        "POLICY",
         "TTL",
         "ALERT AFTER",
         "SUSPEND",
         "LAST HOLDER",
         "RELEASED",
     ]
-    assert row[7:] == ["free", "30s", "3", "false", "cleanup-1-aaaaa_0001", "15m ago"]
+    assert row[7:] == ["free", "skip", "30s", "3", "false", "cleanup-1-aaaaa_0001", "15m ago"]
 
 
 def test_json_is_a_list_of_objects_with_iso_times_and_numeric_seconds() -> None:
@@ -192,6 +193,7 @@ def test_json_is_a_list_of_objects_with_iso_times_and_numeric_seconds() -> None:
         "cronjob": "nightly-report-export",
         "lock": "nightly-report-export",
         "lease": "cronlock-nightly-report-export",
+        "policy": "skip",
         "state": "held",
         "holder": LONG_HOLDER,
         "renewTime": "2026-11-29T07:59:56Z",

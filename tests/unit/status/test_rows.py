@@ -232,3 +232,16 @@ def test_a_cronjob_the_operator_refuses_is_named_with_the_operators_reason() -> 
     [problem] = row.problems
     assert problem.startswith('cronjob default/report: cronlock.io/ttl: "soon" is not a duration')
     assert "InvalidConfig Event" in problem
+
+
+@pytest.mark.parametrize(
+    ("annotated", "shown"),
+    [(None, "skip"), ("replace", "replace"), ("observe", "observe"), ("replce", "invalid")],
+)
+def test_the_policy_is_shown_as_the_operator_reads_it(annotated: str | None, shown: str) -> None:
+    guarded = cronjob("report")
+    if annotated is not None:
+        guarded["metadata"]["annotations"]["cronlock.io/policy"] = annotated
+    [row] = rows([guarded], [lease("report", holder="")], NOW)
+    assert row.policy == shown
+    assert bool(row.problems) == (shown == "invalid")

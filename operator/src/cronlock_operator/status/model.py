@@ -31,6 +31,7 @@ class StatusRow:
     cronjob: str
     lock: str
     lease: str
+    policy: str  # what a run does when the lock is held (skip, wait, replace, observe)
     state: LeaseState
     holder: str | None
     renewed_at: datetime | None
@@ -111,11 +112,15 @@ def _row(
     skips = _whole_number(annotations.get(contract.ANNOTATION_CONSECUTIVE_SKIPS), 0)
     status: Mapping[str, Any] = cronjob.get("status") or {}
     problems = []
+    policy = annotations.get(contract.ANNOTATION_POLICY) or _SETTINGS.default_policy
     try:
-        alert_after = parse_config(cronjob, _SETTINGS).alert_after
+        config = parse_config(cronjob, _SETTINGS)
+        alert_after, policy = config.alert_after, config.policy
         invalid = None
     except InvalidConfig as error:
         invalid = str(error)
+        if policy not in contract.POLICIES:
+            policy = "invalid"
         try:
             alert_after = parse_alert_after(annotations)
         except InvalidConfig:
@@ -141,6 +146,7 @@ def _row(
         cronjob=name,
         lock=lock,
         lease=lease_name,
+        policy=policy,
         state=state,
         holder=holder,
         renewed_at=record.renewed_at,

@@ -68,6 +68,7 @@ _COLUMNS: Final = (
 _WIDE_COLUMNS: Final = (
     *_COLUMNS,
     _Column("STATE", lambda row: row.state),
+    _Column("POLICY", lambda row: row.policy),
     _Column(
         "TTL",
         lambda row: (
@@ -186,6 +187,7 @@ def json_row(row: StatusRow) -> dict[str, Any]:
         "cronjob": row.cronjob,
         "lock": row.lock,
         "lease": row.lease,
+        "policy": row.policy,
         "state": row.state,
         "holder": row.holder,
         "renewTime": _iso(row.renewed_at),
