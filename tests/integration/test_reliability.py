@@ -5,6 +5,7 @@ The long version is `python -m tests.reliability.checker` (docs/RELIABILITY.md).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import secrets
@@ -61,9 +62,13 @@ def seed() -> int:
 
 
 def check(
-    controlplane: ControlPlane, tmp_path: Path, faults: Sequence[str], trials: int
+    controlplane: ControlPlane,
+    tmp_path: Path,
+    faults: Sequence[str],
+    trials: int,
+    settings: Settings = SHORT,
 ) -> dict[str, Any]:
-    checker = Checker(controlplane, tmp_path, SHORT, faults, seed(), log=print)
+    checker = Checker(controlplane, tmp_path, settings, faults, seed(), log=print)
     report = checker.run(trials, faults_per_trial=2)
     print(json.dumps(report, indent=2))
     return report
@@ -85,6 +90,29 @@ def test_at_most_one_work_unit_runs_at_a_time_under_faults(
     assert report["delayed"] == 0, report["by_fault"]
     assert report["timed_out_trials"] == 0
     assert report["runs"] >= 9
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize(
+    "faults", [PROCESS_FAULTS, CONTROL_PLANE_FAULTS], ids=["process-faults", "control-plane-faults"]
+)
+def test_replace_contenders_stop_the_holder_first_and_never_overlap_under_faults(
+    controlplane: ControlPlane, tmp_path: Path, faults: Sequence[str]
+) -> None:
+    """Every new contender asks the holder to yield: most runs end stopped (exit 70, replaced),
+    the holder frozen or killed by a fault is waited for until its Lease expired."""
+    if controlplane.env_dir is None and faults is CONTROL_PLANE_FAULTS:
+        pytest.skip("control plane faults need the local control plane")
+    # Work units longer than a renew interval: a holder still works when the next one asks.
+    replacing = dataclasses.replace(SHORT, policy="replace", work=(2.5, 4.0))
+    report = check(controlplane, tmp_path, faults, trials=3, settings=replacing)
+    assert report["faults"] == 6
+    assert report["fault_errors"] == 0, report["by_fault"]
+    assert report["overlaps"] == 0, report
+    assert report["delayed"] == 0, report["by_fault"]
+    assert report["timed_out_trials"] == 0
+    assert report["runs"] >= 9
+    assert report["stopped_runs"] >= 1, report  # runs were replaced, not only queued
 
 
 @pytest.mark.timeout(90)

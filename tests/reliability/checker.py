@@ -1,6 +1,7 @@
 """Mutual-exclusion checker: many contenders, random faults, overlaps counted without clocks.
 
-Every contender is a real `cronlock-sidecar run --policy wait` process whose CMD is a work
+Every contender is a real `cronlock-sidecar run --policy wait` (or `--policy replace`,
+where every new contender stops the holder's work and takes over) process whose CMD is a work
 unit that holds an exclusive, non-blocking `flock` on one local file for its whole life.
 Two work units alive at once cannot both hold it: a failed `flock` is an overlap, whatever
 any clock says. Each work unit also appends its start and end (JSON lines, CLOCK_MONOTONIC,
@@ -122,8 +123,12 @@ class Settings:
     trial_timeout: float = 120.0
     # Every contender's wall clock is off by a random amount in [-spread/2, +spread/2].
     clock_spread: float = 0.0
+    # wait: contenders queue up; replace: each new one has the holder stop and yield.
+    policy: str = "wait"
 
     def __post_init__(self) -> None:
+        if self.policy not in ("wait", "replace"):
+            raise ValueError(f"policy {self.policy!r}: the checker runs wait or replace")
         if not 0 <= self.clock_spread < self.clock_bound:
             raise ValueError(
                 f"clock spread {self.clock_spread:g}s is outside the guarantee: two clocks may "
@@ -491,7 +496,7 @@ class Checker:
             "--ttl", f"{settings.ttl:g}s",
             "--renew", f"{settings.renew:g}s",
             "--skew", f"{settings.skew:g}s",
-            "--policy", "wait",
+            "--policy", settings.policy,
             "--wait-timeout", f"{settings.wait_timeout:g}s",
             "--",
             sys.executable, "-c", WORK,
@@ -772,6 +777,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "(default 1.5; must stay under skew + ttl/3 - kill grace)",
     )
     parser.add_argument("--runs-per-trial", type=int, default=4)
+    parser.add_argument(
+        "--policy",
+        choices=("wait", "replace"),
+        default="wait",
+        help="the contenders' policy (replace: each new contender stops the holder's work)",
+    )
     add_common_arguments(parser, ROOT / ".testenv" / "reliability")
     args = parser.parse_args(argv)
     faults = fault_list(args.faults)
@@ -784,6 +795,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         clock_spread=args.clock_spread,
         contenders=args.contenders,
         runs_per_trial=args.runs_per_trial,
+        policy=args.policy,
     )
     with own_controlplane(args.env_dir, args.keep_controlplane) as cluster:
         checker = Checker(

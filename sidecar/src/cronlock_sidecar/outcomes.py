@@ -68,6 +68,11 @@ class Busy(NamedTuple):
                 f"this Job's run was replaced by {self.other or 'a newer run'} on lease "
                 f"{self.lease}; its retry skips instead of replacing that run"
             )
+        if self.why == "superseded" and self.other == self.holder:
+            return (
+                f"lease {self.lease} held by a newer run, {self.holder}: it took the lease "
+                "after this run started (replace policy: the newest run wins); skipping this run"
+            )
         if self.why == "superseded":
             return (
                 f"lease {self.lease}: a newer run ({self.other}) replaces {self.holder} "

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from cronlock_sidecar.contract import ANNOTATION_YIELD_TO
 from cronlock_sidecar.lease import MAX_CONFLICTS, Acquired, Busy, LeaseKeeper
@@ -50,7 +50,7 @@ def acquire(
         if isinstance(result, Acquired) or result.why:
             return result
         if policy == "replace" and not result.clearing:
-            newer = _newer_run(result, asked, started_at, keeper.identity)
+            newer = _newer_run(result, asked, started_at, keeper)
             if newer:
                 return result._replace(why="superseded", other=newer)
             if result.yield_to != keeper.identity:
@@ -71,15 +71,19 @@ def acquire(
             return result
 
 
-def _newer_run(result: Busy, asked: bool, started_at: datetime, identity: str) -> str:
+def _newer_run(result: Busy, asked: bool, started_at: datetime, keeper: LeaseKeeper) -> str:
     """The run that replaces the holder instead of us, if a newer one came ("" if none).
 
-    Newer: it asked the holder to yield after we did, or it took the Lease after we
-    started waiting (then it is the holder).
+    Newer: it asked the holder to yield after we did (the order of writes to the Lease),
+    or it is the holder and took the Lease more than the skew after we started (by the
+    wall clocks, which may differ by that much: a holder within it counts as older, is
+    replaced, and its run ends, so nothing goes back and forth).
     """
-    if asked and result.yield_to and result.yield_to != identity:
+    if asked and result.yield_to and result.yield_to != keeper.identity:
         return result.yield_to
-    if result.acquired_at is not None and result.acquired_at > started_at:
+    if result.acquired_at is not None and result.acquired_at > started_at + timedelta(
+        seconds=keeper.timing.skew
+    ):
         return result.holder
     return ""
 

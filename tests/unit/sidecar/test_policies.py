@@ -154,8 +154,9 @@ def test_a_holder_that_took_the_lease_after_we_started_is_newer_and_kept(
 
     def pause(seconds: float) -> bool:
         clock.advance(seconds)
-        # The old holder yielded and a newer run took the Lease before we saw it free.
-        transport.store(lease_object(NEWER, renewed=clock.now(), duration=3600))
+        # The old holder yielded and a newer run took the Lease before we saw it free, more
+        # than the skew (2s) after we started.
+        transport.store(lease_object(NEWER, renewed=clock.now() + timedelta(seconds=2.5)))
         return False
 
     result = acquire(make_keeper(identity=NEW), policy="replace", wait_timeout=62, pause=pause)
@@ -231,3 +232,16 @@ def test_replace_waits_ttl_plus_skew_plus_renew_by_default_and_observe_takes_no_
         parse_options([*base, "--policy", "observe", "--wait-timeout", "5s"], {})
     with pytest.raises(ConfigError, match="replce"):
         parse_options([*base, "--policy", "replce"], {})
+
+
+def test_a_holder_that_took_the_lease_within_the_skew_of_our_start_counts_as_older(
+    clock: FakeClock, transport: FakeTransport, make_keeper: MakeKeeper
+) -> None:
+    """Wall clocks may differ by the skew: no order is read into less than that."""
+    transport.store(lease_object(OLD, renewed=START + timedelta(seconds=1.5), duration=3600))
+    result = acquire(
+        make_keeper(identity=NEW), policy="replace", wait_timeout=0, pause=lambda _s: False
+    )
+    assert isinstance(result, Busy)
+    assert result.why == "not yielded"
+    assert annotations(transport)[ANNOTATION_YIELD_TO] == NEW  # asked, not superseded
