@@ -647,3 +647,128 @@ def test_a_restarted_hold_with_the_same_identity_resumes_without_a_new_transitio
     assert code == 0, stderr
     assert "resumed" in stderr
     assert holder_column(controlplane, namespace, "cronlock-resume") == ""
+
+
+# --- run: the replace and observe policies ------------------------------------------------
+# CMD for the policy tests: takes an exclusive flock (a failed one is an overlap), logs
+# "started ID", and "stopped ID" when SIGTERM reaches it or "finished ID" at its end.
+POLICY_WORK = textwrap.dedent(
+    """
+    import fcntl, signal, sys, time
+    lock_path, log_path, name, seconds = sys.argv[1:5]
+    def log(what):
+        with open(log_path, "a") as out:
+            out.write(f"{what} {name} {time.monotonic()}\\n")
+    lock = open(lock_path, "a")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        log("overlap")
+    def on_term(signum, frame):
+        log("stopped")
+        sys.exit(143)
+    signal.signal(signal.SIGTERM, on_term)
+    log("started")
+    time.sleep(float(seconds))
+    log("finished")
+    """
+)
+
+
+def policy_contender(
+    controlplane: ControlPlane, lease: str, policy: str, name: str, tmp_path: Path, seconds: float
+) -> subprocess.Popen[str]:
+    return sidecar(
+        controlplane,
+        "run", "--lease", lease, "--ttl", "6s", "--renew", "1s", "--policy", policy,
+        "--identity", name, "--",
+        sys.executable, "-c", POLICY_WORK,
+        str(tmp_path / "flock"), str(tmp_path / "log"), name, f"{seconds:g}",
+    )  # fmt: skip
+
+
+def policy_log(tmp_path: Path) -> list[tuple[str, str, float]]:
+    return [
+        (what, name, float(at))
+        for what, name, at in map(str.split, (tmp_path / "log").read_text().splitlines())
+    ]
+
+
+def test_replace_contenders_stop_each_holder_first_and_the_newest_ends_up_holding(
+    controlplane: ControlPlane,
+    namespace: str,
+    tmp_path: Path,
+    cleanup: list[subprocess.Popen[str]],
+) -> None:
+    lease = f"{namespace}/cronlock-prices"
+    names = ["first", "second", "third"]
+    contenders = []
+    for name in names:
+        contenders.append(policy_contender(controlplane, lease, "replace", name, tmp_path, 30))
+        cleanup.append(contenders[-1])
+        wait_for(
+            lambda name=name: ("started", name) in [(w, n) for w, n, _ in policy_log(tmp_path)],
+            30,
+            f"{name}'s work to start",
+        )
+
+    assert holder_column(controlplane, namespace, "cronlock-prices") == "third"
+    results = [finish(process) for process in contenders[:2]]
+    for (code, stderr), newer in zip(results, names[1:], strict=True):
+        assert code == LOST, stderr
+        assert f"replaced by {newer}; stopping this run" in stderr
+    third = contenders[2]
+    third.send_signal(signal.SIGTERM)
+    finish(third)
+    events = policy_log(tmp_path)
+    assert [what for what, _, _ in events if what == "overlap"] == []
+    order = [(what, name) for what, name, _ in events]
+    assert order == [
+        ("started", "first"),
+        ("stopped", "first"),
+        ("started", "second"),
+        ("stopped", "second"),
+        ("started", "third"),
+        ("stopped", "third"),
+    ]
+    released = lease_json(controlplane, namespace, "cronlock-prices")["metadata"]["annotations"]
+    assert released["cronlock.io/replaced-by"] == "third"
+    assert released["cronlock.io/last-holder"] == "third"
+
+
+def test_observe_contenders_all_run_and_every_overlap_is_logged_and_noted(
+    controlplane: ControlPlane,
+    namespace: str,
+    tmp_path: Path,
+    cleanup: list[subprocess.Popen[str]],
+) -> None:
+    lease = f"{namespace}/cronlock-export"
+    first = policy_contender(controlplane, lease, "observe", "first", tmp_path, 8)
+    cleanup.append(first)
+    wait_for(lambda: (tmp_path / "log").exists(), 30, "the first work to start")
+    others = [
+        policy_contender(controlplane, lease, "observe", name, tmp_path, 1)
+        for name in ("second", "third")
+    ]
+    cleanup.extend(others)
+    results = [finish(process) for process in [*others, first]]
+
+    assert [code for code, _ in results] == [0, 0, 0], [stderr for _, stderr in results]
+    for code_and_log in results[:2]:
+        assert (
+            code_and_log[1].count(
+                f"overlap: lease {lease} held by first (observe policy: running anyway)"
+            )
+            == 1
+        )
+    assert "overlap:" not in results[2][1]
+    events = policy_log(tmp_path)
+    assert sorted(name for what, name, _ in events if what == "finished") == [
+        "first",
+        "second",
+        "third",
+    ]
+    assert sorted(name for what, name, _ in events if what == "overlap") == ["second", "third"]
+    noted = lease_json(controlplane, namespace, "cronlock-export")["metadata"]["annotations"]
+    assert noted["cronlock.io/overlap"] in ("second", "third")
+    assert noted["cronlock.io/last-holder"] == "first"  # only the first held it
