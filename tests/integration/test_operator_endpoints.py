@@ -79,6 +79,8 @@ def test_metrics_liveness_and_json_logs(
         "cronlock_consecutive_skips gauge",
         "cronlock_lease_held gauge",
         "cronlock_takeovers_total counter",
+        "cronlock_overlaps_total counter",
+        "cronlock_replacements_total counter",
         "cronlock_reconcile_errors_total counter",
     ):
         assert f"# TYPE {family}" in text, family
@@ -86,6 +88,8 @@ def test_metrics_liveness_and_json_logs(
     for result in ("acquired", "skipped", "lost", "released"):
         assert f'cronlock_runs_total{{result="{result}"}} ' in text, result
     assert 'cronlock_takeovers_total{reason="expired"} 0.0' in text
+    assert "cronlock_overlaps_total 0.0" in text
+    assert "cronlock_replacements_total 0.0" in text
     assert 'cronlock_reconcile_errors_total{kind="cronjob"} ' in text
     assert "_created" not in text
     assert 'cronlock_build_info{python="' in text

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from cronlock_operator import contention, skips
+from cronlock_operator import contention, metrics, skips
 from cronlock_operator.reconciler import Reconciler
 from tests.support.cronjobs import SETTINGS, make_cronjob
 
@@ -209,9 +209,11 @@ def test_an_overlap_is_told_once_marked_on_its_job_and_counted_like_a_skip(
     guarded: tuple[Reconciler, RecordingKube],
 ) -> None:
     reconciler, kube = guarded
+    overlaps = metrics.registry.get_sample_value("cronlock_overlaps_total") or 0.0
     arrive(reconciler, kube, running_job("report-2", "2026-12-01T00:00:02Z"))
     told(reconciler, kube, lease_with(OLD, overlap=NEW))
     told(reconciler, kube, lease_with(OLD, overlap=NEW))  # a replay, or a renewal since
+    assert metrics.registry.get_sample_value("cronlock_overlaps_total") == overlaps + 1
     assert kube.events == [
         (
             "Overlap",
@@ -248,6 +250,7 @@ def test_a_replaced_run_is_told_and_neither_counts_as_a_skip_nor_is_deleted(
     guarded: tuple[Reconciler, RecordingKube],
 ) -> None:
     reconciler, kube = guarded
+    replacements = metrics.registry.get_sample_value("cronlock_replacements_total") or 0.0
     arrive(reconciler, kube, running_job("report-1", "2026-12-01T00:00:01Z"))
     # The old holder yielded and released; the replacing run took the Lease.
     told(reconciler, kube, lease_with("", replaced_by=NEW, replaced_jobs="report-1"))
@@ -260,6 +263,7 @@ def test_a_replaced_run_is_told_and_neither_counts_as_a_skip_nor_is_deleted(
         )
     ]
     assert kube.jobs["report-1"]["metadata"]["annotations"]["cronlock.io/replaced-by"] == NEW
+    assert metrics.registry.get_sample_value("cronlock_replacements_total") == replacements + 1
     # Its retry pod skipped (gate exit 75): the Job fails through the skip rule.
     failed = finished_job("report-1", "2026-12-01T00:00:01Z", skipped=True)
     failed["metadata"]["annotations"] = kube.jobs["report-1"]["metadata"]["annotations"]

@@ -17,7 +17,9 @@ from cronlock_sidecar.rundir import write_decision
 TIMING = Timing.of(60, 20, 2)
 
 
-@pytest.mark.parametrize(("decision", "code"), [("run", 0), ("skip", 75), ("unavailable", 69)])
+@pytest.mark.parametrize(
+    ("decision", "code"), [("run", 0), ("overlap", 0), ("skip", 75), ("unavailable", 69)]
+)
 def test_gate_exits_with_the_code_of_the_decision(tmp_path: Path, decision: str, code: int) -> None:
     write_decision(tmp_path, decision, None, TIMING)
     assert main(["gate"], {"CRONLOCK_RUN_DIR": str(tmp_path)}) == code

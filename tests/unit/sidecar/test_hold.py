@@ -314,7 +314,9 @@ class RecordingTransport(FakeTransport):
 class InProcess:
     """A Holder on a thread, with a fake clock, transport and watchdog, and its event log."""
 
-    def __init__(self, tmp_path: Path, clock: FakeClock, lease: Lease, stop_mode: str) -> None:
+    def __init__(
+        self, tmp_path: Path, clock: FakeClock, lease: Lease, stop_mode: str, policy: str = "skip"
+    ) -> None:
         self.events: list[str] = []
         self.run_dir = tmp_path / "run"
         self.proc_root = tmp_path / "proc"
@@ -327,16 +329,17 @@ class InProcess:
             [
                 "hold", "--lease", "default/cronlock-report", "--identity", ME,
                 "--ttl", "3s", "--renew", "200ms", "--kill-grace", "1s", "--stop", stop_mode,
-                "--run-dir", str(self.run_dir),
+                "--run-dir", str(self.run_dir), "--policy", policy,
             ],
             {},
         )  # fmt: skip
         self.stop = threading.Event()
+        self.state = SidecarState()
         self.holder = Holder(
             options,
             self.transport,
             clock,
-            SidecarState(),
+            self.state,
             self.stop,
             start_watchdog=self.start_watchdog,
             proc_root=self.proc_root,
@@ -369,8 +372,8 @@ class InProcess:
 def in_process(tmp_path: Path, clock: FakeClock) -> Iterator[Callable[..., InProcess]]:
     made: list[InProcess] = []
 
-    def make(stop_mode: str, lease: Lease | None = None) -> InProcess:
-        made.append(InProcess(tmp_path, clock, lease or lease_object(), stop_mode))
+    def make(stop_mode: str, lease: Lease | None = None, policy: str = "skip") -> InProcess:
+        made.append(InProcess(tmp_path, clock, lease or lease_object(), stop_mode, policy))
         return made[-1]
 
     yield make
@@ -563,3 +566,63 @@ def test_signal_mode_a_normal_end_kills_nothing_and_does_not_wait_for_the_watchd
     time.sleep(2.5)  # past the last heartbeat's deadline (2s)
     assert user.poll() is None, "a dismissed watchdog kills nothing"
     assert "watchdog:" not in err
+
+
+# --- the replace and observe policies in `hold` -------------------------------------------
+def asked_to_yield_by(identity: str) -> Callable[[FakeTransport], None]:
+    def ask(transport: FakeTransport) -> None:
+        assert transport.lease is not None
+        noted = dict(transport.lease)
+        noted["metadata"] = {
+            **noted["metadata"],
+            "annotations": {**noted["metadata"]["annotations"], "cronlock.io/yield-to": identity},
+        }
+        transport.store(noted)
+
+    return ask
+
+
+def test_a_holder_asked_to_yield_stops_its_run_and_releases_naming_who_replaced_it(
+    in_process: Callable[..., InProcess],
+) -> None:
+    held = in_process("signal")
+    held.thread.start()
+    wait_for(lambda: held.decision() == "run")
+    held.transport.before_write.append(asked_to_yield_by("newer-pod_22222222"))
+    wait_for(lambda: "stop" in held.events)  # the watchdog stops the run's processes
+    assert not held.state.is_held()  # /held answers 503
+    # SIGTERM comes once the run's containers ended: then it releases, naming the new run.
+    assert held.terminate() == 0
+    assert holder_of(held.transport) == ""
+    assert held.transport.lease is not None
+    annotations = held.transport.lease["metadata"]["annotations"]
+    assert annotations["cronlock.io/replaced-by"] == "newer-pod_22222222"
+
+
+def test_observe_runs_without_the_lease_and_held_answers_200(
+    in_process: Callable[..., InProcess],
+) -> None:
+    held = in_process("liveness", lease_object("report-29000-abcde_11111111"), policy="observe")
+    held.thread.start()
+    wait_for(lambda: held.decision() == "overlap")
+    assert held.state.is_held(), "the probe must never stop an observe run"
+    assert not held.state.held
+    assert holder_of(held.transport) == "report-29000-abcde_11111111"
+    assert held.transport.lease is not None
+    assert held.transport.lease["metadata"]["annotations"]["cronlock.io/overlap"] == ME
+    assert held.terminate() == 0
+    assert holder_of(held.transport) == "report-29000-abcde_11111111"  # never touched
+
+
+def test_observe_with_the_lease_lost_keeps_the_run_going(
+    in_process: Callable[..., InProcess],
+) -> None:
+    held = in_process("signal", policy="observe")
+    held.thread.start()
+    wait_for(lambda: held.decision() == "run")
+    held.transport.before_write.append(taken_by_a_thief)
+    wait_for(lambda: held.holder.keeper.lost)
+    assert held.state.is_held()
+    assert held.terminate() == 0
+    assert "stop" not in held.events
+    assert not any(event.startswith("start until") for event in held.events)  # no watchdog
