@@ -688,6 +688,8 @@ def policy_contender(
 
 
 def policy_log(tmp_path: Path) -> list[tuple[str, str, float]]:
+    if not (tmp_path / "log").exists():
+        return []
     return [
         (what, name, float(at))
         for what, name, at in map(str.split, (tmp_path / "log").read_text().splitlines())
