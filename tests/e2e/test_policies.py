@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
+import time
+
+import pytest
+
 from tests.e2e.node import overlapping
-from tests.e2e.scenario import Scenario
+from tests.e2e.scenario import SIDECAR, Scenario
 from tests.kube import wait_for
 from tests.support.contract import EXIT_SKIPPED
 
@@ -16,11 +23,16 @@ def test_replace_stops_the_old_run_before_the_new_one_starts_and_the_old_job_end
 
     cluster.run("newest", "newest-1")
     first = cluster.main_running("newest-1")
+    asked_at = time.monotonic()
     cluster.run("newest", "newest-2")
     second = cluster.main_running("newest-2", timeout=60)
 
     assert first.stopped is not None, "the old run's work was stopped"
     assert first.stopped <= second.started, (first, second)
+    print(
+        f"replace: the old work stopped {first.stopped - asked_at:.1f}s after the new run "
+        f"was created, the new work started {second.started - first.stopped:.1f}s after that"
+    )
     assert overlapping(cluster.namespace_works()) == []
     assert "asked it to yield to newest-2-" in cluster.sidecar_log("newest-2")
     assert "replaced by newest-2-" in cluster.sidecar_log("newest-1")
@@ -45,6 +57,36 @@ def test_replace_stops_the_old_run_before_the_new_one_starts_and_the_old_job_end
     assert marks["cronlock.io/accounted"] == "replaced"
     assert cluster.consecutive_skips("newest") == 0
     assert second.running, "the replacing run goes on"
+
+
+@pytest.mark.timeout(240)
+def test_replace_waits_for_a_frozen_holders_lease_to_expire_and_never_overlaps(
+    cluster: Scenario,
+) -> None:
+    """A holder that cannot read the request (its sidecar frozen) never yields: the probe
+    stops its run, and the replace run starts only after the Lease expired."""
+    cluster.cronjob("frozen", "echo working; sleep 300", policy="replace")
+    cluster.run("frozen", "frozen-1")
+    first = cluster.main_running("frozen-1")
+    expiry = cluster.wait_renewal("frozen")
+    pid = cluster.node.signal_container(cluster.pod_uid(first.pod), SIDECAR, signal.SIGSTOP)
+    try:
+        cluster.run("frozen", "frozen-2")
+        second = cluster.main_running("frozen-2", timeout=120)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
+
+    assert first.stopped is not None
+    assert first.stopped < expiry, "the frozen holder's run was stopped before its Lease expired"
+    assert second.started > expiry, "the replace run waited for the Lease to expire"
+    assert overlapping(cluster.namespace_works()) == []
+    assert "asked it to yield to frozen-2-" in cluster.sidecar_log("frozen-2")
+    assert cluster.events("frozen", "Replaced") == [], "a frozen holder never yielded"
+    print(
+        f"frozen holder: its run stopped {expiry - first.stopped:.1f}s before its Lease "
+        f"expired; the replace run started {second.started - expiry:.1f}s after it"
+    )
 
 
 def test_observe_runs_every_run_and_records_each_overlap(cluster: Scenario) -> None:
