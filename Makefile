@@ -9,7 +9,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck unit integration e2e benchmarks controlplane images up down lock clean
+.PHONY: demo test lint typecheck unit integration e2e benchmarks controlplane images image up down lock clean
 
 $(STAMP): requirements-dev.lock pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -66,10 +66,32 @@ down:
 images: controlplane
 	@tests/controlplane/images
 
+# The two images from the Dockerfile: the operator (default target) and the sidecar it
+# injects (target `sidecar`). With docker when there is one, else buildah (daemonless;
+# `apt-get install buildah`). Push them where your cluster pulls from and install the
+# chart with image.repository and sidecarImage.repository set (README, Install):
+#   make image IMAGE=registry.example.com/cronlock:0.1.0 \
+#     SIDECAR_IMAGE=registry.example.com/cronlock-sidecar:0.1.0
+# tests/controlplane/images builds the e2e ring's images through this target too.
+IMAGE ?= cronlock:dev
+SIDECAR_IMAGE ?= cronlock-sidecar:dev
+BUILDER ?= $(if $(shell command -v docker 2>/dev/null),docker,buildah)
+BUILDAH ?= buildah
+BUILD_FLAGS ?=
+image:
+ifeq ($(BUILDER),docker)
+	docker build $(BUILD_FLAGS) --tag $(IMAGE) .
+	docker build $(BUILD_FLAGS) --target sidecar --tag $(SIDECAR_IMAGE) .
+else
+	$(BUILDAH) bud $(BUILD_FLAGS) --tag $(IMAGE) .
+	$(BUILDAH) bud $(BUILD_FLAGS) --target sidecar --tag $(SIDECAR_IMAGE) .
+endif
+
 # Regenerate the hash-pinned lock files after changing dependencies in pyproject.toml.
 lock:
 	uv pip compile pyproject.toml --python-version 3.11 --generate-hashes -o requirements.lock
 	uv pip compile pyproject.toml --extra dev --python-version 3.11 --generate-hashes -o requirements-dev.lock
+	uv pip compile requirements-build.in --python-version 3.11 --generate-hashes -o requirements-build.lock
 
 clean:
 	rm -rf $(VENV) .testenv .pytest_cache .mypy_cache .ruff_cache

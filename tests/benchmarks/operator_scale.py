@@ -97,7 +97,7 @@ def baseline(api: kubernetes.client.ApiClient, names: list[tuple[str, str]]) -> 
     opt-in annotation, so these CronJobs are not the operator's business afterwards.
     """
     kube = Kube(api)
-    settings = OperatorSettings(sidecar_image="ghcr.io/cronlock/cronlock:0.1.0")
+    settings = OperatorSettings(sidecar_image="ghcr.io/cronlock/cronlock-sidecar:0.1.0")
     work = []
     for namespace, name in names:
         stored = kube.read_cronjob(namespace, name)

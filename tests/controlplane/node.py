@@ -77,6 +77,7 @@ SYSCTLS = (
 PROCESSES = ("kubelet", "containerd", "kube-scheduler", "pod-relay", "node-relay")
 IMAGES = {
     "cronlock": os.environ.get("CRONLOCK_IMAGE", "localhost/cronlock:dev"),
+    "cronlock-sidecar": os.environ.get("CRONLOCK_SIDECAR_IMAGE", "localhost/cronlock-sidecar:dev"),
     "pause": os.environ.get("CRONLOCK_PAUSE_IMAGE", "localhost/pause:cronlock"),
     "busybox": os.environ.get("CRONLOCK_BUSYBOX_IMAGE", "localhost/busybox:cronlock"),
 }
@@ -387,7 +388,7 @@ def import_images(state: Path, bins: Path) -> None:
             raise SystemExit(f"node up: building the images failed:\n{built.stderr[-3000:]}")
         images_dir = Path(built.stdout.strip().splitlines()[-1])
     ctr = in_netns(str(bins / "ctr"), "--address", str(RUN_DIR / "containerd.sock"), "-n", "k8s.io")
-    for archive in ("pause", "busybox", "cronlock"):
+    for archive in ("pause", "busybox", "cronlock", "cronlock-sidecar"):
         result = subprocess.run(
             [*ctr, "images", "import", "--local", str(images_dir / f"{archive}.tar")],
             capture_output=True,

@@ -9,7 +9,7 @@ from pathlib import Path
 import kubernetes
 import pytest
 
-from tests.e2e.node import CRONLOCK_IMAGE, PodRecorder, RealNode, WorkTracker
+from tests.e2e.node import SIDECAR_IMAGE, PodRecorder, RealNode, WorkTracker
 from tests.e2e.scenario import Scenario
 from tests.operator_process import OperatorProcess
 from tests.support.controlplane import ControlPlane
@@ -42,13 +42,13 @@ def node_operator(
     node: RealNode,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[OperatorProcess]:
-    """The real operator, injecting the image built from our Dockerfile (never pulled)."""
+    """The real operator, injecting the sidecar image built from our Dockerfile (never pulled)."""
     log = tmp_path_factory.mktemp("operator-log") / "operator.log"
     process = OperatorProcess(
         operator_kubeconfig,
         log,
         controlplane.env,
-        ["--sidecar-image", CRONLOCK_IMAGE, "--sidecar-image-pull-policy", "Never"],
+        ["--sidecar-image", SIDECAR_IMAGE, "--sidecar-image-pull-policy", "Never"],
     )
     process.start()
     yield process

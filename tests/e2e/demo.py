@@ -26,7 +26,7 @@ NAMESPACE = "cronlock-demo"
 VENV_BIN = ROOT / ".venv" / "bin"
 # Built from the repository's Dockerfile and imported into the node's containerd by
 # tests/controlplane/node; there is no registry to pull from.
-SIDECAR_IMAGE = "localhost/cronlock:dev"
+SIDECAR_IMAGE = "localhost/cronlock-sidecar:dev"
 BUSYBOX_IMAGE = "localhost/busybox:cronlock"
 
 

@@ -35,6 +35,8 @@ NODE_SCRIPT = ROOT / "tests" / "controlplane" / "node"
 # The host's end of the link to the node: pods reach the tracker there.
 HOST_LINK_IP = "198.51.100.1"
 CRONLOCK_IMAGE = "localhost/cronlock:dev"
+# The Dockerfile's `sidecar` target: what the operator injects.
+SIDECAR_IMAGE = "localhost/cronlock-sidecar:dev"
 BUSYBOX_IMAGE = "localhost/busybox:cronlock"
 SIDECAR_CONTAINER = "cronlock"
 GATE_CONTAINER = "cronlock-gate"

@@ -579,7 +579,7 @@ def test_the_deployment_env_is_understood_by_the_operator_cli(
 
     if values is None:
         assert parsed.namespace is None
-        assert settings.sidecar_image == "ghcr.io/cronlock/cronlock:0.1.0"
+        assert settings.sidecar_image == "ghcr.io/cronlock/cronlock-sidecar:0.1.0"
         assert settings.sidecar_image == cli.DEFAULT_SIDECAR_IMAGE
         assert (settings.default_ttl_seconds, settings.default_renew_seconds) == (60, None)
         assert (parsed.metrics_port, parsed.log_format) == (8080, "plain")
@@ -648,7 +648,7 @@ def test_install_with_default_values(
     assert deployment["spec"]["strategy"]["type"] == "Recreate"
     assert deployment["spec"]["template"]["spec"]["serviceAccountName"] == fullname
     env = deployment_env(deployment)
-    assert env["CRONLOCK_SIDECAR_IMAGE"] == "ghcr.io/cronlock/cronlock:0.1.0"
+    assert env["CRONLOCK_SIDECAR_IMAGE"] == "ghcr.io/cronlock/cronlock-sidecar:0.1.0"
     assert env["CRONLOCK_NAMESPACES"] == ""
     assert "CRONLOCK_DEFAULT_RENEW" not in env
     binding = json.loads(controlplane.kubectl("get", "clusterrolebinding", fullname, "-o", "json"))

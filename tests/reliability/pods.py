@@ -67,6 +67,7 @@ from cronlock_sidecar.lockmodel import Timing
 from tests.e2e.node import (
     CRONLOCK_IMAGE,
     HOST_LINK_IP,
+    SIDECAR_IMAGE,
     LeaseRecorder,
     LeaseVersion,
     PodRecorder,
@@ -102,7 +103,7 @@ MAIN = "main"
 POD_USER = 65532
 API_ERRORS = (kubernetes.client.ApiException, urllib3.exceptions.HTTPError, OSError)
 # As the e2e fixture `node_operator` runs it: the image built from our Dockerfile, never pulled.
-OPERATOR_ARGS = ("--sidecar-image", CRONLOCK_IMAGE, "--sidecar-image-pull-policy", "Never")
+OPERATOR_ARGS = ("--sidecar-image", SIDECAR_IMAGE, "--sidecar-image-pull-policy", "Never")
 # Where the trial's shared directory (a hostPath volume) is mounted in the main container.
 SHARED = "/checker"
 SHARED_VOLUME = "checker"

@@ -76,21 +76,44 @@ def test_the_entrypoint_is_json_form_and_starts_the_operator() -> None:
     assert entrypoint == ["cronlock-operator"]
 
 
-def test_both_stages_use_the_pinned_slim_python_base() -> None:
-    bases = [
-        arguments.split()[0]
-        for keyword, arguments in instructions(DOCKERFILE.read_text())
-        if keyword == "FROM"
-    ]
+def stage(name: str) -> list[tuple[str, str]]:
+    pairs = instructions(DOCKERFILE.read_text())
+    starts = [index for index, (keyword, _) in enumerate(pairs) if keyword == "FROM"]
+    for start, end in zip(starts, [*starts[1:], len(pairs)], strict=True):
+        if pairs[start][1].endswith(f" AS {name}"):
+            return pairs[start:end]
+    raise AssertionError(f"no stage {name}")
 
-    assert bases == ["python:3.11-slim", "python:3.11-slim"]
+
+def test_every_stage_uses_the_slim_python_base_given_once() -> None:
+    pairs = instructions(DOCKERFILE.read_text())
+    bases = [arguments.split()[0] for keyword, arguments in pairs if keyword == "FROM"]
+
+    assert bases == ["${PYTHON}"] * 3
+    # Before the first FROM: the one place to pin it by digest (--build-arg PYTHON=...@sha256:).
+    assert pairs[0] == ("ARG", "PYTHON=python:3.11-slim")
 
 
-def test_dependencies_install_only_from_the_hash_pinned_lock() -> None:
+def test_everything_installed_comes_from_hash_pinned_lock_files() -> None:
     text = re.sub(r"\\\n", " ", DOCKERFILE.read_text())
-    installs = [line for line in text.splitlines() if "pip install" in line]
+    installs = [line for line in text.splitlines() if "pip install" in line or "pip wheel" in line]
 
     assert any("--require-hashes -r requirements.lock" in line for line in installs)
-    project = [line for line in installs if "requirements.lock" not in line]
+    assert any("--require-hashes -r requirements-build.lock" in line for line in installs)
+    project = [line for line in installs if "requirements" not in line]
     assert project, "the project itself is not installed"
+    # The wheel is built by the pinned backend and installed from it: nothing fetched.
     assert all("--no-deps" in line for line in project), project
+    assert any("--no-build-isolation" in line for line in project), project
+    assert any("--no-index" in line for line in project), project
+    assert "pip uninstall --yes --quiet pip setuptools" in text
+
+
+def test_the_sidecar_image_carries_only_the_sidecar_as_a_numeric_non_root_user() -> None:
+    sidecar = stage("sidecar")
+    copies = [arguments for keyword, arguments in sidecar if keyword == "COPY"]
+    assert copies == ["--from=builder /opt/sidecar /opt/sidecar"]
+    users = [arguments for keyword, arguments in sidecar if keyword == "USER"]
+    assert users == ["65532:65532"]
+    entrypoints = [arguments for keyword, arguments in sidecar if keyword == "ENTRYPOINT"]
+    assert [json.loads(entrypoint) for entrypoint in entrypoints] == [["cronlock-sidecar"]]

@@ -17,7 +17,7 @@ from cronlock_operator.config import OperatorSettings
 from cronlock_sidecar import contract, logs
 from cronlock_sidecar.durations import DurationError, parse_duration
 
-DEFAULT_SIDECAR_IMAGE = "ghcr.io/cronlock/cronlock:0.1.0"
+DEFAULT_SIDECAR_IMAGE = "ghcr.io/cronlock/cronlock-sidecar:0.1.0"
 
 PROGRAM = "cronlock-operator"
 
