@@ -5,16 +5,21 @@ hook does once the release is gone."""
 
 from __future__ import annotations
 
+import contextlib
+import json
+import secrets
 import subprocess
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import kubernetes
 import pytest
+import yaml
 
-from tests.kube import wait_for
-from tests.operator_process import OPERATOR_NAMESPACE, OperatorProcess, render_chart
+from tests.kube import run_tool, wait_for
+from tests.operator_process import CHART, OPERATOR_NAMESPACE, ROOT, OperatorProcess, render_chart
 from tests.support.controlplane import ControlPlane, make_service_account_kubeconfig
 from tests.support.cronjobs import make_cronjob
 from tests.support.objects import comparable, injected, read
@@ -141,3 +146,162 @@ def test_without_the_value_the_chart_renders_no_hook(controlplane: ControlPlane)
     assert not [
         doc for doc in docs if (doc["metadata"].get("annotations") or {}).get("helm.sh/hook")
     ]
+
+
+# --- an upgrade that narrows watchNamespaces ----------------------------------------------
+def hooks_of_upgrade(controlplane: ControlPlane, release: str, *values: str) -> list[Any]:
+    """The post-upgrade hooks `helm upgrade` renders against the cluster (lookup included)."""
+    args = ["upgrade", release, str(CHART), "-n", OPERATOR_NAMESPACE, "--dry-run=server"]
+    for value in values:
+        args += ["--set-json", value]
+    output = run_tool(controlplane.env, "helm", *args, timeout=120, cwd=ROOT).stdout
+    hooks = output.split("HOOKS:\n", 1)[1].split("MANIFEST:\n", 1)[0]
+    return [
+        doc
+        for doc in yaml.safe_load_all(hooks)
+        if doc and doc["metadata"].get("annotations", {}).get("helm.sh/hook") == "post-upgrade"
+    ]
+
+
+@pytest.fixture
+def release(controlplane: ControlPlane) -> Iterator[Callable[..., str]]:
+    """`helm install` of the chart in the operator's namespace (its pod never runs here)."""
+    made: list[str] = []
+
+    def install(*values: str) -> str:
+        name = f"narrow-{secrets.token_hex(3)}"
+        args = ["install", name, str(CHART), "-n", OPERATOR_NAMESPACE, "--wait=false"]
+        for value in values:
+            args += ["--set-json", value]
+        run_tool(controlplane.env, "helm", *args, timeout=120, cwd=ROOT)
+        made.append(name)
+        return name
+
+    yield install
+    for name in made:
+        run_tool(
+            controlplane.env, "helm", "uninstall", name, "-n", OPERATOR_NAMESPACE,
+            check=False, timeout=120, cwd=ROOT,
+        )  # fmt: skip
+
+
+def test_an_upgrade_that_narrows_the_watch_reverts_the_cronjobs_it_stopped_watching(
+    api: kubernetes.client.ApiClient,
+    namespace: str,
+    controlplane: ControlPlane,
+    operator_kubeconfig: Path,
+    release: Callable[..., str],
+    tmp_path: Path,
+) -> None:
+    core = kubernetes.client.CoreV1Api(api)
+    batch = kubernetes.client.BatchV1Api(api)
+    leases = kubernetes.client.CoordinationV1Api(api)
+    kept, dropped = namespace, f"dropped-{secrets.token_hex(3)}"
+    core.create_namespace({"metadata": {"name": dropped}})
+    name = ""
+    try:
+        for space in (kept, dropped):
+            batch.create_namespaced_cron_job(
+                space, make_cronjob(name="report", namespace=None, schedule="0 0 1 1 *")
+            )
+        before = comparable(read(api, dropped, "report"))
+        name = release(f"watchNamespaces={json.dumps([kept, dropped])}")
+        operator = OperatorProcess(operator_kubeconfig, tmp_path / "operator.log", controlplane.env)
+        operator.start()
+        try:
+            for space in (kept, dropped):
+                wait_for(
+                    lambda space=space: injected(api, space, "report"), 30, f"{space} injected"
+                )
+                wait_for(lambda space=space: leases.list_namespaced_lease(space).items, 30, "Lease")
+        finally:
+            operator.stop()
+
+        # Nothing narrowed, nothing to do.
+        assert (
+            hooks_of_upgrade(controlplane, name, f"watchNamespaces={json.dumps([kept, dropped])}")
+            == []
+        )
+        hooks = hooks_of_upgrade(controlplane, name, f"watchNamespaces={json.dumps([kept])}")
+        assert {(doc["kind"], doc["metadata"].get("namespace")) for doc in hooks} == {
+            ("ServiceAccount", OPERATOR_NAMESPACE),
+            ("ClusterRole", None),
+            ("RoleBinding", dropped),
+            ("Job", OPERATOR_NAMESPACE),
+        }
+        [job] = [doc for doc in hooks if doc["kind"] == "Job"]
+        container = job["spec"]["template"]["spec"]["containers"][0]
+        assert container["args"] == ["--uninstall", "--revert-only"]
+        env = {item["name"]: item["value"] for item in container["env"]}
+        assert env["CRONLOCK_NAMESPACES"] == dropped
+        [role] = [doc for doc in hooks if doc["kind"] == "ClusterRole"]
+        assert role["rules"] == [
+            {"apiGroups": ["batch"], "resources": ["cronjobs"], "verbs": ["list", "patch"]}
+        ]
+
+        # The hook's command, with the hook's account: the dropped namespace's CronJob as
+        # written, its Lease left for a run in progress; the kept one untouched.
+        account = create_hooks(api, hooks)
+        kubeconfig = make_service_account_kubeconfig(
+            controlplane, api, OPERATOR_NAMESPACE, account, tmp_path
+        )
+        result = subprocess.run(
+            [str(Path(sys.executable).parent / "cronlock-operator"), *container["args"]],
+            env={**controlplane.env, "KUBECONFIG": str(kubeconfig), **env},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert result.returncode == 0, result.stderr
+        assert comparable(read(api, dropped, "report")) == before
+        assert [lease.metadata.name for lease in leases.list_namespaced_lease(dropped).items] == [
+            "cronlock-report"
+        ]
+        assert injected(api, kept, "report")
+    finally:
+        core.delete_namespace(dropped, propagation_policy="Background")
+        # Hook objects are not the release's: helm uninstall leaves them to their hook.
+        hook = f"{name}-cronlock-narrowed"
+        with contextlib.suppress(kubernetes.client.ApiException):
+            kubernetes.client.RbacAuthorizationV1Api(api).delete_cluster_role(hook)
+        with contextlib.suppress(kubernetes.client.ApiException):
+            core.delete_namespaced_service_account(hook, OPERATOR_NAMESPACE)
+
+
+def test_narrowing_a_watch_of_every_namespace_reverts_all_but_those_kept(
+    namespace: str, controlplane: ControlPlane, release: Callable[..., str]
+) -> None:
+    name = release()
+    hooks = hooks_of_upgrade(controlplane, name, f"watchNamespaces={json.dumps([namespace])}")
+    assert {doc["kind"] for doc in hooks} == {
+        "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Job",
+    }  # fmt: skip
+    [job] = [doc for doc in hooks if doc["kind"] == "Job"]
+    env = {
+        item["name"]: item["value"]
+        for item in job["spec"]["template"]["spec"]["containers"][0]["env"]
+    }
+    assert (env["CRONLOCK_NAMESPACES"], env["CRONLOCK_KEEP_NAMESPACES"]) == ("", namespace)
+    # Widening, or turning it off, renders none.
+    assert hooks_of_upgrade(controlplane, name, "watchNamespaces=[]") == []
+    assert (
+        hooks_of_upgrade(
+            controlplane,
+            name,
+            f"watchNamespaces={json.dumps([namespace])}",
+            "upgrade.revertDropped=false",
+        )
+        == []
+    )
+
+
+def create_hooks(api: kubernetes.client.ApiClient, hooks: list[Any]) -> str:
+    """Create the hook's account and RBAC as helm would; its ServiceAccount's name."""
+    account = ""
+    for doc in hooks:
+        if doc["kind"] == "Job":
+            continue
+        if doc["kind"] == "ServiceAccount":
+            account = doc["metadata"]["name"]
+        kubernetes.utils.create_from_dict(api, doc, namespace=OPERATOR_NAMESPACE)
+    return account

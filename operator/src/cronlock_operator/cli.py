@@ -74,6 +74,20 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "holder Roles and RoleBindings cronlock made, and exit (the chart's uninstall hook)",
     )
     parser.add_argument(
+        "--keep-namespace",
+        action="append",
+        default=None,
+        help="with --uninstall, leave this namespace alone (repeatable; env "
+        "CRONLOCK_KEEP_NAMESPACES, comma-separated): the chart's hook for an upgrade that "
+        "narrowed a watch of every namespace",
+    )
+    parser.add_argument(
+        "--revert-only",
+        action="store_true",
+        help="with --uninstall, only revert the CronJobs: leave the Leases and holder Roles "
+        "to the runs still in progress (the chart's hook for an upgrade that narrowed the watch)",
+    )
+    parser.add_argument(
         "--liveness",
         default=_env("LIVENESS", "http://0.0.0.0:8081/healthz"),
         help="liveness endpoint URL served by kopf ('' to disable)",
@@ -137,7 +151,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.uninstall:
         from cronlock_operator.uninstall import uninstall
 
-        return uninstall(_api_client(), args.namespace or [])
+        keep = args.keep_namespace or [
+            name.strip() for name in (_env("KEEP_NAMESPACES") or "").split(",") if name.strip()
+        ]
+        return uninstall(
+            _api_client(), args.namespace or [], keep=keep, revert_only=args.revert_only
+        )
     import cronlock_operator.handlers  # noqa: F401 - registers the handlers with kopf
 
     elector = _lead(args) if args.leader_election else None

@@ -1,11 +1,13 @@
 """`cronlock-operator --uninstall`: every injected CronJob back as its user wrote it, and
 what cronlock made (Leases, holder Roles and RoleBindings) deleted; then exit.
 
-The chart runs it as a post-delete hook when `uninstall.revert` is set. An operator that
-is still stopping could inject a CronJob again meanwhile, so CronJobs are looked at again
-until a whole pass finds none injected (or `settle` seconds have passed: then the exit
-code says so, naming them). A CronJob keeps its `cronlock.io/*` annotations: installing
-cronlock again guards it again.
+The chart runs it as a post-delete hook when `uninstall.revert` is set, and as a
+post-upgrade hook for the namespaces an upgrade stopped watching (`upgrade.revertDropped`;
+`keep` then names the namespaces still watched, when the old watch was every namespace).
+An operator that is still stopping could inject a CronJob again meanwhile, so CronJobs are
+looked at again until a whole pass finds none injected (or `settle` seconds have passed:
+then the exit code says so, naming them). A CronJob keeps its `cronlock.io/*` annotations:
+installing cronlock again guards it again.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ def uninstall(
     api: kubernetes.client.ApiClient,
     namespaces: Sequence[str],
     *,
+    keep: Sequence[str] = (),
+    revert_only: bool = False,
     settle: float = 30.0,
     sleep: Callable[[float], None] = time.sleep,
 ) -> int:
@@ -42,14 +46,17 @@ def uninstall(
     started = time.monotonic()
     left: list[str] = []
     while True:
-        reverted, left = _revert_pass(kube, namespaces)
+        reverted, left = _revert_pass(kube, namespaces, frozenset(keep))
         if not reverted and not left:
             break
         if time.monotonic() - started > settle:
             break
         sleep(PASS_PAUSE)
-    deleted = _delete_ours(kube, namespaces)
-    logger.info("uninstall: %d objects cronlock made deleted", deleted)
+    if revert_only:
+        logger.info("uninstall: Leases and holder Roles left to the runs still in progress")
+    else:
+        deleted = _delete_ours(kube, namespaces, frozenset(keep))
+        logger.info("uninstall: %d objects cronlock made deleted", deleted)
     if left:
         logger.error(
             "uninstall: still injected after %.0fs (is an operator still running?): %s",
@@ -61,14 +68,16 @@ def uninstall(
     return 0
 
 
-def _revert_pass(kube: Kube, namespaces: Sequence[str]) -> tuple[int, list[str]]:
+def _revert_pass(
+    kube: Kube, namespaces: Sequence[str], keep: frozenset[str]
+) -> tuple[int, list[str]]:
     """Revert what is injected now: (how many were reverted, which could not be)."""
     cronjobs = ObjectCache()
     kube.list_cronjobs(namespaces, cronjobs)
     reverted, failed = 0, []
     for namespace, name in sorted(cronjobs.keys()):
         body = cronjobs.get((namespace, name))
-        if body is None or not is_injected(body):
+        if namespace in keep or body is None or not is_injected(body):
             continue
         patch = injection_patch(body, revert(body))
         try:
@@ -82,7 +91,7 @@ def _revert_pass(kube: Kube, namespaces: Sequence[str]) -> tuple[int, list[str]]
     return reverted, failed
 
 
-def _delete_ours(kube: Kube, namespaces: Sequence[str]) -> int:
+def _delete_ours(kube: Kube, namespaces: Sequence[str], keep: frozenset[str]) -> int:
     """Delete the Leases, holder Roles and RoleBindings labelled as cronlock's."""
     deleted = 0
     scopes: Sequence[str | None] = list(namespaces) or [None]
@@ -103,7 +112,7 @@ def _delete_ours(kube: Kube, namespaces: Sequence[str]) -> int:
             )
             for item in page.get("items") or []:
                 metadata = item["metadata"]
-                if not made_by_cronlock(item):
+                if metadata["namespace"] in keep or not made_by_cronlock(item):
                     continue
                 if kind != "lease" and not metadata["name"].startswith(contract.HOLDER_ROLE):
                     continue  # a Role or RoleBinding of the chart, not a holder's

@@ -1,0 +1,113 @@
+{{/*
+A hook that runs `cronlock-operator --uninstall` with an account of its own: every injected
+CronJob in its scope back as written, and the Leases, holder Roles and RoleBindings
+cronlock made there deleted. The account goes with the hook once it succeeded; on failure
+it stays, for its log. Parameters (a dict): root (the chart's .), name, hook (the helm.sh
+annotations), scopes (the namespaces to bind in; "" = cluster-wide), namespaces
+(CRONLOCK_NAMESPACES; "" = every one), keep (CRONLOCK_KEEP_NAMESPACES: left alone) and
+revertOnly (only the CronJobs: the Leases and holder Roles stay, for runs in progress).
+*/}}
+{{- define "cronlock.revertHook" -}}
+{{- $p := . -}}
+{{- $root := .root -}}
+apiVersion: v1
+kind: ServiceAccount
+metadata:
+  name: {{ $p.name }}
+  namespace: {{ $root.Release.Namespace }}
+  labels:
+    {{- include "cronlock.labels" $root | nindent 4 }}
+  annotations:
+    {{- toYaml (merge (dict "helm.sh/hook-weight" "-10") $p.hook) | nindent 4 }}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata:
+  name: {{ $p.name }}
+  labels:
+    {{- include "cronlock.labels" $root | nindent 4 }}
+  annotations:
+    {{- toYaml (merge (dict "helm.sh/hook-weight" "-10") $p.hook) | nindent 4 }}
+rules:
+  - apiGroups: ["batch"]
+    resources: ["cronjobs"]
+    verbs: ["list", "patch"]
+  {{- if not $p.revertOnly }}
+  - apiGroups: ["coordination.k8s.io"]
+    resources: ["leases"]
+    verbs: ["list", "delete"]
+  - apiGroups: ["rbac.authorization.k8s.io"]
+    resources: ["roles", "rolebindings"]
+    verbs: ["list", "delete"]
+  {{- end }}
+{{- range $p.scopes }}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: {{ if . }}RoleBinding{{ else }}ClusterRoleBinding{{ end }}
+metadata:
+  name: {{ $p.name }}
+  {{- if . }}
+  namespace: {{ . }}
+  {{- end }}
+  labels:
+    {{- include "cronlock.labels" $root | nindent 4 }}
+  annotations:
+    {{- toYaml (merge (dict "helm.sh/hook-weight" "-10") $p.hook) | nindent 4 }}
+roleRef:
+  apiGroup: rbac.authorization.k8s.io
+  kind: ClusterRole
+  name: {{ $p.name }}
+subjects:
+  - kind: ServiceAccount
+    name: {{ $p.name }}
+    namespace: {{ $root.Release.Namespace }}
+{{- end }}
+---
+apiVersion: batch/v1
+kind: Job
+metadata:
+  name: {{ $p.name }}
+  namespace: {{ $root.Release.Namespace }}
+  labels:
+    {{- include "cronlock.labels" $root | nindent 4 }}
+  annotations:
+    {{- toYaml (merge (dict "helm.sh/hook-weight" "0") $p.hook) | nindent 4 }}
+spec:
+  backoffLimit: 2
+  template:
+    metadata:
+      labels:
+        {{- include "cronlock.selectorLabels" $root | nindent 8 }}
+    spec:
+      serviceAccountName: {{ $p.name }}
+      restartPolicy: Never
+      securityContext:
+        {{- toYaml $root.Values.podSecurityContext | nindent 8 }}
+      {{- with $root.Values.imagePullSecrets }}
+      imagePullSecrets:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+      containers:
+        - name: revert
+          image: {{ include "cronlock.image" $root | quote }}
+          imagePullPolicy: {{ $root.Values.image.pullPolicy }}
+          args: {{ if $p.revertOnly }}["--uninstall", "--revert-only"]{{ else }}["--uninstall"]{{ end }}
+          env:
+            - name: CRONLOCK_NAMESPACES
+              value: {{ $p.namespaces | quote }}
+            {{- if $p.keep }}
+            - name: CRONLOCK_KEEP_NAMESPACES
+              value: {{ $p.keep | quote }}
+            {{- end }}
+            - name: CRONLOCK_LOG_FORMAT
+              value: {{ $root.Values.logFormat | quote }}
+          securityContext:
+            {{- toYaml $root.Values.securityContext | nindent 12 }}
+          volumeMounts:
+            - name: tmp
+              mountPath: /tmp
+      volumes:
+        - name: tmp
+          emptyDir:
+            sizeLimit: 16Mi
+{{- end }}
