@@ -33,7 +33,7 @@ PASS_PAUSE = 2.0
 
 
 def uninstall(
-    api: kubernetes.client.ApiClient,
+    api: kubernetes.client.ApiClient | Kube,
     namespaces: Sequence[str],
     *,
     keep: Sequence[str] = (),
@@ -41,8 +41,11 @@ def uninstall(
     settle: float = 30.0,
     sleep: Callable[[float], None] = time.sleep,
 ) -> int:
-    """0 when every CronJob is reverted and everything cronlock made is deleted, else 1."""
-    kube = Kube(api)
+    """0 when every CronJob is reverted and everything cronlock made is deleted, else 1.
+
+    `api` is the client to use, or a `Kube` over one (tests pass their own).
+    """
+    kube = api if isinstance(api, Kube) else Kube(api)
     started = time.monotonic()
     left: list[str] = []
     while True:

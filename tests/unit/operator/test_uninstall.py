@@ -1,0 +1,62 @@
+"""`cronlock-operator --uninstall` as the upgrade hook runs it: only the CronJobs, only
+where it was told (the API side is tests/integration/test_uninstall.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jsonpatch  # type: ignore[import-untyped]  # a dependency of the kubernetes client
+
+from cronlock_operator.cache import ObjectCache
+from cronlock_operator.config import parse_config
+from cronlock_operator.injection import build_injection, is_injected
+from cronlock_operator.kube import Kube
+from cronlock_operator.uninstall import uninstall
+from tests.support.cronjobs import SETTINGS, make_cronjob
+
+
+class FakeKube(Kube):
+    """CronJobs in a dict; anything else it is asked for fails the test."""
+
+    def __init__(self, cronjobs: list[dict[str, Any]]) -> None:
+        self.stored = {(c["metadata"]["namespace"], c["metadata"]["name"]): c for c in cronjobs}
+        self.patched: list[tuple[str, str]] = []
+
+    def list_cronjobs(self, namespaces: Any, into: ObjectCache) -> None:
+        for (namespace, _), body in self.stored.items():
+            if not namespaces or namespace in namespaces:
+                into.put(body)
+
+    def patch_cronjob(self, namespace: str, name: str, patch: list[dict[str, Any]]) -> Any:
+        self.patched.append((namespace, name))
+        key = (namespace, name)
+        self.stored[key] = jsonpatch.apply_patch(self.stored[key], patch)
+        return self.stored[key]
+
+    def __getattr__(self, name: str) -> Any:
+        raise AssertionError(f"uninstall used {name}")
+
+
+def injected_in(namespace: str) -> dict[str, Any]:
+    cronjob = make_cronjob(namespace=namespace)
+    cronjob["metadata"]["resourceVersion"] = "1"
+    return build_injection(cronjob, parse_config(cronjob, SETTINGS), SETTINGS)
+
+
+def test_revert_only_reverts_the_cronjobs_outside_the_kept_namespaces_and_deletes_nothing() -> None:
+    kube = FakeKube([injected_in("kept"), injected_in("dropped-a"), injected_in("dropped-b")])
+
+    code = uninstall(kube, [], keep=["kept"], revert_only=True, sleep=lambda _s: None)
+
+    assert code == 0
+    assert sorted(kube.patched) == [("dropped-a", "report"), ("dropped-b", "report")]
+    assert is_injected(kube.stored[("kept", "report")])
+    assert not is_injected(kube.stored[("dropped-a", "report")])
+    # A second pass found nothing more to do; no Lease or Role was asked for (__getattr__).
+
+
+def test_named_namespaces_only() -> None:
+    kube = FakeKube([injected_in("kept"), injected_in("dropped-a")])
+
+    assert uninstall(kube, ["dropped-a"], revert_only=True, sleep=lambda _s: None) == 0
+    assert kube.patched == [("dropped-a", "report")]
