@@ -51,18 +51,7 @@ def hook_account(
     assert {env["name"]: env["value"] for env in container["env"]}["CRONLOCK_NAMESPACES"] == (
         namespace
     )
-    account = ""
-    for doc in hooks:
-        if doc["kind"] == "Job":
-            continue
-        if doc["kind"] == "ServiceAccount":
-            account = doc["metadata"]["name"]
-        try:
-            kubernetes.utils.create_from_dict(api, doc, namespace=OPERATOR_NAMESPACE)
-        except kubernetes.utils.FailToCreateError as error:
-            if not all(e.status == 409 for e in error.api_exceptions):
-                raise
-    return make_service_account_kubeconfig(controlplane, api, OPERATOR_NAMESPACE, account, tmp_path)
+    return create_hooks(api, controlplane, hooks, tmp_path)
 
 
 def run_uninstall(controlplane: ControlPlane, kubeconfig: Path, namespace: str) -> Any:
@@ -241,10 +230,7 @@ def test_an_upgrade_that_narrows_the_watch_reverts_the_cronjobs_it_stopped_watch
 
         # The hook's command, with the hook's account: the dropped namespace's CronJob as
         # written, its Lease left for a run in progress; the kept one untouched.
-        account = create_hooks(api, hooks)
-        kubeconfig = make_service_account_kubeconfig(
-            controlplane, api, OPERATOR_NAMESPACE, account, tmp_path
-        )
+        kubeconfig = create_hooks(api, controlplane, hooks, tmp_path)
         result = subprocess.run(
             [str(Path(sys.executable).parent / "cronlock-operator"), *container["args"]],
             env={**controlplane.env, "KUBECONFIG": str(kubeconfig), **env},
@@ -295,13 +281,20 @@ def test_narrowing_a_watch_of_every_namespace_reverts_all_but_those_kept(
     )
 
 
-def create_hooks(api: kubernetes.client.ApiClient, hooks: list[Any]) -> str:
-    """Create the hook's account and RBAC as helm would; its ServiceAccount's name."""
+def create_hooks(
+    api: kubernetes.client.ApiClient, controlplane: ControlPlane, hooks: list[Any], tmp_path: Path
+) -> Path:
+    """Create a hook's account and RBAC as helm would (the Job is run by the test itself);
+    a kubeconfig with that account's token."""
     account = ""
     for doc in hooks:
         if doc["kind"] == "Job":
             continue
         if doc["kind"] == "ServiceAccount":
             account = doc["metadata"]["name"]
-        kubernetes.utils.create_from_dict(api, doc, namespace=OPERATOR_NAMESPACE)
-    return account
+        try:
+            kubernetes.utils.create_from_dict(api, doc, namespace=OPERATOR_NAMESPACE)
+        except kubernetes.utils.FailToCreateError as error:
+            if not all(e.status == 409 for e in error.api_exceptions):
+                raise
+    return make_service_account_kubeconfig(controlplane, api, OPERATOR_NAMESPACE, account, tmp_path)

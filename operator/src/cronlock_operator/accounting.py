@@ -26,7 +26,7 @@ class RunAccounting:
     accounted: set[str]
     notes: dict[Name, contention.Notes]
     told: dict[Name, contention.Notes]
-    contended: dict[Name, tuple[str, str]]
+    contended: dict[Name, str]
 
     def account_runs(self, namespace: str, cronjob_name: str) -> None:
         """Count the finished runs of one CronJob, oldest first, each exactly once."""
@@ -81,7 +81,7 @@ class RunAccounting:
         actions = contention.decide(
             namespace,
             name,
-            self.told.get(key),
+            self.told.get(key, contention.Notes()),
             now,
             lambda job: self._job_named(namespace, job),
             lambda cronjob: self.cronjobs.get((namespace, cronjob)),
@@ -90,7 +90,7 @@ class RunAccounting:
         self.told[key] = now
 
     def _job_named(self, namespace: str, name: str) -> dict[str, Any] | None:
-        """A cached Job by name; one whose pods carry it cut at 57 characters by prefix."""
+        """A cached Job by name; one whose pods carry it cut (contention.CUT_JOB_NAME) by prefix."""
         job = self.jobs.get((namespace, name))
         if job is not None or len(name) != contention.CUT_JOB_NAME:
             return job

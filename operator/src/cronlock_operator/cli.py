@@ -10,10 +10,10 @@ import sys
 from collections.abc import Sequence
 
 import kopf
-import kubernetes
 
 from cronlock_operator import leader
 from cronlock_operator.config import OperatorSettings
+from cronlock_operator.kube import api_client
 from cronlock_sidecar import contract, logs
 from cronlock_sidecar.durations import DurationError, parse_duration
 
@@ -24,6 +24,19 @@ PROGRAM = "cronlock-operator"
 
 def _env(name: str, default: str | None = None) -> str | None:
     return os.environ.get(contract.ENV_PREFIX + name, default)
+
+
+def _env_names(name: str) -> list[str]:
+    """A comma-separated list of names from CRONLOCK_<name>, blanks dropped."""
+    return [part.strip() for part in (_env(name) or "").split(",") if part.strip()]
+
+
+def _lease_ref(text: str) -> tuple[str, str]:
+    """NAMESPACE/NAME of the leader election Lease; ValueError names the flag."""
+    namespace, _, name = str(text).partition("/")
+    if not namespace or not name or "/" in name:
+        raise ValueError(f"--leader-election-lease: {text!r} is not NAMESPACE/NAME")
+    return namespace, name
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -98,8 +111,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--verbose", action="store_true", default=_env("VERBOSE") == "true")
     args = parser.parse_args(argv)
     if args.namespace is None and not args.all_namespaces:
-        env_namespaces = [name for name in (_env("NAMESPACES") or "").split(",") if name.strip()]
-        args.namespace = [name.strip() for name in env_namespaces] or None
+        args.namespace = _env_names("NAMESPACES") or None
     return args
 
 
@@ -111,11 +123,7 @@ def settings_from(args: argparse.Namespace) -> OperatorSettings:
         raise ValueError(f"--default-ttl/--default-renew: {error}") from error
     if ttl != int(ttl):
         raise ValueError(f"--default-ttl: {args.default_ttl!r} must be whole seconds")
-    space, _, name = str(args.leader_election_lease).partition("/")
-    if not space or not name or "/" in name:
-        raise ValueError(
-            f"--leader-election-lease: {args.leader_election_lease!r} is not NAMESPACE/NAME"
-        )
+    _lease_ref(args.leader_election_lease)
     try:
         ipaddress.ip_address(args.metrics_bind_address)
     except ValueError:
@@ -151,11 +159,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.uninstall:
         from cronlock_operator.uninstall import uninstall
 
-        keep = args.keep_namespace or [
-            name.strip() for name in (_env("KEEP_NAMESPACES") or "").split(",") if name.strip()
-        ]
+        keep = args.keep_namespace or _env_names("KEEP_NAMESPACES")
         return uninstall(
-            _api_client(), args.namespace or [], keep=keep, revert_only=args.revert_only
+            api_client(), args.namespace or [], keep=keep, revert_only=args.revert_only
         )
     import cronlock_operator.handlers  # noqa: F401 - registers the handlers with kopf
 
@@ -180,8 +186,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _lead(args: argparse.Namespace) -> leader.Elector:
     """Wait for the lead (answering the liveness probe meanwhile), then keep it; a replica
     that loses it exits at once, before another may take over (cronlock_operator.leader)."""
-    namespace, _, name = str(args.leader_election_lease).partition("/")
-    elector = leader.Elector(_api_client(), namespace, name, leader.identity())
+    namespace, name = _lease_ref(args.leader_election_lease)
+    elector = leader.Elector(api_client(), namespace, name, leader.identity())
     with leader.healthy_while_waiting(args.liveness):
         elector.acquire()
 
@@ -192,13 +198,3 @@ def _lead(args: argparse.Namespace) -> leader.Elector:
 
     elector.keep(lost)
     return elector
-
-
-def _api_client() -> kubernetes.client.ApiClient:
-    """In a pod its ServiceAccount, else the kubeconfig (as kopf logs in)."""
-    configuration = kubernetes.client.Configuration()
-    try:
-        kubernetes.config.load_incluster_config(client_configuration=configuration)
-    except kubernetes.config.ConfigException:
-        kubernetes.config.load_kube_config(client_configuration=configuration)
-    return kubernetes.client.ApiClient(configuration)

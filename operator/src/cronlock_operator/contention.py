@@ -46,14 +46,15 @@ class Notes:
             replaced_job=record.replaced_jobs[0] if record.replaced_jobs else "",
         )
 
-    def contended(self) -> dict[str, tuple[str, str]]:
-        """Job name -> (what happened to its run, the other run): known before any mark."""
-        found: dict[str, tuple[str, str]] = {}
+    def contended(self) -> dict[str, str]:
+        """Job name -> what happened to its run ("overlapped", "replaced"), known before
+        any mark on the Job."""
+        found: dict[str, str] = {}
         overlapping = job_of(self.overlap)
         if overlapping:
-            found[overlapping] = ("overlapped", self.overlapped_holder)
+            found[overlapping] = "overlapped"
         if self.replaced_job and self.replaced_by:
-            found[self.replaced_job] = ("replaced", self.replaced_by)
+            found[self.replaced_job] = "replaced"
         return found
 
 
@@ -71,15 +72,16 @@ def job_of(identity: str) -> str:
 def decide(
     namespace: str,
     lease: str,
-    seen: Notes | None,
+    seen: Notes,
     now: Notes,
     jobs: Lookup,
     cronjobs: Lookup,
 ) -> list[Action]:
-    """What telling the notes that changed since `seen` writes (nothing for a replay)."""
+    """What telling the notes that changed since `seen` writes (nothing for a replay;
+    `Notes()` when none were told yet)."""
     actions: list[Action] = []
     where = f"lease {namespace}/{lease}"
-    if now.overlap and (seen is None or seen.overlap != now.overlap):
+    if now.overlap and now.overlap != seen.overlap:
         job, cronjob = _unmarked_run(
             job_of(now.overlap), contract.JOB_ANNOTATION_OVERLAPPED, jobs, cronjobs
         )
@@ -96,14 +98,8 @@ def decide(
                 ),
                 CountContention("overlap"),
             ]
-    if (
-        now.replaced_job
-        and now.replaced_by
-        and (
-            seen is None
-            or (seen.replaced_by, seen.replaced_job) != (now.replaced_by, now.replaced_job)
-        )
-    ):
+    replaced = (now.replaced_by, now.replaced_job)
+    if all(replaced) and replaced != (seen.replaced_by, seen.replaced_job):
         job, cronjob = _unmarked_run(
             now.replaced_job, contract.JOB_ANNOTATION_REPLACED_BY, jobs, cronjobs
         )

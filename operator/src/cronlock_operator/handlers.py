@@ -15,12 +15,11 @@ from collections.abc import Iterable
 from typing import Any, cast
 
 import kopf
-import kubernetes
 
 from cronlock_operator import metrics
 from cronlock_operator.config import OperatorSettings
 from cronlock_operator.events import EventPoster
-from cronlock_operator.kube import Kube
+from cronlock_operator.kube import Kube, api_client
 from cronlock_operator.reconciler import WORKERS, Reconciler
 from cronlock_sidecar import contract
 
@@ -58,15 +57,9 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
     settings.watching.client_timeout = 330
     settings.networking.request_timeout = 30
     operator_settings: OperatorSettings = memo.settings
-    configuration = kubernetes.client.Configuration()
-    try:
-        kubernetes.config.load_incluster_config(client_configuration=configuration)
-    except kubernetes.config.ConfigException:
-        kubernetes.config.load_kube_config(client_configuration=configuration)
     # Enough pooled connections for every worker thread: a smaller pool discards
     # connections under load and each new one costs a TLS handshake.
-    configuration.connection_pool_maxsize = WORKERS + 2
-    api = kubernetes.client.ApiClient(configuration)
+    api = api_client(pool_size=WORKERS + 2)
     # The blocking API calls of every worker, plus the start-up list and the Event poster.
     asyncio.get_running_loop().set_default_executor(
         concurrent.futures.ThreadPoolExecutor(WORKERS + 2, thread_name_prefix="cronlock")

@@ -36,6 +36,19 @@ JSON_PATCH = "application/json-patch+json"
 MERGE_PATCH = "application/merge-patch+json"
 
 
+def api_client(pool_size: int | None = None) -> kubernetes.client.ApiClient:
+    """In a pod its ServiceAccount, else the kubeconfig (as kopf logs in); `pool_size`
+    pooled connections when given (the client's default is fewer than our threads)."""
+    configuration = kubernetes.client.Configuration()
+    try:
+        kubernetes.config.load_incluster_config(client_configuration=configuration)
+    except kubernetes.config.ConfigException:
+        kubernetes.config.load_kube_config(client_configuration=configuration)
+    if pool_size is not None:
+        configuration.connection_pool_maxsize = pool_size
+    return kubernetes.client.ApiClient(configuration)
+
+
 class Kube(HolderRbacWrites):
     """Typed clients over one ApiClient; every method is safe to call again."""
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import platform
+import typing
 from importlib import metadata
 
 from prometheus_client import (
@@ -14,6 +15,8 @@ from prometheus_client import (
     disable_created_metrics,
     start_http_server,
 )
+
+from cronlock_operator.keys import Key
 
 # `*_created` series double the counters' series and no alert reads them.
 disable_created_metrics()  # type: ignore[no-untyped-call]
@@ -109,7 +112,7 @@ def _remove(gauge: Gauge, *labels: str) -> None:
 # increase() see the first run, skip, takeover or error after a restart.
 RUN_RESULTS = ("acquired", "skipped", "lost", "released")
 TAKEOVER_REASONS = ("expired",)
-RECONCILE_KINDS = ("cronjob", "account", "lease", "contention")
+RECONCILE_KINDS = tuple(key.kind for key in typing.get_args(Key))
 for _result in RUN_RESULTS:
     runs.labels(_result)
 for _reason in TAKEOVER_REASONS:

@@ -76,7 +76,7 @@ class Reconciler(RunAccounting):
     told: dict[Name, contention.Notes] = field(default_factory=dict)
     # Per namespace and Job: what the notes say happened to its run, known before the
     # operator's mark on the Job is (a run may finish before it is told).
-    contended: dict[Name, tuple[str, str]] = field(default_factory=dict)
+    contended: dict[Name, str] = field(default_factory=dict)
     # How Events are posted (default: at once, in the worker); see events.EventPoster.
     post_event: PostEventCall | None = None
     queue: WorkQueue[Key] = field(init=False)

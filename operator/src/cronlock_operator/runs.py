@@ -49,13 +49,13 @@ def decide(
     settings: OperatorSettings,
     gone: Set[str] = frozenset(),
     *,
-    contended: Mapping[str, tuple[str, str]] | None = None,
+    contended: Mapping[str, str] | None = None,
 ) -> RunsDecision:
     """What counting `finished` (Jobs of this CronJob not yet counted) writes, oldest first.
 
     Jobs whose uid is in `gone` were deleted before they were counted: they are counted
-    from their last state, with nothing written to them. `contended` (Job name -> what
-    happened, the other run) is what the Leases' notes said before any mark on the Job.
+    from their last state, with nothing written to them. `contended` (Job name ->
+    "overlapped" or "replaced") is what the Leases' notes said before any mark on the Job.
     """
     metadata = cronjob["metadata"]
     namespace, name = str(metadata["namespace"]), str(metadata["name"])
@@ -68,10 +68,9 @@ def decide(
     counted = []
     for job in sorted(finished, key=lambda job: str(job["metadata"].get("creationTimestamp"))):
         job_name = str(job["metadata"]["name"])
-        outcome: str | None = skips.outcome(job)
-        what = skips.contended(job) or (contended or {}).get(job_name)
-        if what is not None:
-            outcome = what[0]
+        outcome: str | None = (
+            skips.contended(job) or (contended or {}).get(job_name) or skips.outcome(job)
+        )
         uid = str(job["metadata"].get("uid"))
         present = uid not in gone
         actions: list[Action] = []

@@ -34,13 +34,13 @@ def is_skip_failure(condition: Mapping[str, Any]) -> bool:
     )
 
 
-def contended(job: Mapping[str, Any]) -> tuple[str, str] | None:
-    """What the operator marked on the Job: its run overlapped, or was replaced (and by)."""
+def contended(job: Mapping[str, Any]) -> str | None:
+    """What the operator marked on the Job: its run "overlapped", or was "replaced"."""
     annotations = (job.get("metadata") or {}).get("annotations") or {}
     if contract.JOB_ANNOTATION_REPLACED_BY in annotations:
-        return "replaced", str(annotations[contract.JOB_ANNOTATION_REPLACED_BY])
+        return "replaced"
     if contract.JOB_ANNOTATION_OVERLAPPED in annotations:
-        return "overlapped", str(annotations[contract.JOB_ANNOTATION_OVERLAPPED])
+        return "overlapped"
     return None
 
 

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
-from cronlock_sidecar.contract import ANNOTATION_OVERLAP, EXIT_CONFIG, EXIT_OK
+from cronlock_sidecar.contract import EXIT_CONFIG, EXIT_OK
 from cronlock_sidecar.endpoints import SidecarState
 from cronlock_sidecar.heartbeat import Heartbeat
 from cronlock_sidecar.lease import (
@@ -19,7 +19,7 @@ from cronlock_sidecar.lease import (
     RenewResult,
 )
 from cronlock_sidecar.options import Options
-from cronlock_sidecar.policy import acquire, note
+from cronlock_sidecar.policy import acquire, record_overlap
 from cronlock_sidecar.processes import PROC, terminate_then_kill, visible_pids
 from cronlock_sidecar.rundir import read_decision, write_decision
 from cronlock_sidecar.transport import ApiError, LeaseTransport
@@ -112,7 +112,7 @@ class Holder:
             return None
         if not isinstance(result, Acquired):
             if self.options.observe and not result.why:
-                self._record_overlap(result.holder)
+                record_overlap(self.keeper, result.holder)
                 return self._write("overlap", None)
             log.info("%s", result.message())
             return self._write("skip", None)
@@ -120,18 +120,6 @@ class Holder:
             self._release()
             return self._write("unavailable", None)
         return self._write("run", result)
-
-    def _record_overlap(self, holder: str) -> None:
-        """Observe policy: one line, and a note on the Lease the operator counts."""
-        log.warning(
-            "overlap: lease %s held by %s (observe policy: running anyway)",
-            self.keeper.lease,
-            holder,
-        )
-        try:
-            note(self.keeper, ANNOTATION_OVERLAP)
-        except ApiError as error:
-            log.warning("cannot record the overlap on lease %s: %s", self.keeper.lease, error)
 
     def _write(self, decision: str, acquired: Acquired | None) -> Acquired | None:
         try:

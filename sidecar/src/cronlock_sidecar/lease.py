@@ -185,8 +185,9 @@ class LeaseKeeper:
                     holder or "nobody",
                 )
                 return None
-            if self._asked_to_yield(current):
-                self._yield(current)
+            asking = self._yield_request(current)
+            if asking:
+                self._yield(current, asking)
                 return None
             result = self._decide(current)
             if isinstance(result, Acquired):
@@ -318,8 +319,9 @@ class LeaseKeeper:
         holder = holder_of(current)
         if holder != self.identity:
             return self._mark_lost(f"now held by {holder or 'nobody'}", taken=True)
-        if self._asked_to_yield(current):
-            return self._yield(current)
+        asking = self._yield_request(current)
+        if asking:
+            return self._yield(current, asking)
         body = renewed(current, self.timing, self.clock.now())
         sent = self.clock.monotonic()
         try:
@@ -340,14 +342,14 @@ class LeaseKeeper:
         return RenewResult(RenewOutcome.RENEWED)
 
     # --- yield (replace policy) -------------------------------------------------------
-    def _asked_to_yield(self, current: Lease) -> bool:
+    def _yield_request(self, current: Lease) -> str:
+        """The replace run that asked us to yield, "" if none did."""
         asking = read_lease(current).yield_to
-        return bool(asking) and asking != self.identity
+        return asking if asking != self.identity else ""
 
-    def _yield(self, current: Lease) -> RenewResult:
+    def _yield(self, current: Lease, asking: str) -> RenewResult:
         """A replace run asked us to yield: lost as if taken (the run is stopped), but
         released by us once it has stopped, the release naming who replaced us."""
-        asking = read_lease(current).yield_to
         with self._state_lock:
             self._record = current
             self._replaced_by = asking

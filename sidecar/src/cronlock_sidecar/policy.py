@@ -14,7 +14,7 @@ import logging
 from collections.abc import Callable
 from datetime import datetime, timedelta
 
-from cronlock_sidecar.contract import ANNOTATION_YIELD_TO
+from cronlock_sidecar.contract import ANNOTATION_OVERLAP, ANNOTATION_YIELD_TO
 from cronlock_sidecar.lease import MAX_CONFLICTS, Acquired, Busy, LeaseKeeper
 from cronlock_sidecar.lockmodel import noted, read_lease
 from cronlock_sidecar.transport import ApiError, Conflict, Lease, NotFound, Unavailable
@@ -118,6 +118,18 @@ def _waiting_for(result: Busy, policy: str) -> str:
     if policy == "replace":
         return f"lease {result.lease} held by {result.holder}; waiting for it to yield"
     return f"lease {result.lease} held by {result.holder}"
+
+
+def record_overlap(keeper: LeaseKeeper, holder: str) -> None:
+    """Observe policy, the Lease held by another run: one line, and the overlap noted on
+    the Lease for the operator (best effort: the run goes ahead either way)."""
+    log.warning(
+        "overlap: lease %s held by %s (observe policy: running anyway)", keeper.lease, holder
+    )
+    try:
+        note(keeper, ANNOTATION_OVERLAP)
+    except ApiError as error:
+        log.warning("cannot record the overlap on lease %s: %s", keeper.lease, error)
 
 
 def note(keeper: LeaseKeeper, annotation: str) -> Lease | None:

@@ -13,7 +13,6 @@ from types import FrameType
 
 from cronlock_sidecar import watchdog
 from cronlock_sidecar.contract import (
-    ANNOTATION_OVERLAP,
     ENV_FENCING_TOKEN,
     EXIT_SKIPPED,
     EXIT_SOFTWARE_LOST,
@@ -22,7 +21,7 @@ from cronlock_sidecar.contract import (
 from cronlock_sidecar.heartbeat import Heartbeat
 from cronlock_sidecar.lease import Acquired, Clock, LeaseKeeper, RenewOutcome, RenewResult
 from cronlock_sidecar.options import Options
-from cronlock_sidecar.policy import acquire, note
+from cronlock_sidecar.policy import acquire, record_overlap
 from cronlock_sidecar.processes import stop_group
 from cronlock_sidecar.stopping import StopPipe
 from cronlock_sidecar.transport import ApiError, LeaseTransport
@@ -106,17 +105,7 @@ class Runner:
             if self.signals:
                 return 128 + self.signals[0]
             if options.observe and not result.why:
-                log.warning(
-                    "overlap: lease %s held by %s (observe policy: running anyway)",
-                    self.keeper.lease,
-                    result.holder,
-                )
-                try:
-                    note(self.keeper, ANNOTATION_OVERLAP)
-                except ApiError as error:
-                    log.warning(
-                        "cannot record the overlap on lease %s: %s", self.keeper.lease, error
-                    )
+                record_overlap(self.keeper, result.holder)
                 return self._unguarded()
             log.info("%s", result.message())
             return EXIT_SKIPPED
@@ -132,8 +121,7 @@ class Runner:
         process = self._spawn(dict(os.environ))
         if isinstance(process, int):
             return process
-        code = process.wait()
-        return 128 - code if code < 0 else code
+        return _status(process.wait())
 
     def _spawn(self, environment: dict[str, str]) -> subprocess.Popen[bytes] | int:
         """CMD in its own session (so it can be stopped as a group), or the exit code."""
@@ -200,15 +188,13 @@ class Runner:
         while True:
             self._wake.clear()
             code = self._exit_code
+            lost = keeper.check_deadline() or keeper.lost
             if code is not None:
-                if (keeper.check_deadline() or keeper.lost) and not self.options.observe:
-                    return EXIT_SOFTWARE_LOST
-                return 128 - code if code < 0 else code
-            if (keeper.check_deadline() or keeper.lost) and self.options.observe:
+                return EXIT_SOFTWARE_LOST if lost and not self.options.observe else _status(code)
+            if lost and self.options.observe:
                 log.error("lease %s lost (observe policy: CMD goes on)", keeper.lease)
-                code = process.wait()
-                return 128 - code if code < 0 else code
-            if keeper.check_deadline() or keeper.lost:
+                return _status(process.wait())
+            if lost:
                 log.error(
                     "lease %s lost: stopping CMD (SIGTERM, SIGKILL after %.1fs)",
                     keeper.lease,
@@ -219,6 +205,11 @@ class Runner:
                 return EXIT_SOFTWARE_LOST
             # A renew moves the deadline later: waking at the old one only re-checks.
             self._wake.wait(max(0.0, keeper.valid_until() - keeper.clock.monotonic()))
+
+
+def _status(code: int) -> int:
+    """CMD's exit status as a shell reports it: 128 + N when signal N ended it."""
+    return 128 - code if code < 0 else code
 
 
 class _Unwatched:
