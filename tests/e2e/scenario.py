@@ -23,7 +23,7 @@ from tests.e2e.node import (
 from tests.kube import wait_for
 from tests.operator_process import OperatorProcess
 from tests.support.contract import GATE_CONTAINER, SIDECAR_CONTAINER
-from tests.support.cronjobs import job_from_cronjob
+from tests.support.cronjobs import job_from_cronjob, make_cronjob
 
 GATE = GATE_CONTAINER
 SIDECAR = SIDECAR_CONTAINER
@@ -68,33 +68,23 @@ class Scenario:
         """Create an annotated CronJob running `sh -c script`; return it once injected."""
         annotations = {"cronlock.io/enabled": "true", "cronlock.io/ttl": "19s"}
         annotations.update({f"cronlock.io/{k.replace('_', '-')}": v for k, v in settings.items()})
-        body = {
-            "apiVersion": "batch/v1",
-            "kind": "CronJob",
-            "metadata": {"name": name, "annotations": annotations},
-            "spec": {
-                "schedule": schedule,
-                "jobTemplate": {
-                    "spec": {
-                        "backoffLimit": backoff_limit,
-                        "template": {
-                            "spec": {
-                                "restartPolicy": "Never",
-                                "securityContext": {"runAsNonRoot": True, "runAsUser": 65532},
-                                "containers": [
-                                    {
-                                        "name": MAIN,
-                                        "image": BUSYBOX_IMAGE,
-                                        "imagePullPolicy": "Never",
-                                        "command": ["sh", "-c", self.work(script)],
-                                    }
-                                ],
-                            }
-                        },
-                    }
-                },
-            },
-        }
+        body = make_cronjob(
+            name=name,
+            namespace=None,
+            schedule=schedule,
+            annotations=annotations,
+            restart_policy="Never",
+            job={"backoffLimit": backoff_limit},
+            securityContext={"runAsNonRoot": True, "runAsUser": 65532},
+            containers=[
+                {
+                    "name": MAIN,
+                    "image": BUSYBOX_IMAGE,
+                    "imagePullPolicy": "Never",
+                    "command": ["sh", "-c", self.work(script)],
+                }
+            ],
+        )
         self.batch.create_namespaced_cron_job(self.namespace, body)
         return wait_for(
             lambda: cronjob if _injected(cronjob := self.read_cronjob(name)) else None,

@@ -9,6 +9,7 @@ import pytest
 
 from tests.kube import wait_for
 from tests.support.controlplane import ControlPlane, ServiceAccountKubeconfig
+from tests.support.cronjobs import make_cronjob
 
 
 def test_kubectl_shows_the_holder_of_a_lease_written_by_the_python_client(
@@ -70,24 +71,14 @@ def test_the_cronjob_controller_starts_a_job_on_schedule(
 ) -> None:
     kubernetes.client.BatchV1Api(api).create_namespaced_cron_job(
         namespace,
-        {
-            "metadata": {"name": "every-minute"},
-            "spec": {
-                "schedule": "* * * * *",
-                "jobTemplate": {
-                    "spec": {
-                        "template": {
-                            "spec": {
-                                "restartPolicy": "Never",
-                                "containers": [
-                                    {"name": "main", "image": "busybox", "command": ["true"]}
-                                ],
-                            }
-                        }
-                    }
-                },
-            },
-        },
+        make_cronjob(
+            name="every-minute",
+            namespace=None,
+            schedule="* * * * *",
+            annotations={},
+            restart_policy="Never",
+            containers=[{"name": "main", "image": "busybox", "command": ["true"]}],
+        ),
     )
     batch = kubernetes.client.BatchV1Api(api)
 

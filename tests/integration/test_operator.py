@@ -14,39 +14,43 @@ from tests.kube import finish_pod, wait_for
 from tests.operator_process import OperatorProcess, wait_settled
 from tests.support.contract import EXIT_SKIPPED, GATE_CONTAINER
 from tests.support.controlplane import ControlPlane, ServiceAccountKubeconfig
-from tests.support.cronjobs import job_from_cronjob
+from tests.support.cronjobs import job_from_cronjob, make_cronjob
 from tests.support.objects import annotate, batch, comparable, events, read, wait_event
 
 GATE = GATE_CONTAINER
 
 
-def cronjob(name: str, **pod_spec: Any) -> dict[str, Any]:
-    spec: dict[str, Any] = {
-        "restartPolicy": "Never",
-        "containers": [{"name": "main", "image": "busybox:1.37", "command": ["sleep", "5"]}],
-    }
-    spec.update(pod_spec)
-    return {
-        "apiVersion": "batch/v1",
-        "kind": "CronJob",
-        "metadata": {"name": name},
-        "spec": {
-            "schedule": "0 0 1 1 *",
-            "jobTemplate": {"spec": {"backoffLimit": 2, "template": {"spec": spec}}},
-        },
-    }
+def cronjob(name: str, **options: Any) -> dict[str, Any]:
+    """A CronJob that never runs, not yet opted in, with a two-retry Job."""
+    options.setdefault("restart_policy", "Never")
+    options.setdefault(
+        "containers", [{"name": "main", "image": "busybox:1.37", "command": ["sleep", "5"]}]
+    )
+    return make_cronjob(
+        name=name,
+        namespace=None,
+        schedule="0 0 1 1 *",
+        annotations={},
+        job={"backoffLimit": 2, **options.pop("job", {})},
+        **options,
+    )
 
 
 VARIANTS: dict[str, dict[str, Any]] = {
-    "on-failure": cronjob("on-failure", restartPolicy="OnFailure"),
-    "init-and-failure-policy": {
-        **cronjob(
-            "init-and-failure-policy",
-            initContainers=[{"name": "prepare", "image": "busybox:1.37", "command": ["true"]}],
-        ),
-    },
+    "on-failure": cronjob("on-failure", restart_policy="OnFailure"),
+    "init-and-failure-policy": cronjob(
+        "init-and-failure-policy",
+        initContainers=[{"name": "prepare", "image": "busybox:1.37", "command": ["true"]}],
+        job={
+            "podFailurePolicy": {
+                "rules": [{"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]}]
+            }
+        },
+    ),
     "several-containers": cronjob(
         "several-containers",
+        labels={"team": "billing"},
+        job_labels={"tier": "batch"},
         containers=[
             {"name": "a", "image": "busybox:1.37", "command": ["true"]},
             {
@@ -71,11 +75,6 @@ VARIANTS: dict[str, dict[str, Any]] = {
         ],
     ),
 }
-VARIANTS["init-and-failure-policy"]["spec"]["jobTemplate"]["spec"]["podFailurePolicy"] = {
-    "rules": [{"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]}]
-}
-VARIANTS["several-containers"]["metadata"]["labels"] = {"team": "billing"}
-VARIANTS["several-containers"]["spec"]["jobTemplate"]["metadata"] = {"labels": {"tier": "batch"}}
 
 
 def init_names(cronjob: dict[str, Any]) -> list[str]:

@@ -32,7 +32,7 @@ from cronlock_operator.workqueue import Retry
 from tests.kube import wait_for
 from tests.operator_process import OperatorProcess
 from tests.support.contract import GATE_CONTAINER
-from tests.support.cronjobs import SETTINGS, job_from_cronjob
+from tests.support.cronjobs import SETTINGS, job_from_cronjob, make_cronjob
 from tests.unit.operator.test_properties import cronjobs, lock_annotations
 
 pytestmark = pytest.mark.controlplane
@@ -208,25 +208,15 @@ def test_a_lease_deleted_behind_the_operators_cache_is_retried_not_dropped(
     CronJob is gone": the new CronJob was never reconciled again. A 404 there must be
     retried (the next attempt creates the Lease).
     """
-    user = {
-        "apiVersion": "batch/v1",
-        "kind": "CronJob",
-        "metadata": {"name": "behind-the-cache"},
-        "spec": {
-            "schedule": "0 0 1 1 *",
-            "suspend": True,
-            "jobTemplate": {
-                "spec": {
-                    "template": {
-                        "spec": {
-                            "restartPolicy": "Never",
-                            "containers": [{"name": "main", "image": "busybox:1.37"}],
-                        }
-                    }
-                }
-            },
-        },
-    }
+    user = make_cronjob(
+        name="behind-the-cache",
+        namespace=None,
+        schedule="0 0 1 1 *",
+        annotations={},
+        restart_policy="Never",
+        containers=[{"name": "main", "image": "busybox:1.37"}],
+        cronjob_spec={"suspend": True},
+    )
     cronjob: dict[str, Any] = api.sanitize_for_serialization(
         batch(api).create_namespaced_cron_job(property_namespace, user)
     )

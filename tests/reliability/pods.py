@@ -95,7 +95,7 @@ from tests.reliability.checker import (
 )
 from tests.reliability.faults import ControlPlaneProcesses
 from tests.support.controlplane import ControlPlane, make_service_account_kubeconfig
-from tests.support.cronjobs import job_from_cronjob
+from tests.support.cronjobs import job_from_cronjob, make_cronjob
 
 ROOT = Path(__file__).resolve().parents[2]
 NEVER = "0 0 1 1 *"
@@ -809,66 +809,46 @@ class PodChecker:
 
     def _create_cronjob(self, name: str, directory: Path) -> None:
         settings = self.settings
-        body = {
-            "apiVersion": "batch/v1",
-            "kind": "CronJob",
-            "metadata": {
-                "name": name,
-                "annotations": {
-                    contract.ANNOTATION_ENABLED: "true",
-                    contract.ANNOTATION_TTL: f"{settings.ttl}s",
-                    contract.ANNOTATION_RENEW: f"{settings.renew}s",
-                    contract.ANNOTATION_POLICY: "wait",
-                    contract.ANNOTATION_WAIT_TIMEOUT: f"{settings.wait_timeout}s",
-                },
+        body = make_cronjob(
+            name=name,
+            namespace=None,
+            schedule=NEVER,
+            annotations={
+                contract.ANNOTATION_ENABLED: "true",
+                contract.ANNOTATION_TTL: f"{settings.ttl}s",
+                contract.ANNOTATION_RENEW: f"{settings.renew}s",
+                contract.ANNOTATION_POLICY: "wait",
+                contract.ANNOTATION_WAIT_TIMEOUT: f"{settings.wait_timeout}s",
             },
-            "spec": {
-                "schedule": NEVER,
-                "jobTemplate": {
-                    "spec": {
-                        "backoffLimit": 0,
-                        "template": {
-                            "spec": {
-                                "restartPolicy": "Never",
-                                "securityContext": {
-                                    "runAsNonRoot": True,
-                                    "runAsUser": POD_USER,
-                                    "runAsGroup": POD_USER,
-                                    "seccompProfile": {"type": "RuntimeDefault"},
-                                },
-                                "containers": [
-                                    {
-                                        "name": MAIN,
-                                        "image": CRONLOCK_IMAGE,
-                                        "imagePullPolicy": "Never",
-                                        "command": work_command(
-                                            self.tracker.port, settings.work[0]
-                                        ),
-                                        "volumeMounts": [
-                                            {"name": SHARED_VOLUME, "mountPath": SHARED}
-                                        ],
-                                        "securityContext": {
-                                            "allowPrivilegeEscalation": False,
-                                            "capabilities": {"drop": ["ALL"]},
-                                            "readOnlyRootFilesystem": True,
-                                        },
-                                    }
-                                ],
-                                "volumes": [
-                                    {
-                                        "name": SHARED_VOLUME,
-                                        "hostPath": {
-                                            "path": str(directory),
-                                            "type": "DirectoryOrCreate",
-                                        },
-                                    }
-                                ],
-                            }
-                        },
-                    }
-                },
+            restart_policy="Never",
+            job={"backoffLimit": 0},
+            securityContext={
+                "runAsNonRoot": True,
+                "runAsUser": POD_USER,
+                "runAsGroup": POD_USER,
+                "seccompProfile": {"type": "RuntimeDefault"},
             },
-        }
+            containers=[
+                {
+                    "name": MAIN,
+                    "image": CRONLOCK_IMAGE,
+                    "imagePullPolicy": "Never",
+                    "command": work_command(self.tracker.port, settings.work[0]),
+                    "volumeMounts": [{"name": SHARED_VOLUME, "mountPath": SHARED}],
+                    "securityContext": {
+                        "allowPrivilegeEscalation": False,
+                        "capabilities": {"drop": ["ALL"]},
+                        "readOnlyRootFilesystem": True,
+                    },
+                }
+            ],
+            volumes=[
+                {
+                    "name": SHARED_VOLUME,
+                    "hostPath": {"path": str(directory), "type": "DirectoryOrCreate"},
+                }
+            ],
+        )
         self.batch.create_namespaced_cron_job(self.namespace, body, _request_timeout=30)
         deadline = time.monotonic() + self.settings.settle_timeout
         while time.monotonic() < deadline:

@@ -22,40 +22,50 @@ def make_cronjob(
     namespace: str | None = "team-a",
     schedule: str = "*/5 * * * *",
     annotations: dict[str, str] | None = None,
+    labels: dict[str, str] | None = None,
     restart_policy: str = "OnFailure",
     containers: list[dict[str, Any]] | None = None,
+    job: dict[str, Any] | None = None,
+    job_labels: dict[str, str] | None = None,
+    cronjob_spec: dict[str, Any] | None = None,
     **pod_spec: Any,
 ) -> dict[str, Any]:
     """A CronJob as a user would write it (enabled unless annotations say otherwise).
 
     `namespace=None` leaves the namespace out, for a CronJob created through the API.
+    `job` adds fields to the Job's spec (`backoffLimit`, `podFailurePolicy`), `job_labels`
+    labels the Job template, `cronjob_spec` adds fields to the CronJob's own spec
+    (`suspend`, `concurrencyPolicy`), and any other keyword goes into the pod's spec.
     """
     if annotations is None:
         annotations = {"cronlock.io/enabled": "true"}
+    metadata: dict[str, Any] = {"name": name}
+    if namespace is not None:
+        metadata["namespace"] = namespace
+    metadata["annotations"] = annotations
+    if labels is not None:
+        metadata["labels"] = labels
+    job_template: dict[str, Any] = {
+        "spec": {
+            **(job or {}),
+            "template": {
+                "spec": {
+                    "restartPolicy": restart_policy,
+                    "containers": containers
+                    if containers is not None
+                    else [{"name": "main", "image": "busybox:1.36", "command": ["true"]}],
+                    **pod_spec,
+                }
+            },
+        }
+    }
+    if job_labels is not None:
+        job_template["metadata"] = {"labels": job_labels}
     return {
         "apiVersion": "batch/v1",
         "kind": "CronJob",
-        "metadata": {
-            "name": name,
-            **({"namespace": namespace} if namespace is not None else {}),
-            "annotations": annotations,
-        },
-        "spec": {
-            "schedule": schedule,
-            "jobTemplate": {
-                "spec": {
-                    "template": {
-                        "spec": {
-                            "restartPolicy": restart_policy,
-                            "containers": containers
-                            if containers is not None
-                            else [{"name": "main", "image": "busybox:1.36", "command": ["true"]}],
-                            **pod_spec,
-                        }
-                    }
-                }
-            },
-        },
+        "metadata": metadata,
+        "spec": {"schedule": schedule, **(cronjob_spec or {}), "jobTemplate": job_template},
     }
 
 

@@ -48,6 +48,10 @@ class ObjectCache:
     def keys(self) -> list[Key]:
         return list(self._objects)
 
+    def namespaces(self) -> list[str]:
+        """The namespaces of the cached objects, sorted."""
+        return sorted({namespace for namespace, _ in list(self._objects)})
+
     def __contains__(self, key: object) -> bool:
         return key in self._objects
 

@@ -25,6 +25,15 @@ from cronlock_sidecar import contract
 
 logger = logging.getLogger(__name__)
 EXPIRY_CHECK_SECONDS = 1.0
+# What the Job and Lease handlers take, as label selectors sent with the watches: the API
+# server then filters (every node's Lease renews every 10 s, and most Jobs are not ours),
+# and the handlers' own `labels=` filters below stay as the same rule, applied again.
+JOB_SELECTOR = contract.LABEL_LOCK
+LEASE_SELECTOR = f"{contract.LABEL_MANAGED_BY}={contract.MANAGED_BY}"
+SERVER_SIDE_SELECTORS = {
+    ("batch", "jobs"): JOB_SELECTOR,
+    ("coordination.k8s.io", "leases"): LEASE_SELECTOR,
+}
 
 
 class NoDiffBase(kopf.DiffBaseStorage):
@@ -44,6 +53,12 @@ class NoDiffBase(kopf.DiffBaseStorage):
         return None
 
 
+def select_server_side(settings: kopf.OperatorSettings) -> None:
+    """Send the Job and Lease handlers' label filters with their watches."""
+    for resource, selector in SERVER_SIDE_SELECTORS.items():
+        settings.watching.label_selectors[resource] = selector
+
+
 @kopf.on.startup()
 async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     settings.peering.standalone = True
@@ -56,6 +71,7 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
     settings.networking.request_timeout = 30
+    select_server_side(settings)
     operator_settings: OperatorSettings = memo.settings
     # Enough pooled connections for every worker thread: a smaller pool discards
     # connections under load and each new one costs a TLS handshake.
@@ -70,6 +86,7 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
     # The whole list first: the holder Roles are computed from every guarded CronJob in a
     # namespace, and a Role written from half a list would revoke live holders' access.
     await asyncio.to_thread(reconciler.kube.list_cronjobs, memo.namespaces, reconciler.cronjobs)
+    await asyncio.to_thread(reconciler.sync_all_rbac)
     reconciler.queue.start()
     memo.reconciler = reconciler
     memo.expiry_task = asyncio.create_task(_check_expiry(reconciler), name="cronlock-expiry")

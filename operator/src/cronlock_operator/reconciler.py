@@ -15,6 +15,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -262,6 +263,29 @@ class Reconciler(RunAccounting):
         if self.guards.pop(key, None) is not None:
             metrics.guarded_cronjobs.set(len(self.guards))
         self._warn_once(body, "Conflict", conflict + "; the CronJob is left as it was")
+
+    def sync_all_rbac(self) -> None:
+        """The holder Roles of every namespace with a cached CronJob, WORKERS at a time.
+
+        Run once after the start-up list, before the first reconcile: otherwise the first
+        CronJobs of a namespace all wait on its one Role write, one namespace after the
+        other, since the list (and the watch after it) delivers them namespace by namespace.
+        """
+        namespaces = self.cronjobs.namespaces()
+        with ThreadPoolExecutor(WORKERS, thread_name_prefix="cronlock-rbac") as pool:
+            for namespace, outcome in zip(
+                namespaces, pool.map(self._try_sync_rbac, namespaces), strict=True
+            ):
+                if outcome is not None:
+                    # The CronJobs' own reconciles try again, with their retries and Events.
+                    logger.warning("holder RBAC in %s not written yet: %s", namespace, outcome)
+
+    def _try_sync_rbac(self, namespace: str) -> Exception | None:
+        try:
+            self.sync_rbac(namespace)
+        except Exception as error:  # noqa: BLE001 - reported by the caller, retried later
+            return error
+        return None
 
     def sync_rbac(self, namespace: str) -> None:
         """The holder Roles of a namespace grant exactly its guarded CronJobs' Leases."""

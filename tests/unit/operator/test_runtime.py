@@ -106,6 +106,48 @@ def test_a_refused_patch_is_one_warning_and_no_retry() -> None:
     assert reasons(kube) == ["ReconcileError", "Injected"]
 
 
+class NamespacedRbacKube(FakeKube):
+    """Also records in which namespace each holder RBAC write went."""
+
+    def __init__(self, foreign_in: str = "") -> None:
+        super().__init__()
+        self.rbac_namespaces: list[str] = []
+        self.foreign_in = foreign_in
+
+    def write_holder_rbac(self, namespace: str, roles: Any, bindings: Any) -> None:
+        self.rbac_namespaces.append(namespace)
+        if namespace == self.foreign_in:
+            message = f"Role {namespace}/cronlock-holder-default was not made by cronlock"
+            raise NotOurs(message, {"cronlock-holder-default": message})
+
+
+def test_start_up_writes_every_namespaces_holder_rbac_once_before_the_reconciles() -> None:
+    kube = NamespacedRbacKube(foreign_in="team-c")
+    reconciler = Reconciler(kube=kube, settings=SETTINGS)  # type: ignore[arg-type]
+    for namespace in ("team-a", "team-b", "team-c"):
+        for name in ("report", "export"):
+            body = server_defaults(make_cronjob(name=name, namespace=namespace))
+            body["metadata"]["uid"] = f"uid-{namespace}-{name}"
+            reconciler.cronjobs.put(body)  # as the start-up list fills the cache
+
+    reconciler.sync_all_rbac()  # the foreign Role in team-c is no reason to stop
+
+    assert sorted(kube.rbac_namespaces) == ["team-a", "team-b", "team-c"]
+    for namespace in ("team-a", "team-b"):
+        granted = {guard.lease for guard in reconciler.synced_rbac[namespace]}
+        assert granted == {"cronlock-report", "cronlock-export"}
+    assert "team-c" not in reconciler.synced_rbac
+    for namespace in ("team-a", "team-b"):
+        for name in ("report", "export"):
+            reconciler.reconcile_cronjob(namespace, name)
+    # Each CronJob found its namespace's Roles written: no more RBAC writes, only patches.
+    assert sorted(kube.rbac_namespaces) == ["team-a", "team-b", "team-c"]
+    assert kube.patches == 4
+    with pytest.raises(Retry):  # team-c's CronJobs are refused by their own reconcile
+        reconciler.reconcile_cronjob("team-c", "report")
+    assert reasons(kube).count("Conflict") == 1
+
+
 KEYS = [
     "cronlock.io/enabled",
     "cronlock.io/lock",

@@ -5,6 +5,8 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from tests.support.cronjobs import make_cronjob
+
 NOW = datetime(2026, 11, 29, 8, 0, 0, tzinfo=UTC)
 
 
@@ -36,23 +38,15 @@ def cronjob(
     status = {}
     if last_schedule_ago is not None:
         status["lastScheduleTime"] = stamp(last_schedule_ago).split(".")[0] + "Z"
-    return {
-        "metadata": {"name": name, "namespace": namespace, "annotations": annotations},
-        "spec": {
-            "schedule": "*/5 * * * *",
-            "jobTemplate": {
-                "spec": {
-                    "template": {
-                        "spec": {
-                            "restartPolicy": "Never",
-                            "containers": [{"name": "main", "image": "busybox"}],
-                        }
-                    }
-                }
-            },
-        },
-        "status": status,
-    }
+    cronjob = make_cronjob(
+        name=name,
+        namespace=namespace,
+        annotations=annotations,
+        restart_policy="Never",
+        containers=[{"name": "main", "image": "busybox"}],
+    )
+    cronjob["status"] = status
+    return cronjob
 
 
 def lease(
