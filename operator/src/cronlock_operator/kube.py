@@ -34,6 +34,8 @@ logger = logging.getLogger(__name__)
 REPORTING_COMPONENT = "cronlock-operator"
 JSON_PATCH = "application/json-patch+json"
 MERGE_PATCH = "application/merge-patch+json"
+# CronJobs per page of a start-up list (ours and kopf's): one page is what is parsed at once.
+LIST_PAGE = 500
 
 
 def api_client(pool_size: int | None = None) -> kubernetes.client.ApiClient:
@@ -107,11 +109,11 @@ class Kube(HolderRbacWrites):
                 with transient_errors("list cronjobs"):
                     if namespace is None:
                         response = self.batch.list_cron_job_for_all_namespaces(
-                            limit=500, _continue=token, _preload_content=False
+                            limit=LIST_PAGE, _continue=token, _preload_content=False
                         )
                     else:
                         response = self.batch.list_namespaced_cron_job(
-                            namespace, limit=500, _continue=token, _preload_content=False
+                            namespace, limit=LIST_PAGE, _continue=token, _preload_content=False
                         )
                 page = raw(response)
                 for item in page.get("items") or []:

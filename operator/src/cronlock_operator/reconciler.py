@@ -55,6 +55,9 @@ class Reconciler(RunAccounting):
     leases: ObjectCache = field(default_factory=ObjectCache)
     guards: dict[Name, Guard] = field(default_factory=dict)
     observations: dict[Name, Observation] = field(default_factory=dict)
+    # The Leases whose last observation has a holder: the only ones that can be overdue
+    # (the expiry check runs every second; looping over 10,000 free Leases cost 2 %).
+    held: set[Name] = field(default_factory=set)
     # Per CronJob uid: the last message of each warning posted, so a replay posts nothing.
     posted: dict[str, dict[str, str]] = field(default_factory=dict)
     # Finished runs deleted before they were counted (the CronJob controller keeps only
@@ -131,6 +134,7 @@ class Reconciler(RunAccounting):
         if kind == "DELETED":
             self.leases.pop(key)
             self.observations.pop(key, None)
+            self.held.discard(key)
             self.notes.pop(key, None)
             self.told.pop(key, None)
             metrics.forget_lock(key[0], lock)
@@ -144,6 +148,10 @@ class Reconciler(RunAccounting):
         if seen is not None:
             self.executor.run(counts)
             self.observations[key] = seen
+            if seen.holder:
+                self.held.add(key)
+            else:
+                self.held.discard(key)
         metrics.lease_held.labels(key[0], lock).set(1 if record.holder else 0)
         notes = contention.Notes.of(record)
         if notes != self.notes.get(key, contention.Notes()):
@@ -155,8 +163,9 @@ class Reconciler(RunAccounting):
     def check_expiry(self) -> None:
         """Enqueue every Lease whose holder has not renewed for longer than its duration."""
         now = self.clock()
-        for key, seen in list(self.observations.items()):
-            if seen.overdue(now, self.settings.skew_seconds):
+        for key in list(self.held):
+            seen = self.observations.get(key)
+            if seen is not None and seen.overdue(now, self.settings.skew_seconds):
                 self.queue.add(LeaseKey(*key))
 
     # --- work (worker tasks; the blocking API calls run in threads) -------------------
@@ -265,12 +274,9 @@ class Reconciler(RunAccounting):
         self._warn_once(body, "Conflict", conflict + "; the CronJob is left as it was")
 
     def sync_all_rbac(self) -> None:
-        """The holder Roles of every namespace with a cached CronJob, WORKERS at a time.
-
-        Run once after the start-up list, before the first reconcile: otherwise the first
-        CronJobs of a namespace all wait on its one Role write, one namespace after the
-        other, since the list (and the watch after it) delivers them namespace by namespace.
-        """
+        """The holder Roles of every namespace with a cached CronJob, WORKERS at a time,
+        after the start-up list: else the first CronJobs of each namespace (listed
+        namespace by namespace) wait on its Role write, one namespace after the other."""
         namespaces = self.cronjobs.namespaces()
         with ThreadPoolExecutor(WORKERS, thread_name_prefix="cronlock-rbac") as pool:
             for namespace, outcome in zip(

@@ -1,12 +1,16 @@
-"""Posting an Event: a namespace being deleted is given up at once, a hiccup is retried."""
+"""Posting Events: a namespace being deleted is given up at once, a hiccup is retried, and
+the poster threads keep each object's Events in order."""
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import kubernetes
 import pytest
 
+from cronlock_operator import events
+from cronlock_operator.events import EventPoster
 from cronlock_operator.kube import Kube
 from cronlock_operator.workqueue import Retry
 
@@ -40,3 +44,52 @@ def test_any_other_refusal_of_an_event_is_retried() -> None:
     error.body = '{"message":"events is forbidden: User cannot create resource"}'
     with pytest.raises(Retry):
         kube_answering(error).post_event(CRONJOB, "Injected", "lock report")
+
+
+class RecordingKube:
+    """Records each Event posted (by which thread), failing the first tries of `flaky`."""
+
+    def __init__(self, flaky: str = "", failures: int = 0) -> None:
+        self.posted: list[tuple[str, str, str]] = []
+        self.flaky = flaky
+        self.failures = failures
+        self.lock = threading.Lock()
+
+    def post_event(self, involved: Any, reason: str, message: str, warning: bool = False) -> None:
+        name = involved["metadata"]["name"]
+        with self.lock:
+            if name == self.flaky and self.failures:
+                self.failures -= 1
+                raise Retry("the API server hiccuped")
+            self.posted.append((name, reason, threading.current_thread().name))
+
+
+def cronjob(name: str) -> dict[str, Any]:
+    return {"metadata": {"name": name, "namespace": "reports", "uid": f"u-{name}"}}
+
+
+def test_each_cronjobs_events_are_posted_in_order_by_one_thread_and_all_threads_work() -> None:
+    kube = RecordingKube()
+    poster = EventPoster(kube, posters=2)  # type: ignore[arg-type]
+    names = [f"job-{index}" for index in range(40)]
+    for step in ("Skipped", "RepeatedSkips", "Injected"):
+        for name in names:
+            poster.post(cronjob(name), step, f"{step} {name}")
+    poster.stop(timeout=10)
+
+    assert len(kube.posted) == 3 * len(names)
+    for name in names:
+        mine = [(reason, thread) for posted, reason, thread in kube.posted if posted == name]
+        assert [reason for reason, _ in mine] == ["Skipped", "RepeatedSkips", "Injected"]
+        assert len({thread for _, thread in mine}) == 1
+    assert {thread for _, _, thread in kube.posted} == {"cronlock-events-0", "cronlock-events-1"}
+
+
+def test_a_hiccup_is_retried_in_place_so_the_order_holds(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(events, "FIRST_DELAY", 0.01)
+    kube = RecordingKube(flaky="report", failures=2)
+    poster = EventPoster(kube, posters=2)  # type: ignore[arg-type]
+    poster.post(cronjob("report"), "Skipped", "first")
+    poster.post(cronjob("report"), "RepeatedSkips", "second")
+    poster.stop(timeout=10)
+    assert [reason for _, reason, _ in kube.posted] == ["Skipped", "RepeatedSkips"]
