@@ -257,10 +257,18 @@ def test_watch_redraws_until_ctrl_c_and_exits_0(controlplane: ControlPlane, guar
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        # As from a terminal: a shell without job control starts background commands
+        # with SIGINT ignored, and Python then never raises KeyboardInterrupt.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
-    time.sleep(5)
-    process.send_signal(signal.SIGINT)
-    out, err = process.communicate(timeout=30)
+    try:
+        time.sleep(5)
+        process.send_signal(signal.SIGINT)
+        out, err = process.communicate(timeout=30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
 
     assert process.returncode == 0, err
     assert out.count("Every 2s:") >= 2
