@@ -90,7 +90,7 @@ def baseline(plane: ControlPlane, names: list[tuple[str, str]], workdir: Path) -
     done = Done(api, set(names))
     namespaces = sorted({namespace for namespace, _ in names})
     command = [sys.executable, "-m", "tests.benchmarks.plain_client", *namespaces]
-    cpu = CpuMeter(plane)
+    meter = SideMeter(plane)
     start = time.monotonic()
     with (workdir / "plain-client.log").open("w") as log:
         process = subprocess.Popen(
@@ -106,12 +106,12 @@ def baseline(plane: ControlPlane, names: list[tuple[str, str]], workdir: Path) -
         "injected_seconds": injected_at,
         "writes_seconds": reported["writes_seconds"],
         "startup_seconds": reported["import_seconds"] + reported["list_seconds"],
-        "cpu_seconds": dict(cpu.spent(), client=reported["cpu_seconds"]),
-        "requests": cpu.served(),
+        "cpu_seconds": dict(meter.spent(), client=reported["cpu_seconds"]),
+        "requests": meter.served(),
     }
 
 
-class CpuMeter:
+class SideMeter:
     """CPU seconds the API server and etcd spend from now on, and the requests it serves."""
 
     def __init__(self, plane: ControlPlane) -> None:
@@ -321,14 +321,14 @@ def operator_run(
     operator = OperatorProcess(
         Path(plane.env["KUBECONFIG"]), workdir / "operator.log", operator_env
     )
-    cpu = CpuMeter(plane)
+    meter = SideMeter(plane)
     start = time.monotonic()
     operator.start()
     ready = time.monotonic()  # its start-up line: imports, settings, the first list
     assert operator.process is not None
     injected_at, elapsed, peak, timeline = done.wait(start, operator.process.pid)
-    spent = dict(cpu.spent(), operator=cpu_seconds(operator.process.pid))
-    served = cpu.served()
+    spent = dict(meter.spent(), operator=cpu_seconds(operator.process.pid))
+    served = meter.served()
 
     # Idle: nothing changes; count every write to what the operator manages.
     time.sleep(5)
