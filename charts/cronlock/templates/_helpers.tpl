@@ -42,6 +42,19 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 
 {{/*
+Labels of the chart's hook and test objects, given (dict "root" . "component" NAME): the
+release's, but not the operator's selector, so that neither the Deployment nor the metrics
+Service ever counts their pods as the operator's.
+*/}}
+{{- define "cronlock.hookLabels" -}}
+helm.sh/chart: {{ include "cronlock.chart" .root }}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+app.kubernetes.io/part-of: cronlock
+app.kubernetes.io/managed-by: {{ .root.Release.Service }}
+{{- end }}
+
+{{/*
 Selector labels: stable for the life of the release (a Deployment's selector is immutable).
 */}}
 {{- define "cronlock.selectorLabels" -}}

@@ -77,7 +77,7 @@ spec:
   template:
     metadata:
       labels:
-        {{- include "cronlock.selectorLabels" $root | nindent 8 }}
+        {{- include "cronlock.hookLabels" (dict "root" $root "component" "revert") | nindent 8 }}
     spec:
       serviceAccountName: {{ $p.name }}
       restartPolicy: Never

@@ -31,12 +31,27 @@ def _env_names(name: str) -> list[str]:
     return [part.strip() for part in (_env(name) or "").split(",") if part.strip()]
 
 
-def _lease_ref(text: str) -> tuple[str, str]:
-    """NAMESPACE/NAME of the leader election Lease; ValueError names the flag."""
+def _object_ref(flag: str, text: str) -> tuple[str, str]:
+    """NAMESPACE/NAME given to `flag`; ValueError names the flag."""
     namespace, _, name = str(text).partition("/")
     if not namespace or not name or "/" in name:
-        raise ValueError(f"--leader-election-lease: {text!r} is not NAMESPACE/NAME")
+        raise ValueError(f"{flag}: {text!r} is not NAMESPACE/NAME")
     return namespace, name
+
+
+def _lease_ref(text: str) -> tuple[str, str]:
+    """NAMESPACE/NAME of the leader election Lease."""
+    return _object_ref("--leader-election-lease", text)
+
+
+def _check_args(args: argparse.Namespace) -> tuple[str, str, float]:
+    """--check-metrics and --check-wait as (namespace, service, seconds); ValueError."""
+    namespace, service = _object_ref("--check-metrics", args.check_metrics)
+    try:
+        wait = parse_duration(args.check_wait)
+    except DurationError as error:
+        raise ValueError(f"--check-wait: {error}") from error
+    return namespace, service, wait
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -101,6 +116,17 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "to the runs still in progress (the chart's hook for an upgrade that narrowed the watch)",
     )
     parser.add_argument(
+        "--check-metrics",
+        metavar="NAMESPACE/SERVICE",
+        help="scrape each ready endpoint of the operator's metrics Service, exit 0 when one "
+        "serves cronlock's metrics, 69 when none does within --check-wait (the chart's helm test)",
+    )
+    parser.add_argument(
+        "--check-wait",
+        default="60s",
+        help="with --check-metrics, how long to retry (Go duration, default 60s)",
+    )
+    parser.add_argument(
         "--liveness",
         default=_env("LIVENESS", "http://0.0.0.0:8081/healthz"),
         help="liveness endpoint URL served by kopf ('' to disable)",
@@ -144,6 +170,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         settings = settings_from(args)
+        check = _check_args(args) if args.check_metrics else None
     except ValueError as error:
         print(f"{PROGRAM}: {error}", file=sys.stderr)
         return contract.EXIT_CONFIG
@@ -156,6 +183,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.getLogger("kubernetes").setLevel(logging.WARNING)
     # kopf reports every handled watch event at INFO; our own lines say what happened.
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)
+    if check is not None:
+        from cronlock_operator.selfcheck import check_service
+
+        return check_service(*check)
     if args.uninstall:
         from cronlock_operator.uninstall import uninstall
 
