@@ -8,8 +8,8 @@ cleared with a guarded patch, so the next run need not wait for the TTL itself.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -31,6 +31,39 @@ class Observation:
     def overdue(self, now: float, skew_seconds: float) -> bool:
         """Held, and unchanged for longer than its duration plus the skew."""
         return bool(self.holder) and now - self.seen_at > self.duration + skew_seconds
+
+
+Name = tuple[str, str]  # (namespace, name) of a Lease
+
+
+@dataclass
+class Observations:
+    """Each Lease's Observation as last seen, and which of them have a holder: the expiry
+    check runs every second over the held ones only (looping over 10,000 free Leases each
+    second cost 3.5 % of the operator's time, docs/PERFORMANCE.md)."""
+
+    _seen: dict[Name, Observation] = field(default_factory=dict)
+    _held: set[Name] = field(default_factory=set)
+
+    def get(self, key: Name) -> Observation | None:
+        return self._seen.get(key)
+
+    def put(self, key: Name, seen: Observation) -> None:
+        self._seen[key] = seen
+        if seen.holder:
+            self._held.add(key)
+        else:
+            self._held.discard(key)
+
+    def forget(self, key: Name) -> None:
+        self._seen.pop(key, None)
+        self._held.discard(key)
+
+    def overdue(self, now: float, skew_seconds: float) -> Iterator[Name]:
+        """The Leases held and unchanged for longer than their duration plus the skew."""
+        for key in list(self._held):
+            if self._seen[key].overdue(now, skew_seconds):
+                yield key
 
 
 def observe(

@@ -89,7 +89,7 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
     # The whole list first: the holder Roles are computed from every guarded CronJob in a
     # namespace, and a Role written from half a list would revoke live holders' access.
     await asyncio.to_thread(reconciler.kube.list_cronjobs, memo.namespaces, reconciler.cronjobs)
-    await asyncio.to_thread(reconciler.sync_all_rbac)
+    await reconciler.sync_all_rbac()
     reconciler.queue.start()
     memo.reconciler = reconciler
     memo.expiry_task = asyncio.create_task(_check_expiry(reconciler), name="cronlock-expiry")

@@ -15,7 +15,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,7 +26,7 @@ from cronlock_operator.actions import Executor, PostEventCall
 from cronlock_operator.answers import NotOurs, Rejected
 from cronlock_operator.cache import ObjectCache
 from cronlock_operator.config import OperatorSettings
-from cronlock_operator.expiry import Observation
+from cronlock_operator.expiry import Observations
 from cronlock_operator.keys import ContentionKey, CronJobKey, Key, LeaseKey, RunsKey
 from cronlock_operator.kube import Kube
 from cronlock_operator.rbac import Guard
@@ -54,10 +53,7 @@ class Reconciler(RunAccounting):
     jobs: ObjectCache = field(default_factory=ObjectCache)
     leases: ObjectCache = field(default_factory=ObjectCache)
     guards: dict[Name, Guard] = field(default_factory=dict)
-    observations: dict[Name, Observation] = field(default_factory=dict)
-    # The Leases whose last observation has a holder: the only ones that can be overdue
-    # (the expiry check runs every second; looping over 10,000 free Leases cost 2 %).
-    held: set[Name] = field(default_factory=set)
+    observations: Observations = field(default_factory=Observations)
     # Per CronJob uid: the last message of each warning posted, so a replay posts nothing.
     posted: dict[str, dict[str, str]] = field(default_factory=dict)
     # Finished runs deleted before they were counted (the CronJob controller keeps only
@@ -133,8 +129,7 @@ class Reconciler(RunAccounting):
         lock = record.lock or key[1].removeprefix(contract.LEASE_PREFIX)
         if kind == "DELETED":
             self.leases.pop(key)
-            self.observations.pop(key, None)
-            self.held.discard(key)
+            self.observations.forget(key)
             self.notes.pop(key, None)
             self.told.pop(key, None)
             metrics.forget_lock(key[0], lock)
@@ -147,11 +142,7 @@ class Reconciler(RunAccounting):
         seen, counts = expiry.observe(self.observations.get(key), record, self.clock())
         if seen is not None:
             self.executor.run(counts)
-            self.observations[key] = seen
-            if seen.holder:
-                self.held.add(key)
-            else:
-                self.held.discard(key)
+            self.observations.put(key, seen)
         metrics.lease_held.labels(key[0], lock).set(1 if record.holder else 0)
         notes = contention.Notes.of(record)
         if notes != self.notes.get(key, contention.Notes()):
@@ -162,11 +153,8 @@ class Reconciler(RunAccounting):
 
     def check_expiry(self) -> None:
         """Enqueue every Lease whose holder has not renewed for longer than its duration."""
-        now = self.clock()
-        for key in list(self.held):
-            seen = self.observations.get(key)
-            if seen is not None and seen.overdue(now, self.settings.skew_seconds):
-                self.queue.add(LeaseKey(*key))
+        for key in self.observations.overdue(self.clock(), self.settings.skew_seconds):
+            self.queue.add(LeaseKey(*key))
 
     # --- work (worker tasks; the blocking API calls run in threads) -------------------
     async def _work(self, key: Key) -> None:
@@ -273,25 +261,21 @@ class Reconciler(RunAccounting):
             metrics.guarded_cronjobs.set(len(self.guards))
         self._warn_once(body, "Conflict", conflict + "; the CronJob is left as it was")
 
-    def sync_all_rbac(self) -> None:
-        """The holder Roles of every namespace with a cached CronJob, WORKERS at a time,
-        after the start-up list: else the first CronJobs of each namespace (listed
-        namespace by namespace) wait on its Role write, one namespace after the other."""
-        namespaces = self.cronjobs.namespaces()
-        with ThreadPoolExecutor(WORKERS, thread_name_prefix="cronlock-rbac") as pool:
-            for namespace, outcome in zip(
-                namespaces, pool.map(self._try_sync_rbac, namespaces), strict=True
-            ):
-                if outcome is not None:
-                    # The CronJobs' own reconciles try again, with their retries and Events.
-                    logger.warning("holder RBAC in %s not written yet: %s", namespace, outcome)
+    async def sync_all_rbac(self) -> None:
+        """The holder Roles of every namespace with a cached CronJob, WORKERS at a time (in
+        the default executor), after the start-up list: else the first CronJobs of each
+        namespace (listed namespace by namespace) wait on its Role write, one namespace
+        after the other."""
+        limit = asyncio.Semaphore(WORKERS)
 
-    def _try_sync_rbac(self, namespace: str) -> Exception | None:
-        try:
-            self.sync_rbac(namespace)
-        except Exception as error:  # noqa: BLE001 - reported by the caller, retried later
-            return error
-        return None
+        async def sync(namespace: str) -> None:
+            async with limit:
+                try:
+                    await asyncio.to_thread(self.sync_rbac, namespace)
+                except Exception as error:  # noqa: BLE001 - the CronJobs' reconciles retry
+                    logger.warning("holder RBAC in %s not written yet: %s", namespace, error)
+
+        await asyncio.gather(*(sync(namespace) for namespace in self.cronjobs.namespaces()))
 
     def sync_rbac(self, namespace: str) -> None:
         """The holder Roles of a namespace grant exactly its guarded CronJobs' Leases."""

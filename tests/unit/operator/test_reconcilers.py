@@ -294,6 +294,24 @@ def test_observing_a_new_holder_counts_an_acquired_run_and_a_cleared_one_a_relea
     assert counts == [CountRun("released")]
 
 
+def test_observations_list_overdue_only_the_held_leases_past_duration_plus_skew() -> None:
+    observations = expiry.Observations()
+    held, _ = expiry.observe(None, read_lease(lease("a", RENEWED)), 100.0)
+    free, _ = expiry.observe(None, read_lease(lease("", RENEWED)), 0.0)
+    assert held is not None
+    assert free is not None
+    observations.put((NAMESPACE, "held"), held)
+    observations.put((NAMESPACE, "free"), free)
+    assert list(observations.overdue(132.0, 2)) == []
+    assert list(observations.overdue(132.1, 2)) == [(NAMESPACE, "held")]
+    # Released: no longer held, so no longer checked; forgotten: gone altogether.
+    observations.put((NAMESPACE, "held"), free)
+    assert list(observations.overdue(1000.0, 2)) == []
+    observations.forget((NAMESPACE, "held"))
+    assert observations.get((NAMESPACE, "held")) is None
+    assert observations.get((NAMESPACE, "free")) == free
+
+
 def test_a_holder_is_overdue_only_past_its_duration_plus_the_skew() -> None:
     seen, _ = expiry.observe(None, read_lease(lease("a", RENEWED)), 100.0)
     assert seen is not None

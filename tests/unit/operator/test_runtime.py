@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import logging
 from typing import Any
 
 import pytest
@@ -109,12 +111,15 @@ def test_a_refused_patch_is_one_warning_and_no_retry() -> None:
 class NamespacedRbacKube(FakeKube):
     """Also records in which namespace each holder RBAC write went."""
 
-    def __init__(self, foreign_in: str = "") -> None:
+    def __init__(self, foreign_in: str = "", failing_in: str = "") -> None:
         super().__init__()
         self.rbac_namespaces: list[str] = []
         self.foreign_in = foreign_in
+        self.failing_in = failing_in
 
     def write_holder_rbac(self, namespace: str, roles: Any, bindings: Any) -> None:
+        if namespace == self.failing_in:
+            raise ConnectionError("the API server went away")
         self.rbac_namespaces.append(namespace)
         if namespace == self.foreign_in:
             message = f"Role {namespace}/cronlock-holder-default was not made by cronlock"
@@ -130,7 +135,7 @@ def test_start_up_writes_every_namespaces_holder_rbac_once_before_the_reconciles
             body["metadata"]["uid"] = f"uid-{namespace}-{name}"
             reconciler.cronjobs.put(body)  # as the start-up list fills the cache
 
-    reconciler.sync_all_rbac()  # the foreign Role in team-c is no reason to stop
+    asyncio.run(reconciler.sync_all_rbac())  # the foreign Role in team-c is no reason to stop
 
     assert sorted(kube.rbac_namespaces) == ["team-a", "team-b", "team-c"]
     for namespace in ("team-a", "team-b"):
@@ -146,6 +151,24 @@ def test_start_up_writes_every_namespaces_holder_rbac_once_before_the_reconciles
     with pytest.raises(Retry):  # team-c's CronJobs are refused by their own reconcile
         reconciler.reconcile_cronjob("team-c", "report")
     assert reasons(kube).count("Conflict") == 1
+
+
+def test_a_namespace_whose_rbac_fails_at_start_up_is_logged_and_stops_no_other(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    kube = NamespacedRbacKube(failing_in="team-b")
+    reconciler = Reconciler(kube=kube, settings=SETTINGS)  # type: ignore[arg-type]
+    for namespace in ("team-a", "team-b", "team-c"):
+        body = server_defaults(make_cronjob(name="report", namespace=namespace))
+        body["metadata"]["uid"] = f"uid-{namespace}"
+        reconciler.cronjobs.put(body)
+
+    with caplog.at_level(logging.WARNING):
+        asyncio.run(reconciler.sync_all_rbac())
+
+    assert sorted(kube.rbac_namespaces) == ["team-a", "team-c"]
+    assert "team-b" not in reconciler.synced_rbac  # its CronJob's reconcile writes it
+    assert "holder RBAC in team-b not written yet: the API server went away" in caplog.text
 
 
 KEYS = [
