@@ -9,8 +9,9 @@
 # pip or setuptools.
 #
 # The base is named by tag. To pin it by digest, build with
-#   --build-arg PYTHON=python:3.11-slim@sha256:<digest>
-# taking the digest from `docker buildx imagetools inspect python:3.11-slim` (or
+#   make image BASE=python:3.11-slim@sha256:<digest>
+# (or --build-arg PYTHON=python:3.11-slim@sha256:<digest>), taking the digest from
+# `docker buildx imagetools inspect python:3.11-slim` (or
 # `skopeo inspect docker://python:3.11-slim`); bump it the same way (docs/INSTALL.md).
 ARG PYTHON=python:3.11-slim
 

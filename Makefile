@@ -78,13 +78,17 @@ SIDECAR_IMAGE ?= cronlock-sidecar:dev
 BUILDER ?= $(if $(shell command -v docker 2>/dev/null),docker,buildah)
 BUILDAH ?= buildah
 BUILD_FLAGS ?=
+# The base image, pinned by digest, e.g. BASE=python:3.11-slim@sha256:<digest> (empty: the
+# Dockerfile's python:3.11-slim, by tag). docs/INSTALL.md says how to look it up and bump it.
+BASE ?=
+image_flags = $(BUILD_FLAGS) $(if $(BASE),--build-arg PYTHON=$(BASE))
 image:
 ifeq ($(BUILDER),docker)
-	docker build $(BUILD_FLAGS) --tag $(IMAGE) .
-	docker build $(BUILD_FLAGS) --target sidecar --tag $(SIDECAR_IMAGE) .
+	docker build $(image_flags) --tag $(IMAGE) .
+	docker build $(image_flags) --target sidecar --tag $(SIDECAR_IMAGE) .
 else
-	$(BUILDAH) bud $(BUILD_FLAGS) --tag $(IMAGE) .
-	$(BUILDAH) bud $(BUILD_FLAGS) --target sidecar --tag $(SIDECAR_IMAGE) .
+	$(BUILDAH) bud $(image_flags) --tag $(IMAGE) .
+	$(BUILDAH) bud $(image_flags) --target sidecar --tag $(SIDECAR_IMAGE) .
 endif
 
 # Regenerate the hash-pinned lock files after changing dependencies in pyproject.toml.

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tarfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -99,3 +100,20 @@ def test_the_sidecar_image_carries_the_sidecar_alone(
         f"{own['cronlock'] / 2**20:.1f} MiB), sidecar {sizes['cronlock-sidecar'] / 2**20:.1f} "
         f"MiB (its /opt {own['cronlock-sidecar'] / 2**10:.0f} KiB)"
     )
+
+
+def manifest_annotations(archive: Path) -> dict[str, str]:
+    with tarfile.open(archive) as outer:
+        (entry,) = json.loads(_read(outer, "index.json"))["manifests"]
+        manifest = json.loads(_read(outer, _blob(entry["digest"])))
+    return manifest.get("annotations") or {}
+
+
+@pytest.mark.parametrize("image", ["cronlock", "cronlock-sidecar"])
+def test_each_image_records_a_base_pinned_by_digest(node: RealNode, image: str) -> None:
+    """Built as docs/INSTALL.md tells users to pin the base (`make image BASE=...@sha256:`):
+    the manifest names the base by that digest."""
+    annotations = manifest_annotations(ARCHIVES / f"{image}.tar")
+    name = annotations["org.opencontainers.image.base.name"]
+    assert re.fullmatch(r"docker\.io/library/python:3\.11-slim@sha256:[0-9a-f]{64}", name), name
+    assert annotations["org.opencontainers.image.base.digest"] == name.split("@", 1)[1]

@@ -152,8 +152,10 @@ def values_file(directory: Path, values: dict[str, Any]) -> str:
     return str(path)
 
 
-def render(controlplane: ControlPlane, *args: str) -> list[dict[str, Any]]:
-    output = helm(controlplane, "template", "cronlock", str(CHART), *args).stdout
+def render(controlplane: ControlPlane, *args: str, tests: bool = False) -> list[dict[str, Any]]:
+    """`helm template`; without `helm test`'s objects unless `tests`."""
+    skip = () if tests else ("--skip-tests",)
+    output = helm(controlplane, "template", "cronlock", str(CHART), *skip, *args).stdout
     return [doc for doc in yaml.safe_load_all(output) if doc]
 
 
@@ -526,6 +528,57 @@ def test_values_yaml_the_schema_and_install_md_list_the_same_values() -> None:
     documented = INSTALL_DOC.read_text()
     missing = sorted(path for path in named if f"`{path}`" not in documented)
     assert not missing, f"docs/INSTALL.md does not describe {missing}"
+
+
+def test_helm_tests_account_may_only_list_endpointslices_and_its_pod_is_no_operator(
+    controlplane: ControlPlane,
+) -> None:
+    docs = render(controlplane, tests=True)
+    hooks = [d for d in docs if (d["metadata"].get("annotations") or {}).get("helm.sh/hook")]
+    assert kinds(hooks) == ["Pod", "Role", "RoleBinding", "ServiceAccount"]
+    [role] = [d for d in hooks if d["kind"] == "Role"]
+    assert role["rules"] == [
+        {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["list"]}
+    ]
+    [pod] = [d for d in hooks if d["kind"] == "Pod"]
+    [deployment] = [d for d in docs if d["kind"] == "Deployment"]
+    selector = deployment["spec"]["selector"]["matchLabels"]
+    labels = pod["metadata"]["labels"]
+    assert not selector.items() <= labels.items(), "the test pod would count as the operator"
+    [container] = pod["spec"]["containers"]
+    assert container["args"] == [
+        "--check-metrics",
+        f"{pod['metadata']['namespace']}/cronlock-metrics",
+        "--check-wait",
+        "60s",
+    ]
+    assert pod["spec"]["serviceAccountName"] == role["metadata"]["name"]
+    # What the operator's own pod has: restricted Pod Security (dry-run-admitted elsewhere).
+    template = deployment["spec"]["template"]["spec"]
+    assert pod["spec"]["securityContext"] == template["securityContext"]
+    assert container["securityContext"] == template["containers"][0]["securityContext"]
+    for off in ("tests.enabled=false", "metrics.enabled=false"):
+        rendered = render(controlplane, "--set", off, tests=True)
+        assert not any(d["metadata"]["name"].endswith("-test") for d in rendered), off
+
+
+def test_the_mutating_policy_is_rendered_only_where_served_and_bound_to_the_watch(
+    controlplane: ControlPlane,
+) -> None:
+    served = ("--api-versions", "admissionregistration.k8s.io/v1/MutatingAdmissionPolicy")
+    policy = {"MutatingAdmissionPolicy", "MutatingAdmissionPolicyBinding"}
+    assert policy <= set(kinds(render(controlplane, *served)))
+    assert not policy & set(kinds(render(controlplane)))  # before 1.36: not served
+    off = render(controlplane, *served, "--set", "admissionPolicy.onFailureToNever=false")
+    assert not policy & set(kinds(off))
+    scoped = render(controlplane, *served, "--set", "watchNamespaces={reports,exports}")
+    [binding] = [doc for doc in scoped if doc["kind"] == "MutatingAdmissionPolicyBinding"]
+    [term] = binding["spec"]["matchResources"]["namespaceSelector"]["matchExpressions"]
+    assert term == {
+        "key": "kubernetes.io/metadata.name",
+        "operator": "In",
+        "values": ["reports", "exports"],
+    }
 
 
 def test_the_servicemonitor_is_rendered_only_when_enabled_and_its_api_is_served(

@@ -4,19 +4,25 @@ conflicts (what Flux's kustomize-controller does), on the real API server."""
 
 from __future__ import annotations
 
+import secrets
 import threading
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import kubernetes
 import pytest
 import yaml
 
-from tests.kube import wait_for
+from tests.kube import run_tool, wait_for
+from tests.operator_process import kube_version
 from tests.support.controlplane import ControlPlane
 from tests.support.cronjobs import make_cronjob
 from tests.support.objects import read
 
 pytestmark = pytest.mark.usefixtures("operator")
+CHART = Path(__file__).resolve().parents[2] / "charts" / "cronlock"
+ORIGINAL = "cronlock.io/original-restart-policy"
 
 
 def injected(body: dict[str, Any]) -> bool:
@@ -102,11 +108,12 @@ def test_re_applying_a_never_manifest_both_ways_keeps_the_injection_at_every_ver
     assert last["spec"]["jobTemplate"] == first["spec"]["jobTemplate"]
 
 
-def test_re_applying_an_on_failure_manifest_is_refused_and_the_injection_stays(
+def test_without_the_mutating_policy_an_on_failure_manifest_is_refused_and_the_injection_stays(
     api: kubernetes.client.ApiClient, namespace: str, controlplane: ControlPlane
 ) -> None:
-    """Why the README says to write `Never` in Git: the API server refuses `OnFailure`
-    next to cronlock's podFailurePolicy, whichever way it is applied."""
+    """Before Kubernetes 1.36 (or with admissionPolicy.onFailureToNever=false): the API
+    server refuses `OnFailure` next to cronlock's podFailurePolicy, whichever way it is
+    applied; hence the README's advice to write `Never` in Git there."""
     text = manifest(namespace, "OnFailure")
     controlplane.kubectl("apply", "-f", "-", input_text=text)
     wait_for(lambda: injected(read(api, namespace, "report")), 30, "the injection")
@@ -119,3 +126,97 @@ def test_re_applying_an_on_failure_manifest_is_refused_and_the_injection_stays(
         assert "podFailurePolicy" in answer, answer
         assert "Never" in answer, answer
         assert injected(read(api, namespace, "report"))
+
+
+@pytest.fixture
+def mutating_policy(controlplane: ControlPlane, namespace: str) -> Iterator[str]:
+    """The chart's MutatingAdmissionPolicy and its binding, scoped to the test's namespace
+    (watchNamespaces), applied as `helm install` would on this API server; deleted after."""
+    rendered = run_tool(
+        controlplane.env,
+        "helm",
+        "template",
+        f"gitops-{secrets.token_hex(3)}",
+        str(CHART),
+        "-n",
+        "cronlock-system",
+        "--kube-version",
+        kube_version(),
+        "--api-versions",
+        "admissionregistration.k8s.io/v1/MutatingAdmissionPolicy",
+        "--set",
+        f"watchNamespaces={{{namespace}}}",
+        "--show-only",
+        "templates/mutating-policy.yaml",
+    ).stdout
+    controlplane.kubectl("apply", "-f", "-", input_text=rendered)
+    yield rendered
+    controlplane.kubectl("delete", "-f", "-", "--ignore-not-found", input_text=rendered)
+
+
+def test_with_the_mutating_policy_an_on_failure_manifest_applies_both_ways_and_stays_injected(
+    api: kubernetes.client.ApiClient,
+    namespace: str,
+    controlplane: ControlPlane,
+    mutating_policy: str,
+) -> None:
+    text = manifest(namespace, "OnFailure")
+    controlplane.kubectl("apply", "-f", "-", input_text=text)
+    first = wait_for(
+        lambda: body if injected(body := read(api, namespace, "report")) else None,
+        30,
+        "the injection",
+    )
+    assert first["metadata"]["annotations"][ORIGINAL] == "OnFailure"  # the operator's record
+    # The API server takes up a new policy within moments; a server-side dry run of the
+    # re-apply passes through admission without storing anything.
+    wait_for(
+        lambda: (
+            run_tool(
+                controlplane.env,
+                "kubectl",
+                "apply",
+                "--dry-run=server",
+                "-f",
+                "-",
+                input_text=text,
+                check=False,
+            ).returncode
+            == 0
+        ),
+        30,
+        "the API server to take up the MutatingAdmissionPolicy",
+    )
+    versions = Versions(api, namespace, first["metadata"]["resourceVersion"])
+
+    for args in (
+        ("apply", "-f", "-"),
+        ("apply", "--server-side", "--force-conflicts", "--field-manager=flux", "-f", "-"),
+        ("apply", "-f", "-"),
+    ):
+        controlplane.kubectl(*args, input_text=text)  # accepted: check=True
+    wait_for(lambda: injected(read(api, namespace, "report")), 30, "the injection after it all")
+    seen = versions.stop()
+
+    assert all(injected(body) for body in seen), [
+        body["metadata"]["resourceVersion"] for body in seen if not injected(body)
+    ]
+    last = read(api, namespace, "report")
+    assert last["metadata"]["annotations"][ORIGINAL] == "OnFailure"  # still restored on revert
+    assert last["spec"]["jobTemplate"] == first["spec"]["jobTemplate"]
+
+
+def test_the_mutating_policy_leaves_a_cronjob_cronlock_did_not_inject_as_written(
+    api: kubernetes.client.ApiClient,
+    namespace: str,
+    controlplane: ControlPlane,
+    mutating_policy: str,
+) -> None:
+    """Not injected (not annotated): its OnFailure is the user's, and stays."""
+    body = make_cronjob(name="plain", namespace=namespace, schedule="0 0 1 1 *", annotations={})
+    controlplane.kubectl("apply", "-f", "-", input_text=yaml.safe_dump(body))
+    stored = read(api, namespace, "plain")
+    assert stored["spec"]["jobTemplate"]["spec"]["template"]["spec"]["restartPolicy"] == (
+        "OnFailure"
+    )
+    assert ORIGINAL not in (stored["metadata"].get("annotations") or {})
