@@ -37,6 +37,11 @@ CONTROLLERS = ",".join(
         # For the real node (tests/controlplane/node): marks it Ready/NotReady and
         # taints it when its kubelet stops reporting. Idle while there is no Node.
         "node-lifecycle-controller",
+        # The chart's operator as a pod (a Deployment) and its metrics Service's
+        # EndpointSlices, which `helm test` scrapes (tests/e2e/test_chart_on_node.py).
+        "deployment-controller",
+        "replicaset-controller",
+        "endpointslice-controller",
     ]
 )
 # Service ClusterIPs come from TEST-NET-3 (RFC 5737, documentation only), never a

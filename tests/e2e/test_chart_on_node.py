@@ -80,11 +80,13 @@ def test_the_charts_operator_runs_on_the_node_injects_and_passes_helm_test(
     assert f"TEST SUITE:     {fullname}-test" in passed.stdout
     assert "Phase:          Succeeded" in passed.stdout
     assert "/metrics: cronlock's metrics" in passed.stdout  # the check's own log line
-    # The test's objects went with its success; nothing of it is left in the namespace.
-    left = controlplane.kubectl(
-        "get", "pod,serviceaccount,role,rolebinding", "-n", namespace, "-o", "name"
-    )
+    # Its account went with its success; its Pod stays, Succeeded, for its log.
+    left = controlplane.kubectl("get", "serviceaccount,role,rolebinding", "-n", namespace)
     assert f"{fullname}-test" not in left
+    phase = controlplane.kubectl(
+        "get", "pod", f"{fullname}-test", "-n", namespace, "-o", "jsonpath={.status.phase}"
+    )
+    assert phase == "Succeeded"
 
     # The operator in its pod injects through the pods' path to the API server, with the
     # chart's RBAC: the CronJob gets the sidecar and its Lease.

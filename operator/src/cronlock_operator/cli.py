@@ -199,6 +199,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     elector = _lead(args) if args.leader_election else None
     kopf.run(
         standalone=True,
+        # kopf would derive it from getpass.getuser(), which fails for a UID without a
+        # passwd entry: the image's 65532, or the one OpenShift assigns.
+        identity=leader.identity(),  # type: ignore[arg-type]  # kopf's NewType, not exported
         namespaces=args.namespace or (),
         clusterwide=not args.namespace,
         liveness_endpoint=args.liveness or None,
