@@ -17,7 +17,7 @@ from tests.e2e.node import CRONLOCK_IMAGE, SIDECAR_IMAGE, RealNode
 from tests.kube import run_tool, wait_for
 from tests.support.controlplane import ControlPlane
 from tests.support.cronjobs import make_cronjob
-from tests.support.objects import injected
+from tests.support.objects import injected, read
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "cronlock"
@@ -35,16 +35,20 @@ def helm(
     return run_tool(controlplane.env, "helm", *args, check=check, timeout=timeout, cwd=ROOT)
 
 
-@pytest.fixture
-def release(
-    controlplane: ControlPlane, node: RealNode, namespace: str
-) -> Iterator[tuple[str, str]]:
+def install(controlplane: ControlPlane, namespace: str, *values: str) -> tuple[str, str]:
     """The chart installed into a restricted namespace, watching it, with the images built
-    from our Dockerfile (never pulled); uninstalled afterwards. (release, fullname)"""
+    from our Dockerfile (never pulled), and `values` (--set) on top. (release, fullname)"""
     controlplane.kubectl("label", "namespace", namespace, "--overwrite", *RESTRICTED)
     name = f"cl-{secrets.token_hex(3)}"
     repository, tag = CRONLOCK_IMAGE.rsplit(":", 1)
     sidecar_repository, sidecar_tag = SIDECAR_IMAGE.rsplit(":", 1)
+    settings = [
+        f"image.repository={repository},image.tag={tag},image.pullPolicy=Never",
+        f"sidecarImage.repository={sidecar_repository},sidecarImage.tag={sidecar_tag}",
+        f"sidecarImage.pullPolicy=Never,watchNamespaces={{{namespace}}},tests.wait={TEST_WAIT}",
+        *values,
+    ]
+    args = [arg for value in settings for arg in ("--set", value)]
     helm(
         controlplane,
         "install",
@@ -52,20 +56,40 @@ def release(
         str(CHART),
         "-n",
         namespace,
-        "--set",
-        f"image.repository={repository},image.tag={tag},image.pullPolicy=Never",
-        "--set",
-        f"sidecarImage.repository={sidecar_repository},sidecarImage.tag={sidecar_tag}",
-        "--set",
-        f"sidecarImage.pullPolicy=Never,watchNamespaces={{{namespace}}},tests.wait={TEST_WAIT}",
+        *args,
         "--wait",
         "--timeout",
         "180s",
     )
+    return name, f"{name}-cronlock"
+
+
+@pytest.fixture
+def release(
+    controlplane: ControlPlane, node: RealNode, namespace: str
+) -> Iterator[tuple[str, str]]:
+    """`install` with the chart's defaults; uninstalled afterwards."""
+    name, fullname = install(controlplane, namespace)
     try:
-        yield name, f"{name}-cronlock"
+        yield name, fullname
     finally:
         helm(controlplane, "uninstall", name, "-n", namespace, "--wait", check=False)
+
+
+def guard(api: kubernetes.client.ApiClient, namespace: str, name: str) -> None:
+    """A CronJob opted in, injected by the chart's operator with its Lease."""
+    batch = kubernetes.client.BatchV1Api(api)
+    batch.create_namespaced_cron_job(namespace, make_cronjob(name=name, namespace=None))
+    wait_for(lambda: injected(api, namespace, name), 60, "the chart's operator to inject")
+    leases = kubernetes.client.CoordinationV1Api(api)
+    wait_for(
+        lambda: any(
+            lease.metadata.name == f"cronlock-{name}"
+            for lease in leases.list_namespaced_lease(namespace).items
+        ),
+        30,
+        "the chart's operator to create the Lease",
+    )
 
 
 @pytest.mark.timeout(420)
@@ -90,18 +114,7 @@ def test_the_charts_operator_runs_on_the_node_injects_and_passes_helm_test(
 
     # The operator in its pod injects through the pods' path to the API server, with the
     # chart's RBAC: the CronJob gets the sidecar and its Lease.
-    batch = kubernetes.client.BatchV1Api(api)
-    batch.create_namespaced_cron_job(namespace, make_cronjob(name="report", namespace=None))
-    wait_for(lambda: injected(api, namespace, "report"), 60, "the chart's operator to inject")
-    leases = kubernetes.client.CoordinationV1Api(api)
-    wait_for(
-        lambda: any(
-            lease.metadata.name == "cronlock-report"
-            for lease in leases.list_namespaced_lease(namespace).items
-        ),
-        30,
-        "the chart's operator to create the Lease",
-    )
+    guard(api, namespace, "report")
 
 
 @pytest.mark.timeout(420)
@@ -129,3 +142,26 @@ def test_helm_test_fails_and_says_why_when_no_operator_serves(
     log = controlplane.kubectl("logs", f"pod/{fullname}-test", "-n", namespace)
     assert f"Service {namespace}/{fullname}-metrics has no ready endpoint" in log
     assert f"served cronlock's metrics within {TEST_WAIT}" in log
+
+
+@pytest.mark.timeout(420)
+def test_helm_uninstall_with_revert_runs_its_hook_on_the_node_and_puts_the_cronjob_back(
+    controlplane: ControlPlane,
+    api: kubernetes.client.ApiClient,
+    namespace: str,
+    node: RealNode,
+) -> None:
+    name, _ = install(controlplane, namespace, "uninstall.revert=true")
+    guard(api, namespace, "report")
+
+    # The post-delete hook Job (`cronlock-operator --uninstall`, the operator's image under
+    # restricted Pod Security) runs on the node; helm waits for it.
+    helm(controlplane, "uninstall", name, "-n", namespace, "--wait", "--timeout", "180s")
+
+    assert not injected(api, namespace, "report")
+    cronjob = read(api, namespace, "report")
+    assert cronjob["spec"]["jobTemplate"]["spec"]["template"]["spec"]["restartPolicy"] == (
+        "OnFailure"
+    )  # as make_cronjob wrote it
+    leases = kubernetes.client.CoordinationV1Api(api).list_namespaced_lease(namespace).items
+    assert [lease.metadata.name for lease in leases] == []
