@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
 import ipaddress
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 
 import kopf
+import uvloop
 
 from cronlock_operator import leader
 from cronlock_operator.config import OperatorSettings
@@ -197,24 +200,38 @@ def main(argv: Sequence[str] | None = None) -> int:
     import cronlock_operator.handlers  # noqa: F401 - registers the handlers with kopf
 
     elector = _lead(args) if args.leader_election else None
-    kopf.run(
-        standalone=True,
-        # kopf would derive it from getpass.getuser(), which fails for a UID without a
-        # passwd entry: the image's 65532, or the one OpenShift assigns.
-        identity=leader.identity(),  # type: ignore[arg-type]  # kopf's NewType, not exported
-        namespaces=args.namespace or (),
-        clusterwide=not args.namespace,
-        liveness_endpoint=args.liveness or None,
-        memo=kopf.Memo(
-            settings=settings,
-            metrics_port=args.metrics_port,
-            metrics_address=args.metrics_bind_address,
-            namespaces=args.namespace or [],
-        ),
+    _run_loop(
+        kopf.operator(
+            standalone=True,
+            # kopf would derive it from getpass.getuser(), which fails for a UID without a
+            # passwd entry: the image's 65532, or the one OpenShift assigns.
+            identity=leader.identity(),  # type: ignore[arg-type]  # kopf's NewType, not exported
+            namespaces=args.namespace or (),
+            clusterwide=not args.namespace,
+            liveness_endpoint=args.liveness or None,
+            memo=kopf.Memo(
+                settings=settings,
+                metrics_port=args.metrics_port,
+                metrics_address=args.metrics_bind_address,
+                namespaces=args.namespace or [],
+            ),
+        )
     )
     if elector is not None:
         elector.release()
     return 0
+
+
+def _run_loop(operator: Coroutine[None, None, None]) -> None:
+    """Run kopf's operator on uvloop's event loop, as `kopf run` would where uvloop is
+    installed: at 10,000 CronJobs the operator spent a quarter less CPU on it than on
+    asyncio's own loop (docs/PERFORMANCE.md)."""
+    # CancelledError: a stop, which kopf.run swallows too.
+    with (
+        asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner,
+        contextlib.suppress(asyncio.CancelledError),
+    ):
+        runner.run(operator)
 
 
 def _lead(args: argparse.Namespace) -> leader.Elector:
