@@ -1,10 +1,27 @@
-"""The error every annotation check raises, and the duration parser they share."""
+"""The error every annotation check raises, the duration parser they share, and `cut`."""
 
 from __future__ import annotations
 
 import json
 
 from cronlock_sidecar.durations import DURATION_FORMS, DurationError, parse_duration
+
+# Characters of a message an Event or a log line carries: any CronJob author chooses
+# what an InvalidConfig quotes, and a 200 KiB annotation must not cost 200 KiB a line.
+MESSAGE_LIMIT = 1024
+# Characters of a value an InvalidConfig quotes, so that its reason still fits in an Event.
+QUOTE_LIMIT = 256
+
+
+def cut(text: str, limit: int = MESSAGE_LIMIT) -> str:
+    """`text` if it has at most `limit` characters, else its start and how long it was,
+    in `limit` characters; the one cut of what Events and logs show."""
+    if len(text) <= limit:
+        return text
+    note = f"… (cut from {len(text)} characters)"
+    if limit <= len(note):
+        return text[:limit]
+    return text[: limit - len(note)] + note
 
 
 class InvalidConfig(ValueError):
@@ -14,8 +31,8 @@ class InvalidConfig(ValueError):
         self.annotation = annotation
         self.value = value
         self.reason = reason
-        shown = f"{annotation}: {json.dumps(value)}" if value is not None else annotation
-        super().__init__(f"{shown} {reason}")
+        quoted = f": {cut(json.dumps(value), QUOTE_LIMIT)}" if value is not None else ""
+        super().__init__(f"{annotation}{quoted} {reason}")
 
 
 def duration_annotation(annotation: str, text: str) -> float:

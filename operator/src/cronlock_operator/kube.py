@@ -6,7 +6,7 @@ import datetime
 import logging
 import secrets
 import socket
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import kubernetes
@@ -24,6 +24,7 @@ from cronlock_operator.answers import (
 )
 from cronlock_operator.cache import ObjectCache
 from cronlock_operator.config import LockConfig
+from cronlock_operator.invalid import cut
 from cronlock_operator.rbac_writes import HolderRbacWrites
 from cronlock_operator.sharing import CronJobLookup, refuse_unshared_lock
 from cronlock_operator.workqueue import Retry
@@ -102,22 +103,50 @@ class Kube(HolderRbacWrites):
     def list_cronjobs(self, namespaces: Sequence[str], into: ObjectCache) -> None:
         """Every CronJob in the watched namespaces (all when empty), into the cache page
         by page (a whole parsed list of 10,000 CronJobs would be the operator's peak)."""
+        for item in self._list(
+            "list cronjobs",
+            self.batch.list_cron_job_for_all_namespaces,
+            self.batch.list_namespaced_cron_job,
+            namespaces,
+        ):
+            into.put(item)
+
+    def list_leases(self, namespaces: Sequence[str]) -> Iterator[dict[str, Any]]:
+        """Every Lease labelled as cronlock's in the watched namespaces (all when empty)."""
+        return self._list(
+            "list leases",
+            self.leases.list_lease_for_all_namespaces,
+            self.leases.list_namespaced_lease,
+            namespaces,
+            label_selector=f"{contract.LABEL_MANAGED_BY}={contract.MANAGED_BY}",
+        )
+
+    def _list(
+        self,
+        what: str,
+        list_all: Any,
+        list_in: Any,
+        namespaces: Sequence[str],
+        **params: Any,
+    ) -> Iterator[dict[str, Any]]:
+        """The items of a list, LIST_PAGE at a time, namespace by namespace."""
         scopes: Sequence[str | None] = list(namespaces) or [None]
         for namespace in scopes:
             token = None
             while True:
-                with transient_errors("list cronjobs"):
+                with transient_errors(what):
+                    page_params = {
+                        **params,
+                        "limit": LIST_PAGE,
+                        "_continue": token,
+                        "_preload_content": False,
+                    }
                     if namespace is None:
-                        response = self.batch.list_cron_job_for_all_namespaces(
-                            limit=LIST_PAGE, _continue=token, _preload_content=False
-                        )
+                        response = list_all(**page_params)
                     else:
-                        response = self.batch.list_namespaced_cron_job(
-                            namespace, limit=LIST_PAGE, _continue=token, _preload_content=False
-                        )
+                        response = list_in(namespace, **page_params)
                 page = raw(response)
-                for item in page.get("items") or []:
-                    into.put(item)
+                yield from page.get("items") or []
                 token = (page.get("metadata") or {}).get("continue")
                 if not token:
                     break
@@ -325,6 +354,9 @@ class Kube(HolderRbacWrites):
     ) -> None:
         """A core/v1 Event on the object (what `kubectl describe` and `get events` show)."""
         metadata = involved["metadata"]
+        # Any CronJob author writes what an Event quotes: the Event and the log line carry
+        # the same cut text, never a 200 KiB annotation.
+        message = cut(message)
         now = datetime.datetime.now(datetime.UTC)
         event = {
             "metadata": {
@@ -339,7 +371,7 @@ class Kube(HolderRbacWrites):
                 "uid": metadata.get("uid"),
             },
             "reason": reason,
-            "message": message[:1024],
+            "message": message,
             "type": "Warning" if warning else "Normal",
             "source": {"component": REPORTING_COMPONENT},
             "reportingComponent": "cronlock.io/operator",

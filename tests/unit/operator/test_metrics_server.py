@@ -1,0 +1,231 @@
+"""The operator's /metrics server: it answers scrapes as before, and no client holds more of
+it than its caps, for longer than its timeout (security review N5)."""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import selectors
+import socket
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from cronlock_operator import metrics, selfcheck
+from cronlock_operator.metrics import MetricsServer
+
+# A request whose headers never end: the client that sends it holds the connection.
+SLOW = b"GET /metrics HTTP/1.1\r\nHost: operator\r\n"
+FLOOD = 200
+SLACK = 2.0  # seconds a loaded machine may add to any bound below
+
+
+@pytest.fixture
+def server() -> Iterator[MetricsServer]:
+    server = metrics.serve(0, "127.0.0.1")
+    yield server
+    server.stop()
+
+
+def scrape(
+    port: int, source: str = "127.0.0.1", method: str = "GET", path: str = "/metrics"
+) -> tuple[int, http.client.HTTPMessage, bytes]:
+    """(status, headers, body) of one request, as a scraper on `source` sees it."""
+    connection = http.client.HTTPConnection(
+        "127.0.0.1", port, timeout=SLACK, source_address=(source, 0)
+    )
+    try:
+        connection.request(method, path)
+        answer = connection.getresponse()
+        return answer.status, answer.headers, answer.read()
+    finally:
+        connection.close()
+
+
+def exchange(port: int, request: bytes) -> bytes:
+    """All the server sends back to `request` before it closes the connection (a
+    TimeoutError when it keeps it open for SLACK seconds)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=SLACK) as client:
+        client.sendall(request)
+        answer = b""
+        while chunk := client.recv(65536):
+            answer += chunk
+    return answer
+
+
+def server_threads() -> int:
+    return sum(thread.name.startswith("cronlock-metrics") for thread in threading.enumerate())
+
+
+class PeakThreads:
+    """The most threads the metrics server had at once while this was entered."""
+
+    def __init__(self) -> None:
+        self.peak = 0
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+
+    def __enter__(self) -> PeakThreads:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._done.set()
+        self._thread.join()
+
+    def _watch(self) -> None:
+        while not self._done.wait(0.005):
+            self.peak = max(self.peak, server_threads())
+
+
+def open_slow(port: int, sources: list[str]) -> list[socket.socket]:
+    clients = []
+    for source in sources:
+        client = socket.create_connection(
+            ("127.0.0.1", port), timeout=SLACK, source_address=(source, 0)
+        )
+        clients.append(client)
+        with contextlib.suppress(OSError):  # already closed: one over a cap
+            client.sendall(SLOW)
+    return clients
+
+
+def closing_times(clients: list[socket.socket], deadline: float) -> list[float]:
+    """When (time.monotonic()) the server closed each client's connection, waiting for
+    them until `deadline`; the list is shorter when some were still open then."""
+    closed: list[float] = []
+    with selectors.DefaultSelector() as selector:
+        for client in clients:
+            client.setblocking(False)
+            selector.register(client, selectors.EVENT_READ)
+        while selector.get_map() and (left := deadline - time.monotonic()) > 0:
+            for key, _ in selector.select(left):
+                client = key.fileobj
+                assert isinstance(client, socket.socket)
+                try:
+                    if client.recv(4096):
+                        continue  # an answer; the close comes next
+                except ConnectionResetError:
+                    pass
+                closed.append(time.monotonic())
+                selector.unregister(client)
+    return closed
+
+
+def test_metrics_answers_with_what_the_registry_holds(server: MetricsServer) -> None:
+    before = metrics.registry.get_sample_value("cronlock_guarded_cronjobs") or 0.0
+    metrics.guarded_cronjobs.set(7)
+    try:
+        status, headers, body = scrape(server.port)
+        _, head_headers, head_body = scrape(server.port, method="HEAD")
+    finally:
+        metrics.guarded_cronjobs.set(before)
+    assert status == 200
+    assert headers["Content-Type"].startswith("text/plain")
+    assert b"\ncronlock_guarded_cronjobs 7.0\n" in body
+    assert head_body == b""
+    assert head_headers["Content-Length"] == headers["Content-Length"]
+    # What the chart's `helm test` (selfcheck) asks of it.
+    assert selfcheck.scrape(selfcheck.Endpoint("127.0.0.1", server.port)) is None
+
+
+def test_prometheus_still_gets_openmetrics_when_it_asks(server: MetricsServer) -> None:
+    answer = exchange(
+        server.port,
+        b"GET /metrics HTTP/1.1\r\nHost: operator\r\n"
+        b"Accept: application/openmetrics-text;version=1.0.0,text/plain;q=0.5\r\n\r\n",
+    )
+    assert b"\r\nContent-Type: application/openmetrics-text; version=1.0.0" in answer
+    assert answer.endswith(b"# EOF\n")
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "status"),
+    [("GET", "/", 404), ("GET", "/healthz", 404), ("POST", "/metrics", 405)],
+)
+def test_only_get_and_head_of_metrics_are_served(
+    server: MetricsServer, method: str, path: str, status: int
+) -> None:
+    answered, _, body = scrape(server.port, method=method, path=path)
+    assert answered == status
+    assert b"cronlock_" not in body
+
+
+def test_a_flood_from_one_pod_holds_few_threads_and_prometheus_still_scrapes(
+    server: MetricsServer,
+) -> None:
+    start = time.monotonic()
+    with PeakThreads() as threads:
+        flood = open_slow(server.port, ["127.0.0.1"] * FLOOD)
+        try:
+            began = time.monotonic()
+            status, _, body = scrape(server.port, source="127.0.0.2")  # Prometheus
+            scraped = time.monotonic() - began
+            closed = closing_times(flood, deadline=start + metrics.TIMEOUT + SLACK)
+        finally:
+            for client in flood:
+                client.close()
+
+    assert status == 200
+    assert b"cronlock_build_info" in body
+    assert scraped < SLACK
+    # The accept thread, the pod's few connections and the scrape; not one per connection.
+    assert threads.peak <= 1 + metrics.CONNECTIONS_PER_CLIENT + 1
+    assert len(closed) == FLOOD  # none outlived the timeout
+    # Those over the cap were closed at once, not after the timeout.
+    at_once = [t for t in closed if t - start < metrics.TIMEOUT / 2]
+    assert len(at_once) >= FLOOD - metrics.CONNECTIONS_PER_CLIENT
+
+
+def test_a_flood_from_many_pods_holds_at_most_the_cap_and_ends_with_the_timeout(
+    server: MetricsServer,
+) -> None:
+    # 50 pods, 4 connections each (loopback answers on all of 127/8).
+    sources = [f"127.0.1.{1 + index // 4}" for index in range(FLOOD)]
+    start = time.monotonic()
+    with PeakThreads() as threads:
+        flood = open_slow(server.port, sources)
+        try:
+            closed = closing_times(flood, deadline=start + metrics.TIMEOUT + SLACK)
+        finally:
+            for client in flood:
+                client.close()
+        status = 0
+        while status != 200 and time.monotonic() < start + metrics.TIMEOUT + 2 * SLACK:
+            with contextlib.suppress(OSError, http.client.HTTPException):
+                status, _, _ = scrape(server.port, source="127.0.0.2")
+        scraped = time.monotonic() - start
+
+    assert threads.peak <= 1 + metrics.CONNECTIONS
+    assert len(closed) == FLOOD
+    assert max(closed) - start <= metrics.TIMEOUT + SLACK
+    assert status == 200
+    assert scraped <= metrics.TIMEOUT + 2 * SLACK
+
+
+def test_keep_alive_is_not_honoured(server: MetricsServer) -> None:
+    request = b"GET /metrics HTTP/1.1\r\nHost: operator\r\nConnection: keep-alive\r\n\r\n"
+    began = time.monotonic()
+    answer = exchange(server.port, request * 2)  # a second request on the same connection
+    assert answer.count(b"HTTP/1.1 200 OK\r\n") == 1
+    assert b"\r\nConnection: close\r\n" in answer
+    # Closed after the one answer, well before the timeout.
+    assert time.monotonic() - began < metrics.TIMEOUT
+
+
+@pytest.mark.parametrize(
+    ("request_bytes", "status"),
+    [
+        (b"GET /metrics?" + b"a" * 65536 + b" HTTP/1.1\r\n\r\n", b"414"),
+        (b"GET /metrics HTTP/1.1\r\n" + b"X-Padding: " + b"a" * 16384 + b"\r\n\r\n", b"431"),
+    ],
+    ids=["request-line", "headers"],
+)
+def test_an_oversized_request_is_refused(
+    server: MetricsServer, request_bytes: bytes, status: bytes
+) -> None:
+    answer = exchange(server.port, request_bytes)
+    assert answer.startswith(b"HTTP/1.1 " + status + b" ")
+    assert b"cronlock_" not in answer
