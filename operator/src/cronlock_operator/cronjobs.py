@@ -38,6 +38,8 @@ class CronJobDecision:
     """What to write for one CronJob, and what the operator remembers of it afterwards."""
 
     guard: Guard | None = None
+    # The guarded lock's lease duration: the longest a hold of it may go unrenewed.
+    lease_duration_seconds: int | None = None
     keep_guard: bool = False  # bad input: remember what we had, change nothing
     before: list[Action] = field(default_factory=list)
     sync_rbac: bool = False
@@ -102,6 +104,7 @@ def decide(
             )
     return CronJobDecision(
         guard=guard,
+        lease_duration_seconds=config.timing.lease_duration_seconds if config else None,
         before=before,
         sync_rbac=guard not in granted if guard is not None else previous is not None,
         after=after,

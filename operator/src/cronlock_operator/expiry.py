@@ -67,10 +67,14 @@ class Observations:
 
 
 def observe(
-    previous: Observation | None, record: LeaseRecord, now: float
+    previous: Observation | None, record: LeaseRecord, now: float, longest_duration: int
 ) -> tuple[Observation | None, list[Action]]:
     """A new Observation when the holder or renew time changed (None: unchanged), and what
-    the change counts as: a new holder is an acquired run, a cleared one a released run."""
+    the change counts as: a new holder is an acquired run, a cleared one a released run.
+
+    The holder writes the Lease's duration itself, so it is believed only up to
+    `longest_duration`, the longest its lock's owners give it: a hold written to last 68
+    years is cleared like any other once its renewals stop."""
     if previous is not None and (previous.holder, previous.renew_time) == (
         record.holder,
         record.renew_time_text,
@@ -84,7 +88,7 @@ def observe(
     seen = Observation(
         record.holder,
         record.renew_time_text,
-        record.duration_seconds or contract.DEFAULT_TTL_SECONDS,
+        min(record.duration_seconds or contract.DEFAULT_TTL_SECONDS, longest_duration),
         record.transitions,
         now,
     )

@@ -89,6 +89,8 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
     # The whole list first: the holder Roles are computed from every guarded CronJob in a
     # namespace, and a Role written from half a list would revoke live holders' access.
     await asyncio.to_thread(reconciler.kube.list_cronjobs, memo.namespaces, reconciler.cronjobs)
+    # And the Leases: who uses a lock, so that the grants obey consent (share-lock-with).
+    await asyncio.to_thread(reconciler.load_leases, memo.namespaces)
     await reconciler.sync_all_rbac()
     reconciler.queue.start()
     memo.reconciler = reconciler

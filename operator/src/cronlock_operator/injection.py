@@ -263,8 +263,26 @@ def check_injectable(cronjob: Mapping[str, Any], config: LockConfig) -> None:
                 f"the volume name {contract.VOLUME_NAME} is reserved for cronlock; "
                 "rename the volume"
             )
+    if spec.get("automountServiceAccountToken") is False:
+        raise refuse(
+            "the pod sets automountServiceAccountToken: false, and the cronlock sidecar needs "
+            "the pod's token to hold its Lease; remove the field or set it to true"
+        )
     job_template: Mapping[str, Any] = cronjob["spec"]["jobTemplate"]
     job_spec: Mapping[str, Any] = job_template.get("spec") or {}
+    # One lock, one run: two pods of one Job would take the Lease from each other.
+    for field_name in ("parallelism", "completions"):
+        value = job_spec.get(field_name)
+        if _is_whole_number(value) and value > 1:
+            raise refuse(
+                f"the job's {field_name} is {value}; a lock guards one pod at a time, so a "
+                f"guarded Job runs one pod ({field_name}: 1)"
+            )
+    if job_spec.get("completionMode") == "Indexed":
+        raise refuse(
+            "the job's completionMode is Indexed; a lock guards one pod at a time, so a "
+            "guarded Job is NonIndexed"
+        )
     rules = (job_spec.get("podFailurePolicy") or {}).get("rules") or []
     if len(rules) >= MAX_POD_FAILURE_POLICY_RULES:
         raise refuse(
@@ -284,12 +302,11 @@ def check_injectable(cronjob: Mapping[str, Any], config: LockConfig) -> None:
 
 
 def _user_uid(pod_spec: Mapping[str, Any]) -> int | None:
-    """The UID the user's containers run as, when the pod spec says: pod level, else first."""
+    """The UID the user's containers run as, when the pod spec says: each container's own,
+    else the pod's (the one the kernel sees; `_check_signal_uids` made them agree)."""
     pod_uid = (pod_spec.get("securityContext") or {}).get("runAsUser")
-    if pod_uid is not None:
-        return int(pod_uid)
     for container in pod_spec.get("containers") or []:
-        uid = (container.get("securityContext") or {}).get("runAsUser")
+        uid = (container.get("securityContext") or {}).get("runAsUser", pod_uid)
         if uid is not None:
             return int(uid)
     return None

@@ -14,7 +14,7 @@ import datetime
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,7 +25,7 @@ from cronlock_operator.accounting import RunAccounting
 from cronlock_operator.actions import Executor, PostEventCall
 from cronlock_operator.answers import NotOurs, Rejected
 from cronlock_operator.cache import ObjectCache
-from cronlock_operator.config import OperatorSettings
+from cronlock_operator.config import MAX_TTL_SECONDS, OperatorSettings
 from cronlock_operator.expiry import Observations
 from cronlock_operator.keys import ContentionKey, CronJobKey, Key, LeaseKey, RunsKey
 from cronlock_operator.kube import Kube
@@ -53,6 +53,9 @@ class Reconciler(RunAccounting):
     jobs: ObjectCache = field(default_factory=ObjectCache)
     leases: ObjectCache = field(default_factory=ObjectCache)
     guards: dict[Name, Guard] = field(default_factory=dict)
+    # Per guarded CronJob: its lock's lease duration. A hold is judged expired after the
+    # longest of its Lease's owners', whatever duration the holder wrote on the Lease.
+    lease_durations: dict[Name, int] = field(default_factory=dict)
     observations: Observations = field(default_factory=Observations)
     # Per CronJob uid: the last message of each warning posted, so a replay posts nothing.
     posted: dict[str, dict[str, str]] = field(default_factory=dict)
@@ -96,6 +99,7 @@ class Reconciler(RunAccounting):
         if kind == "DELETED":
             self.cronjobs.pop(key)
             self.own_versions.pop(key, None)
+            self.lease_durations.pop(key, None)
         else:
             self.cronjobs.put(body)
             version = body["metadata"].get("resourceVersion")
@@ -139,7 +143,9 @@ class Reconciler(RunAccounting):
                     self.queue.add(CronJobKey(key[0], owner["name"]))
             return
         self.leases.put(_lease_entry(body))
-        seen, counts = expiry.observe(self.observations.get(key), record, self.clock())
+        seen, counts = expiry.observe(
+            self.observations.get(key), record, self.clock(), self._longest_duration(body)
+        )
         if seen is not None:
             self.executor.run(counts)
             self.observations.put(key, seen)
@@ -150,6 +156,18 @@ class Reconciler(RunAccounting):
             for job, what in notes.contended().items():
                 self.contended[(key[0], job)] = what
             self.queue.add(ContentionKey(*key))
+
+    def _longest_duration(self, lease: Mapping[str, Any]) -> int:
+        """The longest lease duration among the Lease's owners as their annotations set it
+        (the longest any lock may have while none of them is known yet)."""
+        namespace = lease["metadata"]["namespace"]
+        durations = [
+            duration
+            for owner in lease["metadata"].get("ownerReferences") or []
+            if owner.get("kind") == "CronJob"
+            and (duration := self.lease_durations.get((namespace, owner.get("name")))) is not None
+        ]
+        return max(durations, default=MAX_TTL_SECONDS)
 
     def check_expiry(self) -> None:
         """Enqueue every Lease whose holder has not renewed for longer than its duration."""
@@ -221,14 +239,21 @@ class Reconciler(RunAccounting):
             granted=self.synced_rbac.get(namespace, frozenset()),
             posted=self.posted.get(uid, {}),
         )
-        if not decision.keep_guard:
-            if decision.guard is not None:
-                self.guards[key] = decision.guard
-            else:
-                self.guards.pop(key, None)
+        if (
+            not decision.keep_guard
+            and decision.guard is None
+            and self.guards.pop(key, None) is not None
+        ):
             metrics.guarded_cronjobs.set(len(self.guards))
         try:
             self.executor.run(decision.before)
+            # Recorded only once its Lease is ensured (consent checked): a holder RBAC sync
+            # in another worker meanwhile must not grant a lock this CronJob may not join.
+            if not decision.keep_guard and decision.guard is not None:
+                self.guards[key] = decision.guard
+                metrics.guarded_cronjobs.set(len(self.guards))
+            if decision.lease_duration_seconds is not None:
+                self.lease_durations[key] = decision.lease_duration_seconds
             if decision.sync_rbac:
                 self.sync_rbac(namespace)
             if decision.guard is not None:
@@ -259,7 +284,17 @@ class Reconciler(RunAccounting):
         self.conflicted.add(key)
         if self.guards.pop(key, None) is not None:
             metrics.guarded_cronjobs.set(len(self.guards))
+        # A grant made ahead of this reconcile (a burst, or the start-up sync) is taken back.
+        pending = cronjobs.pending_guard(body, self.settings)
+        if pending is not None and pending in self.synced_rbac.get(key[0], frozenset()):
+            self.sync_rbac(key[0])
         self._warn_once(body, "Conflict", conflict + "; the CronJob is left as it was")
+
+    def load_leases(self, namespaces: Sequence[str]) -> None:
+        """Fill the Lease cache before the first holder RBAC sync: a lock's users are read
+        from its Lease, and an empty cache would grant every lock to whoever asks."""
+        for lease in self.kube.list_leases(namespaces):
+            self.leases.put(_lease_entry(lease))
 
     async def sync_all_rbac(self) -> None:
         """The holder Roles of every namespace with a cached CronJob, WORKERS at a time (in

@@ -20,6 +20,7 @@ import kubernetes
 
 from cronlock_operator.answers import Rejected, done, made_by_cronlock, raw
 from cronlock_operator.cache import ObjectCache
+from cronlock_operator.config import InvalidConfig
 from cronlock_operator.injection import is_injected, revert
 from cronlock_operator.kube import Kube
 from cronlock_operator.patching import injection_patch
@@ -48,8 +49,11 @@ def uninstall(
     kube = api if isinstance(api, Kube) else Kube(api)
     started = time.monotonic()
     left: list[str] = []
+    # CronJobs whose record of the injection cannot be read back: left as they are, told,
+    # and not tried again (their annotations will not change by waiting).
+    unrevertable: dict[str, str] = {}
     while True:
-        reverted, left = _revert_pass(kube, namespaces, frozenset(keep))
+        reverted, left = _revert_pass(kube, namespaces, frozenset(keep), unrevertable)
         if not reverted and not left:
             break
         if time.monotonic() - started > settle:
@@ -60,36 +64,47 @@ def uninstall(
     else:
         deleted = _delete_ours(kube, namespaces, frozenset(keep))
         logger.info("uninstall: %d objects cronlock made deleted", deleted)
+    for name, reason in sorted(unrevertable.items()):
+        logger.error("uninstall: %s left injected, revert it by hand: %s", name, reason)
     if left:
         logger.error(
             "uninstall: still injected after %.0fs (is an operator still running?): %s",
             settle,
             ", ".join(left),
         )
+    if left or unrevertable:
         return 1
     logger.info("uninstall: every CronJob is as its user wrote it")
     return 0
 
 
 def _revert_pass(
-    kube: Kube, namespaces: Sequence[str], keep: frozenset[str]
+    kube: Kube, namespaces: Sequence[str], keep: frozenset[str], unrevertable: dict[str, str]
 ) -> tuple[int, list[str]]:
-    """Revert what is injected now: (how many were reverted, which could not be)."""
+    """Revert what is injected now: (how many were reverted, which could not be yet).
+
+    A CronJob whose `cronlock.io/original-*` record holds a value cronlock never writes is
+    added to `unrevertable` instead: one odd CronJob never stops the others' revert."""
     cronjobs = ObjectCache()
     kube.list_cronjobs(namespaces, cronjobs)
     reverted, failed = 0, []
     for namespace, name in sorted(cronjobs.keys()):
         body = cronjobs.get((namespace, name))
-        if namespace in keep or body is None or not is_injected(body):
+        where = f"{namespace}/{name}"
+        if namespace in keep or body is None or not is_injected(body) or where in unrevertable:
             continue
-        patch = injection_patch(body, revert(body))
+        try:
+            patch = injection_patch(body, revert(body))
+        except InvalidConfig as error:
+            unrevertable[where] = str(error)
+            continue
         try:
             kube.patch_cronjob(namespace, name, patch)
         except (Retry, Rejected) as error:
             logger.warning("uninstall: %s/%s not reverted yet: %s", namespace, name, error)
-            failed.append(f"{namespace}/{name}")
+            failed.append(where)
             continue
-        logger.info("uninstall: %s/%s reverted", namespace, name)
+        logger.info("uninstall: %s reverted", where)
         reverted += 1
     return reverted, failed
 

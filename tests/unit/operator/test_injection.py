@@ -590,3 +590,42 @@ def test_a_cronjob_without_namespace_is_a_programming_error() -> None:
     config: LockConfig = parse_config(cronjob, SETTINGS)
     with pytest.raises(ValueError, match="namespace"):
         build_injection(cronjob, config, SETTINGS)
+
+
+@pytest.mark.parametrize(
+    ("job_spec", "said"),
+    [
+        ({"parallelism": 2}, "parallelism is 2"),
+        ({"completions": 3}, "completions is 3"),
+        ({"completionMode": "Indexed"}, "completionMode is Indexed"),
+    ],
+)
+def test_a_job_of_more_than_one_pod_is_refused(job_spec: dict[str, Any], said: str) -> None:
+    """Two pods of one Job would take the Lease from each other (security review N13)."""
+    cronjob = make_cronjob(annotations={"cronlock.io/enabled": "true"})
+    cronjob["spec"]["jobTemplate"]["spec"].update(job_spec)
+    with pytest.raises(InvalidConfig, match=said):
+        build_injection(cronjob, parse_config(cronjob, SETTINGS), SETTINGS)
+
+
+def test_a_pod_without_its_token_is_refused() -> None:
+    cronjob = make_cronjob(annotations={"cronlock.io/enabled": "true"})
+    cronjob["spec"]["jobTemplate"]["spec"]["template"]["spec"]["automountServiceAccountToken"] = (
+        False
+    )
+    with pytest.raises(InvalidConfig, match="automountServiceAccountToken: false"):
+        build_injection(cronjob, parse_config(cronjob, SETTINGS), SETTINGS)
+
+
+def test_signal_runs_the_sidecar_as_the_uid_the_work_really_has() -> None:
+    """Pod-level root overridden by the container: the sidecar takes the container's 1000,
+    not the old `0 or 65532` (security review N13)."""
+    cronjob = make_cronjob(
+        annotations={"cronlock.io/enabled": "true", "cronlock.io/stop": "signal"}
+    )
+    pod = cronjob["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+    pod["securityContext"] = {"runAsUser": 0}
+    pod["containers"][0]["securityContext"] = {"runAsUser": 1000}
+    injected = build_injection(cronjob, parse_config(cronjob, SETTINGS), SETTINGS)
+    sidecar = injected["spec"]["jobTemplate"]["spec"]["template"]["spec"]["initContainers"][0]
+    assert sidecar["securityContext"]["runAsUser"] == 1000

@@ -277,27 +277,44 @@ def lease(holder: str, renew: str, transitions: int = 1, version: str = "7") -> 
 
 
 RENEWED = "2026-12-01T12:00:00.000000Z"
+LONGEST = 3600  # the longest lease duration the Lease's owners give it
+
+
+def test_a_hold_is_believed_only_for_the_longest_duration_its_owners_give_it() -> None:
+    """A pod on the account writes leaseDurationSeconds 2147483647 (68 years) and dies: the
+    operator clears it like any hold of its lock (security review N3)."""
+    squatted = lease("intruder", RENEWED)
+    squatted["spec"]["leaseDurationSeconds"] = 2147483647
+    seen, _ = expiry.observe(None, read_lease(squatted), 100.0, 60)
+    assert seen is not None
+    assert seen.duration == 60
+    assert not seen.overdue(162.0, 2)
+    assert seen.overdue(162.5, 2)
+    # A shorter duration than the owners' is the holder's own and is kept.
+    short, _ = expiry.observe(None, read_lease(lease("a", RENEWED)), 100.0, 60)
+    assert short is not None
+    assert short.duration == 30
 
 
 def test_observing_a_new_holder_counts_an_acquired_run_and_a_cleared_one_a_release() -> None:
-    first, counts = expiry.observe(None, read_lease(lease("a", RENEWED)), 100.0)
+    first, counts = expiry.observe(None, read_lease(lease("a", RENEWED)), 100.0, LONGEST)
     assert first is not None
     assert counts == []
-    same, counts = expiry.observe(first, read_lease(lease("a", RENEWED)), 150.0)
+    same, counts = expiry.observe(first, read_lease(lease("a", RENEWED)), 150.0, LONGEST)
     assert same is None
     assert counts == []
-    second, counts = expiry.observe(first, read_lease(lease("b", RENEWED, 2)), 160.0)
+    second, counts = expiry.observe(first, read_lease(lease("b", RENEWED, 2)), 160.0, LONGEST)
     assert second is not None
     assert counts == [CountRun("acquired")]
     free = read_lease(lease("", RENEWED, 2))
-    _, counts = expiry.observe(second, free, 170.0)
+    _, counts = expiry.observe(second, free, 170.0, LONGEST)
     assert counts == [CountRun("released")]
 
 
 def test_observations_list_overdue_only_the_held_leases_past_duration_plus_skew() -> None:
     observations = expiry.Observations()
-    held, _ = expiry.observe(None, read_lease(lease("a", RENEWED)), 100.0)
-    free, _ = expiry.observe(None, read_lease(lease("", RENEWED)), 0.0)
+    held, _ = expiry.observe(None, read_lease(lease("a", RENEWED)), 100.0, LONGEST)
+    free, _ = expiry.observe(None, read_lease(lease("", RENEWED)), 0.0, LONGEST)
     assert held is not None
     assert free is not None
     observations.put((NAMESPACE, "held"), held)
@@ -313,14 +330,14 @@ def test_observations_list_overdue_only_the_held_leases_past_duration_plus_skew(
 
 
 def test_a_holder_is_overdue_only_past_its_duration_plus_the_skew() -> None:
-    seen, _ = expiry.observe(None, read_lease(lease("a", RENEWED)), 100.0)
+    seen, _ = expiry.observe(None, read_lease(lease("a", RENEWED)), 100.0, LONGEST)
     assert seen is not None
     assert not seen.overdue(132.0, 2)
     assert seen.overdue(132.5, 2)
 
 
 def test_an_overdue_holder_is_cleared_with_a_guarded_patch_then_the_owners_are_told() -> None:
-    seen, _ = expiry.observe(None, read_lease(lease("a", RENEWED)), 100.0)
+    seen, _ = expiry.observe(None, read_lease(lease("a", RENEWED)), 100.0, LONGEST)
     assert seen is not None
     owner = cronjob()
     wall = datetime(2026, 12, 1, 12, 1, 0, tzinfo=UTC)
@@ -341,7 +358,7 @@ def test_an_overdue_holder_is_cleared_with_a_guarded_patch_then_the_owners_are_t
 
 
 def test_a_holder_that_renewed_meanwhile_is_left_alone() -> None:
-    seen, _ = expiry.observe(None, read_lease(lease("a", RENEWED)), 100.0)
+    seen, _ = expiry.observe(None, read_lease(lease("a", RENEWED)), 100.0, LONGEST)
     assert seen is not None
     later = "2026-12-01T12:00:10.000000Z"
     wall = datetime(2026, 12, 1, 12, 1, 0, tzinfo=UTC)

@@ -3,16 +3,21 @@ where it was told (the API side is tests/integration/test_uninstall.py)."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import jsonpatch  # type: ignore[import-untyped]  # a dependency of the kubernetes client
+import pytest
 
 from cronlock_operator.cache import ObjectCache
 from cronlock_operator.config import parse_config
 from cronlock_operator.injection import build_injection, is_injected
 from cronlock_operator.kube import Kube
 from cronlock_operator.uninstall import uninstall
+from cronlock_sidecar import contract
 from tests.support.cronjobs import SETTINGS, make_cronjob
+
+ORIGINAL_GRACE = contract.ANNOTATION_ORIGINAL_TERMINATION_GRACE_PERIOD_SECONDS
 
 
 class FakeKube(Kube):
@@ -60,3 +65,22 @@ def test_named_namespaces_only() -> None:
 
     assert uninstall(kube, ["dropped-a"], revert_only=True, sleep=lambda _s: None) == 0
     assert kube.patched == [("dropped-a", "report")]
+
+
+def test_a_cronjob_whose_record_cannot_be_read_back_stops_no_other_and_fails_the_hook(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A CronJob-only editor writes an odd `original-*` value on her injected CronJob: the
+    hook still reverts every other one, names hers, and exits 1 (security review N6)."""
+    odd = injected_in("alice")
+    odd["metadata"]["annotations"][ORIGINAL_GRACE] = "x"
+    kube = FakeKube([odd, injected_in("billing")])
+
+    with caplog.at_level(logging.ERROR):
+        code = uninstall(kube, [], revert_only=True, settle=0, sleep=lambda _s: None)
+
+    assert code == 1
+    assert kube.patched == [("billing", "report")]
+    assert not is_injected(kube.stored[("billing", "report")])
+    assert is_injected(kube.stored[("alice", "report")])
+    assert "alice/report left injected, revert it by hand" in caplog.text
