@@ -19,6 +19,14 @@ from tests.kube import wait_for
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "charts" / "cronlock"
 OPERATOR_NAMESPACE = "cronlock-system"
+# The sidecar image every test operator injects, and so the one the chart's operator policy
+# admits (it pins the injected containers to the configured image): the Dockerfile's
+# `sidecar` target, built and imported into the real node's containerd.
+SIDECAR_IMAGE = "localhost/cronlock-sidecar:dev"
+SIDECAR_VALUES = (
+    f"sidecarImage.repository={SIDECAR_IMAGE.rsplit(':', 1)[0]}",
+    f"sidecarImage.tag={SIDECAR_IMAGE.rsplit(':', 1)[1]}",
+)
 RBAC_KINDS = {
     "ServiceAccount",
     "ClusterRole",
@@ -60,7 +68,7 @@ def install_chart_rbac(api: kubernetes.client.ApiClient, env: dict[str, str]) ->
         if error.status != 409:
             raise
     account = ""
-    for doc in render_chart(env):
+    for doc in render_chart(env, *SIDECAR_VALUES):
         if doc["kind"] not in RBAC_KINDS:
             continue
         if doc["kind"] == "ServiceAccount":
@@ -113,7 +121,12 @@ class OperatorProcess:
         offset = self.log_path.stat().st_size if self.log_path.exists() else 0
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
-                [str(executable), "--metrics-port", "0", "--liveness", "", *self.args],
+                [
+                    str(executable),
+                    *("--metrics-port", "0", "--liveness", ""),
+                    *("--sidecar-image", SIDECAR_IMAGE),
+                    *self.args,
+                ],
                 env=env,
                 stdout=log,
                 stderr=subprocess.STDOUT,

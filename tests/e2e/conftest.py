@@ -9,9 +9,9 @@ from pathlib import Path
 import kubernetes
 import pytest
 
-from tests.e2e.node import SIDECAR_IMAGE, PodRecorder, RealNode, WorkTracker
+from tests.e2e.node import PodRecorder, RealNode, WorkTracker
 from tests.e2e.scenario import Scenario
-from tests.operator_process import OperatorProcess
+from tests.operator_process import SIDECAR_IMAGE, OperatorProcess
 from tests.support.controlplane import ControlPlane
 
 

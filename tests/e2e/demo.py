@@ -16,7 +16,7 @@ from pathlib import Path
 import kubernetes
 
 from tests.kube import wait_for
-from tests.operator_process import OPERATOR_NAMESPACE, install_chart_rbac
+from tests.operator_process import OPERATOR_NAMESPACE, SIDECAR_IMAGE, install_chart_rbac
 from tests.support.controlplane import ControlPlane, make_service_account_kubeconfig
 
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -26,7 +26,6 @@ NAMESPACE = "cronlock-demo"
 VENV_BIN = ROOT / ".venv" / "bin"
 # Built from the repository's Dockerfile and imported into the node's containerd by
 # tests/controlplane/node; there is no registry to pull from.
-SIDECAR_IMAGE = "localhost/cronlock-sidecar:dev"
 BUSYBOX_IMAGE = "localhost/busybox:cronlock"
 
 

@@ -36,7 +36,6 @@ NODE_SCRIPT = ROOT / "tests" / "controlplane" / "node"
 HOST_LINK_IP = "198.51.100.1"
 CRONLOCK_IMAGE = "localhost/cronlock:dev"
 # The Dockerfile's `sidecar` target: what the operator injects.
-SIDECAR_IMAGE = "localhost/cronlock-sidecar:dev"
 BUSYBOX_IMAGE = "localhost/busybox:cronlock"
 SIDECAR_CONTAINER = "cronlock"
 GATE_CONTAINER = "cronlock-gate"

@@ -13,8 +13,9 @@ from pathlib import Path
 import kubernetes
 import pytest
 
-from tests.e2e.node import CRONLOCK_IMAGE, SIDECAR_IMAGE, RealNode
+from tests.e2e.node import CRONLOCK_IMAGE, RealNode
 from tests.kube import run_tool, wait_for
+from tests.operator_process import SIDECAR_IMAGE
 from tests.support.controlplane import ControlPlane
 from tests.support.cronjobs import make_cronjob
 from tests.support.objects import injected, read

@@ -7,6 +7,8 @@ other integration and end-to-end test shows the operator's real work passes it.
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -14,6 +16,10 @@ from typing import Any
 import kubernetes
 import pytest
 
+from cronlock_operator.config import OperatorSettings, parse_config
+from cronlock_operator.injection import build_injection, revert
+from cronlock_operator.patching import injection_patch
+from tests.operator_process import CHART, SIDECAR_IMAGE
 from tests.support.controlplane import ControlPlane
 from tests.support.cronjobs import make_cronjob
 
@@ -172,9 +178,387 @@ def test_the_operators_cronjob_patches_can_neither_switch_account_nor_image_nor_
     refused(
         lambda: patch({"op": "add", "path": "/metadata/annotations", "value": {"team": "evil"}})
     )
-    # What injection does stays possible: its own containers, its own annotations.
+    # Nor add a container of cronlock's name that is not cronlock's sidecar, or a
+    # cronlock.io annotation it does not keep (what injection does write passes:
+    # test_the_operators_token_can_write_exactly_cronlocks_injection_and_its_revert).
     sidecar = {"name": "cronlock", "image": "cronlock:any", "restartPolicy": "Always"}
-    patch(
-        {"op": "add", "path": f"{pod}/initContainers", "value": [sidecar]},
-        {"op": "add", "path": "/metadata/annotations", "value": {"cronlock.io/x": "1"}},
+    refused(lambda: patch({"op": "add", "path": f"{pod}/initContainers", "value": [sidecar]}))
+    refused(
+        lambda: patch(
+            {"op": "add", "path": "/metadata/annotations", "value": {"cronlock.io/x": "1"}}
+        )
     )
+
+
+# --- N1: the injection, and nothing else --------------------------------------------------
+
+POD = "/spec/jobTemplate/spec/template/spec"
+
+
+@pytest.fixture
+def plain_cronjob(api: kubernetes.client.ApiClient, namespace: str) -> str:
+    """A CronJob as a user wrote it (not opted in: no operator acts on it here)."""
+    body = make_cronjob(
+        name="invoices",
+        namespace=None,
+        schedule="0 0 1 1 *",
+        annotations={},
+        restart_policy="OnFailure",
+    )
+    body["spec"]["jobTemplate"]["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = 90
+    kubernetes.client.BatchV1Api(api).create_namespaced_cron_job(namespace, body)
+    return "invoices"
+
+
+def json_patch(
+    client: kubernetes.client.ApiClient, namespace: str, name: str, *ops: dict[str, Any]
+) -> Any:
+    return kubernetes.client.BatchV1Api(client).patch_namespaced_cron_job(
+        name, namespace, list(ops), _content_type="application/json-patch+json", dry_run="All"
+    )
+
+
+def test_the_operators_token_can_write_exactly_cronlocks_injection_and_its_revert(
+    api: kubernetes.client.ApiClient,
+    as_operator: kubernetes.client.ApiClient,
+    namespace: str,
+    plain_cronjob: str,
+) -> None:
+    """What the operator's own code writes passes the policy, in every stop mode (the
+    policy and containers.py/injection.py describe the same injection)."""
+    batch = kubernetes.client.BatchV1Api(as_operator)
+    settings = OperatorSettings(sidecar_image=SIDECAR_IMAGE)
+    for opted_in, grace in (
+        ({"cronlock.io/enabled": "true"}, 90),
+        ({"cronlock.io/enabled": "true", "cronlock.io/stop": "signal"}, 90),
+        ({"cronlock.io/enabled": "true", "cronlock.io/stop": "liveness"}, 90),
+        # No grace written: the API server defaults it to 30, which the revert restores.
+        ({"cronlock.io/enabled": "true", "cronlock.io/ttl": "5m"}, None),
+    ):
+        stored = api.sanitize_for_serialization(
+            kubernetes.client.BatchV1Api(api).read_namespaced_cron_job(plain_cronjob, namespace)
+        )
+        # The user opts in (as an admin here); the operator's patch follows.
+        stored["metadata"]["annotations"] = opted_in
+        pod = stored["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+        pod["containers"][0]["securityContext"] = {"runAsUser": 1000}
+        pod["terminationGracePeriodSeconds"] = grace
+        stored = api.sanitize_for_serialization(
+            kubernetes.client.BatchV1Api(api).replace_namespaced_cron_job(
+                plain_cronjob, namespace, stored
+            )
+        )
+        desired = build_injection(stored, parse_config(stored, settings), settings)
+        injected_now = batch.patch_namespaced_cron_job(
+            plain_cronjob,
+            namespace,
+            injection_patch(stored, desired),
+            _content_type="application/json-patch+json",
+        )
+        injected_body = as_operator.sanitize_for_serialization(injected_now)
+        batch.patch_namespaced_cron_job(
+            plain_cronjob,
+            namespace,
+            injection_patch(injected_body, revert(injected_body)),
+            _content_type="application/json-patch+json",
+        )
+
+
+@pytest.mark.parametrize(
+    ("ops", "said"),
+    [
+        # a) a privileged hostPath init container, inserted first, tolerating every taint
+        (
+            [
+                {
+                    "op": "add",
+                    "path": f"{POD}/volumes",
+                    "value": [{"name": "host", "hostPath": {"path": "/"}}],
+                },
+                {
+                    "op": "add",
+                    "path": f"{POD}/initContainers",
+                    "value": [
+                        {
+                            "name": "cronlock-x",
+                            "image": "busybox:1.36",
+                            "command": ["sh", "-c", "chroot /host id"],
+                            "securityContext": {"privileged": True, "runAsUser": 0},
+                            "volumeMounts": [{"name": "host", "mountPath": "/host"}],
+                        }
+                    ],
+                },
+                {"op": "add", "path": f"{POD}/tolerations", "value": [{"operator": "Exists"}]},
+            ],
+            "",
+        ),
+        # b) any Secret of the namespace, read by an added container
+        (
+            [
+                {
+                    "op": "add",
+                    "path": f"{POD}/volumes",
+                    "value": [{"name": "s", "secret": {"secretName": "db"}}],
+                },
+                {
+                    "op": "add",
+                    "path": f"{POD}/initContainers",
+                    "value": [
+                        {
+                            "name": "cronlock",
+                            "image": SIDECAR_IMAGE,
+                            "command": ["cat", "/s/password"],
+                            "volumeMounts": [{"name": "s", "mountPath": "/s"}],
+                        }
+                    ],
+                },
+            ],
+            "",
+        ),
+        # cronlock's own container name, with another image
+        (
+            [
+                {
+                    "op": "add",
+                    "path": f"{POD}/initContainers",
+                    "value": [
+                        {
+                            "name": "cronlock",
+                            "image": "evil:1",
+                            "command": ["cronlock-sidecar", "hold"],
+                        }
+                    ],
+                }
+            ],
+            "run only the configured sidecar image",
+        ),
+        # the sidecar image with a postStart hook of its own
+        (
+            [
+                {
+                    "op": "add",
+                    "path": f"{POD}/initContainers",
+                    "value": [
+                        {
+                            "name": "cronlock",
+                            "image": SIDECAR_IMAGE,
+                            "command": ["cronlock-sidecar", "hold"],
+                            "restartPolicy": "Always",
+                            "lifecycle": {
+                                "postStart": {"exec": {"command": ["python3", "-c", "1"]}}
+                            },
+                            "securityContext": {
+                                "runAsNonRoot": True,
+                                "allowPrivilegeEscalation": False,
+                                "capabilities": {"drop": ["ALL"]},
+                                "readOnlyRootFilesystem": True,
+                                "seccompProfile": {"type": "RuntimeDefault"},
+                            },
+                        }
+                    ],
+                }
+            ],
+            "run only the configured sidecar image",
+        ),
+        # the user's own container: its command, its environment from a Secret
+        (
+            [
+                {
+                    "op": "replace",
+                    "path": f"{POD}/containers/0/command",
+                    "value": ["sh", "-c", "curl evil"],
+                }
+            ],
+            "never changes the image of a container it did not add",
+        ),
+        (
+            [
+                {
+                    "op": "add",
+                    "path": f"{POD}/containers/0/envFrom",
+                    "value": [{"secretRef": {"name": "db"}}],
+                }
+            ],
+            "never changes the image of a container it did not add",
+        ),
+        # placement, pod security, runtime
+        (
+            [{"op": "add", "path": f"{POD}/nodeName", "value": "node-a"}],
+            "never changes the account a CronJob's pods run as",
+        ),
+        (
+            [{"op": "add", "path": f"{POD}/securityContext", "value": {"runAsUser": 0}}],
+            "never changes the account a CronJob's pods run as",
+        ),
+        (
+            [{"op": "add", "path": f"{POD}/hostUsers", "value": True}],
+            "never changes the account a CronJob's pods run as",
+        ),
+        # the pod's restart policy to anything but Never, a longer grace
+        (
+            [{"op": "replace", "path": f"{POD}/terminationGracePeriodSeconds", "value": 900}],
+            "terminationGracePeriodSeconds only",
+        ),
+        # the Job around the pods, and the pods' labels (NetworkPolicies select on them)
+        (
+            [{"op": "add", "path": "/spec/jobTemplate/spec/parallelism", "value": 500}],
+            "Job spec only by its podFailurePolicy rule",
+        ),
+        (
+            [
+                {
+                    "op": "add",
+                    "path": "/spec/jobTemplate/spec/template/metadata",
+                    "value": {"labels": {"role": "db-admin"}},
+                }
+            ],
+            "Job spec only by its podFailurePolicy rule",
+        ),
+        # c) opting a CronJob in on its owner's behalf
+        (
+            [
+                {
+                    "op": "add",
+                    "path": "/metadata/annotations",
+                    "value": {"cronlock.io/enabled": "true"},
+                }
+            ],
+            "changes only a CronJob's job template and its cronlock.io annotations",
+        ),
+    ],
+)
+def test_the_operators_token_can_add_nothing_to_a_cronjobs_pods_but_cronlocks_sidecar(
+    api: kubernetes.client.ApiClient,
+    as_operator: kubernetes.client.ApiClient,
+    namespace: str,
+    plain_cronjob: str,
+    ops: list[dict[str, Any]],
+    said: str,
+) -> None:
+    """Security review N1, each step with the operator's own token (server dry-run)."""
+    body = refused(lambda: json_patch(as_operator, namespace, plain_cronjob, *ops))
+    assert said in body
+    # The same patch by an admin is valid: the policy refused it, not the API's validation.
+    json_patch(api, namespace, plain_cronjob, *ops)
+
+
+def test_the_operators_token_reaches_no_job_or_event_outside_cronlocks_runs(
+    api: kubernetes.client.ApiClient, as_operator: kubernetes.client.ApiClient, namespace: str
+) -> None:
+    """Security review N1 d): Jobs and Events are matched too, kube-system included."""
+    admin_batch = kubernetes.client.BatchV1Api(api)
+    job = {
+        "metadata": {"name": "n1-probe"},
+        "spec": {
+            "suspend": True,
+            "template": {
+                "spec": {
+                    "restartPolicy": "Never",
+                    "containers": [{"name": "c", "image": "busybox:never-pulled"}],
+                }
+            },
+        },
+    }
+    admin_batch.create_namespaced_job(namespace, job)
+    batch = kubernetes.client.BatchV1Api(as_operator)
+    suspend = {"spec": {"activeDeadlineSeconds": 1, "parallelism": 5}}
+    assert "only annotates" in refused(
+        lambda: batch.patch_namespaced_job("n1-probe", namespace, suspend, dry_run="All")
+    )
+    refused(lambda: batch.delete_namespaced_job("n1-probe", namespace, dry_run="All"))
+    # A guarded run's Job (labelled cronlock.io/lock): its marks pass, its spec does not.
+    admin_batch.patch_namespaced_job(
+        "n1-probe", namespace, {"metadata": {"labels": {"cronlock.io/lock": "ledger"}}}
+    )
+    batch.patch_namespaced_job(
+        "n1-probe", namespace, {"metadata": {"annotations": {"cronlock.io/overlapped": "x"}}}
+    )
+    refused(lambda: batch.patch_namespaced_job("n1-probe", namespace, suspend, dry_run="All"))
+    refused(
+        lambda: batch.patch_namespaced_job(
+            "n1-probe", namespace, {"metadata": {"annotations": {"team": "x"}}}, dry_run="All"
+        )
+    )
+    batch.delete_namespaced_job("n1-probe", namespace, dry_run="All")
+    core = kubernetes.client.CoreV1Api(as_operator)
+
+    def event(kind: str, where: str) -> dict[str, Any]:
+        return {
+            "metadata": {"generateName": "cronlock-"},
+            "involvedObject": {"kind": kind, "name": "x", "namespace": where},
+            "reason": "Injected",
+            "message": "m",
+            "type": "Normal",
+        }
+
+    core.create_namespaced_event(namespace, event("CronJob", namespace), dry_run="All")
+    assert "only creates Events about CronJobs" in refused(
+        lambda: core.create_namespaced_event(namespace, event("Pod", namespace), dry_run="All")
+    )
+    refused(
+        lambda: core.create_namespaced_event(
+            "kube-system", event("CronJob", "kube-system"), dry_run="All"
+        )
+    )
+
+
+def test_the_operators_token_takes_over_no_other_controllers_lease(
+    api: kubernetes.client.ApiClient, as_operator: kubernetes.client.ApiClient, namespace: str
+) -> None:
+    """Security review N7: a holder Role must name its Leases, all cronlock-*; a Lease the
+    operator makes is named cronlock-*."""
+    rbac = kubernetes.client.RbacAuthorizationV1Api(as_operator)
+    wide = {
+        "metadata": {"name": "cronlock-holder-wide", "labels": OURS},
+        "rules": [
+            {
+                "apiGroups": ["coordination.k8s.io"],
+                "resources": ["leases"],
+                "verbs": ["get", "update"],
+            }
+        ],
+    }
+    assert "named cronlock-* Leases" in refused(
+        lambda: rbac.create_namespaced_role(namespace, wide, dry_run="All")
+    )
+    wide["rules"][0]["resourceNames"] = ["some-controller-leader"]
+    refused(lambda: rbac.create_namespaced_role(namespace, wide, dry_run="All"))
+    leases = kubernetes.client.CoordinationV1Api(as_operator)
+    other = {
+        "metadata": {"name": "other-controller-leader", "labels": OURS},
+        "spec": {"holderIdentity": "x", "leaseDurationSeconds": 15},
+    }
+    assert "named cronlock-*" in refused(
+        lambda: leases.create_namespaced_lease(namespace, other, dry_run="All")
+    )
+
+
+def test_the_policys_field_lists_name_every_field_the_api_server_knows(
+    controlplane: ControlPlane,
+) -> None:
+    """The policy compares the pod template field by field (CEL cannot drop a field): a field
+    a Kubernetes bump adds must be named, or a stolen operator token could set it."""
+    spec = json.loads(controlplane.kubectl("get", "--raw", "/openapi/v3/apis/batch/v1"))[
+        "components"
+    ]["schemas"]
+    template = (CHART / "templates" / "_scope-policy.tpl").read_text()
+
+    def listed(variable: str) -> set[str]:
+        match = re.search(r"\$" + variable + r" := list ((?:\"[^\"]+\" ?)+)", template)
+        assert match, variable
+        return set(re.findall(r'"([^"]+)"', match.group(1)))
+
+    def fields(schema: str) -> set[str]:
+        return set(spec[f"io.k8s.api.{schema}"]["properties"])
+
+    injection_writes = {"volumes", "initContainers", "containers", "restartPolicy",
+                        "terminationGracePeriodSeconds", "shareProcessNamespace"}  # fmt: skip
+    assert fields("core.v1.PodSpec") - injection_writes <= listed("podFields")
+    assert fields("core.v1.Container") - {"name", "volumeMounts", "livenessProbe"} <= listed(
+        "containerFields"
+    )
+    assert fields("batch.v1.JobSpec") - {"template", "podFailurePolicy"} <= listed("jobFields")
+    assert fields("batch.v1.CronJobSpec") - {"jobTemplate"} <= listed("cronJobFields")
+    checked = {"capabilities", "privileged", "runAsUser", "runAsGroup", "runAsNonRoot",
+               "readOnlyRootFilesystem", "allowPrivilegeEscalation", "seccompProfile"}  # fmt: skip
+    assert fields("core.v1.SecurityContext") - checked <= listed("securityNever")

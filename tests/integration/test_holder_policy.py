@@ -164,7 +164,9 @@ def test_a_pod_on_the_shared_account_writes_the_lease_only_as_itself(
     def disown(lease: dict[str, Any]) -> None:
         lease["metadata"]["ownerReferences"] = []
 
-    assert "never changes a Lease's labels or owners" in refused(intruder, namespace, unlabel)
+    assert "never changes a Lease's labels, owners or finalizers" in refused(
+        intruder, namespace, unlabel
+    )
     refused(run, namespace, disown)
     assert leases.read_namespaced_lease(LEASE, namespace).spec.holder_identity == run.identity
 
@@ -237,3 +239,119 @@ def _refused_now(
         _content_type="application/json-patch+json",
     )
     return False
+
+
+def guarded_on_shared(
+    api: kubernetes.client.ApiClient, namespace: str, annotations: dict[str, str] | None = None
+) -> None:
+    """The CronJob `report` on the account `shared`, injected, its Lease there."""
+    core = kubernetes.client.CoreV1Api(api)
+    core.create_namespaced_service_account(namespace, {"metadata": {"name": "shared"}})
+    cronjob = make_cronjob(
+        name="report",
+        namespace=None,
+        schedule="0 0 1 1 *",
+        annotations={"cronlock.io/enabled": "true", **(annotations or {})},
+        restart_policy="Never",
+    )
+    cronjob["spec"]["jobTemplate"]["spec"]["template"]["spec"]["serviceAccountName"] = "shared"
+    kubernetes.client.BatchV1Api(api).create_namespaced_cron_job(namespace, cronjob)
+    leases = kubernetes.client.CoordinationV1Api(api)
+    wait_for(lambda: _lease_exists(leases, namespace), 30, "the CronJob's Lease")
+
+
+def test_a_token_bound_to_no_pod_writes_nothing_and_nobody_holds_a_lock_for_68_years(
+    api: kubernetes.client.ApiClient,
+    namespace: str,
+    controlplane: ControlPlane,
+    tmp_path: Path,
+) -> None:
+    """Security review N4 and N3/N10: a token minted for the account (`kubectl create
+    token`, which the built-in `edit` role may do) or impersonation of it writes nothing;
+    a pod cannot choose a hold longer than any lock's ttl, nor add a finalizer."""
+    guarded_on_shared(api, namespace)
+    run = make_pod(api, controlplane, namespace, f"{RUN_JOB}-abcde", tmp_path)
+    wait_for(lambda: _can_read(run, namespace), 30, "the holder Role for `shared`")
+    admin = kubernetes.client.CoordinationV1Api(api)
+    wait_for(
+        lambda: _refused_now(run, namespace, hold(run.identity, duration=2147483647), admin),
+        30,
+        "the holders' policy to be enforced",
+    )
+    message = refused(run, namespace, hold(run.identity, duration=2147483647))
+    assert "leaseDurationSeconds must be from 1 to 86400" in message
+
+    minted_path = make_service_account_kubeconfig(controlplane, api, namespace, "shared", tmp_path)
+    minted = Pod(
+        api,
+        "minted",
+        kubernetes.client.CoordinationV1Api(controlplane.api_client(minted_path)),
+        "00000000",
+    )
+    impersonating = kubernetes.client.ApiClient(api.configuration)
+    impersonating.default_headers["Impersonate-User"] = f"system:serviceaccount:{namespace}:shared"
+    as_account = Pod(api, "as", kubernetes.client.CoordinationV1Api(impersonating), "00000000")
+
+    def unlabel(lease: dict[str, Any]) -> None:
+        lease["metadata"]["labels"].pop("app.kubernetes.io/managed-by")
+
+    def disown(lease: dict[str, Any]) -> None:
+        lease["metadata"]["ownerReferences"] = []
+
+    for writer in (minted, as_account):
+        for change in (hold(writer.identity), unlabel, disown):
+            assert "token bound to no pod" in refused(writer, namespace, change)
+
+    run.write(namespace, hold(run.identity, job=RUN_JOB))
+    for writer in (minted, as_account):
+        for change in (clear, hold("mallory"), unlabel, disown):
+            refused(writer, namespace, change)
+    intruder = make_pod(api, controlplane, namespace, "intruder", tmp_path)
+
+    def stick(lease: dict[str, Any]) -> None:
+        lease["metadata"]["finalizers"] = ["example.com/stuck"]
+
+    assert "finalizers" in refused(intruder, namespace, stick)
+    refused(run, namespace, stick)
+    lease = admin.read_namespaced_lease(LEASE, namespace)
+    assert lease.spec.holder_identity == run.identity
+    assert lease.metadata.owner_references
+    assert not lease.metadata.finalizers
+    impersonating.close()
+
+
+def test_a_hold_written_for_a_day_is_cleared_after_the_locks_ttl(
+    api: kubernetes.client.ApiClient,
+    namespace: str,
+    controlplane: ControlPlane,
+    tmp_path: Path,
+) -> None:
+    """Security review N3: the longest hold admission lets a pod write (a day) is believed
+    by the operator only for its lock's ttl (19s here) plus the skew once it stops."""
+    guarded_on_shared(api, namespace, {"cronlock.io/ttl": "19s"})
+    squatter = make_pod(api, controlplane, namespace, "squatter", tmp_path)
+    wait_for(lambda: _can_read(squatter, namespace), 30, "the holder Role for `shared`")
+    leases = kubernetes.client.CoordinationV1Api(api)
+    squatter.write(namespace, hold(squatter.identity, duration=86400))
+    claimed = datetime.datetime.now(datetime.UTC)
+    wait_for(
+        lambda: not leases.read_namespaced_lease(LEASE, namespace).spec.holder_identity,
+        60,
+        "the operator to clear the day-long hold after the lock's ttl",
+    )
+    waited = (datetime.datetime.now(datetime.UTC) - claimed).total_seconds()
+    assert 19 <= waited <= 40, waited
+    events = kubernetes.client.CoreV1Api(api).list_namespaced_event(
+        namespace, field_selector="reason=LeaseExpired"
+    )
+    assert [event.involved_object.name for event in events.items] == ["report"]
+
+
+def _lease_exists(leases: Any, namespace: str) -> bool:
+    try:
+        leases.read_namespaced_lease(LEASE, namespace)
+    except kubernetes.client.ApiException as error:
+        if error.status == 404:
+            return False
+        raise
+    return True

@@ -14,7 +14,7 @@ import kubernetes
 import pytest
 
 from tests.kube import wait_for
-from tests.operator_process import wait_settled
+from tests.operator_process import OperatorProcess, wait_settled
 from tests.support.controlplane import ControlPlane
 from tests.support.cronjobs import make_cronjob
 from tests.support.objects import annotate, injected, wait_event
@@ -170,3 +170,33 @@ def test_the_shared_lock_example_guards_both_cronjobs_with_one_lease(
         30,
         "one Lease owned by both",
     )
+
+
+def test_an_operator_restart_grants_no_lock_nobody_consented_to(
+    api: kubernetes.client.ApiClient,
+    namespace: str,
+    controlplane: ControlPlane,
+    service_account_kubeconfig: Any,
+    operator: OperatorProcess,
+) -> None:
+    """Security review N2: the start-up RBAC sync knew no Lease yet, so every opted-in
+    CronJob's account got its lock, consent or not, until the namespace's next change."""
+    core = kubernetes.client.CoreV1Api(api)
+    for account in ("billing", "ci"):
+        core.create_namespaced_service_account(namespace, {"metadata": {"name": account}})
+    kubernetes.client.BatchV1Api(api).create_namespaced_cron_job(
+        namespace, cronjob("invoices", "billing", **{"cronlock.io/lock": "ledger"})
+    )
+    wait_for(lambda: "cronlock-ledger" in granted(api, namespace, "billing"), 30, "its Role")
+    as_mallory = cronjob_editor(api, namespace, service_account_kubeconfig, controlplane, "squat")
+    as_mallory.create_namespaced_cron_job(
+        namespace, cronjob("squat", "ci", **{"cronlock.io/lock": "ledger"})
+    )
+    wait_event(api, namespace, "squat", "Conflict")
+
+    operator.restart()
+    wait_settled(3)
+
+    assert "cronlock-ledger" not in granted(api, namespace, "ci")
+    assert "cronlock-ledger" in granted(api, namespace, "billing")
+    assert not injected(api, namespace, "squat")

@@ -18,13 +18,25 @@ import kubernetes
 import pytest
 import yaml
 
+from cronlock_operator.config import OperatorSettings, parse_config
+from cronlock_operator.injection import build_injection
+from cronlock_sidecar import contract
 from tests.kube import run_tool, wait_for
-from tests.operator_process import CHART, OPERATOR_NAMESPACE, ROOT, OperatorProcess, render_chart
+from tests.operator_process import (
+    CHART,
+    OPERATOR_NAMESPACE,
+    ROOT,
+    SIDECAR_IMAGE,
+    OperatorProcess,
+    render_chart,
+)
 from tests.support.controlplane import ControlPlane, make_service_account_kubeconfig
 from tests.support.cronjobs import make_cronjob
 from tests.support.objects import comparable, injected, read
 
 OURS = {"app.kubernetes.io/managed-by": "cronlock"}
+POD = "/spec/jobTemplate/spec/template/spec"
+ORIGINAL_GRACE = contract.ANNOTATION_ORIGINAL_TERMINATION_GRACE_PERIOD_SECONDS
 
 
 def hook_account(
@@ -43,8 +55,14 @@ def hook_account(
         "ServiceAccount",
         "ClusterRole",
         "RoleBinding",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
         "Job",
     }
+    # No account outlives its hook, failed or not; the Job stays after a failure, for its log.
+    for doc in hooks:
+        policy = doc["metadata"]["annotations"]["helm.sh/hook-delete-policy"].split(",")
+        assert ("hook-failed" in policy) == (doc["kind"] != "Job"), doc["kind"]
     [job] = [doc for doc in hooks if doc["kind"] == "Job"]
     container = job["spec"]["template"]["spec"]["containers"][0]
     assert container["args"] == ["--uninstall"]
@@ -127,6 +145,52 @@ def test_uninstall_reverts_every_cronjob_exactly_and_deletes_only_what_cronlock_
     assert again.returncode == 0, again.stderr
     for name, stored in before.items():
         assert comparable(read(api, namespace, name)) == stored, name
+
+
+@pytest.mark.usefixtures("operator_kubeconfig")  # the release namespace, as helm makes it
+def test_the_hooks_account_is_confined_and_an_odd_cronjob_stops_no_other_revert(
+    api: kubernetes.client.ApiClient,
+    namespace: str,
+    controlplane: ControlPlane,
+    tmp_path: Path,
+) -> None:
+    """Security review N6: the hook's token may only revert (its policy, made with it), and a
+    CronJob-only editor's odd `original-*` value makes the hook name her CronJob and fail,
+    not crash before reverting the rest."""
+    batch = kubernetes.client.BatchV1Api(api)
+    settings = OperatorSettings(sidecar_image=SIDECAR_IMAGE)
+    for name in ("report", "squat"):
+        body = make_cronjob(name=name, namespace=namespace, schedule="0 0 1 1 *")
+        body["spec"]["jobTemplate"]["spec"]["template"]["spec"]["restartPolicy"] = "OnFailure"
+        injected_body = build_injection(body, parse_config(body, settings), settings)
+        if name == "squat":
+            injected_body["metadata"]["annotations"][ORIGINAL_GRACE] = "x"
+        batch.create_namespaced_cron_job(namespace, injected_body)
+    kubeconfig = hook_account(api, controlplane, namespace, tmp_path)
+    as_hook = kubernetes.client.BatchV1Api(controlplane.api_client(kubeconfig))
+
+    def refused_now() -> bool:
+        try:
+            as_hook.patch_namespaced_cron_job(
+                "report",
+                namespace,
+                [{"op": "add", "path": f"{POD}/serviceAccountName", "value": "admin"}],
+                _content_type="application/json-patch+json",
+                dry_run="All",
+            )
+        except kubernetes.client.ApiException as error:
+            # An earlier test's hook policy (other namespaces) may still be enforced a moment.
+            return error.status == 403 and "never changes the account" in str(error.body)
+        return False
+
+    wait_for(refused_now, 30, "the hook's own policy to refuse a switch of account")
+
+    result = run_uninstall(controlplane, kubeconfig, namespace)
+
+    assert result.returncode == 1, result.stderr
+    assert f"{namespace}/squat left injected, revert it by hand" in result.stderr
+    assert not injected(api, namespace, "report"), result.stderr
+    assert injected(api, namespace, "squat")
 
 
 @pytest.mark.usefixtures("namespace")
@@ -216,6 +280,8 @@ def test_an_upgrade_that_narrows_the_watch_reverts_the_cronjobs_it_stopped_watch
             ("ServiceAccount", OPERATOR_NAMESPACE),
             ("ClusterRole", None),
             ("RoleBinding", dropped),
+            ("ValidatingAdmissionPolicy", None),
+            ("ValidatingAdmissionPolicyBinding", None),
             ("Job", OPERATOR_NAMESPACE),
         }
         [job] = [doc for doc in hooks if doc["kind"] == "Job"]
@@ -260,7 +326,8 @@ def test_narrowing_a_watch_of_every_namespace_reverts_all_but_those_kept(
     name = release()
     hooks = hooks_of_upgrade(controlplane, name, f"watchNamespaces={json.dumps([namespace])}")
     assert {doc["kind"] for doc in hooks} == {
-        "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Job",
+        "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding", "Job",
     }  # fmt: skip
     [job] = [doc for doc in hooks if doc["kind"] == "Job"]
     env = {
@@ -292,6 +359,17 @@ def create_hooks(
             continue
         if doc["kind"] == "ServiceAccount":
             account = doc["metadata"]["name"]
+        if doc["kind"].startswith("ValidatingAdmissionPolicy"):
+            # Cluster-scoped and named alike in every test: an earlier test's policy names
+            # its own namespaces, so it is replaced, as helm's before-hook-creation does.
+            registration = kubernetes.client.AdmissionregistrationV1Api(api)
+            delete = (
+                registration.delete_validating_admission_policy
+                if doc["kind"] == "ValidatingAdmissionPolicy"
+                else registration.delete_validating_admission_policy_binding
+            )
+            with contextlib.suppress(kubernetes.client.ApiException):
+                delete(doc["metadata"]["name"])
         try:
             kubernetes.utils.create_from_dict(api, doc, namespace=OPERATOR_NAMESPACE)
         except kubernetes.utils.FailToCreateError as error:

@@ -67,7 +67,6 @@ from cronlock_sidecar.lockmodel import Timing
 from tests.e2e.node import (
     CRONLOCK_IMAGE,
     HOST_LINK_IP,
-    SIDECAR_IMAGE,
     LeaseRecorder,
     LeaseVersion,
     PodRecorder,
@@ -78,7 +77,12 @@ from tests.e2e.node import (
     exit_code,
     overlapping,
 )
-from tests.operator_process import OperatorProcess, install_chart_rbac, render_chart
+from tests.operator_process import (
+    SIDECAR_IMAGE,
+    OperatorProcess,
+    install_chart_rbac,
+    render_chart,
+)
 from tests.reliability.checker import (
     TICK,
     Cluster,

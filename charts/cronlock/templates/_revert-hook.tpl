@@ -6,10 +6,17 @@ it stays, for its log. Parameters (a dict): root (the chart's .), name, hook (th
 annotations), scopes (the namespaces to bind in; "" = cluster-wide), namespaces
 (CRONLOCK_NAMESPACES; "" = every one), keep (CRONLOCK_KEEP_NAMESPACES: left alone) and
 revertOnly (only the CronJobs: the Leases and holder Roles stay, for runs in progress).
+
+The account is confined like the operator's (_scope-policy.tpl) by a policy of its own,
+made with the hook: the chart's policies are gone by the time a post-delete hook runs.
+Everything but the Job goes whether the hook succeeds or fails: no account with
+cluster-wide CronJob rights outlives it. The Job and its pod stay after a failure, for
+`kubectl logs`; the pod's token dies with the account.
 */}}
 {{- define "cronlock.revertHook" -}}
 {{- $p := . -}}
 {{- $root := .root -}}
+{{- $transient := merge (dict "helm.sh/hook-weight" "-10" "helm.sh/hook-delete-policy" "before-hook-creation,hook-succeeded,hook-failed") $p.hook -}}
 apiVersion: v1
 kind: ServiceAccount
 metadata:
@@ -18,7 +25,7 @@ metadata:
   labels:
     {{- include "cronlock.labels" $root | nindent 4 }}
   annotations:
-    {{- toYaml (merge (dict "helm.sh/hook-weight" "-10") $p.hook) | nindent 4 }}
+    {{- toYaml $transient | nindent 4 }}
 ---
 apiVersion: rbac.authorization.k8s.io/v1
 kind: ClusterRole
@@ -27,7 +34,7 @@ metadata:
   labels:
     {{- include "cronlock.labels" $root | nindent 4 }}
   annotations:
-    {{- toYaml (merge (dict "helm.sh/hook-weight" "-10") $p.hook) | nindent 4 }}
+    {{- toYaml $transient | nindent 4 }}
 rules:
   - apiGroups: ["batch"]
     resources: ["cronjobs"]
@@ -52,7 +59,7 @@ metadata:
   labels:
     {{- include "cronlock.labels" $root | nindent 4 }}
   annotations:
-    {{- toYaml (merge (dict "helm.sh/hook-weight" "-10") $p.hook) | nindent 4 }}
+    {{- toYaml $transient | nindent 4 }}
 roleRef:
   apiGroup: rbac.authorization.k8s.io
   kind: ClusterRole
@@ -61,6 +68,32 @@ subjects:
   - kind: ServiceAccount
     name: {{ $p.name }}
     namespace: {{ $root.Release.Namespace }}
+{{- end }}
+{{- if $root.Values.admissionPolicy.enabled }}
+---
+apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingAdmissionPolicy
+metadata:
+  name: {{ $p.name }}-scope
+  labels:
+    {{- include "cronlock.labels" $root | nindent 4 }}
+  annotations:
+    {{- toYaml $transient | nindent 4 }}
+spec:
+  {{- $user := printf "system:serviceaccount:%s:%s" $root.Release.Namespace $p.name }}
+  {{- include "cronlock.scopePolicySpec" (dict "root" $root "users" (list $user) "namespaces" (compact (splitList "," $p.namespaces)) "excluded" (compact (splitList "," $p.keep)) "leader" "") | nindent 2 }}
+---
+apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingAdmissionPolicyBinding
+metadata:
+  name: {{ $p.name }}-scope
+  labels:
+    {{- include "cronlock.labels" $root | nindent 4 }}
+  annotations:
+    {{- toYaml $transient | nindent 4 }}
+spec:
+  policyName: {{ $p.name }}-scope
+  validationActions: ["Deny"]
 {{- end }}
 ---
 apiVersion: batch/v1
