@@ -1,12 +1,18 @@
-"""/held for the liveness probe, /healthz and hand-written /metrics, on a small threaded server."""
+"""/held for the liveness probe, /healthz and hand-written /metrics, on a small bounded server."""
 
 from __future__ import annotations
 
+import contextlib
 import http.server
+import io
 import logging
+import queue
+import selectors
+import socket
 import threading
 import time
 from collections import Counter
+from typing import Any
 
 from cronlock_sidecar.contract import HELD_PATH
 
@@ -115,9 +121,192 @@ class SidecarState:
             return "\n".join(lines) + "\n"
 
 
+# The port is open to every pod in the cluster, and the kubelet's /held probe (period 1 s,
+# timeout 1 s, failureThreshold 1) kills the run the first time it goes unanswered. So a
+# flood must cost the sidecar a bounded amount of memory and threads, and must still leave
+# room for the probe:
+# - At most MAX_CONNECTIONS connections are served at once; more are closed as soon as they
+#   are accepted, so the accept loop never waits for a slot.
+# - They are served by a fixed set of threads started with the server, not one started per
+#   connection: under load, starting a thread stalled the accept loop for up to ~50 ms,
+#   enough for a flood to fill the kernel's queue and drop the probe's SYN (retried only a
+#   second later). The idle threads cost about 0.7 MiB resident.
+# - A connection lives at most CONNECTION_SECONDS in all, however slowly its bytes drip in:
+#   a probe's request and answer take milliseconds, so 2 s is generous, and it bounds how
+#   long a slow client can sit on a slot. (Shorter would free a full server sooner but cut
+#   off a client on a congested node; longer would let a flood hold the slots longer.)
+# - A short lifetime alone still lets a flood that reconnects at once keep every slot: the
+#   probe would lose the race for each freed one. So when all slots are taken, a connection
+#   from a peer address holding fewer of them than the busiest peer takes the busiest
+#   peer's oldest slot. The kubelet probes from its node's address, one request at a time,
+#   so it is always such a peer; to crowd it out a flood needs as many addresses as there
+#   are slots, all reconnecting within the probe's few milliseconds.
+# - An evicted connection's thread takes microseconds to let go of it; EVICTION_SLACK more
+#   threads than MAX_CONNECTIONS cover that, and no connection is admitted beyond them.
+# - One request per connection (HTTP/1.0, Connection: close), and a request line and
+#   headers of a few KiB at most: a probe's whole request is under 200 bytes.
+# What this cannot stop is a flood of connections faster than the accept loop can close
+# them (thousands a second): the kernel's queue then drops SYNs, the probe's among them.
+# Only a NetworkPolicy that admits the node alone to this port prevents that.
+MAX_CONNECTIONS = 24
+EVICTION_SLACK = 8
+CONNECTION_SECONDS = 2.0
+MAX_REQUEST_LINE = 4096
+MAX_HEADER_BYTES = 8192  # all header lines together
+MAX_HEADERS = 32
+# Connections not yet accepted; each may hold up to a receive window (~64 KiB) of kernel
+# memory charged to the pod, so the queue is long enough for a burst, no longer.
+ACCEPT_BACKLOG = 128
+FLOOD_LOG_SECONDS = 60.0
+POLL_SECONDS = 0.05  # how often deadlines are checked, and stop()
+
+
+class _Connection:
+    __slots__ = ("deadline", "ended", "opened", "peer", "sock")
+
+    def __init__(self, sock: socket.socket, peer: str, opened: float) -> None:
+        self.sock = sock
+        self.peer = peer
+        self.opened = opened
+        self.deadline = opened + CONNECTION_SECONDS
+        self.ended = False  # timed out or evicted: its thread is on its way out
+
+
+class _Connections:
+    """The open connections: which are served, which must end now, and whose slot to take."""
+
+    def __init__(self, limit: int = MAX_CONNECTIONS, slack: int = EVICTION_SLACK) -> None:
+        self.limit = limit
+        self.slack = slack
+        self._lock = threading.Lock()
+        self._open: dict[socket.socket, _Connection] = {}
+        self._flood_logged = -FLOOD_LOG_SECONDS
+
+    def admit(self, sock: socket.socket, peer: str) -> bool:
+        """Take a slot for a new connection (evicting a busier peer's oldest), or refuse it."""
+        now = time.monotonic()
+        with self._lock:
+            if len(self._open) >= self.limit + self.slack:
+                return self._refuse(now)
+            serving = [connection for connection in self._open.values() if not connection.ended]
+            if len(serving) >= self.limit:
+                victim = _busiest_peers_oldest(serving, peer)
+                if victim is None:
+                    return self._refuse(now)
+                self._end(victim)
+            self._open[sock] = _Connection(sock, peer, now)
+            return True
+
+    def release(self, sock: socket.socket) -> None:
+        """The connection's thread is done with it (called before the socket is closed)."""
+        with self._lock:
+            self._open.pop(sock, None)
+
+    def expire(self) -> None:
+        """End the connections past their deadline, even one blocked reading or writing."""
+        now = time.monotonic()
+        with self._lock:
+            for connection in self._open.values():
+                if not connection.ended and connection.deadline <= now:
+                    self._end(connection)
+
+    def end_all(self) -> None:
+        with self._lock:
+            for connection in self._open.values():
+                self._end(connection)
+
+    def _end(self, connection: _Connection) -> None:
+        # Under the lock, and only for a registered socket: its thread removes it (release)
+        # before closing it, so this never shuts down a descriptor number reused since.
+        connection.ended = True
+        with contextlib.suppress(OSError):  # the peer has gone already: its thread sees that
+            connection.sock.shutdown(socket.SHUT_RDWR)  # wakes a thread blocked on it
+
+    def _refuse(self, now: float) -> bool:
+        if now - self._flood_logged >= FLOOD_LOG_SECONDS:
+            self._flood_logged = now
+            log.warning(
+                "http: %d connections open, refusing new ones for now (a flood? a "
+                "NetworkPolicy can limit who reaches this port)",
+                len(self._open),
+            )
+        return False
+
+
+def _busiest_peers_oldest(serving: list[_Connection], peer: str) -> _Connection | None:
+    """The oldest connection of the peer holding the most, if `peer` holds fewer than it."""
+    counts = Counter(connection.peer for connection in serving)
+    busiest = max(counts.values())
+    if counts[peer] >= busiest:
+        return None
+    candidates = [connection for connection in serving if counts[connection.peer] == busiest]
+    return min(candidates, key=lambda connection: connection.opened)
+
+
 class _Handler(http.server.BaseHTTPRequestHandler):
     server: _Server
-    protocol_version = "HTTP/1.1"
+    # One request per connection: a kept-alive connection would hold a slot between requests.
+    protocol_version = "HTTP/1.0"
+    timeout = CONNECTION_SECONDS  # each socket operation; the server bounds the whole
+
+    def handle_one_request(self) -> None:
+        self.close_connection = True
+        try:
+            head = self._read_head()
+            if head is None:
+                return
+            socket_file = self.rfile
+            # parse_request reads the headers from rfile: give it the bounded copy.
+            self.rfile = io.BytesIO(head)
+            try:
+                self.raw_requestline = self.rfile.readline()
+                parsed = self.parse_request()
+            finally:
+                self.rfile = socket_file
+            self.close_connection = True
+            if not parsed:
+                return  # parse_request has answered 400 or 505
+            if self.command != "GET":
+                self.send_error(501, f"Unsupported method ({self.command!r})")
+                return
+            self.do_GET()
+            self.wfile.flush()
+        except TimeoutError as error:
+            self.log_error("Request timed out: %r", error)
+
+    def _read_head(self) -> bytes | None:
+        """The request line and header lines, or None once refused or cut short."""
+        line = self.rfile.readline(MAX_REQUEST_LINE + 1)
+        if len(line) > MAX_REQUEST_LINE:
+            self._refuse(414, "Request line too long")
+            return None
+        if not line.endswith(b"\n"):
+            return None  # closed (or ended by the server) before the line was complete
+        head = bytearray(line)
+        budget = MAX_HEADER_BYTES
+        fields = 0
+        while True:
+            field = self.rfile.readline(budget + 1)
+            if len(field) > budget:
+                self._refuse(431, "Request headers too large")
+                return None
+            if not field.endswith(b"\n"):
+                return None
+            head += field
+            if field in (b"\r\n", b"\n"):
+                return bytes(head)
+            budget -= len(field)
+            fields += 1
+            if fields > MAX_HEADERS:
+                self._refuse(431, "Too many request headers")
+                return None
+
+    def _refuse(self, status: int, message: str) -> None:
+        # What send_error needs to know of a request it could not parse.
+        self.requestline = ""
+        self.request_version = ""
+        self.command = ""
+        self.send_error(status, message)
 
     def do_GET(self) -> None:
         state = self.server.state
@@ -137,6 +326,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self.send_response(status)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(payload)))
+        self.send_header("Connection", "close")
         self.end_headers()
         self.wfile.write(payload)
 
@@ -144,12 +334,70 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         log.debug("http: " + format, *args)
 
 
-class _Server(http.server.ThreadingHTTPServer):
-    daemon_threads = True
+class _Server(http.server.HTTPServer):
+    request_queue_size = ACCEPT_BACKLOG
 
     def __init__(self, address: tuple[str, int], state: SidecarState) -> None:
         self.state = state
+        self.connections = _Connections()
+        self._admitted: queue.SimpleQueue[tuple[socket.socket, Any] | None] = queue.SimpleQueue()
         super().__init__(address, _Handler)
+        # As many as may be admitted, so an admitted connection never waits for a thread.
+        self.workers = [
+            threading.Thread(target=self._work, name=f"cronlock-http-{number}", daemon=True)
+            for number in range(self.connections.limit + self.connections.slack)
+        ]
+
+    def serve(self, stop: threading.Event) -> None:
+        """Accept until `stop`, taking every queued connection before waiting again."""
+        # Not serve_forever: it waits on select before each accept. A flood must be taken
+        # off the kernel's queue as fast as it arrives, or the probe's SYN finds it full.
+        self.socket.setblocking(False)
+        swept = time.monotonic()
+        with selectors.DefaultSelector() as selector:
+            selector.register(self.socket, selectors.EVENT_READ)
+            while not stop.is_set():
+                try:
+                    request, client_address = self.socket.accept()
+                except BlockingIOError:
+                    selector.select(POLL_SECONDS)
+                except OSError as error:  # out of descriptors or buffers: wait, then retry
+                    log.warning("http: cannot accept a connection: %s", error)
+                    stop.wait(POLL_SECONDS)
+                else:
+                    self.process_request(request, client_address)
+                now = time.monotonic()
+                if now - swept >= POLL_SECONDS:
+                    self.connections.expire()
+                    swept = now
+
+    def process_request(
+        self, request: socket.socket | tuple[bytes, socket.socket], client_address: Any
+    ) -> None:
+        assert isinstance(request, socket.socket)  # a TCP server's requests are sockets
+        if self.connections.admit(request, str(client_address[0])):
+            self._admitted.put((request, client_address))
+        else:
+            request.close()
+
+    def _work(self) -> None:
+        while (admitted := self._admitted.get()) is not None:
+            request, client_address = admitted
+            try:
+                self.finish_request(request, client_address)
+            except OSError as error:  # the peer went away, or the server ended the connection
+                log.debug("http: %s: %s", client_address[0], error)
+            except Exception:  # a bug answering one request must not cost the server a thread
+                log.exception("http: error answering %s", client_address[0])
+            finally:
+                self.connections.release(request)
+                self.shutdown_request(request)
+
+    def server_close(self) -> None:
+        super().server_close()
+        self.connections.end_all()
+        for _ in self.workers:
+            self._admitted.put(None)
 
 
 class Endpoints:
@@ -157,11 +405,9 @@ class Endpoints:
 
     def __init__(self, state: SidecarState, port: int, host: str = "0.0.0.0") -> None:
         self._server = _Server((host, port), state)
+        self._stop = threading.Event()
         self._thread = threading.Thread(
-            target=self._server.serve_forever,
-            kwargs={"poll_interval": 0.05},
-            name="cronlock-http",
-            daemon=True,
+            target=self._server.serve, args=(self._stop,), name="cronlock-http", daemon=True
         )
 
     @property
@@ -169,8 +415,12 @@ class Endpoints:
         return int(self._server.server_address[1])
 
     def start(self) -> None:
+        for worker in self._server.workers:
+            worker.start()
         self._thread.start()
 
     def stop(self) -> None:
-        self._server.shutdown()
+        self._stop.set()
+        if self._thread.ident is not None:
+            self._thread.join()
         self._server.server_close()

@@ -18,7 +18,7 @@ import socket
 import ssl
 import time
 from typing import NamedTuple
-from urllib.parse import unquote, urlsplit
+from urllib.parse import SplitResult, unquote, urlsplit
 
 MAX_LINE = 16 * 1024  # one status, header, chunk-size or trailer line
 MAX_HEADER_BYTES = 64 * 1024  # all header lines of one response (or its trailers)
@@ -48,6 +48,18 @@ class Response(NamedTuple):
     headers: dict[str, str]  # lower-case names; repeated fields joined with ", "
     body: bytes
     will_close: bool  # the connection cannot carry another request
+
+
+def proxy_address(proxy: SplitResult) -> str:
+    """scheme://host:port of a proxy URL, for messages: never its user:password@."""
+    host = proxy.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"
+    try:
+        port = proxy.port
+    except ValueError:
+        port = None
+    return f"{proxy.scheme}://{host}" + (f":{port}" if port else "")
 
 
 class Connection:
@@ -105,12 +117,18 @@ class Connection:
 
     def _tunnel(self) -> socket.socket:
         """A TCP connection to host:port through the proxy's CONNECT (as kubectl's)."""
-        proxy = urlsplit(self.proxy)
-        if proxy.scheme != "http" or not proxy.hostname:
-            raise ProtocolError(f"proxy {self.proxy!r}: only http:// proxies are supported")
-        sock = socket.create_connection(
-            (proxy.hostname, proxy.port or 80), timeout=self._remaining()
-        )
+        # The proxy's text may hold a password: messages name only its scheme, host and port.
+        malformed = ProtocolError("proxy: not a URL of the form http://host:port")
+        try:
+            proxy = urlsplit(self.proxy)
+            proxy_port = proxy.port or 80
+        except ValueError:
+            raise malformed from None
+        if not proxy.hostname:
+            raise malformed
+        if proxy.scheme != "http":
+            raise ProtocolError(f"proxy {proxy_address(proxy)}: only http:// proxies are supported")
+        sock = socket.create_connection((proxy.hostname, proxy_port), timeout=self._remaining())
         try:
             name = f"[{self.host}]" if ":" in self.host else self.host
             target = f"{name}:{self.port}"

@@ -254,7 +254,12 @@ def from_kubeconfig(paths: list[Path]) -> Cluster:
         token = _auth_provider_token(
             user["auth-provider"], f"kubeconfig {where}: user {user_name!r}"
         )
-    context_ssl = _ssl_context(cluster, cluster_dir, user, user_dir) if scheme == "https" else None
+    insecure = _insecure_skip_tls_verify(cluster, f"kubeconfig {where}: cluster {cluster_name!r}")
+    context_ssl = (
+        _ssl_context(cluster, cluster_dir, user, user_dir, insecure=insecure)
+        if scheme == "https"
+        else None
+    )
     token_file = user.get("tokenFile")
     return Cluster(
         server=server,
@@ -310,7 +315,13 @@ class ExecCredential:
         env = {**os.environ, **self.env, "KUBERNETES_EXEC_INFO": json.dumps(info)}
         try:
             done = subprocess.run(
-                self.argv, env=env, capture_output=True, text=True, timeout=30, check=False
+                self.argv,
+                env=env,
+                capture_output=True,
+                text=True,
+                errors="replace",  # a plugin printing non-UTF-8 gets a message, not a traceback
+                timeout=30,
+                check=False,
             )
         except (OSError, subprocess.TimeoutExpired) as error:
             raise OSError(f"{self.where}: exec plugin {self.argv[0]}: {error}") from error
@@ -319,22 +330,41 @@ class ExecCredential:
                 f"{self.where}: exec plugin {self.argv[0]} exited {done.returncode}: "
                 + done.stderr.strip()[-300:]
             )
+        # Whatever the plugin printed, a bad credential is an OSError: the caller's
+        # "cannot get a token" (exit 69), never a traceback.
         try:
-            status = json.loads(done.stdout).get("status") or {}
-        except (ValueError, AttributeError) as error:
+            credential = json.loads(done.stdout)
+        except ValueError as error:
             raise OSError(f"{self.where}: exec plugin printed no ExecCredential") from error
+        if not isinstance(credential, dict):
+            raise OSError(f"{self.where}: exec plugin printed no ExecCredential")
+        status = credential.get("status") or {}
+        if not isinstance(status, dict):
+            raise OSError(f"{self.where}: exec plugin's ExecCredential status is not an object")
         token = status.get("token")
         if not isinstance(token, str) or not token:
             raise OSError(
                 f"{self.where}: exec plugin gave no token (client certificates from a plugin "
                 "are not supported)"
             )
-        expires = status.get("expirationTimestamp")
-        if isinstance(expires, str) and expires:
-            from datetime import datetime
+        return token, self._expiry(status.get("expirationTimestamp"))
 
-            return token, datetime.fromisoformat(expires.replace("Z", "+00:00")).timestamp()
-        return token, None
+    def _expiry(self, expires: object) -> float | None:
+        """expirationTimestamp as a Unix time; None (never expires) when absent, as kubectl."""
+        if expires is None or expires == "":
+            return None
+        from datetime import datetime
+
+        problem = f"{self.where}: exec plugin's expirationTimestamp {str(expires)[:40]!r}"
+        if not isinstance(expires, str):
+            raise OSError(f"{problem} is not an RFC 3339 time")
+        try:
+            moment = datetime.fromisoformat(expires.replace("Z", "+00:00"))
+        except ValueError as error:
+            raise OSError(f"{problem} is not an RFC 3339 time") from error
+        if moment.tzinfo is None:  # RFC 3339 has an offset: which zone is meant is unknown
+            raise OSError(f"{problem} has no time zone offset")
+        return moment.timestamp()
 
 
 def _auth_provider_token(provider: object, where: str) -> str:
@@ -361,13 +391,38 @@ def _decode(value: object, what: str) -> bytes:
         raise KubeConfigError(f"kubeconfig: {what} is not base64: {error}") from error
 
 
+def _insecure_skip_tls_verify(cluster: Mapping[str, Any], where: str) -> bool:
+    """The cluster's insecure-skip-tls-verify, refused where kubectl refuses the file."""
+    value = cluster.get("insecure-skip-tls-verify")
+    if value is None:
+        return False
+    # Truthiness would read the string "false" as true and turn verification off.
+    if not isinstance(value, bool):
+        raise KubeConfigError(
+            f"{where}: insecure-skip-tls-verify must be true or false, not {value!r}"
+        )
+    if value and (
+        cluster.get("certificate-authority") or cluster.get("certificate-authority-data")
+    ):
+        raise KubeConfigError(
+            f"{where}: specifying a root certificates file with the insecure flag is not allowed"
+            " (remove insecure-skip-tls-verify, or the certificate-authority)"
+        )
+    return value
+
+
 def _ssl_context(
-    cluster: Mapping[str, Any], cluster_dir: Path, user: Mapping[str, Any], user_dir: Path
+    cluster: Mapping[str, Any],
+    cluster_dir: Path,
+    user: Mapping[str, Any],
+    user_dir: Path,
+    *,
+    insecure: bool,
 ) -> ssl.SSLContext:
     # The system trust store is loaded only when no CA is named: it costs megabytes.
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     try:
-        if cluster.get("insecure-skip-tls-verify"):
+        if insecure:
             context.check_hostname = False
             context.verify_mode = ssl.CERT_NONE
         elif cluster.get("certificate-authority-data"):

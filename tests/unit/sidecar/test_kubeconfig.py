@@ -508,3 +508,130 @@ def test_a_proxy_that_refuses_the_tunnel_fails_closed_naming_it(
     ):
         client.get(LEASE)
     listener.close()
+
+
+@pytest.mark.parametrize(
+    ("proxy", "named"),
+    [
+        ("https://alice:s3cr3t@127.0.0.1:3128", "proxy https://127.0.0.1:3128: only http://"),
+        ("socks5://alice:s3cr3t@[::1]:1080", "proxy socks5://[::1]:1080: only http://"),
+        ("http://alice:s3cr3t@127.0.0.1:port", "proxy: not a URL of the form http://host:port"),
+        ("alice:s3cr3t@127.0.0.1:3128", "proxy: not a URL of the form http://host:port"),
+    ],
+)
+def test_a_proxy_that_cannot_be_used_is_named_without_its_credentials(
+    api_server: FakeApiServer, proxy: str, named: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    env = {"KUBECONFIG": str(api_server.kubeconfig), "HTTP_PROXY": proxy}
+    code = main(["run", "--lease", "default/x", "--", "true"], env)
+    assert code == 69
+    err = capsys.readouterr().err
+    assert named in err
+    assert "s3cr3t" not in err
+    assert "alice" not in err
+
+
+@pytest.mark.parametrize("value", ["false", "true", "no", 0, 1])
+def test_insecure_skip_tls_verify_that_is_not_a_boolean_is_refused_with_exit_78(
+    tmp_path: Path, value: object, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # kubectl refuses such a file; reading "false" as true would turn verification off.
+    kubeconfig = write_kubeconfig(
+        tmp_path / "config",
+        {"server": "https://127.0.0.1:6443", "insecure-skip-tls-verify": value},
+        {"token": "t"},
+    )
+    with pytest.raises(KubeConfigError, match="insecure-skip-tls-verify must be true or false"):
+        load_cluster({"KUBECONFIG": str(kubeconfig)})
+    code = main(["run", "--lease", "default/x", "--", "true"], {"KUBECONFIG": str(kubeconfig)})
+    assert code == 78
+    assert f"cluster 'c': insecure-skip-tls-verify must be true or false, not {value!r}" in (
+        capsys.readouterr().err
+    )
+
+
+def test_insecure_skip_tls_verify_false_keeps_verifying(
+    tls_api_server: FakeApiServer, pki: Path, tmp_path: Path
+) -> None:
+    user = {"client-certificate": str(pki / "client.crt"), "client-key": str(pki / "client.key")}
+    # No CA named: the system store, which does not trust the test CA, decides.
+    kubeconfig = write_kubeconfig(
+        tmp_path / "config", {"server": tls_api_server.url, "insecure-skip-tls-verify": False}, user
+    )
+    with (
+        KubeLeaseClient(load_cluster({"KUBECONFIG": str(kubeconfig)})) as client,
+        pytest.raises(Unavailable, match="certificate verify failed"),
+    ):
+        client.get(LEASE)
+    with_ca = write_kubeconfig(
+        tmp_path / "with-ca",
+        {
+            "server": tls_api_server.url,
+            "insecure-skip-tls-verify": False,
+            "certificate-authority": str(pki / "ca.crt"),
+        },
+        user,
+    )
+    with KubeLeaseClient(load_cluster({"KUBECONFIG": str(with_ca)})) as client:
+        assert client.get(LEASE)["kind"] == "Lease"
+
+
+@pytest.mark.parametrize(
+    "authority",
+    [
+        {"certificate-authority": "ca.crt"},
+        {"certificate-authority-data": base64.b64encode(b"not checked").decode()},
+    ],
+    ids=["file", "data"],
+)
+def test_insecure_skip_tls_verify_with_a_ca_is_refused_as_kubectl_refuses_it(
+    tmp_path: Path, authority: dict[str, str]
+) -> None:
+    kubeconfig = write_kubeconfig(
+        tmp_path / "config",
+        {"server": "https://127.0.0.1:6443", "insecure-skip-tls-verify": True, **authority},
+        {"token": "t"},
+    )
+    with pytest.raises(
+        KubeConfigError,
+        match="specifying a root certificates file with the insecure flag is not allowed",
+    ):
+        load_cluster({"KUBECONFIG": str(kubeconfig)})
+
+
+@pytest.mark.parametrize(
+    ("printed", "message"),
+    [
+        ('{"kind": "ExecCredential", "status": "ok"}', "ExecCredential status is not an object"),
+        ('["not", "an", "object"]', "exec plugin printed no ExecCredential"),
+        (
+            '{"status": {"token": "t", "expirationTimestamp": "next tuesday"}}',
+            "expirationTimestamp 'next tuesday' is not an RFC 3339 time",
+        ),
+        (
+            '{"status": {"token": "t", "expirationTimestamp": 4102444800}}',
+            "expirationTimestamp '4102444800' is not an RFC 3339 time",
+        ),
+        (
+            '{"status": {"token": "t", "expirationTimestamp": "2099-01-01T00:00:00"}}',
+            "expirationTimestamp '2099-01-01T00:00:00' has no time zone offset",
+        ),
+    ],
+    ids=["status-not-object", "not-object", "bad-time", "number-time", "no-offset"],
+)
+def test_an_exec_plugins_malformed_credential_fails_the_run_with_exit_69_saying_what(
+    api_server: FakeApiServer,
+    tmp_path: Path,
+    printed: str,
+    message: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    script = plugin(tmp_path, f"cat <<'JSON'\n{printed}\nJSON")
+    kubeconfig = write_kubeconfig(
+        tmp_path / "config", {"server": api_server.url}, exec_user(script)
+    )
+    code = main(["run", "--lease", "default/x", "--", "true"], {"KUBECONFIG": str(kubeconfig)})
+    assert code == 69
+    err = capsys.readouterr().err
+    assert message in err
+    assert "Traceback" not in err
