@@ -71,7 +71,13 @@ class Holder:
         self.watchdog: RunGuard | None = None
         self.run_dir = Path(options.run_dir)
         self.keeper = LeaseKeeper(
-            transport, options.lease, options.identity, options.timing, clock, options.job_name
+            transport,
+            options.lease,
+            options.identity,
+            options.timing,
+            clock,
+            options.job_name,
+            yields=options.policy == "replace",
         )
         # The renew thread and the main thread may both see the loss; it is handled once.
         self._loss_lock = threading.Lock()

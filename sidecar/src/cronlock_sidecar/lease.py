@@ -63,6 +63,7 @@ class LeaseKeeper:
         timing: Timing,
         clock: Clock,
         job_name: str = "",
+        yields: bool = True,
     ) -> None:
         self.transport = transport
         self.lease = lease
@@ -70,6 +71,10 @@ class LeaseKeeper:
         self.timing = timing
         self.clock = clock
         self.job_name = job_name
+        # Whether a replace run's request (cronlock.io/yield-to) stops this hold: only a
+        # run that is itself of policy replace agreed to be replaced; any pod on the
+        # account may write the request.
+        self.yields = yields
         self._state_lock = threading.Lock()
         self._record: Lease | None = None
         self._last_renew_sent = -math.inf
@@ -343,9 +348,9 @@ class LeaseKeeper:
 
     # --- yield (replace policy) -------------------------------------------------------
     def _yield_request(self, current: Lease) -> str:
-        """The replace run that asked us to yield, "" if none did."""
+        """The replace run that asked us to yield, "" if none did (or we never yield)."""
         asking = read_lease(current).yield_to
-        return asking if asking != self.identity else ""
+        return asking if self.yields and asking != self.identity else ""
 
     def _yield(self, current: Lease, asking: str) -> RenewResult:
         """A replace run asked us to yield: lost as if taken (the run is stopped), but

@@ -59,7 +59,13 @@ class Runner:
             raise ValueError("run needs a lease")
         self.options = options
         self.keeper = LeaseKeeper(
-            transport, options.lease, options.identity, options.timing, clock, options.job_name
+            transport,
+            options.lease,
+            options.identity,
+            options.timing,
+            clock,
+            options.job_name,
+            yields=options.policy == "replace",
         )
         self.stop = threading.Event()
         self._stop_pipe = StopPipe(self.stop)

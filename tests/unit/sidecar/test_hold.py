@@ -585,7 +585,7 @@ def asked_to_yield_by(identity: str) -> Callable[[FakeTransport], None]:
 def test_a_holder_asked_to_yield_stops_its_run_and_releases_naming_who_replaced_it(
     in_process: Callable[..., InProcess],
 ) -> None:
-    held = in_process("signal")
+    held = in_process("signal", policy="replace")
     held.thread.start()
     wait_for(lambda: held.decision() == "run")
     held.transport.before_write.append(asked_to_yield_by("newer-pod_22222222"))
@@ -597,6 +597,24 @@ def test_a_holder_asked_to_yield_stops_its_run_and_releases_naming_who_replaced_
     assert held.transport.lease is not None
     annotations = held.transport.lease["metadata"]["annotations"]
     assert annotations["cronlock.io/replaced-by"] == "newer-pod_22222222"
+
+
+@pytest.mark.parametrize("policy", ["skip", "wait"])
+def test_only_a_replace_run_yields_to_a_note_any_pod_on_the_account_may_write(
+    in_process: Callable[..., InProcess], policy: str
+) -> None:
+    """Security review N8: a pod on the account writes cronlock.io/yield-to naming itself;
+    a run that did not choose `replace` keeps its lock and its work."""
+    held = in_process("signal", policy=policy)
+    held.thread.start()
+    wait_for(lambda: held.decision() == "run")
+    held.transport.before_write.append(asked_to_yield_by("intruder_22222222"))
+    renewed = len(held.untils())
+    wait_for(lambda: len(held.untils()) >= renewed + 2)  # renewed twice since the note
+    assert "stop" not in held.events
+    assert held.state.is_held()
+    assert holder_of(held.transport) == ME
+    assert held.terminate() == 0
 
 
 def test_observe_runs_without_the_lease_and_held_answers_200(
