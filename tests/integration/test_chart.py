@@ -901,3 +901,66 @@ def test_the_example_is_accepted_in_a_restricted_namespace(
         template = cronjob["spec"]["jobTemplate"]["spec"]["template"]
         assert {c["image"] for c in template["spec"]["containers"]} == {"busybox:1.37"}
         dry_run_pod(controlplane, namespace, template)
+
+
+def test_images_by_digest_run_and_are_the_only_sidecar_the_operator_policy_admits(
+    controlplane: ControlPlane,
+) -> None:
+    """Security review N12: `image.digest`/`sidecarImage.digest` name the images as
+    repository@digest, and the operator's policy admits exactly that sidecar."""
+    digest = "sha256:" + "ab" * 32
+    docs = render(
+        controlplane, "--set", f"image.digest={digest}", "--set", f"sidecarImage.digest={digest}"
+    )
+    [deployment] = [doc for doc in docs if doc["kind"] == "Deployment"]
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    assert container["image"] == f"ghcr.io/cronlock/cronlock@{digest}"
+    sidecar = f"ghcr.io/cronlock/cronlock-sidecar@{digest}"
+    assert deployment_env(deployment)["CRONLOCK_SIDECAR_IMAGE"] == sidecar
+    [policy] = [
+        doc
+        for doc in docs
+        if doc["kind"] == "ValidatingAdmissionPolicy"
+        and doc["metadata"]["name"].endswith("-operator-scope")
+    ]
+    pinned = [v["expression"] for v in policy["spec"]["validations"] if "image" in v["expression"]]
+    assert any(f'== "{sidecar}"' in expression for expression in pinned)
+    assert not any("cronlock-sidecar:0.1.0" in expression for expression in pinned)
+    assert (
+        "does not match"
+        in helm(
+            controlplane,
+            "template",
+            "cronlock",
+            str(CHART),
+            "--set",
+            "image.digest=latest",
+            check=False,
+        ).stderr
+    )
+
+
+def test_the_network_policy_lets_only_the_named_peers_scrape(
+    controlplane: ControlPlane, namespace: str
+) -> None:
+    """Security review N5: with networkPolicy.enabled, /metrics is open only to the release's
+    namespace and metricsFrom; the API server accepts the object (enforcing it is the CNI's)."""
+    assert not [doc for doc in render(controlplane) if doc["kind"] == "NetworkPolicy"]
+    monitoring = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "mon"}}}
+    docs = render(
+        controlplane,
+        "--namespace",
+        namespace,
+        "--set",
+        "networkPolicy.enabled=true",
+        "--set-json",
+        f"networkPolicy.metricsFrom=[{json.dumps(monitoring)}]",
+    )
+    [policy] = [doc for doc in docs if doc["kind"] == "NetworkPolicy"]
+    metrics, healthz = policy["spec"]["ingress"]
+    assert metrics == {
+        "ports": [{"port": "metrics", "protocol": "TCP"}],
+        "from": [{"podSelector": {}}, monitoring],
+    }
+    assert healthz == {"ports": [{"port": "healthz", "protocol": "TCP"}]}
+    controlplane.kubectl("create", "--dry-run=server", "-f", "-", input_text=json.dumps(policy))

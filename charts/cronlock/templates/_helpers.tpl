@@ -74,14 +74,23 @@ The ServiceAccount the operator runs as.
 {{- end }}
 
 {{/*
-Images: repository:tag, the tag defaulting to the chart's appVersion.
+Images: repository:tag, the tag defaulting to the chart's appVersion; repository@digest
+when a digest is given.
 */}}
+{{- define "cronlock.imageRef" -}}
+{{- if .image.digest }}
+{{- printf "%s@%s" .image.repository .image.digest }}
+{{- else }}
+{{- printf "%s:%s" .image.repository (.image.tag | default .root.Chart.AppVersion) }}
+{{- end }}
+{{- end }}
+
 {{- define "cronlock.image" -}}
-{{- printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion) }}
+{{- include "cronlock.imageRef" (dict "image" .Values.image "root" .) }}
 {{- end }}
 
 {{- define "cronlock.sidecarImage" -}}
-{{- printf "%s:%s" .Values.sidecarImage.repository (.Values.sidecarImage.tag | default .Chart.AppVersion) }}
+{{- include "cronlock.imageRef" (dict "image" .Values.sidecarImage "root" .) }}
 {{- end }}
 
 {{/*

@@ -10,6 +10,7 @@ from cronlock_operator.actions import Executor
 from cronlock_operator.cache import ObjectCache
 from cronlock_operator.config import OperatorSettings
 from cronlock_operator.kube import Kube
+from cronlock_sidecar import contract
 
 Name = tuple[str, str]  # (namespace, name)
 
@@ -22,6 +23,7 @@ class RunAccounting:
     executor: Executor
     cronjobs: ObjectCache
     jobs: ObjectCache
+    leases: ObjectCache
     departed: dict[Name, dict[str, Any]]
     accounted: set[str]
     notes: dict[Name, contention.Notes]
@@ -85,9 +87,17 @@ class RunAccounting:
             now,
             lambda job: self._job_named(namespace, job),
             lambda cronjob: self.cronjobs.get((namespace, cronjob)),
+            self._lock_of(key),
         )
         self.executor.run(actions)
         self.told[key] = now
+
+    def _lock_of(self, lease: Name) -> str:
+        """The lock a cached Lease is of (its label; else its name, as Leases made before
+        the label existed)."""
+        cached = self.leases.get(lease) or {}
+        labels = (cached.get("metadata") or {}).get("labels") or {}
+        return str(labels.get(contract.LABEL_LOCK) or lease[1].removeprefix(contract.LEASE_PREFIX))
 
     def _job_named(self, namespace: str, name: str) -> dict[str, Any] | None:
         """A cached Job by name; one whose pods carry it cut (contention.CUT_JOB_NAME) by prefix."""

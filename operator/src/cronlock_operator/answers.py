@@ -52,6 +52,19 @@ def invalid_message(error: Any) -> str:
     return str(status.get("message") or "")
 
 
+def policy_denial(error: Any) -> str:
+    """The message of a 403 from an admission policy ("" for any other answer): a refusal
+    that no retry can change, unlike RBAC that may be granted in a moment."""
+    if getattr(error, "status", None) != 403:
+        return ""
+    try:
+        status = json.loads(error.body or "")
+    except (TypeError, ValueError):
+        return ""
+    message = str(status.get("message") or "") if isinstance(status, dict) else ""
+    return message if "ValidatingAdmissionPolicy" in message else ""
+
+
 class NotOurs(Exception):
     """An object cronlock would write exists, and cronlock did not make it: it is left alone.
 

@@ -76,14 +76,17 @@ def decide(
     now: Notes,
     jobs: Lookup,
     cronjobs: Lookup,
+    lock: str,
 ) -> list[Action]:
     """What telling the notes that changed since `seen` writes (nothing for a replay;
-    `Notes()` when none were told yet)."""
+    `Notes()` when none were told yet). A note names a Job; only a Job of this very lock
+    (its `cronlock.io/lock` label) is marked and told about: the notes are written by pods,
+    and a pod of one lock must not make another lock's runs look replaced or overlapped."""
     actions: list[Action] = []
     where = f"lease {namespace}/{lease}"
     if now.overlap and now.overlap != seen.overlap:
         job, cronjob = _unmarked_run(
-            job_of(now.overlap), contract.JOB_ANNOTATION_OVERLAPPED, jobs, cronjobs
+            job_of(now.overlap), contract.JOB_ANNOTATION_OVERLAPPED, jobs, cronjobs, lock
         )
         if cronjob is not None:
             holder = now.overlapped_holder or "another run"
@@ -101,7 +104,7 @@ def decide(
     replaced = (now.replaced_by, now.replaced_job)
     if all(replaced) and replaced != (seen.replaced_by, seen.replaced_job):
         job, cronjob = _unmarked_run(
-            now.replaced_job, contract.JOB_ANNOTATION_REPLACED_BY, jobs, cronjobs
+            now.replaced_job, contract.JOB_ANNOTATION_REPLACED_BY, jobs, cronjobs, lock
         )
         if cronjob is not None:
             newer = job_of(now.replaced_by)
@@ -121,14 +124,21 @@ def decide(
 
 
 def _unmarked_run(
-    job_name: str, mark: str, jobs: Lookup, cronjobs: Lookup
+    job_name: str, mark: str, jobs: Lookup, cronjobs: Lookup, lock: str
 ) -> tuple[str, Mapping[str, Any] | None]:
-    """A cached Job not yet told about and its CronJob; no CronJob if unknown or told."""
+    """A cached Job of `lock` not yet told about and its CronJob; no CronJob if unknown,
+    told, or another lock's."""
     job = jobs(job_name) if job_name else None
-    if job is None:
+    if job is None or not is_run_of(job, lock):
         return job_name, None
     metadata = job.get("metadata") or {}
     if mark in (metadata.get("annotations") or {}):
         return job_name, None
     owner = skips.owning_cronjob(job)
     return str(metadata.get("name")), cronjobs(owner) if owner is not None else None
+
+
+def is_run_of(job: Mapping[str, Any], lock: str) -> bool:
+    """Whether a Job is a run guarded by `lock` (its pods hold that lock's Lease)."""
+    labels = (job.get("metadata") or {}).get("labels") or {}
+    return bool(lock) and labels.get(contract.LABEL_LOCK) == lock

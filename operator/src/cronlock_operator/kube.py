@@ -18,6 +18,7 @@ from cronlock_operator.answers import (
     lease_is_ours,
     made_by_cronlock,
     owner_reference,
+    policy_denial,
     raw,
     refuse_foreign_lease,
     transient_errors,
@@ -69,8 +70,10 @@ class Kube(HolderRbacWrites):
     ) -> dict[str, Any] | None:
         """Apply a JSON patch; the CronJob as patched, or None when it is gone.
 
-        A 422 with causes is the API server refusing the result (Rejected, permanent); a
-        bare 422 is the patch's resourceVersion test failing (a lost race, retried).
+        A 422 with causes is the API server refusing the result, and a 403 from an
+        admission policy (kube-system, or a sidecar image the chart's policy does not
+        admit) is one too: Rejected, permanent. A bare 422 is the patch's resourceVersion
+        test failing (a lost race, retried).
         """
         with transient_errors(f"patch cronjob {namespace}/{name}"):
             try:
@@ -83,6 +86,7 @@ class Kube(HolderRbacWrites):
                 if error.status == 404:
                     return None
                 message = invalid_message(error) if error.status == 422 else ""
+                message = message or policy_denial(error)
                 if message:
                     raise Rejected(message) from error
                 raise

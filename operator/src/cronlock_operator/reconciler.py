@@ -42,6 +42,8 @@ Name = tuple[str, str]  # (namespace, name)
 WORKERS = 4
 # How often a CronJob refused for a conflict looks again (someone may have fixed it).
 CONFLICT_RECHECK = 60.0
+# Runs told about by Lease notes before their Job was counted, at most (oldest go first).
+MAX_CONTENDED = 10_000
 
 
 @dataclass
@@ -154,7 +156,13 @@ class Reconciler(RunAccounting):
         if notes != self.notes.get(key, contention.Notes()):
             self.notes[key] = notes
             for job, what in notes.contended().items():
+                cached = self.jobs.get((key[0], job))
+                if cached is not None and not contention.is_run_of(cached, lock):
+                    continue  # another lock's run: a note cannot speak for it
                 self.contended[(key[0], job)] = what
+            # Notes are written by pods; Jobs they name that never come must not pile up.
+            while len(self.contended) > MAX_CONTENDED:
+                del self.contended[next(iter(self.contended))]
             self.queue.add(ContentionKey(*key))
 
     def _longest_duration(self, lease: Mapping[str, Any]) -> int:

@@ -281,6 +281,31 @@ def test_notes_about_unknown_jobs_tell_nothing(guarded: tuple[Reconciler, Record
     assert kube.events == []
 
 
+def test_notes_on_another_locks_lease_tell_nothing_about_this_locks_runs(
+    guarded: tuple[Reconciler, RecordingKube],
+) -> None:
+    """Security review N10: a pod that may write the Lease of lock `digest` names a run of
+    lock `report` in its notes; that run is neither marked, told about, nor kept from its
+    count."""
+    reconciler, kube = guarded
+    arrive(reconciler, kube, running_job("report-1", "2026-12-01T00:00:01Z"))
+    foreign = lease_with(OLD, overlap="report-1-aaaaa_11111111")
+    foreign["metadata"]["name"] = "cronlock-digest"
+    foreign["metadata"]["labels"]["cronlock.io/lock"] = "digest"
+    foreign["metadata"]["annotations"].update(
+        {"cronlock.io/replaced-by": NEW, "cronlock.io/replaced-jobs": "report-1"}
+    )
+    reconciler.on_lease("MODIFIED", foreign)
+    reconciler.tell_contention(NAMESPACE, "cronlock-digest")
+    assert kube.events == []
+    assert "annotations" not in kube.jobs["report-1"]["metadata"]
+    assert (NAMESPACE, "report-1") not in reconciler.contended
+    # Its real outcome is counted as ever: a skip.
+    arrive(reconciler, kube, finished_job("report-1", "2026-12-01T00:00:01Z", skipped=True))
+    reconciler.account_runs(NAMESPACE, "report")
+    assert [reason for reason, _ in kube.events] == ["Skipped"]
+
+
 def test_the_job_of_a_sidecar_identity() -> None:
     assert contention.job_of("report-29001-x7k2p_3f2a9c1e") == "report-29001"
     assert contention.job_of("laptop_4242_0a1b2c3d") == ""  # `run` outside a pod
