@@ -17,7 +17,8 @@ from tests.support.controlplane import ControlPlane
 from tests.support.cronjobs import make_cronjob
 from tests.support.objects import injected
 
-LEASE = "test-operator-leader"
+# Named as the operator policy admits an operator's Leases (cronlock-*).
+LEASE = "cronlock-test-leader"
 ELECTION = ["--leader-election", "--leader-election-lease", f"{OPERATOR_NAMESPACE}/{LEASE}"]
 # What only a writing operator logs.
 WRITES = re.compile(r"Injected|lease \S+ created|holder RBAC in")

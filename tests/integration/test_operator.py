@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import datetime
+from pathlib import Path
 from typing import Any
 
 import kubernetes
@@ -13,7 +14,7 @@ import yaml
 from tests.kube import finish_pod, wait_for
 from tests.operator_process import OperatorProcess, wait_settled
 from tests.support.contract import EXIT_SKIPPED, GATE_CONTAINER
-from tests.support.controlplane import ControlPlane, ServiceAccountKubeconfig
+from tests.support.controlplane import ControlPlane, make_service_account_kubeconfig
 from tests.support.cronjobs import job_from_cronjob, make_cronjob
 from tests.support.objects import annotate, batch, comparable, events, read, wait_event
 
@@ -264,7 +265,7 @@ def test_two_cronjobs_sharing_a_lock_share_one_lease_and_their_pods_may_hold_onl
     namespace: str,
     operator: OperatorProcess,
     controlplane: ControlPlane,
-    service_account_kubeconfig: ServiceAccountKubeconfig,
+    tmp_path: Path,
 ) -> None:
     core = kubernetes.client.CoreV1Api(api)
     for account in ("reports", "exports"):
@@ -291,12 +292,25 @@ def test_two_cronjobs_sharing_a_lock_share_one_lease_and_their_pods_may_hold_onl
         "daily-export",
     }
     assert lease.metadata.labels["app.kubernetes.io/managed-by"] == "cronlock"
-    as_reports = kubernetes.client.CoordinationV1Api(
-        controlplane.api_client(service_account_kubeconfig(namespace, "reports"))
+    # A pod on the account, with a token bound to it as the kubelet's are (the holders'
+    # policy refuses any other token of the account).
+    pod = core.create_namespaced_pod(
+        namespace,
+        {
+            "metadata": {"name": "test-pod"},
+            "spec": {
+                "serviceAccountName": "reports",
+                "containers": [{"name": "main", "image": "busybox:never-pulled"}],
+            },
+        },
     )
+    bound = make_service_account_kubeconfig(
+        controlplane, api, namespace, "reports", tmp_path, bound_pod=("test-pod", pod.metadata.uid)
+    )
+    as_reports = kubernetes.client.CoordinationV1Api(controlplane.api_client(bound))
     wait_for(lambda: _can_get(as_reports, namespace, "cronlock-ledger"), 30, "the holder Role")
     mine = as_reports.read_namespaced_lease("cronlock-ledger", namespace)
-    mine.spec.holder_identity = "test-pod_12345678"
+    mine.spec.holder_identity = f"test-pod_{pod.metadata.uid[:8]}"
     mine.spec.renew_time = datetime.datetime.now(datetime.UTC).replace(microsecond=123456)
     as_reports.replace_namespaced_lease("cronlock-ledger", namespace, mine)
     # The job's identity may hold its locks and nothing else in the namespace.

@@ -83,6 +83,14 @@ variables:
     expression: >-
       variables.oldPod.containers +
       variables.oldPod.?initContainers.orValue([]).filter(c, !(c.name in variables.injected))
+  # The grace period the user wrote, as injection recorded it (the API server's default,
+  # 30, when none was written; -1 when nothing was recorded): a re-injection may raise the
+  # grace it shortened, up to that, and a revert gives it back.
+  - name: originalGrace
+    expression: >-
+      variables.oldNotes[?"cronlock.io/original-termination-grace-period-seconds"].orValue("-") == "unset" ? 30 :
+      variables.oldNotes[?"cronlock.io/original-termination-grace-period-seconds"].orValue("-").matches("^[0-9]{1,10}$") ?
+      int(variables.oldNotes["cronlock.io/original-termination-grace-period-seconds"]) : -1
   - name: newInjected
     expression: >-
       variables.newPod.?initContainers.orValue([]).filter(c, c.name in variables.injected)
@@ -222,10 +230,7 @@ validations:
       (has(variables.newPod.terminationGracePeriodSeconds) &&
       (!has(variables.oldPod.terminationGracePeriodSeconds) ||
       variables.newPod.terminationGracePeriodSeconds < variables.oldPod.terminationGracePeriodSeconds ||
-      string(variables.newPod.terminationGracePeriodSeconds) ==
-      variables.oldNotes[?"cronlock.io/original-termination-grace-period-seconds"].orValue("-"))) ||
-      (variables.newPod.?terminationGracePeriodSeconds.orValue(30) == 30 &&
-      variables.oldNotes[?"cronlock.io/original-termination-grace-period-seconds"].orValue("-") == "unset")) &&
+      variables.newPod.terminationGracePeriodSeconds <= variables.originalGrace))) &&
       (variables.newPod.?shareProcessNamespace.orValue(null) ==
       variables.oldPod.?shareProcessNamespace.orValue(null) ||
       variables.newPod.?shareProcessNamespace.orValue(false) == true ||
