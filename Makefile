@@ -29,6 +29,7 @@ demo: $(STAMP) controlplane
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/lint-imports --no-cache
 
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
@@ -47,6 +48,7 @@ e2e: $(STAMP) controlplane
 test: $(STAMP) controlplane
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/lint-imports --no-cache
 	$(VENV)/bin/mypy
 	$(VENV)/bin/pytest tests/unit tests/integration tests/e2e
 

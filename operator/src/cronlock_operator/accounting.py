@@ -6,9 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 from cronlock_operator import contention, runs, skips
-from cronlock_operator.actions import Executor
 from cronlock_operator.cache import ObjectCache
 from cronlock_operator.config import OperatorSettings
+from cronlock_operator.executor import Executor
 from cronlock_operator.kube import Kube
 from cronlock_sidecar import contract
 

@@ -1,24 +1,21 @@
-"""How the operator reads the API server's answers: hiccups, refusals, objects not its own.
+"""How the operator reads the API server's answers: hiccups, refusals, unread bodies.
 
-`transient_errors` turns what a retry can fix into `Retry` for the work queue; `Rejected`
-is a write the API server refused as invalid (permanent); `NotOurs` is an object cronlock
-would write that it did not make, which it leaves alone. `raw` and `done` finish each
-response so its connection goes back to the pool.
+`transient_errors` turns what a retry can fix into `Retry` for the work queue;
+`invalid_message` and `policy_denial` find the refusals no retry can change (`Rejected`);
+`raw` and `done` finish each response so its connection goes back to the pool.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import kubernetes
 import urllib3
 
-from cronlock_operator.workqueue import Retry
-from cronlock_sidecar import contract
-from cronlock_sidecar.lockmodel import read_lease
+from cronlock_operator.errors import Retry
 
 _RETRIABLE = {409, 422, 429, 500, 502, 503, 504}
 
@@ -35,10 +32,6 @@ def transient_errors(what: str) -> Iterator[None]:
         raise
     except (urllib3.exceptions.HTTPError, OSError) as error:
         raise Retry(f"{what}: {error}") from error
-
-
-class Rejected(Exception):
-    """The API server refused what cronlock wrote as invalid: retrying cannot help."""
 
 
 def invalid_message(error: Any) -> str:
@@ -65,29 +58,6 @@ def policy_denial(error: Any) -> str:
     return message if "ValidatingAdmissionPolicy" in message else ""
 
 
-class NotOurs(Exception):
-    """An object cronlock would write exists, and cronlock did not make it: it is left alone.
-
-    The message names the object and what to do; the CronJob that needed it gets it as a
-    Warning Event and stays as it was. `names` maps each such object's name to its message.
-    """
-
-    def __init__(self, message: str, names: Mapping[str, str] | None = None) -> None:
-        super().__init__(message)
-        self.names = dict(names or {})
-
-
-def made_by_cronlock(obj: Mapping[str, Any]) -> bool:
-    labels = (obj.get("metadata") or {}).get("labels") or {}
-    return bool(labels.get(contract.LABEL_MANAGED_BY) == contract.MANAGED_BY)
-
-
-def lease_is_ours(lease: Mapping[str, Any], owner_uid: str, lock: str) -> bool:
-    """Labelled as cronlock's Lease for `lock` and owned by this CronJob (among others)."""
-    record = read_lease(lease)
-    return record.managed and record.lock == lock and owner_uid in record.owner_uids
-
-
 def raw(response: Any) -> dict[str, Any]:
     """The object exactly as the API server sent it (the client's models reformat times)."""
     data = response.data
@@ -105,30 +75,3 @@ def done(response: Any) -> None:
     """
     response.drain_conn()
     response.release_conn()
-
-
-def refuse_foreign_lease(lease: Mapping[str, Any], lock: str) -> None:
-    """A Lease of that name that cronlock did not make (or made for another lock)."""
-    record = read_lease(lease)
-    if record.managed and record.lock in (None, lock):
-        return  # ours (labelled before the lock label existed, or for this very lock)
-    why = (
-        f"lacks the label {contract.LABEL_MANAGED_BY}={contract.MANAGED_BY}"
-        if not record.managed
-        else f"is labelled for lock {record.lock}"
-    )
-    raise NotOurs(
-        f"lease {record.namespace}/{record.name} exists and {why}; cronlock does not adopt "
-        f"it, and leaves the CronJob as it was: set {contract.ANNOTATION_LOCK} to another "
-        "lock name, or delete that Lease if nothing else uses it"
-    )
-
-
-def owner_reference(cronjob: Mapping[str, Any]) -> dict[str, Any]:
-    metadata = cronjob["metadata"]
-    return {
-        "apiVersion": "batch/v1",
-        "kind": "CronJob",
-        "name": metadata["name"],
-        "uid": metadata["uid"],
-    }

@@ -11,24 +11,19 @@ from typing import Any
 
 import kubernetes
 
-from cronlock_operator.answers import (
-    Rejected,
-    done,
-    invalid_message,
+from cronlock_operator.answers import done, invalid_message, policy_denial, raw, transient_errors
+from cronlock_operator.cache import ObjectCache
+from cronlock_operator.config import LockConfig
+from cronlock_operator.errors import Rejected, Retry
+from cronlock_operator.invalid import cut
+from cronlock_operator.ownership import (
     lease_is_ours,
     made_by_cronlock,
     owner_reference,
-    policy_denial,
-    raw,
     refuse_foreign_lease,
-    transient_errors,
 )
-from cronlock_operator.cache import ObjectCache
-from cronlock_operator.config import LockConfig
-from cronlock_operator.invalid import cut
 from cronlock_operator.rbac_writes import HolderRbacWrites
 from cronlock_operator.sharing import CronJobLookup, refuse_unshared_lock
-from cronlock_operator.workqueue import Retry
 from cronlock_sidecar import contract
 
 logger = logging.getLogger(__name__)

@@ -22,15 +22,15 @@ import kubernetes
 
 from cronlock_operator import contention, cronjobs, expiry, metrics, rbac, sharing, skips
 from cronlock_operator.accounting import RunAccounting
-from cronlock_operator.actions import Executor, PostEventCall
-from cronlock_operator.answers import NotOurs, Rejected
 from cronlock_operator.cache import ObjectCache
 from cronlock_operator.config import MAX_TTL_SECONDS, OperatorSettings
+from cronlock_operator.errors import NotOurs, Rejected, Retry
+from cronlock_operator.executor import Executor, PostEventCall
 from cronlock_operator.expiry import Observations
 from cronlock_operator.keys import ContentionKey, CronJobKey, Key, LeaseKey, RunsKey
 from cronlock_operator.kube import Kube
 from cronlock_operator.rbac import Guard
-from cronlock_operator.workqueue import Retry, WorkQueue
+from cronlock_operator.workqueue import WorkQueue
 from cronlock_sidecar import contract
 from cronlock_sidecar.lockmodel import read_lease
 

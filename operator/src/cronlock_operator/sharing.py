@@ -13,8 +13,7 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any, Final
 
-from cronlock_operator.answers import NotOurs
-from cronlock_operator.workqueue import Retry
+from cronlock_operator.errors import NotOurs, Retry
 from cronlock_sidecar import contract
 
 _NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")

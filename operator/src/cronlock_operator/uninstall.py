@@ -18,13 +18,14 @@ from collections.abc import Callable, Sequence
 
 import kubernetes
 
-from cronlock_operator.answers import Rejected, done, made_by_cronlock, raw
+from cronlock_operator.answers import done, raw
 from cronlock_operator.cache import ObjectCache
 from cronlock_operator.config import InvalidConfig
+from cronlock_operator.errors import Rejected, Retry
 from cronlock_operator.injection import is_injected, revert
 from cronlock_operator.kube import Kube
+from cronlock_operator.ownership import made_by_cronlock
 from cronlock_operator.patching import injection_patch
-from cronlock_operator.workqueue import Retry
 from cronlock_sidecar import contract
 
 logger = logging.getLogger(__name__)

@@ -15,17 +15,11 @@ from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
+from cronlock_operator.errors import Retry
+
 Key = TypeVar("Key", bound=Hashable)
 
 logger = logging.getLogger(__name__)
-
-
-class Retry(Exception):
-    """Work that should run again later: a transient API error or a lost race."""
-
-    def __init__(self, message: str, delay: float | None = None) -> None:
-        super().__init__(message)
-        self.delay = delay
 
 
 @dataclass

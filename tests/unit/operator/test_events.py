@@ -10,9 +10,9 @@ import kubernetes
 import pytest
 
 from cronlock_operator import events
+from cronlock_operator.errors import Retry
 from cronlock_operator.events import EventPoster
 from cronlock_operator.kube import Kube
-from cronlock_operator.workqueue import Retry
 
 CRONJOB = {"metadata": {"name": "report", "namespace": "reports", "uid": "u-1"}}
 TERMINATING = (

@@ -13,7 +13,6 @@ from cronlock_operator.actions import (
     DeleteJob,
     DropLeaseOwner,
     EnsureLease,
-    Executor,
     MarkJob,
     PatchCronJob,
     PatchLease,
@@ -22,6 +21,7 @@ from cronlock_operator.actions import (
     WriteHolderRbac,
 )
 from cronlock_operator.config import parse_config
+from cronlock_operator.executor import Executor
 from cronlock_operator.injection import desired_cronjob
 from cronlock_operator.rbac import Guard
 from cronlock_sidecar.lockmodel import read_lease

@@ -11,9 +11,8 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from cronlock_operator.answers import NotOurs, Rejected
+from cronlock_operator.errors import NotOurs, Rejected, Retry
 from cronlock_operator.reconciler import CronJobKey, Reconciler
-from cronlock_operator.workqueue import Retry
 from tests.support.cronjobs import SETTINGS, make_cronjob, server_defaults
 
 

@@ -7,7 +7,8 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from cronlock_operator.workqueue import Retry, WorkQueue
+from cronlock_operator.errors import Retry
+from cronlock_operator.workqueue import WorkQueue
 
 
 def run(test: Callable[[], Awaitable[None]]) -> None:

@@ -1,0 +1,70 @@
+"""The layers in docs/DESIGN.md hold: `lint-imports` (pyproject.toml's contracts) passes on
+the tree as it is and fails, naming the contract, when a pure module imports the client."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+LINT_IMPORTS = Path(sys.executable).parent / "lint-imports"
+OPERATOR = "operator/src/cronlock_operator"
+
+
+def lint(source_root: Path) -> subprocess.CompletedProcess[str]:
+    """lint-imports over the packages under `source_root` (operator/src, sidecar/src)."""
+    paths = [str(source_root / "operator" / "src"), str(source_root / "sidecar" / "src")]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(paths))
+    return subprocess.run(
+        [str(LINT_IMPORTS), "--config", str(ROOT / "pyproject.toml"), "--no-cache"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_the_tree_keeps_every_contract() -> None:
+    result = lint(ROOT)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "0 broken" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("module", "line", "contract"),
+    [
+        (f"{OPERATOR}/config.py", "import kubernetes", "The pure core"),
+        (f"{OPERATOR}/cronjobs.py", "from cronlock_operator import kube", "The pure core"),
+        (
+            "sidecar/src/cronlock_sidecar/lease.py",
+            "import cronlock_operator",
+            "never imports the operator",
+        ),
+        ("sidecar/src/cronlock_sidecar/hold.py", "import urllib3", "only the standard library"),
+        (
+            f"{OPERATOR}/kube.py",
+            "from cronlock_operator import reconciler",
+            "no layer imports one above it",
+        ),
+    ],
+)
+def test_a_forbidden_import_breaks_its_contract(
+    tmp_path: Path, module: str, line: str, contract: str
+) -> None:
+    for package in ("operator/src", "sidecar/src"):
+        shutil.copytree(
+            ROOT / package, tmp_path / package, ignore=shutil.ignore_patterns("__pycache__")
+        )
+    target = tmp_path / module
+    target.write_text(target.read_text() + f"\n{line}  # noqa\n")
+    result = lint(tmp_path)
+    assert result.returncode != 0, result.stdout
+    assert contract in result.stdout
+    assert "BROKEN" in result.stdout
