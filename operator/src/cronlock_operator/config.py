@@ -320,6 +320,27 @@ def _parse_stop(annotations: Mapping[str, str], cronjob: Mapping[str, Any]) -> S
     )
 
 
+def counting_settings(cronjob: Mapping[str, Any], settings: OperatorSettings) -> tuple[int, bool]:
+    """`alert-after` and `keep-skipped-jobs` as the run accounting applies them, the one rule
+    for the operator and `cronlock status`: from the whole config when it is valid, else
+    each on its own (its default only when it is the invalid one), so that an unrelated bad
+    annotation neither deletes Jobs the user asked to keep nor moves `RepeatedSkips`."""
+    try:
+        config = parse_config(cronjob, settings)
+    except InvalidConfig:
+        annotations = annotations_of(cronjob)
+        try:
+            alert_after = parse_alert_after(annotations)
+        except InvalidConfig:
+            alert_after = contract.DEFAULT_ALERT_AFTER
+        try:
+            keep = _parse_flag(annotations, contract.ANNOTATION_KEEP_SKIPPED_JOBS, default=False)
+        except InvalidConfig:
+            keep = False
+        return alert_after, keep
+    return config.alert_after, config.keep_skipped_jobs
+
+
 def parse_alert_after(annotations: Mapping[str, str]) -> int:
     value = annotations.get(contract.ANNOTATION_ALERT_AFTER)
     if value is None:

@@ -24,7 +24,7 @@ from cronlock_operator.actions import (
     PostEvent,
     SetConsecutiveSkips,
 )
-from cronlock_operator.config import InvalidConfig, OperatorSettings, parse_config
+from cronlock_operator.config import OperatorSettings, counting_settings
 from cronlock_sidecar import contract
 
 
@@ -59,11 +59,7 @@ def decide(
     """
     metadata = cronjob["metadata"]
     namespace, name = str(metadata["namespace"]), str(metadata["name"])
-    try:
-        config = parse_config(cronjob, settings)
-        alert_after, keep = config.alert_after, config.keep_skipped_jobs
-    except InvalidConfig:
-        alert_after, keep = contract.DEFAULT_ALERT_AFTER, False
+    alert_after, keep = counting_settings(cronjob, settings)
     start = count = skips.consecutive_skips(cronjob)
     counted = []
     for job in sorted(finished, key=lambda job: str(job["metadata"].get("creationTimestamp"))):

@@ -20,7 +20,7 @@ from cronlock_operator.actions import (
     SetConsecutiveSkips,
     WriteHolderRbac,
 )
-from cronlock_operator.config import parse_config
+from cronlock_operator.config import counting_settings, parse_config
 from cronlock_operator.executor import Executor
 from cronlock_operator.injection import desired_cronjob
 from cronlock_operator.rbac import Guard
@@ -392,3 +392,25 @@ def test_the_executor_drops_what_follows_a_write_whose_object_is_gone() -> None:
     )
     assert done is False
     assert kube.calls == ["event", "patch"]  # no Event claims an injection that did not happen
+
+
+def test_an_unrelated_invalid_annotation_keeps_the_users_counting_settings() -> None:
+    """keep-skipped-jobs and alert-after hold even when another annotation is invalid (the
+    operator deleted the Jobs the user asked to keep, and alerted after 3 instead of 2)."""
+    body = cronjob(
+        {
+            "cronlock.io/enabled": "true",
+            "cronlock.io/keep-skipped-jobs": "true",
+            "cronlock.io/alert-after": "2",
+            "cronlock.io/ttl": "soon",  # invalid: the CronJob is left as it was
+        }
+    )
+    body["metadata"]["annotations"]["cronlock.io/consecutive-skips"] = "1"
+    job = finished_job("report-2", "2026-12-01T00:00:02Z", "skipped")
+    [run] = runs.decide(body, [job], SETTINGS).runs
+    assert "DeleteJob" not in kinds(run.actions)
+    assert "PostEvent:RepeatedSkips" in kinds(run.actions)
+    assert counting_settings(body, SETTINGS) == (2, True)
+    # Invalid themselves, each falls back to its own default only.
+    body["metadata"]["annotations"]["cronlock.io/keep-skipped-jobs"] = "yes"
+    assert counting_settings(body, SETTINGS) == (2, False)

@@ -10,7 +10,7 @@ from typing import Any, Final, Literal
 from cronlock_operator.config import (
     InvalidConfig,
     OperatorSettings,
-    parse_alert_after,
+    counting_settings,
     parse_config,
 )
 from cronlock_sidecar import contract
@@ -113,18 +113,14 @@ def _row(
     status: Mapping[str, Any] = cronjob.get("status") or {}
     problems = []
     policy = annotations.get(contract.ANNOTATION_POLICY) or _SETTINGS.default_policy
+    alert_after, _ = counting_settings(cronjob, _SETTINGS)  # as the operator counts
     try:
-        config = parse_config(cronjob, _SETTINGS)
-        alert_after, policy = config.alert_after, config.policy
+        policy = parse_config(cronjob, _SETTINGS).policy
         invalid = None
     except InvalidConfig as error:
         invalid = str(error)
         if policy not in contract.POLICIES:
             policy = "invalid"
-        try:
-            alert_after = parse_alert_after(annotations)
-        except InvalidConfig:
-            alert_after = contract.DEFAULT_ALERT_AFTER  # the operator's default applies too
     if invalid is not None:
         # What the operator refuses the same way, with an InvalidConfig Event.
         problems.append(
