@@ -15,6 +15,7 @@ from typing import Any
 import kubernetes
 import pytest
 
+from cronlock_sidecar import contract
 from cronlock_sidecar.microtime import format_microtime
 from tests.kube import wait_for
 from tests.support.controlplane import ControlPlane, make_service_account_kubeconfig
@@ -32,7 +33,8 @@ class Pod:
 
     def __init__(self, api: kubernetes.client.ApiClient, name: str, leases: Any, uid: str):
         self.name = name
-        self.identity = f"{name}_{uid[:8]}"
+        # Built by the sidecar's own function: the policy must accept exactly its identities.
+        self.identity = contract.holder_identity(name, uid)
         self.leases = leases
         self._api = api
 

@@ -430,8 +430,7 @@ def job_of_pod(pod: str) -> str:
 
 def holder_pod(identity: str) -> str:
     """The pod an injected sidecar's holder identity names (`<pod>_<uid[:8]>`)."""
-    pod, _, _ = identity.rpartition("_")
-    return pod
+    return contract.identity_pod(identity)
 
 
 def _holds(version: LeaseVersion, pod: str) -> bool:

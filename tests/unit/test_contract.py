@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from cronlock_sidecar import contract as code
 from tests.support import contract as promised
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_exit_codes_are_the_published_ones() -> None:
@@ -29,3 +33,17 @@ def test_container_and_object_names_are_the_published_ones() -> None:
     assert code.HOLDER_ROLE + "-" == promised.HOLDER_ROLE_PREFIX
     assert (code.LABEL_MANAGED_BY, code.MANAGED_BY) == promised.MANAGED_BY
     assert code.LABEL_LOCK == promised.LOCK_LABEL
+
+
+def test_the_holder_identity_is_the_one_the_holders_policy_builds() -> None:
+    """The chart's CEL builds `<pod>_<uid[:8]>` from a pod-bound token's claims; the sidecar
+    holds as `contract.holder_identity`. A change to either must change both."""
+    assert code.holder_identity("report-29001-x7k2p", "3f2a9c1e-0000-4000-8000-000000000000") == (
+        "report-29001-x7k2p_3f2a9c1e"
+    )
+    assert code.identity_pod("report-29001-x7k2p_3f2a9c1e") == "report-29001-x7k2p"
+    policy = (ROOT / "charts" / "cronlock" / "templates" / "admission-policy.yaml").read_text()
+    me = policy.split("- name: me", 1)[1].split("- name:", 1)[0]
+    assert 'variables.pod + "_" +' in me
+    assert f".substring(0, {code.IDENTITY_UID_CHARS})" in me
+    assert '"authentication.kubernetes.io/pod-uid"' in me

@@ -61,7 +61,7 @@ class Notes:
 def job_of(identity: str) -> str:
     """The Job of a sidecar's identity `<pod>_<uid8>`: the Job's name, or its first 58
     characters when it is longer (then found by prefix); "" if no Job's pod."""
-    pod = identity.rpartition("_")[0]
+    pod = contract.identity_pod(identity)
     if len(pod) == _POD_NAME:
         return pod[:CUT_JOB_NAME].removesuffix("-")
     if len(pod) > _SUFFIX + 1 and pod[-_SUFFIX - 1] == "-":

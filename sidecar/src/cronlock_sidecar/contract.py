@@ -95,6 +95,22 @@ def lease_name(lock: str) -> str:
     return LEASE_PREFIX + lock
 
 
+# An injected sidecar's holder identity: `<pod name>_<first 8 characters of the pod's uid>`.
+# The holders' admission policy builds the same from a pod-bound token's claims
+# (charts/cronlock/templates/admission-policy.yaml, `variables.me`); tests pin the two.
+IDENTITY_UID_CHARS: Final = 8
+
+
+def holder_identity(pod_name: str, pod_uid: str) -> str:
+    """The identity the sidecar of pod `pod_name` (uid `pod_uid`) holds its Lease as."""
+    return f"{pod_name}_{pod_uid[:IDENTITY_UID_CHARS]}"
+
+
+def identity_pod(identity: str) -> str:
+    """The pod a holder identity names ("" for one that names no pod, e.g. `run`'s)."""
+    return identity.rpartition("_")[0]
+
+
 # --- the injected pod -------------------------------------------------------------
 SIDECAR_CONTAINER: Final = "cronlock"
 GATE_CONTAINER: Final = "cronlock-gate"

@@ -277,7 +277,7 @@ def parse_options(argv: Sequence[str], env: Mapping[str, str]) -> Options:
                 f"--identity: not set, and {contract.ENV_POD_NAME}/{contract.ENV_POD_UID} "
                 "(downward API) are missing; set both or pass --identity"
             )
-        identity = f"{pod_name}_{pod_uid[:8]}"
+        identity = contract.holder_identity(pod_name, pod_uid)
     else:
         # os.urandom(4).hex() is what secrets.token_hex(4) returns; secrets would import
         # hashlib and hmac, ~2 ms of a short run's start-up.
