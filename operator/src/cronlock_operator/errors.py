@@ -17,6 +17,14 @@ class Retry(Exception):
         self.delay = delay
 
 
+class RequeueAfter(Retry):
+    """Not an error: look at this again after `delay` seconds (someone may fix it meanwhile),
+    as controller-runtime's `Result{RequeueAfter}`; never counted as a reconcile error."""
+
+    def __init__(self, message: str, delay: float) -> None:
+        super().__init__(message, delay)
+
+
 class Rejected(Exception):
     """The API server refused what cronlock wrote as invalid: retrying cannot help."""
 

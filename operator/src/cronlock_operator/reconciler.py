@@ -24,7 +24,7 @@ from cronlock_operator import contention, cronjobs, expiry, metrics, rbac, shari
 from cronlock_operator.accounting import RunAccounting
 from cronlock_operator.cache import ObjectCache
 from cronlock_operator.config import MAX_TTL_SECONDS, OperatorSettings
-from cronlock_operator.errors import NotOurs, Rejected, Retry
+from cronlock_operator.errors import NotOurs, Rejected, RequeueAfter, Retry
 from cronlock_operator.executor import Executor, PostEventCall
 from cronlock_operator.expiry import Observations
 from cronlock_operator.keys import ContentionKey, CronJobKey, Key, LeaseKey, RunsKey
@@ -202,6 +202,8 @@ class Reconciler(RunAccounting):
                 raise
             # The object or its whole namespace is gone; its DELETED event tidies up.
             logger.debug("%s: gone (%s)", key, error.reason)
+        except RequeueAfter:
+            raise  # a look again later, not an error
         except Retry:
             metrics.reconcile_errors.labels(key.kind).inc()
             raise
@@ -271,7 +273,9 @@ class Reconciler(RunAccounting):
                     raise NotOurs(conflict)
         except NotOurs as conflict:
             self._refuse(key, body, str(conflict))
-            raise Retry(f"cronjob {namespace}/{name}: {conflict}", delay=CONFLICT_RECHECK) from None
+            raise RequeueAfter(
+                f"cronjob {namespace}/{name}: {conflict}", CONFLICT_RECHECK
+            ) from None
         self.conflicted.discard(key)
         try:
             self.executor.run(decision.after)

@@ -11,8 +11,9 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from cronlock_operator.errors import NotOurs, Rejected, Retry
-from cronlock_operator.reconciler import CronJobKey, Reconciler
+from cronlock_operator import metrics
+from cronlock_operator.errors import NotOurs, Rejected, RequeueAfter, Retry
+from cronlock_operator.reconciler import CONFLICT_RECHECK, CronJobKey, Reconciler
 from tests.support.cronjobs import SETTINGS, make_cronjob, server_defaults
 
 
@@ -26,8 +27,11 @@ class FakeKube:
         self.foreign_lease = False
         self.foreign_role = ""
         self.reject = False
+        self.transient = False
 
     def ensure_lease(self, namespace: str, name: str, *args: Any) -> None:
+        if self.transient:
+            raise Retry(f"ensure lease {namespace}/{name}: HTTP 503 Service Unavailable")
         if self.foreign_lease:
             raise NotOurs(f"lease {namespace}/{name} exists and lacks the label")
 
@@ -61,6 +65,13 @@ def setup(**account: str) -> tuple[Reconciler, FakeKube]:
     return reconciler, kube
 
 
+def counted_errors() -> float:
+    sample = metrics.registry.get_sample_value(
+        "cronlock_reconcile_errors_total", {"kind": CronJobKey.kind}
+    )
+    return sample or 0.0
+
+
 def reasons(kube: FakeKube) -> list[str]:
     return [reason for reason, _ in kube.events]
 
@@ -83,6 +94,23 @@ def test_a_foreign_lease_refuses_the_cronjob_once_and_keeps_it_out_of_the_roles(
     reconciler.reconcile_cronjob("team-a", "report")  # the name was freed meanwhile
     assert kube.patches == 2
     assert ("team-a", "report") not in reconciler.conflicted
+
+
+def test_a_conflict_rechecked_later_is_not_counted_as_a_reconcile_error() -> None:
+    """Review finding 21: the look-again-in-a-minute of a refused CronJob counted one
+    reconcile error a minute for as long as the conflict lasted; a transient error counts."""
+    reconciler, kube = setup()
+    kube.foreign_lease = True
+    before = counted_errors()
+    with pytest.raises(RequeueAfter) as requeued:
+        asyncio.run(reconciler._reconcile(CronJobKey("team-a", "report")))
+    assert requeued.value.delay == CONFLICT_RECHECK
+    assert counted_errors() == before
+    kube.foreign_lease = False
+    kube.transient = True
+    with pytest.raises(Retry):
+        asyncio.run(reconciler._reconcile(CronJobKey("team-a", "report")))
+    assert counted_errors() == before + 1
 
 
 def test_a_foreign_role_holds_back_only_the_cronjobs_of_its_account() -> None:
