@@ -285,7 +285,8 @@ def test_helm_lint_strict_passes(
     [
         (["--set", "replica=2"], "'replica' not allowed"),
         (["--set", "replicas=2"], "replicas > 1 needs leaderElection.enabled=true"),
-        (["--set", "image.digest=sha256:0"], "'digest' not allowed"),
+        (["--set", "image.registry=ghcr.io"], "'registry' not allowed"),
+        (["--set", "image.digest=sha256:0"], "/image/digest"),
         (["--set", "serviceAccount.automount=false"], "'automount' not allowed"),
         (["--set-json", 'metrics.port="8080"'], "/metrics/port"),
         (["--set", "logFormat=xml"], "/logFormat"),
@@ -297,6 +298,7 @@ def test_helm_lint_strict_passes(
         "unknown-top-level",
         "replicas-without-leader-election",
         "unknown-image-key",
+        "digest-not-sha256",
         "unknown-serviceaccount-key",
         "port-as-string",
         "log-format-not-in-enum",
