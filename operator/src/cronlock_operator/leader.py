@@ -192,6 +192,33 @@ class Elector:
             logger.warning("leader lease not released: %s", error)
 
 
+# While waiting to lead, the liveness port is this small server's: any pod may reach it,
+# so it holds at most WAITING_CONNECTIONS connections, each for WAITING_TIMEOUT seconds,
+# one request each (HTTP/1.0), and closes the rest at once.
+WAITING_CONNECTIONS = 8
+WAITING_TIMEOUT = 2.0
+
+
+class _BoundedServer(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], handler: type[Any]) -> None:
+        super().__init__(address, handler)
+        self._slots = threading.BoundedSemaphore(WAITING_CONNECTIONS)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            self.shutdown_request(request)  # full: no thread for it
+            return
+        super().process_request(request, client_address)
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+
 @contextmanager
 def healthy_while_waiting(liveness: str) -> Iterator[None]:
     """Answer the liveness probe while this replica waits to lead (kopf serves it after)."""
@@ -202,6 +229,8 @@ def healthy_while_waiting(liveness: str) -> Iterator[None]:
     path = url.path or "/"
 
     class Health(http.server.BaseHTTPRequestHandler):
+        timeout = WAITING_TIMEOUT  # a socket timeout: a slow client is dropped
+
         def do_GET(self) -> None:
             ok = self.path.split("?")[0] == path
             self.send_response(200 if ok else 404)
@@ -211,7 +240,7 @@ def healthy_while_waiting(liveness: str) -> Iterator[None]:
         def log_message(self, format: str, *args: Any) -> None:
             return
 
-    server = http.server.ThreadingHTTPServer((url.hostname or "0.0.0.0", url.port or 80), Health)
+    server = _BoundedServer((url.hostname or "0.0.0.0", url.port or 80), Health)
     thread = threading.Thread(target=server.serve_forever, name="cronlock-waiting", daemon=True)
     thread.start()
     try:
