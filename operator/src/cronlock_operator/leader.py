@@ -1,12 +1,16 @@
 """Leader election, so that `replicas: 2` is safe: one operator writes, the others wait.
 
-The lock the operator gives CronJobs, for itself: a Lease in its own namespace, held by
-`<hostname>_<pid>`, renewed every RENEW seconds. A waiting replica takes it when it is
-free, or when its holder has not renewed it for its duration plus the skew, timed on the
-waiting replica's own monotonic clock since it last saw the Lease change (never by
-comparing wall clocks, as client-go's leader election does too). A leader that has not
-renewed within RENEW_DEADLINE (shorter than the duration by more than the skew) exits at
-once: by the time another replica may take the Lease, it can write nothing more.
+The lock the operator gives CronJobs, for itself, on the same lock model
+(`cronlock_sidecar.lockmodel`): a Lease in its own namespace, held by `<hostname>_<pid>`,
+written by `claimed`/`renewed`/`released`, renewed every `timing.renew`. A waiting
+replica takes it when it is free, or when its holder has not renewed it for its duration
+plus the skew, timed on the waiting replica's own monotonic clock since it last saw the
+Lease change (`expiry.Observation`, the rule the operator clears guarded runs' holds by;
+never by comparing wall clocks, as client-go's leader election does too). A leader that
+has not renewed within `timing.renew_deadline` (two thirds of the duration, so shorter
+than it by more than the skew) exits at once: by the time another replica may take the
+Lease, it can write nothing more. The timing is checked as client-go's
+`NewLeaderElector` checks its own, before anything is written.
 """
 
 from __future__ import annotations
@@ -20,25 +24,30 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Final
 from urllib.parse import urlsplit
 
 import kubernetes
 
 from cronlock_operator.answers import raw
+from cronlock_operator.expiry import Observation
 from cronlock_sidecar import contract
-from cronlock_sidecar.microtime import format_microtime
+from cronlock_sidecar.lockmodel import Timing, claimed, read_lease, released, renewed
 
 logger = logging.getLogger(__name__)
 
-DURATION = 15
-RENEW = 2.0
-RENEW_DEADLINE = 10.0
-SKEW = 2.0
+# Duration 15 s, renew every 2 s, give up after 10 s without a renewal, 2 s of skew.
+TIMING: Final = Timing.of(15, 2, 2)
+
+WallClock = Callable[[], datetime.datetime]
 
 
 def identity() -> str:
     return f"{socket.gethostname()}_{os.getpid()}"
+
+
+def _utc_now() -> datetime.datetime:
+    return datetime.datetime.now(datetime.UTC)
 
 
 class Elector:
@@ -46,16 +55,23 @@ class Elector:
 
     def __init__(
         self,
-        api: kubernetes.client.ApiClient,
+        api: kubernetes.client.ApiClient | None,
         namespace: str,
         name: str,
         me: str,
         clock: Callable[[], float] = time.monotonic,
+        *,
+        timing: Timing = TIMING,
+        wall: WallClock = _utc_now,
+        leases: Any = None,
     ) -> None:
-        self.leases = kubernetes.client.CoordinationV1Api(api)
+        timing.check()  # TimingError before anything is written, as client-go refuses
+        if not me:
+            raise ValueError("leader election needs an identity")
+        self.leases = leases or kubernetes.client.CoordinationV1Api(api)
         self.namespace, self.name, self.me = namespace, name, me
-        self.clock = clock
-        self._seen: tuple[tuple[str, str], float] | None = None  # (holder, renewTime), when
+        self.clock, self.wall, self.timing = clock, wall, timing
+        self._seen: Observation | None = None
         self._renewed_at = -float("inf")
         self._stop = threading.Event()
 
@@ -78,13 +94,14 @@ class Elector:
                 )
                 waiting_logged = True
             if stop is not None:
-                stop.wait(RENEW)
+                stop.wait(self.timing.renew)
             else:
-                time.sleep(RENEW)
+                time.sleep(self.timing.renew)
         return False
 
     def try_acquire(self) -> str:
-        """One look: take the Lease if it is free, ours, or unrenewed; return its holder."""
+        """One look: take the Lease if it is free, ours, or unrenewed; return its holder
+        ("" when another replica wrote first)."""
         try:
             lease = raw(
                 self.leases.read_namespaced_lease(self.name, self.namespace, _preload_content=False)
@@ -93,19 +110,32 @@ class Elector:
             if error.status != 404:
                 raise
             return self._create()
-        spec = lease.get("spec") or {}
-        holder = str(spec.get("holderIdentity") or "")
+        record = read_lease(lease)
         now = self.clock()
-        observed = (holder, str(spec.get("renewTime") or ""))
-        if self._seen is None or self._seen[0] != observed:
-            self._seen = (observed, now)
-        duration = int(spec.get("leaseDurationSeconds") or DURATION)
-        if holder and holder != self.me and now - self._seen[1] <= duration + SKEW:
-            return holder
-        return self._write(lease, taking=holder != self.me)
+        seen = self._seen
+        if seen is None or (seen.holder, seen.renew_time) != (
+            record.holder,
+            record.renew_time_text,
+        ):
+            duration = record.duration_seconds or self.timing.lease_duration_seconds
+            seen = Observation(
+                record.holder, record.renew_time_text, duration, record.transitions, now
+            )
+            self._seen = seen
+        if record.holder and record.holder != self.me and not seen.overdue(now, self.timing.skew):
+            return record.holder
+        if record.holder == self.me:
+            body = renewed(lease, self.timing, self.wall())
+        else:
+            body = claimed(lease, self.me, self.timing, self.wall(), job_name="")
+        return self._send(
+            lambda: self.leases.replace_namespaced_lease(
+                self.name, self.namespace, body, _preload_content=False
+            )
+        )
 
     def _create(self) -> str:
-        body = {
+        fresh = {
             "metadata": {
                 "name": self.name,
                 "namespace": self.namespace,
@@ -113,16 +143,10 @@ class Elector:
             },
             "spec": {},
         }
+        body = claimed(fresh, self.me, self.timing, self.wall(), job_name="")
         return self._send(
             lambda: self.leases.create_namespaced_lease(
-                self.namespace, self._held(body, taking=True), _preload_content=False
-            )
-        )
-
-    def _write(self, lease: dict[str, Any], *, taking: bool) -> str:
-        return self._send(
-            lambda: self.leases.replace_namespaced_lease(
-                self.name, self.namespace, self._held(lease, taking=taking), _preload_content=False
+                self.namespace, body, _preload_content=False
             )
         )
 
@@ -138,35 +162,31 @@ class Elector:
         self._renewed_at = sent
         return self.me
 
-    def _held(self, lease: dict[str, Any], *, taking: bool) -> dict[str, Any]:
-        spec = dict(lease.get("spec") or {})
-        stamp = format_microtime(datetime.datetime.now(datetime.UTC))
-        spec.update(holderIdentity=self.me, renewTime=stamp, leaseDurationSeconds=DURATION)
-        if taking:
-            spec.update(
-                acquireTime=stamp, leaseTransitions=int(spec.get("leaseTransitions") or 0) + 1
-            )
-        return {**lease, "spec": spec}
-
     # --- keeping it ------------------------------------------------------------------
+    def renew_once(self) -> bool:
+        """One renewal; False once the lead is lost (another holder, or the renew deadline
+        passed without a successful renewal)."""
+        try:
+            if self.try_acquire() != self.me:
+                logger.error("leadership lost: the lease names another replica")
+                return False
+        except (kubernetes.client.ApiException, OSError) as error:
+            logger.warning("leader lease not renewed: %s", error)
+        if self.clock() - self._renewed_at > self.timing.renew_deadline:
+            logger.error(
+                "leadership lost: no renewal for %.0fs (deadline %.0fs)",
+                self.clock() - self._renewed_at,
+                self.timing.renew_deadline,
+            )
+            return False
+        return True
+
     def keep(self, lost: Callable[[], None]) -> threading.Thread:
-        """Renew in the background; call `lost` once the renew deadline passes."""
+        """Renew in the background; call `lost` once the lead is lost."""
 
         def renew() -> None:
-            while not self._stop.wait(RENEW):
-                try:
-                    if self.try_acquire() != self.me:
-                        logger.error("leadership lost: the lease names another replica")
-                        lost()
-                        return
-                except (kubernetes.client.ApiException, OSError) as error:
-                    logger.warning("leader lease not renewed: %s", error)
-                if self.clock() - self._renewed_at > RENEW_DEADLINE:
-                    logger.error(
-                        "leadership lost: no renewal for %.0fs (deadline %.0fs)",
-                        self.clock() - self._renewed_at,
-                        RENEW_DEADLINE,
-                    )
+            while not self._stop.wait(self.timing.renew):
+                if not self.renew_once():
                     lost()
                     return
 
@@ -181,11 +201,13 @@ class Elector:
             lease = raw(
                 self.leases.read_namespaced_lease(self.name, self.namespace, _preload_content=False)
             )
-            if (lease.get("spec") or {}).get("holderIdentity") != self.me:
+            if read_lease(lease).holder != self.me:
                 return
-            lease["spec"].pop("holderIdentity", None)
             self.leases.replace_namespaced_lease(
-                self.name, self.namespace, lease, _preload_content=False
+                self.name,
+                self.namespace,
+                released(lease, self.me, self.wall()),
+                _preload_content=False,
             ).release_conn()
             logger.info("leader lease %s/%s released", self.namespace, self.name)
         except (kubernetes.client.ApiException, OSError) as error:
