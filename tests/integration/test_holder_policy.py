@@ -105,19 +105,17 @@ def clear(lease: dict[str, Any]) -> None:
     lease["spec"].pop("holderIdentity", None)
 
 
-def test_a_pod_on_the_shared_account_writes_the_lease_only_as_itself(
-    api: kubernetes.client.ApiClient,
-    namespace: str,
-    controlplane: ControlPlane,
-    tmp_path: Path,
+def guarded_on_shared(
+    api: kubernetes.client.ApiClient, namespace: str, annotations: dict[str, str] | None = None
 ) -> None:
+    """The CronJob `report` on the account `shared`, injected (its Lease made first)."""
     core = kubernetes.client.CoreV1Api(api)
     core.create_namespaced_service_account(namespace, {"metadata": {"name": "shared"}})
     cronjob = make_cronjob(
         name="report",
         namespace=None,
         schedule="0 0 1 1 *",
-        annotations={"cronlock.io/enabled": "true"},
+        annotations={"cronlock.io/enabled": "true", **(annotations or {})},
         restart_policy="Never",
     )
     cronjob["spec"]["jobTemplate"]["spec"]["template"]["spec"]["serviceAccountName"] = "shared"
@@ -133,6 +131,15 @@ def test_a_pod_on_the_shared_account_writes_the_lease_only_as_itself(
         30,
         "the CronJob to be injected",
     )
+
+
+def test_a_pod_on_the_shared_account_writes_the_lease_only_as_itself(
+    api: kubernetes.client.ApiClient,
+    namespace: str,
+    controlplane: ControlPlane,
+    tmp_path: Path,
+) -> None:
+    guarded_on_shared(api, namespace)
     run = make_pod(api, controlplane, namespace, f"{RUN_JOB}-abcde", tmp_path)
     intruder = make_pod(api, controlplane, namespace, "intruder", tmp_path)
     retry = make_pod(api, controlplane, namespace, f"{RUN_JOB}-fghij", tmp_path)
@@ -243,25 +250,6 @@ def _refused_now(
     return False
 
 
-def guarded_on_shared(
-    api: kubernetes.client.ApiClient, namespace: str, annotations: dict[str, str] | None = None
-) -> None:
-    """The CronJob `report` on the account `shared`, injected, its Lease there."""
-    core = kubernetes.client.CoreV1Api(api)
-    core.create_namespaced_service_account(namespace, {"metadata": {"name": "shared"}})
-    cronjob = make_cronjob(
-        name="report",
-        namespace=None,
-        schedule="0 0 1 1 *",
-        annotations={"cronlock.io/enabled": "true", **(annotations or {})},
-        restart_policy="Never",
-    )
-    cronjob["spec"]["jobTemplate"]["spec"]["template"]["spec"]["serviceAccountName"] = "shared"
-    kubernetes.client.BatchV1Api(api).create_namespaced_cron_job(namespace, cronjob)
-    leases = kubernetes.client.CoordinationV1Api(api)
-    wait_for(lambda: _lease_exists(leases, namespace), 30, "the CronJob's Lease")
-
-
 def test_a_token_bound_to_no_pod_writes_nothing_and_nobody_holds_a_lock_for_68_years(
     api: kubernetes.client.ApiClient,
     namespace: str,
@@ -347,13 +335,3 @@ def test_a_hold_written_for_a_day_is_cleared_after_the_locks_ttl(
         namespace, field_selector="reason=LeaseExpired"
     )
     assert [event.involved_object.name for event in events.items] == ["report"]
-
-
-def _lease_exists(leases: Any, namespace: str) -> bool:
-    try:
-        leases.read_namespaced_lease(LEASE, namespace)
-    except kubernetes.client.ApiException as error:
-        if error.status == 404:
-            return False
-        raise
-    return True
