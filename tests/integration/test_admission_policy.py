@@ -19,9 +19,10 @@ import pytest
 from cronlock_operator.config import OperatorSettings, parse_config
 from cronlock_operator.injection import build_injection, revert
 from cronlock_operator.patching import injection_patch
-from tests.operator_process import CHART, SIDECAR_IMAGE
+from tests.operator_process import CHART, SIDECAR_IMAGE, OperatorProcess, wait_settled
 from tests.support.controlplane import ControlPlane
 from tests.support.cronjobs import make_cronjob
+from tests.support.objects import comparable, events, read, wait_event
 
 OURS = {"app.kubernetes.io/managed-by": "cronlock"}
 
@@ -562,3 +563,34 @@ def test_the_policys_field_lists_name_every_field_the_api_server_knows(
     checked = {"capabilities", "privileged", "runAsUser", "runAsGroup", "runAsNonRoot",
                "readOnlyRootFilesystem", "allowPrivilegeEscalation", "seccompProfile"}  # fmt: skip
     assert fields("core.v1.SecurityContext") - checked <= listed("securityNever")
+
+
+def test_an_operator_started_with_another_sidecar_image_is_refused_with_one_warning(
+    api: kubernetes.client.ApiClient,
+    controlplane: ControlPlane,
+    operator_kubeconfig: Path,
+    namespace: str,
+    tmp_path: Path,
+) -> None:
+    """The policy admits only the chart's sidecar image: an operator (or a stolen token)
+    injecting another gets 403, and the CronJob one ReconcileError Warning saying so, and
+    stays as its user wrote it."""
+    rogue = OperatorProcess(
+        operator_kubeconfig,
+        tmp_path / "operator.log",
+        controlplane.env,
+        ["--sidecar-image", "registry.example.com/not-cronlock:1"],
+    )
+    kubernetes.client.BatchV1Api(api).create_namespaced_cron_job(
+        namespace, make_cronjob(name="report", namespace=None, schedule="0 0 1 1 *")
+    )
+    before = comparable(read(api, namespace, "report"))
+    rogue.start()
+    try:
+        [message] = wait_event(api, namespace, "report", "ReconcileError")
+        wait_settled(3)
+    finally:
+        rogue.stop()
+    assert "run only the configured sidecar image" in message
+    assert len([m for _, r, m in events(api, namespace, "report") if r == "ReconcileError"]) == 1
+    assert comparable(read(api, namespace, "report")) == before
