@@ -16,9 +16,9 @@ from typing import Any
 import kubernetes
 import pytest
 
-from cronlock_operator.config import OperatorSettings, parse_config
-from cronlock_operator.injection import build_injection, revert
-from cronlock_operator.patching import injection_patch
+from cronlock_operator.injection.build import build_injection, revert
+from cronlock_operator.injection.patching import injection_patch
+from cronlock_operator.lock.config import OperatorSettings, parse_config
 from tests.operator_process import CHART, SIDECAR_IMAGE, OperatorProcess, wait_settled
 from tests.support.controlplane import ControlPlane
 from tests.support.cronjobs import make_cronjob

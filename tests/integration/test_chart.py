@@ -39,7 +39,7 @@ RESTRICTED = {
     "pod-security.kubernetes.io/warn": "restricted",
 }
 
-# What the operator does (operator/src/cronlock_operator/kube.py and the kopf watches),
+# What the operator does (operator/src/cronlock_operator/kube/writes.py and the kopf watches),
 # and so exactly what the chart grants.
 GRANTED: dict[tuple[str, str], set[str]] = {
     ("batch", "cronjobs"): {"get", "list", "watch", "patch"},

@@ -25,10 +25,10 @@ import pytest
 from hypothesis import HealthCheck, event, given, note, settings
 from hypothesis import strategies as st
 
-from cronlock_operator.config import parse_config
 from cronlock_operator.errors import Retry
-from cronlock_operator.injection import revert
-from cronlock_operator.kube import Kube
+from cronlock_operator.injection.build import revert
+from cronlock_operator.kube.writes import Kube
+from cronlock_operator.lock.config import parse_config
 from tests.kube import wait_for
 from tests.operator_process import OperatorProcess
 from tests.support.contract import GATE_CONTAINER

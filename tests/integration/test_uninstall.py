@@ -18,8 +18,8 @@ import kubernetes
 import pytest
 import yaml
 
-from cronlock_operator.config import OperatorSettings, parse_config
-from cronlock_operator.injection import build_injection
+from cronlock_operator.injection.build import build_injection
+from cronlock_operator.lock.config import OperatorSettings, parse_config
 from cronlock_sidecar import contract
 from tests.kube import run_tool, wait_for
 from tests.operator_process import (

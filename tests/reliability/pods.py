@@ -56,7 +56,7 @@ from typing import Any
 import kubernetes
 import urllib3
 
-from cronlock_operator.config import (
+from cronlock_operator.lock.config import (
     InvalidConfig,
     kill_grace_seconds,
     minimum_ttl_seconds,
@@ -193,7 +193,7 @@ def work_command(tracker_port: int, seconds: float) -> list[str]:
 class PodSettings:
     """Timings of the injected CronJob and the trial; ttl and renew are whole seconds."""
 
-    # The operator's shortest valid ttl with its default clock skew (cronlock_operator.config).
+    # The operator's shortest valid ttl with its default clock skew (cronlock_operator.lock.config).
     ttl: int = minimum_ttl_seconds(contract.DEFAULT_SKEW_SECONDS)
     renew: int = 2
     # The operator's default; it is what the injected sidecars use.

@@ -40,8 +40,12 @@ def test_the_tree_keeps_every_contract() -> None:
 @pytest.mark.parametrize(
     ("module", "line", "contract"),
     [
-        (f"{OPERATOR}/config.py", "import kubernetes", "The pure core"),
-        (f"{OPERATOR}/cronjobs.py", "from cronlock_operator import kube", "The pure core"),
+        (f"{OPERATOR}/lock/config.py", "import kubernetes", "The pure core"),
+        (
+            f"{OPERATOR}/reconcile/cronjobs.py",
+            "from cronlock_operator.kube import writes",
+            "The pure core",
+        ),
         (
             "sidecar/src/cronlock_sidecar/lease.py",
             "import cronlock_operator",
@@ -49,9 +53,14 @@ def test_the_tree_keeps_every_contract() -> None:
         ),
         ("sidecar/src/cronlock_sidecar/hold.py", "import urllib3", "only the standard library"),
         (
-            f"{OPERATOR}/kube.py",
-            "from cronlock_operator import reconciler",
-            "no layer imports one above it",
+            f"{OPERATOR}/kube/writes.py",
+            "from cronlock_operator.runtime import reconciler",
+            "no package imports one above it",
+        ),
+        (
+            f"{OPERATOR}/runtime/executor.py",
+            "from cronlock_operator.runtime import reconciler",
+            "no module imports one above it",
         ),
     ],
 )

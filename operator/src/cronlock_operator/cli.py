@@ -14,9 +14,9 @@ from collections.abc import Coroutine, Sequence
 import kopf
 import uvloop
 
-from cronlock_operator import leader
-from cronlock_operator.config import OperatorSettings
-from cronlock_operator.kube import api_client
+from cronlock_operator.kube.client import api_client
+from cronlock_operator.lock.config import OperatorSettings
+from cronlock_operator.runtime import leader
 from cronlock_sidecar import contract, logs
 from cronlock_sidecar.durations import DurationError, parse_duration
 
@@ -197,7 +197,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return uninstall(
             api_client(), args.namespace or [], keep=keep, revert_only=args.revert_only
         )
-    import cronlock_operator.handlers  # noqa: F401 - registers the handlers with kopf
+    import cronlock_operator.runtime.handlers  # noqa: F401 - registers the handlers with kopf
 
     elector = _lead(args) if args.leader_election else None
     _run_loop(
@@ -236,7 +236,7 @@ def _run_loop(operator: Coroutine[None, None, None]) -> None:
 
 def _lead(args: argparse.Namespace) -> leader.Elector:
     """Wait for the lead (answering the liveness probe meanwhile), then keep it; a replica
-    that loses it exits at once, before another may take over (cronlock_operator.leader)."""
+    that loses it exits at once, before another may take over (cronlock_operator.runtime.leader)."""
     namespace, name = _lease_ref(args.leader_election_lease)
     elector = leader.Elector(api_client(), namespace, name, leader.identity())
     with leader.healthy_while_waiting(args.liveness):

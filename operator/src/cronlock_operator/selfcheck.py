@@ -26,7 +26,7 @@ logger = logging.getLogger(__name__)
 PORT_NAME = "metrics"
 SCRAPE_TIMEOUT = 5.0
 RETRY_SECONDS = 2.0
-# What a cronlock operator's /metrics always carries (cronlock_operator.metrics).
+# What a cronlock operator's /metrics always carries (cronlock_operator.runtime.metrics).
 REQUIRED = ("cronlock_build_info", "cronlock_guarded_cronjobs")
 
 
@@ -112,7 +112,7 @@ def check_service(namespace: str, service: str, wait: float) -> int:
     import kubernetes
     import urllib3
 
-    from cronlock_operator.kube import api_client
+    from cronlock_operator.kube.client import api_client
 
     api = api_client()
     discovery = kubernetes.client.DiscoveryV1Api(api)

@@ -7,8 +7,9 @@ from typing import Any
 
 import pytest
 
-from cronlock_operator import contention, metrics, skips
-from cronlock_operator.reconciler import Reconciler
+from cronlock_operator.reconcile import contention, skips
+from cronlock_operator.runtime import metrics
+from cronlock_operator.runtime.reconciler import Reconciler
 from tests.support.cronjobs import SETTINGS, make_cronjob
 
 NAMESPACE = "team-a"

@@ -6,7 +6,7 @@ import json
 
 import kubernetes
 
-from cronlock_operator.answers import policy_denial
+from cronlock_operator.kube.answers import policy_denial
 
 
 def refusal(status: int, message: str) -> kubernetes.client.ApiException:

@@ -6,7 +6,8 @@ from typing import Any
 
 import pytest
 
-from cronlock_operator.config import (
+from cronlock_operator.injection.build import build_injection
+from cronlock_operator.lock.config import (
     InvalidConfig,
     LockConfig,
     OperatorSettings,
@@ -15,7 +16,6 @@ from cronlock_operator.config import (
     minimum_ttl_seconds,
     parse_config,
 )
-from cronlock_operator.injection import build_injection
 from tests.support.cronjobs import SETTINGS, make_cronjob
 
 PROBED = [

@@ -9,10 +9,10 @@ from typing import Any
 import kubernetes
 import pytest
 
-from cronlock_operator import events
 from cronlock_operator.errors import Retry
-from cronlock_operator.events import EventPoster
-from cronlock_operator.kube import Kube
+from cronlock_operator.kube.writes import Kube
+from cronlock_operator.runtime import events
+from cronlock_operator.runtime.events import EventPoster
 
 CRONJOB = {"metadata": {"name": "report", "namespace": "reports", "uid": "u-1"}}
 TERMINATING = (

@@ -5,7 +5,7 @@ from __future__ import annotations
 import kopf
 from kopf._cogs.structs.references import Resource  # kopf's own resource record
 
-from cronlock_operator import handlers
+from cronlock_operator.runtime import handlers
 from cronlock_sidecar import contract
 
 

@@ -9,14 +9,14 @@ from typing import Any
 import pytest
 import yaml
 
-from cronlock_operator.config import InvalidConfig, LockConfig, parse_config
-from cronlock_operator.injection import (
+from cronlock_operator.injection.build import (
     build_injection,
     desired_cronjob,
     is_injected,
     revert,
 )
-from cronlock_operator.patching import injection_patch, needs_patch
+from cronlock_operator.injection.patching import injection_patch, needs_patch
+from cronlock_operator.lock.config import InvalidConfig, LockConfig, parse_config
 from tests.support.cronjobs import (
     NEW_SETTINGS,
     SETTINGS,

@@ -11,7 +11,7 @@ from typing import Any
 import kubernetes
 import pytest
 
-from cronlock_operator.leader import TIMING, Elector
+from cronlock_operator.runtime.leader import TIMING, Elector
 from cronlock_sidecar.lockmodel import Timing, TimingError, read_lease
 
 NAMESPACE, NAME = "cronlock-system", "cronlock-leader"

@@ -13,8 +13,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from cronlock_operator import metrics, selfcheck
-from cronlock_operator.metrics import MetricsServer
+from cronlock_operator import selfcheck
+from cronlock_operator.runtime import metrics
+from cronlock_operator.runtime.metrics import MetricsServer
 
 # A request whose headers never end: the client that sends it holds the connection.
 SLOW = b"GET /metrics HTTP/1.1\r\nHost: operator\r\n"

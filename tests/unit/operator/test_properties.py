@@ -8,13 +8,13 @@ from typing import Any
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from cronlock_operator.config import InvalidConfig, LockConfig, OperatorSettings, parse_config
-from cronlock_operator.injection import (
+from cronlock_operator.injection.build import (
     build_injection,
     desired_cronjob,
     revert,
 )
-from cronlock_operator.patching import injection_patch, needs_patch
+from cronlock_operator.injection.patching import injection_patch, needs_patch
+from cronlock_operator.lock.config import InvalidConfig, LockConfig, OperatorSettings, parse_config
 from tests.support.cronjobs import (
     NEW_SETTINGS,
     SETTINGS,

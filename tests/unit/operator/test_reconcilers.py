@@ -5,8 +5,10 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from cronlock_operator import cronjobs, expiry, rbac, runs
-from cronlock_operator.actions import (
+from cronlock_operator.injection.build import desired_cronjob
+from cronlock_operator.lock.config import counting_settings, parse_config
+from cronlock_operator.reconcile import cronjobs, expiry, rbac, runs
+from cronlock_operator.reconcile.actions import (
     AnnotateCronJob,
     CountRun,
     CountTakeover,
@@ -20,10 +22,8 @@ from cronlock_operator.actions import (
     SetConsecutiveSkips,
     WriteHolderRbac,
 )
-from cronlock_operator.config import counting_settings, parse_config
-from cronlock_operator.executor import Executor
-from cronlock_operator.injection import desired_cronjob
-from cronlock_operator.rbac import Guard
+from cronlock_operator.reconcile.rbac import Guard
+from cronlock_operator.runtime.executor import Executor
 from cronlock_sidecar.lockmodel import read_lease
 from tests.support.cronjobs import SETTINGS, make_cronjob, server_defaults
 

@@ -11,9 +11,9 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from cronlock_operator import metrics
 from cronlock_operator.errors import NotOurs, Rejected, RequeueAfter, Retry
-from cronlock_operator.reconciler import CONFLICT_RECHECK, CronJobKey, Reconciler
+from cronlock_operator.runtime import metrics
+from cronlock_operator.runtime.reconciler import CONFLICT_RECHECK, CronJobKey, Reconciler
 from tests.support.cronjobs import SETTINGS, make_cronjob, server_defaults
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from cronlock_operator.config import parse_config
-from cronlock_operator.schedule import min_gap_seconds, ttl_longer_than_gap_warning
+from cronlock_operator.lock.config import parse_config
+from cronlock_operator.lock.schedule import min_gap_seconds, ttl_longer_than_gap_warning
 from tests.support.cronjobs import SETTINGS, make_cronjob
 
 MINUTE = 60.0

@@ -13,7 +13,8 @@ from typing import Any
 import prometheus_client
 import pytest
 
-from cronlock_operator import cli, metrics, selfcheck
+from cronlock_operator import cli, selfcheck
+from cronlock_operator.runtime import metrics
 from cronlock_operator.selfcheck import Endpoint
 from cronlock_sidecar import contract
 

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from cronlock_operator.errors import NotOurs, Retry
-from cronlock_operator.sharing import InvalidPeers, parse_peers, refuse_unshared_lock
+from cronlock_operator.lock.sharing import InvalidPeers, parse_peers, refuse_unshared_lock
 
 
 def cronjob(name: str, uid: str, share: str | None = None) -> dict[str, Any]:

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from cronlock_operator import skips
+from cronlock_operator.reconcile import skips
 
 SKIP_MESSAGE = (
     "Container cronlock-gate for pod team-a/report-1-x failed with exit code 75 matching "

@@ -10,9 +10,9 @@ import jsonpatch  # type: ignore[import-untyped]  # a dependency of the kubernet
 import pytest
 
 from cronlock_operator.cache import ObjectCache
-from cronlock_operator.config import parse_config
-from cronlock_operator.injection import build_injection, is_injected
-from cronlock_operator.kube import Kube
+from cronlock_operator.injection.build import build_injection, is_injected
+from cronlock_operator.kube.writes import Kube
+from cronlock_operator.lock.config import parse_config
 from cronlock_operator.uninstall import uninstall
 from cronlock_sidecar import contract
 from tests.support.cronjobs import SETTINGS, make_cronjob

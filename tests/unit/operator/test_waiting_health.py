@@ -9,7 +9,7 @@ import threading
 import time
 import urllib.request
 
-from cronlock_operator import leader
+from cronlock_operator.runtime import leader
 
 
 def free_port() -> int:

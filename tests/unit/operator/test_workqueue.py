@@ -8,7 +8,7 @@ from collections.abc import Awaitable, Callable
 import pytest
 
 from cronlock_operator.errors import Retry
-from cronlock_operator.workqueue import WorkQueue
+from cronlock_operator.runtime.workqueue import WorkQueue
 
 
 def run(test: Callable[[], Awaitable[None]]) -> None:

@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from cronlock_operator.config import kill_grace_seconds, minimum_ttl_seconds, parse_config
-from cronlock_operator.injection import build_injection
+from cronlock_operator.injection.build import build_injection
+from cronlock_operator.lock.config import kill_grace_seconds, minimum_ttl_seconds, parse_config
 from tests.e2e.node import LeaseVersion, Work
 from tests.reliability.checker import Counts
 from tests.reliability.pods import (

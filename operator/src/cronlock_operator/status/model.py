@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Final, Literal
 
-from cronlock_operator.config import (
+from cronlock_operator.lock.config import (
     InvalidConfig,
     OperatorSettings,
     counting_settings,

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from cronlock_operator.errors import Retry
-from cronlock_operator.kube import Kube
+from cronlock_operator.kube.writes import Kube
 
 logger = logging.getLogger(__name__)
 

@@ -9,11 +9,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
-from cronlock_operator.invalid import InvalidConfig as InvalidConfig
-from cronlock_operator.invalid import duration_annotation
+from cronlock_operator.lock.invalid import InvalidConfig as InvalidConfig
+from cronlock_operator.lock.invalid import duration_annotation
+from cronlock_operator.lock.policies import Policy, parse_policy, parse_wait_timeout
+from cronlock_operator.lock.sharing import InvalidPeers, parse_peers
 from cronlock_operator.podspec import containers_with_own_liveness_probe
-from cronlock_operator.policies import Policy, parse_policy, parse_wait_timeout
-from cronlock_operator.sharing import InvalidPeers, parse_peers
 from cronlock_sidecar import contract
 from cronlock_sidecar.lockmodel import (
     Timing,

@@ -13,19 +13,25 @@ from collections.abc import Callable, Container, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from cronlock_operator.actions import Action, DropLeaseOwner, EnsureLease, PatchCronJob, PostEvent
-from cronlock_operator.config import (
+from cronlock_operator.injection.build import desired_cronjob, is_injected
+from cronlock_operator.injection.patching import injection_patch, needs_patch
+from cronlock_operator.lock.config import (
     InvalidConfig,
     LockConfig,
     OperatorSettings,
     is_enabled,
     parse_config,
 )
-from cronlock_operator.injection import desired_cronjob, is_injected
-from cronlock_operator.patching import injection_patch, needs_patch
-from cronlock_operator.rbac import Guard
-from cronlock_operator.schedule import ttl_longer_than_gap_warning
-from cronlock_operator.sharing import CronJobLookup
+from cronlock_operator.lock.schedule import ttl_longer_than_gap_warning
+from cronlock_operator.lock.sharing import CronJobLookup
+from cronlock_operator.reconcile.actions import (
+    Action,
+    DropLeaseOwner,
+    EnsureLease,
+    PatchCronJob,
+    PostEvent,
+)
+from cronlock_operator.reconcile.rbac import Guard
 
 logger = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ import copy
 from collections.abc import Mapping
 from typing import Any, Final
 
-from cronlock_operator.config import (
+from cronlock_operator.lock.config import (
     PROBE_PERIOD_SECONDS,
     PROBE_TIMEOUT_SECONDS,
     LockConfig,

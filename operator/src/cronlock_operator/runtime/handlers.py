@@ -16,11 +16,12 @@ from typing import Any, cast
 
 import kopf
 
-from cronlock_operator import metrics
-from cronlock_operator.config import OperatorSettings
-from cronlock_operator.events import EventPoster
-from cronlock_operator.kube import LIST_PAGE, Kube, api_client
-from cronlock_operator.reconciler import WORKERS, Reconciler
+from cronlock_operator.kube.client import api_client
+from cronlock_operator.kube.writes import LIST_PAGE, Kube
+from cronlock_operator.lock.config import OperatorSettings
+from cronlock_operator.runtime import metrics
+from cronlock_operator.runtime.events import EventPoster
+from cronlock_operator.runtime.reconciler import WORKERS, Reconciler
 from cronlock_sidecar import contract
 
 logger = logging.getLogger(__name__)

@@ -14,8 +14,9 @@ from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass
 from typing import Any
 
-from cronlock_operator import skips
-from cronlock_operator.actions import (
+from cronlock_operator.lock.config import OperatorSettings, counting_settings
+from cronlock_operator.reconcile import skips
+from cronlock_operator.reconcile.actions import (
     Action,
     AnnotateCronJob,
     CountRun,
@@ -24,7 +25,6 @@ from cronlock_operator.actions import (
     PostEvent,
     SetConsecutiveSkips,
 )
-from cronlock_operator.config import OperatorSettings, counting_settings
 from cronlock_sidecar import contract
 
 

@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from cronlock_operator.actions import Action, WriteHolderRbac
+from cronlock_operator.reconcile.actions import Action, WriteHolderRbac
 from cronlock_sidecar import contract
 
 MAX_NAME = 253

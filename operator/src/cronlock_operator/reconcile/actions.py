@@ -12,8 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from cronlock_operator.config import LockConfig
-from cronlock_operator.sharing import CronJobLookup
+from cronlock_operator.lock.config import LockConfig
+from cronlock_operator.lock.sharing import CronJobLookup
 
 
 @dataclass(frozen=True)

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from cronlock_operator import metrics
-from cronlock_operator.actions import (
+from cronlock_operator.kube.writes import Kube
+from cronlock_operator.reconcile.actions import (
     Action,
     AnnotateCronJob,
     CountContention,
@@ -22,7 +22,7 @@ from cronlock_operator.actions import (
     SetConsecutiveSkips,
     WriteHolderRbac,
 )
-from cronlock_operator.kube import Kube
+from cronlock_operator.runtime import metrics
 
 Written = Callable[[dict[str, Any]], None]
 PostEventCall = Callable[[Mapping[str, Any], str, str, bool], None]

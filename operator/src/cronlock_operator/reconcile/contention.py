@@ -14,8 +14,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from cronlock_operator import skips
-from cronlock_operator.actions import Action, CountContention, MarkJob, PostEvent
+from cronlock_operator.reconcile import skips
+from cronlock_operator.reconcile.actions import Action, CountContention, MarkJob, PostEvent
 from cronlock_sidecar import contract
 from cronlock_sidecar.lockmodel import LeaseRecord
 

@@ -11,19 +11,25 @@ from typing import Any
 
 import kubernetes
 
-from cronlock_operator.answers import done, invalid_message, policy_denial, raw, transient_errors
 from cronlock_operator.cache import ObjectCache
-from cronlock_operator.config import LockConfig
 from cronlock_operator.errors import Rejected, Retry
-from cronlock_operator.invalid import cut
-from cronlock_operator.ownership import (
+from cronlock_operator.kube.answers import (
+    done,
+    invalid_message,
+    policy_denial,
+    raw,
+    transient_errors,
+)
+from cronlock_operator.kube.rbac_writes import HolderRbacWrites
+from cronlock_operator.lock.config import LockConfig
+from cronlock_operator.lock.invalid import cut
+from cronlock_operator.lock.ownership import (
     lease_is_ours,
     made_by_cronlock,
     owner_reference,
     refuse_foreign_lease,
 )
-from cronlock_operator.rbac_writes import HolderRbacWrites
-from cronlock_operator.sharing import CronJobLookup, refuse_unshared_lock
+from cronlock_operator.lock.sharing import CronJobLookup, refuse_unshared_lock
 from cronlock_sidecar import contract
 
 logger = logging.getLogger(__name__)
@@ -33,19 +39,6 @@ JSON_PATCH = "application/json-patch+json"
 MERGE_PATCH = "application/merge-patch+json"
 # CronJobs per page of a start-up list (ours and kopf's): one page is what is parsed at once.
 LIST_PAGE = 500
-
-
-def api_client(pool_size: int | None = None) -> kubernetes.client.ApiClient:
-    """In a pod its ServiceAccount, else the kubeconfig (as kopf logs in); `pool_size`
-    pooled connections when given (the client's default is fewer than our threads)."""
-    configuration = kubernetes.client.Configuration()
-    try:
-        kubernetes.config.load_incluster_config(client_configuration=configuration)
-    except kubernetes.config.ConfigException:
-        kubernetes.config.load_kube_config(client_configuration=configuration)
-    if pool_size is not None:
-        configuration.connection_pool_maxsize = pool_size
-    return kubernetes.client.ApiClient(configuration)
 
 
 class Kube(HolderRbacWrites):

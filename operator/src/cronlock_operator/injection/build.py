@@ -7,12 +7,7 @@ import re
 from collections.abc import Iterator, Mapping
 from typing import Any, Final, TypeGuard
 
-from cronlock_operator.config import (
-    InvalidConfig,
-    LockConfig,
-    OperatorSettings,
-)
-from cronlock_operator.containers import (
+from cronlock_operator.injection.containers import (
     SIDECAR_UID,
     SKIP_RULE,
     VOLUME,
@@ -21,6 +16,11 @@ from cronlock_operator.containers import (
     is_injected_container,
     is_skip_rule,
     sidecar_container,
+)
+from cronlock_operator.lock.config import (
+    InvalidConfig,
+    LockConfig,
+    OperatorSettings,
 )
 from cronlock_operator.podspec import is_cronlock_probe, pod_spec_of
 from cronlock_sidecar import contract

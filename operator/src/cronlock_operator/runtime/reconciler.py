@@ -20,17 +20,19 @@ from typing import Any
 
 import kubernetes
 
-from cronlock_operator import contention, cronjobs, expiry, metrics, rbac, sharing, skips
-from cronlock_operator.accounting import RunAccounting
 from cronlock_operator.cache import ObjectCache
-from cronlock_operator.config import MAX_TTL_SECONDS, OperatorSettings
 from cronlock_operator.errors import NotOurs, Rejected, RequeueAfter, Retry
-from cronlock_operator.executor import Executor, PostEventCall
-from cronlock_operator.expiry import Observations
-from cronlock_operator.keys import ContentionKey, CronJobKey, Key, LeaseKey, RunsKey
-from cronlock_operator.kube import Kube
-from cronlock_operator.rbac import Guard
-from cronlock_operator.workqueue import WorkQueue
+from cronlock_operator.kube.writes import Kube
+from cronlock_operator.lock import sharing
+from cronlock_operator.lock.config import MAX_TTL_SECONDS, OperatorSettings
+from cronlock_operator.reconcile import contention, cronjobs, expiry, rbac, skips
+from cronlock_operator.reconcile.expiry import Observations
+from cronlock_operator.reconcile.keys import ContentionKey, CronJobKey, Key, LeaseKey, RunsKey
+from cronlock_operator.reconcile.rbac import Guard
+from cronlock_operator.runtime import metrics
+from cronlock_operator.runtime.accounting import RunAccounting
+from cronlock_operator.runtime.executor import Executor, PostEventCall
+from cronlock_operator.runtime.workqueue import WorkQueue
 from cronlock_sidecar import contract
 from cronlock_sidecar.lockmodel import read_lease
 

@@ -8,7 +8,7 @@ import itertools
 from dataclasses import dataclass
 from typing import Final
 
-from cronlock_operator.config import LockConfig
+from cronlock_operator.lock.config import LockConfig
 from cronlock_sidecar.durations import DurationError, format_duration, parse_duration
 
 _MACROS: Final = {

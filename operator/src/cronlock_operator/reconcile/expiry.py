@@ -13,7 +13,13 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from cronlock_operator.actions import Action, CountRun, CountTakeover, PatchLease, PostEvent
+from cronlock_operator.reconcile.actions import (
+    Action,
+    CountRun,
+    CountTakeover,
+    PatchLease,
+    PostEvent,
+)
 from cronlock_sidecar import contract
 from cronlock_sidecar.lockmodel import LeaseRecord, read_lease, released
 

@@ -26,7 +26,7 @@ from prometheus_client import (
     make_wsgi_app,
 )
 
-from cronlock_operator.keys import Key
+from cronlock_operator.reconcile.keys import Key
 
 logger = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ import copy
 from collections.abc import Mapping
 from typing import Any
 
-from cronlock_operator.containers import SKIP_RULE, is_injected_container, is_skip_rule
+from cronlock_operator.injection.containers import SKIP_RULE, is_injected_container, is_skip_rule
 from cronlock_operator.podspec import is_cronlock_probe
 from cronlock_sidecar import contract
 

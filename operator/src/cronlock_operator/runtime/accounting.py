@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from cronlock_operator import contention, runs, skips
 from cronlock_operator.cache import ObjectCache
-from cronlock_operator.config import OperatorSettings
-from cronlock_operator.executor import Executor
-from cronlock_operator.kube import Kube
+from cronlock_operator.kube.writes import Kube
+from cronlock_operator.lock.config import OperatorSettings
+from cronlock_operator.reconcile import contention, runs, skips
+from cronlock_operator.runtime.executor import Executor
 from cronlock_sidecar import contract
 
 Name = tuple[str, str]  # (namespace, name)

@@ -29,8 +29,8 @@ from urllib.parse import urlsplit
 
 import kubernetes
 
-from cronlock_operator.answers import raw
-from cronlock_operator.expiry import Observation
+from cronlock_operator.kube.answers import raw
+from cronlock_operator.reconcile.expiry import Observation
 from cronlock_sidecar import contract
 from cronlock_sidecar.lockmodel import Timing, claimed, read_lease, released, renewed
 

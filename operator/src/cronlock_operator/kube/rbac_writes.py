@@ -7,9 +7,9 @@ from typing import Any
 
 import kubernetes
 
-from cronlock_operator.answers import done, raw, transient_errors
 from cronlock_operator.errors import NotOurs
-from cronlock_operator.ownership import made_by_cronlock
+from cronlock_operator.kube.answers import done, raw, transient_errors
+from cronlock_operator.lock.ownership import made_by_cronlock
 from cronlock_sidecar import contract
 
 
