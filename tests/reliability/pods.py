@@ -62,8 +62,8 @@ from cronlock_operator.lock.config import (
     minimum_ttl_seconds,
 )
 from cronlock_sidecar import contract
-from cronlock_sidecar.durations import DurationError, parse_duration
-from cronlock_sidecar.lockmodel import Timing
+from cronlock_sidecar.lock.durations import DurationError, parse_duration
+from cronlock_sidecar.lock.model import Timing
 from tests.e2e.node import (
     CRONLOCK_IMAGE,
     HOST_LINK_IP,

@@ -13,7 +13,8 @@ from __future__ import annotations
 import sys
 from datetime import datetime, timedelta
 
-from cronlock_sidecar import cli, lease
+from cronlock_sidecar import cli
+from cronlock_sidecar.holding import lease
 
 
 def skew(offset: float) -> None:

@@ -47,11 +47,20 @@ def test_the_tree_keeps_every_contract() -> None:
             "The pure core",
         ),
         (
-            "sidecar/src/cronlock_sidecar/lease.py",
+            "sidecar/src/cronlock_sidecar/holding/lease.py",
             "import cronlock_operator",
             "never imports the operator",
         ),
-        ("sidecar/src/cronlock_sidecar/hold.py", "import urllib3", "only the standard library"),
+        (
+            "sidecar/src/cronlock_sidecar/commands/hold.py",
+            "import urllib3",
+            "only the standard library",
+        ),
+        (
+            "sidecar/src/cronlock_sidecar/lock/model.py",
+            "from cronlock_sidecar.holding import lease",
+            "no layer imports one above it",
+        ),
         (
             f"{OPERATOR}/kube/writes.py",
             "from cronlock_operator.runtime import reconciler",

@@ -17,8 +17,9 @@ import uvloop
 from cronlock_operator.kube.client import api_client
 from cronlock_operator.lock.config import OperatorSettings
 from cronlock_operator.runtime import leader
-from cronlock_sidecar import contract, logs
-from cronlock_sidecar.durations import DurationError, parse_duration
+from cronlock_sidecar import contract
+from cronlock_sidecar.lock.durations import DurationError, parse_duration
+from cronlock_sidecar.pod import logs
 
 DEFAULT_SIDECAR_IMAGE = "ghcr.io/cronlock/cronlock-sidecar:0.1.0"
 

@@ -10,12 +10,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import FrameType
 
-from cronlock_sidecar import logs
 from cronlock_sidecar.contract import EXIT_CONFIG
-from cronlock_sidecar.kubeapi import KubeLeaseClient
-from cronlock_sidecar.kubeconfig import KubeConfigError, load_cluster
-from cronlock_sidecar.lease import SystemClock
+from cronlock_sidecar.holding.lease import SystemClock
 from cronlock_sidecar.options import ConfigError, Options, parse_options
+from cronlock_sidecar.pod import logs
+from cronlock_sidecar.transport.kubeapi import KubeLeaseClient
+from cronlock_sidecar.transport.kubeconfig import KubeConfigError, load_cluster
 
 
 def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> int:
@@ -30,7 +30,7 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     logs.configure(options.log_format, options.log_level)
     # Each command imports only what it uses: the sidecar's resident memory is a goal.
     if options.command == "gate":
-        from cronlock_sidecar.gate import gate
+        from cronlock_sidecar.commands.gate import gate
 
         return gate(Path(options.run_dir), options.gate_timeout)
     try:
@@ -42,7 +42,7 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     try:
         if options.command == "hold":
             return _hold(options, transport)
-        from cronlock_sidecar.run import Runner
+        from cronlock_sidecar.commands.run import Runner
 
         return Runner(options, transport, SystemClock()).execute()
     finally:
@@ -50,9 +50,9 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
 
 
 def _hold(options: Options, transport: KubeLeaseClient) -> int:
-    from cronlock_sidecar.endpoints import Endpoints, SidecarState
-    from cronlock_sidecar.hold import Holder
-    from cronlock_sidecar.stopping import StopPipe
+    from cronlock_sidecar.commands.hold import Holder
+    from cronlock_sidecar.pod.endpoints import Endpoints, SidecarState
+    from cronlock_sidecar.pod.stopping import StopPipe
 
     state = SidecarState()
     try:

@@ -10,9 +10,9 @@ from collections.abc import Mapping, Sequence
 from typing import NamedTuple, NoReturn
 
 from cronlock_sidecar import contract
-from cronlock_sidecar.durations import DURATION_FORMS, DurationError, parse_duration
-from cronlock_sidecar.lockmodel import Timing, TimingError, replace_wait_timeout
-from cronlock_sidecar.transport import LeaseRef
+from cronlock_sidecar.lock.durations import DURATION_FORMS, DurationError, parse_duration
+from cronlock_sidecar.lock.model import Timing, TimingError, replace_wait_timeout
+from cronlock_sidecar.transport.seam import LeaseRef
 
 COMMANDS = ("hold", "gate", "run")
 POLICIES = contract.POLICIES

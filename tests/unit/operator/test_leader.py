@@ -12,7 +12,7 @@ import kubernetes
 import pytest
 
 from cronlock_operator.runtime.leader import TIMING, Elector
-from cronlock_sidecar.lockmodel import Timing, TimingError, read_lease
+from cronlock_sidecar.lock.model import Timing, TimingError, read_lease
 
 NAMESPACE, NAME = "cronlock-system", "cronlock-leader"
 

@@ -24,7 +24,7 @@ from cronlock_operator.reconcile.actions import (
 )
 from cronlock_operator.reconcile.rbac import Guard
 from cronlock_operator.runtime.executor import Executor
-from cronlock_sidecar.lockmodel import read_lease
+from cronlock_sidecar.lock.model import read_lease
 from tests.support.cronjobs import SETTINGS, make_cronjob, server_defaults
 
 NAMESPACE = "team-a"

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from cronlock_sidecar.lease import LeaseKeeper
-from cronlock_sidecar.lockmodel import Timing
+from cronlock_sidecar.holding.lease import LeaseKeeper
+from cronlock_sidecar.lock.model import Timing
 from tests.unit.sidecar.fakes import LEASE, FakeApiServer, FakeClock, FakeTransport
 
 

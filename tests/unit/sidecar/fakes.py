@@ -18,7 +18,7 @@ from typing import Any
 import yaml
 
 from cronlock_sidecar.microtime import format_microtime
-from cronlock_sidecar.transport import Conflict, Lease, LeaseRef, NotFound
+from cronlock_sidecar.transport.seam import Conflict, Lease, LeaseRef, NotFound
 
 START = datetime(2026, 11, 29, 8, 0, 0, tzinfo=UTC)
 LEASE = LeaseRef("default", "cronlock-report")

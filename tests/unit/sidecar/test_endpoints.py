@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from cronlock_sidecar.endpoints import (
+from cronlock_sidecar.pod.endpoints import (
     CONNECTION_SECONDS,
     EVICTION_SLACK,
     MAX_CONNECTIONS,

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from cronlock_sidecar.cli import main
-from cronlock_sidecar.gate import gate
-from cronlock_sidecar.lockmodel import Timing
+from cronlock_sidecar.commands.gate import gate
+from cronlock_sidecar.lock.model import Timing
 from cronlock_sidecar.options import parse_options
-from cronlock_sidecar.rundir import write_decision
+from cronlock_sidecar.pod.rundir import write_decision
 
 TIMING = Timing.of(60, 20, 2)
 

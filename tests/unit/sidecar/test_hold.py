@@ -22,10 +22,10 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from cronlock_sidecar.endpoints import SidecarState
-from cronlock_sidecar.hold import Holder, RunGuard
+from cronlock_sidecar.commands.hold import Holder, RunGuard
 from cronlock_sidecar.options import parse_options
-from cronlock_sidecar.transport import Lease, LeaseRef
+from cronlock_sidecar.pod.endpoints import SidecarState
+from cronlock_sidecar.transport.seam import Lease, LeaseRef
 
 if TYPE_CHECKING:
     from tests.unit.sidecar.fakes import FakeApiServer
@@ -53,7 +53,8 @@ def free_port() -> int:
 HOLD_WITH_PROC_ROOT = """
 import sys
 from pathlib import Path
-from cronlock_sidecar import cli, hold
+from cronlock_sidecar import cli
+from cronlock_sidecar.commands import hold
 hold.Holder.__init__.__kwdefaults__["proc_root"] = Path(sys.argv[1])
 sys.exit(cli.main(sys.argv[2:]))
 """

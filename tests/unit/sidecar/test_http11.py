@@ -15,11 +15,11 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from cronlock_sidecar import http11
-from cronlock_sidecar.http11 import Connection, ConnectionClosed, ProtocolError
-from cronlock_sidecar.kubeapi import KubeLeaseClient
-from cronlock_sidecar.kubeconfig import Cluster
-from cronlock_sidecar.transport import LeaseRef, NotFound, Unavailable
+from cronlock_sidecar.transport import http11
+from cronlock_sidecar.transport.http11 import Connection, ConnectionClosed, ProtocolError
+from cronlock_sidecar.transport.kubeapi import KubeLeaseClient
+from cronlock_sidecar.transport.kubeconfig import Cluster
+from cronlock_sidecar.transport.seam import LeaseRef, NotFound, Unavailable
 
 if TYPE_CHECKING:
     from tests.unit.sidecar.fakes import FakeApiServer
@@ -634,7 +634,8 @@ def test_create_get_replace_against_the_fake_api_server(api_server: FakeApiServe
 def test_the_run_path_never_imports_http_client_or_email() -> None:
     code = (
         "import sys\n"
-        "import cronlock_sidecar.cli, cronlock_sidecar.run, cronlock_sidecar.kubeapi\n"
+        "import cronlock_sidecar.cli, cronlock_sidecar.commands.run\n"
+        "import cronlock_sidecar.transport.kubeapi\n"
         "print(sorted(name for name in sys.modules\n"
         "             if name == 'http.client' or name.split('.')[0] == 'email'))\n"
     )

@@ -14,9 +14,14 @@ import pytest
 import yaml
 
 from cronlock_sidecar.cli import main
-from cronlock_sidecar.kubeapi import KubeLeaseClient
-from cronlock_sidecar.kubeconfig import KubeConfigError, TokenFile, in_cluster, load_cluster
-from cronlock_sidecar.transport import Unavailable
+from cronlock_sidecar.transport.kubeapi import KubeLeaseClient
+from cronlock_sidecar.transport.kubeconfig import (
+    KubeConfigError,
+    TokenFile,
+    in_cluster,
+    load_cluster,
+)
+from cronlock_sidecar.transport.seam import Unavailable
 
 if TYPE_CHECKING:
     from tests.unit.sidecar.fakes import FakeApiServer

@@ -14,9 +14,9 @@ from cronlock_sidecar.contract import (
     ANNOTATION_LAST_HOLDER,
     ANNOTATION_RELEASED_AT,
 )
-from cronlock_sidecar.lease import Acquired, Busy, LeaseKeeper, RenewOutcome
-from cronlock_sidecar.policy import acquire
-from cronlock_sidecar.transport import Conflict, Forbidden, NotFound, Unavailable
+from cronlock_sidecar.holding.lease import Acquired, Busy, LeaseKeeper, RenewOutcome
+from cronlock_sidecar.holding.policy import acquire
+from cronlock_sidecar.transport.seam import Conflict, Forbidden, NotFound, Unavailable
 
 if TYPE_CHECKING:
     from tests.unit.sidecar.fakes import FakeClock, FakeTransport

@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from cronlock_operator.lock.config import InvalidConfig, OperatorSettings, parse_config
-from cronlock_sidecar.lockmodel import Timing, TimingError, is_expired, read_lease
+from cronlock_sidecar.lock.model import Timing, TimingError, is_expired, read_lease
 from cronlock_sidecar.options import ConfigError, parse_options
 from tests.support.cronjobs import make_cronjob
 

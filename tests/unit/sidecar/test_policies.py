@@ -20,10 +20,10 @@ from cronlock_sidecar.contract import (
     ANNOTATION_YIELD_TO,
     REPLACED_JOBS_KEPT,
 )
-from cronlock_sidecar.lease import Acquired, Busy, LeaseKeeper, RenewOutcome
-from cronlock_sidecar.lockmodel import read_lease, released, replace_wait_timeout
+from cronlock_sidecar.holding.lease import Acquired, Busy, LeaseKeeper, RenewOutcome
+from cronlock_sidecar.holding.policy import acquire, note
+from cronlock_sidecar.lock.model import read_lease, released, replace_wait_timeout
 from cronlock_sidecar.options import ConfigError, parse_options
-from cronlock_sidecar.policy import acquire, note
 from tests.unit.sidecar.fakes import START, lease_object
 
 if TYPE_CHECKING:

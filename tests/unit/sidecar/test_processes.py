@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from cronlock_sidecar.processes import (
+from cronlock_sidecar.pod.processes import (
     is_alive,
     kill_at_once,
     stop_group,

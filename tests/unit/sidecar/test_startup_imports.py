@@ -16,15 +16,19 @@ from typing import Any
 
 import pytest
 
-from cronlock_sidecar.kubeconfig import Cluster
-from cronlock_sidecar.lease import Acquired, Busy, RenewOutcome, RenewResult
-from cronlock_sidecar.lockmodel import Timing
+from cronlock_sidecar.holding.lease import Acquired, Busy, RenewOutcome, RenewResult
+from cronlock_sidecar.lock.model import Timing
 from cronlock_sidecar.options import Options, parse_options
-from cronlock_sidecar.transport import LeaseRef
+from cronlock_sidecar.transport.kubeconfig import Cluster
+from cronlock_sidecar.transport.seam import LeaseRef
 
 # What `cli.main` imports for `run` (the `run` module itself is imported inside main()).
-RUN_PATH = ("cronlock_sidecar.cli", "cronlock_sidecar.run", "cronlock_sidecar.kubeapi")
-GATE_PATH = ("cronlock_sidecar.cli", "cronlock_sidecar.gate")
+RUN_PATH = (
+    "cronlock_sidecar.cli",
+    "cronlock_sidecar.commands.run",
+    "cronlock_sidecar.transport.kubeapi",
+)
+GATE_PATH = ("cronlock_sidecar.cli", "cronlock_sidecar.commands.gate")
 
 # Module -> why it is not needed at start-up (and roughly what it cost, measured with
 # `python -X importtime` on the benchmark machine).

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from cronlock_sidecar.stopping import StopPipe
+from cronlock_sidecar.pod.stopping import StopPipe
 
 
 @pytest.fixture

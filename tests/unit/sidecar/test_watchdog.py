@@ -28,7 +28,7 @@ IGNORES_SIGTERM = [
 
 PARENT = """
 import subprocess, sys, time
-from cronlock_sidecar import watchdog
+from cronlock_sidecar.pod import watchdog
 mode, command = sys.argv[1], sys.argv[2:]
 guard = watchdog.start(time.monotonic() + 1.0, grace=0.5)
 cmd = subprocess.Popen(command, start_new_session=True)
@@ -119,7 +119,8 @@ def test_cmd_is_stopped_when_run_is_killed(
 POD_PARENT = """
 import os, signal, sys, time
 from pathlib import Path
-from cronlock_sidecar import logs, watchdog
+from cronlock_sidecar.pod import logs
+from cronlock_sidecar.pod import watchdog
 logs.configure()
 mode, proc_root, grace = sys.argv[1], Path(sys.argv[2]), float(sys.argv[3])
 guard = watchdog.start_for_pod(time.monotonic() + 1.0, grace, proc_root)

@@ -17,7 +17,7 @@ from cronlock_operator.lock.config import (
     OperatorSettings,
 )
 from cronlock_sidecar import contract
-from cronlock_sidecar.durations import format_duration
+from cronlock_sidecar.lock.durations import format_duration
 
 SIDECAR_COMMAND: Final = ("cronlock-sidecar", "hold")
 GATE_COMMAND: Final = ("cronlock-sidecar", "gate")

@@ -15,7 +15,7 @@ from cronlock_operator.lock.policies import Policy, parse_policy, parse_wait_tim
 from cronlock_operator.lock.sharing import InvalidPeers, parse_peers
 from cronlock_operator.podspec import containers_with_own_liveness_probe
 from cronlock_sidecar import contract
-from cronlock_sidecar.lockmodel import (
+from cronlock_sidecar.lock.model import (
     Timing,
     TimingError,
     default_renew_ms,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from cronlock_sidecar.durations import DURATION_FORMS, DurationError, parse_duration
+from cronlock_sidecar.lock.durations import DURATION_FORMS, DurationError, parse_duration
 
 # Characters of a message an Event or a log line carries: any CronJob author chooses
 # what an InvalidConfig quotes, and a 200 KiB annotation must not cost 200 KiB a line.

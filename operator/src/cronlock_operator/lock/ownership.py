@@ -11,7 +11,7 @@ from typing import Any
 
 from cronlock_operator.errors import NotOurs
 from cronlock_sidecar import contract
-from cronlock_sidecar.lockmodel import read_lease
+from cronlock_sidecar.lock.model import read_lease
 
 
 def made_by_cronlock(obj: Mapping[str, Any]) -> bool:

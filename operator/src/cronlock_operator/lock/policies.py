@@ -14,7 +14,7 @@ from typing import Final, Literal, cast
 
 from cronlock_operator.lock.invalid import InvalidConfig, duration_annotation
 from cronlock_sidecar import contract
-from cronlock_sidecar.lockmodel import Timing, replace_wait_timeout
+from cronlock_sidecar.lock.model import Timing, replace_wait_timeout
 
 Policy = Literal["skip", "wait", "replace", "observe"]
 MAX_WAIT_TIMEOUT_SECONDS: Final = 24 * 3600

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from cronlock_operator.lock.config import LockConfig
-from cronlock_sidecar.durations import DurationError, format_duration, parse_duration
+from cronlock_sidecar.lock.durations import DurationError, format_duration, parse_duration
 
 _MACROS: Final = {
     "@yearly": "0 0 1 1 *",

@@ -17,7 +17,7 @@ from typing import Any
 from cronlock_operator.reconcile import skips
 from cronlock_operator.reconcile.actions import Action, CountContention, MarkJob, PostEvent
 from cronlock_sidecar import contract
-from cronlock_sidecar.lockmodel import LeaseRecord
+from cronlock_sidecar.lock.model import LeaseRecord
 
 Lookup = Callable[[str], Mapping[str, Any] | None]  # a cached object by name, or None
 # A Job's pods are named `<job>-` and 5 random characters, that prefix first cut at 58

@@ -21,7 +21,7 @@ from cronlock_operator.reconcile.actions import (
     PostEvent,
 )
 from cronlock_sidecar import contract
-from cronlock_sidecar.lockmodel import LeaseRecord, read_lease, released
+from cronlock_sidecar.lock.model import LeaseRecord, read_lease, released
 
 
 @dataclass(frozen=True)

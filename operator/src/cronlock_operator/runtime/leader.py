@@ -1,7 +1,7 @@
 """Leader election, so that `replicas: 2` is safe: one operator writes, the others wait.
 
 The lock the operator gives CronJobs, for itself, on the same lock model
-(`cronlock_sidecar.lockmodel`): a Lease in its own namespace, held by `<hostname>_<pid>`,
+(`cronlock_sidecar.lock.model`): a Lease in its own namespace, held by `<hostname>_<pid>`,
 written by `claimed`/`renewed`/`released`, renewed every `timing.renew`. A waiting
 replica takes it when it is free, or when its holder has not renewed it for its duration
 plus the skew, timed on the waiting replica's own monotonic clock since it last saw the
@@ -32,7 +32,7 @@ import kubernetes
 from cronlock_operator.kube.answers import raw
 from cronlock_operator.reconcile.expiry import Observation
 from cronlock_sidecar import contract
-from cronlock_sidecar.lockmodel import Timing, claimed, read_lease, released, renewed
+from cronlock_sidecar.lock.model import Timing, claimed, read_lease, released, renewed
 
 logger = logging.getLogger(__name__)
 

@@ -34,7 +34,7 @@ from cronlock_operator.runtime.accounting import RunAccounting
 from cronlock_operator.runtime.executor import Executor, PostEventCall
 from cronlock_operator.runtime.workqueue import WorkQueue
 from cronlock_sidecar import contract
-from cronlock_sidecar.lockmodel import read_lease
+from cronlock_sidecar.lock.model import read_lease
 
 logger = logging.getLogger(__name__)
 

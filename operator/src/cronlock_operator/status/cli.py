@@ -17,7 +17,7 @@ from cronlock_operator.status.api import Cluster, Unavailable, UsageError, conne
 from cronlock_operator.status.model import EXIT_OK, StatusRow, exit_code, rows
 from cronlock_operator.status.render import as_list, render_json, render_table, render_yaml
 from cronlock_sidecar import contract
-from cronlock_sidecar.durations import DurationError, parse_duration
+from cronlock_sidecar.lock.durations import DurationError, parse_duration
 
 Output = Literal["table", "wide", "json", "yaml", "name"]
 OUTPUTS: Final = ("table", "wide", "json", "yaml", "name")

@@ -14,7 +14,7 @@ from cronlock_operator.lock.config import (
     parse_config,
 )
 from cronlock_sidecar import contract
-from cronlock_sidecar.lockmodel import is_expired, read_lease
+from cronlock_sidecar.lock.model import is_expired, read_lease
 from cronlock_sidecar.microtime import read_time
 
 LeaseState = Literal["held", "free", "expired", "missing"]

@@ -7,7 +7,7 @@ import time
 from datetime import UTC, datetime
 from typing import NamedTuple, Protocol
 
-from cronlock_sidecar.transport import LeaseRef
+from cronlock_sidecar.transport.seam import LeaseRef
 
 
 class Clock(Protocol):

@@ -15,9 +15,9 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 
 from cronlock_sidecar.contract import ANNOTATION_OVERLAP, ANNOTATION_YIELD_TO
-from cronlock_sidecar.lease import MAX_CONFLICTS, Acquired, Busy, LeaseKeeper
-from cronlock_sidecar.lockmodel import noted, read_lease
-from cronlock_sidecar.transport import ApiError, Conflict, Lease, NotFound, Unavailable
+from cronlock_sidecar.holding.lease import MAX_CONFLICTS, Acquired, Busy, LeaseKeeper
+from cronlock_sidecar.lock.model import noted, read_lease
+from cronlock_sidecar.transport.seam import ApiError, Conflict, Lease, NotFound, Unavailable
 
 log = logging.getLogger("cronlock_sidecar.lease")
 

@@ -7,8 +7,8 @@ import os
 from pathlib import Path
 
 from cronlock_sidecar.contract import DECISION_FILE, FENCING_TOKEN_FILE, LEASE_FILE
-from cronlock_sidecar.lease import Acquired
-from cronlock_sidecar.lockmodel import Timing
+from cronlock_sidecar.holding.lease import Acquired
+from cronlock_sidecar.lock.model import Timing
 
 # overlap: the observe policy runs although another run holds the Lease.
 DECISIONS = ("run", "skip", "unavailable", "overlap")

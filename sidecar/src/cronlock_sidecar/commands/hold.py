@@ -9,21 +9,21 @@ from pathlib import Path
 from typing import Protocol
 
 from cronlock_sidecar.contract import EXIT_CONFIG, EXIT_OK
-from cronlock_sidecar.endpoints import SidecarState
-from cronlock_sidecar.heartbeat import Heartbeat
-from cronlock_sidecar.lease import (
+from cronlock_sidecar.holding.heartbeat import Heartbeat
+from cronlock_sidecar.holding.lease import (
     Acquired,
     Clock,
     LeaseKeeper,
     RenewOutcome,
     RenewResult,
 )
+from cronlock_sidecar.holding.policy import acquire, record_overlap
 from cronlock_sidecar.options import Options
-from cronlock_sidecar.policy import acquire, record_overlap
-from cronlock_sidecar.processes import PROC, terminate_then_kill, visible_pids
-from cronlock_sidecar.rundir import read_decision, write_decision
-from cronlock_sidecar.transport import ApiError, LeaseTransport
-from cronlock_sidecar.watchdog import REAP_TIMEOUT, start_for_pod
+from cronlock_sidecar.pod.endpoints import SidecarState
+from cronlock_sidecar.pod.processes import PROC, terminate_then_kill, visible_pids
+from cronlock_sidecar.pod.rundir import read_decision, write_decision
+from cronlock_sidecar.pod.watchdog import REAP_TIMEOUT, start_for_pod
+from cronlock_sidecar.transport.seam import ApiError, LeaseTransport
 
 log = logging.getLogger("cronlock_sidecar.hold")
 

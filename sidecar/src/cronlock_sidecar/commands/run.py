@@ -11,20 +11,20 @@ import threading
 from collections.abc import Callable
 from types import FrameType
 
-from cronlock_sidecar import watchdog
 from cronlock_sidecar.contract import (
     ENV_FENCING_TOKEN,
     EXIT_SKIPPED,
     EXIT_SOFTWARE_LOST,
     EXIT_UNAVAILABLE,
 )
-from cronlock_sidecar.heartbeat import Heartbeat
-from cronlock_sidecar.lease import Acquired, Clock, LeaseKeeper, RenewOutcome, RenewResult
+from cronlock_sidecar.holding.heartbeat import Heartbeat
+from cronlock_sidecar.holding.lease import Acquired, Clock, LeaseKeeper, RenewOutcome, RenewResult
+from cronlock_sidecar.holding.policy import acquire, record_overlap
 from cronlock_sidecar.options import Options
-from cronlock_sidecar.policy import acquire, record_overlap
-from cronlock_sidecar.processes import stop_group
-from cronlock_sidecar.stopping import StopPipe
-from cronlock_sidecar.transport import ApiError, LeaseTransport
+from cronlock_sidecar.pod import watchdog
+from cronlock_sidecar.pod.processes import stop_group
+from cronlock_sidecar.pod.stopping import StopPipe
+from cronlock_sidecar.transport.seam import ApiError, LeaseTransport
 
 log = logging.getLogger("cronlock_sidecar.run")
 

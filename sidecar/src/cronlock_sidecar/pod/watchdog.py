@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import NoReturn
 
-from cronlock_sidecar.processes import (
+from cronlock_sidecar.pod.processes import (
     PROC,
     kill_at_once,
     stop_group,

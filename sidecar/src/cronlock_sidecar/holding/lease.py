@@ -12,7 +12,15 @@ from cronlock_sidecar.contract import (
     LABEL_MANAGED_BY,
     MANAGED_BY,
 )
-from cronlock_sidecar.lockmodel import (
+from cronlock_sidecar.holding.outcomes import (
+    Acquired,
+    Busy,
+    Clock,
+    RenewOutcome,
+    RenewResult,
+    SystemClock,
+)
+from cronlock_sidecar.lock.model import (
     Timing,
     claimed,
     is_expired,
@@ -21,15 +29,7 @@ from cronlock_sidecar.lockmodel import (
     renewed,
 )
 from cronlock_sidecar.microtime import format_microtime
-from cronlock_sidecar.outcomes import (
-    Acquired,
-    Busy,
-    Clock,
-    RenewOutcome,
-    RenewResult,
-    SystemClock,
-)
-from cronlock_sidecar.transport import (
+from cronlock_sidecar.transport.seam import (
     ApiError,
     Conflict,
     Forbidden,

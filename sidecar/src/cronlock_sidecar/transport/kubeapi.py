@@ -1,7 +1,7 @@
 """Lease requests on our own HTTP/1.1 client.
 
 The kubernetes package alone costs more than our memory goal, and `http.client` (with the
-`email` parser it imports) ~20 ms of a run's start-up; see `cronlock_sidecar.http11`.
+`email` parser it imports) ~20 ms of a run's start-up; see `cronlock_sidecar.transport.http11`.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ import time
 from typing import Any
 from urllib.parse import quote
 
-from cronlock_sidecar.http11 import Connection, ConnectionClosed, ProtocolError
-from cronlock_sidecar.kubeconfig import Cluster
-from cronlock_sidecar.transport import (
+from cronlock_sidecar.transport.http11 import Connection, ConnectionClosed, ProtocolError
+from cronlock_sidecar.transport.kubeconfig import Cluster
+from cronlock_sidecar.transport.seam import (
     ApiError,
     Conflict,
     Forbidden,

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from cronlock_sidecar.contract import EXIT_OK, EXIT_SKIPPED, EXIT_UNAVAILABLE
-from cronlock_sidecar.rundir import read_decision
+from cronlock_sidecar.pod.rundir import read_decision
 
 log = logging.getLogger("cronlock_sidecar.gate")
 

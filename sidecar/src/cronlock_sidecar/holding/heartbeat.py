@@ -6,7 +6,7 @@ import logging
 import threading
 from collections.abc import Callable
 
-from cronlock_sidecar.lease import LeaseKeeper, RenewOutcome, RenewResult
+from cronlock_sidecar.holding.lease import LeaseKeeper, RenewOutcome, RenewResult
 
 log = logging.getLogger("cronlock_sidecar.heartbeat")
 

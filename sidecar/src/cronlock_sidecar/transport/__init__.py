@@ -1,0 +1,2 @@
+"""Talking to the lock's store: the seam (`seam`: what a store must do), and the Lease
+store on the Kubernetes API (`kubeapi`) with its HTTP/1.1 client and kubeconfig reader."""
