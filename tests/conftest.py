@@ -12,7 +12,6 @@ from pathlib import Path
 import kubernetes
 import pytest
 
-from tests.operator_process import OPERATOR_NAMESPACE, OperatorProcess, install_chart_rbac
 from tests.support.controlplane import (
     ROOT,
     ControlPlane,
@@ -20,6 +19,7 @@ from tests.support.controlplane import (
     make_service_account_kubeconfig,
     started,
 )
+from tests.support.operator import OPERATOR_NAMESPACE, OperatorProcess, install_chart_rbac
 
 
 @pytest.fixture(scope="session")

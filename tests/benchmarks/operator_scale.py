@@ -33,9 +33,9 @@ from typing import Any
 import kubernetes
 import urllib3
 
-from tests.operator_process import OperatorProcess
 from tests.support.controlplane import ControlPlane, started
 from tests.support.cronjobs import make_cronjob
+from tests.support.operator import OperatorProcess
 
 ROOT = Path(__file__).resolve().parents[2]
 TICK = os.sysconf("SC_CLK_TCK")

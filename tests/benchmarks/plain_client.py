@@ -25,15 +25,17 @@ import sys  # noqa: E402
 from concurrent.futures import ThreadPoolExecutor  # noqa: E402
 from typing import Any  # noqa: E402
 
-from cronlock_operator import rbac  # noqa: E402
 from cronlock_operator.cache import ObjectCache  # noqa: E402
 from cronlock_operator.injection.build import build_injection  # noqa: E402
 from cronlock_operator.injection.patching import injection_patch  # noqa: E402
 from cronlock_operator.kube.client import api_client  # noqa: E402
 from cronlock_operator.kube.writes import Kube  # noqa: E402
 from cronlock_operator.lock.config import OperatorSettings, parse_config  # noqa: E402
+from cronlock_operator.lock.ownership import new_lease  # noqa: E402
+from cronlock_operator.reconcile import rbac  # noqa: E402
 from cronlock_operator.reconcile.cronjobs import describe  # noqa: E402
 from cronlock_operator.reconcile.rbac import Guard  # noqa: E402
+from cronlock_operator.runtime.executor import Executor  # noqa: E402
 from cronlock_operator.runtime.reconciler import WORKERS  # noqa: E402
 from cronlock_sidecar import contract  # noqa: E402
 
@@ -65,11 +67,14 @@ def main(namespaces: list[str]) -> int:
     ready = time.monotonic()
 
     def rbac_write(action: Any) -> None:
-        kube.write_holder_rbac(action.namespace, action.roles, action.bindings)
+        Executor(kube).run([action])  # a read, then a create, per Role and RoleBinding
 
     def inject(item: tuple[tuple[str, str], dict[str, Any], Any, list[dict[str, Any]]]) -> None:
         (namespace, name), stored, config, patch = item
-        kube.ensure_lease(namespace, config.lease_name, stored, config, None)
+        kube.create_lease(
+            namespace,
+            new_lease(config.lease_name, stored, config.lock, config.timing.lease_duration_seconds),
+        )
         kube.patch_cronjob(namespace, name, patch)
         kube.post_event(stored, "Injected", describe(config))
 

@@ -9,10 +9,10 @@ from pathlib import Path
 import kubernetes
 import pytest
 
-from tests.e2e.node import PodRecorder, RealNode, WorkTracker
 from tests.e2e.scenario import Scenario
-from tests.operator_process import SIDECAR_IMAGE, OperatorProcess
 from tests.support.controlplane import ControlPlane
+from tests.support.node import PodRecorder, RealNode, WorkTracker
+from tests.support.operator import SIDECAR_IMAGE, OperatorProcess
 
 
 @pytest.fixture(scope="session")

@@ -15,18 +15,16 @@ from pathlib import Path
 
 import kubernetes
 
-from tests.kube import wait_for
-from tests.operator_process import OPERATOR_NAMESPACE, SIDECAR_IMAGE, install_chart_rbac
 from tests.support.controlplane import ControlPlane, make_service_account_kubeconfig
+from tests.support.kube import wait_for
+from tests.support.node import BUSYBOX_IMAGE
+from tests.support.operator import OPERATOR_NAMESPACE, SIDECAR_IMAGE, install_chart_rbac
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 ENV_DIR = ROOT / ".testenv" / "demo"
 EXAMPLE = ROOT / "manifests" / "examples" / "basic.yaml"
 NAMESPACE = "cronlock-demo"
 VENV_BIN = ROOT / ".venv" / "bin"
-# Built from the repository's Dockerfile and imported into the node's containerd by
-# tests/controlplane/node; there is no registry to pull from.
-BUSYBOX_IMAGE = "localhost/busybox:cronlock"
 
 
 class Style:

@@ -10,7 +10,10 @@ from typing import Any
 
 import kubernetes
 
-from tests.e2e.node import (
+from tests.support.contract import GATE_CONTAINER, SIDECAR_CONTAINER
+from tests.support.cronjobs import job_from_cronjob, make_cronjob
+from tests.support.kube import wait_for
+from tests.support.node import (
     BUSYBOX_IMAGE,
     PodRecorder,
     RealNode,
@@ -20,10 +23,7 @@ from tests.e2e.node import (
     exit_code,
     job_of,
 )
-from tests.kube import wait_for
-from tests.operator_process import OperatorProcess
-from tests.support.contract import GATE_CONTAINER, SIDECAR_CONTAINER
-from tests.support.cronjobs import job_from_cronjob, make_cronjob
+from tests.support.operator import OperatorProcess
 
 GATE = GATE_CONTAINER
 SIDECAR = SIDECAR_CONTAINER

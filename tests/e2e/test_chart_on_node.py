@@ -13,12 +13,12 @@ from pathlib import Path
 import kubernetes
 import pytest
 
-from tests.e2e.node import CRONLOCK_IMAGE, RealNode
-from tests.kube import run_tool, wait_for
-from tests.operator_process import SIDECAR_IMAGE
 from tests.support.controlplane import ControlPlane
 from tests.support.cronjobs import make_cronjob
+from tests.support.kube import run_tool, wait_for
+from tests.support.node import CRONLOCK_IMAGE, RealNode
 from tests.support.objects import injected, read
+from tests.support.operator import SIDECAR_IMAGE
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "cronlock"

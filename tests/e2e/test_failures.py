@@ -16,10 +16,10 @@ import time
 
 import pytest
 
-from tests.e2e.node import Work, overlapping
 from tests.e2e.scenario import SIDECAR, Scenario
-from tests.kube import wait_for
 from tests.support.contract import EXIT_SKIPPED, EXIT_UNAVAILABLE
+from tests.support.kube import wait_for
+from tests.support.node import Work, overlapping
 
 SKEW = 2.0
 

@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 
 from tests.e2e.scenario import Scenario
-from tests.kube import wait_for
+from tests.support.kube import wait_for
 
 SIDECAR_PORT = 8484
 CONNECTIONS = 3000  # the review's flood: each a slow 60 KB request, held until closed

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.node import RealNode
+from tests.support.node import RealNode
 
 CACHE = Path(
     os.environ.get("CRONLOCK_CACHE_DIR")

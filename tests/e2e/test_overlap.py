@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from tests.e2e.node import overlapping
 from tests.e2e.scenario import Scenario, seconds_to_next_minute
-from tests.kube import wait_for
 from tests.support.contract import EXIT_SKIPPED
+from tests.support.kube import wait_for
+from tests.support.node import overlapping
 
 
 def test_a_manual_run_during_a_run_is_skipped_and_the_run_after_it_goes_ahead(

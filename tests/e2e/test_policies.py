@@ -9,10 +9,10 @@ import time
 
 import pytest
 
-from tests.e2e.node import overlapping
 from tests.e2e.scenario import SIDECAR, Scenario
-from tests.kube import wait_for
 from tests.support.contract import EXIT_SKIPPED
+from tests.support.kube import wait_for
+from tests.support.node import overlapping
 
 
 def test_replace_stops_the_old_run_before_the_new_one_starts_and_the_old_job_ends_failed(

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from tests.e2e.scenario import Scenario
-from tests.kube import wait_for
 from tests.support.contract import EXIT_SKIPPED
+from tests.support.kube import wait_for
 
 
 def test_repeated_skips_raise_a_warning_after_alert_after(cluster: Scenario) -> None:

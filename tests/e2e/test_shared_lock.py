@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from tests.e2e.node import overlapping
 from tests.e2e.scenario import Scenario
-from tests.kube import wait_for
 from tests.support.contract import EXIT_SKIPPED
+from tests.support.kube import wait_for
+from tests.support.node import overlapping
 
 RUNS = 10
 

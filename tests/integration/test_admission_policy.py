@@ -19,10 +19,10 @@ import pytest
 from cronlock_operator.injection.build import build_injection, revert
 from cronlock_operator.injection.patching import injection_patch
 from cronlock_operator.lock.config import OperatorSettings, parse_config
-from tests.operator_process import CHART, SIDECAR_IMAGE, OperatorProcess, wait_settled
 from tests.support.controlplane import ControlPlane
 from tests.support.cronjobs import make_cronjob
 from tests.support.objects import comparable, events, read, wait_event
+from tests.support.operator import CHART, SIDECAR_IMAGE, OperatorProcess, wait_settled
 
 OURS = {"app.kubernetes.io/managed-by": "cronlock"}
 

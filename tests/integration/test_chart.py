@@ -17,9 +17,9 @@ import pytest
 import yaml
 
 from cronlock_operator import cli as operator_cli
-from tests.kube import run_tool, wait_for
-from tests.operator_process import kube_version
 from tests.support.controlplane import ControlPlane, ServiceAccountKubeconfig
+from tests.support.kube import run_tool, wait_for
+from tests.support.operator import kube_version
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "cronlock"

@@ -7,9 +7,9 @@ import datetime
 import kubernetes
 import pytest
 
-from tests.kube import wait_for
 from tests.support.controlplane import ControlPlane, ServiceAccountKubeconfig
 from tests.support.cronjobs import make_cronjob
+from tests.support.kube import wait_for
 
 
 def test_kubectl_shows_the_holder_of_a_lease_written_by_the_python_client(

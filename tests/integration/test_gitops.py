@@ -4,6 +4,7 @@ conflicts (what Flux's kustomize-controller does), on the real API server."""
 
 from __future__ import annotations
 
+import json
 import secrets
 import threading
 from collections.abc import Iterator
@@ -14,11 +15,11 @@ import kubernetes
 import pytest
 import yaml
 
-from tests.kube import run_tool, wait_for
-from tests.operator_process import kube_version
 from tests.support.controlplane import ControlPlane
 from tests.support.cronjobs import make_cronjob
+from tests.support.kube import run_tool, wait_for
 from tests.support.objects import read
+from tests.support.operator import kube_version
 
 pytestmark = pytest.mark.usefixtures("operator")
 CHART = Path(__file__).resolve().parents[2] / "charts" / "cronlock"
@@ -220,3 +221,87 @@ def test_the_mutating_policy_leaves_a_cronjob_cronlock_did_not_inject_as_written
         "OnFailure"
     )
     assert ORIGINAL not in (stored["metadata"].get("annotations") or {})
+
+
+# What cronlock's own field manager owns once it injected a plain CronJob (OnFailure, a
+# container without a probe, the default 30 s grace), as readable paths: exactly the list
+# docs/USAGE.md gives for Argo CD's and Flux's users (checked below against the doc).
+OWNED_BY_CRONLOCK = {
+    "metadata.annotations.cronlock.io/original-restart-policy",
+    "metadata.annotations.cronlock.io/original-termination-grace-period-seconds",
+    "spec.jobTemplate.metadata.labels.cronlock.io/lock",
+    "spec.jobTemplate.spec.podFailurePolicy",
+    "spec.jobTemplate.spec.template.metadata.labels.cronlock.io/lock",
+    'spec.jobTemplate.spec.template.spec.initContainers[name="cronlock"]',
+    'spec.jobTemplate.spec.template.spec.initContainers[name="cronlock-gate"]',
+    'spec.jobTemplate.spec.template.spec.volumes[name="cronlock"]',
+    'spec.jobTemplate.spec.template.spec.containers[name="main"].volumeMounts[mountPath="/var/run/cronlock"]',
+    'spec.jobTemplate.spec.template.spec.containers[name="main"].livenessProbe',
+    "spec.jobTemplate.spec.template.spec.restartPolicy",
+    "spec.jobTemplate.spec.template.spec.terminationGracePeriodSeconds",
+}
+
+
+# Maps and lists a CronJob's author and cronlock both write into: ownership is read
+# inside them (which keys, which elements), not of the map or list as a whole.
+SHARED = {
+    "metadata",
+    "annotations",
+    "labels",
+    "spec",
+    "jobTemplate",
+    "template",
+    "initContainers",
+    "containers",
+    "volumes",
+    "volumeMounts",
+}
+
+
+def owned_paths(fields: dict[str, Any], prefix: str = "") -> set[str]:
+    """The fields a managedFields entry (FieldsV1) owns, as readable paths: inside the
+    SHARED maps and lists each key or element, anything else as a whole."""
+    paths: set[str] = set()
+    for key, child in fields.items():
+        if key == ".":
+            continue
+        kind, _, name = key.partition(":")
+        if kind == "f":
+            path = f"{prefix}.{name}" if prefix else name
+            shared = name in SHARED
+        else:  # "k:" an element by its keys
+            keys = json.loads(name)
+            path = prefix + "".join(f"[{k}={json.dumps(v)}]" for k, v in keys.items())
+            shared = "." not in child
+        inner = {k: v for k, v in child.items() if k != "."}
+        if shared and inner:
+            paths |= owned_paths(inner, path)
+        else:
+            paths.add(path)
+    return paths
+
+
+def test_cronlocks_field_manager_owns_exactly_the_paths_the_docs_list(
+    api: kubernetes.client.ApiClient, namespace: str, controlplane: ControlPlane
+) -> None:
+    """Issue 24: Argo CD's `managedFieldsManagers: [cronlock]` and Flux's server-side
+    apply both go by managedFields; they are only as right as the fields cronlock owns."""
+    text = manifest(namespace, "OnFailure")
+    controlplane.kubectl(
+        "apply", "--server-side", "--field-manager=argocd-controller", "-f", "-", input_text=text
+    )
+    body = wait_for(
+        lambda: body if injected(body := read(api, namespace, "report")) else None,
+        30,
+        "the injection",
+    )
+    entries = [
+        entry for entry in body["metadata"]["managedFields"] if entry["manager"] == "cronlock"
+    ]
+    assert [entry["operation"] for entry in entries] == ["Update"]
+    owned = owned_paths(entries[0]["fieldsV1"])
+    assert owned == OWNED_BY_CRONLOCK, "\n".join(sorted(owned))
+    users = [entry for entry in body["metadata"]["managedFields"] if entry["manager"] != "cronlock"]
+    assert [entry["manager"] for entry in users] == ["argocd-controller"]
+    documented = (Path(__file__).resolve().parents[2] / "docs" / "USAGE.md").read_text()
+    assert [path for path in sorted(OWNED_BY_CRONLOCK) if f"`{path}`" not in documented] == []

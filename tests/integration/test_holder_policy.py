@@ -17,9 +17,9 @@ import pytest
 
 from cronlock_sidecar import contract
 from cronlock_sidecar.microtime import format_microtime
-from tests.kube import wait_for
 from tests.support.controlplane import ControlPlane, make_service_account_kubeconfig
 from tests.support.cronjobs import make_cronjob
+from tests.support.kube import wait_for
 from tests.support.objects import read
 
 pytestmark = pytest.mark.usefixtures("operator")

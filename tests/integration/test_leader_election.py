@@ -11,11 +11,11 @@ from pathlib import Path
 import kubernetes
 import pytest
 
-from tests.kube import wait_for
-from tests.operator_process import OPERATOR_NAMESPACE, OperatorProcess
 from tests.support.controlplane import ControlPlane
 from tests.support.cronjobs import make_cronjob
+from tests.support.kube import wait_for
 from tests.support.objects import injected
+from tests.support.operator import OPERATOR_NAMESPACE, OperatorProcess
 
 # Named as the operator policy admits an operator's Leases (cronlock-*).
 LEASE = "cronlock-test-leader"

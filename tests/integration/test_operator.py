@@ -11,12 +11,12 @@ import kubernetes
 import pytest
 import yaml
 
-from tests.kube import finish_pod, wait_for
-from tests.operator_process import OperatorProcess, wait_settled
 from tests.support.contract import EXIT_SKIPPED, GATE_CONTAINER
 from tests.support.controlplane import ControlPlane, make_service_account_kubeconfig
 from tests.support.cronjobs import job_from_cronjob, make_cronjob
+from tests.support.kube import finish_pod, wait_for
 from tests.support.objects import annotate, batch, comparable, events, read, wait_event
+from tests.support.operator import OperatorProcess, wait_settled
 
 GATE = GATE_CONTAINER
 

@@ -13,10 +13,10 @@ from pathlib import Path
 import kubernetes
 import pytest
 
-from tests.kube import wait_for
-from tests.operator_process import OperatorProcess
 from tests.support.controlplane import ControlPlane
 from tests.support.cronjobs import make_cronjob
+from tests.support.kube import wait_for
+from tests.support.operator import OperatorProcess
 
 
 def free_port() -> int:

@@ -9,10 +9,10 @@ from typing import Any
 import kubernetes
 import pytest
 
-from tests.kube import wait_for
-from tests.operator_process import OperatorProcess, wait_settled
 from tests.support.cronjobs import make_cronjob
+from tests.support.kube import wait_for
 from tests.support.objects import annotate, events, injected, wait_event
+from tests.support.operator import OperatorProcess, wait_settled
 
 pytestmark = pytest.mark.usefixtures("operator")
 

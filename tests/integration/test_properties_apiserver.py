@@ -29,10 +29,12 @@ from cronlock_operator.errors import Retry
 from cronlock_operator.injection.build import revert
 from cronlock_operator.kube.writes import Kube
 from cronlock_operator.lock.config import parse_config
-from tests.kube import wait_for
-from tests.operator_process import OperatorProcess
+from cronlock_operator.reconcile.actions import EnsureLease
+from cronlock_operator.runtime.executor import Executor
 from tests.support.contract import GATE_CONTAINER
 from tests.support.cronjobs import SETTINGS, job_from_cronjob, make_cronjob
+from tests.support.kube import wait_for
+from tests.support.operator import OperatorProcess
 from tests.unit.operator.test_properties import cronjobs, lock_annotations
 
 pytestmark = pytest.mark.controlplane
@@ -231,11 +233,22 @@ def test_a_lease_deleted_behind_the_operators_cache_is_retried_not_dropped(
             ],
         }
     }
-    with pytest.raises(Retry):
-        Kube(api).ensure_lease(
-            property_namespace,
-            "cronlock-behind-the-cache",
-            cronjob,
-            parse_config(cronjob, SETTINGS),
-            cached,
-        )
+    # The deleted CronJob as the cache still had it, consenting to the new one: the
+    # executor joins the Lease, and the API server answers 404.
+    deleted = {
+        "metadata": {
+            "name": "deleted",
+            "uid": "0000",
+            "annotations": {"cronlock.io/share-lock-with": "behind-the-cache"},
+        }
+    }
+    ensure = EnsureLease(
+        property_namespace,
+        "cronlock-behind-the-cache",
+        cronjob,
+        parse_config(cronjob, SETTINGS),
+        cached,
+        {"deleted": deleted}.get,
+    )
+    with pytest.raises(Retry, match="vanished; creating it again"):
+        Executor(Kube(api)).run([ensure])

@@ -28,12 +28,6 @@ from tests.reliability.checker import (
     Checker,
     Settings,
 )
-from tests.reliability.test_checker import (  # noqa: F401 - collected here: testpaths
-    echo_server,
-    test_recovery_counts_from_when_the_stopped_holder_was_last_seen,
-    test_the_relay_passes_bytes_through_and_delays_each_direction,
-    test_the_relay_refuses_a_non_loopback_upstream,
-)
 from tests.support.controlplane import ControlPlane
 
 pytestmark = pytest.mark.controlplane

@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 
-from tests.kube import wait_for
 from tests.support.controlplane import ControlPlane, ServiceAccountKubeconfig
+from tests.support.kube import wait_for
 
 pytestmark = pytest.mark.controlplane
 

@@ -16,6 +16,7 @@ import pytest
 
 from tests.support.controlplane import ROOT, ControlPlane, ServiceAccountKubeconfig
 from tests.support.cronjobs import make_cronjob
+from tests.support.leases import make_lease
 
 pytestmark = pytest.mark.controlplane
 
@@ -26,24 +27,6 @@ STALE_HOLDER = "stuck-29000000-q1w2e_77aa0bb1"
 
 def cronjob(name: str, annotations: dict[str, str]) -> dict[str, Any]:
     return make_cronjob(name=name, namespace=None, annotations=annotations, restart_policy="Never")
-
-
-def microtime(moment: datetime.datetime) -> datetime.datetime:
-    # The Python client drops the fraction of a whole second, which the API server refuses.
-    return moment.replace(microsecond=moment.microsecond or 123456)
-
-
-def lease(name: str, holder: str, renewed: datetime.datetime, **annotations: str) -> dict[str, Any]:
-    return {
-        "metadata": {"name": name, "annotations": annotations},
-        "spec": {
-            "holderIdentity": holder,
-            "leaseDurationSeconds": 30,
-            "acquireTime": microtime(renewed),
-            "renewTime": microtime(renewed),
-            "leaseTransitions": 1,
-        },
-    }
 
 
 @pytest.fixture
@@ -61,22 +44,29 @@ def guarded(api: kubernetes.client.ApiClient, namespace: str) -> str:
     batch.create_namespaced_cron_job(namespace, cronjob("plain", {}))
     now = datetime.datetime.now(datetime.UTC)
     leases = kubernetes.client.CoordinationV1Api(api)
-    leases.create_namespaced_lease(namespace, lease("cronlock-fresh", HOLDER, now))
-    leases.create_namespaced_lease(
-        namespace,
-        lease(
-            "cronlock-idle",
-            "",
-            now - datetime.timedelta(minutes=10),
-            **{
+    # MicroTime strings (make_lease writes them as the sidecar does), never datetimes: the
+    # Python client drops the fraction of a whole second, which the API server refuses.
+    for lease in (
+        make_lease(HOLDER, lock="fresh", namespace=namespace, renewed=now, duration=30),
+        make_lease(
+            lock="idle",
+            namespace=namespace,
+            renewed=now - datetime.timedelta(minutes=10),
+            duration=30,
+            annotations={
                 "cronlock.io/last-holder": "idle-28999990-aaaaa_00000001",
                 "cronlock.io/released-at": "2026-01-01T00:00:00.000001Z",
             },
         ),
-    )
-    leases.create_namespaced_lease(
-        namespace, lease("cronlock-stuck", STALE_HOLDER, now - datetime.timedelta(hours=1))
-    )
+        make_lease(
+            STALE_HOLDER,
+            lock="stuck",
+            namespace=namespace,
+            renewed=now - datetime.timedelta(hours=1),
+            duration=30,
+        ),
+    ):
+        leases.create_namespaced_lease(namespace, lease)
     return namespace
 
 

@@ -21,8 +21,11 @@ import yaml
 from cronlock_operator.injection.build import build_injection
 from cronlock_operator.lock.config import OperatorSettings, parse_config
 from cronlock_sidecar import contract
-from tests.kube import run_tool, wait_for
-from tests.operator_process import (
+from tests.support.controlplane import ControlPlane, make_service_account_kubeconfig
+from tests.support.cronjobs import make_cronjob
+from tests.support.kube import run_tool, wait_for
+from tests.support.objects import comparable, injected, read
+from tests.support.operator import (
     CHART,
     OPERATOR_NAMESPACE,
     ROOT,
@@ -30,9 +33,6 @@ from tests.operator_process import (
     OperatorProcess,
     render_chart,
 )
-from tests.support.controlplane import ControlPlane, make_service_account_kubeconfig
-from tests.support.cronjobs import make_cronjob
-from tests.support.objects import comparable, injected, read
 
 OURS = {"app.kubernetes.io/managed-by": "cronlock"}
 POD = "/spec/jobTemplate/spec/template/spec"

@@ -8,7 +8,7 @@ built from our Dockerfile, the `/held` liveness probe, and a main container that
 checker's work unit (`WORK`): `sh` as PID 1, which ignores SIGTERM as such a shell does,
 runs a Python process that
 
-- connects to the work tracker on the host (tests/e2e/node.py) first: the host sees the
+- connects to the work tracker on the host (tests/support/node.py) first: the host sees the
   work start, and stop when the kernel closes the connection as the process dies,
   however it dies;
 - takes a non-blocking `flock` on a file that every pod of the trial shares through a
@@ -64,25 +64,6 @@ from cronlock_operator.lock.config import (
 from cronlock_sidecar import contract
 from cronlock_sidecar.lock.durations import DurationError, parse_duration
 from cronlock_sidecar.lock.model import Timing
-from tests.e2e.node import (
-    CRONLOCK_IMAGE,
-    HOST_LINK_IP,
-    LeaseRecorder,
-    LeaseVersion,
-    PodRecorder,
-    RealNode,
-    Work,
-    WorkTracker,
-    container_state,
-    exit_code,
-    overlapping,
-)
-from tests.operator_process import (
-    SIDECAR_IMAGE,
-    OperatorProcess,
-    install_chart_rbac,
-    render_chart,
-)
 from tests.reliability.checker import (
     TICK,
     Cluster,
@@ -100,6 +81,25 @@ from tests.reliability.checker import (
 from tests.reliability.faults import ControlPlaneProcesses
 from tests.support.controlplane import ControlPlane, make_service_account_kubeconfig
 from tests.support.cronjobs import job_from_cronjob, make_cronjob
+from tests.support.node import (
+    CRONLOCK_IMAGE,
+    HOST_LINK_IP,
+    LeaseRecorder,
+    LeaseVersion,
+    PodRecorder,
+    RealNode,
+    Work,
+    WorkTracker,
+    container_state,
+    exit_code,
+    overlapping,
+)
+from tests.support.operator import (
+    SIDECAR_IMAGE,
+    OperatorProcess,
+    install_chart_rbac,
+    render_chart,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 NEVER = "0 0 1 1 *"

@@ -23,7 +23,7 @@ import kubernetes
 import pytest
 import yaml
 
-from tests.kube import run_tool
+from tests.support.kube import run_tool
 
 ROOT = Path(__file__).resolve().parents[2]
 CONTROLPLANE = ROOT / "tests" / "controlplane"

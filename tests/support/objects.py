@@ -7,7 +7,7 @@ from typing import Any
 
 import kubernetes
 
-from tests.kube import wait_for
+from tests.support.kube import wait_for
 
 
 def batch(api: kubernetes.client.ApiClient) -> kubernetes.client.BatchV1Api:

@@ -1,10 +1,10 @@
 """The operator's copy of watched objects, kept as compressed compact JSON to bound memory.
 
-A parsed CronJob costs ten times its JSON in Python objects; with 10,000 CronJobs the
-parsed copies alone would pass the operator's memory budget. Objects are parsed again
-only when a worker needs them. `managedFields` is dropped: nothing here reads it. The
-JSON is zlib-compressed (level 1): an injected CronJob's 3-4 KB become about a third of
-that, for some 80 µs per write and 10 µs per read, next to 20-30 µs to parse it anyway.
+A parsed CronJob costs many times its JSON in Python objects; at the scale the operator
+is sized for, the parsed copies alone would pass its memory budget. Objects are parsed
+again only when a worker needs them. `managedFields` is dropped: nothing here reads it.
+The JSON is zlib-compressed at level 1: it shrinks the JSON several times over for less
+time than parsing it costs anyway (figures in docs/PERFORMANCE.md).
 """
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ import kopf
 import uvloop
 
 from cronlock_operator.kube.client import api_client
+from cronlock_operator.kube.writes import Kube
 from cronlock_operator.lock.config import OperatorSettings
 from cronlock_operator.runtime import leader
 from cronlock_sidecar import contract
@@ -196,7 +197,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         keep = args.keep_namespace or _env_names("KEEP_NAMESPACES")
         return uninstall(
-            api_client(), args.namespace or [], keep=keep, revert_only=args.revert_only
+            Kube(api_client()), args.namespace or [], keep=keep, revert_only=args.revert_only
         )
     import cronlock_operator.runtime.handlers  # noqa: F401 - registers the handlers with kopf
 

@@ -35,7 +35,7 @@ PASS_PAUSE = 2.0
 
 
 def uninstall(
-    api: kubernetes.client.ApiClient | Kube,
+    kube: Kube,
     namespaces: Sequence[str],
     *,
     keep: Sequence[str] = (),
@@ -45,9 +45,8 @@ def uninstall(
 ) -> int:
     """0 when every CronJob is reverted and everything cronlock made is deleted, else 1.
 
-    `api` is the client to use, or a `Kube` over one (tests pass their own).
+    `kube`: the API server's calls (the tests' in-memory one in unit tests).
     """
-    kube = api if isinstance(api, Kube) else Kube(api)
     started = time.monotonic()
     left: list[str] = []
     # CronJobs whose record of the injection cannot be read back: left as they are, told,

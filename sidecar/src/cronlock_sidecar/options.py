@@ -280,7 +280,7 @@ def parse_options(argv: Sequence[str], env: Mapping[str, str]) -> Options:
         identity = contract.holder_identity(pod_name, pod_uid)
     else:
         # os.urandom(4).hex() is what secrets.token_hex(4) returns; secrets would import
-        # hashlib and hmac, ~2 ms of a short run's start-up.
+        # hashlib and hmac, which a short run's start-up has no use for.
         identity = f"{socket.gethostname()}_{os.getpid()}_{os.urandom(4).hex()}"
 
     return Options(

@@ -3,52 +3,50 @@ before the operator gets to it (the CronJob controller keeps one failed Job by d
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import pytest
 
 from cronlock_operator.reconcile import contention, skips
+from cronlock_operator.runtime import accounting as accounting_module
 from cronlock_operator.runtime import metrics
 from cronlock_operator.runtime.reconciler import Reconciler
+from cronlock_sidecar.lock.model import read_lease
 from tests.support.cronjobs import SETTINGS, make_cronjob
+from tests.support.fakekube import FakeKube
+from tests.support.leases import MOMENT, make_lease
 
 NAMESPACE = "team-a"
 
 
-class RecordingKube:
-    """The writes `Reconciler.account_runs` makes, against Jobs held in a dict."""
+class RecordingKube(FakeKube):
+    """The in-memory API server holding the CronJob `report` and the Jobs that arrive."""
 
     def __init__(self, cronjob: dict[str, Any]) -> None:
-        self.cronjob = cronjob
-        self.jobs: dict[str, dict[str, Any]] = {}
-        self.events: list[tuple[str, str]] = []
-        self.deleted: list[str] = []
-        self.fail_marks = 0
+        super().__init__(cronjobs=[cronjob])
 
-    def read_cronjob(self, namespace: str, name: str) -> dict[str, Any] | None:
-        return self.cronjob
+    @property
+    def cronjob(self) -> dict[str, Any]:
+        return self.cronjobs[(NAMESPACE, "report")]
 
-    def mark_job(self, namespace: str, name: str, annotation: str, value: str) -> bool:
-        if self.fail_marks:
-            self.fail_marks -= 1
-            raise OSError("connection reset")
-        job = self.jobs.get(name)
-        if job is None:
-            return False
-        job["metadata"].setdefault("annotations", {})[annotation] = value
-        return True
+    @property
+    def deleted(self) -> list[str]:
+        return [name for _, name in self.called("delete_job")]
 
-    def post_event(
-        self, involved: dict[str, Any], reason: str, message: str, warning: bool = False
-    ) -> None:
-        self.events.append((reason, message))
+    def said(self) -> list[tuple[str, str]]:
+        """Each Event posted, as (reason, message)."""
+        return [(reason, message) for _, reason, message, _ in self.events]
 
-    def delete_job(self, namespace: str, name: str) -> None:
-        self.deleted.append(name)
-        self.jobs.pop(name, None)
+    def fail_marks(self, times: int) -> None:
+        """The next `times` Job marks meet a reset connection."""
+        left = [times]
 
-    def annotate_cronjob(self, namespace: str, name: str, annotations: dict[str, Any]) -> None:
-        self.cronjob["metadata"]["annotations"].update(annotations)
+        def reset(*args: Any) -> BaseException | None:
+            left[0] -= 1
+            return OSError("connection reset") if left[0] >= 0 else None
+
+        self.fail["mark_job"] = reset
 
 
 def finished_job(name: str, created: str, skipped: bool = True) -> dict[str, Any]:
@@ -83,16 +81,16 @@ def setup() -> tuple[Reconciler, RecordingKube]:
     cronjob = make_cronjob(namespace=NAMESPACE)
     cronjob["metadata"]["uid"] = "cj"
     kube = RecordingKube(cronjob)
-    return Reconciler(kube=kube, settings=SETTINGS), kube  # type: ignore[arg-type]
+    return Reconciler(kube=kube, settings=SETTINGS), kube
 
 
 def arrive(reconciler: Reconciler, kube: RecordingKube, job: dict[str, Any]) -> None:
-    kube.jobs[job["metadata"]["name"]] = job
+    kube.jobs[(NAMESPACE, job["metadata"]["name"])] = copy.deepcopy(job)
     reconciler.on_job("ADDED", job)
 
 
 def skipped_events(kube: RecordingKube) -> list[str]:
-    return [message for reason, message in kube.events if reason == "Skipped"]
+    return [message for reason, message in kube.said() if reason == "Skipped"]
 
 
 def test_a_skipped_job_deleted_before_it_was_counted_is_still_counted(
@@ -104,10 +102,10 @@ def test_a_skipped_job_deleted_before_it_was_counted_is_still_counted(
     arrive(reconciler, kube, first)
     arrive(reconciler, kube, second)
     # The CronJob controller deletes the older failed Job before the operator's turn.
-    del kube.jobs["report-1"]
+    del kube.jobs[(NAMESPACE, "report-1")]
     reconciler.on_job("DELETED", first)
 
-    reconciler.account_runs(NAMESPACE, "report")
+    reconciler.accounting.account_runs(NAMESPACE, "report")
 
     assert skipped_events(kube) == [
         "run report-1 skipped: lock report was held by another run (1 in a row)",
@@ -123,16 +121,16 @@ def test_replayed_and_late_events_count_nothing_twice(
     reconciler, kube = setup
     job = finished_job("report-1", "2026-12-01T00:00:01Z")
     arrive(reconciler, kube, job)
-    reconciler.account_runs(NAMESPACE, "report")
+    reconciler.accounting.account_runs(NAMESPACE, "report")
     # The watch has not yet shown the mark (the cache holds the unmarked Job) when the
     # next accounting runs, and then the Job's deletion arrives without the mark.
-    reconciler.account_runs(NAMESPACE, "report")
+    reconciler.accounting.account_runs(NAMESPACE, "report")
     reconciler.on_job("DELETED", finished_job("report-1", "2026-12-01T00:00:01Z"))
-    reconciler.account_runs(NAMESPACE, "report")
+    reconciler.accounting.account_runs(NAMESPACE, "report")
 
     assert len(skipped_events(kube)) == 1
-    assert reconciler.accounted == set()
-    assert reconciler.departed == {}
+    assert reconciler.accounting.accounted == set()
+    assert reconciler.accounting.departed == {}
 
 
 def test_a_run_whose_mark_failed_is_counted_by_the_retry(
@@ -140,12 +138,12 @@ def test_a_run_whose_mark_failed_is_counted_by_the_retry(
 ) -> None:
     reconciler, kube = setup
     arrive(reconciler, kube, finished_job("report-1", "2026-12-01T00:00:01Z"))
-    kube.fail_marks = 1
+    kube.fail_marks(1)
     with pytest.raises(OSError, match="connection reset"):
-        reconciler.account_runs(NAMESPACE, "report")
+        reconciler.accounting.account_runs(NAMESPACE, "report")
     assert skipped_events(kube) == []
 
-    reconciler.account_runs(NAMESPACE, "report")
+    reconciler.accounting.account_runs(NAMESPACE, "report")
     assert len(skipped_events(kube)) == 1
 
 
@@ -157,10 +155,10 @@ def test_a_success_resets_the_count_in_creation_order(
         job = finished_job(f"report-{number}", f"2026-12-01T00:00:0{number}Z", skipped)
         arrive(reconciler, kube, job)
         if number == 1:
-            del kube.jobs["report-1"]
+            del kube.jobs[(NAMESPACE, "report-1")]
             reconciler.on_job("DELETED", job)
 
-    reconciler.account_runs(NAMESPACE, "report")
+    reconciler.accounting.account_runs(NAMESPACE, "report")
 
     assert skipped_events(kube) == [
         "run report-1 skipped: lock report was held by another run (1 in a row)",
@@ -180,23 +178,16 @@ def running_job(name: str, created: str) -> dict[str, Any]:
     return job
 
 
-def lease_with(holder: str, **annotations: str) -> dict[str, Any]:
-    return {
-        "metadata": {
-            "name": "cronlock-report",
-            "namespace": NAMESPACE,
-            "labels": {"cronlock.io/lock": "report", "app.kubernetes.io/managed-by": "cronlock"},
-            "annotations": {
-                f"cronlock.io/{key.replace('_', '-')}": v for key, v in annotations.items()
-            },
-        },
-        "spec": {"holderIdentity": holder, "leaseDurationSeconds": 60} if holder else {},
-    }
+def lease_with(holder: str, **notes: str) -> dict[str, Any]:
+    """Lock report's Lease held by `holder` (released by now if ""), with the contender
+    notes `notes` (`replaced_by=...` is the annotation `cronlock.io/replaced-by`)."""
+    annotations = {f"cronlock.io/{key.replace('_', '-')}": value for key, value in notes.items()}
+    return make_lease(holder, namespace=NAMESPACE, acquired=MOMENT, annotations=annotations)
 
 
 def told(reconciler: Reconciler, kube: RecordingKube, lease: dict[str, Any]) -> None:
     reconciler.on_lease("MODIFIED", lease)
-    reconciler.tell_contention(NAMESPACE, "cronlock-report")
+    reconciler.accounting.tell_contention(NAMESPACE, "cronlock-report")
 
 
 @pytest.fixture
@@ -215,19 +206,22 @@ def test_an_overlap_is_told_once_marked_on_its_job_and_counted_like_a_skip(
     told(reconciler, kube, lease_with(OLD, overlap=NEW))
     told(reconciler, kube, lease_with(OLD, overlap=NEW))  # a replay, or a renewal since
     assert metrics.registry.get_sample_value("cronlock_overlaps_total") == overlaps + 1
-    assert kube.events == [
+    assert kube.said() == [
         (
             "Overlap",
             f"run report-2 started while lease {NAMESPACE}/cronlock-report was held by {OLD} "
             "(observe policy: it ran anyway; under skip it would have been skipped)",
         )
     ]
-    assert kube.jobs["report-2"]["metadata"]["annotations"]["cronlock.io/overlapped"] == OLD
+    assert (
+        kube.jobs[(NAMESPACE, "report-2")]["metadata"]["annotations"]["cronlock.io/overlapped"]
+        == OLD
+    )
 
     done = finished_job("report-2", "2026-12-01T00:00:02Z", skipped=False)
-    done["metadata"]["annotations"] = kube.jobs["report-2"]["metadata"]["annotations"]
+    done["metadata"]["annotations"] = kube.jobs[(NAMESPACE, "report-2")]["metadata"]["annotations"]
     arrive(reconciler, kube, done)
-    reconciler.account_runs(NAMESPACE, "report")
+    reconciler.accounting.account_runs(NAMESPACE, "report")
     assert skips.consecutive_skips(kube.cronjob) == 1  # a success, but skip would have skipped
     assert skipped_events(kube) == []
     assert kube.deleted == []  # the run did its work: its Job stays
@@ -241,9 +235,9 @@ def test_an_overlapped_run_that_finished_before_it_was_told_still_counts(
         name = f"report-{number}"
         arrive(reconciler, kube, finished_job(name, f"2026-12-01T00:00:0{number}Z", False))
         reconciler.on_lease("MODIFIED", lease_with(OLD, overlap=f"{name}-ccccc_3333333{number}"))
-        reconciler.account_runs(NAMESPACE, "report")  # before tell_contention ran
+        reconciler.accounting.account_runs(NAMESPACE, "report")  # before tell_contention ran
     assert skips.consecutive_skips(kube.cronjob) == 3
-    [warning] = [message for reason, message in kube.events if reason == "RepeatedSkips"]
+    [warning] = [message for reason, message in kube.said() if reason == "RepeatedSkips"]
     assert warning.startswith("3 runs in a row overlapped a run holding lock report")
 
 
@@ -256,20 +250,25 @@ def test_a_replaced_run_is_told_and_neither_counts_as_a_skip_nor_is_deleted(
     # The old holder yielded and released; the replacing run took the Lease.
     told(reconciler, kube, lease_with("", replaced_by=NEW, replaced_jobs="report-1"))
     told(reconciler, kube, lease_with(NEW, replaced_by=NEW, replaced_jobs="report-1"))
-    assert kube.events == [
+    assert kube.said() == [
         (
             "Replaced",
             f"run report-1 was stopped and gave up lease {NAMESPACE}/cronlock-report: replaced "
             f"by {NEW} (run report-2) under the replace policy",
         )
     ]
-    assert kube.jobs["report-1"]["metadata"]["annotations"]["cronlock.io/replaced-by"] == NEW
+    assert (
+        kube.jobs[(NAMESPACE, "report-1")]["metadata"]["annotations"]["cronlock.io/replaced-by"]
+        == NEW
+    )
     assert metrics.registry.get_sample_value("cronlock_replacements_total") == replacements + 1
     # Its retry pod skipped (gate exit 75): the Job fails through the skip rule.
     failed = finished_job("report-1", "2026-12-01T00:00:01Z", skipped=True)
-    failed["metadata"]["annotations"] = kube.jobs["report-1"]["metadata"]["annotations"]
+    failed["metadata"]["annotations"] = kube.jobs[(NAMESPACE, "report-1")]["metadata"][
+        "annotations"
+    ]
     arrive(reconciler, kube, failed)
-    reconciler.account_runs(NAMESPACE, "report")
+    reconciler.accounting.account_runs(NAMESPACE, "report")
     assert skipped_events(kube) == []
     assert kube.deleted == []
     assert skips.consecutive_skips(kube.cronjob) == 0
@@ -279,7 +278,7 @@ def test_notes_about_unknown_jobs_tell_nothing(guarded: tuple[Reconciler, Record
     reconciler, kube = guarded
     told(reconciler, kube, lease_with(OLD, overlap="someone-else_12345678"))
     told(reconciler, kube, lease_with("", replaced_by=NEW, replaced_jobs="gone-job"))
-    assert kube.events == []
+    assert kube.said() == []
 
 
 def test_notes_on_another_locks_lease_tell_nothing_about_this_locks_runs(
@@ -290,21 +289,25 @@ def test_notes_on_another_locks_lease_tell_nothing_about_this_locks_runs(
     count."""
     reconciler, kube = guarded
     arrive(reconciler, kube, running_job("report-1", "2026-12-01T00:00:01Z"))
-    foreign = lease_with(OLD, overlap="report-1-aaaaa_11111111")
-    foreign["metadata"]["name"] = "cronlock-digest"
-    foreign["metadata"]["labels"]["cronlock.io/lock"] = "digest"
-    foreign["metadata"]["annotations"].update(
-        {"cronlock.io/replaced-by": NEW, "cronlock.io/replaced-jobs": "report-1"}
+    foreign = make_lease(
+        OLD,
+        lock="digest",
+        namespace=NAMESPACE,
+        annotations={
+            "cronlock.io/overlap": "report-1-aaaaa_11111111",
+            "cronlock.io/replaced-by": NEW,
+            "cronlock.io/replaced-jobs": "report-1",
+        },
     )
     reconciler.on_lease("MODIFIED", foreign)
-    reconciler.tell_contention(NAMESPACE, "cronlock-digest")
-    assert kube.events == []
-    assert "annotations" not in kube.jobs["report-1"]["metadata"]
-    assert (NAMESPACE, "report-1") not in reconciler.contended
+    reconciler.accounting.tell_contention(NAMESPACE, "cronlock-digest")
+    assert kube.said() == []
+    assert "annotations" not in kube.jobs[(NAMESPACE, "report-1")]["metadata"]
+    assert (NAMESPACE, "report-1") not in reconciler.accounting.contended
     # Its real outcome is counted as ever: a skip.
     arrive(reconciler, kube, finished_job("report-1", "2026-12-01T00:00:01Z", skipped=True))
-    reconciler.account_runs(NAMESPACE, "report")
-    assert [reason for reason, _ in kube.events] == ["Skipped"]
+    reconciler.accounting.account_runs(NAMESPACE, "report")
+    assert [reason for reason, _ in kube.said()] == ["Skipped"]
 
 
 def test_the_job_of_a_sidecar_identity() -> None:
@@ -324,5 +327,51 @@ def test_a_job_whose_pods_carry_its_name_cut_is_found_by_prefix(
     arrive(reconciler, kube, running_job(long_name, "2026-12-01T00:00:02Z"))
     pod = f"{long_name[: contention.CUT_JOB_NAME]}bbbbb"  # the API server's generateName
     told(reconciler, kube, lease_with(OLD, overlap=f"{pod}_22222222"))
-    assert [reason for reason, _ in kube.events] == ["Overlap"]
-    assert "cronlock.io/overlapped" in kube.jobs[long_name]["metadata"]["annotations"]
+    assert [reason for reason, _ in kube.said()] == ["Overlap"]
+    assert "cronlock.io/overlapped" in kube.jobs[(NAMESPACE, long_name)]["metadata"]["annotations"]
+
+
+# --- what the accounting tells the reconciler to enqueue ---------------------------------
+def test_a_deleted_job_asks_for_a_count_only_when_it_is_a_finished_run_not_yet_counted(
+    setup: tuple[Reconciler, RecordingKube],
+) -> None:
+    accounting = setup[0].accounting
+    running = running_job("report-1", "2026-12-01T00:00:01Z")
+    marked = finished_job("report-2", "2026-12-01T00:00:02Z")
+    marked["metadata"]["annotations"] = {skips.ACCOUNTED_ANNOTATION: "skipped"}
+    counted = finished_job("report-3", "2026-12-01T00:00:03Z")
+    accounting.accounted.add("uid-report-3")
+    uncounted = finished_job("report-4", "2026-12-01T00:00:04Z")
+
+    assert accounting.job_seen(running) is None
+    assert accounting.job_seen(uncounted) == "report"
+    assert accounting.job_deleted((NAMESPACE, "report-1"), running) is None
+    assert accounting.job_deleted((NAMESPACE, "report-2"), marked) is None
+    assert accounting.job_deleted((NAMESPACE, "report-3"), counted) is None
+    assert accounting.job_deleted((NAMESPACE, "report-4"), uncounted) == "report"
+    assert accounting.accounted == set()
+    assert list(accounting.departed) == [(NAMESPACE, "report-4")]
+
+
+def test_a_lease_asks_for_its_notes_to_be_told_once_per_change(
+    setup: tuple[Reconciler, RecordingKube],
+) -> None:
+    reconciler, _ = setup
+    key = (NAMESPACE, "cronlock-report")
+    assert not reconciler.accounting.lease_seen(key, read_lease(lease_with(OLD)), "report")
+    noted = read_lease(lease_with(OLD, overlap=NEW))
+    assert reconciler.accounting.lease_seen(key, noted, "report")
+    assert not reconciler.accounting.lease_seen(key, noted, "report")  # a replay, or a renewal
+    reconciler.accounting.lease_deleted(key)
+    assert reconciler.accounting.lease_seen(key, noted, "report")  # the Lease made again
+
+
+def test_runs_named_by_notes_are_kept_up_to_a_bound_oldest_dropped_first(
+    setup: tuple[Reconciler, RecordingKube], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(accounting_module, "MAX_CONTENDED", 2)
+    accounting = setup[0].accounting
+    for number in (1, 2, 3):
+        lease = lease_with(OLD, overlap=f"report-{number}-ccccc_3333333{number}")
+        accounting.lease_seen((NAMESPACE, "cronlock-report"), read_lease(lease), "report")
+    assert list(accounting.contended) == [(NAMESPACE, "report-2"), (NAMESPACE, "report-3")]

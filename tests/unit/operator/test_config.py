@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import pytest
 
 from cronlock_operator.injection.build import build_injection
+from cronlock_operator.lock import reading as reading_module
 from cronlock_operator.lock.config import (
     InvalidConfig,
     LockConfig,
@@ -16,7 +18,8 @@ from cronlock_operator.lock.config import (
     minimum_ttl_seconds,
     parse_config,
 )
-from tests.support.cronjobs import SETTINGS, make_cronjob
+from cronlock_operator.lock.reading import ConfigReading, counting_settings, read_config
+from tests.support.cronjobs import NEW_SETTINGS, SETTINGS, make_cronjob, server_defaults
 
 PROBED = [
     {
@@ -279,3 +282,193 @@ def test_replace_waits_for_the_holder_ttl_plus_skew_plus_renew_unless_told() -> 
     told = config_of({"cronlock.io/policy": "replace", "cronlock.io/wait-timeout": "5s"})
     assert told.wait_timeout_seconds == 5
     assert config_of({"cronlock.io/policy": "observe"}).wait_timeout_seconds == 0
+
+
+# --- read_config: the one reading, once per resourceVersion ------------------------------
+
+
+def stored(uid: str, version: str = "1", annotations: dict[str, str] | None = None) -> Any:
+    """A CronJob as the API server (and so the operator's cache) has it: uid and version."""
+    body = server_defaults(make_cronjob(annotations=annotations))
+    body["metadata"]["uid"] = uid
+    body["metadata"]["resourceVersion"] = version
+    return body
+
+
+@pytest.fixture
+def parses(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The uids parse_config was called for, with an empty memo."""
+    calls: list[str] = []
+    real = reading_module.parse_config
+
+    def counting(cronjob: Any, settings: OperatorSettings) -> LockConfig:
+        calls.append(str(cronjob["metadata"].get("uid")))
+        return real(cronjob, settings)
+
+    monkeypatch.setattr(reading_module, "parse_config", counting)
+    monkeypatch.setattr(reading_module, "_READINGS", reading_module._Readings())
+    return calls
+
+
+def test_a_resource_version_is_parsed_once_and_a_new_one_again(parses: list[str]) -> None:
+    body = stored("uid-once")
+    first = read_config(body, SETTINGS)
+    assert read_config(body, SETTINGS) is first
+    assert read_config(stored("uid-once"), SETTINGS) is first  # another copy, the same version
+    assert counting_settings(body, SETTINGS) == (3, False)
+    assert parses == ["uid-once"]
+
+    newer = stored("uid-once", "2")
+    assert read_config(newer, SETTINGS) is not first
+    assert read_config(newer, SETTINGS) is read_config(newer, SETTINGS)
+    assert parses == ["uid-once", "uid-once"]
+    # Under other settings a version is another reading.
+    assert read_config(newer, NEW_SETTINGS) is not read_config(newer, SETTINGS)
+    assert len(parses) == 3
+
+
+def test_an_invalid_version_is_kept_too_without_its_traceback(parses: list[str]) -> None:
+    body = stored("uid-bad", annotations={"cronlock.io/enabled": "true", "cronlock.io/ttl": "x"})
+    reading = read_config(body, SETTINGS)
+    assert read_config(body, SETTINGS) is reading
+    assert parses == ["uid-bad"]
+    assert reading.invalid is not None
+    assert reading.invalid.__traceback__ is None
+    assert reading.invalid.__context__ is None
+
+
+def test_a_body_without_uid_or_version_is_parsed_each_time(parses: list[str]) -> None:
+    body = make_cronjob()
+    assert read_config(body, SETTINGS) == read_config(body, SETTINGS)
+    no_version = stored("uid-x")
+    del no_version["metadata"]["resourceVersion"]
+    read_config(no_version, SETTINGS)
+    read_config(no_version, SETTINGS)
+    assert len(parses) == 4
+    assert len(reading_module._READINGS) == 0
+
+
+def test_a_body_edited_in_place_under_the_same_version_is_read_afresh(parses: list[str]) -> None:
+    """What the parse reads (annotations, name, own liveness probes) is checked on a hit."""
+    body = stored("uid-edited")
+    assert read_config(body, SETTINGS).config is not None
+    body["metadata"]["annotations"]["cronlock.io/ttl"] = "nonsense"
+    assert read_config(body, SETTINGS).invalid is not None
+    body["metadata"]["annotations"]["cronlock.io/ttl"] = "60s"
+    body["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"] = PROBED
+    reading = read_config(body, SETTINGS)
+    assert reading.config is not None
+    assert reading.config.stop == "signal"
+    # Other annotations are not what the parse reads: the reading stays.
+    body["metadata"]["annotations"]["example.com/note"] = "hello"
+    assert read_config(body, SETTINGS) is reading
+    assert len(parses) == 3
+
+
+def test_the_memo_keeps_the_latest_version_of_a_bounded_number_of_cronjobs(
+    parses: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(reading_module, "_READINGS", reading_module._Readings(limit=2))
+    a, b, c = stored("uid-a"), stored("uid-b"), stored("uid-c")
+    read_config(a, SETTINGS)
+    read_config(b, SETTINGS)
+    read_config(a, SETTINGS)  # a is used again: b goes first
+    read_config(c, SETTINGS)
+    assert len(reading_module._READINGS) == 2
+    read_config(a, SETTINGS)
+    read_config(b, SETTINGS)
+    assert parses == ["uid-a", "uid-b", "uid-c", "uid-b"]
+    read_config(stored("uid-b", "2"), SETTINGS)  # replaces b's version 1, takes no new place
+    assert len(reading_module._READINGS) == 2
+
+
+def test_the_operators_worker_threads_all_get_the_one_reading(parses: list[str]) -> None:
+    bodies = [stored(f"uid-{index}") for index in range(50)]
+    seen: list[list[ConfigReading]] = [[] for _ in bodies]
+    start = threading.Barrier(4)
+
+    def worker() -> None:
+        start.wait()
+        for index, body in enumerate(bodies):
+            seen[index].append(read_config(body, SETTINGS))
+
+    threads = [threading.Thread(target=worker) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for readings in seen:
+        assert len(readings) == 4
+        assert all(reading is readings[0] for reading in readings)
+
+
+def test_the_reading_of_a_valid_cronjob_carries_its_config() -> None:
+    body = make_cronjob(
+        annotations={
+            "cronlock.io/enabled": "true",
+            "cronlock.io/lock": "shared",
+            "cronlock.io/policy": "observe",
+            "cronlock.io/alert-after": "5",
+            "cronlock.io/keep-skipped-jobs": "true",
+        }
+    )
+    reading = read_config(body, SETTINGS)
+    assert reading.config == parse_config(body, SETTINGS)
+    assert reading == ConfigReading(
+        enabled=True,
+        config=reading.config,
+        invalid=None,
+        alert_after=5,
+        keep_skipped_jobs=True,
+        lock="shared",
+        policy="observe",
+    )
+
+
+@pytest.mark.parametrize(
+    ("annotations", "enabled", "invalid"),
+    [
+        ({}, False, None),
+        ({"cronlock.io/enabled": "false", "cronlock.io/ttl": "nonsense"}, False, None),
+        ({"cronlock.io/enabled": "True"}, False, "cronlock.io/enabled"),
+        ({"cronlock.io/enabled": "true", "cronlock.io/ttl": "nonsense"}, True, "cronlock.io/ttl"),
+        ({"cronlock.io/enabled": "true", "cronlock.io/tll": "60s"}, True, "cronlock.io/tll"),
+    ],
+)
+def test_one_rule_for_a_cronjob_that_is_not_guarded(
+    annotations: dict[str, str], enabled: bool, invalid: str | None
+) -> None:
+    """Guarded only when opted in and valid; else `invalid` says why, or is None when it
+    did not opt in (the other annotations of an unguarded CronJob are not checked)."""
+    reading = read_config(make_cronjob(annotations=annotations), SETTINGS)
+    assert reading.config is None
+    assert reading.enabled is enabled
+    assert (reading.invalid.annotation if reading.invalid else None) == invalid
+
+
+@pytest.mark.parametrize(
+    ("annotations", "alert_after", "keep", "policy", "lock"),
+    [
+        # An unrelated bad annotation changes none of the others.
+        ({"cronlock.io/alert-after": "2", "cronlock.io/keep-skipped-jobs": "true"}, 2, True,
+         "skip", "report"),
+        ({"cronlock.io/policy": "wait", "cronlock.io/lock": "shared"}, 3, False, "wait",
+         "shared"),
+        # A bad one itself falls back to its own default only.
+        ({"cronlock.io/alert-after": "0", "cronlock.io/keep-skipped-jobs": "true"}, 3, True,
+         "skip", "report"),
+        ({"cronlock.io/alert-after": "2", "cronlock.io/keep-skipped-jobs": "yes"}, 2, False,
+         "skip", "report"),
+        ({"cronlock.io/policy": "replce"}, 3, False, "invalid", "report"),
+    ],
+)  # fmt: skip
+def test_an_invalid_config_is_counted_and_shown_by_each_annotation_on_its_own(
+    annotations: dict[str, str], alert_after: int, keep: bool, policy: str, lock: str
+) -> None:
+    cronjob = make_cronjob(
+        annotations={"cronlock.io/enabled": "true", "cronlock.io/ttl": "nonsense", **annotations}
+    )
+    reading = read_config(cronjob, SETTINGS)
+    assert reading.invalid is not None
+    assert (reading.alert_after, reading.keep_skipped_jobs) == (alert_after, keep)
+    assert (reading.policy, reading.lock) == (policy, lock)

@@ -13,6 +13,7 @@ from cronlock_operator.errors import Retry
 from cronlock_operator.kube.writes import Kube
 from cronlock_operator.runtime import events
 from cronlock_operator.runtime.events import EventPoster
+from tests.support.fakekube import FakeKube
 
 CRONJOB = {"metadata": {"name": "report", "namespace": "reports", "uid": "u-1"}}
 TERMINATING = (
@@ -46,22 +47,30 @@ def test_any_other_refusal_of_an_event_is_retried() -> None:
         kube_answering(error).post_event(CRONJOB, "Injected", "lock report")
 
 
-class RecordingKube:
-    """Records each Event posted (by which thread), failing the first tries of `flaky`."""
+class RecordingKube(FakeKube):
+    """Records which thread posted each Event; the first `failures` tries for `flaky` hiccup."""
 
     def __init__(self, flaky: str = "", failures: int = 0) -> None:
+        super().__init__()
         self.posted: list[tuple[str, str, str]] = []
-        self.flaky = flaky
-        self.failures = failures
         self.lock = threading.Lock()
+        left = [failures]
+
+        def hiccup(involved: Any, *rest: Any) -> BaseException | None:
+            with self.lock:
+                if involved["metadata"]["name"] != flaky or left[0] == 0:
+                    return None
+                left[0] -= 1
+                return Retry("the API server hiccuped")
+
+        self.fail["post_event"] = hiccup
 
     def post_event(self, involved: Any, reason: str, message: str, warning: bool = False) -> None:
-        name = involved["metadata"]["name"]
+        super().post_event(involved, reason, message, warning)
         with self.lock:
-            if name == self.flaky and self.failures:
-                self.failures -= 1
-                raise Retry("the API server hiccuped")
-            self.posted.append((name, reason, threading.current_thread().name))
+            self.posted.append(
+                (involved["metadata"]["name"], reason, threading.current_thread().name)
+            )
 
 
 def cronjob(name: str) -> dict[str, Any]:
@@ -70,7 +79,7 @@ def cronjob(name: str) -> dict[str, Any]:
 
 def test_each_cronjobs_events_are_posted_in_order_by_one_thread_and_all_threads_work() -> None:
     kube = RecordingKube()
-    poster = EventPoster(kube, posters=2)  # type: ignore[arg-type]
+    poster = EventPoster(kube, posters=2)
     names = [f"job-{index}" for index in range(40)]
     for step in ("Skipped", "RepeatedSkips", "Injected"):
         for name in names:
@@ -88,7 +97,7 @@ def test_each_cronjobs_events_are_posted_in_order_by_one_thread_and_all_threads_
 def test_a_hiccup_is_retried_in_place_so_the_order_holds(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(events, "FIRST_DELAY", 0.01)
     kube = RecordingKube(flaky="report", failures=2)
-    poster = EventPoster(kube, posters=2)  # type: ignore[arg-type]
+    poster = EventPoster(kube, posters=2)
     poster.post(cronjob("report"), "Skipped", "first")
     poster.post(cronjob("report"), "RepeatedSkips", "second")
     poster.stop(timeout=10)

@@ -15,7 +15,7 @@ import pytest
 
 from cronlock_operator import selfcheck
 from cronlock_operator.runtime import metrics
-from cronlock_operator.runtime.metrics import MetricsServer
+from cronlock_operator.runtime.httpserver import BoundedServer
 
 # A request whose headers never end: the client that sends it holds the connection.
 SLOW = b"GET /metrics HTTP/1.1\r\nHost: operator\r\n"
@@ -24,7 +24,7 @@ SLACK = 2.0  # seconds a loaded machine may add to any bound below
 
 
 @pytest.fixture
-def server() -> Iterator[MetricsServer]:
+def server() -> Iterator[BoundedServer]:
     server = metrics.serve(0, "127.0.0.1")
     yield server
     server.stop()
@@ -115,7 +115,7 @@ def closing_times(clients: list[socket.socket], deadline: float) -> list[float]:
     return closed
 
 
-def test_metrics_answers_with_what_the_registry_holds(server: MetricsServer) -> None:
+def test_metrics_answers_with_what_the_registry_holds(server: BoundedServer) -> None:
     before = metrics.registry.get_sample_value("cronlock_guarded_cronjobs") or 0.0
     metrics.guarded_cronjobs.set(7)
     try:
@@ -132,7 +132,7 @@ def test_metrics_answers_with_what_the_registry_holds(server: MetricsServer) -> 
     assert selfcheck.scrape(selfcheck.Endpoint("127.0.0.1", server.port)) is None
 
 
-def test_prometheus_still_gets_openmetrics_when_it_asks(server: MetricsServer) -> None:
+def test_prometheus_still_gets_openmetrics_when_it_asks(server: BoundedServer) -> None:
     answer = exchange(
         server.port,
         b"GET /metrics HTTP/1.1\r\nHost: operator\r\n"
@@ -147,7 +147,7 @@ def test_prometheus_still_gets_openmetrics_when_it_asks(server: MetricsServer) -
     [("GET", "/", 404), ("GET", "/healthz", 404), ("POST", "/metrics", 405)],
 )
 def test_only_get_and_head_of_metrics_are_served(
-    server: MetricsServer, method: str, path: str, status: int
+    server: BoundedServer, method: str, path: str, status: int
 ) -> None:
     answered, _, body = scrape(server.port, method=method, path=path)
     assert answered == status
@@ -155,7 +155,7 @@ def test_only_get_and_head_of_metrics_are_served(
 
 
 def test_a_flood_from_one_pod_holds_few_threads_and_prometheus_still_scrapes(
-    server: MetricsServer,
+    server: BoundedServer,
 ) -> None:
     start = time.monotonic()
     with PeakThreads() as threads:
@@ -181,7 +181,7 @@ def test_a_flood_from_one_pod_holds_few_threads_and_prometheus_still_scrapes(
 
 
 def test_a_flood_from_many_pods_holds_at_most_the_cap_and_ends_with_the_timeout(
-    server: MetricsServer,
+    server: BoundedServer,
 ) -> None:
     # 50 pods, 4 connections each (loopback answers on all of 127/8).
     sources = [f"127.0.1.{1 + index // 4}" for index in range(FLOOD)]
@@ -206,7 +206,7 @@ def test_a_flood_from_many_pods_holds_at_most_the_cap_and_ends_with_the_timeout(
     assert scraped <= metrics.TIMEOUT + 2 * SLACK
 
 
-def test_keep_alive_is_not_honoured(server: MetricsServer) -> None:
+def test_keep_alive_is_not_honoured(server: BoundedServer) -> None:
     request = b"GET /metrics HTTP/1.1\r\nHost: operator\r\nConnection: keep-alive\r\n\r\n"
     began = time.monotonic()
     answer = exchange(server.port, request * 2)  # a second request on the same connection
@@ -225,7 +225,7 @@ def test_keep_alive_is_not_honoured(server: MetricsServer) -> None:
     ids=["request-line", "headers"],
 )
 def test_an_oversized_request_is_refused(
-    server: MetricsServer, request_bytes: bytes, status: bytes
+    server: BoundedServer, request_bytes: bytes, status: bytes
 ) -> None:
     answer = exchange(server.port, request_bytes)
     assert answer.startswith(b"HTTP/1.1 " + status + b" ")

@@ -6,7 +6,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from cronlock_operator.injection.build import desired_cronjob
-from cronlock_operator.lock.config import counting_settings, parse_config
+from cronlock_operator.lock.config import parse_config
+from cronlock_operator.lock.reading import counting_settings
 from cronlock_operator.reconcile import cronjobs, expiry, rbac, runs
 from cronlock_operator.reconcile.actions import (
     AnnotateCronJob,
@@ -26,6 +27,8 @@ from cronlock_operator.reconcile.rbac import Guard
 from cronlock_operator.runtime.executor import Executor
 from cronlock_sidecar.lock.model import read_lease
 from tests.support.cronjobs import SETTINGS, make_cronjob, server_defaults
+from tests.support.fakekube import FakeKube
+from tests.support.leases import make_lease
 
 NAMESPACE = "team-a"
 
@@ -259,62 +262,63 @@ def test_kept_and_gone_skipped_jobs_are_not_deleted() -> None:
 # --- Lease expiry -----------------------------------------------------------------------
 
 
-def lease(holder: str, renew: str, transitions: int = 1, version: str = "7") -> dict[str, Any]:
-    return {
-        "metadata": {
-            "name": "cronlock-report",
-            "namespace": NAMESPACE,
-            "resourceVersion": version,
-            "annotations": {"cronlock.io/holder-job": "report-1"},
-        },
-        "spec": {
-            "holderIdentity": holder,
-            "renewTime": renew,
-            "leaseDurationSeconds": 30,
-            "leaseTransitions": transitions,
-        },
-    }
+RENEWED = datetime(2026, 12, 1, 12, 0, 0, tzinfo=UTC)
 
 
-RENEWED = "2026-12-01T12:00:00.000000Z"
+def lease(
+    holder: str, renewed: datetime = RENEWED, transitions: int | None = None, duration: int = 30
+) -> dict[str, Any]:
+    """Lock report's Lease claimed at RENEWED by `holder`, a pod of Job report-1 (released
+    by now if ""), last renewed at `renewed`, as the API server returns it at version 7."""
+    return make_lease(
+        holder,
+        namespace=NAMESPACE,
+        acquired=RENEWED,
+        renewed=renewed,
+        duration=duration,
+        transitions=transitions,
+        job="report-1" if holder else "",
+        resource_version="7",
+    )
+
+
 LONGEST = 3600  # the longest lease duration the Lease's owners give it
 
 
 def test_a_hold_is_believed_only_for_the_longest_duration_its_owners_give_it() -> None:
     """A pod on the account writes leaseDurationSeconds 2147483647 (68 years) and dies: the
     operator clears it like any hold of its lock (security review N3)."""
-    squatted = lease("intruder", RENEWED)
-    squatted["spec"]["leaseDurationSeconds"] = 2147483647
+    squatted = lease("intruder", duration=2147483647)
     seen, _ = expiry.observe(None, read_lease(squatted), 100.0, 60)
     assert seen is not None
     assert seen.duration == 60
     assert not seen.overdue(162.0, 2)
     assert seen.overdue(162.5, 2)
     # A shorter duration than the owners' is the holder's own and is kept.
-    short, _ = expiry.observe(None, read_lease(lease("a", RENEWED)), 100.0, 60)
+    short, _ = expiry.observe(None, read_lease(lease("a")), 100.0, 60)
     assert short is not None
     assert short.duration == 30
 
 
 def test_observing_a_new_holder_counts_an_acquired_run_and_a_cleared_one_a_release() -> None:
-    first, counts = expiry.observe(None, read_lease(lease("a", RENEWED)), 100.0, LONGEST)
+    first, counts = expiry.observe(None, read_lease(lease("a")), 100.0, LONGEST)
     assert first is not None
     assert counts == []
-    same, counts = expiry.observe(first, read_lease(lease("a", RENEWED)), 150.0, LONGEST)
+    same, counts = expiry.observe(first, read_lease(lease("a")), 150.0, LONGEST)
     assert same is None
     assert counts == []
-    second, counts = expiry.observe(first, read_lease(lease("b", RENEWED, 2)), 160.0, LONGEST)
+    second, counts = expiry.observe(first, read_lease(lease("b", transitions=2)), 160.0, LONGEST)
     assert second is not None
     assert counts == [CountRun("acquired")]
-    free = read_lease(lease("", RENEWED, 2))
+    free = read_lease(lease("", transitions=2))
     _, counts = expiry.observe(second, free, 170.0, LONGEST)
     assert counts == [CountRun("released")]
 
 
 def test_observations_list_overdue_only_the_held_leases_past_duration_plus_skew() -> None:
     observations = expiry.Observations()
-    held, _ = expiry.observe(None, read_lease(lease("a", RENEWED)), 100.0, LONGEST)
-    free, _ = expiry.observe(None, read_lease(lease("", RENEWED)), 0.0, LONGEST)
+    held, _ = expiry.observe(None, read_lease(lease("a")), 100.0, LONGEST)
+    free, _ = expiry.observe(None, read_lease(lease("")), 0.0, LONGEST)
     assert held is not None
     assert free is not None
     observations.put((NAMESPACE, "held"), held)
@@ -330,18 +334,18 @@ def test_observations_list_overdue_only_the_held_leases_past_duration_plus_skew(
 
 
 def test_a_holder_is_overdue_only_past_its_duration_plus_the_skew() -> None:
-    seen, _ = expiry.observe(None, read_lease(lease("a", RENEWED)), 100.0, LONGEST)
+    seen, _ = expiry.observe(None, read_lease(lease("a")), 100.0, LONGEST)
     assert seen is not None
     assert not seen.overdue(132.0, 2)
     assert seen.overdue(132.5, 2)
 
 
 def test_an_overdue_holder_is_cleared_with_a_guarded_patch_then_the_owners_are_told() -> None:
-    seen, _ = expiry.observe(None, read_lease(lease("a", RENEWED)), 100.0, LONGEST)
+    seen, _ = expiry.observe(None, read_lease(lease("a")), 100.0, LONGEST)
     assert seen is not None
     owner = cronjob()
     wall = datetime(2026, 12, 1, 12, 1, 0, tzinfo=UTC)
-    actions = expiry.decide(seen, lease("a", RENEWED), [owner], 140.0, wall)
+    actions = expiry.decide(seen, lease("a"), [owner], 140.0, wall)
     assert kinds(actions) == ["PatchLease", "CountTakeover", "CountRun", "PostEvent:LeaseExpired"]
     patch = actions[0]
     assert isinstance(patch, PatchLease)
@@ -358,30 +362,17 @@ def test_an_overdue_holder_is_cleared_with_a_guarded_patch_then_the_owners_are_t
 
 
 def test_a_holder_that_renewed_meanwhile_is_left_alone() -> None:
-    seen, _ = expiry.observe(None, read_lease(lease("a", RENEWED)), 100.0, LONGEST)
+    seen, _ = expiry.observe(None, read_lease(lease("a")), 100.0, LONGEST)
     assert seen is not None
-    later = "2026-12-01T12:00:10.000000Z"
+    later = datetime(2026, 12, 1, 12, 0, 10, tzinfo=UTC)
     wall = datetime(2026, 12, 1, 12, 1, 0, tzinfo=UTC)
     assert expiry.decide(seen, lease("a", later), [], 140.0, wall) == []
-    assert expiry.decide(seen, lease("b", RENEWED), [], 140.0, wall) == []
-
-
-class GoneKube:
-    """A Kube whose CronJob is gone: the patch answers None, everything else is recorded."""
-
-    def __init__(self) -> None:
-        self.calls: list[str] = []
-
-    def patch_cronjob(self, namespace: str, name: str, patch: list[dict[str, Any]]) -> None:
-        self.calls.append("patch")
-
-    def post_event(self, *args: Any, **kwargs: Any) -> None:
-        self.calls.append("event")
+    assert expiry.decide(seen, lease("b"), [], 140.0, wall) == []
 
 
 def test_the_executor_drops_what_follows_a_write_whose_object_is_gone() -> None:
-    kube = GoneKube()
-    executor = Executor(kube)  # type: ignore[arg-type]
+    kube = FakeKube()  # holds no CronJob: the patch answers "gone"
+    executor = Executor(kube)
     body = cronjob()
     done = executor.run(
         [
@@ -391,7 +382,8 @@ def test_the_executor_drops_what_follows_a_write_whose_object_is_gone() -> None:
         ]
     )
     assert done is False
-    assert kube.calls == ["event", "patch"]  # no Event claims an injection that did not happen
+    # No Event claims an injection that did not happen.
+    assert [call for call, _ in kube.calls] == ["post_event", "patch_cronjob"]
 
 
 def test_an_unrelated_invalid_annotation_keeps_the_users_counting_settings() -> None:

@@ -4,63 +4,54 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import logging
-from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from cronlock_operator.errors import NotOurs, Rejected, RequeueAfter, Retry
+from cronlock_operator.errors import Rejected, RequeueAfter, Retry
 from cronlock_operator.runtime import metrics
 from cronlock_operator.runtime.reconciler import CONFLICT_RECHECK, CronJobKey, Reconciler
 from tests.support.cronjobs import SETTINGS, make_cronjob, server_defaults
+from tests.support.fakekube import FakeKube
+
+FOREIGN_LEASE = {
+    "metadata": {"name": "cronlock-report", "namespace": "team-a", "resourceVersion": "1"}
+}
 
 
-class FakeKube:
-    """Records writes; `foreign_lease`, `foreign_role` and `reject` fail them as the API would."""
+class Kube(FakeKube):
+    """The in-memory API server, with the refusals these tests need at hand."""
 
-    def __init__(self) -> None:
-        self.events: list[tuple[str, str]] = []
-        self.patches = 0
-        self.rbac_writes: list[tuple[str, ...]] = []
-        self.foreign_lease = False
-        self.foreign_role = ""
-        self.reject = False
-        self.transient = False
+    def foreign_lease(self, present: bool = True) -> None:
+        """A Lease `cronlock-report` cronlock did not make, unseen by the operator's cache."""
+        if present:
+            self.leases[("team-a", "cronlock-report")] = copy.deepcopy(FOREIGN_LEASE)
+        else:
+            del self.leases[("team-a", "cronlock-report")]
 
-    def ensure_lease(self, namespace: str, name: str, *args: Any) -> None:
-        if self.transient:
-            raise Retry(f"ensure lease {namespace}/{name}: HTTP 503 Service Unavailable")
-        if self.foreign_lease:
-            raise NotOurs(f"lease {namespace}/{name} exists and lacks the label")
+    def foreign_role(self, namespace: str, account: str = "default") -> None:
+        name = f"cronlock-holder-{account}"
+        self.rbac.objects[("Role", namespace, name)] = {"metadata": {"name": name}}
 
-    def write_holder_rbac(self, namespace: str, roles: Any, bindings: Any) -> None:
-        names = tuple(role["metadata"]["name"] for role in roles)
-        self.rbac_writes.append(names)
-        if self.foreign_role in names:
-            message = f"Role {namespace}/{self.foreign_role} exists and was not made by cronlock"
-            raise NotOurs(message, {self.foreign_role: message})
+    @property
+    def patches(self) -> int:
+        return len(self.called("patch_cronjob"))
 
-    def patch_cronjob(self, namespace: str, name: str, patch: Any) -> dict[str, Any]:
-        if self.reject:
-            raise Rejected('CronJob.batch "report" is invalid: restartPolicy')
-        self.patches += 1
-        return {"metadata": {"namespace": namespace, "name": name, "resourceVersion": "1"}}
-
-    def post_event(self, involved: Any, reason: str, message: str, warning: bool = False) -> None:
-        self.events.append((reason, message))
-
-    def drop_lease_owner(self, *args: Any) -> None:
-        pass
+    def rbac_syncs(self) -> list[str]:
+        """The namespace of each holder RBAC write that got as far as its stale ones."""
+        return [namespace for kind, namespace in self.rbac.called("labelled") if kind == "Role"]
 
 
-def setup(**account: str) -> tuple[Reconciler, FakeKube]:
-    kube = FakeKube()
-    reconciler = Reconciler(kube=kube, settings=SETTINGS)  # type: ignore[arg-type]
+def setup(**account: str) -> tuple[Reconciler, Kube]:
+    kube = Kube()
+    reconciler = Reconciler(kube=kube, settings=SETTINGS)
     for name, service_account in {"report": "default", **account}.items():
         body = server_defaults(make_cronjob(name=name, serviceAccountName=service_account))
         body["metadata"]["uid"] = f"uid-{name}"
+        kube.cronjobs[("team-a", name)] = copy.deepcopy(body)
         reconciler.on_cronjob("ADDED", body)
     return reconciler, kube
 
@@ -73,19 +64,19 @@ def counted_errors() -> float:
 
 
 def reasons(kube: FakeKube) -> list[str]:
-    return [reason for reason, _ in kube.events]
+    return kube.reasons()
 
 
 def test_a_foreign_lease_refuses_the_cronjob_once_and_keeps_it_out_of_the_roles() -> None:
     reconciler, kube = setup(export="default")
-    kube.foreign_lease = True
+    kube.foreign_lease()
     for _ in range(2):  # the periodic recheck finds the same conflict
         with pytest.raises(Retry):
             reconciler.reconcile_cronjob("team-a", "report")
     assert reasons(kube) == ["Conflict"]
     assert kube.patches == 0
     assert ("team-a", "report") not in reconciler.guards
-    kube.foreign_lease = False
+    kube.foreign_lease(present=False)
     reconciler.reconcile_cronjob("team-a", "export")
     # The refused CronJob's Lease is granted to nobody, not even as a pending guard.
     granted = reconciler.synced_rbac["team-a"]
@@ -100,14 +91,14 @@ def test_a_conflict_rechecked_later_is_not_counted_as_a_reconcile_error() -> Non
     """Review finding 21: the look-again-in-a-minute of a refused CronJob counted one
     reconcile error a minute for as long as the conflict lasted; a transient error counts."""
     reconciler, kube = setup()
-    kube.foreign_lease = True
+    kube.foreign_lease()
     before = counted_errors()
     with pytest.raises(RequeueAfter) as requeued:
         asyncio.run(reconciler._reconcile(CronJobKey("team-a", "report")))
     assert requeued.value.delay == CONFLICT_RECHECK
     assert counted_errors() == before
-    kube.foreign_lease = False
-    kube.transient = True
+    kube.foreign_lease(present=False)
+    kube.fail["create_lease"] = Retry("create lease team-a/cronlock-report: HTTP 503")
     with pytest.raises(Retry):
         asyncio.run(reconciler._reconcile(CronJobKey("team-a", "report")))
     assert counted_errors() == before + 1
@@ -115,56 +106,45 @@ def test_a_conflict_rechecked_later_is_not_counted_as_a_reconcile_error() -> Non
 
 def test_a_foreign_role_holds_back_only_the_cronjobs_of_its_account() -> None:
     reconciler, kube = setup(export="exporter")
-    kube.foreign_role = "cronlock-holder-default"
+    kube.foreign_role("team-a")
     with pytest.raises(Retry):
         reconciler.reconcile_cronjob("team-a", "report")
     reconciler.reconcile_cronjob("team-a", "export")
     assert reasons(kube) == ["Conflict", "Injected"]
     assert kube.patches == 1
-    assert all("cronlock-holder-exporter" in names for names in kube.rbac_writes)
+    assert kube.rbac.names("Role", "team-a") == [
+        "cronlock-holder-default",
+        "cronlock-holder-exporter",
+    ]
+    foreign = kube.rbac.objects[("Role", "team-a", "cronlock-holder-default")]
+    assert foreign == {"metadata": {"name": "cronlock-holder-default"}}  # left as it was
 
 
 def test_a_refused_patch_is_one_warning_and_no_retry() -> None:
     reconciler, kube = setup()
-    kube.reject = True
+    kube.fail["patch_cronjob"] = Rejected('CronJob.batch "report" is invalid: restartPolicy')
     reconciler.reconcile_cronjob("team-a", "report")
     reconciler.reconcile_cronjob("team-a", "report")
     assert reasons(kube) == ["ReconcileError"]
-    kube.reject = False
+    del kube.fail["patch_cronjob"]
     reconciler.reconcile_cronjob("team-a", "report")
     assert reasons(kube) == ["ReconcileError", "Injected"]
 
 
-class NamespacedRbacKube(FakeKube):
-    """Also records in which namespace each holder RBAC write went."""
-
-    def __init__(self, foreign_in: str = "", failing_in: str = "") -> None:
-        super().__init__()
-        self.rbac_namespaces: list[str] = []
-        self.foreign_in = foreign_in
-        self.failing_in = failing_in
-
-    def write_holder_rbac(self, namespace: str, roles: Any, bindings: Any) -> None:
-        if namespace == self.failing_in:
-            raise ConnectionError("the API server went away")
-        self.rbac_namespaces.append(namespace)
-        if namespace == self.foreign_in:
-            message = f"Role {namespace}/cronlock-holder-default was not made by cronlock"
-            raise NotOurs(message, {"cronlock-holder-default": message})
-
-
 def test_start_up_writes_every_namespaces_holder_rbac_once_before_the_reconciles() -> None:
-    kube = NamespacedRbacKube(foreign_in="team-c")
-    reconciler = Reconciler(kube=kube, settings=SETTINGS)  # type: ignore[arg-type]
+    kube = Kube()
+    kube.foreign_role("team-c")
+    reconciler = Reconciler(kube=kube, settings=SETTINGS)
     for namespace in ("team-a", "team-b", "team-c"):
         for name in ("report", "export"):
             body = server_defaults(make_cronjob(name=name, namespace=namespace))
             body["metadata"]["uid"] = f"uid-{namespace}-{name}"
+            kube.cronjobs[(namespace, name)] = copy.deepcopy(body)
             reconciler.cronjobs.put(body)  # as the start-up list fills the cache
 
     asyncio.run(reconciler.sync_all_rbac())  # the foreign Role in team-c is no reason to stop
 
-    assert sorted(kube.rbac_namespaces) == ["team-a", "team-b", "team-c"]
+    assert sorted(kube.rbac_syncs()) == ["team-a", "team-b", "team-c"]
     for namespace in ("team-a", "team-b"):
         granted = {guard.lease for guard in reconciler.synced_rbac[namespace]}
         assert granted == {"cronlock-report", "cronlock-export"}
@@ -173,7 +153,7 @@ def test_start_up_writes_every_namespaces_holder_rbac_once_before_the_reconciles
         for name in ("report", "export"):
             reconciler.reconcile_cronjob(namespace, name)
     # Each CronJob found its namespace's Roles written: no more RBAC writes, only patches.
-    assert sorted(kube.rbac_namespaces) == ["team-a", "team-b", "team-c"]
+    assert sorted(kube.rbac_syncs()) == ["team-a", "team-b", "team-c"]
     assert kube.patches == 4
     with pytest.raises(Retry):  # team-c's CronJobs are refused by their own reconcile
         reconciler.reconcile_cronjob("team-c", "report")
@@ -183,8 +163,11 @@ def test_start_up_writes_every_namespaces_holder_rbac_once_before_the_reconciles
 def test_a_namespace_whose_rbac_fails_at_start_up_is_logged_and_stops_no_other(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    kube = NamespacedRbacKube(failing_in="team-b")
-    reconciler = Reconciler(kube=kube, settings=SETTINGS)  # type: ignore[arg-type]
+    kube = Kube()
+    kube.rbac.fail["read"] = lambda kind, namespace, name: (
+        ConnectionError("the API server went away") if namespace == "team-b" else None
+    )
+    reconciler = Reconciler(kube=kube, settings=SETTINGS)
     for namespace in ("team-a", "team-b", "team-c"):
         body = server_defaults(make_cronjob(name="report", namespace=namespace))
         body["metadata"]["uid"] = f"uid-{namespace}"
@@ -193,7 +176,7 @@ def test_a_namespace_whose_rbac_fails_at_start_up_is_logged_and_stops_no_other(
     with caplog.at_level(logging.WARNING):
         asyncio.run(reconciler.sync_all_rbac())
 
-    assert sorted(kube.rbac_namespaces) == ["team-a", "team-c"]
+    assert sorted(kube.rbac_syncs()) == ["team-a", "team-c"]
     assert "team-b" not in reconciler.synced_rbac  # its CronJob's reconcile writes it
     assert "holder RBAC in team-b not written yet: the API server went away" in caplog.text
 
@@ -245,7 +228,7 @@ def test_no_annotation_on_one_cronjob_stops_another_in_its_namespace(
     with contextlib.suppress(Retry):
         reconciler.reconcile_cronjob("team-a", "report")
     reconciler.reconcile_cronjob("team-a", "export")
-    assert kube.events[-1][0] == "Injected"
+    assert kube.reasons()[-1] == "Injected"
     assert ("team-a", "export") in reconciler.guards
     assert any(guard.lease == "cronlock-export" for guard in reconciler.synced_rbac["team-a"])
 
@@ -258,9 +241,10 @@ def test_the_watch_event_of_our_own_patch_is_not_reconciled_again() -> None:
     assert kube.patches == 1
     body = reconciler.cronjobs.get(("team-a", "report"))
     assert body is not None
-    body["metadata"]["resourceVersion"] = "1"  # what the patch answered
+    answered = kube.cronjobs[("team-a", "report")]["metadata"]["resourceVersion"]
+    body["metadata"]["resourceVersion"] = answered  # what the patch answered
     reconciler.on_cronjob("MODIFIED", body)
     assert not reconciler.queue.waiting(key)
-    body["metadata"]["resourceVersion"] = "2"  # someone else's change after ours
+    body["metadata"]["resourceVersion"] = answered + "0"  # someone else's change after ours
     reconciler.on_cronjob("MODIFIED", body)
     assert reconciler.queue.waiting(key)

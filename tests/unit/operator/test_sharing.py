@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from cronlock_operator.errors import NotOurs, Retry
-from cronlock_operator.lock.sharing import InvalidPeers, parse_peers, refuse_unshared_lock
+from cronlock_operator.lock.sharing import Consent, InvalidPeers, consent, parse_peers
+from tests.support.leases import make_lease
 
 
 def cronjob(name: str, uid: str, share: str | None = None) -> dict[str, Any]:
@@ -15,16 +15,9 @@ def cronjob(name: str, uid: str, share: str | None = None) -> dict[str, Any]:
     return {"metadata": {"name": name, "uid": uid, "annotations": annotations}}
 
 
-def lease(*users: tuple[str, str]) -> dict[str, Any]:
-    return {
-        "metadata": {
-            "name": "cronlock-ledger",
-            "ownerReferences": [
-                {"apiVersion": "batch/v1", "kind": "CronJob", "name": name, "uid": uid}
-                for name, uid in users
-            ],
-        }
-    }
+def lease(*users: tuple[str, str], labels: dict[str, str] | None = None) -> dict[str, Any]:
+    """Lock ledger's Lease in ns, used by `users` (name, uid); `labels` as make_lease's."""
+    return make_lease(lock="ledger", namespace="ns", owners=users, labels=labels)
 
 
 def lookup(*bodies: dict[str, Any]) -> Any:
@@ -34,41 +27,56 @@ def lookup(*bodies: dict[str, Any]) -> Any:
 
 def test_a_lock_nobody_uses_and_one_the_cronjob_already_uses_are_its_own() -> None:
     me = cronjob("report", "u-report")
-    refuse_unshared_lock(lease(), me, "ledger", lookup())
-    refuse_unshared_lock(lease(("report", "u-report")), me, "ledger", lookup())
-    refuse_unshared_lock(
-        lease(("report", "u-report"), ("export", "u-export")), me, "ledger", lookup()
-    )
+    assert consent(None, me, "ledger", lookup()) == Consent("create")
+    assert consent(lease(), me, "ledger", lookup()) == Consent("join")
+    assert consent(lease(("report", "u-report")), me, "ledger", lookup()) == Consent("owned")
+    shared = lease(("report", "u-report"), ("export", "u-export"))
+    assert consent(shared, me, "ledger", lookup()) == Consent("owned")
+    # Made before the lock label existed: its users join (the patch adds the label).
+    unlabelled = lease(("report", "u-report"), labels={"app.kubernetes.io/managed-by": "cronlock"})
+    assert consent(unlabelled, me, "ledger", lookup()) == Consent("join")
+
+
+def test_a_lease_cronlock_did_not_make_or_made_for_another_lock_is_refused() -> None:
+    me = cronjob("report", "u-report")
+    foreign = consent(lease(("report", "u-report"), labels={}), me, "ledger", lookup())
+    assert foreign.verdict == "refused"
+    assert "lease ns/cronlock-ledger exists and lacks the label" in foreign.reason
+    other = lease(labels={"app.kubernetes.io/managed-by": "cronlock", "cronlock.io/lock": "x"})
+    refused = consent(other, me, "ledger", lookup())
+    assert (refused.verdict, refused.granted) == ("refused", False)
+    assert "is labelled for lock x" in refused.reason
 
 
 def test_joining_a_used_lock_needs_a_user_naming_the_joiner() -> None:
     me = cronjob("squat", "u-squat", share="invoices,squat")  # her own consent counts for nothing
     used = lease(("invoices", "u-inv"))
-    with pytest.raises(NotOurs, match="lock ledger is already used by CronJob invoices"):
-        refuse_unshared_lock(used, me, "ledger", lookup(cronjob("invoices", "u-inv")))
-    refuse_unshared_lock(
-        used, me, "ledger", lookup(cronjob("invoices", "u-inv", share="report, squat"))
-    )
+    refused = consent(used, me, "ledger", lookup(cronjob("invoices", "u-inv")))
+    assert refused.verdict == "refused"
+    assert refused.reason.startswith("lock ledger is already used by CronJob invoices")
+    named = lookup(cronjob("invoices", "u-inv", share="report, squat"))
+    assert consent(used, me, "ledger", named) == Consent("join")
 
 
 def test_a_user_not_seen_or_replaced_under_its_name_gives_no_consent_and_no_verdict_yet() -> None:
-    """Most likely deleted, its reference not yet dropped by the garbage collector: Retry."""
+    """Most likely deleted, its reference not yet dropped by the garbage collector."""
     me = cronjob("squat", "u-squat")
     used = lease(("invoices", "u-old"))
-    with pytest.raises(Retry, match="names CronJob invoices, not \\(yet\\) seen"):
-        refuse_unshared_lock(used, me, "ledger", lookup(cronjob("invoices", "u-new", "squat")))
-    with pytest.raises(Retry):
-        refuse_unshared_lock(used, me, "ledger", lookup())
+    replaced = consent(used, me, "ledger", lookup(cronjob("invoices", "u-new", "squat")))
+    assert replaced.verdict == "undecided"
+    assert "names CronJob invoices, not (yet) seen" in replaced.reason
+    assert consent(used, me, "ledger", lookup()).verdict == "undecided"
+    assert not replaced.granted
     # One that is seen and consents is enough, whoever else is unseen.
     both = lease(("invoices", "u-inv"), ("gone", "u-gone"))
-    refuse_unshared_lock(both, me, "ledger", lookup(cronjob("invoices", "u-inv", "squat")))
+    assert consent(both, me, "ledger", lookup(cronjob("invoices", "u-inv", "squat"))).granted
 
 
 def test_a_malformed_share_list_consents_to_nobody() -> None:
     me = cronjob("squat", "u-squat")
     used = lease(("invoices", "u-inv"))
-    with pytest.raises(NotOurs):
-        refuse_unshared_lock(used, me, "ledger", lookup(cronjob("invoices", "u-inv", "squat,X")))
+    verdict = consent(used, me, "ledger", lookup(cronjob("invoices", "u-inv", "squat,X")))
+    assert verdict.verdict == "refused"
 
 
 @pytest.mark.parametrize(

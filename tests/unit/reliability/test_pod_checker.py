@@ -18,7 +18,6 @@ import pytest
 
 from cronlock_operator.injection.build import build_injection
 from cronlock_operator.lock.config import kill_grace_seconds, minimum_ttl_seconds, parse_config
-from tests.e2e.node import LeaseVersion, Work
 from tests.reliability.checker import Counts
 from tests.reliability.pods import (
     LONG_WORK_FAULTS,
@@ -43,6 +42,7 @@ from tests.reliability.pods import (
     work_command,
 )
 from tests.support.cronjobs import SETTINGS, make_cronjob, pod_spec
+from tests.support.node import LeaseVersion, Work
 
 TTL = PodSettings().ttl
 

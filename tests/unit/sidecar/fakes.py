@@ -1,4 +1,7 @@
-"""Fakes for the sidecar's edges: a clock, a Lease transport and a tiny Lease API server."""
+"""Fakes for the sidecar's edges: a clock, a Lease transport and a tiny Lease API server.
+
+The Leases they start with come from `tests.support.leases.make_lease`; `LEASE` names its
+default one."""
 
 from __future__ import annotations
 
@@ -11,16 +14,16 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from cronlock_sidecar.microtime import format_microtime
 from cronlock_sidecar.transport.seam import Conflict, Lease, LeaseRef, NotFound
+from tests.support.leases import MOMENT
 
-START = datetime(2026, 11, 29, 8, 0, 0, tzinfo=UTC)
+START = MOMENT  # the fake clocks start when make_lease claims Leases by default
 LEASE = LeaseRef("default", "cronlock-report")
 
 
@@ -95,33 +98,6 @@ class FakeTransport:
         if body["metadata"].get("resourceVersion") != self.lease["metadata"]["resourceVersion"]:
             raise Conflict("update", lease, "the object has been modified")
         return self.store(body)
-
-
-def lease_object(
-    holder: str = "",
-    *,
-    renewed: datetime = START,
-    duration: int = 60,
-    transitions: int = 4,
-    annotations: dict[str, str] | None = None,
-) -> Lease:
-    spec: dict[str, Any] = {"leaseDurationSeconds": duration, "leaseTransitions": transitions}
-    if holder:
-        spec.update(
-            holderIdentity=holder,
-            acquireTime=format_microtime(renewed),
-            renewTime=format_microtime(renewed),
-        )
-    return {
-        "apiVersion": "coordination.k8s.io/v1",
-        "kind": "Lease",
-        "metadata": {
-            "name": LEASE.name,
-            "namespace": LEASE.namespace,
-            "annotations": annotations or {},
-        },
-        "spec": spec,
-    }
 
 
 SIDECAR = [sys.executable, "-m", "cronlock_sidecar.cli"]

@@ -30,11 +30,11 @@ from cronlock_sidecar.transport.seam import Lease, LeaseRef
 if TYPE_CHECKING:
     from tests.unit.sidecar.fakes import FakeApiServer
 
+from tests.support.leases import make_lease
 from tests.unit.sidecar.fakes import (
     FakeClock,
     FakeTransport,
     holder,
-    lease_object,
     process_alive,
     wait_for,
 )
@@ -136,7 +136,7 @@ def _listening(sidecar: Sidecar) -> bool:
 def test_hold_acquires_writes_the_run_dir_serves_held_and_releases_on_sigterm(
     api_server: FakeApiServer, start_sidecar: Callable[..., Sidecar]
 ) -> None:
-    api_server.put_lease(lease_object(transitions=6))
+    api_server.put_lease(make_lease(transitions=6))
     sidecar = start_sidecar("--ttl", "3s", "--renew", "500ms")
     wait_for(lambda: sidecar.decision() == "run")
     assert (sidecar.run_dir / "fencing-token").read_text() == "7\n"
@@ -169,7 +169,7 @@ def test_hold_acquires_writes_the_run_dir_serves_held_and_releases_on_sigterm(
 def test_hold_skips_when_held_and_stays_idle_until_sigterm(
     api_server: FakeApiServer, start_sidecar: Callable[..., Sidecar]
 ) -> None:
-    api_server.put_lease(lease_object("pod-a_11111111", renewed=datetime.now(UTC)))
+    api_server.put_lease(make_lease("pod-a_11111111", renewed=datetime.now(UTC)))
     sidecar = start_sidecar()
     wait_for(lambda: sidecar.decision() == "skip")
     assert not (sidecar.run_dir / "fencing-token").exists()
@@ -201,7 +201,7 @@ def test_restarted_hold_resumes_a_lease_it_still_holds(
 ) -> None:
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "decision").write_text("run\n")
-    api_server.put_lease(lease_object(ME, renewed=datetime.now(UTC), transitions=3))
+    api_server.put_lease(make_lease(ME, renewed=datetime.now(UTC), transitions=3))
     sidecar = start_sidecar()
     wait_for(lambda: sidecar.get("/held")[0] == 200)
     lease = api_server.get_lease()
@@ -217,7 +217,7 @@ def test_restarted_hold_whose_lease_was_taken_reports_lost_and_never_retakes_it(
 ) -> None:
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "decision").write_text("run\n")
-    api_server.put_lease(lease_object())  # free: someone released or cleared it meanwhile
+    api_server.put_lease(make_lease())  # free: someone released or cleared it meanwhile
     sidecar = start_sidecar()
     time.sleep(0.5)
     assert sidecar.get("/held")[0] == 503
@@ -248,7 +248,7 @@ def test_hold_reports_loss_on_held_when_the_holder_changes(
     sidecar = start_sidecar("--ttl", "3s", "--renew", "300ms")
     wait_for(lambda: sidecar.get("/held")[0] == 200)
     taken_at = time.monotonic()
-    api_server.put_lease(lease_object("thief", transitions=50))
+    api_server.put_lease(make_lease("thief", transitions=50))
     wait_for(lambda: sidecar.get("/held")[0] == 503, timeout=3)
     assert time.monotonic() - taken_at < 1.5, "seen at the next renew, not at the deadline"
     wait_for(lambda: "cronlock_sidecar_lost_total 1" in sidecar.get("/metrics")[1], timeout=2)
@@ -374,7 +374,7 @@ def in_process(tmp_path: Path, clock: FakeClock) -> Iterator[Callable[..., InPro
     made: list[InProcess] = []
 
     def make(stop_mode: str, lease: Lease | None = None, policy: str = "skip") -> InProcess:
-        made.append(InProcess(tmp_path, clock, lease or lease_object(), stop_mode, policy))
+        made.append(InProcess(tmp_path, clock, lease or make_lease(), stop_mode, policy))
         return made[-1]
 
     yield make
@@ -458,7 +458,7 @@ def test_a_lost_lease_with_the_watchdog_gone_is_stopped_by_the_sidecar_sparing_t
 def test_a_restarted_sidecar_that_resumes_its_run_guards_it_again(
     in_process: Callable[..., InProcess], clock: FakeClock
 ) -> None:
-    held = in_process("signal", lease_object(ME, renewed=clock.now(), transitions=3))
+    held = in_process("signal", make_lease(ME, renewed=clock.now(), transitions=3))
     held.run_dir.mkdir()
     (held.run_dir / "decision").write_text("run\n")
     held.thread.start()
@@ -485,7 +485,7 @@ def test_a_watchdog_that_cannot_be_started_means_no_run(
 
 
 def taken_by_a_thief(transport: FakeTransport) -> None:
-    transport.store(lease_object("thief", transitions=50))
+    transport.store(make_lease("thief", transitions=50))
 
 
 def holder_of(transport: FakeTransport) -> str:
@@ -621,7 +621,7 @@ def test_only_a_replace_run_yields_to_a_note_any_pod_on_the_account_may_write(
 def test_observe_runs_without_the_lease_and_held_answers_200(
     in_process: Callable[..., InProcess],
 ) -> None:
-    held = in_process("liveness", lease_object("report-29000-abcde_11111111"), policy="observe")
+    held = in_process("liveness", make_lease("report-29000-abcde_11111111"), policy="observe")
     held.thread.start()
     wait_for(lambda: held.decision() == "overlap")
     assert held.state.is_held(), "the probe must never stop an observe run"

@@ -26,7 +26,8 @@ from cronlock_sidecar.transport.seam import Unavailable
 if TYPE_CHECKING:
     from tests.unit.sidecar.fakes import FakeApiServer
 
-from tests.unit.sidecar.fakes import LEASE, lease_object
+from tests.support.leases import make_lease
+from tests.unit.sidecar.fakes import LEASE
 
 
 def write_kubeconfig(path: Path, cluster: dict[str, Any], user: dict[str, Any]) -> Path:
@@ -96,7 +97,7 @@ def tls_api_server(api_server: FakeApiServer, pki: Path) -> FakeApiServer:
     context.verify_mode = ssl.CERT_REQUIRED
     api_server.httpd.socket = context.wrap_socket(api_server.httpd.socket, server_side=True)
     api_server.url = api_server.url.replace("http://", "https://")
-    api_server.put_lease(lease_object(transitions=1))
+    api_server.put_lease(make_lease(transitions=1))
     return api_server
 
 
@@ -168,7 +169,7 @@ def test_insecure_skip_tls_verify_is_honoured(
 
 
 def test_token_is_sent_as_a_bearer_token(api_server: FakeApiServer) -> None:
-    api_server.put_lease(lease_object())
+    api_server.put_lease(make_lease())
     cluster = load_cluster({"KUBECONFIG": str(api_server.kubeconfig)})
     with KubeLeaseClient(cluster) as client:
         client.get(LEASE)
@@ -178,7 +179,7 @@ def test_token_is_sent_as_a_bearer_token(api_server: FakeApiServer) -> None:
 def test_token_file_is_read_again_when_it_rotates(
     api_server: FakeApiServer, tmp_path: Path
 ) -> None:
-    api_server.put_lease(lease_object())
+    api_server.put_lease(make_lease())
     token = tmp_path / "token"
     token.write_text("first\n")
     kubeconfig = write_kubeconfig(
@@ -247,7 +248,7 @@ def exec_user(script: Path, **extra: Any) -> dict[str, Any]:
 def test_an_exec_plugins_token_is_used_and_fetched_again_once_it_expires(
     api_server: FakeApiServer, tmp_path: Path
 ) -> None:
-    api_server.put_lease(lease_object())
+    api_server.put_lease(make_lease())
     expires = tmp_path / "expires"
     expires.write_text("2000-01-01T00:00:00Z")  # already expired: fetched for each request
     script = plugin(
@@ -295,7 +296,7 @@ def test_a_failing_exec_plugin_fails_the_run_closed_with_exit_69_naming_it(
 def test_an_oidc_auth_provider_sends_its_id_token_and_others_are_refused_with_exit_78(
     api_server: FakeApiServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    api_server.put_lease(lease_object())
+    api_server.put_lease(make_lease())
     oidc = {
         "auth-provider": {"name": "oidc", "config": {"id-token": "eyJ-id", "idp-issuer-url": "x"}}
     }
@@ -319,7 +320,7 @@ def test_tls_server_name_is_the_name_the_certificate_is_checked_against(
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(pki / "named.crt", pki / "named.key")
     api_server.httpd.socket = context.wrap_socket(api_server.httpd.socket, server_side=True)
-    api_server.put_lease(lease_object())
+    api_server.put_lease(make_lease())
     url = api_server.url.replace("http://", "https://")
     cluster = {"server": url, "certificate-authority": str(pki / "ca.crt")}
     plain = write_kubeconfig(tmp_path / "plain", cluster, {"token": "t"})
@@ -340,7 +341,7 @@ def test_429_is_retried_after_the_servers_retry_after_within_the_request_budget(
 ) -> None:
     import time
 
-    api_server.put_lease(lease_object())
+    api_server.put_lease(make_lease())
     api_server.throttle = [1, 1]
     cluster = load_cluster({"KUBECONFIG": str(api_server.kubeconfig)})
     with KubeLeaseClient(cluster) as client:

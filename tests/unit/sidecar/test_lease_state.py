@@ -21,7 +21,8 @@ from cronlock_sidecar.transport.seam import Conflict, Forbidden, NotFound, Unava
 if TYPE_CHECKING:
     from tests.unit.sidecar.fakes import FakeClock, FakeTransport
 
-from tests.unit.sidecar.fakes import LEASE, START, lease_object
+from tests.support.leases import make_lease
+from tests.unit.sidecar.fakes import LEASE, START
 
 MakeKeeper = Callable[..., LeaseKeeper]
 ME = "pod-b_22222222"
@@ -32,7 +33,7 @@ MICROTIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z$")
 def test_free_lease_is_acquired_with_a_new_transition(
     transport: FakeTransport, make_keeper: MakeKeeper
 ) -> None:
-    transport.store(lease_object(transitions=4))
+    transport.store(make_lease(transitions=4))
     result = make_keeper(job_name="report-29001").try_acquire()
     assert isinstance(result, Acquired)
     assert result.transitions == 5
@@ -48,7 +49,7 @@ def test_free_lease_is_acquired_with_a_new_transition(
 def test_acquire_writes_with_the_resource_version_it_read(
     transport: FakeTransport, make_keeper: MakeKeeper
 ) -> None:
-    transport.store(lease_object())
+    transport.store(make_lease())
     read_version = transport.lease["metadata"]["resourceVersion"] if transport.lease else ""
     make_keeper().try_acquire()
     [write] = transport.writes()
@@ -59,7 +60,7 @@ def test_acquire_writes_with_the_resource_version_it_read(
 def test_fractional_ttl_is_written_as_whole_seconds_rounded_up(
     transport: FakeTransport, make_keeper: MakeKeeper
 ) -> None:
-    transport.store(lease_object())
+    transport.store(make_lease())
     make_keeper(ttl=1.5, renew=0.5).try_acquire()
     assert transport.lease
     assert transport.lease["spec"]["leaseDurationSeconds"] == 2
@@ -68,7 +69,7 @@ def test_fractional_ttl_is_written_as_whole_seconds_rounded_up(
 def test_live_holder_makes_us_skip_with_one_readable_line(
     clock: FakeClock, transport: FakeTransport, make_keeper: MakeKeeper
 ) -> None:
-    transport.store(lease_object(OTHER, renewed=START - timedelta(seconds=3)))
+    transport.store(make_lease(OTHER, renewed=START - timedelta(seconds=3)))
     result = make_keeper().try_acquire()
     assert isinstance(result, Busy)
     assert result.message() == (
@@ -86,7 +87,7 @@ def test_live_holder_makes_us_skip_with_one_readable_line(
 def test_expiry_is_renew_time_plus_duration_plus_skew(
     transport: FakeTransport, make_keeper: MakeKeeper, renewed_ago: float, taken: bool
 ) -> None:
-    transport.store(lease_object(OTHER, renewed=START - timedelta(seconds=renewed_ago)))
+    transport.store(make_lease(OTHER, renewed=START - timedelta(seconds=renewed_ago)))
     result = make_keeper().try_acquire()
     assert isinstance(result, Acquired) is taken
     if taken:
@@ -97,7 +98,7 @@ def test_expiry_is_renew_time_plus_duration_plus_skew(
 def test_restarted_sidecar_resumes_without_a_new_transition(
     transport: FakeTransport, make_keeper: MakeKeeper, clock: FakeClock
 ) -> None:
-    transport.store(lease_object(ME, renewed=START - timedelta(seconds=10), transitions=7))
+    transport.store(make_lease(ME, renewed=START - timedelta(seconds=10), transitions=7))
     clock.advance(1)
     result = make_keeper().try_acquire()
     assert isinstance(result, Acquired)
@@ -114,7 +115,7 @@ def test_earlier_pod_of_the_same_job_is_taken_over_at_once(
     transport: FakeTransport, make_keeper: MakeKeeper
 ) -> None:
     transport.store(
-        lease_object(OTHER, annotations={ANNOTATION_HOLDER_JOB: "report-29001"}, transitions=2)
+        make_lease(OTHER, annotations={ANNOTATION_HOLDER_JOB: "report-29001"}, transitions=2)
     )
     result = make_keeper(job_name="report-29001").try_acquire()
     assert isinstance(result, Acquired)
@@ -125,14 +126,14 @@ def test_earlier_pod_of_the_same_job_is_taken_over_at_once(
 def test_a_live_holder_of_another_job_is_not_taken_over(
     transport: FakeTransport, make_keeper: MakeKeeper
 ) -> None:
-    transport.store(lease_object(OTHER, annotations={ANNOTATION_HOLDER_JOB: "report-29000"}))
+    transport.store(make_lease(OTHER, annotations={ANNOTATION_HOLDER_JOB: "report-29000"}))
     assert isinstance(make_keeper(job_name="report-29001").try_acquire(), Busy)
 
 
 def test_no_job_name_removes_a_stale_holder_job_annotation(
     transport: FakeTransport, make_keeper: MakeKeeper
 ) -> None:
-    transport.store(lease_object(annotations={ANNOTATION_HOLDER_JOB: "report-29000"}))
+    transport.store(make_lease(annotations={ANNOTATION_HOLDER_JOB: "report-29000"}))
     make_keeper().try_acquire()
     assert transport.lease
     assert ANNOTATION_HOLDER_JOB not in transport.lease["metadata"]["annotations"]
@@ -141,8 +142,8 @@ def test_no_job_name_removes_a_stale_holder_job_annotation(
 def test_race_lost_on_409_rereads_and_skips_for_the_winner(
     transport: FakeTransport, make_keeper: MakeKeeper
 ) -> None:
-    transport.store(lease_object())
-    transport.before_write.append(lambda fake: fake.store(lease_object(OTHER, transitions=5)))
+    transport.store(make_lease())
+    transport.before_write.append(lambda fake: fake.store(make_lease(OTHER, transitions=5)))
     result = make_keeper().try_acquire()
     assert isinstance(result, Busy)
     assert result.holder == OTHER
@@ -153,8 +154,8 @@ def test_race_lost_on_409_rereads_and_skips_for_the_winner(
 def test_409_where_the_other_writer_did_not_take_it_is_retried(
     transport: FakeTransport, make_keeper: MakeKeeper
 ) -> None:
-    transport.store(lease_object(transitions=1))
-    transport.before_write.append(lambda fake: fake.store(lease_object(transitions=1)))
+    transport.store(make_lease(transitions=1))
+    transport.before_write.append(lambda fake: fake.store(make_lease(transitions=1)))
     result = make_keeper().try_acquire()
     assert isinstance(result, Acquired)
     assert result.transitions == 2
@@ -176,7 +177,7 @@ def test_create_race_lost_rereads_the_winner(
 ) -> None:
     transport.fail("create", Conflict("create", LEASE, "already exists"))
     transport.failures["get"].append(NotFound("get", LEASE, "not found"))
-    transport.store(lease_object(OTHER))
+    transport.store(make_lease(OTHER))
     assert isinstance(make_keeper().try_acquire(), Busy)
 
 
@@ -197,14 +198,14 @@ def test_unreachable_api_fails_closed(transport: FakeTransport, make_keeper: Mak
 def test_wait_policy_takes_the_lease_once_it_is_released(
     clock: FakeClock, transport: FakeTransport, make_keeper: MakeKeeper
 ) -> None:
-    transport.store(lease_object(OTHER))
+    transport.store(make_lease(OTHER))
     pauses: list[float] = []
 
     def pause(seconds: float) -> bool:
         pauses.append(seconds)
         clock.advance(seconds)
         if len(pauses) == 3:
-            transport.store(lease_object(transitions=9))
+            transport.store(make_lease(transitions=9))
         return False
 
     result = acquire(make_keeper(), policy="wait", wait_timeout=30, pause=pause)
@@ -216,7 +217,7 @@ def test_wait_policy_takes_the_lease_once_it_is_released(
 def test_wait_policy_gives_up_after_the_timeout(
     clock: FakeClock, transport: FakeTransport, make_keeper: MakeKeeper
 ) -> None:
-    transport.store(lease_object(OTHER, duration=3600))
+    transport.store(make_lease(OTHER, duration=3600))
 
     def pause(seconds: float) -> bool:
         clock.advance(seconds)
@@ -239,7 +240,7 @@ def test_an_expired_hold_the_admission_policy_keeps_is_waited_for_until_the_oper
     clock: FakeClock, transport: FakeTransport, make_keeper: MakeKeeper
 ) -> None:
     """Under skip too: one renew interval plus the skew, then the cleared Lease is taken."""
-    transport.store(lease_object(OTHER, renewed=START - timedelta(seconds=70)))
+    transport.store(make_lease(OTHER, renewed=START - timedelta(seconds=70)))
     transport.fail("replace", *[Forbidden("update", LEASE, POLICY_DENIAL)] * 100)
     pauses: list[float] = []
 
@@ -247,7 +248,7 @@ def test_an_expired_hold_the_admission_policy_keeps_is_waited_for_until_the_oper
         pauses.append(seconds)
         clock.advance(seconds)
         if len(pauses) == 4:  # the operator clears it: a free Lease may be claimed
-            transport.store(lease_object(transitions=9))
+            transport.store(make_lease(transitions=9))
             transport.failures["replace"].clear()
         return False
 
@@ -260,7 +261,7 @@ def test_an_expired_hold_the_admission_policy_keeps_is_waited_for_until_the_oper
 def test_an_expired_hold_the_operator_never_clears_is_a_skip_after_renew_plus_skew(
     clock: FakeClock, transport: FakeTransport, make_keeper: MakeKeeper
 ) -> None:
-    transport.store(lease_object(OTHER, renewed=START - timedelta(seconds=70)))
+    transport.store(make_lease(OTHER, renewed=START - timedelta(seconds=70)))
     denial = Forbidden("update", LEASE, POLICY_DENIAL)
     transport.fail("replace", *([denial] * 100))
 
@@ -279,14 +280,14 @@ def test_an_expired_hold_the_operator_never_clears_is_a_skip_after_renew_plus_sk
 def test_any_other_refusal_of_a_takeover_still_fails_closed(
     transport: FakeTransport, make_keeper: MakeKeeper
 ) -> None:
-    transport.store(lease_object(OTHER, renewed=START - timedelta(seconds=70)))
+    transport.store(make_lease(OTHER, renewed=START - timedelta(seconds=70)))
     transport.fail("replace", Forbidden("update", LEASE, "HTTP 403: forbidden by RBAC"))
     with pytest.raises(Forbidden):
         make_keeper().try_acquire()
 
 
 def test_skip_policy_never_waits(transport: FakeTransport, make_keeper: MakeKeeper) -> None:
-    transport.store(lease_object(OTHER))
+    transport.store(make_lease(OTHER))
 
     def pause(seconds: float) -> bool:
         raise AssertionError("skip must not wait")
@@ -296,7 +297,7 @@ def test_skip_policy_never_waits(transport: FakeTransport, make_keeper: MakeKeep
 
 # --- renew -------------------------------------------------------------------------
 def held(transport: FakeTransport, make_keeper: MakeKeeper, **kwargs: float) -> LeaseKeeper:
-    transport.store(lease_object(transitions=0))
+    transport.store(make_lease(transitions=0))
     keeper = make_keeper(**kwargs)
     assert isinstance(keeper.try_acquire(), Acquired)
     return keeper
@@ -321,7 +322,7 @@ def test_renew_after_holder_changed_is_lost_at_once(
     clock: FakeClock, transport: FakeTransport, make_keeper: MakeKeeper
 ) -> None:
     keeper = held(transport, make_keeper)
-    transport.store(lease_object(OTHER, transitions=2))
+    transport.store(make_lease(OTHER, transitions=2))
     result = keeper.renew()
     assert result.outcome is RenewOutcome.LOST
     assert "now held by pod-a_11111111" in result.detail
@@ -392,9 +393,9 @@ def test_a_lost_lease_is_never_reacquired(
     transport: FakeTransport, make_keeper: MakeKeeper
 ) -> None:
     keeper = held(transport, make_keeper)
-    transport.store(lease_object(OTHER))
+    transport.store(make_lease(OTHER))
     keeper.renew()
-    transport.store(lease_object())
+    transport.store(make_lease())
     with pytest.raises(RuntimeError, match="never re-acquired"):
         keeper.try_acquire()
 
@@ -421,7 +422,7 @@ def test_release_never_touches_a_lease_someone_else_holds(
     transport: FakeTransport, make_keeper: MakeKeeper
 ) -> None:
     keeper = held(transport, make_keeper)
-    transport.store(lease_object(OTHER, transitions=2))
+    transport.store(make_lease(OTHER, transitions=2))
     assert not keeper.release()
     assert transport.lease
     assert transport.lease["spec"]["holderIdentity"] == OTHER
@@ -455,7 +456,7 @@ def test_release_gives_up_within_its_budget(
 def test_nothing_to_release_when_never_acquired(
     transport: FakeTransport, make_keeper: MakeKeeper
 ) -> None:
-    transport.store(lease_object(OTHER))
+    transport.store(make_lease(OTHER))
     keeper = make_keeper()
     keeper.try_acquire()
     assert not keeper.release()

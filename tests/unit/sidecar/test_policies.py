@@ -24,7 +24,8 @@ from cronlock_sidecar.holding.lease import Acquired, Busy, LeaseKeeper, RenewOut
 from cronlock_sidecar.holding.policy import acquire, note
 from cronlock_sidecar.lock.model import read_lease, released, replace_wait_timeout
 from cronlock_sidecar.options import ConfigError, parse_options
-from tests.unit.sidecar.fakes import START, lease_object
+from tests.support.leases import make_lease
+from tests.unit.sidecar.fakes import START
 
 if TYPE_CHECKING:
     from tests.unit.sidecar.fakes import FakeClock, FakeTransport
@@ -51,7 +52,7 @@ def holding(
 def test_replace_asks_the_holder_to_yield_and_takes_the_lease_once_it_released(
     clock: FakeClock, transport: FakeTransport, make_keeper: MakeKeeper
 ) -> None:
-    transport.store(lease_object(transitions=4))
+    transport.store(make_lease(transitions=4))
     old = holding(transport, make_keeper, OLD, "report-29001")
     clock.advance(5)
     events: list[str] = []
@@ -86,7 +87,7 @@ def test_replace_asks_the_holder_to_yield_and_takes_the_lease_once_it_released(
 def test_a_holder_asked_to_yield_never_renews_again(
     clock: FakeClock, transport: FakeTransport, make_keeper: MakeKeeper
 ) -> None:
-    transport.store(lease_object(transitions=4))
+    transport.store(make_lease(transitions=4))
     old = holding(transport, make_keeper, OLD, "report-29001")
     contender = make_keeper(identity=NEW)
     assert note(contender, ANNOTATION_YIELD_TO) is not None
@@ -100,7 +101,7 @@ def test_a_holder_asked_to_yield_never_renews_again(
 def test_the_retry_pod_of_a_replaced_job_skips_instead_of_replacing_back(
     transport: FakeTransport, make_keeper: MakeKeeper
 ) -> None:
-    lease = lease_object(NEW, annotations={ANNOTATION_REPLACED_JOBS: "report-29001"})
+    lease = make_lease(NEW, annotations={ANNOTATION_REPLACED_JOBS: "report-29001"})
     transport.store(lease)
 
     def pause(seconds: float) -> bool:
@@ -112,14 +113,14 @@ def test_the_retry_pod_of_a_replaced_job_skips_instead_of_replacing_back(
     assert result.why == "replaced"
     assert ANNOTATION_YIELD_TO not in annotations(transport)
     # Free, too: the replacing run may not have taken it yet.
-    transport.store(lease_object(annotations={ANNOTATION_REPLACED_JOBS: "x,report-29001"}))
+    transport.store(make_lease(annotations={ANNOTATION_REPLACED_JOBS: "x,report-29001"}))
     assert isinstance(acquire(retry, policy="skip", wait_timeout=0, pause=pause), Busy)
 
 
 def test_replaced_jobs_keep_the_newest_first_and_are_bounded(
     transport: FakeTransport,
 ) -> None:
-    lease = lease_object(OLD)
+    lease = make_lease(OLD)
     for index in range(REPLACED_JOBS_KEPT + 3):
         lease = released(lease, OLD, START, replaced_by=NEW, job_name=f"job-{index}")
     jobs = read_lease(lease).replaced_jobs
@@ -132,7 +133,7 @@ def test_replaced_jobs_keep_the_newest_first_and_are_bounded(
 def test_a_newer_replace_run_supersedes_an_older_waiting_one(
     clock: FakeClock, transport: FakeTransport, make_keeper: MakeKeeper
 ) -> None:
-    transport.store(lease_object(OLD, duration=3600))
+    transport.store(make_lease(OLD, duration=3600))
     newer = make_keeper(identity=NEWER)
 
     def pause(seconds: float) -> bool:
@@ -150,13 +151,13 @@ def test_a_newer_replace_run_supersedes_an_older_waiting_one(
 def test_a_holder_that_took_the_lease_after_we_started_is_newer_and_kept(
     clock: FakeClock, transport: FakeTransport, make_keeper: MakeKeeper
 ) -> None:
-    transport.store(lease_object(OLD, duration=3600))
+    transport.store(make_lease(OLD, duration=3600))
 
     def pause(seconds: float) -> bool:
         clock.advance(seconds)
         # The old holder yielded and a newer run took the Lease before we saw it free, more
         # than the skew (2s) after we started.
-        transport.store(lease_object(NEWER, renewed=clock.now() + timedelta(seconds=2.5)))
+        transport.store(make_lease(NEWER, renewed=clock.now() + timedelta(seconds=2.5)))
         return False
 
     result = acquire(make_keeper(identity=NEW), policy="replace", wait_timeout=62, pause=pause)
@@ -168,7 +169,7 @@ def test_a_holder_that_took_the_lease_after_we_started_is_newer_and_kept(
 def test_a_holder_that_never_yields_is_a_skip_after_the_wait_timeout(
     clock: FakeClock, transport: FakeTransport, make_keeper: MakeKeeper
 ) -> None:
-    transport.store(lease_object(OLD, duration=3600))
+    transport.store(make_lease(OLD, duration=3600))
 
     def pause(seconds: float) -> bool:
         clock.advance(seconds)
@@ -186,7 +187,7 @@ def test_a_frozen_holder_is_replaced_only_once_its_lease_expired(
     clock: FakeClock, transport: FakeTransport, make_keeper: MakeKeeper
 ) -> None:
     """Never two at once: a holder that cannot read the request keeps the Lease to expiry."""
-    transport.store(lease_object(OLD, renewed=START, duration=60, transitions=3))
+    transport.store(make_lease(OLD, renewed=START, duration=60, transitions=3))
     taken_at: list[float] = []
 
     def pause(seconds: float) -> bool:
@@ -206,7 +207,7 @@ def test_a_frozen_holder_is_replaced_only_once_its_lease_expired(
 def test_observe_notes_the_overlap_without_touching_the_hold(
     transport: FakeTransport, make_keeper: MakeKeeper
 ) -> None:
-    transport.store(lease_object(OLD, renewed=START - timedelta(seconds=3)))
+    transport.store(make_lease(OLD, renewed=START - timedelta(seconds=3)))
     spec_before = dict((transport.lease or {})["spec"])
     observer = make_keeper(identity=NEW)
     result = acquire(observer, policy="observe", wait_timeout=0, pause=lambda _s: False)
@@ -216,7 +217,7 @@ def test_observe_notes_the_overlap_without_touching_the_hold(
     assert annotations(transport)[ANNOTATION_OVERLAP] == NEW
     assert (transport.lease or {})["spec"] == spec_before
     # Nothing to note on a free Lease (the observer would have taken it).
-    transport.store(lease_object())
+    transport.store(make_lease())
     assert note(observer, ANNOTATION_OVERLAP) is None
 
 
@@ -238,7 +239,7 @@ def test_a_holder_that_took_the_lease_within_the_skew_of_our_start_counts_as_old
     clock: FakeClock, transport: FakeTransport, make_keeper: MakeKeeper
 ) -> None:
     """Wall clocks may differ by the skew: no order is read into less than that."""
-    transport.store(lease_object(OLD, renewed=START + timedelta(seconds=1.5), duration=3600))
+    transport.store(make_lease(OLD, renewed=START + timedelta(seconds=1.5), duration=3600))
     result = acquire(
         make_keeper(identity=NEW), policy="replace", wait_timeout=0, pause=lambda _s: False
     )

@@ -14,10 +14,10 @@ from cronlock_sidecar.contract import ANNOTATION_LAST_HOLDER
 if TYPE_CHECKING:
     from tests.unit.sidecar.fakes import FakeApiServer
 
+from tests.support.leases import make_lease
 from tests.unit.sidecar.fakes import (
     finish,
     holder,
-    lease_object,
     run_sidecar,
     start_run,
     wait_for,
@@ -27,7 +27,7 @@ from tests.unit.sidecar.fakes import (
 def test_run_passes_the_fencing_token_exits_with_cmd_status_and_releases(
     api_server: FakeApiServer, sidecar_env: dict[str, str], tmp_path: Path
 ) -> None:
-    api_server.put_lease(lease_object(transitions=41))
+    api_server.put_lease(make_lease(transitions=41))
     token_file = tmp_path / "token"
     code, err = run_sidecar(
         sidecar_env,
@@ -66,7 +66,7 @@ def test_run_skips_with_75_when_a_live_run_holds_the_lease(
     from datetime import UTC, datetime, timedelta
 
     renewed = datetime.now(UTC) - timedelta(seconds=5)
-    api_server.put_lease(lease_object("pod-a_11111111", renewed=renewed))
+    api_server.put_lease(make_lease("pod-a_11111111", renewed=renewed))
     marker = tmp_path / "ran"
     code, err = run_sidecar(sidecar_env, "--", "touch", str(marker))
     assert code == 75
@@ -134,7 +134,7 @@ def test_run_stops_cmd_at_once_when_another_holder_took_the_lease(
 ) -> None:
     process = start_run(sidecar_env, "--ttl", "30s", "--renew", "300ms", "--", "sleep", "30")
     wait_for(lambda: holder(api_server) != "")
-    api_server.put_lease(lease_object("thief", transitions=99))
+    api_server.put_lease(make_lease("thief", transitions=99))
     code, err = finish(process, timeout=5)
     assert code == 70, err
     assert "now held by thief" in err

@@ -6,14 +6,18 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from tests.support.cronjobs import make_cronjob
+from tests.support.leases import make_lease
 
 NOW = datetime(2026, 11, 29, 8, 0, 0, tzinfo=UTC)
 
 
+def ago(seconds: float) -> datetime:
+    return NOW - timedelta(seconds=seconds)
+
+
 def stamp(seconds_before_now: float) -> str:
     """A MicroTime string `seconds_before_now` seconds before NOW."""
-    moment = NOW - timedelta(seconds=seconds_before_now)
-    return moment.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return ago(seconds_before_now).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def cronjob(
@@ -53,22 +57,20 @@ def lease(
     lock: str,
     namespace: str = "default",
     *,
-    holder: str | None = None,
+    holder: str = "",
     renewed_ago: float | None = None,
     duration: int = 30,
     annotations: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    spec: dict[str, Any] = {"leaseDurationSeconds": duration}
-    if holder is not None:
-        spec["holderIdentity"] = holder
-    if renewed_ago is not None:
-        spec["renewTime"] = stamp(renewed_ago)
-        spec["acquireTime"] = stamp(renewed_ago + 100)
-    return {
-        "metadata": {
-            "name": f"cronlock-{lock}",
-            "namespace": namespace,
-            "annotations": annotations or {},
-        },
-        "spec": spec,
-    }
+    """The Lease of `lock` (tests.support.leases), its times counted back from NOW: claimed
+    100 s before it was last renewed, `renewed_ago` seconds ago; without a holder, the
+    times of an earlier hold."""
+    return make_lease(
+        holder,
+        lock=lock,
+        namespace=namespace,
+        acquired=None if renewed_ago is None else ago(renewed_ago + 100),
+        renewed=None if renewed_ago is None else ago(renewed_ago),
+        duration=duration,
+        annotations=annotations,
+    )

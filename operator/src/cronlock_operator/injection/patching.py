@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from cronlock_operator.injection.containers import SKIP_RULE, is_injected_container, is_skip_rule
+from cronlock_operator.objects import annotations_of
 from cronlock_operator.podspec import is_cronlock_probe
 from cronlock_sidecar import contract
 
@@ -65,11 +66,6 @@ def injection_patch(actual: Mapping[str, Any], desired: Mapping[str, Any]) -> li
 def job_template_of(cronjob: Mapping[str, Any]) -> Mapping[str, Any]:
     job_template: Mapping[str, Any] = (cronjob.get("spec") or {}).get("jobTemplate") or {}
     return job_template
-
-
-def annotations_of(cronjob: Mapping[str, Any]) -> Mapping[str, str]:
-    annotations: Mapping[str, str] = (cronjob.get("metadata") or {}).get("annotations") or {}
-    return annotations
 
 
 def _without_server_defaults(actual: Mapping[str, Any], desired: Mapping[str, Any]) -> Any:

@@ -70,8 +70,8 @@ def done(response: Any) -> None:
     """Finish a response whose body nobody needs, so its connection goes back to the pool.
 
     With `_preload_content=False` the client leaves the body unread, and urllib3 keeps an
-    unread connection out of the pool: every write then opened a new TLS connection
-    (handshakes were a third of the operator's CPU while injecting 1,000 CronJobs).
+    unread connection out of the pool: every write then opened a new TLS connection, and
+    the handshakes dominated the operator's CPU while injecting (docs/PERFORMANCE.md).
     """
     response.drain_conn()
     response.release_conn()

@@ -1,110 +1,82 @@
-"""Writing the holder Roles and RoleBindings that `rbac.decide` asked for, and no others."""
+"""The holder Roles and RoleBindings on the API server: read, create, replace, list, delete.
+
+Which of them to write, and whether one of the same name is cronlock's to write at all,
+is decided by `reconcile.rbac`; this only sends it.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import kubernetes
 
-from cronlock_operator.errors import NotOurs
 from cronlock_operator.kube.answers import done, raw, transient_errors
-from cronlock_operator.lock.ownership import made_by_cronlock
+from cronlock_operator.kube.client import FIELD_MANAGER
+from cronlock_operator.reconcile.rbac import RbacKind
 from cronlock_sidecar import contract
 
 
-class HolderRbacWrites:
-    """Part of `Kube`: the holder RBAC of a namespace, through its RBAC client."""
+class HolderRbac:
+    """Role and RoleBinding calls of one RBAC client, with the same errors as `Kube`'s."""
 
-    rbac: kubernetes.client.RbacAuthorizationV1Api
+    def __init__(self, api: kubernetes.client.RbacAuthorizationV1Api) -> None:
+        self.api = api
 
-    def write_holder_rbac(
-        self,
-        namespace: str,
-        roles: Sequence[dict[str, Any]],
-        bindings: Sequence[dict[str, Any]],
-    ) -> None:
-        """Exactly these holder Roles and RoleBindings: each written if it differs, and the
-        labelled ones no guarded CronJob needs any more deleted.
-
-        A Role or RoleBinding of the same name that cronlock did not make is left alone;
-        the others are written all the same, then NotOurs names the ones left alone.
-        """
-        conflicts: dict[str, str] = {}
-        with transient_errors(f"sync rbac in {namespace}"):
-            for role, binding in zip(roles, bindings, strict=True):
-                try:
-                    self._upsert(
-                        self.rbac.read_namespaced_role,
-                        self.rbac.create_namespaced_role,
-                        self.rbac.replace_namespaced_role,
-                        namespace,
-                        role,
-                        ("rules",),
-                    )
-                    self._upsert(
-                        self.rbac.read_namespaced_role_binding,
-                        self.rbac.create_namespaced_role_binding,
-                        self.rbac.replace_namespaced_role_binding,
-                        namespace,
-                        binding,
-                        ("subjects", "roleRef"),
-                    )
-                except NotOurs as conflict:
-                    conflicts[role["metadata"]["name"]] = str(conflict)
-            wanted = {item["metadata"]["name"] for item in (*roles, *bindings)}
-            selector = f"{contract.LABEL_MANAGED_BY}={contract.MANAGED_BY}"
-            for listing, delete in (
-                (self.rbac.list_namespaced_role_binding, self.rbac.delete_namespaced_role_binding),
-                (self.rbac.list_namespaced_role, self.rbac.delete_namespaced_role),
-            ):
-                for item in listing(namespace, label_selector=selector).items:
-                    stale = item.metadata.name
-                    if stale.startswith(contract.HOLDER_ROLE) and stale not in wanted:
-                        try:
-                            delete(stale, namespace)
-                        except kubernetes.client.ApiException as error:
-                            if error.status != 404:
-                                raise
-        if conflicts:
-            raise NotOurs("; ".join(conflicts.values()), conflicts)
-
-    def _upsert(
-        self,
-        read: Any,
-        create: Any,
-        replace: Any,
-        namespace: str,
-        desired: dict[str, Any],
-        fields: tuple[str, ...],
-    ) -> bool:
-        name = desired["metadata"]["name"]
-        try:
-            current = raw(read(name, namespace, _preload_content=False))
-        except kubernetes.client.ApiException as error:
-            if error.status != 404:
+    def read(self, kind: RbacKind, namespace: str, name: str) -> dict[str, Any] | None:
+        call = (
+            self.api.read_namespaced_role
+            if kind == "Role"
+            else self.api.read_namespaced_role_binding
+        )
+        with transient_errors(f"get {kind} {namespace}/{name}"):
+            try:
+                return raw(call(name, namespace, _preload_content=False))
+            except kubernetes.client.ApiException as error:
+                if error.status == 404:
+                    return None
                 raise
-            done(create(namespace, desired, _preload_content=False))
-            return True
-        if not made_by_cronlock(current):
-            kind = "RoleBinding" if "roleRef" in desired else "Role"
-            raise NotOurs(
-                f"{kind} {namespace}/{name} exists and was not made by cronlock (it lacks the "
-                f"label {contract.LABEL_MANAGED_BY}={contract.MANAGED_BY}); cronlock leaves it "
-                "as it is, so runs of this ServiceAccount get no holder access: rename or "
-                f"delete that {kind}, or give the CronJob another serviceAccountName"
-            )
-        if all(current.get(key) == desired[key] for key in fields) and (
-            (current["metadata"].get("labels") or {}).items()
-            >= desired["metadata"]["labels"].items()
-        ):
-            return False
-        desired = {
-            **desired,
-            "metadata": {
-                **desired["metadata"],
-                "resourceVersion": current["metadata"]["resourceVersion"],
-            },
-        }
-        done(replace(name, namespace, desired, _preload_content=False))
-        return True
+
+    def create(self, kind: RbacKind, namespace: str, body: dict[str, Any]) -> None:
+        call = (
+            self.api.create_namespaced_role
+            if kind == "Role"
+            else self.api.create_namespaced_role_binding
+        )
+        with transient_errors(f"create {kind} {namespace}/{body['metadata']['name']}"):
+            done(call(namespace, body, field_manager=FIELD_MANAGER, _preload_content=False))
+
+    def replace(self, kind: RbacKind, namespace: str, body: dict[str, Any]) -> None:
+        """Replace it (the body carries the resourceVersion it was read at)."""
+        call = (
+            self.api.replace_namespaced_role
+            if kind == "Role"
+            else self.api.replace_namespaced_role_binding
+        )
+        name = body["metadata"]["name"]
+        with transient_errors(f"replace {kind} {namespace}/{name}"):
+            done(call(name, namespace, body, field_manager=FIELD_MANAGER, _preload_content=False))
+
+    def labelled(self, kind: RbacKind, namespace: str) -> list[str]:
+        """The names of the namespace's Roles (or RoleBindings) labelled as cronlock's."""
+        call = (
+            self.api.list_namespaced_role
+            if kind == "Role"
+            else self.api.list_namespaced_role_binding
+        )
+        selector = f"{contract.LABEL_MANAGED_BY}={contract.MANAGED_BY}"
+        with transient_errors(f"list {kind}s in {namespace}"):
+            return [item.metadata.name for item in call(namespace, label_selector=selector).items]
+
+    def delete(self, kind: RbacKind, namespace: str, name: str) -> None:
+        """Delete it; one already gone is fine."""
+        call = (
+            self.api.delete_namespaced_role
+            if kind == "Role"
+            else self.api.delete_namespaced_role_binding
+        )
+        with transient_errors(f"delete {kind} {namespace}/{name}"):
+            try:
+                done(call(name, namespace, _preload_content=False))
+            except kubernetes.client.ApiException as error:
+                if error.status != 404:
+                    raise

@@ -20,16 +20,9 @@ from cronlock_operator.kube.answers import (
     raw,
     transient_errors,
 )
-from cronlock_operator.kube.rbac_writes import HolderRbacWrites
-from cronlock_operator.lock.config import LockConfig
+from cronlock_operator.kube.client import FIELD_MANAGER
+from cronlock_operator.kube.rbac_writes import HolderRbac
 from cronlock_operator.lock.invalid import cut
-from cronlock_operator.lock.ownership import (
-    lease_is_ours,
-    made_by_cronlock,
-    owner_reference,
-    refuse_foreign_lease,
-)
-from cronlock_operator.lock.sharing import CronJobLookup, refuse_unshared_lock
 from cronlock_sidecar import contract
 
 logger = logging.getLogger(__name__)
@@ -41,8 +34,10 @@ MERGE_PATCH = "application/merge-patch+json"
 LIST_PAGE = 500
 
 
-class Kube(HolderRbacWrites):
-    """Typed clients over one ApiClient; every method is safe to call again."""
+class Kube:
+    """Typed clients over one ApiClient: one method per read or write, each safe to call
+    again, errors translated by `answers`. What to write is decided by the pure layers;
+    the holder Roles and RoleBindings go through `holder_rbac`."""
 
     def __init__(self, api: kubernetes.client.ApiClient) -> None:
         self.api = api
@@ -50,6 +45,7 @@ class Kube(HolderRbacWrites):
         self.core = kubernetes.client.CoreV1Api(api)
         self.leases = kubernetes.client.CoordinationV1Api(api)
         self.rbac = kubernetes.client.RbacAuthorizationV1Api(api)
+        self.holder_rbac = HolderRbac(self.rbac)
         self.instance = socket.gethostname()
 
     # --- CronJobs ------------------------------------------------------------------
@@ -67,7 +63,12 @@ class Kube(HolderRbacWrites):
             try:
                 return raw(
                     self.batch.patch_namespaced_cron_job(
-                        name, namespace, patch, _content_type=JSON_PATCH, _preload_content=False
+                        name,
+                        namespace,
+                        patch,
+                        _content_type=JSON_PATCH,
+                        field_manager=FIELD_MANAGER,
+                        _preload_content=False,
                     )
                 )
             except kubernetes.client.ApiException as error:
@@ -155,71 +156,35 @@ class Kube(HolderRbacWrites):
                 raise
 
     # --- Leases --------------------------------------------------------------------
-    def ensure_lease(
-        self,
-        namespace: str,
-        name: str,
-        cronjob: Mapping[str, Any],
-        config: LockConfig,
-        cached: Mapping[str, Any] | None,
-        users: CronJobLookup = lambda name: None,
-    ) -> dict[str, Any] | None:
-        """The Lease exists, labelled as ours (and with its lock), owned by this CronJob.
+    def create_lease(self, namespace: str, body: Mapping[str, Any]) -> tuple[dict[str, Any], bool]:
+        """Create a Lease; on 409 read the one that exists. Returns the Lease as the API
+        server has it and whether this call created it (Retry when it vanished between)."""
+        name = body["metadata"]["name"]
+        with transient_errors(f"create lease {namespace}/{name}"):
+            try:
+                response = self.leases.create_namespaced_lease(
+                    namespace, body, field_manager=FIELD_MANAGER, _preload_content=False
+                )
+                logger.info("lease %s/%s created", namespace, name)
+                return raw(response), True
+            except kubernetes.client.ApiException as error:
+                if error.status != 409:
+                    raise
+        current = self.read_lease(namespace, name)
+        if current is None:
+            raise Retry(f"lease {namespace}/{name} vanished while being created")
+        return current, False
 
-        A Lease other CronJobs use is joined only with their consent (`sharing`); `users`
-        finds them among the cached CronJobs.
-
-        `cached` is the Lease as the operator's watch last saw it: when it already is as
-        it should be, nothing is sent; when the watch has not seen it, creating is tried
-        first, since that is what a new lock needs. Returns the Lease as the API server
-        answered (None when nothing was sent), for the cache until the watch catches up.
-        """
-        reference = owner_reference(cronjob)
-        labels = {contract.LABEL_MANAGED_BY: contract.MANAGED_BY, contract.LABEL_LOCK: config.lock}
-        if cached is not None and lease_is_ours(cached, reference["uid"], config.lock):
-            return None
-        with transient_errors(f"ensure lease {namespace}/{name}"):
-            if cached is None:
-                try:
-                    response = self.leases.create_namespaced_lease(
-                        namespace,
-                        {
-                            "metadata": {
-                                "name": name,
-                                "labels": labels,
-                                "ownerReferences": [reference],
-                            },
-                            "spec": {"leaseDurationSeconds": config.timing.lease_duration_seconds},
-                        },
-                        _preload_content=False,
-                    )
-                    logger.info("lease %s/%s created", namespace, name)
-                    return raw(response)
-                except kubernetes.client.ApiException as error:
-                    if error.status != 409:
-                        raise
-                current = self.read_lease(namespace, name)
-                if current is None:
-                    raise Retry(f"lease {namespace}/{name} vanished while being created")
-                if lease_is_ours(current, reference["uid"], config.lock):
-                    return current
-                refuse_foreign_lease(current, config.lock)
-                refuse_unshared_lock(current, cronjob, config.lock, users)
-            else:
-                refuse_foreign_lease(cached, config.lock)
-                refuse_unshared_lock(cached, cronjob, config.lock, users)
-            # Strategic merge: ownerReferences merge by uid, so other owners stay.
+    def merge_lease(self, namespace: str, name: str, patch: Mapping[str, Any]) -> dict[str, Any]:
+        """A strategic merge patch of a Lease's metadata; Retry when the Lease is gone."""
+        with transient_errors(f"patch lease {namespace}/{name}"):
             try:
                 response = self.leases.patch_namespaced_lease(
                     name,
                     namespace,
-                    {
-                        "metadata": {
-                            "labels": labels,
-                            "ownerReferences": [reference],
-                        }
-                    },
+                    patch,
                     _content_type="application/strategic-merge-patch+json",
+                    field_manager=FIELD_MANAGER,
                     _preload_content=False,
                 )
                 return raw(response)
@@ -253,30 +218,10 @@ class Kube(HolderRbacWrites):
             refused=(404, 409, 422),
         )
 
-    def drop_lease_owner(self, namespace: str, name: str, uid: str) -> None:
-        """Forget a CronJob that no longer uses this Lease; delete it once nobody does."""
-        lease = self.read_lease(namespace, name)
-        if lease is None:
-            return
-        if not made_by_cronlock(lease):
-            return  # not ours to edit, nor to delete
-        metadata = lease["metadata"]
-        owners = metadata.get("ownerReferences") or []
-        keep = [owner for owner in owners if owner.get("uid") != uid]
-        if len(keep) == len(owners):
-            return
-        version = metadata["resourceVersion"]
-        if keep:
-            moved = not self.patch_lease(
-                namespace,
-                name,
-                [
-                    {"op": "test", "path": "/metadata/resourceVersion", "value": version},
-                    {"op": "replace", "path": "/metadata/ownerReferences", "value": keep},
-                ],
-            )
-        else:
-            with transient_errors(f"delete lease {namespace}/{name}"):
+    def delete_lease(self, namespace: str, name: str, version: str) -> None:
+        """Delete a Lease on the condition it is still at `version` (gone already is fine)."""
+        with transient_errors(f"delete lease {namespace}/{name}"):
+            try:
                 done(
                     self.leases.delete_namespaced_lease(
                         name,
@@ -285,10 +230,11 @@ class Kube(HolderRbacWrites):
                         _preload_content=False,
                     )
                 )
-            logger.info("lease %s/%s deleted: no CronJob uses it any more", namespace, name)
-            moved = False
-        if moved:
-            raise Retry(f"lease {namespace}/{name} changed while dropping an owner")
+            except kubernetes.client.ApiException as error:
+                if error.status != 404:
+                    raise
+                return
+        logger.info("lease %s/%s deleted: no CronJob uses it any more", namespace, name)
 
     # --- Jobs ----------------------------------------------------------------------
     def mark_job(self, namespace: str, name: str, annotation: str, value: str) -> bool:
@@ -316,7 +262,14 @@ class Kube(HolderRbacWrites):
         with transient_errors(f"{what} {namespace}/{name}"):
             try:
                 done(
-                    call(name, namespace, body, _content_type=content_type, _preload_content=False)
+                    call(
+                        name,
+                        namespace,
+                        body,
+                        _content_type=content_type,
+                        field_manager=FIELD_MANAGER,
+                        _preload_content=False,
+                    )
                 )
             except kubernetes.client.ApiException as error:
                 if error.status in refused:
@@ -376,7 +329,10 @@ class Kube(HolderRbacWrites):
         with transient_errors(what):
             try:
                 response = self.core.create_namespaced_event(
-                    metadata["namespace"], event, _preload_content=False
+                    metadata["namespace"],
+                    event,
+                    field_manager=FIELD_MANAGER,
+                    _preload_content=False,
                 )
             except kubernetes.client.ApiException as error:
                 if error.status == 404 or (

@@ -1,4 +1,8 @@
-"""A CronJob's `cronlock.io/*` annotations, parsed and checked before anything is written."""
+"""A CronJob's `cronlock.io/*` annotations, parsed and checked before anything is written.
+
+Readers do not call `parse_config` themselves: they take `reading.read_config`, which
+parses once per resourceVersion and applies the one rule for invalid input.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +17,7 @@ from cronlock_operator.lock.invalid import InvalidConfig as InvalidConfig
 from cronlock_operator.lock.invalid import duration_annotation
 from cronlock_operator.lock.policies import Policy, parse_policy, parse_wait_timeout
 from cronlock_operator.lock.sharing import InvalidPeers, parse_peers
+from cronlock_operator.objects import annotations_of
 from cronlock_operator.podspec import containers_with_own_liveness_probe
 from cronlock_sidecar import contract
 from cronlock_sidecar.lock.model import (
@@ -120,13 +125,6 @@ class LockConfig:
         return self.timing.renew_deadline
 
 
-def annotations_of(cronjob: Mapping[str, Any]) -> Mapping[str, str]:
-    """The CronJob's annotations, empty when it has none."""
-    metadata: Mapping[str, Any] = cronjob.get("metadata") or {}
-    annotations: Mapping[str, str] = metadata.get("annotations") or {}
-    return annotations
-
-
 def is_enabled(cronjob: Mapping[str, Any]) -> bool:
     """Whether the CronJob opted in: `cronlock.io/enabled: "true"`; absent or "false" is off."""
     value = annotations_of(cronjob).get(contract.ANNOTATION_ENABLED)
@@ -168,7 +166,7 @@ def parse_config(cronjob: Mapping[str, Any], settings: OperatorSettings) -> Lock
     )
     stop = _parse_stop(annotations, cronjob)
     alert_after = parse_alert_after(annotations)
-    keep = _parse_flag(annotations, contract.ANNOTATION_KEEP_SKIPPED_JOBS, default=False)
+    keep = parse_flag(annotations, contract.ANNOTATION_KEEP_SKIPPED_JOBS, default=False)
     try:
         parse_peers(annotations)
     except InvalidPeers as error:
@@ -320,27 +318,6 @@ def _parse_stop(annotations: Mapping[str, str], cronjob: Mapping[str, Any]) -> S
     )
 
 
-def counting_settings(cronjob: Mapping[str, Any], settings: OperatorSettings) -> tuple[int, bool]:
-    """`alert-after` and `keep-skipped-jobs` as the run accounting applies them, the one rule
-    for the operator and `cronlock status`: from the whole config when it is valid, else
-    each on its own (its default only when it is the invalid one), so that an unrelated bad
-    annotation neither deletes Jobs the user asked to keep nor moves `RepeatedSkips`."""
-    try:
-        config = parse_config(cronjob, settings)
-    except InvalidConfig:
-        annotations = annotations_of(cronjob)
-        try:
-            alert_after = parse_alert_after(annotations)
-        except InvalidConfig:
-            alert_after = contract.DEFAULT_ALERT_AFTER
-        try:
-            keep = _parse_flag(annotations, contract.ANNOTATION_KEEP_SKIPPED_JOBS, default=False)
-        except InvalidConfig:
-            keep = False
-        return alert_after, keep
-    return config.alert_after, config.keep_skipped_jobs
-
-
 def parse_alert_after(annotations: Mapping[str, str]) -> int:
     value = annotations.get(contract.ANNOTATION_ALERT_AFTER)
     if value is None:
@@ -360,7 +337,7 @@ def parse_alert_after(annotations: Mapping[str, str]) -> int:
     return int(value)
 
 
-def _parse_flag(annotations: Mapping[str, str], annotation: str, *, default: bool) -> bool:
+def parse_flag(annotations: Mapping[str, str], annotation: str, *, default: bool) -> bool:
     value = annotations.get(annotation)
     if value is None:
         return default

@@ -1,15 +1,15 @@
-"""Whose an object is: cronlock's label, a Lease's owners, and the refusal to adopt one.
+"""Whose an object is: cronlock's label, a Lease's owners, the refusal to adopt one, and
+what cronlock writes to make a Lease its own or to let one go.
 
-Pure predicates on objects as the API server sends them; the Kubernetes adapter and the
-deciders both ask them, so that the rule is written once.
+Pure: objects in as the API server sends them, values out. The deciders and the executor
+ask these; the Kubernetes adapter only sends what they return.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
-from cronlock_operator.errors import NotOurs
 from cronlock_sidecar import contract
 from cronlock_sidecar.lock.model import read_lease
 
@@ -25,17 +25,18 @@ def lease_is_ours(lease: Mapping[str, Any], owner_uid: str, lock: str) -> bool:
     return record.managed and record.lock == lock and owner_uid in record.owner_uids
 
 
-def refuse_foreign_lease(lease: Mapping[str, Any], lock: str) -> None:
-    """A Lease of that name that cronlock did not make (or made for another lock)."""
+def foreign_lease(lease: Mapping[str, Any], lock: str) -> str | None:
+    """Why a Lease of that name is not cronlock's for `lock` (None when it is): cronlock did
+    not make it, or made it for another lock."""
     record = read_lease(lease)
     if record.managed and record.lock in (None, lock):
-        return  # ours (labelled before the lock label existed, or for this very lock)
+        return None  # ours (labelled before the lock label existed, or for this very lock)
     why = (
         f"lacks the label {contract.LABEL_MANAGED_BY}={contract.MANAGED_BY}"
         if not record.managed
         else f"is labelled for lock {record.lock}"
     )
-    raise NotOurs(
+    return (
         f"lease {record.namespace}/{record.name} exists and {why}; cronlock does not adopt "
         f"it, and leaves the CronJob as it was: set {contract.ANNOTATION_LOCK} to another "
         "lock name, or delete that Lease if nothing else uses it"
@@ -50,3 +51,63 @@ def owner_reference(cronjob: Mapping[str, Any]) -> dict[str, Any]:
         "name": metadata["name"],
         "uid": metadata["uid"],
     }
+
+
+def lease_labels(lock: str) -> dict[str, str]:
+    return {contract.LABEL_MANAGED_BY: contract.MANAGED_BY, contract.LABEL_LOCK: lock}
+
+
+def new_lease(
+    name: str, cronjob: Mapping[str, Any], lock: str, duration_seconds: int
+) -> dict[str, Any]:
+    """The Lease a lock nobody uses yet starts as: labelled as cronlock's, owned by the
+    CronJob (so the garbage collector deletes it with its last user), no holder."""
+    return {
+        "metadata": {
+            "name": name,
+            "labels": lease_labels(lock),
+            "ownerReferences": [owner_reference(cronjob)],
+        },
+        "spec": {"leaseDurationSeconds": duration_seconds},
+    }
+
+
+def joining(cronjob: Mapping[str, Any], lock: str) -> dict[str, Any]:
+    """The strategic merge patch that adds a CronJob to a Lease's users: ownerReferences
+    merge by uid, so the other users stay."""
+    return {
+        "metadata": {"labels": lease_labels(lock), "ownerReferences": [owner_reference(cronjob)]}
+    }
+
+
+class KeepOwners(NamedTuple):
+    """Write the Lease's users without one: a JSON patch that first tests the version read."""
+
+    patch: list[dict[str, Any]]
+
+
+class DeleteLease(NamedTuple):
+    """The last user left: delete the Lease, on the condition it is still at `version`."""
+
+    version: str
+
+
+def without_owner(lease: Mapping[str, Any] | None, uid: str) -> KeepOwners | DeleteLease | None:
+    """What forgetting the CronJob `uid` takes on this Lease; None when nothing (gone, not
+    cronlock's to edit or delete, or not among its users)."""
+    if lease is None or not made_by_cronlock(lease):
+        return None
+    metadata = lease["metadata"]
+    owners = metadata.get("ownerReferences") or []
+    keep = [owner for owner in owners if owner.get("uid") != uid]
+    if len(keep) == len(owners):
+        return None
+    version = str(metadata["resourceVersion"])
+    if not keep:
+        return DeleteLease(version)
+    return KeepOwners(
+        [
+            {"op": "test", "path": "/metadata/resourceVersion", "value": version},
+            {"op": "replace", "path": "/metadata/ownerReferences", "value": keep},
+        ]
+    )

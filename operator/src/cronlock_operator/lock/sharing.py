@@ -5,15 +5,18 @@ another team's lock and have her ServiceAccount granted that team's Lease. The r
 CronJob may use a lock nobody uses yet, one it already uses (it owns the Lease), or one
 whose users include a CronJob naming it in `cronlock.io/share-lock-with`. That consent
 lives on a CronJob the joiner's editor may not be able to edit, so she cannot forge it.
+
+`consent` judges it from the Lease as read and returns a value; the executor acts on it
+(create, join, or refuse with its reason) and the adapter only sends the writes.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping
-from typing import Any, Final
+from typing import Any, Final, Literal, NamedTuple
 
-from cronlock_operator.errors import NotOurs, Retry
+from cronlock_operator.lock.ownership import foreign_lease, lease_is_ours
 from cronlock_sidecar import contract
 
 _NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
@@ -56,23 +59,47 @@ def lease_users(lease: Mapping[str, Any]) -> dict[str, str]:
     return users
 
 
-def refuse_unshared_lock(
-    lease: Mapping[str, Any], cronjob: Mapping[str, Any], lock: str, cached: CronJobLookup
-) -> None:
-    """Raise NotOurs unless `cronjob` may use the lock whose Lease is `lease`.
+class Consent(NamedTuple):
+    """What a CronJob may do about the Lease of the lock it names, judged from that Lease.
+
+    - `create`: no Lease (as far as the reader knows): create it;
+    - `owned`: the Lease is cronlock's, for this lock, and the CronJob already uses it;
+    - `join`: the CronJob may use it and is not (fully) written into it yet;
+    - `refused`: it may not (a Lease cronlock did not make, or nobody consents): `reason`
+      says why and what to do;
+    - `undecided`: a user the operator has not seen yet might consent: look again later.
+    """
+
+    verdict: Literal["create", "owned", "join", "refused", "undecided"]
+    reason: str = ""
+
+    @property
+    def granted(self) -> bool:
+        return self.verdict in ("create", "owned", "join")
+
+
+def consent(
+    lease: Mapping[str, Any] | None, cronjob: Mapping[str, Any], lock: str, cached: CronJobLookup
+) -> Consent:
+    """Whether `cronjob` may use the lock whose Lease is `lease` (None: none seen).
 
     A user the operator has not seen (gone, or replaced under the same name) gives no
-    consent; while one is left and nobody consents, it is Retry, not a refusal: the
+    consent; while one is left and nobody consents, it is `undecided`, not a refusal: the
     garbage collector removes that reference soon, and the next try decides.
     """
+    if lease is None:
+        return Consent("create")
     metadata = cronjob["metadata"]
     name, uid = metadata["name"], metadata["uid"]
+    if lease_is_ours(lease, uid, lock):
+        return Consent("owned")
+    foreign = foreign_lease(lease, lock)
+    if foreign is not None:
+        return Consent("refused", foreign)
     users = lease_users(lease)
-    if uid in users:
-        return
     others = {user_uid: user for user_uid, user in users.items() if user_uid != uid}
-    if not others:
-        return
+    if uid in users or not others:
+        return Consent("join")
     unseen = []
     for user_uid, user in others.items():
         body = cached(user)
@@ -81,20 +108,22 @@ def refuse_unshared_lock(
             continue
         try:
             if name in parse_peers(body["metadata"].get("annotations") or {}):
-                return
+                return Consent("join")
         except InvalidPeers:
             continue
     if unseen:
         # Most likely deleted: the garbage collector drops its reference (or the Lease
         # with its last owner) soon. Until then, no consent and no verdict either.
-        raise Retry(
+        return Consent(
+            "undecided",
             f"lock {lock}: its Lease names CronJob {', '.join(sorted(unseen))}, not (yet) "
-            "seen by the operator"
+            "seen by the operator",
         )
     named = ", ".join(sorted(others.values()))
-    raise NotOurs(
+    return Consent(
+        "refused",
         f"lock {lock} is already used by CronJob {named}; a CronJob may share a lock only "
         f"when one that uses it names it: add {contract.ANNOTATION_SHARE_LOCK_WITH}: {name} "
         f"to {sorted(others.values())[0]}, or set {contract.ANNOTATION_LOCK} to a lock of "
-        "its own"
+        "its own",
     )

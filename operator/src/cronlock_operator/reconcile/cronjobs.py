@@ -1,9 +1,10 @@
 """The CronJob reconciler: from a cached CronJob to the writes that guard (or release) it.
 
-`decide` is pure. It parses the annotations, computes the desired job template, and
-returns what must happen before the holder RBAC is brought in line (the Lease exists and
-is owned by this CronJob) and after it (the patch, then the Event saying so), so that a
-run's pod never starts under a template whose Lease or Role is not there yet.
+`decide` is pure. It takes the annotations' one reading (`read_config`), computes the
+desired job template, and returns what must happen before the holder RBAC is brought in
+line (the Lease exists and is owned by this CronJob) and after it (the patch, then the
+Event saying so), so that a run's pod never starts under a template whose Lease or Role
+is not there yet.
 """
 
 from __future__ import annotations
@@ -15,13 +16,8 @@ from typing import Any
 
 from cronlock_operator.injection.build import desired_cronjob, is_injected
 from cronlock_operator.injection.patching import injection_patch, needs_patch
-from cronlock_operator.lock.config import (
-    InvalidConfig,
-    LockConfig,
-    OperatorSettings,
-    is_enabled,
-    parse_config,
-)
+from cronlock_operator.lock.config import InvalidConfig, LockConfig, OperatorSettings
+from cronlock_operator.lock.reading import read_config
 from cronlock_operator.lock.schedule import ttl_longer_than_gap_warning
 from cronlock_operator.lock.sharing import CronJobLookup
 from cronlock_operator.reconcile.actions import (
@@ -66,13 +62,20 @@ def decide(
 ) -> CronJobDecision:
     """`previous`: the guard last recorded for it; `cached_cronjob`: the namespace's cached
     CronJobs by name (whose consent joining a used lock needs); `granted`: guards the
-    holder Roles already cover; `posted`: warnings already posted on it (reason -> message)."""
+    holder Roles already cover; `posted`: warnings already posted on it (reason -> message).
+
+    Bad input, the reading's `invalid` or a job template that cannot take the injection,
+    is one InvalidConfig Warning and leaves the CronJob and its guard as they were."""
     metadata = body["metadata"]
     namespace, name, uid = metadata["namespace"], metadata["name"], metadata["uid"]
-    try:
-        config = parse_config(body, settings) if is_enabled(body) else None
-        desired = desired_cronjob(body, config, settings)
-    except InvalidConfig as error:
+    reading = read_config(body, settings)
+    config, error = reading.config, reading.invalid
+    if error is None:
+        try:
+            desired = desired_cronjob(body, config, settings)
+        except InvalidConfig as refused:
+            error = refused
+    if error is not None:
         message = str(error) + LEFT_AS_IT_WAS
         return CronJobDecision(
             keep_guard=True,
@@ -119,14 +122,11 @@ def decide(
 
 
 def pending_guard(cronjob: Mapping[str, Any], settings: OperatorSettings) -> Guard | None:
-    """The guard a CronJob will need once reconciled; None if it is not (validly) guarded."""
+    """The guard a CronJob will need once reconciled; None if it is not (validly) guarded:
+    `read_config`'s rule, the one `decide` follows."""
     try:
-        if not is_enabled(cronjob):
-            return None
-        config = parse_config(cronjob, settings)
-        return Guard(config.lease_name, service_account(cronjob))
-    except InvalidConfig:
-        return None
+        config = read_config(cronjob, settings).config
+        return Guard(config.lease_name, service_account(cronjob)) if config is not None else None
     except Exception:
         # Never let one CronJob's input stop the namespace's RBAC: its own reconcile
         # reports what went wrong, as a ReconcileError Event.

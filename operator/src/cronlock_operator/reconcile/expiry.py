@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from cronlock_operator.objects import Name
 from cronlock_operator.reconcile.actions import (
     Action,
     CountRun,
@@ -39,14 +40,11 @@ class Observation:
         return bool(self.holder) and now - self.seen_at > self.duration + skew_seconds
 
 
-Name = tuple[str, str]  # (namespace, name) of a Lease
-
-
 @dataclass
 class Observations:
     """Each Lease's Observation as last seen, and which of them have a holder: the expiry
-    check runs every second over the held ones only (looping over 10,000 free Leases each
-    second cost 3.5 % of the operator's time, docs/PERFORMANCE.md)."""
+    check runs every second over the held ones only (looping over every free Lease each
+    second was a measurable share of the operator's time, docs/PERFORMANCE.md)."""
 
     _seen: dict[Name, Observation] = field(default_factory=dict)
     _held: set[Name] = field(default_factory=set)

@@ -2,20 +2,23 @@
 
 A run's pod may get, update and patch only the Leases of the CronJobs that run as its
 ServiceAccount: one Role and RoleBinding per account, `resourceNames` restricted to
-those Leases, no create and no delete.
+those Leases, no create and no delete. `write_for` judges, from what the API server has
+under a holder Role's name, what to write there (nothing, when it is not cronlock's).
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, NamedTuple
 
+from cronlock_operator.lock.ownership import made_by_cronlock
 from cronlock_operator.reconcile.actions import Action, WriteHolderRbac
 from cronlock_sidecar import contract
 
 MAX_NAME = 253
+RbacKind = Literal["Role", "RoleBinding"]
 
 
 @dataclass(frozen=True)
@@ -80,3 +83,51 @@ def holder_binding(namespace: str, service_account: str) -> dict[str, Any]:
 
 def _labels() -> dict[str, str]:
     return {contract.LABEL_MANAGED_BY: contract.MANAGED_BY}
+
+
+# What of each kind is cronlock's to keep as desired.
+_FIELDS: dict[str, tuple[str, ...]] = {"Role": ("rules",), "RoleBinding": ("subjects", "roleRef")}
+
+
+class RbacWrite(NamedTuple):
+    """What to do under one holder Role's (or RoleBinding's) name: `create` it, leave it
+    (`same`), `replace` it with `body`, or leave alone one that is `foreign` (`reason`)."""
+
+    verdict: Literal["create", "same", "replace", "foreign"]
+    body: dict[str, Any] | None = None
+    reason: str = ""
+
+
+def write_for(
+    kind: RbacKind,
+    namespace: str,
+    current: Mapping[str, Any] | None,
+    desired: dict[str, Any],
+) -> RbacWrite:
+    if current is None:
+        return RbacWrite("create", desired)
+    name = desired["metadata"]["name"]
+    if not made_by_cronlock(current):
+        return RbacWrite(
+            "foreign",
+            reason=(
+                f"{kind} {namespace}/{name} exists and was not made by cronlock (it lacks the "
+                f"label {contract.LABEL_MANAGED_BY}={contract.MANAGED_BY}); cronlock leaves it "
+                "as it is, so runs of this ServiceAccount get no holder access: rename or "
+                f"delete that {kind}, or give the CronJob another serviceAccountName"
+            ),
+        )
+    if all(current.get(key) == desired[key] for key in _FIELDS[kind]) and (
+        (current["metadata"].get("labels") or {}).items() >= desired["metadata"]["labels"].items()
+    ):
+        return RbacWrite("same")
+    version = current["metadata"]["resourceVersion"]
+    return RbacWrite(
+        "replace", {**desired, "metadata": {**desired["metadata"], "resourceVersion": version}}
+    )
+
+
+def stale(labelled: Iterable[str], wanted: Iterable[str]) -> list[str]:
+    """The labelled holder Roles (or RoleBindings) no guarded CronJob needs any more."""
+    keep = set(wanted)
+    return [name for name in labelled if name.startswith(contract.HOLDER_ROLE) and name not in keep]

@@ -14,7 +14,8 @@ from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass
 from typing import Any
 
-from cronlock_operator.lock.config import OperatorSettings, counting_settings
+from cronlock_operator.lock.config import OperatorSettings
+from cronlock_operator.lock.reading import read_config
 from cronlock_operator.reconcile import skips
 from cronlock_operator.reconcile.actions import (
     Action,
@@ -59,7 +60,9 @@ def decide(
     """
     metadata = cronjob["metadata"]
     namespace, name = str(metadata["namespace"]), str(metadata["name"])
-    alert_after, keep = counting_settings(cronjob, settings)
+    # alert-after and keep-skipped-jobs by `read_config`'s rule, as `cronlock status` counts.
+    reading = read_config(cronjob, settings)
+    alert_after, keep = reading.alert_after, reading.keep_skipped_jobs
     start = count = skips.consecutive_skips(cronjob)
     counted = []
     for job in sorted(finished, key=lambda job: str(job["metadata"].get("creationTimestamp"))):

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Literal
 
+from cronlock_operator.objects import annotations_of
 from cronlock_sidecar import contract
 
 Outcome = Literal["skipped", "succeeded", "failed"]
@@ -57,9 +58,14 @@ def owning_cronjob(job: Mapping[str, Any]) -> str | None:
     return None
 
 
+# More digits is no counter cronlock wrote (and int() refuses 4,301 digits).
+MAX_COUNTER_DIGITS = 18
+
+
 def consecutive_skips(cronjob: Mapping[str, Any]) -> int:
-    annotations = (cronjob.get("metadata") or {}).get("annotations") or {}
-    try:
-        return max(0, int(annotations.get(contract.ANNOTATION_CONSECUTIVE_SKIPS, "0")))
-    except ValueError:
+    """The skips in a row cronlock counted on the CronJob (0 when unset or not a counter):
+    the one reading, for the operator and `cronlock status`."""
+    value = annotations_of(cronjob).get(contract.ANNOTATION_CONSECUTIVE_SKIPS, "0").strip()
+    if not value.isdigit() or len(value) > MAX_COUNTER_DIGITS:
         return 0
+    return int(value)

@@ -1,35 +1,115 @@
-"""Counting finished runs and telling contention: the runs and contention reconcilers'
-bookkeeping in the runtime (their decisions are pure, in runs.py and contention.py)."""
+"""Run accounting: the runtime's memory of finished runs and of Leases' contender notes.
+
+`RunAccounting` owns what the runs and contention reconcilers need remembered between
+watch events and reconciles: the finished Jobs deleted before they were counted, the
+Jobs this process counted, each Lease's contender notes as last seen and as last told,
+and what those notes say happened to runs not yet counted. The decisions themselves are
+pure (`reconcile.runs`, `reconcile.contention`); the reconciler routes watch events and
+queue keys here and enqueues what these methods say is due.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
 from cronlock_operator.cache import ObjectCache
-from cronlock_operator.kube.writes import Kube
+from cronlock_operator.kube.calls import KubeCalls
 from cronlock_operator.lock.config import OperatorSettings
+from cronlock_operator.objects import Name
 from cronlock_operator.reconcile import contention, runs, skips
 from cronlock_operator.runtime.executor import Executor
 from cronlock_sidecar import contract
+from cronlock_sidecar.lock.model import LeaseRecord
 
-Name = tuple[str, str]  # (namespace, name)
+# Runs told about by Lease notes before their Job was counted, at most (oldest go first):
+# notes are written by pods, and Jobs they name that never come must not pile up.
+MAX_CONTENDED = 10_000
 
 
 class RunAccounting:
-    """Part of `Reconciler` (reconciler.py), which holds this state."""
+    """Counts every finished run of a CronJob exactly once and tells what Lease notes say.
 
-    kube: Kube
-    settings: OperatorSettings
-    executor: Executor
-    cronjobs: ObjectCache
-    jobs: ObjectCache
-    leases: ObjectCache
-    departed: dict[Name, dict[str, Any]]
-    accounted: set[str]
-    notes: dict[Name, contention.Notes]
-    told: dict[Name, contention.Notes]
-    contended: dict[Name, str]
+    It reads the reconciler's watch caches (never writes them), reads a CronJob through
+    `Kube` before counting its runs, and carries the deciders' actions out through the
+    `Executor`. Its watch methods run on the event loop thread: `job_seen`, `job_deleted`
+    and `lease_seen` return what is due to be enqueued (the reconciler owns the queue),
+    `lease_deleted` only forgets. `account_runs` and `tell_contention` run in the workers,
+    one key at a time.
+    """
 
+    def __init__(
+        self,
+        kube: KubeCalls,
+        settings: OperatorSettings,
+        executor: Executor,
+        *,
+        cronjobs: ObjectCache,
+        jobs: ObjectCache,
+        leases: ObjectCache,
+    ) -> None:
+        self.kube = kube
+        self.settings = settings
+        self.executor = executor
+        self.cronjobs = cronjobs
+        self.jobs = jobs
+        self.leases = leases
+        # Finished runs deleted before they were counted (the CronJob controller keeps only
+        # `failedJobsHistoryLimit` failed Jobs, 1 by default): counted from their last state.
+        self.departed: dict[Name, dict[str, Any]] = {}
+        # Uids of the Jobs this process has counted, until their deletion is seen: the cache
+        # may still show a Job without its mark when the next count runs.
+        self.accounted: set[str] = set()
+        # Per Lease: its contender notes as last seen, and as last told (contention.py).
+        self.notes: dict[Name, contention.Notes] = {}
+        self.told: dict[Name, contention.Notes] = {}
+        # Per namespace and Job: what the notes say happened to its run, known before the
+        # operator's mark on the Job is (a run may finish before it is told).
+        self.contended: dict[Name, str] = {}
+
+    # --- watch events (event loop thread) ------------------------------------------
+    def job_seen(self, job: dict[str, Any]) -> str | None:
+        """The CronJob whose runs are due to be counted now that this Job is seen: its
+        own, once the Job finished; None while it runs or when it is no CronJob's."""
+        return _finished_run_of(job)
+
+    def job_deleted(self, key: Name, job: dict[str, Any]) -> str | None:
+        """Forget a deleted Job (already gone from the cache). A finished run not counted
+        yet is kept to be counted from its last state, with what the notes said: then
+        its CronJob is returned, whose runs are due to be counted."""
+        uid = str(job["metadata"].get("uid"))
+        if uid in self.accounted:
+            self.accounted.discard(uid)
+        else:
+            owner = _finished_run_of(job)
+            if owner is not None and not skips.is_accounted(job):
+                self.departed[key] = job
+                return owner
+        self.contended.pop(key, None)
+        return None
+
+    def lease_seen(self, key: Name, record: LeaseRecord, lock: str) -> bool:
+        """Remember a Lease's contender notes (`lock` is the lock it is of); True when they
+        changed since last seen, so they are due to be told."""
+        notes = contention.Notes.of(record)
+        if notes == self.notes.get(key, contention.Notes()):
+            return False
+        self.notes[key] = notes
+        for job, what in notes.contended().items():
+            cached = self.jobs.get((key[0], job))
+            if cached is not None and not contention.is_run_of(cached, lock):
+                continue  # another lock's run: a note cannot speak for it
+            self.contended[(key[0], job)] = what
+        # The oldest go first (dicts keep insertion order).
+        while len(self.contended) > MAX_CONTENDED:
+            del self.contended[next(iter(self.contended))]
+        return True
+
+    def lease_deleted(self, key: Name) -> None:
+        """Forget a deleted Lease's notes: a Lease made again starts with none told."""
+        self.notes.pop(key, None)
+        self.told.pop(key, None)
+
+    # --- work (worker threads) ------------------------------------------------------
     def account_runs(self, namespace: str, cronjob_name: str) -> None:
         """Count the finished runs of one CronJob, oldest first, each exactly once."""
         cronjob = self.kube.read_cronjob(namespace, cronjob_name)
@@ -110,3 +190,11 @@ class RunAccounting:
             if str(other["metadata"]["name"]).startswith(name)
         ]
         return matches[0] if len(matches) == 1 else None
+
+
+def _finished_run_of(job: dict[str, Any]) -> str | None:
+    """The CronJob a finished Job is a run of (None while it runs, or if it is no CronJob's)."""
+    owner = skips.owning_cronjob(job)
+    if owner is None or skips.outcome(job) is None:
+        return None
+    return owner

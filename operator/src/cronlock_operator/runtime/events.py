@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from cronlock_operator.errors import Retry
-from cronlock_operator.kube.writes import Kube
+from cronlock_operator.kube.calls import KubeCalls
 
 logger = logging.getLogger(__name__)
 
@@ -34,7 +34,7 @@ _Item = tuple[Mapping[str, Any], str, str, bool] | None
 class EventPoster:
     """Threads posting Events through `kube`, each object's first in, first out."""
 
-    def __init__(self, kube: Kube, posters: int = POSTERS) -> None:
+    def __init__(self, kube: KubeCalls, posters: int = POSTERS) -> None:
         self.kube = kube
         self._queues: list[queue.SimpleQueue[_Item]] = [queue.SimpleQueue() for _ in range(posters)]
         self._threads = [
@@ -49,7 +49,7 @@ class EventPoster:
     def post(
         self, involved: Mapping[str, Any], reason: str, message: str, warning: bool = False
     ) -> None:
-        # Only what the Event names: a backlog of whole CronJobs was 100 MiB at 10,000.
+        # Only what the Event names: a backlog of whole CronJobs grows with their size.
         reference = _reference(involved)
         self._queue_of(reference).put((reference, reason, message, warning))
 

@@ -1,11 +1,22 @@
-"""The one place the deciders' actions are carried out: each write, count or Event, in order."""
+"""The one place the deciders' actions are carried out: each write, count or Event, in order.
+
+Three actions depend on what the API server holds at the moment they run, not only on
+what the caches showed when they were decided: a Lease created meanwhile by another
+CronJob, a Lease's users changed, a Role of the same name someone else made. For those
+the executor reads, asks the pure layer's judge (`sharing.consent`,
+`ownership.without_owner`, `rbac.write_for`), and sends what the judge returned; the
+judges decide, `Kube` only sends.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from cronlock_operator.kube.writes import Kube
+from cronlock_operator.errors import NotOurs, Retry
+from cronlock_operator.kube.calls import KubeCalls
+from cronlock_operator.lock import ownership, sharing
+from cronlock_operator.reconcile import rbac
 from cronlock_operator.reconcile.actions import (
     Action,
     AnnotateCronJob,
@@ -22,6 +33,7 @@ from cronlock_operator.reconcile.actions import (
     SetConsecutiveSkips,
     WriteHolderRbac,
 )
+from cronlock_operator.reconcile.rbac import RbacKind
 from cronlock_operator.runtime import metrics
 
 Written = Callable[[dict[str, Any]], None]
@@ -33,7 +45,8 @@ def _ignore(body: dict[str, Any]) -> None:
 
 
 class Executor:
-    """Carries out actions through one `Kube`; nothing here decides anything.
+    """Carries out actions through one `Kube` (any `KubeCalls`); what it writes is what the
+    actions, or the pure judges they name, decided.
 
     `cronjob_written` and `lease_written` hear what the API server answered to a CronJob
     patch or a Lease write, so the runtime knows its own writes before the watch shows them.
@@ -41,7 +54,7 @@ class Executor:
 
     def __init__(
         self,
-        kube: Kube,
+        kube: KubeCalls,
         cronjob_written: Written = _ignore,
         lease_written: Written = _ignore,
         post_event: PostEventCall | None = None,
@@ -70,14 +83,12 @@ class Executor:
                 kube.annotate_cronjob(namespace, name, annotations)
             case PostEvent(involved, reason, message, warning):
                 self.post_event(involved, reason, message, warning)
-            case EnsureLease(namespace, name, cronjob, config, cached, users):
-                written = kube.ensure_lease(namespace, name, cronjob, config, cached, users)
-                if written is not None:
-                    self.lease_written(written)
+            case EnsureLease():
+                self._ensure_lease(action)
             case DropLeaseOwner(namespace, name, uid):
-                kube.drop_lease_owner(namespace, name, uid)
+                self._drop_lease_owner(namespace, name, uid)
             case WriteHolderRbac(namespace, roles, bindings):
-                kube.write_holder_rbac(namespace, roles, bindings)
+                self._write_holder_rbac(namespace, roles, bindings)
             case MarkJob(namespace, name, annotation, value):
                 kube.mark_job(namespace, name, annotation, value)
             case DeleteJob(namespace, name):
@@ -91,3 +102,80 @@ class Executor:
             case SetConsecutiveSkips(namespace, cronjob, count):
                 metrics.consecutive_skips.labels(namespace, cronjob).set(count)
         return True
+
+    def _ensure_lease(self, action: EnsureLease) -> None:
+        """The Lease exists, labelled as ours (and with its lock), owned by this CronJob; a
+        Lease other CronJobs use is joined only with their consent. When the cache has not
+        seen it, creating is tried first, since that is what a new lock needs."""
+        namespace, name, cronjob, lock = (
+            action.namespace,
+            action.name,
+            action.cronjob,
+            action.config.lock,
+        )
+        consent = sharing.consent(action.cached, cronjob, lock, action.users)
+        if consent.verdict == "create":
+            lease, created = self.kube.create_lease(
+                namespace,
+                ownership.new_lease(
+                    name, cronjob, lock, action.config.timing.lease_duration_seconds
+                ),
+            )
+            if created:
+                self.lease_written(lease)
+                return
+            consent = sharing.consent(lease, cronjob, lock, action.users)
+            if consent.verdict == "owned":
+                self.lease_written(lease)
+                return
+        if consent.verdict == "owned":
+            return
+        if consent.verdict == "refused":
+            raise NotOurs(consent.reason)
+        if consent.verdict == "undecided":
+            raise Retry(consent.reason)
+        self.lease_written(self.kube.merge_lease(namespace, name, ownership.joining(cronjob, lock)))
+
+    def _drop_lease_owner(self, namespace: str, name: str, uid: str) -> None:
+        """Forget a CronJob that no longer uses this Lease; delete it once nobody does."""
+        match ownership.without_owner(self.kube.read_lease(namespace, name), uid):
+            case ownership.KeepOwners(patch):
+                if not self.kube.patch_lease(namespace, name, patch):
+                    raise Retry(f"lease {namespace}/{name} changed while dropping an owner")
+            case ownership.DeleteLease(version):
+                self.kube.delete_lease(namespace, name, version)
+
+    def _write_holder_rbac(
+        self,
+        namespace: str,
+        roles: Sequence[dict[str, Any]],
+        bindings: Sequence[dict[str, Any]],
+    ) -> None:
+        """Exactly these holder Roles and RoleBindings: each written if it differs, and the
+        labelled ones no guarded CronJob needs any more deleted. One of the same name that
+        cronlock did not make is left alone; the others are written all the same, then
+        NotOurs names the ones left alone."""
+        holder = self.kube.holder_rbac
+        conflicts: dict[str, str] = {}
+        for role, binding in zip(roles, bindings, strict=True):
+            pair: tuple[tuple[RbacKind, dict[str, Any]], ...] = (
+                ("Role", role),
+                ("RoleBinding", binding),
+            )
+            for kind, desired in pair:
+                current = holder.read(kind, namespace, desired["metadata"]["name"])
+                write = rbac.write_for(kind, namespace, current, desired)
+                if write.verdict == "foreign":
+                    conflicts[role["metadata"]["name"]] = write.reason
+                    break
+                if write.verdict == "create":
+                    holder.create(kind, namespace, desired)
+                elif write.verdict == "replace" and write.body is not None:
+                    holder.replace(kind, namespace, write.body)
+        wanted = [item["metadata"]["name"] for item in (*roles, *bindings)]
+        stale_kinds: tuple[RbacKind, ...] = ("RoleBinding", "Role")
+        for kind in stale_kinds:
+            for stale in rbac.stale(holder.labelled(kind, namespace), wanted):
+                holder.delete(kind, namespace, stale)
+        if conflicts:
+            raise NotOurs("; ".join(conflicts.values()), conflicts)

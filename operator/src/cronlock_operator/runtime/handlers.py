@@ -39,8 +39,8 @@ SERVER_SIDE_SELECTORS = {
 
 class NoDiffBase(kopf.DiffBaseStorage):
     """No last-handled state to keep: only event handlers are registered, which kopf never
-    diffs. Its default storage still deep-copied every event's object to build one (about
-    9% of the event loop's time while injecting 1,000 CronJobs, docs/PERFORMANCE.md)."""
+    diffs. Its default storage still deep-copied every event's object to build one, a
+    visible share of the event loop's time at scale (docs/PERFORMANCE.md)."""
 
     def build(
         self, *, body: kopf.Body, extra_fields: Iterable[Any] | None = None

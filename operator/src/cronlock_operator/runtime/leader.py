@@ -16,13 +16,12 @@ Lease, it can write nothing more. The timing is checked as client-go's
 from __future__ import annotations
 
 import datetime
-import http.server
 import logging
 import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, Final
 from urllib.parse import urlsplit
@@ -30,7 +29,9 @@ from urllib.parse import urlsplit
 import kubernetes
 
 from cronlock_operator.kube.answers import raw
+from cronlock_operator.kube.client import FIELD_MANAGER
 from cronlock_operator.reconcile.expiry import Observation
+from cronlock_operator.runtime.httpserver import BoundedServer
 from cronlock_sidecar import contract
 from cronlock_sidecar.lock.model import Timing, claimed, read_lease, released, renewed
 
@@ -130,7 +131,7 @@ class Elector:
             body = claimed(lease, self.me, self.timing, self.wall(), job_name="")
         return self._send(
             lambda: self.leases.replace_namespaced_lease(
-                self.name, self.namespace, body, _preload_content=False
+                self.name, self.namespace, body, field_manager=FIELD_MANAGER, _preload_content=False
             )
         )
 
@@ -146,7 +147,7 @@ class Elector:
         body = claimed(fresh, self.me, self.timing, self.wall(), job_name="")
         return self._send(
             lambda: self.leases.create_namespaced_lease(
-                self.namespace, body, _preload_content=False
+                self.namespace, body, field_manager=FIELD_MANAGER, _preload_content=False
             )
         )
 
@@ -215,30 +216,15 @@ class Elector:
 
 
 # While waiting to lead, the liveness port is this small server's: any pod may reach it,
-# so it holds at most WAITING_CONNECTIONS connections, each for WAITING_TIMEOUT seconds,
-# one request each (HTTP/1.0), and closes the rest at once.
+# so it holds at most WAITING_CONNECTIONS connections (WAITING_PER_CLIENT per address),
+# each for WAITING_TIMEOUT seconds, one request each, and closes the rest at once.
 WAITING_CONNECTIONS = 8
+WAITING_PER_CLIENT = 2
 WAITING_TIMEOUT = 2.0
 
 
-class _BoundedServer(http.server.ThreadingHTTPServer):
-    daemon_threads = True
-
-    def __init__(self, address: tuple[str, int], handler: type[Any]) -> None:
-        super().__init__(address, handler)
-        self._slots = threading.BoundedSemaphore(WAITING_CONNECTIONS)
-
-    def process_request(self, request: Any, client_address: Any) -> None:
-        if not self._slots.acquire(blocking=False):
-            self.shutdown_request(request)  # full: no thread for it
-            return
-        super().process_request(request, client_address)
-
-    def process_request_thread(self, request: Any, client_address: Any) -> None:
-        try:
-            super().process_request_thread(request, client_address)
-        finally:
-            self._slots.release()
+def _waiting(query: str, fields: Mapping[str, str]) -> tuple[dict[str, str], bytes]:
+    return {"Content-Type": "application/json"}, b'{"waiting": "to lead"}'
 
 
 @contextmanager
@@ -248,25 +234,17 @@ def healthy_while_waiting(liveness: str) -> Iterator[None]:
         yield
         return
     url = urlsplit(liveness)
-    path = url.path or "/"
-
-    class Health(http.server.BaseHTTPRequestHandler):
-        timeout = WAITING_TIMEOUT  # a socket timeout: a slow client is dropped
-
-        def do_GET(self) -> None:
-            ok = self.path.split("?")[0] == path
-            self.send_response(200 if ok else 404)
-            self.end_headers()
-            self.wfile.write(b'{"waiting": "to lead"}' if ok else b"")
-
-        def log_message(self, format: str, *args: Any) -> None:
-            return
-
-    server = _BoundedServer((url.hostname or "0.0.0.0", url.port or 80), Health)
-    thread = threading.Thread(target=server.serve_forever, name="cronlock-waiting", daemon=True)
-    thread.start()
+    server = BoundedServer(
+        url.hostname or "0.0.0.0",
+        url.port or 80,
+        {url.path or "/": _waiting},
+        timeout=WAITING_TIMEOUT,
+        connections=WAITING_CONNECTIONS,
+        per_client=WAITING_PER_CLIENT,
+        name="cronlock-waiting",
+    )
+    server.start()
     try:
         yield
     finally:
-        server.shutdown()
-        server.server_close()
+        server.stop()

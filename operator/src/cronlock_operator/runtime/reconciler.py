@@ -1,10 +1,12 @@
 """The operator's runtime: watch caches, a typed work queue, and the reconcilers it runs.
 
 The kopf event handlers keep the latest CronJobs, Jobs and Leases in memory and enqueue
-keys; each key's reconciler (cronjobs, runs, expiry, rbac) decides from those caches,
-purely, and the `Executor` writes only what differs (level-triggered, no writes when
-idle). What lives here is the bookkeeping between them: which CronJobs are guarded,
-which runs were counted, what each Lease looked like when last seen.
+keys; each key's reconciler (cronjobs, runs, contention, expiry, rbac) decides from those
+caches, purely, and the `Executor` writes only what differs (level-triggered, no writes
+when idle). `Reconciler` keeps the caches and the queue, routes each watch event and key,
+and keeps the bookkeeping of guarding CronJobs: which are guarded, their holder RBAC,
+what each Lease looked like when last seen. Counting runs and telling contention is
+`RunAccounting`'s (accounting.py), which it holds and delegates to.
 """
 
 from __future__ import annotations
@@ -22,10 +24,11 @@ import kubernetes
 
 from cronlock_operator.cache import ObjectCache
 from cronlock_operator.errors import NotOurs, Rejected, RequeueAfter, Retry
-from cronlock_operator.kube.writes import Kube
+from cronlock_operator.kube.calls import KubeCalls
 from cronlock_operator.lock import sharing
 from cronlock_operator.lock.config import MAX_TTL_SECONDS, OperatorSettings
-from cronlock_operator.reconcile import contention, cronjobs, expiry, rbac, skips
+from cronlock_operator.objects import Name, name_of
+from cronlock_operator.reconcile import cronjobs, expiry, rbac
 from cronlock_operator.reconcile.expiry import Observations
 from cronlock_operator.reconcile.keys import ContentionKey, CronJobKey, Key, LeaseKey, RunsKey
 from cronlock_operator.reconcile.rbac import Guard
@@ -38,19 +41,23 @@ from cronlock_sidecar.lock.model import read_lease
 
 logger = logging.getLogger(__name__)
 
-Name = tuple[str, str]  # (namespace, name)
 # Reconciles at once. Each waits mostly on the API server (two writes in a row for a new
-# CronJob); 8 were no faster than 4 at 1,000 CronJobs here (docs/PERFORMANCE.md).
+# CronJob); more were no faster in the operator benchmark (docs/PERFORMANCE.md).
 WORKERS = 4
 # How often a CronJob refused for a conflict looks again (someone may have fixed it).
 CONFLICT_RECHECK = 60.0
-# Runs told about by Lease notes before their Job was counted, at most (oldest go first).
-MAX_CONTENDED = 10_000
 
 
 @dataclass
-class Reconciler(RunAccounting):
-    kube: Kube
+class Reconciler:
+    """The operator's runtime state and the one place watch events and queue keys arrive.
+
+    It keeps the watch caches and the work queue, decides nothing itself (the deciders in
+    `reconcile/` do), reconciles CronJobs, holder RBAC and expired holds, and hands
+    everything about finished runs and contender notes to its `RunAccounting`.
+    """
+
+    kube: KubeCalls
     settings: OperatorSettings
     clock: Callable[[], float] = time.monotonic
     cronjobs: ObjectCache = field(default_factory=ObjectCache)
@@ -63,12 +70,6 @@ class Reconciler(RunAccounting):
     observations: Observations = field(default_factory=Observations)
     # Per CronJob uid: the last message of each warning posted, so a replay posts nothing.
     posted: dict[str, dict[str, str]] = field(default_factory=dict)
-    # Finished runs deleted before they were counted (the CronJob controller keeps only
-    # `failedJobsHistoryLimit` failed Jobs, 1 by default): counted from their last state.
-    departed: dict[Name, dict[str, Any]] = field(default_factory=dict)
-    # Uids of the Jobs this process has counted, until their deletion is seen: the cache
-    # may still show a Job without its mark when the next count runs.
-    accounted: set[str] = field(default_factory=set)
     # Per namespace: the guards the holder Roles grant.
     synced_rbac: dict[str, frozenset[Guard]] = field(default_factory=dict)
     # Per namespace: holder Role name -> why cronlock could not write it (not cronlock's).
@@ -78,16 +79,13 @@ class Reconciler(RunAccounting):
     # The resourceVersion each CronJob had right after our own patch: its watch event then
     # brings nothing to decide (a change by anyone else has another version).
     own_versions: dict[Name, str] = field(default_factory=dict)
-    # Per Lease: its contender notes as last seen, and as last told (contention.py).
-    notes: dict[Name, contention.Notes] = field(default_factory=dict)
-    told: dict[Name, contention.Notes] = field(default_factory=dict)
-    # Per namespace and Job: what the notes say happened to its run, known before the
-    # operator's mark on the Job is (a run may finish before it is told).
-    contended: dict[Name, str] = field(default_factory=dict)
     # How Events are posted (default: at once, in the worker); see events.EventPoster.
     post_event: PostEventCall | None = None
     queue: WorkQueue[Key] = field(init=False)
     executor: Executor = field(init=False)
+    # Finished runs and contender notes: read from the caches above, written through the
+    # executor.
+    accounting: RunAccounting = field(init=False)
     _rbac_locks: dict[str, threading.Lock] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -96,10 +94,18 @@ class Reconciler(RunAccounting):
         self.executor = Executor(
             self.kube, self._cronjob_written, self._lease_written, self.post_event
         )
+        self.accounting = RunAccounting(
+            self.kube,
+            self.settings,
+            self.executor,
+            cronjobs=self.cronjobs,
+            jobs=self.jobs,
+            leases=self.leases,
+        )
 
     # --- watch events (event loop thread) ------------------------------------------
     def on_cronjob(self, kind: str | None, body: dict[str, Any]) -> None:
-        key = _name(body)
+        key = name_of(body)
         if kind == "DELETED":
             self.cronjobs.pop(key)
             self.own_versions.pop(key, None)
@@ -112,34 +118,25 @@ class Reconciler(RunAccounting):
         self.queue.add(CronJobKey(*key))
 
     def on_job(self, kind: str | None, body: dict[str, Any]) -> None:
-        key = _name(body)
-        owner = skips.owning_cronjob(body)
-        finished = owner is not None and skips.outcome(body) is not None
+        key = name_of(body)
         if kind == "DELETED":
             self.jobs.pop(key)
-            uid = str(body["metadata"].get("uid"))
-            if uid in self.accounted:
-                self.accounted.discard(uid)
-            elif finished and not skips.is_accounted(body):
-                self.departed[key] = body
-                self.queue.add(RunsKey(key[0], str(owner)))
-                return  # counted from its last state, with what the notes said
-            self.contended.pop(key, None)
-            return
-        self.jobs.put(body)
-        if finished:
-            self.queue.add(RunsKey(key[0], str(owner)))
+            owner = self.accounting.job_deleted(key, body)
+        else:
+            self.jobs.put(body)
+            owner = self.accounting.job_seen(body)
+        if owner is not None:
+            self.queue.add(RunsKey(key[0], owner))
 
     def on_lease(self, kind: str | None, body: dict[str, Any]) -> None:
-        key = _name(body)
+        key = name_of(body)
         record = read_lease(body)
         # Leases made before the lock label existed get it at their CronJob's next reconcile.
         lock = record.lock or key[1].removeprefix(contract.LEASE_PREFIX)
         if kind == "DELETED":
             self.leases.pop(key)
             self.observations.forget(key)
-            self.notes.pop(key, None)
-            self.told.pop(key, None)
+            self.accounting.lease_deleted(key)
             metrics.forget_lock(key[0], lock)
             # A guarded CronJob still needs it: its reconcile creates it again.
             for owner in body["metadata"].get("ownerReferences") or []:
@@ -154,17 +151,7 @@ class Reconciler(RunAccounting):
             self.executor.run(counts)
             self.observations.put(key, seen)
         metrics.lease_held.labels(key[0], lock).set(1 if record.holder else 0)
-        notes = contention.Notes.of(record)
-        if notes != self.notes.get(key, contention.Notes()):
-            self.notes[key] = notes
-            for job, what in notes.contended().items():
-                cached = self.jobs.get((key[0], job))
-                if cached is not None and not contention.is_run_of(cached, lock):
-                    continue  # another lock's run: a note cannot speak for it
-                self.contended[(key[0], job)] = what
-            # Notes are written by pods; Jobs they name that never come must not pile up.
-            while len(self.contended) > MAX_CONTENDED:
-                del self.contended[next(iter(self.contended))]
+        if self.accounting.lease_seen(key, record, lock):
             self.queue.add(ContentionKey(*key))
 
     def _longest_duration(self, lease: Mapping[str, Any]) -> int:
@@ -194,9 +181,9 @@ class Reconciler(RunAccounting):
             if isinstance(key, CronJobKey):
                 await asyncio.to_thread(self.reconcile_cronjob, key.namespace, key.name)
             elif isinstance(key, RunsKey):
-                await asyncio.to_thread(self.account_runs, key.namespace, key.cronjob)
+                await asyncio.to_thread(self.accounting.account_runs, key.namespace, key.cronjob)
             elif isinstance(key, ContentionKey):
-                await asyncio.to_thread(self.tell_contention, key.namespace, key.name)
+                await asyncio.to_thread(self.accounting.tell_contention, key.namespace, key.name)
             else:
                 await asyncio.to_thread(self.expire_lease, key.namespace, key.name)
         except kubernetes.client.ApiException as error:
@@ -336,7 +323,7 @@ class Reconciler(RunAccounting):
             }
             # CronJobs seen but not yet reconciled join now, so a burst writes the Roles once.
             for body in self.cronjobs.in_namespace(namespace):
-                if _name(body) in self.conflicted:
+                if name_of(body) in self.conflicted:
                     continue
                 pending = cronjobs.pending_guard(body, self.settings)
                 if pending is not None and self._may_use(namespace, body, pending):
@@ -365,13 +352,10 @@ class Reconciler(RunAccounting):
         lease = self.leases.get((namespace, guard.lease))
         if lease is None:
             return True
-        try:
-            sharing.refuse_unshared_lock(
-                lease, body, guard.lease, lambda other: self.cronjobs.get((namespace, other))
-            )
-        except (NotOurs, Retry):
-            return False
-        return True
+        lock = guard.lease.removeprefix(contract.LEASE_PREFIX)  # contract.lease_name's inverse
+        return sharing.consent(
+            lease, body, lock, lambda other: self.cronjobs.get((namespace, other))
+        ).granted
 
     def expire_lease(self, namespace: str, name: str) -> None:
         """Clear a holder that stopped renewing, if it still has not renewed."""
@@ -394,11 +378,11 @@ class Reconciler(RunAccounting):
     def _cronjob_written(self, body: dict[str, Any]) -> None:
         version = body["metadata"].get("resourceVersion")
         if version is not None:
-            self.own_versions[_name(body)] = str(version)
+            self.own_versions[name_of(body)] = str(version)
 
     def _lease_written(self, body: dict[str, Any]) -> None:
         # Until the Lease watch shows it, so the next reconcile does not create it again.
-        if _name(body) not in self.leases:
+        if name_of(body) not in self.leases:
             self.leases.put(_lease_entry(body))
 
     def _warn_once(self, body: Mapping[str, Any], reason: str, message: str) -> None:
@@ -416,11 +400,6 @@ class Reconciler(RunAccounting):
                 posted[reason] = message
         if not posted:
             del self.posted[uid]
-
-
-def _name(body: Mapping[str, Any]) -> Name:
-    metadata = body["metadata"]
-    return str(metadata["namespace"]), str(metadata["name"])
 
 
 def _lease_entry(lease: Mapping[str, Any]) -> dict[str, Any]:

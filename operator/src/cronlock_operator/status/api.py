@@ -3,23 +3,20 @@
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Final
 
 import kubernetes
 import urllib3
-import yaml
 
-from cronlock_operator.status.model import annotations_of, metadata_of
+from cronlock_operator.kube import client
+from cronlock_operator.objects import annotations_of, metadata_of
 from cronlock_sidecar import contract
 
 DEFAULT_REQUEST_TIMEOUT: Final = 30.0
 CONNECT_TIMEOUT: Final = 5.0
-_SERVICE_ACCOUNT_NAMESPACE: Final = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
 
 class Unavailable(Exception):
@@ -48,55 +45,15 @@ def connect(
     context: str | None,
     request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
 ) -> Cluster:
-    """An ApiClient from KUBECONFIG (like kubectl) or, failing that, the pod's ServiceAccount."""
-    configuration = kubernetes.client.Configuration()
-    if kubeconfig is not None and not Path(kubeconfig).expanduser().is_file():
-        raise UsageError(f"--kubeconfig {kubeconfig}: no such file")
+    """An ApiClient as every cronlock command finds one (`kube.client.connect`: the
+    kubeconfig asked for, else the pod's ServiceAccount, else `~/.kube/config`)."""
     try:
-        kubernetes.config.load_kube_config(
-            config_file=kubeconfig,
-            context=context,
-            client_configuration=configuration,
-            persist_config=False,
-        )
-        contexts, active = kubernetes.config.list_kube_config_contexts(config_file=kubeconfig)
-        chosen = next((entry for entry in contexts if entry["name"] == context), active)
-        namespace = (chosen.get("context") or {}).get("namespace") or "default"
-    except (
-        kubernetes.config.ConfigException,
-        yaml.YAMLError,
-        ValueError,
-        TypeError,
-        KeyError,
-        AttributeError,
-        OSError,
-    ) as error:
-        # A kubeconfig that is there but not one (bad YAML, a list where a map belongs):
-        # the user's to fix, so a usage error naming it, not a traceback.
-        if not isinstance(error, kubernetes.config.ConfigException):
-            where = kubeconfig or os.environ.get("KUBECONFIG") or "~/.kube/config"
-            raise UsageError(f"kubeconfig {where} cannot be read: {error}") from error
-        if kubeconfig is not None or context is not None or os.environ.get("KUBECONFIG"):
-            raise UsageError(f"kubeconfig: {error}") from error
-        if not os.environ.get("KUBERNETES_SERVICE_HOST"):
-            raise Unavailable(
-                f"no Kubernetes configuration: {error} (set KUBECONFIG or --kubeconfig)"
-            ) from error
-        try:
-            kubernetes.config.load_incluster_config(client_configuration=configuration)
-        except kubernetes.config.ConfigException as in_cluster_error:
-            raise Unavailable(f"in-cluster configuration: {in_cluster_error}") from error
-        namespace = _in_cluster_namespace()
-    return Cluster(
-        kubernetes.client.ApiClient(configuration), namespace, configuration.host, request_timeout
-    )
-
-
-def _in_cluster_namespace() -> str:
-    try:
-        return _SERVICE_ACCOUNT_NAMESPACE.read_text().strip() or "default"
-    except OSError:
-        return "default"
+        connection = client.connect(kubeconfig, context)
+    except client.KubeconfigError as error:
+        raise UsageError(str(error)) from error
+    except client.NoConfiguration as error:
+        raise Unavailable(str(error)) from error
+    return Cluster(connection.api, connection.namespace, connection.host, request_timeout)
 
 
 def fetch(

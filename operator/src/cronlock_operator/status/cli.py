@@ -75,7 +75,9 @@ def parser(prog: str = "cronlock") -> argparse.ArgumentParser:
         help=f"redraw every {WATCH_INTERVAL_SECONDS:g}s until Ctrl-C",
     )
     status.add_argument(
-        "--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, ~/.kube/config)"
+        "--kubeconfig",
+        help="kubeconfig file (default: $KUBECONFIG, else the pod's ServiceAccount in a pod, "
+        "else ~/.kube/config)",
     )
     status.add_argument("--context", help="kubeconfig context to use")
     return top

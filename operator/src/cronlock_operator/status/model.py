@@ -7,12 +7,10 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Final, Literal
 
-from cronlock_operator.lock.config import (
-    InvalidConfig,
-    OperatorSettings,
-    counting_settings,
-    parse_config,
-)
+from cronlock_operator.lock.config import OperatorSettings
+from cronlock_operator.lock.reading import ConfigReading, read_config
+from cronlock_operator.objects import metadata_of
+from cronlock_operator.reconcile.skips import consecutive_skips
 from cronlock_sidecar import contract
 from cronlock_sidecar.lock.model import is_expired, read_lease
 from cronlock_sidecar.microtime import read_time
@@ -31,7 +29,7 @@ class StatusRow:
     cronjob: str
     lock: str
     lease: str
-    policy: str  # what a run does when the lock is held (skip, wait, replace, observe)
+    policy: str  # what a run does when the lock is held (skip, wait, replace, observe; invalid)
     state: LeaseState
     holder: str | None
     renewed_at: datetime | None
@@ -74,17 +72,19 @@ def rows(
         (metadata_of(lease).get("namespace", ""), metadata_of(lease).get("name", "")): lease
         for lease in leases
     }
-    guarded = [
-        cronjob
-        for cronjob in cronjobs
-        if annotations_of(cronjob).get(contract.ANNOTATION_ENABLED) == "true"
+    # The operator's reading of the annotations, and so its rule for bad ones.
+    readings = [(cronjob, read_config(cronjob, _SETTINGS)) for cronjob in cronjobs]
+    result = [
+        _row(cronjob, reading, by_name, now, skew_seconds)
+        for cronjob, reading in readings
+        if reading.enabled
     ]
-    result = [_row(cronjob, by_name, now, skew_seconds) for cronjob in guarded]
     return sorted(result, key=lambda row: (row.namespace, row.cronjob))
 
 
 def _row(
     cronjob: Mapping[str, Any],
+    reading: ConfigReading,
     leases: Mapping[tuple[str, str], Mapping[str, Any]],
     now: datetime,
     skew_seconds: float,
@@ -92,8 +92,7 @@ def _row(
     metadata = metadata_of(cronjob)
     namespace = str(metadata.get("namespace", ""))
     name = str(metadata.get("name", ""))
-    annotations = annotations_of(cronjob)
-    lock = annotations.get(contract.ANNOTATION_LOCK) or name
+    lock = reading.lock
     lease_name = contract.lease_name(lock)
     lease = leases.get((namespace, lease_name))
     record = read_lease(lease or {})
@@ -109,22 +108,14 @@ def _row(
         state = "expired"
     else:
         state = "held"
-    skips = _whole_number(annotations.get(contract.ANNOTATION_CONSECUTIVE_SKIPS), 0)
+    skips = consecutive_skips(cronjob)  # as the operator counts
     status: Mapping[str, Any] = cronjob.get("status") or {}
     problems = []
-    policy = annotations.get(contract.ANNOTATION_POLICY) or _SETTINGS.default_policy
-    alert_after, _ = counting_settings(cronjob, _SETTINGS)  # as the operator counts
-    try:
-        policy = parse_config(cronjob, _SETTINGS).policy
-        invalid = None
-    except InvalidConfig as error:
-        invalid = str(error)
-        if policy not in contract.POLICIES:
-            policy = "invalid"
-    if invalid is not None:
+    alert_after = reading.alert_after  # as the operator counts
+    if reading.invalid is not None:
         # What the operator refuses the same way, with an InvalidConfig Event.
         problems.append(
-            f"cronjob {namespace}/{name}: {invalid} (see its InvalidConfig Event; the "
+            f"cronjob {namespace}/{name}: {reading.invalid} (see its InvalidConfig Event; the "
             "operator leaves it as it was)"
         )
     if state == "expired":
@@ -142,7 +133,7 @@ def _row(
         cronjob=name,
         lock=lock,
         lease=lease_name,
-        policy=policy,
+        policy=reading.policy,
         state=state,
         holder=holder,
         renewed_at=record.renewed_at,
@@ -199,27 +190,6 @@ def seconds_between(start: datetime | None, end: datetime | None) -> float | Non
     return (end - start).total_seconds()
 
 
-def metadata_of(obj: Mapping[str, Any]) -> Mapping[str, Any]:
-    metadata: Mapping[str, Any] = obj.get("metadata") or {}
-    return metadata
-
-
-def annotations_of(obj: Mapping[str, Any]) -> Mapping[str, str]:
-    annotations: Mapping[str, str] = metadata_of(obj).get("annotations") or {}
-    return annotations
-
-
-_MAX_DIGITS = 18  # more is no counter cronlock wrote (and int() refuses 4,301 digits)
-
-
 # The annotations are checked as the operator checks them; only its defaults (ttl, renew,
 # policy from its flags) can differ, and the ones here are the chart's.
 _SETTINGS: Final = OperatorSettings(sidecar_image="status")
-
-
-def _whole_number(value: str | None, default: int, *, minimum: int = 0) -> int:
-    """A counter or threshold from an annotation; the operator reports bad values itself."""
-    if value is None or not value.strip().isdigit() or len(value.strip()) > _MAX_DIGITS:
-        return default
-    number = int(value)
-    return number if number >= minimum else default

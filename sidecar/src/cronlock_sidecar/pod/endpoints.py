@@ -128,9 +128,9 @@ class SidecarState:
 # - At most MAX_CONNECTIONS connections are served at once; more are closed as soon as they
 #   are accepted, so the accept loop never waits for a slot.
 # - They are served by a fixed set of threads started with the server, not one started per
-#   connection: under load, starting a thread stalled the accept loop for up to ~50 ms,
-#   enough for a flood to fill the kernel's queue and drop the probe's SYN (retried only a
-#   second later). The idle threads cost about 0.7 MiB resident.
+#   connection: under load, starting a thread stalled the accept loop long enough for a
+#   flood to fill the kernel's queue and drop the probe's SYN (retried only a second
+#   later). Idle threads cost little resident memory (docs/PERFORMANCE.md).
 # - A connection lives at most CONNECTION_SECONDS in all, however slowly its bytes drip in:
 #   a probe's request and answer take milliseconds, so 2 s is generous, and it bounds how
 #   long a slow client can sit on a slot. (Shorter would free a full server sooner but cut

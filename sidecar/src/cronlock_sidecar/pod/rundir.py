@@ -16,7 +16,7 @@ DECISIONS = ("run", "skip", "unavailable", "overlap")
 
 def write_atomically(path: Path, text: str) -> None:
     """Readers see the old file or the whole new one, never a half-written one."""
-    import tempfile  # here, not at the top: `gate` only reads, and it costs ~4 ms to import
+    import tempfile  # here, not at the top: `gate` only reads, and its import is not free
 
     descriptor, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:

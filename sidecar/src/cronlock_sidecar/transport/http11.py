@@ -1,8 +1,8 @@
 """A small HTTP/1.1 client connection on socket + ssl.
 
-The sidecar is a short-lived process; `http.client` costs ~21 ms of a ~112 ms run just to
-import (its `email` parser alone ~12 ms). This is the part of HTTP/1.1 that talking to
-kube-apiserver needs: one request at a time on one kept-alive connection, responses
+The sidecar is a short-lived process, and importing `http.client` (with its `email`
+parser) was a fifth of a short run (docs/PERFORMANCE.md). This is the part of HTTP/1.1
+that talking to kube-apiserver needs: one request at a time on one kept-alive connection, responses
 framed by Content-Length, chunked transfer coding or the connection's end.
 
 Every socket operation of a request (connect, TLS handshake, send, each receive) is

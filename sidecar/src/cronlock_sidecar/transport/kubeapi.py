@@ -1,7 +1,7 @@
 """Lease requests on our own HTTP/1.1 client.
 
 The kubernetes package alone costs more than our memory goal, and `http.client` (with the
-`email` parser it imports) ~20 ms of a run's start-up; see `cronlock_sidecar.transport.http11`.
+`email` parser it imports) a large part of a run's start-up; see `transport.http11`.
 """
 
 from __future__ import annotations

@@ -43,7 +43,7 @@ class TokenFile:
 class Cluster:
     """One API server endpoint with its TLS settings and credentials."""
 
-    # A plain class, not a dataclass: importing dataclasses costs a short run ~6 ms.
+    # A plain class, not a dataclass: importing dataclasses slows a short run's start-up.
     # Constructor order, not sorted: repr and equality go through the slots in this order.
     __slots__ = (  # noqa: RUF023
         "server",
@@ -459,7 +459,7 @@ def _load_client_certificate(
         else _resolve(str(user["client-key"]), user_dir).read_bytes()
     )
     # ssl only loads key material from a file: a private one that lives for this call alone.
-    import tempfile  # here, not at the top: only inline key data needs it (~4 ms to import)
+    import tempfile  # here, not at the top: only inline key data needs it (slow to import)
 
     descriptor, name = tempfile.mkstemp(prefix="cronlock-client-", suffix=".pem")
     try:

@@ -1,4 +1,4 @@
-"""Small helpers the integration and end-to-end rings share."""
+"""Small helpers for driving a real cluster: polling, finished pods, running kubectl and helm."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 T = TypeVar("T")
-CONTROLPLANE = Path(__file__).resolve().parent / "controlplane"
 
 
 def wait_for(probe: Callable[[], T | None], timeout: float, what: str, every: float = 0.25) -> T:

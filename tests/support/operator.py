@@ -14,9 +14,9 @@ from typing import Any
 import kubernetes
 import yaml
 
-from tests.kube import wait_for
+from tests.support.controlplane import ROOT
+from tests.support.kube import wait_for
 
-ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "charts" / "cronlock"
 OPERATOR_NAMESPACE = "cronlock-system"
 # The sidecar image every test operator injects, and so the one the chart's operator policy

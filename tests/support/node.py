@@ -1,4 +1,5 @@
-"""The real node as the e2e ring sees it: its processes, its faults, and what ran on it.
+"""The real node as whatever runs pods sees it (the e2e ring, the pod-mode reliability
+checker `tests.reliability.pods`, the demo): its processes, its faults, what ran on it.
 
 `RealNode` starts and stops `tests/controlplane/node` (kubelet, containerd, runc) and
 injects faults from the host: cut the pods' path to the API server, SIGSTOP or SIGKILL a
@@ -28,17 +29,17 @@ from typing import Any
 import kubernetes
 import urllib3
 
-from tests.kube import wait_for
+from tests.support.contract import GATE_CONTAINER, SIDECAR_CONTAINER
+from tests.support.controlplane import ROOT
+from tests.support.kube import wait_for
 
-ROOT = Path(__file__).resolve().parent.parent.parent
 NODE_SCRIPT = ROOT / "tests" / "controlplane" / "node"
 # The host's end of the link to the node: pods reach the tracker there.
 HOST_LINK_IP = "198.51.100.1"
 CRONLOCK_IMAGE = "localhost/cronlock:dev"
-# The Dockerfile's `sidecar` target: what the operator injects.
+# Debian's busybox-static as an image (tests/controlplane/images), imported into the node's
+# containerd: the CronJobs' main containers run it; there is no registry to pull from.
 BUSYBOX_IMAGE = "localhost/busybox:cronlock"
-SIDECAR_CONTAINER = "cronlock"
-GATE_CONTAINER = "cronlock-gate"
 # What a watch may raise while the API server is away (a paused one times reads out).
 WATCH_ERRORS = (kubernetes.client.ApiException, urllib3.exceptions.HTTPError, OSError, ValueError)
 

@@ -1,0 +1,192 @@
+"""The one reading of a CronJob's `cronlock.io/*` annotations, for every reader.
+
+The CronJob and runs deciders, the pending guards and `cronlock status` all take the
+`ConfigReading` of `read_config`, parsed once per resourceVersion, so they cannot disagree:
+not on whether a CronJob is guarded, nor, when one annotation is invalid, on how its runs
+are counted (the fallback rule is here, once).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Final, Literal, cast
+
+from cronlock_operator.lock.config import (
+    InvalidConfig,
+    LockConfig,
+    OperatorSettings,
+    is_enabled,
+    parse_alert_after,
+    parse_config,
+    parse_flag,
+)
+from cronlock_operator.lock.policies import Policy
+from cronlock_operator.objects import annotations_of
+from cronlock_operator.podspec import containers_with_own_liveness_probe
+from cronlock_sidecar import contract
+
+
+@dataclass(frozen=True)
+class ConfigReading:
+    """What a CronJob's annotations say, read once for every reader (`read_config`).
+
+    The one rule for invalid input: a CronJob is guarded (`config`) only when it opted in
+    and every annotation is valid; else `invalid` names the first bad one (or is None when
+    it did not opt in, whose other annotations are not checked). What is shown or counted
+    regardless — the counting settings, the lock and the policy — comes from the whole
+    config when it is valid, else from each annotation on its own.
+    """
+
+    # cronlock.io/enabled is "true" (False also when it is neither "true" nor "false").
+    enabled: bool
+    config: LockConfig | None  # when enabled and valid
+    invalid: InvalidConfig | None  # why an enabled CronJob is not guarded (or enabled is bad)
+    # How runs are counted, from the config when it is valid, else each on its own and its
+    # default only when it is the bad one: an unrelated bad annotation neither deletes
+    # Jobs the user asked to keep nor moves `RepeatedSkips` (operator and status alike).
+    alert_after: int
+    keep_skipped_jobs: bool
+    # What `cronlock status` shows: the config's lock and policy; without a valid config,
+    # the annotated lock (else the CronJob's name) and the annotated policy (else the
+    # default), "invalid" when the annotation names no policy.
+    lock: str
+    policy: Policy | Literal["invalid"]
+
+
+# CronJobs (times the settings they are read under) whose reading is kept; the one used
+# longest ago goes first.
+READINGS_KEPT: Final = 4096
+
+
+class _Readings:
+    """A bounded, thread-safe LRU of readings: per (uid, settings), the latest version read.
+
+    An entry is used only for the same resourceVersion, and only while what the parse
+    reads of the body is the same (its name, `cronlock.io/*` annotations and which
+    containers have a liveness probe of their own): a uid and a resourceVersion name one
+    content on the API server, but a body edited in place, or made up with a reused
+    version, is parsed afresh instead of read stale."""
+
+    def __init__(self, limit: int = READINGS_KEPT) -> None:
+        self.limit = limit
+        self._lock = threading.Lock()
+        self._entries: OrderedDict[tuple[str, OperatorSettings], tuple[Any, ConfigReading]] = (
+            OrderedDict()
+        )
+
+    def get(self, key: tuple[str, OperatorSettings], inputs: Any) -> ConfigReading | None:
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None or entry[0] != inputs:
+                return None
+            self._entries.move_to_end(key)
+            return entry[1]
+
+    def put(
+        self, key: tuple[str, OperatorSettings], inputs: Any, reading: ConfigReading
+    ) -> ConfigReading:
+        """The reading now kept for `key`: one another thread kept meanwhile for the same
+        inputs (so that every reader of a version gets the same value), else `reading`."""
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is not None and entry[0] == inputs:
+                self._entries.move_to_end(key)
+                return entry[1]
+            self._entries[key] = (inputs, reading)
+            self._entries.move_to_end(key)
+            while len(self._entries) > self.limit:
+                self._entries.popitem(last=False)
+            return reading
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._entries)
+
+
+_READINGS = _Readings()
+
+
+def read_config(cronjob: Mapping[str, Any], settings: OperatorSettings) -> ConfigReading:
+    """The CronJob's `ConfigReading` under `settings`, the one every reader uses.
+
+    Memoized per CronJob (uid, resourceVersion, settings; the latest version of each of
+    `READINGS_KEPT` CronJobs), so each version is parsed once and every reader of it sees
+    the same value; a body without a uid or resourceVersion (a test's) is parsed each
+    time. Errors other than InvalidConfig propagate and nothing is kept.
+    """
+    metadata: Mapping[str, Any] = cronjob.get("metadata") or {}
+    uid, version = metadata.get("uid"), metadata.get("resourceVersion")
+    if not uid or not version:
+        return _read(cronjob, settings)
+    key = (str(uid), settings)
+    inputs = (str(version), *_parse_inputs(cronjob))
+    reading = _READINGS.get(key, inputs)
+    if reading is None:
+        reading = _READINGS.put(key, inputs, _read(cronjob, settings))
+    return reading
+
+
+def counting_settings(cronjob: Mapping[str, Any], settings: OperatorSettings) -> tuple[int, bool]:
+    """`alert-after` and `keep-skipped-jobs` as the run accounting applies them: those of
+    `read_config` (whose docstring says the rule)."""
+    reading = read_config(cronjob, settings)
+    return reading.alert_after, reading.keep_skipped_jobs
+
+
+def _read(cronjob: Mapping[str, Any], settings: OperatorSettings) -> ConfigReading:
+    annotations = annotations_of(cronjob)
+    config: LockConfig | None = None
+    invalid: InvalidConfig | None = None
+    enabled = False
+    try:
+        enabled = is_enabled(cronjob)
+        if enabled:
+            config = parse_config(cronjob, settings)
+    except InvalidConfig as error:
+        # Kept in a long-lived memo: nothing that holds the parse's frames (and the body).
+        invalid = error.with_traceback(None)
+        invalid.__context__ = None
+    if config is not None:
+        return ConfigReading(
+            enabled=True,
+            config=config,
+            invalid=None,
+            alert_after=config.alert_after,
+            keep_skipped_jobs=config.keep_skipped_jobs,
+            lock=config.lock,
+            policy=config.policy,
+        )
+    try:
+        alert_after = parse_alert_after(annotations)
+    except InvalidConfig:
+        alert_after = contract.DEFAULT_ALERT_AFTER
+    try:
+        keep = parse_flag(annotations, contract.ANNOTATION_KEEP_SKIPPED_JOBS, default=False)
+    except InvalidConfig:
+        keep = False
+    metadata: Mapping[str, Any] = cronjob.get("metadata") or {}
+    policy = annotations.get(contract.ANNOTATION_POLICY) or settings.default_policy
+    return ConfigReading(
+        enabled=enabled,
+        config=None,
+        invalid=invalid,
+        alert_after=alert_after,
+        keep_skipped_jobs=keep,
+        lock=annotations.get(contract.ANNOTATION_LOCK) or str(metadata.get("name", "")),
+        policy=cast(Policy, policy) if policy in contract.POLICIES else "invalid",
+    )
+
+
+def _parse_inputs(cronjob: Mapping[str, Any]) -> tuple[Any, ...]:
+    """What `parse_config` reads of the body (besides the settings): its name, its
+    `cronlock.io/*` annotations and which containers have a liveness probe of their own."""
+    metadata: Mapping[str, Any] = cronjob.get("metadata") or {}
+    ours = {
+        key: value
+        for key, value in annotations_of(cronjob).items()
+        if key.startswith(contract.PREFIX)
+    }
+    return (metadata.get("name"), ours, tuple(containers_with_own_liveness_probe(cronjob)))

@@ -1,0 +1,131 @@
+"""The executor's three read-then-judge actions, against the in-memory API server: what it
+writes for a Lease created meanwhile, a Lease's users, and a Role someone else made."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from cronlock_operator.errors import NotOurs, Retry
+from cronlock_operator.lock.config import parse_config
+from cronlock_operator.reconcile import rbac
+from cronlock_operator.reconcile.actions import DropLeaseOwner, EnsureLease
+from cronlock_operator.runtime.executor import Executor
+from tests.support.cronjobs import SETTINGS, make_cronjob
+from tests.support.fakekube import FakeKube
+from tests.support.leases import make_lease
+
+OURS = {"app.kubernetes.io/managed-by": "cronlock", "cronlock.io/lock": "report"}
+
+
+def cronjob(name: str = "report", uid: str = "u-report", **annotations: str) -> dict[str, Any]:
+    body = make_cronjob(
+        name=name,
+        annotations={"cronlock.io/enabled": "true", "cronlock.io/lock": "report", **annotations},
+    )
+    body["metadata"]["uid"] = uid
+    return body
+
+
+def lease(*owners: tuple[str, str], labels: dict[str, str] | None = None) -> dict[str, Any]:
+    """Lock report's Lease in team-a at version 7, used by `owners` (name, uid); `labels` as
+    make_lease's (by default OURS)."""
+    return make_lease(namespace="team-a", owners=owners, labels=labels, resource_version="7")
+
+
+def ensure(
+    body: dict[str, Any], cached: dict[str, Any] | None, *others: dict[str, Any]
+) -> EnsureLease:
+    by_name = {other["metadata"]["name"]: other for other in others}
+    return EnsureLease(
+        "team-a", "cronlock-report", body, parse_config(body, SETTINGS), cached, by_name.get
+    )
+
+
+def test_a_new_lock_gets_its_lease_created_and_heard() -> None:
+    kube, heard = FakeKube(), []
+    Executor(kube, lease_written=heard.append).run([ensure(cronjob(), None)])
+    stored = kube.leases[("team-a", "cronlock-report")]
+    assert stored["metadata"]["labels"] == OURS
+    assert [owner["uid"] for owner in stored["metadata"]["ownerReferences"]] == ["u-report"]
+    assert heard == [stored]
+
+
+def test_a_lease_the_cache_had_not_seen_is_judged_as_read() -> None:
+    """409: the adapter hands back the Lease that exists, and consent is judged on it."""
+    kube = FakeKube(leases=[lease(("export", "u-export"))])
+    with pytest.raises(NotOurs, match="lock report is already used by CronJob export"):
+        Executor(kube).run([ensure(cronjob(), None, cronjob("export", "u-export"))])
+    assert kube.called("merge_lease") == []
+
+    consenting = cronjob("export", "u-export", **{"cronlock.io/share-lock-with": "report"})
+    Executor(kube).run([ensure(cronjob(), None, consenting)])
+    owners = kube.leases[("team-a", "cronlock-report")]["metadata"]["ownerReferences"]
+    assert sorted(owner["name"] for owner in owners) == ["export", "report"]
+
+
+def test_a_foreign_lease_is_refused_and_left_as_it_was() -> None:
+    kube = FakeKube(leases=[lease(labels={})])
+    with pytest.raises(NotOurs, match="exists and lacks the label"):
+        Executor(kube).run([ensure(cronjob(), None)])
+    assert kube.leases[("team-a", "cronlock-report")]["metadata"]["labels"] == {}
+
+
+def test_an_unseen_user_is_a_retry_and_an_owned_lease_writes_nothing() -> None:
+    kube = FakeKube(leases=[lease(("gone", "u-gone"))])
+    with pytest.raises(Retry, match="not \\(yet\\) seen"):
+        Executor(kube).run([ensure(cronjob(), kube.leases[("team-a", "cronlock-report")])])
+    owned = lease(("report", "u-report"))
+    Executor(kube).run([ensure(cronjob(), owned)])
+    assert [name for name, _ in kube.calls] == []
+
+
+def test_dropping_an_owner_keeps_the_others_then_deletes_with_the_last() -> None:
+    kube = FakeKube(leases=[lease(("report", "u-report"), ("export", "u-export"))])
+    Executor(kube).run([DropLeaseOwner("team-a", "cronlock-report", "u-report")])
+    owners = kube.leases[("team-a", "cronlock-report")]["metadata"]["ownerReferences"]
+    assert [owner["uid"] for owner in owners] == ["u-export"]
+    Executor(kube).run([DropLeaseOwner("team-a", "cronlock-report", "u-export")])
+    assert ("team-a", "cronlock-report") not in kube.leases
+
+
+def test_a_lease_that_moved_while_its_owner_was_dropped_is_a_retry() -> None:
+    kube = FakeKube(leases=[lease(("report", "u-report"), ("export", "u-export"))])
+    original = kube.patch_lease
+
+    def moved(namespace: str, name: str, patch: list[dict[str, Any]]) -> bool:
+        kube.leases[(namespace, name)]["metadata"]["resourceVersion"] = "8"
+        return original(namespace, name, patch)
+
+    kube.patch_lease = moved  # type: ignore[method-assign]
+    with pytest.raises(Retry, match="changed while dropping an owner"):
+        Executor(kube).run([DropLeaseOwner("team-a", "cronlock-report", "u-report")])
+
+
+def test_holder_rbac_writes_its_own_names_a_foreign_role_and_deletes_the_stale() -> None:
+    kube = FakeKube()
+    holder = kube.rbac
+    guards = [rbac.Guard("cronlock-report", "runner"), rbac.Guard("cronlock-x", "batch")]
+    _, actions = rbac.decide("team-a", guards, None)
+    holder.objects[("Role", "team-a", "cronlock-holder-batch")] = {
+        "metadata": {"name": "cronlock-holder-batch", "labels": {}}
+    }
+    holder.objects[("Role", "team-a", "cronlock-holder-old")] = {
+        "metadata": {
+            "name": "cronlock-holder-old",
+            "labels": {"app.kubernetes.io/managed-by": "cronlock"},
+        }
+    }
+    with pytest.raises(NotOurs) as refused:
+        Executor(kube).run(actions)
+    assert list(refused.value.names) == ["cronlock-holder-batch"]
+    assert holder.names("Role", "team-a") == ["cronlock-holder-batch", "cronlock-holder-runner"]
+    assert holder.names("RoleBinding", "team-a") == ["cronlock-holder-runner"]
+    # In sync: a second write reads and writes nothing new.
+    holder.calls.clear()
+    del holder.objects[("Role", "team-a", "cronlock-holder-batch")]
+    Executor(kube).run(actions)
+    Executor(kube).run(actions)
+    writes = [name for name, _ in holder.calls if name in ("create", "replace", "delete")]
+    assert writes == ["create", "create"]  # the batch Role and RoleBinding, once
