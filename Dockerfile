@@ -36,7 +36,7 @@ RUN --mount=type=secret,id=pip-ca \
     && python -m venv /opt/build \
     && /opt/build/bin/pip install --no-cache-dir --require-hashes -r requirements-build.lock
 
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md LICENSE ./
 COPY operator/src operator/src
 COPY sidecar/src sidecar/src
 # The wheel is built with the pinned backend (no build isolation: nothing is fetched
@@ -54,6 +54,7 @@ RUN /opt/build/bin/pip wheel --no-cache-dir --no-deps --no-build-isolation \
 # and a launcher named like the console script.
 RUN mkdir -p /opt/sidecar/bin \
     && cp -a /opt/venv/lib/python3.11/site-packages/cronlock_sidecar /opt/sidecar/ \
+    && cp LICENSE /opt/sidecar/LICENSE \
     && printf '%s\n' '#!/usr/bin/env python3' 'import sys' \
         'sys.path.insert(0, "/opt/sidecar")' \
         'from cronlock_sidecar.cli import main' 'sys.exit(main())' \

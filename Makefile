@@ -9,7 +9,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck unit integration e2e benchmarks controlplane images image up down lock clean
+.PHONY: demo test lint typecheck unit integration e2e benchmarks controlplane images image up down lock chart-readme clean
 
 $(STAMP): requirements-dev.lock pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -92,6 +92,11 @@ else
 	$(BUILDAH) bud $(image_flags) --tag $(IMAGE) .
 	$(BUILDAH) bud $(image_flags) --target sidecar --tag $(SIDECAR_IMAGE) .
 endif
+
+# Regenerate charts/cronlock/README.md from values.yaml's `# --` comments (helm-docs, built
+# once from its pinned Go module); tests/unit/test_chart_readme.py fails when it is stale.
+chart-readme:
+	charts/readme
 
 # Regenerate the hash-pinned lock files after changing dependencies in pyproject.toml.
 lock:

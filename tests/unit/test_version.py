@@ -1,0 +1,99 @@
+"""One version, set in pyproject.toml's [project] table: the chart, its images, the rendered
+manifest, the operator's default sidecar and the docs' examples all carry that one
+(docs/RELEASING.md says what to bump)."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from cronlock_operator.cli import DEFAULT_SIDECAR_IMAGE
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts" / "cronlock"
+SEMVER = re.compile(r"(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)(-[0-9A-Za-z.-]+)?")
+# cronlock's two images with a version tag, as a manifest or an example names them.
+IMAGE_TAG = re.compile(r"cronlock(?:-sidecar)?:(\d+\.\d+\.\d+(?:-[0-9A-Za-z.-]+)?)")
+
+
+def version() -> str:
+    return str(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"])
+
+
+def chart() -> dict[str, Any]:
+    loaded: dict[str, Any] = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    return loaded
+
+
+def values() -> dict[str, Any]:
+    loaded: dict[str, Any] = yaml.safe_load((CHART / "values.yaml").read_text())
+    return loaded
+
+
+def test_the_version_is_semver() -> None:
+    assert SEMVER.fullmatch(version()), f"pyproject.toml's version {version()!r} is not SemVer"
+
+
+def test_the_chart_and_its_app_have_the_package_version() -> None:
+    assert (chart()["version"], chart()["appVersion"]) == (version(), version()), (
+        "set charts/cronlock/Chart.yaml's version and appVersion to pyproject.toml's"
+    )
+
+
+def test_the_installed_package_has_the_version_of_pyproject() -> None:
+    # The operator reports this one (cronlock_build_info); `make` reinstalls on a change.
+    assert metadata.version("cronlock") == version()
+
+
+def test_the_default_image_tags_are_the_app_version() -> None:
+    # Empty tags render as the chart's appVersion (_helpers.tpl), so they follow it.
+    assert values()["image"]["tag"] == ""
+    assert values()["sidecarImage"]["tag"] == ""
+    helpers = (CHART / "templates" / "_helpers.tpl").read_text()
+    assert "(.image.tag | default .root.Chart.AppVersion)" in helpers
+
+
+def test_artifact_hub_lists_the_default_images_at_this_version() -> None:
+    listed = yaml.safe_load(chart()["annotations"]["artifacthub.io/images"])
+    expected = [
+        f"{values()['image']['repository']}:{version()}",
+        f"{values()['sidecarImage']['repository']}:{version()}",
+    ]
+    assert [image["image"] for image in listed] == expected
+
+
+def test_the_operator_injects_the_sidecar_of_this_version_by_default() -> None:
+    expected = f"{values()['sidecarImage']['repository']}:{version()}"
+    assert expected == DEFAULT_SIDECAR_IMAGE
+
+
+def test_the_rendered_manifest_carries_this_version() -> None:
+    manifest = (ROOT / "manifests" / "install.yaml").read_text()
+    charts = set(re.findall(r"helm\.sh/chart: cronlock-(\S+)", manifest))
+    apps = set(re.findall(r'app\.kubernetes\.io/version: "([^"]+)"', manifest))
+    images = set(IMAGE_TAG.findall(manifest))
+    assert (charts, apps, images) == ({version()}, {version()}, {version()}), (
+        "regenerate manifests/install.yaml (its header says how)"
+    )
+
+
+def test_the_changelog_has_a_section_for_this_version_below_unreleased() -> None:
+    headings = re.findall(r"^## \[([^\]]+)\]", (ROOT / "CHANGELOG.md").read_text(), re.M)
+    assert headings[:1] == ["Unreleased"]
+    assert version() in headings[1:2], f"CHANGELOG.md has no `## [{version()}]` under Unreleased"
+
+
+def test_the_image_tags_in_the_docs_examples_are_this_version() -> None:
+    texts = [ROOT / "README.md", ROOT / "Makefile", *sorted((ROOT / "docs").glob("*.md"))]
+    stale = {
+        f"{path.relative_to(ROOT)}: {match.group(0)}"
+        for path in texts
+        for match in IMAGE_TAG.finditer(path.read_text())
+        if match.group(1) != version()
+    }
+    assert not stale, sorted(stale)
