@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import itertools
 import json
 from typing import Any
 
@@ -69,6 +70,15 @@ def make_cronjob(
     }
 
 
+_VERSIONS = itertools.count(1)
+
+
+def changed(body: dict[str, Any]) -> dict[str, Any]:
+    """`body` after an edit, with the new resourceVersion the API server would give it."""
+    body["metadata"]["resourceVersion"] = str(next(_VERSIONS))
+    return body
+
+
 def pod_spec(cronjob: dict[str, Any]) -> dict[str, Any]:
     """spec.jobTemplate.spec.template.spec of a CronJob."""
     spec: dict[str, Any] = cronjob["spec"]["jobTemplate"]["spec"]["template"]["spec"]
@@ -76,9 +86,10 @@ def pod_spec(cronjob: dict[str, Any]) -> dict[str, Any]:
 
 
 def server_defaults(cronjob: dict[str, Any]) -> dict[str, Any]:
-    """The CronJob as the API server stores it: defaults filled into every container and probe."""
+    """The CronJob as the API server stores it: defaults filled into every container and
+    probe, and a resourceVersion of its own (the API server never gives two contents one)."""
     stored = copy.deepcopy(cronjob)
-    stored["metadata"].setdefault("resourceVersion", "1")
+    stored["metadata"].setdefault("resourceVersion", str(next(_VERSIONS)))
     job_template = stored["spec"]["jobTemplate"]
     # ObjectMeta is a struct: Go's omitempty never leaves it out.
     job_template.setdefault("metadata", {})

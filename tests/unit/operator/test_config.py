@@ -19,7 +19,7 @@ from cronlock_operator.lock.config import (
     parse_config,
 )
 from cronlock_operator.lock.reading import ConfigReading, counting_settings, read_config
-from tests.support.cronjobs import NEW_SETTINGS, SETTINGS, make_cronjob, server_defaults
+from tests.support.cronjobs import NEW_SETTINGS, SETTINGS, changed, make_cronjob, server_defaults
 
 PROBED = [
     {
@@ -348,19 +348,17 @@ def test_a_body_without_uid_or_version_is_parsed_each_time(parses: list[str]) ->
     assert len(reading_module._READINGS) == 0
 
 
-def test_a_body_edited_in_place_under_the_same_version_is_read_afresh(parses: list[str]) -> None:
-    """What the parse reads (annotations, name, own liveness probes) is checked on a hit."""
+def test_an_edit_is_read_under_its_new_version(parses: list[str]) -> None:
+    """The API server gives every edit a new resourceVersion: that is what is read anew."""
     body = stored("uid-edited")
     assert read_config(body, SETTINGS).config is not None
     body["metadata"]["annotations"]["cronlock.io/ttl"] = "nonsense"
-    assert read_config(body, SETTINGS).invalid is not None
+    assert read_config(changed(body), SETTINGS).invalid is not None
     body["metadata"]["annotations"]["cronlock.io/ttl"] = "60s"
     body["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"] = PROBED
-    reading = read_config(body, SETTINGS)
+    reading = read_config(changed(body), SETTINGS)
     assert reading.config is not None
     assert reading.config.stop == "signal"
-    # Other annotations are not what the parse reads: the reading stays.
-    body["metadata"]["annotations"]["example.com/note"] = "hello"
     assert read_config(body, SETTINGS) is reading
     assert len(parses) == 3
 

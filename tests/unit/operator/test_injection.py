@@ -416,7 +416,9 @@ def test_a_changed_value_inside_our_pieces_is_a_difference() -> None:
 
 
 def test_patch_turns_the_stored_cronjob_into_the_desired_one() -> None:
-    stored = server_defaults(make_cronjob())
+    written = make_cronjob()
+    written["metadata"]["resourceVersion"] = "1"
+    stored = server_defaults(written)
     desired = inject(stored)
     patch = injection_patch(stored, desired)
     assert patch[0] == {"op": "test", "path": "/metadata/resourceVersion", "value": "1"}

@@ -26,7 +26,7 @@ from cronlock_operator.reconcile.actions import (
 from cronlock_operator.reconcile.rbac import Guard
 from cronlock_operator.runtime.executor import Executor
 from cronlock_sidecar.lock.model import read_lease
-from tests.support.cronjobs import SETTINGS, make_cronjob, server_defaults
+from tests.support.cronjobs import SETTINGS, changed, make_cronjob, server_defaults
 from tests.support.fakekube import FakeKube
 from tests.support.leases import make_lease
 
@@ -141,7 +141,7 @@ def test_the_pending_guard_names_the_account_the_runs_use() -> None:
     body = cronjob(serviceAccountName="exporter")
     assert cronjobs.pending_guard(body, SETTINGS) == Guard("cronlock-report", "exporter")
     body["metadata"]["annotations"]["cronlock.io/ttl"] = "soon"
-    assert cronjobs.pending_guard(body, SETTINGS) is None
+    assert cronjobs.pending_guard(changed(body), SETTINGS) is None
 
 
 # --- RBAC -------------------------------------------------------------------------------
@@ -397,7 +397,7 @@ def test_an_unrelated_invalid_annotation_keeps_the_users_counting_settings() -> 
             "cronlock.io/ttl": "soon",  # invalid: the CronJob is left as it was
         }
     )
-    body["metadata"]["annotations"]["cronlock.io/consecutive-skips"] = "1"
+    changed(body)["metadata"]["annotations"]["cronlock.io/consecutive-skips"] = "1"
     job = finished_job("report-2", "2026-12-01T00:00:02Z", "skipped")
     [run] = runs.decide(body, [job], SETTINGS).runs
     assert "DeleteJob" not in kinds(run.actions)
@@ -405,4 +405,5 @@ def test_an_unrelated_invalid_annotation_keeps_the_users_counting_settings() -> 
     assert counting_settings(body, SETTINGS) == (2, True)
     # Invalid themselves, each falls back to its own default only.
     body["metadata"]["annotations"]["cronlock.io/keep-skipped-jobs"] = "yes"
+    changed(body)
     assert counting_settings(body, SETTINGS) == (2, False)

@@ -29,7 +29,6 @@ def cronjob(annotations: dict[str, str], *, skips: int = 0, stored: bool = True)
     body = make_cronjob(namespace=NAMESPACE, annotations=annotations)
     if stored:
         body = server_defaults(body)
-        body["metadata"]["resourceVersion"] = str(100 + skips)
     body["metadata"]["uid"] = "uid-report"
     return body
 

@@ -22,12 +22,13 @@ class HolderRbac:
     def __init__(self, api: kubernetes.client.RbacAuthorizationV1Api) -> None:
         self.api = api
 
+    def _call(self, verb: str, kind: RbacKind) -> Any:
+        """The client's method for `verb` on `kind`: `read_namespaced_role`, ..."""
+        suffix = "role" if kind == "Role" else "role_binding"
+        return getattr(self.api, f"{verb}_namespaced_{suffix}")
+
     def read(self, kind: RbacKind, namespace: str, name: str) -> dict[str, Any] | None:
-        call = (
-            self.api.read_namespaced_role
-            if kind == "Role"
-            else self.api.read_namespaced_role_binding
-        )
+        call = self._call("read", kind)
         with transient_errors(f"get {kind} {namespace}/{name}"):
             try:
                 return raw(call(name, namespace, _preload_content=False))
@@ -37,43 +38,27 @@ class HolderRbac:
                 raise
 
     def create(self, kind: RbacKind, namespace: str, body: dict[str, Any]) -> None:
-        call = (
-            self.api.create_namespaced_role
-            if kind == "Role"
-            else self.api.create_namespaced_role_binding
-        )
+        call = self._call("create", kind)
         with transient_errors(f"create {kind} {namespace}/{body['metadata']['name']}"):
             done(call(namespace, body, field_manager=FIELD_MANAGER, _preload_content=False))
 
     def replace(self, kind: RbacKind, namespace: str, body: dict[str, Any]) -> None:
         """Replace it (the body carries the resourceVersion it was read at)."""
-        call = (
-            self.api.replace_namespaced_role
-            if kind == "Role"
-            else self.api.replace_namespaced_role_binding
-        )
+        call = self._call("replace", kind)
         name = body["metadata"]["name"]
         with transient_errors(f"replace {kind} {namespace}/{name}"):
             done(call(name, namespace, body, field_manager=FIELD_MANAGER, _preload_content=False))
 
     def labelled(self, kind: RbacKind, namespace: str) -> list[str]:
         """The names of the namespace's Roles (or RoleBindings) labelled as cronlock's."""
-        call = (
-            self.api.list_namespaced_role
-            if kind == "Role"
-            else self.api.list_namespaced_role_binding
-        )
+        call = self._call("list", kind)
         selector = f"{contract.LABEL_MANAGED_BY}={contract.MANAGED_BY}"
         with transient_errors(f"list {kind}s in {namespace}"):
             return [item.metadata.name for item in call(namespace, label_selector=selector).items]
 
     def delete(self, kind: RbacKind, namespace: str, name: str) -> None:
         """Delete it; one already gone is fine."""
-        call = (
-            self.api.delete_namespaced_role
-            if kind == "Role"
-            else self.api.delete_namespaced_role_binding
-        )
+        call = self._call("delete", kind)
         with transient_errors(f"delete {kind} {namespace}/{name}"):
             try:
                 done(call(name, namespace, _preload_content=False))

@@ -25,7 +25,6 @@ from cronlock_operator.lock.config import (
 )
 from cronlock_operator.lock.policies import Policy
 from cronlock_operator.objects import annotations_of
-from cronlock_operator.podspec import containers_with_own_liveness_probe
 from cronlock_sidecar import contract
 
 
@@ -64,38 +63,35 @@ READINGS_KEPT: Final = 4096
 class _Readings:
     """A bounded, thread-safe LRU of readings: per (uid, settings), the latest version read.
 
-    An entry is used only for the same resourceVersion, and only while what the parse
-    reads of the body is the same (its name, `cronlock.io/*` annotations and which
-    containers have a liveness probe of their own): a uid and a resourceVersion name one
-    content on the API server, but a body edited in place, or made up with a reused
-    version, is parsed afresh instead of read stale."""
+    An entry is used only for the same resourceVersion: on the API server a uid and a
+    resourceVersion name one content, and every edit gets a new version."""
 
     def __init__(self, limit: int = READINGS_KEPT) -> None:
         self.limit = limit
         self._lock = threading.Lock()
-        self._entries: OrderedDict[tuple[str, OperatorSettings], tuple[Any, ConfigReading]] = (
+        self._entries: OrderedDict[tuple[str, OperatorSettings], tuple[str, ConfigReading]] = (
             OrderedDict()
         )
 
-    def get(self, key: tuple[str, OperatorSettings], inputs: Any) -> ConfigReading | None:
+    def get(self, key: tuple[str, OperatorSettings], version: str) -> ConfigReading | None:
         with self._lock:
             entry = self._entries.get(key)
-            if entry is None or entry[0] != inputs:
+            if entry is None or entry[0] != version:
                 return None
             self._entries.move_to_end(key)
             return entry[1]
 
     def put(
-        self, key: tuple[str, OperatorSettings], inputs: Any, reading: ConfigReading
+        self, key: tuple[str, OperatorSettings], version: str, reading: ConfigReading
     ) -> ConfigReading:
         """The reading now kept for `key`: one another thread kept meanwhile for the same
-        inputs (so that every reader of a version gets the same value), else `reading`."""
+        version (so that every reader of a version gets the same value), else `reading`."""
         with self._lock:
             entry = self._entries.get(key)
-            if entry is not None and entry[0] == inputs:
+            if entry is not None and entry[0] == version:
                 self._entries.move_to_end(key)
                 return entry[1]
-            self._entries[key] = (inputs, reading)
+            self._entries[key] = (version, reading)
             self._entries.move_to_end(key)
             while len(self._entries) > self.limit:
                 self._entries.popitem(last=False)
@@ -122,10 +118,9 @@ def read_config(cronjob: Mapping[str, Any], settings: OperatorSettings) -> Confi
     if not uid or not version:
         return _read(cronjob, settings)
     key = (str(uid), settings)
-    inputs = (str(version), *_parse_inputs(cronjob))
-    reading = _READINGS.get(key, inputs)
+    reading = _READINGS.get(key, str(version))
     if reading is None:
-        reading = _READINGS.put(key, inputs, _read(cronjob, settings))
+        reading = _READINGS.put(key, str(version), _read(cronjob, settings))
     return reading
 
 
@@ -178,15 +173,3 @@ def _read(cronjob: Mapping[str, Any], settings: OperatorSettings) -> ConfigReadi
         lock=annotations.get(contract.ANNOTATION_LOCK) or str(metadata.get("name", "")),
         policy=cast(Policy, policy) if policy in contract.POLICIES else "invalid",
     )
-
-
-def _parse_inputs(cronjob: Mapping[str, Any]) -> tuple[Any, ...]:
-    """What `parse_config` reads of the body (besides the settings): its name, its
-    `cronlock.io/*` annotations and which containers have a liveness probe of their own."""
-    metadata: Mapping[str, Any] = cronjob.get("metadata") or {}
-    ours = {
-        key: value
-        for key, value in annotations_of(cronjob).items()
-        if key.startswith(contract.PREFIX)
-    }
-    return (metadata.get("name"), ours, tuple(containers_with_own_liveness_probe(cronjob)))

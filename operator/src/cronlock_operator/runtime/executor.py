@@ -115,26 +115,27 @@ class Executor:
         )
         consent = sharing.consent(action.cached, cronjob, lock, action.users)
         if consent.verdict == "create":
+            duration = action.config.timing.lease_duration_seconds
             lease, created = self.kube.create_lease(
-                namespace,
-                ownership.new_lease(
-                    name, cronjob, lock, action.config.timing.lease_duration_seconds
-                ),
+                namespace, ownership.new_lease(name, cronjob, lock, duration)
             )
-            if created:
-                self.lease_written(lease)
-                return
-            consent = sharing.consent(lease, cronjob, lock, action.users)
+            # Created, or the cache was behind (409): judged again on what exists.
+            consent = (
+                sharing.Consent("owned")
+                if created
+                else sharing.consent(lease, cronjob, lock, action.users)
+            )
             if consent.verdict == "owned":
                 self.lease_written(lease)
-                return
-        if consent.verdict == "owned":
-            return
-        if consent.verdict == "refused":
-            raise NotOurs(consent.reason)
-        if consent.verdict == "undecided":
-            raise Retry(consent.reason)
-        self.lease_written(self.kube.merge_lease(namespace, name, ownership.joining(cronjob, lock)))
+        match consent.verdict:
+            case "refused":
+                raise NotOurs(consent.reason)
+            case "undecided":
+                raise Retry(consent.reason)
+            case "join":
+                self.lease_written(
+                    self.kube.merge_lease(namespace, name, ownership.joining(cronjob, lock))
+                )
 
     def _drop_lease_owner(self, namespace: str, name: str, uid: str) -> None:
         """Forget a CronJob that no longer uses this Lease; delete it once nobody does."""
