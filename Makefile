@@ -9,7 +9,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck unit integration e2e benchmarks controlplane images image up down lock chart-readme clean
+.PHONY: demo test lint typecheck unit integration e2e benchmarks controlplane images image release up down lock chart-readme clean
 
 $(STAMP): requirements-dev.lock pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -30,6 +30,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/lint-imports --no-cache
+	$$(tests/controlplane/gotool actionlint) -no-color
 
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
@@ -49,6 +50,7 @@ test: $(STAMP) controlplane
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/lint-imports --no-cache
+	$$(tests/controlplane/gotool actionlint) -no-color
 	$(VENV)/bin/mypy
 	$(VENV)/bin/pytest tests/unit tests/integration tests/e2e
 
@@ -97,6 +99,12 @@ endif
 # once from its pinned Go module); tests/unit/test_chart_readme.py fails when it is stale.
 chart-readme:
 	charts/readme
+
+# A release: both images for amd64 and arm64 as image indexes, pushed, and the chart as
+# an OCI artifact that names them by digest (hack/release says what goes where):
+#   make release REGISTRY=ghcr.io/cronlock [VERSION=x.y.z] [PLATFORMS=linux/amd64,linux/arm64]
+release:
+	hack/release
 
 # Regenerate the hash-pinned lock files after changing dependencies in pyproject.toml.
 lock:

@@ -42,6 +42,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import controlplane as cp
@@ -74,7 +75,13 @@ SYSCTLS = (
     "kernel.keys.root_maxbytes",
 )
 # Stop order: the kubelet first (so it restarts nothing), containerd after the pods.
-PROCESSES = ("kubelet", "containerd", "kube-scheduler", "pod-relay", "node-relay")
+PROCESSES = ("kubelet", "containerd", "kube-scheduler", "pod-relay", "node-relay", "registry")
+# A real OCI registry (go-containerregistry's `crane registry serve`, built from Go
+# modules) on the host's end of the link, where the node's containerd pulls from over
+# plain HTTP (certs.d/<registry>/hosts.toml): a release is pushed here and installed the
+# way users install it (tests/e2e/test_release.py).
+REGISTRY_PORT = 5000
+REGISTRY = f"{HOST_LINK_IP}:{REGISTRY_PORT}"
 IMAGES = {
     "cronlock": os.environ.get("CRONLOCK_IMAGE", "localhost/cronlock:dev"),
     "cronlock-sidecar": os.environ.get("CRONLOCK_SIDECAR_IMAGE", "localhost/cronlock-sidecar:dev"),
@@ -313,6 +320,8 @@ imports = []
     disable = true
   [plugins.'io.containerd.cri.v1.images']
     snapshotter = 'overlayfs'
+    [plugins.'io.containerd.cri.v1.images'.registry]
+      config_path = '{write_registry_hosts(state)}'
     [plugins.'io.containerd.cri.v1.images'.pinned_images]
       sandbox = '{IMAGES["pause"]}'
   [plugins.'io.containerd.cri.v1.runtime']
@@ -337,6 +346,45 @@ imports = []
 """)
     del bins
     return config
+
+
+def write_registry_hosts(state: Path) -> Path:
+    """containerd's hosts directory: the test registry, plain HTTP, and nothing else."""
+    hosts = state / "certs.d"
+    (hosts / REGISTRY).mkdir(parents=True, exist_ok=True)
+    (hosts / REGISTRY / "hosts.toml").write_text(f"""\
+server = "http://{REGISTRY}"
+
+[host."http://{REGISTRY}"]
+  capabilities = ["pull", "resolve"]
+""")
+    return hosts
+
+
+def start_registry(state: Path) -> None:
+    crane = subprocess.run(
+        [str(cp.HERE / "gotool"), "crane"], check=True, capture_output=True, text=True
+    ).stdout.strip()
+    storage = state / "registry"
+    storage.mkdir(exist_ok=True)
+    cp.start(
+        "registry",
+        [crane, "registry", "serve", "--address", REGISTRY, "--disk", str(storage)],
+        state,
+    )
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            # No proxy: the registry is on this machine's own link.
+            opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+            with opener.open(f"http://{REGISTRY}/v2/", timeout=2) as answer:
+                if answer.status == 200:
+                    return
+        except OSError:
+            pass
+        if time.monotonic() > deadline or not cp.alive(state, "registry"):
+            raise SystemExit(f"node up: the registry did not start; see {state / 'logs'}")
+        time.sleep(0.2)
 
 
 def write_kubelet_config(state: Path, pki: Path) -> Path:
@@ -431,7 +479,11 @@ def up() -> dict[str, str]:
     if not kubeconfig.exists() or not cp.alive(env_dir, "kube-apiserver"):
         raise SystemExit("node up: start the control plane first (tests/controlplane/up)")
     state = state_dir()
-    exports = {"CRONLOCK_NODE_DIR": str(state), "CRONLOCK_NODE_NAME": NODE_NAME}
+    exports = {
+        "CRONLOCK_NODE_DIR": str(state),
+        "CRONLOCK_NODE_NAME": NODE_NAME,
+        "CRONLOCK_REGISTRY": REGISTRY,
+    }
     if all(cp.alive(state, name) for name in PROCESSES):
         return exports
     if (state / "kubelet.argv").exists() and all(
@@ -468,6 +520,7 @@ def up() -> dict[str, str]:
         [*relay, cp.KUBERNETES_SERVICE_IP, str(SERVICE_PORT), "127.0.0.1", api_port],
         state,
     )
+    start_registry(state)
 
     certs = state / "pki"
     sign(pki, certs, "kubelet", f"/O=system:nodes/CN=system:node:{NODE_NAME}")

@@ -22,7 +22,13 @@ from cronlock_operator.lock.config import OperatorSettings, parse_config
 from tests.support.controlplane import ControlPlane
 from tests.support.cronjobs import make_cronjob
 from tests.support.objects import comparable, events, read, wait_event
-from tests.support.operator import CHART, SIDECAR_IMAGE, OperatorProcess, wait_settled
+from tests.support.operator import (
+    CHART,
+    OPERATOR_NAMESPACE,
+    SIDECAR_IMAGE,
+    OperatorProcess,
+    wait_settled,
+)
 
 OURS = {"app.kubernetes.io/managed-by": "cronlock"}
 
@@ -111,7 +117,7 @@ def test_the_operator_cannot_mint_rbac_for_anyone(
         "roleRef": {
             "apiGroup": "rbac.authorization.k8s.io",
             "kind": "ClusterRole",
-            "name": "cronlock",
+            "name": f"cronlock-{OPERATOR_NAMESPACE}",  # the operator's own (chart: clusterName)
         },
         "subjects": [{"kind": "ServiceAccount", "name": "ci", "namespace": namespace}],
     }

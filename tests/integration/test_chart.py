@@ -26,12 +26,7 @@ CHART = ROOT / "charts" / "cronlock"
 INSTALL_YAML = ROOT / "manifests" / "install.yaml"
 EXAMPLES = sorted((ROOT / "manifests" / "examples").glob("*.yaml"))
 INSTALL_DOC = ROOT / "docs" / "INSTALL.md"
-REGENERATE = (
-    "{ sed '/^---$/,$d' manifests/install.yaml; "
-    "helm template cronlock charts/cronlock --namespace cronlock-system "
-    f"--kube-version {kube_version()} --skip-tests; }} "
-    "> install.yaml.new && mv install.yaml.new manifests/install.yaml"
-)
+REGENERATE = "manifests/render > manifests/install.yaml"
 # Values that hold a Kubernetes type: one row each in docs/INSTALL.md.
 OPAQUE = ("resources", "affinity", "podSecurityContext", "securityContext")
 RESTRICTED = {
@@ -464,7 +459,9 @@ def test_the_prometheus_rule_parses_as_prometheus_parses_it_with_thresholds_from
         "--set",
         "prometheusRule.window=1h,prometheusRule.operatorDownFor=2m",
         "--set",
-        "prometheusRule.severity=page,prometheusRule.labels.release=kube-prometheus",
+        "prometheusRule.severities.repeatedSkips=page,prometheusRule.labels.release=kube-prometheus",
+        "--set",
+        "prometheusRule.runbookBaseURL=https://wiki.example.com/cronlock#",
     )
     [rule] = [doc for doc in tuned if doc["kind"] == "PrometheusRule"]
     assert rule["metadata"]["labels"]["release"] == "kube-prometheus"
@@ -478,7 +475,23 @@ def test_the_prometheus_rule_parses_as_prometheus_parses_it_with_thresholds_from
     assert alerts["CronlockRepeatedSkips"]["expr"].endswith(">= 7")
     assert alerts["CronlockReconcileErrors"]["expr"].endswith("[1h])) > 0")
     assert alerts["CronlockOperatorDown"]["for"] == "2m"
-    assert {alert["labels"]["severity"] for alert in alerts.values()} == {"page"}
+    assert {name: alert["labels"]["severity"] for name, alert in alerts.items()} == {
+        "CronlockRepeatedSkips": "page",
+        "CronlockExpiredHoldCleared": "warning",
+        "CronlockOperatorDown": "critical",
+        "CronlockReconcileErrors": "warning",
+    }
+    assert {name: alert["annotations"]["runbook_url"] for name, alert in alerts.items()} == {
+        name: f"https://wiki.example.com/cronlock#{name.lower()}" for name in alerts
+    }
+    # Every default runbook_url names a section docs/RUNBOOK.md has.
+    runbook = (ROOT / "docs" / "RUNBOOK.md").read_text()
+    anchors = {f"#{title.lower()}" for title in re.findall(r"^## (\w+)$", runbook, re.M)}
+    [default_rule] = [doc for doc in render(controlplane, *on) if doc["kind"] == "PrometheusRule"]
+    for alert in default_rule["spec"]["groups"][0]["rules"]:
+        url = alert["annotations"]["runbook_url"]
+        assert url.startswith("https://github.com/cronlock/cronlock/blob/main/docs/RUNBOOK.md#")
+        assert url[url.index("#") :] in anchors, url
     assert rulecheck(rule_file(tmp_path, tuned)).returncode == 0
     # The check can fail: one broken expression is named.
     broken = default.read_text().replace(">= 3", ">= = 3")
@@ -613,6 +626,56 @@ def test_watch_namespaces_swap_the_cluster_role_binding_for_role_bindings(
     assert {doc["roleRef"]["kind"] for doc in bindings} == {"ClusterRole"}
 
 
+def test_a_release_whose_watch_overlaps_another_is_refused_and_disjoint_ones_coexist(
+    controlplane: ControlPlane, namespace: str, extra_namespace: Callable[[], str]
+) -> None:
+    # The same release name in two namespaces: once collided on every cluster-scoped name.
+    other, team_x, team_y = extra_namespace(), extra_namespace(), extra_namespace()
+    release = f"cl-{secrets.token_hex(3)}"
+
+    def install(where: str, *watch: str, verb: str = "install") -> subprocess.CompletedProcess[str]:
+        scope = ("--set-json", f"watchNamespaces={json.dumps(list(watch))}") if watch else ()
+        return helm(
+            controlplane,
+            verb,
+            release,
+            str(CHART),
+            "-n",
+            where,
+            "--wait=false",
+            *scope,
+            check=False,
+        )
+
+    first = install(namespace, team_x)
+    assert first.returncode == 0, first.stderr
+    try:
+        everywhere = install(other)
+        assert everywhere.returncode != 0
+        assert (
+            f'cronlock release "{release}" in namespace {namespace} already runs an operator '
+            f"watching {team_x}; this release would watch {team_x} too"
+        ) in everywhere.stderr
+        assert "Give each release disjoint watchNamespaces" in everywhere.stderr
+
+        disjoint = install(other, team_y)
+        assert disjoint.returncode == 0, disjoint.stderr
+        roles = controlplane.kubectl("get", "clusterrole", "-o", "name").split()
+        assert {
+            f"clusterrole.rbac.authorization.k8s.io/{release}-cronlock-{namespace}",
+            f"clusterrole.rbac.authorization.k8s.io/{release}-cronlock-{other}",
+        } <= set(roles)
+
+        # A release's own upgrade is not refused by itself; one onto the other's is.
+        assert install(namespace, team_x, verb="upgrade").returncode == 0
+        onto = install(other, team_y, team_x, verb="upgrade")
+        assert onto.returncode != 0
+        assert f"this release would watch {team_x} too" in onto.stderr
+    finally:
+        for where in (namespace, other):
+            helm(controlplane, "uninstall", release, "-n", where, check=False)
+
+
 @pytest.mark.parametrize("values", [None, NON_DEFAULT], ids=["default", "non-default"])
 def test_the_deployment_env_is_understood_by_the_operator_cli(
     controlplane: ControlPlane,
@@ -658,11 +721,11 @@ def test_the_deployment_env_is_understood_by_the_operator_cli(
 
 
 # --- manifests ----------------------------------------------------------------------------
-def test_manifests_install_yaml_is_the_chart_rendered_with_default_values(
+def test_manifests_install_yaml_is_its_namespace_and_the_chart_rendered_with_defaults(
     controlplane: ControlPlane,
 ) -> None:
     checked_in = INSTALL_YAML.read_text()
-    header = checked_in.split("---\n", 1)[0]
+    header, namespace, rendered = checked_in.split("---\n", 2)
     fresh = helm(
         controlplane,
         "template",
@@ -676,10 +739,52 @@ def test_manifests_install_yaml_is_the_chart_rendered_with_default_values(
 
     assert header.strip(), "manifests/install.yaml lost its header comment"
     assert all(line.startswith("#") for line in header.splitlines())
-    assert checked_in == header + fresh, (
+    # `kubectl apply -f` alone works: the namespace comes first, restricted like the chart's.
+    assert yaml.safe_load(namespace) == {
+        "apiVersion": "v1",
+        "kind": "Namespace",
+        "metadata": {
+            "name": "cronlock-system",
+            "labels": {
+                "pod-security.kubernetes.io/enforce": "restricted",
+                "pod-security.kubernetes.io/warn": "restricted",
+            },
+        },
+    }
+    assert "---\n" + rendered == fresh, (
         f"manifests/install.yaml is stale; regenerate it from the repository root with:\n"
         f"  {REGENERATE}"
     )
+
+
+@pytest.mark.timeout(240)
+def test_kubectl_apply_of_install_yaml_alone_installs_and_delete_removes_it(
+    controlplane: ControlPlane, tmp_path: Path
+) -> None:
+    # The file as shipped, but for a namespace of its own: cronlock-system here is the
+    # other tests' operator's, which a `kubectl delete -f` would take with it. Nothing is
+    # made by hand first: the file brings its namespace.
+    space = f"cl-install-{secrets.token_hex(3)}"
+    text = INSTALL_YAML.read_text()
+    assert text.count("cronlock-system") > 10
+    manifest = tmp_path / "install.yaml"
+    manifest.write_text(text.replace("cronlock-system", space))
+    try:
+        applied = controlplane.kubectl("apply", "-f", str(manifest))
+        assert f"namespace/{space} created" in applied
+        assert "deployment.apps/cronlock created" in applied
+        assert f"clusterrole.rbac.authorization.k8s.io/cronlock-{space} created" in applied
+        labels = controlplane.kubectl(
+            "get", "namespace", space, "-o", "jsonpath={.metadata.labels}"
+        )
+        assert '"pod-security.kubernetes.io/enforce":"restricted"' in labels
+        assert controlplane.kubectl("get", "deployment", "cronlock", "-n", space, "-o", "name")
+    finally:
+        controlplane.kubectl(
+            "delete", "-f", str(manifest), "--ignore-not-found", "--wait", "--timeout=180s"
+        )
+    assert space not in controlplane.kubectl("get", "namespace", "-o", "name")
+    assert f"cronlock-{space}" not in controlplane.kubectl("get", "clusterrole", "-o", "name")
 
 
 # --- install into the API server ---------------------------------------------------------
@@ -709,7 +814,9 @@ def test_install_with_default_values(
     assert env["CRONLOCK_SIDECAR_IMAGE"] == "ghcr.io/cronlock/cronlock-sidecar:0.1.0"
     assert env["CRONLOCK_NAMESPACES"] == ""
     assert "CRONLOCK_DEFAULT_RENEW" not in env
-    binding = json.loads(controlplane.kubectl("get", "clusterrolebinding", fullname, "-o", "json"))
+    binding = json.loads(
+        controlplane.kubectl("get", "clusterrolebinding", f"{fullname}-{namespace}", "-o", "json")
+    )
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": fullname, "namespace": namespace}
     ]
@@ -753,9 +860,11 @@ def test_install_with_non_default_values(
         assert binding["roleRef"] == {
             "apiGroup": "rbac.authorization.k8s.io",
             "kind": "ClusterRole",
-            "name": fullname,
+            "name": f"{fullname}-{namespace}",
         }
-    assert "not found" in controlplane.kubectl("get", "clusterrolebinding", fullname, check=False)
+    assert "not found" in controlplane.kubectl(
+        "get", "clusterrolebinding", f"{fullname}-{namespace}", check=False
+    )
     manifest = helm(controlplane, "get", "manifest", release, "-n", namespace).stdout
     assert "kind: ServiceMonitor" not in manifest  # the API is not served here
     notes = helm(controlplane, "get", "notes", release, "-n", namespace).stdout

@@ -50,6 +50,8 @@ class RealNode:
 
     env: dict[str, str]
     state: Path = field(init=False)
+    # The OCI registry on the node's network, host:port (tests/controlplane/node).
+    registry: str = field(init=False)
 
     def start(self) -> None:
         result = subprocess.run(
@@ -63,6 +65,7 @@ class RealNode:
             if line.startswith("export ")
         )
         self.state = Path(exports["CRONLOCK_NODE_DIR"])
+        self.registry = exports["CRONLOCK_REGISTRY"]
 
     def stop(self) -> None:
         subprocess.run([str(NODE_SCRIPT), "down"], env=self.env, capture_output=True, check=False)

@@ -19,6 +19,10 @@ CHART = ROOT / "charts" / "cronlock"
 SEMVER = re.compile(r"(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)(-[0-9A-Za-z.-]+)?")
 # cronlock's two images with a version tag, as a manifest or an example names them.
 IMAGE_TAG = re.compile(r"cronlock(?:-sidecar)?:(\d+\.\d+\.\d+(?:-[0-9A-Za-z.-]+)?)")
+# The chart from a registry, as the install commands in the docs name it.
+CHART_VERSION = re.compile(r"charts/cronlock --version (\S+)")
+# A release's record, as the docs name its file.
+RECORD = re.compile(r"release-(\d+\.\d+\.\d+(?:-[0-9A-Za-z.-]+)?)\.json")
 
 
 def version() -> str:
@@ -93,7 +97,12 @@ def test_the_image_tags_in_the_docs_examples_are_this_version() -> None:
     stale = {
         f"{path.relative_to(ROOT)}: {match.group(0)}"
         for path in texts
-        for match in IMAGE_TAG.finditer(path.read_text())
+        for pattern in (IMAGE_TAG, CHART_VERSION, RECORD)
+        for match in pattern.finditer(path.read_text())
         if match.group(1) != version()
     }
     assert not stale, sorted(stale)
+
+
+def test_the_readme_installs_this_version_from_the_registry() -> None:
+    assert CHART_VERSION.findall((ROOT / "README.md").read_text()) == [version(), version()]

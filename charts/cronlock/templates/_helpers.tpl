@@ -23,6 +23,15 @@ When the release name already contains the chart name it is used as is.
 {{- end }}
 
 {{/*
+The name of a cluster-scoped object of the release (ClusterRole, ClusterRoleBinding,
+admission policies and their bindings): the fullname and the release's namespace, so the
+same release name in two namespaces does not collide. Given the root context.
+*/}}
+{{- define "cronlock.clusterName" -}}
+{{- printf "%s-%s" (include "cronlock.fullname" .) .Release.Namespace | trunc 253 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
 Chart name and version, as used by the helm.sh/chart label.
 */}}
 {{- define "cronlock.chart" -}}
@@ -128,4 +137,24 @@ compares with the operator's own verdict, so the two cannot drift apart.
 {{- fail (printf "defaults.renew: %q is not one the operator accepts; expected from 1s to a third of defaults.ttl (%s)" . $.Values.defaults.ttl) -}}
 {{- end -}}
 {{- end -}}
+{{- end }}
+
+{{/*
+Where the operator's pods may run: nodeSelector, affinity and tolerations from the values,
+for the operator and for every pod the chart runs beside it (hooks, helm test), which
+need the same nodes. Given the root context; indent with nindent.
+*/}}
+{{- define "cronlock.placement" -}}
+{{- with .Values.nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .Values.affinity }}
+affinity:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .Values.tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
 {{- end }}

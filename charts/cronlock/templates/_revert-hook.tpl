@@ -16,6 +16,7 @@ cluster-wide CronJob rights outlives it. The Job and its pod stay after a failur
 {{- define "cronlock.revertHook" -}}
 {{- $p := . -}}
 {{- $root := .root -}}
+{{- $cluster := printf "%s-%s" $p.name $root.Release.Namespace | trunc 253 | trimSuffix "-" -}}
 {{- $transient := merge (dict "helm.sh/hook-weight" "-10" "helm.sh/hook-delete-policy" "before-hook-creation,hook-succeeded,hook-failed") $p.hook -}}
 apiVersion: v1
 kind: ServiceAccount
@@ -30,7 +31,7 @@ metadata:
 apiVersion: rbac.authorization.k8s.io/v1
 kind: ClusterRole
 metadata:
-  name: {{ $p.name }}
+  name: {{ $cluster }}
   labels:
     {{- include "cronlock.labels" $root | nindent 4 }}
   annotations:
@@ -52,7 +53,7 @@ rules:
 apiVersion: rbac.authorization.k8s.io/v1
 kind: {{ if . }}RoleBinding{{ else }}ClusterRoleBinding{{ end }}
 metadata:
-  name: {{ $p.name }}
+  name: {{ if . }}{{ $p.name }}{{ else }}{{ $cluster }}{{ end }}
   {{- if . }}
   namespace: {{ . }}
   {{- end }}
@@ -63,7 +64,7 @@ metadata:
 roleRef:
   apiGroup: rbac.authorization.k8s.io
   kind: ClusterRole
-  name: {{ $p.name }}
+  name: {{ $cluster }}
 subjects:
   - kind: ServiceAccount
     name: {{ $p.name }}
@@ -74,7 +75,7 @@ subjects:
 apiVersion: admissionregistration.k8s.io/v1
 kind: ValidatingAdmissionPolicy
 metadata:
-  name: {{ $p.name }}-scope
+  name: {{ $cluster }}-scope
   labels:
     {{- include "cronlock.labels" $root | nindent 4 }}
   annotations:
@@ -86,13 +87,13 @@ spec:
 apiVersion: admissionregistration.k8s.io/v1
 kind: ValidatingAdmissionPolicyBinding
 metadata:
-  name: {{ $p.name }}-scope
+  name: {{ $cluster }}-scope
   labels:
     {{- include "cronlock.labels" $root | nindent 4 }}
   annotations:
     {{- toYaml $transient | nindent 4 }}
 spec:
-  policyName: {{ $p.name }}-scope
+  policyName: {{ $cluster }}-scope
   validationActions: ["Deny"]
 {{- end }}
 ---
@@ -120,6 +121,12 @@ spec:
       imagePullSecrets:
         {{- toYaml . | nindent 8 }}
       {{- end }}
+      {{- with $root.Values.priorityClassName }}
+      priorityClassName: {{ . | quote }}
+      {{- end }}
+      {{- with include "cronlock.placement" $root }}
+      {{- . | nindent 6 }}
+      {{- end }}
       containers:
         - name: revert
           image: {{ include "cronlock.image" $root | quote }}
@@ -136,6 +143,10 @@ spec:
               value: {{ $root.Values.logFormat | quote }}
           securityContext:
             {{- toYaml $root.Values.securityContext | nindent 12 }}
+          {{- with $root.Values.resources }}
+          resources:
+            {{- toYaml . | nindent 12 }}
+          {{- end }}
           volumeMounts:
             - name: tmp
               mountPath: /tmp

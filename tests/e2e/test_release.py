@@ -1,0 +1,189 @@
+"""A release, published and installed the way a user installs it: `make release`'s script
+(hack/release) pushes both images as image indexes and the chart as an OCI artifact to a
+real registry (`crane registry serve`, on the node's network), and `helm install
+oci://…/charts/cronlock --version X` with no image setting at all brings up the operator
+and guards a run, the node's containerd pulling both images from the registry by digest.
+`helm test` passes."""
+
+from __future__ import annotations
+
+import json
+import secrets
+import subprocess
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import kubernetes
+import pytest
+
+from tests.e2e.test_chart_on_node import RESTRICTED, TEST_WAIT, guard, helm
+from tests.support.controlplane import ControlPlane
+from tests.support.cronjobs import job_from_cronjob
+from tests.support.kube import wait_for
+from tests.support.node import BUSYBOX_IMAGE, RealNode
+from tests.support.objects import read
+
+ROOT = Path(__file__).resolve().parents[2]
+VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+RESTRICTED_CONTAINER = {
+    "runAsNonRoot": True,
+    "runAsUser": 65532,
+    "allowPrivilegeEscalation": False,
+    "capabilities": {"drop": ["ALL"]},
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+
+
+def crane(controlplane: ControlPlane, *args: str) -> str:
+    path = subprocess.run(
+        [str(ROOT / "tests" / "controlplane" / "gotool"), "crane"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    result = subprocess.run(
+        [path, "--insecure", *args], check=True, capture_output=True, text=True, timeout=60
+    )
+    return result.stdout
+
+
+@pytest.fixture(scope="module")
+def published(controlplane: ControlPlane, node: RealNode) -> dict[str, Any]:
+    """hack/release run once against the node's registry; its record."""
+    result = subprocess.run(
+        [str(ROOT / "tests" / "controlplane" / "images"), "--release", f"{node.registry}/cronlock"],
+        env=controlplane.env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    record: dict[str, Any] = json.loads(result.stdout)
+    return record
+
+
+@pytest.mark.timeout(600)
+def test_the_registry_holds_the_release_as_image_indexes_and_a_chart(
+    controlplane: ControlPlane, node: RealNode, published: dict[str, Any]
+) -> None:
+    registry = f"{node.registry}/cronlock"
+    assert published["version"] == VERSION
+    for name, key in (("cronlock", "operator"), ("cronlock-sidecar", "sidecar")):
+        ref = published["images"][key]
+        repository, digest = ref.split("@")
+        assert repository == f"{registry}/{name}"
+        # The tag and the recorded digest name the same image index.
+        assert crane(controlplane, "digest", f"{repository}:{VERSION}").strip() == digest
+        index = json.loads(crane(controlplane, "manifest", ref))
+        assert index["mediaType"] in (
+            "application/vnd.oci.image.index.v1+json",
+            "application/vnd.docker.distribution.manifest.list.v2+json",
+        )
+        platforms = {
+            f"{entry['platform']['os']}/{entry['platform']['architecture']}"
+            for entry in index["manifests"]
+        }
+        assert platforms == set(published["platforms"])
+    chart = published["chart"]
+    assert chart.startswith(f"oci://{registry}/charts/cronlock:{VERSION}@sha256:")
+    # What `helm show values` of the pushed chart gives: the images by digest.
+    shown = helm(
+        controlplane,
+        "show",
+        "values",
+        f"oci://{registry}/charts/cronlock",
+        "--version",
+        VERSION,
+        "--plain-http",
+    ).stdout
+    operator_repository, operator_digest = published["images"]["operator"].split("@")
+    assert f"repository: {operator_repository}\n" in shown
+    assert f'digest: "{operator_digest}"' in shown
+
+
+@pytest.mark.timeout(900)
+def test_helm_install_from_the_registry_pulls_both_images_by_digest_and_guards_a_run(
+    controlplane: ControlPlane,
+    api: kubernetes.client.ApiClient,
+    namespace: str,
+    node: RealNode,
+    published: dict[str, Any],
+) -> None:
+    controlplane.kubectl("label", "namespace", namespace, "--overwrite", *RESTRICTED)
+    name = f"cl-{secrets.token_hex(3)}"
+    # The README's command; only what scopes it to this test's namespace is added.
+    helm(
+        controlplane,
+        "install",
+        name,
+        f"oci://{node.registry}/cronlock/charts/cronlock",
+        "--version",
+        VERSION,
+        "--plain-http",
+        "-n",
+        namespace,
+        "--set",
+        f"watchNamespaces={{{namespace}}},tests.wait={TEST_WAIT}",
+        "--wait",
+        "--timeout",
+        "240s",
+    )
+    try:
+        core = kubernetes.client.CoreV1Api(api)
+        (pod,) = core.list_namespaced_pod(
+            namespace, label_selector=f"app.kubernetes.io/instance={name}"
+        ).items
+        operator_ref = published["images"]["operator"]
+        assert pod.spec.containers[0].image == operator_ref
+        assert pod.status.container_statuses[0].image_id.endswith(operator_ref.split("@")[1])
+
+        # The operator injects the sidecar by the digest the chart carries; a run pulls it.
+        guard(api, namespace, "report")
+        cronjob = read(api, namespace, "report")
+        template = cronjob["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+        sidecar_ref = published["images"]["sidecar"]
+        injected_images = {
+            container["image"]
+            for container in template.get("initContainers", []) + template["containers"]
+            if container["name"] != "main"
+        }
+        assert injected_images == {sidecar_ref}
+        template["restartPolicy"] = "Never"
+        (main,) = (c for c in template["containers"] if c["name"] == "main")
+        main.update(
+            image=BUSYBOX_IMAGE,
+            imagePullPolicy="Never",
+            command=["sh", "-c", "echo guarded work"],
+            securityContext=RESTRICTED_CONTAINER,
+        )
+        batch = kubernetes.client.BatchV1Api(api)
+        batch.create_namespaced_job(namespace, job_from_cronjob(cronjob, "report-1"))
+
+        def finished() -> str | None:
+            job = batch.read_namespaced_job("report-1", namespace)
+            for condition in job.status.conditions or []:
+                if condition.type in ("Complete", "Failed") and condition.status == "True":
+                    return str(condition.type)
+            return None
+
+        assert wait_for(finished, 240, "the guarded Job to finish") == "Complete"
+        (run,) = core.list_namespaced_pod(namespace, label_selector="job-name=report-1").items
+        pulled = {
+            status.name: status.image_id
+            for status in (run.status.init_container_statuses or []) + run.status.container_statuses
+        }
+        sidecar_digest = sidecar_ref.split("@")[1]
+        assert all(
+            image_id.endswith(sidecar_digest)
+            for image, image_id in pulled.items()
+            if image != "main"
+        ), pulled
+        log = core.read_namespaced_pod_log(run.metadata.name, namespace, container="main")
+        assert log == "guarded work\n"
+
+        passed = helm(controlplane, "test", name, "-n", namespace, "--timeout", "120s")
+        assert "Phase:          Succeeded" in passed.stdout
+    finally:
+        helm(controlplane, "uninstall", name, "-n", namespace, "--wait", check=False)
