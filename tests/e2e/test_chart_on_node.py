@@ -106,8 +106,10 @@ def test_the_charts_operator_runs_on_the_node_injects_and_passes_helm_test(
     assert "Phase:          Succeeded" in passed.stdout
     assert "/metrics: cronlock's metrics" in passed.stdout  # the check's own log line
     # Its account went with its success; its Pod stays, Succeeded, for its log.
-    left = controlplane.kubectl("get", "serviceaccount,role,rolebinding", "-n", namespace)
-    assert f"{fullname}-test" not in left
+    left = controlplane.kubectl(
+        "get", "serviceaccount,role,rolebinding", "-n", namespace, "-o", "name"
+    ).split()
+    assert not [name for name in left if name.endswith(f"/{fullname}-test")], left
     phase = controlplane.kubectl(
         "get", "pod", f"{fullname}-test", "-n", namespace, "-o", "jsonpath={.status.phase}"
     )

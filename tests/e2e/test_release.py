@@ -86,6 +86,14 @@ def test_the_registry_holds_the_release_as_image_indexes_and_a_chart(
             for entry in index["manifests"]
         }
         assert platforms == set(published["platforms"])
+        # Each platform's image says what it is (the Dockerfile's labels, the release's
+        # version and commit), so it is never the same image as a dev build of it.
+        for platform in platforms:
+            config = json.loads(crane(controlplane, "config", "--platform", platform, ref))
+            labels = config["config"]["Labels"]
+            assert labels["org.opencontainers.image.version"] == VERSION
+            assert labels["org.opencontainers.image.revision"] == published["revision"]
+            assert labels["org.opencontainers.image.title"] == name
     chart = published["chart"]
     assert chart.startswith(f"oci://{registry}/charts/cronlock:{VERSION}@sha256:")
     # What `helm show values` of the pushed chart gives: the images by digest.
