@@ -20,7 +20,7 @@ SEMVER = re.compile(r"(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)(-[0-9A-Za-z.-]+)?
 # cronlock's two images with a version tag, as a manifest or an example names them.
 IMAGE_TAG = re.compile(r"cronlock(?:-sidecar)?:(\d+\.\d+\.\d+(?:-[0-9A-Za-z.-]+)?)")
 # The chart from a registry, as the install commands in the docs name it.
-CHART_VERSION = re.compile(r"charts/cronlock --version (\S+)")
+CHART_VERSION = re.compile(r"charts/cronlock --version (\d+\.\d+\.\d+(?:-[0-9A-Za-z.-]+)?)")
 # A release's record, as the docs name its file.
 RECORD = re.compile(r"release-(\d+\.\d+\.\d+(?:-[0-9A-Za-z.-]+)?)\.json")
 
