@@ -416,6 +416,20 @@ def test_the_chart_needs_kubernetes_1_30(controlplane: ControlPlane) -> None:
     assert "requires kubeVersion: >=1.30.0-0" in old.stderr
 
 
+def test_helm_renders_without_kube_version_as_a_released_helm_does(
+    controlplane: ControlPlane,
+) -> None:
+    """A released helm assumes the Kubernetes its client-go is from (upstream's link flags);
+    one built without them assumes 1.20, and `helm template` refuses our chart."""
+    rendered = run_tool(
+        controlplane.env, "helm", "template", "cronlock", str(CHART), timeout=90, cwd=ROOT
+    )
+    kinds = {doc["kind"] for doc in yaml.safe_load_all(rendered.stdout) if doc}
+    assert "Deployment" in kinds
+    linted = run_tool(controlplane.env, "helm", "lint", "--strict", str(CHART), timeout=90)
+    assert "1 chart(s) linted, 0 chart(s) failed" in linted.stdout
+
+
 def rule_file(directory: Path, docs: list[dict[str, Any]]) -> Path:
     """The PrometheusRule's groups as the rule file Prometheus would load."""
     [rule] = [doc for doc in docs if doc["kind"] == "PrometheusRule"]
