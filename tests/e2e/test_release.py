@@ -85,7 +85,7 @@ def test_the_registry_holds_the_release_as_image_indexes_and_a_chart(
             f"{entry['platform']['os']}/{entry['platform']['architecture']}"
             for entry in index["manifests"]
         }
-        assert platforms == set(published["platforms"])
+        assert platforms == set(published["platforms"]) == {"linux/amd64", "linux/arm64"}
         # Each platform's image says what it is (the Dockerfile's labels, the release's
         # version and commit), so it is never the same image as a dev build of it.
         for platform in platforms:
@@ -195,3 +195,46 @@ def test_helm_install_from_the_registry_pulls_both_images_by_digest_and_guards_a
         assert "Phase:          Succeeded" in passed.stdout
     finally:
         helm(controlplane, "uninstall", name, "-n", namespace, "--wait", check=False)
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize(
+    ("name", "key", "command"),
+    [
+        ("cronlock-sidecar", "sidecar", "/opt/sidecar/bin/cronlock-sidecar"),
+        ("cronlock", "operator", "/opt/venv/bin/cronlock-operator"),
+    ],
+)
+def test_the_arm64_images_run_their_commands_under_emulation(
+    controlplane: ControlPlane,
+    published: dict[str, Any],
+    tmp_path: Path,
+    name: str,
+    key: str,
+    command: str,
+) -> None:
+    """The arm64 half of the release, pulled from the registry by the index's digest: its
+    programs are arm64 ELF files, and its command starts (under qemu, as on an arm64 node)."""
+    root = tmp_path / name
+    root.mkdir()
+    crane(
+        controlplane,
+        "--platform",
+        "linux/arm64",
+        "export",
+        published["images"][key],
+        str(root / "fs.tar"),
+    )
+    subprocess.run(["tar", "-xf", "fs.tar", "--exclude=dev/*"], cwd=root, check=True)
+    python = (root / "usr" / "bin" / "python3.11").read_bytes()[:20]
+    assert python[:4] == b"\x7fELF"
+    assert int.from_bytes(python[18:20], "little") == 0xB7  # e_machine EM_AARCH64
+    started = subprocess.run(
+        ["chroot", "--userspec=65532:65532", str(root), command, "--help"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert started.returncode == 0, started.stderr[-2000:]
+    assert started.stdout.startswith("usage: ")
