@@ -23,6 +23,7 @@ from tests.support.cronjobs import job_from_cronjob
 from tests.support.kube import wait_for
 from tests.support.node import BUSYBOX_IMAGE, RealNode
 from tests.support.objects import read
+from tests.support.tools import gotool
 
 ROOT = Path(__file__).resolve().parents[2]
 VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
@@ -36,14 +37,12 @@ RESTRICTED_CONTAINER = {
 
 
 def crane(controlplane: ControlPlane, *args: str) -> str:
-    path = subprocess.run(
-        [str(ROOT / "tests" / "controlplane" / "gotool"), "crane"],
+    result = subprocess.run(
+        [gotool("crane"), "--insecure", *args],
         check=True,
         capture_output=True,
         text=True,
-    ).stdout.strip()
-    result = subprocess.run(
-        [path, "--insecure", *args], check=True, capture_output=True, text=True, timeout=60
+        timeout=60,
     )
     return result.stdout
 

@@ -13,4 +13,5 @@ share; each of them imports its helpers from here, never from another ring.
 - `cronjobs` and `leases`: the objects tests build, CronJobs as users write them and
   Leases written by the code's own lock model (`make_cronjob`, `make_lease`).
 - `contract`: the published names and exit codes as literals, for assertions.
+- `tools`: the Go tools built from pinned modules (`gotool`).
 """

@@ -14,6 +14,8 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.support.tools import gotool
+
 ROOT = Path(__file__).resolve().parents[2]
 OURS = ROOT / "manifests" / "argocd" / "cronjob-health.lua"
 PATCH = ROOT / "manifests" / "argocd" / "argocd-cm-patch.yaml"
@@ -32,7 +34,7 @@ def tool(*args: str) -> str:
 
 @pytest.fixture(scope="module")
 def argohealth() -> str:
-    return tool("gotool", "argohealth")
+    return gotool("argohealth")
 
 
 @pytest.fixture(scope="module")

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.tools import gotool
+
 ROOT = Path(__file__).resolve().parents[2]
 WORKFLOWS = ROOT / ".github" / "workflows"
 
@@ -17,13 +19,7 @@ WORKFLOWS = ROOT / ".github" / "workflows"
 def actionlint() -> str:
     if shutil.which("shellcheck") is None:
         pytest.fail("shellcheck is missing: tests/controlplane/host-packages installs it")
-    built = subprocess.run(
-        [str(ROOT / "tests" / "controlplane" / "gotool"), "actionlint"],
-        check=True,
-        capture_output=True,
-        text=True,
-    )
-    return built.stdout.strip()
+    return gotool("actionlint")
 
 
 def lint(actionlint: str, *files: Path) -> subprocess.CompletedProcess[str]:
