@@ -28,7 +28,7 @@ EXAMPLES = sorted((ROOT / "manifests" / "examples").glob("*.yaml"))
 INSTALL_DOC = ROOT / "docs" / "INSTALL.md"
 REGENERATE = "manifests/render > manifests/install.yaml"
 # Values that hold a Kubernetes type: one row each in docs/INSTALL.md.
-OPAQUE = ("resources", "affinity", "podSecurityContext", "securityContext")
+OPAQUE = ("resources", "sidecar.resources", "affinity", "podSecurityContext", "securityContext")
 RESTRICTED = {
     "pod-security.kubernetes.io/enforce": "restricted",
     "pod-security.kubernetes.io/warn": "restricted",

@@ -16,7 +16,7 @@ import uvloop
 
 from cronlock_operator.kube.client import api_client
 from cronlock_operator.kube.writes import Kube
-from cronlock_operator.lock.config import OperatorSettings
+from cronlock_operator.lock.config import SIDECAR_UID, ContainerResources, OperatorSettings
 from cronlock_operator.runtime import leader
 from cronlock_sidecar import contract
 from cronlock_sidecar.lock.durations import DurationError, parse_duration
@@ -78,6 +78,31 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--sidecar-image-pull-policy", default=_env("SIDECAR_IMAGE_PULL_POLICY", "IfNotPresent")
     )
+    for flag, env, default, what in (
+        ("--sidecar-run-as-user", "SIDECAR_RUN_AS_USER", str(SIDECAR_UID), "UID"),
+        ("--sidecar-run-as-group", "SIDECAR_RUN_AS_GROUP", str(SIDECAR_UID), "GID"),
+    ):
+        parser.add_argument(
+            flag,
+            default=_env(env, default),
+            help=f"the injected containers' {what} (default {default}; '' leaves it unset, for the "
+            f"platform to assign, e.g. OpenShift's restricted-v2; env CRONLOCK_{env})",
+        )
+    sidecar_resources = ContainerResources()
+    for resource, kind in (
+        ("cpu", "request"),
+        ("memory", "request"),
+        ("cpu", "limit"),
+        ("memory", "limit"),
+    ):
+        env = f"SIDECAR_{resource.upper()}_{kind.upper()}"
+        default = getattr(sidecar_resources, f"{resource}_{kind}") or ""
+        parser.add_argument(
+            f"--sidecar-{resource}-{kind}",
+            default=_env(env, default),
+            help=f"the injected containers' {resource} {kind} (a quantity; default "
+            f"{default or 'none'}; '' for none; env CRONLOCK_{env})",
+        )
     parser.add_argument("--default-ttl", default=_env("DEFAULT_TTL", "60s"))
     parser.add_argument("--default-renew", default=_env("DEFAULT_RENEW"))
     parser.add_argument(
@@ -168,7 +193,24 @@ def settings_from(args: argparse.Namespace) -> OperatorSettings:
         default_ttl_seconds=int(ttl),
         default_renew_seconds=renew,
         default_policy=args.default_policy,
+        sidecar_run_as_user=_id("--sidecar-run-as-user", args.sidecar_run_as_user),
+        sidecar_run_as_group=_id("--sidecar-run-as-group", args.sidecar_run_as_group),
+        sidecar_resources=ContainerResources(
+            cpu_request=args.sidecar_cpu_request or None,
+            memory_request=args.sidecar_memory_request or None,
+            cpu_limit=args.sidecar_cpu_limit or None,
+            memory_limit=args.sidecar_memory_limit or None,
+        ),
     )
+
+
+def _id(flag: str, text: str) -> int | None:
+    """A UID or GID given to `flag`; '' is None (unset). ValueError names the flag."""
+    if not text.strip():
+        return None
+    if len(text.strip()) > 10 or not (text.strip().isascii() and text.strip().isdigit()):
+        raise ValueError(f"{flag}: {text!r} is not a numeric id; expected for example 65532, or ''")
+    return int(text)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -8,7 +8,6 @@ from collections.abc import Iterator, Mapping
 from typing import Any, Final, TypeGuard
 
 from cronlock_operator.injection.containers import (
-    SIDECAR_UID,
     SKIP_RULE,
     VOLUME,
     gate_container,
@@ -88,7 +87,7 @@ def build_injection(
         originals[contract.ANNOTATION_ORIGINAL_TERMINATION_GRACE_PERIOD_SECONDS] = str(grace)
         pod_spec[_GRACE] = config.kill_grace_seconds
 
-    sidecar_uid = SIDECAR_UID
+    sidecar_uid = settings.sidecar_run_as_user
     if config.stop == "signal":
         if pod_spec.get("shareProcessNamespace") is not True:
             originals[contract.ANNOTATION_ORIGINAL_SHARE_PROCESS_NAMESPACE] = (
@@ -98,7 +97,7 @@ def build_injection(
             )
             pod_spec["shareProcessNamespace"] = True
         # Restricted pods cannot have CAP_KILL: the sidecar signals as the user's UID.
-        sidecar_uid = _user_uid(pod_spec) or SIDECAR_UID
+        sidecar_uid = _user_uid(pod_spec) or settings.sidecar_run_as_user
 
     for container in _user_containers(pod_spec):
         mounts: list[dict[str, Any]] = container.setdefault("volumeMounts", [])

@@ -1,12 +1,12 @@
 """The pieces injection adds to a pod: the sidecar, the gate, the probe and the skip rule.
 
-Every injected container runs under restricted pod security (non-root numeric UID, no
-privilege escalation, all capabilities dropped, read-only root, RuntimeDefault seccomp).
+Every injected container runs under restricted pod security (non-root, no privilege
+escalation, all capabilities dropped, read-only root, RuntimeDefault seccomp); its UID, GID
+and resources are the operator's settings.
 """
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Mapping
 from typing import Any, Final
 
@@ -21,12 +21,6 @@ from cronlock_sidecar.lock.durations import format_duration
 
 SIDECAR_COMMAND: Final = ("cronlock-sidecar", "hold")
 GATE_COMMAND: Final = ("cronlock-sidecar", "gate")
-# The injected containers' UID when nothing asks for another (distroless "nonroot").
-SIDECAR_UID: Final = 65532
-RESOURCES: Final[Mapping[str, Any]] = {
-    "requests": {"cpu": "10m", "memory": "32Mi"},
-    "limits": {"memory": "64Mi"},
-}
 VOLUME: Final[Mapping[str, Any]] = {
     "name": contract.VOLUME_NAME,
     "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"},
@@ -42,8 +36,10 @@ SKIP_RULE: Final[Mapping[str, Any]] = {
 
 
 def sidecar_container(
-    namespace: str, config: LockConfig, settings: OperatorSettings, uid: int
+    namespace: str, config: LockConfig, settings: OperatorSettings, uid: int | None
 ) -> dict[str, Any]:
+    """The `cronlock` native sidecar; `uid` is the settings' or, under `stop: signal`, the
+    user's (None: unset)."""
     return {
         "name": contract.SIDECAR_CONTAINER,
         "image": settings.sidecar_image,
@@ -67,8 +63,8 @@ def sidecar_container(
             _field_env(contract.ENV_POD_NAMESPACE, "metadata.namespace"),
             _field_env(contract.ENV_JOB_NAME, f"metadata.labels['{contract.JOB_NAME_LABEL}']"),
         ],
-        "resources": copy.deepcopy(dict(RESOURCES)),
-        "securityContext": security_context(uid),
+        "resources": settings.sidecar_resources.as_spec(),
+        "securityContext": security_context(uid, settings.sidecar_run_as_group),
         "volumeMounts": [{"name": contract.VOLUME_NAME, "mountPath": contract.RUN_DIR}],
     }
 
@@ -83,8 +79,10 @@ def gate_container(config: LockConfig, settings: OperatorSettings) -> dict[str, 
             _env(contract.ENV_RUN_DIR, contract.RUN_DIR),
             _env(contract.ENV_WAIT_TIMEOUT, format_duration(config.wait_timeout_seconds)),
         ],
-        "resources": copy.deepcopy(dict(RESOURCES)),
-        "securityContext": security_context(SIDECAR_UID),
+        "resources": settings.sidecar_resources.as_spec(),
+        "securityContext": security_context(
+            settings.sidecar_run_as_user, settings.sidecar_run_as_group
+        ),
         "volumeMounts": [{"name": contract.VOLUME_NAME, "mountPath": contract.RUN_DIR}],
     }
 
@@ -99,11 +97,12 @@ def held_probe(config: LockConfig) -> dict[str, Any]:
     }
 
 
-def security_context(uid: int) -> dict[str, Any]:
+def security_context(uid: int | None, gid: int | None) -> dict[str, Any]:
+    """Restricted; an id that is None is left out, for the platform to assign."""
+    ids = {"runAsUser": uid, "runAsGroup": gid}
     return {
         "runAsNonRoot": True,
-        "runAsUser": uid,
-        "runAsGroup": SIDECAR_UID,
+        **{field: value for field, value in ids.items() if value is not None},
         "allowPrivilegeEscalation": False,
         "capabilities": {"drop": ["ALL"]},
         "readOnlyRootFilesystem": True,

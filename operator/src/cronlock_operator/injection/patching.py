@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from cronlock_operator.injection.containers import SKIP_RULE, is_injected_container, is_skip_rule
+from cronlock_operator.lock.config import parse_quantity
 from cronlock_operator.objects import annotations_of
 from cronlock_operator.podspec import is_cronlock_probe
 from cronlock_sidecar import contract
@@ -89,7 +90,7 @@ def _without_server_defaults(actual: Mapping[str, Any], desired: Mapping[str, An
             if wanted is None:
                 continue
             if is_injected_container(container):
-                actual_pod[key][index] = _project(container, wanted)
+                actual_pod[key][index] = _injected_as_compared(container, wanted)
                 continue
             if "livenessProbe" in container and is_cronlock_probe(wanted.get("livenessProbe")):
                 container["livenessProbe"] = _project(
@@ -113,6 +114,41 @@ def _without_server_defaults(actual: Mapping[str, Any], desired: Mapping[str, An
         if is_skip_rule(rule):
             actual_rules[index] = _project(rule, SKIP_RULE)
     return result
+
+
+def _injected_as_compared(actual: Mapping[str, Any], desired: Mapping[str, Any]) -> Any:
+    """An injected container cut down to what cronlock writes, but with its security context
+    and resources whole: the API server defaults neither field beyond a request from its
+    limit, so a UID or a limit that the settings no longer set is a difference."""
+    result = _project(actual, desired)
+    if "securityContext" in actual:
+        result["securityContext"] = actual["securityContext"]
+    resources: Mapping[str, Any] = actual.get("resources") or {}
+    wanted: Mapping[str, Any] = desired.get("resources") or {}
+    result["resources"] = wanted if _same_resources(resources, wanted) else resources
+    return result
+
+
+def _same_resources(actual: Mapping[str, Any], desired: Mapping[str, Any]) -> bool:
+    """Whether two `resources` ask for the same amounts, as the API server stores them: a
+    quantity in its canonical form (0.5 is 500m), a missing request defaulted to the limit."""
+    expected = {
+        "limits": dict(desired.get("limits") or {}),
+        "requests": {**(desired.get("limits") or {}), **(desired.get("requests") or {})},
+    }
+    if set(actual) - set(expected):
+        return False
+    for kind, wanted in expected.items():
+        stored: Mapping[str, Any] = actual.get(kind) or {}
+        if set(stored) != set(wanted):
+            return False
+        for resource, text in wanted.items():
+            try:
+                if parse_quantity(str(stored[resource])) != parse_quantity(str(text)):
+                    return False
+            except ValueError:
+                return False
+    return True
 
 
 def _project(actual: Any, desired: Any) -> Any:
