@@ -42,6 +42,9 @@ CONTROLLERS = ",".join(
         "deployment-controller",
         "replicaset-controller",
         "endpointslice-controller",
+        # ResourceQuota status, which quota admission enforces
+        # (tests/integration/test_sidecar_settings.py).
+        "resourcequota-controller",
     ]
 )
 # Service ClusterIPs come from TEST-NET-3 (RFC 5737, documentation only), never a

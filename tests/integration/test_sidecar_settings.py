@@ -69,12 +69,12 @@ def guarded_namespace(
     core.create_namespaced_resource_quota(
         namespace, {"metadata": {"name": "compute"}, "spec": {"hard": hard}}
     )
-    # The status the resource quota controller (not run in this ring) would write: quota
-    # admission enforces a quota only once it has one.
-    core.patch_namespaced_resource_quota_status(
-        "compute",
-        namespace,
-        {"status": {"hard": hard, "used": {"limits.cpu": "0", "limits.memory": "0"}}},
+    # Quota admission enforces a quota once the resource quota controller has given it a
+    # status.
+    wait_for(
+        lambda: core.read_namespaced_resource_quota("compute", namespace).status.hard or None,
+        60,
+        "the resource quota controller to count the quota",
     )
     return namespace
 
