@@ -20,6 +20,7 @@ from cronlock_operator import cli as operator_cli
 from tests.support.controlplane import ControlPlane, ServiceAccountKubeconfig
 from tests.support.kube import run_tool, wait_for
 from tests.support.operator import kube_version
+from tests.support.tools import gotool
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "cronlock"
@@ -438,16 +439,15 @@ def rule_file(directory: Path, docs: list[dict[str, Any]]) -> Path:
     return path
 
 
-def rulecheck(path: Path) -> subprocess.CompletedProcess[str]:
+def rulecheck_binary() -> str:
     """Prometheus' own parser (rulefmt and PromQL), built from its pinned Go module."""
-    binary = subprocess.run(
-        [str(ROOT / "tests" / "controlplane" / "rulecheck")],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=600,
-    ).stdout.strip()
-    return subprocess.run([binary, str(path)], capture_output=True, text=True, timeout=60)
+    return gotool("rulecheck")
+
+
+def rulecheck(path: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [rulecheck_binary(), str(path)], capture_output=True, text=True, timeout=60
+    )
 
 
 def test_the_prometheus_rule_parses_as_prometheus_parses_it_with_thresholds_from_values(
@@ -513,6 +513,108 @@ def test_the_prometheus_rule_parses_as_prometheus_parses_it_with_thresholds_from
     refused = rulecheck(default)
     assert refused.returncode == 1
     assert '"CronlockRepeatedSkips": could not parse expression' in refused.stderr
+
+
+def exported_series() -> set[str]:
+    """Every series name the operator's registry can export, suffixes included."""
+    from cronlock_operator.runtime import metrics
+
+    suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count")}
+    return {
+        family.name + suffix
+        for family in metrics.registry.collect()
+        for suffix in suffixes.get(family.type, ("",))
+    }
+
+
+# Scrape series Prometheus adds itself, which the dashboard reads too.
+SCRAPE_SERIES = {"up"}
+GRAFANA_VARIABLES = {
+    "$__rate_interval": "5m",
+    "$__range": "6h",
+    "$namespace": ".*",
+    "$job": ".*",
+}
+
+
+def metrics_named(path: Path) -> tuple[subprocess.CompletedProcess[str], set[str]]:
+    binary = rulecheck_binary()
+    checked = subprocess.run(
+        [binary, "-metrics", str(path)], capture_output=True, text=True, timeout=60
+    )
+    names = set(re.findall(r"^metric: (\S+)$", checked.stdout, re.M))
+    return checked, names
+
+
+def dashboard_rule_file(directory: Path, dashboard: dict[str, Any]) -> Path:
+    """Every panel query as a recording rule, Grafana's variables given values, so
+    Prometheus' own parser reads each expression."""
+    rules = []
+    for panel in dashboard["panels"]:
+        for target in panel["targets"]:
+            expr = target["expr"]
+            for variable, value in GRAFANA_VARIABLES.items():
+                expr = expr.replace(variable, value)
+            assert "$" not in expr, f"panel {panel['title']!r}: a variable left in {expr!r}"
+            rules.append(
+                {"record": f"dashboard:panel_{panel['id']}_{target['refId']}", "expr": expr}
+            )
+    path = directory / f"dashboard-{secrets.token_hex(3)}.yaml"
+    path.write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]}))
+    return path
+
+
+def test_the_grafana_dashboard_renders_parses_and_names_only_exported_metrics(
+    controlplane: ControlPlane, tmp_path: Path
+) -> None:
+    assert "ConfigMap" not in kinds(render(controlplane))
+    [config_map] = [
+        doc
+        for doc in render(
+            controlplane,
+            "--set",
+            "grafana.dashboard.enabled=true,grafana.dashboard.namespace=monitoring",
+            "--set",
+            "grafana.dashboard.annotations.grafana_folder=cronlock",
+        )
+        if doc["kind"] == "ConfigMap"
+    ]
+    assert config_map["metadata"]["namespace"] == "monitoring"
+    assert config_map["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert config_map["metadata"]["annotations"] == {"grafana_folder": "cronlock"}
+    dashboard = json.loads(config_map["data"]["cronlock.json"])
+    assert dashboard["uid"] == "cronlock"
+    variables = {variable["name"] for variable in dashboard["templating"]["list"]}
+    assert variables == {"datasource", "namespace", "job"}
+    path = dashboard_rule_file(tmp_path, dashboard)
+    checked, names = metrics_named(path)
+    assert checked.returncode == 0, checked.stderr
+    panels = sum(len(panel["targets"]) for panel in dashboard["panels"])
+    assert f"1 groups, {panels} rules" in checked.stdout
+    exported = exported_series()
+    assert names - exported == SCRAPE_SERIES
+    # What the dashboard shows of the operator's own series.
+    assert {
+        "cronlock_lease_held",
+        "cronlock_runs_total",
+        "cronlock_consecutive_skips",
+        "cronlock_takeovers_total",
+        "cronlock_reconcile_duration_seconds_bucket",
+    } <= names
+    # The check can fail: a misspelt series is named as not exported.
+    path.write_text(path.read_text().replace("cronlock_lease_held", "cronlock_leases_held"))
+    _, misspelt = metrics_named(path)
+    assert misspelt - exported == SCRAPE_SERIES | {"cronlock_leases_held"}
+
+
+def test_every_alert_names_only_exported_metrics(
+    controlplane: ControlPlane, tmp_path: Path
+) -> None:
+    on = ["--set", "prometheusRule.enabled=true", "--api-versions", "monitoring.coreos.com/v1"]
+    checked, names = metrics_named(rule_file(tmp_path, render(controlplane, *on)))
+    assert checked.returncode == 0, checked.stderr
+    assert names - exported_series() == SCRAPE_SERIES
+    assert "cronlock_consecutive_skips" in names
 
 
 def test_every_object_in_the_schema_is_closed_typed_and_described() -> None:
