@@ -724,6 +724,31 @@ def test_the_servicemonitor_is_rendered_only_when_enabled_and_its_api_is_served(
     ]
     # The series' own `namespace` label (the CronJob's) is kept, not renamed exported_namespace.
     assert monitor["spec"]["endpoints"][0]["honorLabels"] is True
+    assert monitor["metadata"]["namespace"] == "default"
+    assert set(monitor["spec"]["endpoints"][0]) == {"port", "path", "honorLabels", "interval"}
+    drop = {"action": "drop", "regex": "cronlock_consecutive_skips", "sourceLabels": ["__name__"]}
+    [tuned] = [
+        doc
+        for doc in render(
+            controlplane,
+            *enabled,
+            *api,
+            "--set",
+            "serviceMonitor.namespace=monitoring,serviceMonitor.scrapeTimeout=10s",
+            "--set-json",
+            f"serviceMonitor.metricRelabelings=[{json.dumps(drop)}]",
+            "--set-json",
+            'serviceMonitor.relabelings=[{"action": "labeldrop", "regex": "pod"}]',
+        )
+        if doc["kind"] == "ServiceMonitor"
+    ]
+    assert tuned["metadata"]["namespace"] == "monitoring"
+    # It still selects the operator's Service where the release is.
+    assert tuned["spec"]["namespaceSelector"] == {"matchNames": ["default"]}
+    [endpoint] = tuned["spec"]["endpoints"]
+    assert endpoint["scrapeTimeout"] == "10s"
+    assert endpoint["metricRelabelings"] == [drop]
+    assert endpoint["relabelings"] == [{"action": "labeldrop", "regex": "pod"}]
     assert "ServiceMonitor" not in kinds(render(controlplane, *enabled))
     assert "ServiceMonitor" not in kinds(render(controlplane, *api))
 
