@@ -71,6 +71,11 @@ def test_the_tree_keeps_every_contract() -> None:
             "from cronlock_operator.runtime import reconciler",
             "no module imports one above it",
         ),
+        (
+            f"{OPERATOR}/lint/checks.py",
+            "from cronlock_operator.kube import client",
+            "needs no cluster",
+        ),
     ],
 )
 def test_a_forbidden_import_breaks_its_contract(

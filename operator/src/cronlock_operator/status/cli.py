@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Final, Literal, NamedTuple
 
+from cronlock_operator.lint import cli as lint
 from cronlock_operator.status.api import Cluster, Unavailable, UsageError, connect, fetch
 from cronlock_operator.status.model import EXIT_OK, StatusRow, exit_code, rows
 from cronlock_operator.status.render import as_list, render_json, render_table, render_yaml
@@ -32,7 +33,8 @@ _UNBOUNDED_WIDTH: Final = 10_000
 def parser(prog: str = "cronlock") -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(
         prog=prog,
-        description="Inspect the Leases that keep cronlock-guarded CronJob runs from overlapping.",
+        description="Inspect the Leases that keep cronlock-guarded CronJob runs from overlapping; "
+        "check CronJob manifests before they ship.",
     )
     commands = top.add_subparsers(dest="command", metavar="COMMAND")
     status = commands.add_parser(
@@ -80,6 +82,7 @@ def parser(prog: str = "cronlock") -> argparse.ArgumentParser:
         "else ~/.kube/config)",
     )
     status.add_argument("--context", help="kubeconfig context to use")
+    lint.add_parser(commands)
     return top
 
 
@@ -90,6 +93,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         top.print_help(sys.stderr)
         return EXIT_USAGE
+    if args.command == "lint":
+        return lint.run(args, prog)
     try:
         timeout = parse_duration(args.request_timeout)
         if timeout <= 0:
