@@ -273,6 +273,7 @@ def test_the_pre_commit_hook_runs_the_installed_command_on_yaml_files() -> None:
     assert hook["language"] == "python"
     assert hook["entry"] == "cronlock lint"
     assert "cronlock = " in (ROOT / "pyproject.toml").read_text()
+    assert "      - id: cronlock-lint\n" in (ROOT / "docs" / "USAGE.md").read_text()
     pattern = re.compile(hook["files"])
     assert [bool(pattern.search(name)) for name in ("a.yaml", "b/c.yml", "d.json")] == [
         True,
