@@ -10,12 +10,13 @@ from pathlib import Path
 
 import kubernetes
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.controlplane import ControlPlane
 from tests.support.cronjobs import make_cronjob
 from tests.support.kube import wait_for
 from tests.support.objects import injected
-from tests.support.operator import OPERATOR_NAMESPACE, OperatorProcess
+from tests.support.operator import OPERATOR_NAMESPACE, OperatorProcess, free_port, get
 
 # Named as the operator policy admits an operator's Leases (cronlock-*).
 LEASE = "cronlock-test-leader"
@@ -30,13 +31,23 @@ def create(api: kubernetes.client.ApiClient, namespace: str, name: str) -> None:
     )
 
 
+def leader_gauge(port: int) -> float:
+    """The replica's `cronlock_leader`, scraped from its /metrics."""
+    _, text = get(f"http://127.0.0.1:{port}/metrics")
+    families = {family.name: family for family in text_string_to_metric_families(text)}
+    return families["cronlock_leader"].samples[0].value
+
+
 @pytest.fixture
 def replicas(
     controlplane: ControlPlane, operator_kubeconfig: Path, tmp_path: Path
 ) -> Iterator[list[OperatorProcess]]:
     started = [
         OperatorProcess(
-            operator_kubeconfig, tmp_path / f"operator-{n}.log", controlplane.env, ELECTION
+            operator_kubeconfig,
+            tmp_path / f"operator-{n}.log",
+            controlplane.env,
+            [*ELECTION, "--metrics-port", str(free_port()), "--metrics-bind-address", "127.0.0.1"],
         )
         for n in (1, 2)
     ]
@@ -65,6 +76,9 @@ def test_only_the_leader_writes_and_the_other_replica_takes_over_when_it_is_kill
     holder = leases.read_namespaced_lease(LEASE, OPERATOR_NAMESPACE).spec.holder_identity
     assert first.process is not None
     assert holder.endswith(f"_{first.process.pid}")
+    # Both serve /metrics (a follower that did not would be a down target); one leads.
+    first_port, second_port = (int(r.args[r.args.index("--metrics-port") + 1]) for r in replicas)
+    assert (leader_gauge(first_port), leader_gauge(second_port)) == (1, 0)
 
     killed_at = time.monotonic()
     first.kill()
@@ -78,3 +92,4 @@ def test_only_the_leader_writes_and_the_other_replica_takes_over_when_it_is_kill
     holder = leases.read_namespaced_lease(LEASE, OPERATOR_NAMESPACE).spec.holder_identity
     assert second.process is not None
     assert holder.endswith(f"_{second.process.pid}")
+    assert leader_gauge(second_port) == 1

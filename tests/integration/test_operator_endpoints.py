@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,18 +14,7 @@ import pytest
 from tests.support.controlplane import ControlPlane
 from tests.support.cronjobs import make_cronjob
 from tests.support.kube import wait_for
-from tests.support.operator import OperatorProcess
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def get(url: str) -> tuple[int, str]:
-    with urllib.request.urlopen(url, timeout=5) as response:  # noqa: S310 - loopback only
-        return response.status, response.read().decode()
+from tests.support.operator import OperatorProcess, free_port, get
 
 
 @pytest.fixture

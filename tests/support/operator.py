@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,6 +29,21 @@ SIDECAR_VALUES = (
     f"sidecarImage.repository={SIDECAR_IMAGE.rsplit(':', 1)[0]}",
     f"sidecarImage.tag={SIDECAR_IMAGE.rsplit(':', 1)[1]}",
 )
+
+
+def free_port() -> int:
+    """A loopback TCP port free at the moment of asking."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def get(url: str) -> tuple[int, str]:
+    """One GET of a loopback URL: status and body."""
+    with urllib.request.urlopen(url, timeout=5) as response:  # noqa: S310 - loopback only
+        return response.status, response.read().decode()
+
+
 RBAC_KINDS = {
     "ServiceAccount",
     "ClusterRole",

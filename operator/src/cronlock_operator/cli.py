@@ -242,8 +242,23 @@ def main(argv: Sequence[str] | None = None) -> int:
             Kube(api_client()), args.namespace or [], keep=keep, revert_only=args.revert_only
         )
     import cronlock_operator.runtime.handlers  # noqa: F401 - registers the handlers with kopf
+    from cronlock_operator.runtime import metrics
 
+    # Every replica serves /metrics from the start, a waiting one with cronlock_leader 0:
+    # a replica Prometheus cannot scrape is a down target (kube-prometheus' TargetDown).
+    if args.metrics_port:
+        try:
+            metrics.serve(args.metrics_port, args.metrics_bind_address)
+        except OSError as error:
+            logging.getLogger(__name__).error(
+                "cannot serve /metrics on %s:%d: %s (--metrics-port 0 turns it off)",
+                args.metrics_bind_address,
+                args.metrics_port,
+                error.strerror or error,
+            )
+            return contract.EXIT_CONFIG
     elector = _lead(args) if args.leader_election else None
+    metrics.leader.set(1)
     _run_loop(
         kopf.operator(
             standalone=True,
@@ -255,8 +270,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             liveness_endpoint=args.liveness or None,
             memo=kopf.Memo(
                 settings=settings,
-                metrics_port=args.metrics_port,
-                metrics_address=args.metrics_bind_address,
                 namespaces=args.namespace or [],
             ),
         )

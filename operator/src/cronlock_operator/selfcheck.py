@@ -3,9 +3,10 @@
 It scrapes the operator the way Prometheus does through a ServiceMonitor: it reads the
 metrics Service's EndpointSlices and asks each ready endpoint for /metrics directly, so
 it needs neither cluster DNS nor kube-proxy, and it sees each replica on its own. It
-passes when one endpoint serves cronlock's metrics (with leader election only the leader
-serves them; the others wait for the lead), and retries until `wait` runs out: the
-operator serves /metrics only once its start-up list is done.
+passes when every ready endpoint serves cronlock's metrics (a replica waiting to lead
+serves them too, so that Prometheus sees no target down) and one of them leads
+(`cronlock_leader 1`), and retries until `wait` runs out: a new replica takes a moment to
+lead.
 """
 
 from __future__ import annotations
@@ -27,7 +28,21 @@ PORT_NAME = "metrics"
 SCRAPE_TIMEOUT = 5.0
 RETRY_SECONDS = 2.0
 # What a cronlock operator's /metrics always carries (cronlock_operator.runtime.metrics).
-REQUIRED = ("cronlock_build_info", "cronlock_guarded_cronjobs")
+REQUIRED = ("cronlock_build_info", "cronlock_guarded_cronjobs", "cronlock_leader")
+LEADER = "cronlock_leader"
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What one endpoint answered: cronlock's metrics (`problem` None), leading or not."""
+
+    problem: str | None = None
+    leads: bool = False
+
+    def __str__(self) -> str:
+        if self.problem is not None:
+            return self.problem
+        return f"cronlock's metrics, {'leading' if self.leads else 'waiting to lead'}"
 
 
 @dataclass(frozen=True)
@@ -56,54 +71,62 @@ def ready_endpoints(slices: Iterable[Mapping[str, Any]]) -> list[Endpoint]:
     return sorted(set(found), key=lambda e: (e.address, e.port))
 
 
-def verdict(text: str) -> str | None:
-    """None when `text` is cronlock's metrics, else what is wrong with it."""
+def verdict(text: str) -> Answer:
+    """Whether `text` is cronlock's metrics (else what is wrong with it) and says it leads."""
     try:
-        names = {family.name for family in text_string_to_metric_families(text)}
+        families = {family.name: family for family in text_string_to_metric_families(text)}
     except ValueError as error:
-        return f"not Prometheus text: {error}"
-    missing = [name for name in REQUIRED if name not in names]
-    return f"no {', '.join(missing)} in it" if missing else None
+        return Answer(f"not Prometheus text: {error}")
+    missing = [name for name in REQUIRED if name not in families]
+    if missing:
+        return Answer(f"no {', '.join(missing)} in it")
+    return Answer(leads=any(sample.value == 1 for sample in families[LEADER].samples))
 
 
-def scrape(endpoint: Endpoint) -> str | None:
-    """None when the endpoint serves cronlock's metrics, else why not (one line)."""
+def scrape(endpoint: Endpoint) -> Answer:
+    """What the endpoint serves, or why it serves nothing (one line)."""
     try:
         with urllib.request.urlopen(endpoint.url, timeout=SCRAPE_TIMEOUT) as answer:  # noqa: S310
             return verdict(answer.read().decode("utf-8", "replace"))
     except urllib.error.HTTPError as error:
-        return f"HTTP {error.code}"
+        return Answer(f"HTTP {error.code}")
     except (OSError, ValueError) as error:
-        return str(getattr(error, "reason", error))
+        return Answer(str(getattr(error, "reason", error)))
 
 
 def check(
     list_slices: Callable[[], list[Mapping[str, Any]]],
     service: str,
     wait: float,
-    probe: Callable[[Endpoint], str | None] = scrape,
+    probe: Callable[[Endpoint], Answer] = scrape,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
 ) -> int:
-    """Exit code: 0 when an endpoint of `service` served cronlock's metrics within `wait`
-    seconds, EXIT_UNAVAILABLE when none did (each endpoint's last answer is logged)."""
+    """Exit code: 0 when, within `wait` seconds, every ready endpoint of `service` served
+    cronlock's metrics and one of them led; EXIT_UNAVAILABLE otherwise (each endpoint's
+    last answer is logged)."""
     deadline = clock() + wait
     while True:
         endpoints = ready_endpoints(list_slices())
         answers = {endpoint: probe(endpoint) for endpoint in endpoints}
-        good = [endpoint for endpoint, problem in answers.items() if problem is None]
-        if good:
-            for endpoint, problem in answers.items():
-                logger.info("%s: %s", endpoint.url, problem or "cronlock's metrics")
+        served = all(answer.problem is None for answer in answers.values())
+        if answers and served and any(answer.leads for answer in answers.values()):
+            for endpoint, answer in answers.items():
+                logger.info("%s: %s", endpoint.url, answer)
             return contract.EXIT_OK
         if clock() >= deadline:
             break
         sleep(RETRY_SECONDS)
     if not answers:
         logger.error("Service %s has no ready endpoint on a port named %r", service, PORT_NAME)
-    for endpoint, problem in answers.items():
-        logger.error("%s: %s", endpoint.url, problem)
-    logger.error("no endpoint of Service %s served cronlock's metrics within %gs", service, wait)
+    for endpoint, answer in answers.items():
+        logger.error("%s: %s", endpoint.url, answer)
+    if answers and served:
+        logger.error("no replica behind Service %s led within %gs", service, wait)
+    else:
+        logger.error(
+            "not every endpoint of Service %s served cronlock's metrics within %gs", service, wait
+        )
     return contract.EXIT_UNAVAILABLE
 
 

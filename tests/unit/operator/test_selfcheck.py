@@ -15,7 +15,7 @@ import pytest
 
 from cronlock_operator import cli, selfcheck
 from cronlock_operator.runtime import metrics
-from cronlock_operator.selfcheck import Endpoint
+from cronlock_operator.selfcheck import Answer, Endpoint
 from cronlock_sidecar import contract
 
 
@@ -52,12 +52,31 @@ def test_an_ipv6_endpoint_is_bracketed_in_its_url() -> None:
     assert Endpoint("203.0.113.7", 8080).url == "http://203.0.113.7:8080/metrics"
 
 
-def test_the_operators_own_metrics_pass_and_others_say_what_is_missing() -> None:
-    assert selfcheck.verdict(prometheus_client.generate_latest(metrics.registry).decode()) is None
+LEADING = Answer(leads=True)
+WAITING = Answer()
+
+
+def test_the_operators_own_metrics_pass_and_say_whether_it_leads() -> None:
+    metrics.leader.set(0)
+    try:
+        text = prometheus_client.generate_latest(metrics.registry).decode()
+        assert selfcheck.verdict(text) == WAITING
+        metrics.leader.set(1)
+        text = prometheus_client.generate_latest(metrics.registry).decode()
+        assert selfcheck.verdict(text) == LEADING
+    finally:
+        metrics.leader.set(0)
+    assert str(LEADING) == "cronlock's metrics, leading"
+    assert str(WAITING) == "cronlock's metrics, waiting to lead"
+
+
+def test_other_metrics_say_what_is_missing() -> None:
     other = prometheus_client.CollectorRegistry()
     prometheus_client.Counter("http_requests", "Not ours", registry=other)
-    problem = selfcheck.verdict(prometheus_client.generate_latest(other).decode())
-    assert problem == "no cronlock_build_info, cronlock_guarded_cronjobs in it"
+    answer = selfcheck.verdict(prometheus_client.generate_latest(other).decode())
+    assert answer == Answer(
+        "no cronlock_build_info, cronlock_guarded_cronjobs, cronlock_leader in it"
+    )
 
 
 class Clock:
@@ -77,7 +96,7 @@ def test_it_retries_until_an_endpoint_serves_and_names_each_answer(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     clock = Clock()
-    answers = iter(["connection refused", None])
+    answers = iter([Answer("connection refused"), LEADING])
     slices = [piece(endpoint("203.0.113.7"))]
     with caplog.at_level(logging.INFO):
         code = selfcheck.check(
@@ -85,18 +104,42 @@ def test_it_retries_until_an_endpoint_serves_and_names_each_answer(
         )
     assert code == contract.EXIT_OK
     assert clock.sleeps == [selfcheck.RETRY_SECONDS]
-    assert "http://203.0.113.7:8080/metrics: cronlock's metrics" in caplog.text
+    assert "http://203.0.113.7:8080/metrics: cronlock's metrics, leading" in caplog.text
 
 
-def test_a_follower_that_does_not_serve_does_not_fail_the_leader() -> None:
+def test_a_leader_and_a_serving_follower_pass_at_once() -> None:
     clock = Clock()
     slices = [piece(endpoint("203.0.113.7"), endpoint("203.0.113.8"))]
 
-    def probe(e: Endpoint) -> str | None:
-        return None if e.address == "203.0.113.8" else "connection refused"
+    def probe(e: Endpoint) -> Answer:
+        return LEADING if e.address == "203.0.113.8" else WAITING
 
     assert selfcheck.check(lambda: slices, "ns/svc", 60, probe, clock, clock.sleep) == 0
     assert clock.sleeps == []
+
+
+def test_a_follower_that_serves_nothing_fails_even_beside_a_leader(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Prometheus would count it as a down target: kube-prometheus' TargetDown fires.
+    clock = Clock()
+    slices = [piece(endpoint("203.0.113.7"), endpoint("203.0.113.8"))]
+
+    def probe(e: Endpoint) -> Answer:
+        return LEADING if e.address == "203.0.113.8" else Answer("connection refused")
+
+    code = selfcheck.check(lambda: slices, "ns/svc", 10, probe, clock, clock.sleep)
+    assert code == contract.EXIT_UNAVAILABLE
+    assert "http://203.0.113.7:8080/metrics: connection refused" in caplog.text
+    assert "not every endpoint of Service ns/svc served cronlock's metrics" in caplog.text
+
+
+def test_replicas_that_all_wait_to_lead_fail(caplog: pytest.LogCaptureFixture) -> None:
+    clock = Clock()
+    slices = [piece(endpoint("203.0.113.7"), endpoint("203.0.113.8"))]
+    code = selfcheck.check(lambda: slices, "ns/svc", 10, lambda e: WAITING, clock, clock.sleep)
+    assert code == contract.EXIT_UNAVAILABLE
+    assert "no replica behind Service ns/svc led within 10s" in caplog.text
 
 
 def test_it_fails_after_the_wait_with_each_endpoints_last_answer(
@@ -104,16 +147,20 @@ def test_it_fails_after_the_wait_with_each_endpoints_last_answer(
 ) -> None:
     clock = Clock()
     slices = [piece(endpoint("203.0.113.7"))]
-    code = selfcheck.check(lambda: slices, "ns/svc", 10, lambda e: "HTTP 500", clock, clock.sleep)
+    code = selfcheck.check(
+        lambda: slices, "ns/svc", 10, lambda e: Answer("HTTP 500"), clock, clock.sleep
+    )
     assert code == contract.EXIT_UNAVAILABLE
     assert 10 <= clock.now < 10 + selfcheck.RETRY_SECONDS + 1
     assert "http://203.0.113.7:8080/metrics: HTTP 500" in caplog.text
-    assert "no endpoint of Service ns/svc served cronlock's metrics within 10s" in caplog.text
+    assert "not every endpoint of Service ns/svc served cronlock's metrics within 10s" in (
+        caplog.text
+    )
 
 
 def test_a_service_without_ready_endpoints_says_so(caplog: pytest.LogCaptureFixture) -> None:
     clock = Clock()
-    code = selfcheck.check(lambda: [], "ns/svc", 4, lambda e: None, clock, clock.sleep)
+    code = selfcheck.check(lambda: [], "ns/svc", 4, lambda e: LEADING, clock, clock.sleep)
     assert code == contract.EXIT_UNAVAILABLE
     assert "Service ns/svc has no ready endpoint on a port named 'metrics'" in caplog.text
 
@@ -144,16 +191,16 @@ def server() -> Iterator[tuple[int, dict[str, Any]]]:
 def test_scrape_reads_a_real_http_answer(server: tuple[int, dict[str, Any]]) -> None:
     port, state = server
     state["body"] = prometheus_client.generate_latest(metrics.registry)
-    assert selfcheck.scrape(Endpoint("127.0.0.1", port)) is None
+    assert selfcheck.scrape(Endpoint("127.0.0.1", port)).problem is None
     state["status"] = 500
-    assert selfcheck.scrape(Endpoint("127.0.0.1", port)) == "HTTP 500"
+    assert selfcheck.scrape(Endpoint("127.0.0.1", port)) == Answer("HTTP 500")
 
 
 def test_scrape_of_a_closed_port_says_why() -> None:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    assert "refused" in (selfcheck.scrape(Endpoint("127.0.0.1", port)) or "").lower()
+    assert "refused" in (selfcheck.scrape(Endpoint("127.0.0.1", port)).problem or "").lower()
 
 
 @pytest.mark.parametrize(

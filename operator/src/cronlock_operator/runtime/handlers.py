@@ -19,7 +19,6 @@ import kopf
 from cronlock_operator.kube.client import api_client
 from cronlock_operator.kube.writes import LIST_PAGE, Kube
 from cronlock_operator.lock.config import OperatorSettings
-from cronlock_operator.runtime import metrics
 from cronlock_operator.runtime.events import EventPoster
 from cronlock_operator.runtime.reconciler import WORKERS, Reconciler
 from cronlock_sidecar import contract
@@ -96,8 +95,6 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
     reconciler.queue.start()
     memo.reconciler = reconciler
     memo.expiry_task = asyncio.create_task(_check_expiry(reconciler), name="cronlock-expiry")
-    if memo.metrics_port:
-        metrics.serve(memo.metrics_port, memo.metrics_address)
     logger.info("cronlock operator started; sidecar image %s", operator_settings.sidecar_image)
 
 

@@ -77,6 +77,11 @@ reconcile_duration = Histogram(
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
     registry=registry,
 )
+leader = Gauge(
+    "cronlock_leader",
+    "1 while this replica leads (always, without leader election), 0 while it waits to lead",
+    registry=registry,
+)
 build_info = Gauge(
     "cronlock_build_info",
     "Always 1; the labels say which operator version runs, on which Python",
