@@ -55,6 +55,7 @@ def test_replace_stops_the_old_run_before_the_new_one_starts_and_the_old_job_end
     marks = job["metadata"]["annotations"]
     assert marks["cronlock.io/replaced-by"].startswith("newest-2-")
     assert marks["cronlock.io/accounted"] == "replaced"
+    assert job["metadata"]["labels"]["cronlock.io/outcome"] == "replaced"
     assert cluster.consecutive_skips("newest") == 0
     assert second.running, "the replacing run goes on"
 

@@ -486,6 +486,22 @@ def test_the_operators_token_reaches_no_job_or_event_outside_cronlocks_runs(
             "n1-probe", namespace, {"metadata": {"annotations": {"team": "x"}}}, dry_run="All"
         )
     )
+    # Its outcome label, with one of the two values KubeJobFailed's exclusion reads; no
+    # other label, value, or removal of one.
+    batch.patch_namespaced_job(
+        "n1-probe", namespace, {"metadata": {"labels": {"cronlock.io/outcome": "skipped"}}}
+    )
+    for labels in (
+        {"cronlock.io/outcome": "succeeded"},
+        {"team": "x"},
+        {"cronlock.io/lock": "other"},
+        {"cronlock.io/lock": None},
+    ):
+        assert "only annotates" in refused(
+            lambda labels=labels: batch.patch_namespaced_job(
+                "n1-probe", namespace, {"metadata": {"labels": labels}}, dry_run="All"
+            )
+        ), labels
     batch.delete_namespaced_job("n1-probe", namespace, dry_run="All")
     core = kubernetes.client.CoreV1Api(as_operator)
 

@@ -619,6 +619,113 @@ def test_every_alert_names_only_exported_metrics(
     assert {"cronlock_consecutive_skips", "cronlock_leader"} <= names
 
 
+def promql_eval(directory: Path, script: str) -> subprocess.CompletedProcess[str]:
+    """`script` (Prometheus' promqltest format) run on Prometheus' own query engine."""
+    path = directory / f"script-{secrets.token_hex(3)}.test"
+    path.write_text(script)
+    return subprocess.run(
+        [gotool("promqleval"), "-test.run", "TestScripts", "--", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def alert_expr(rule_path: Path, alert: str) -> str:
+    groups = yaml.safe_load(rule_path.read_text())["groups"]
+    [expr] = [r["expr"] for g in groups for r in g["rules"] if r.get("alert") == alert]
+    return " ".join(str(expr).split())
+
+
+def test_the_operator_down_alert_fires_when_no_replica_leads_on_prometheus_engine(
+    controlplane: ControlPlane, tmp_path: Path
+) -> None:
+    on = ["--set", "prometheusRule.enabled=true", "--api-versions", "monitoring.coreos.com/v1"]
+    expr = alert_expr(rule_file(tmp_path, render(controlplane, *on)), "CronlockOperatorDown")
+    # The series as the ServiceMonitor's scrape labels them: the selector's own matchers.
+    [job] = re.findall(r"cronlock_leader\{([^}]*)\}", expr)
+    script = f"""
+load 1m
+  cronlock_leader{{{job},pod="a"}} 1x5 0x5 _x5
+  cronlock_leader{{{job},pod="b"}} 0x10 1x5
+
+# A leader and a waiting replica: quiet.
+eval instant at 3m {expr}
+
+# Both scraped, neither leads (minute 6 to 10): fires.
+eval instant at 8m {expr}
+  {{}} 1
+
+# The other replica took over: quiet again.
+eval instant at 13m {expr}
+
+# Nothing scraped at all: fires (absent of every series).
+eval instant at 40m {expr}
+  {{}} 1
+"""
+    ran = promql_eval(tmp_path, script)
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert ran.stdout.startswith("PASS"), ran.stdout
+    # The engine can disagree: a wrong expectation fails.
+    wrong = promql_eval(tmp_path, script.replace("eval instant at 3m", "eval instant at 8m", 1))
+    assert wrong.returncode != 0
+
+
+KUBE_JOB_FAILED = Path(__file__).resolve().parents[2] / "manifests/prometheus/kube-job-failed.yaml"
+
+
+def test_the_documented_kube_job_failed_rule_leaves_out_only_cronlocks_failed_jobs(
+    tmp_path: Path,
+) -> None:
+    from cronlock_sidecar import contract
+
+    rule = yaml.safe_load(KUBE_JOB_FAILED.read_text())
+    path = tmp_path / "kube-job-failed.yaml"
+    path.write_text(yaml.safe_dump({"groups": rule["spec"]["groups"]}))
+    checked, names = metrics_named(path)
+    assert checked.returncode == 0, checked.stderr
+    assert names == {"kube_job_failed", "kube_job_labels"}
+    # kube-state-metrics' name for the label: label_ and the key with [^a-zA-Z0-9_] as _.
+    exported = "label_" + re.sub(r"[^a-zA-Z0-9_]", "_", contract.LABEL_OUTCOME)
+    expr = alert_expr(path, "KubeJobFailed")
+    assert f'{exported}=~"{"|".join(contract.LABELLED_OUTCOMES)}"' in expr
+
+    ksm = 'job="kube-state-metrics"'
+
+    def failed(namespace: str, job: str) -> str:
+        return f'kube_job_failed{{{ksm},condition="true",namespace="{namespace}",job_name="{job}"}}'
+
+    def labels(namespace: str, job: str, value: str = "") -> str:
+        label = f',{exported}="{value}"' if value else ""
+        return f'kube_job_labels{{{ksm},namespace="{namespace}",job_name="{job}"{label}}}'
+
+    script = f"""
+load 1m
+  {failed("shop", "work-1")} 1x20
+  {failed("shop", "skip-1")} 1x20
+  {failed("shop", "gone-1")} 1x20
+  {failed("other", "skip-1")} 1x20
+  {labels("shop", "work-1")} 1x20
+  {labels("shop", "skip-1", "skipped")} 1x20
+  {labels("shop", "gone-1", "replaced")} 1x20
+  {labels("other", "skip-1")} 1x20
+
+# kube-prometheus' own rule: every Failed Job.
+eval instant at 16m kube_job_failed{{{ksm}}} > 0
+  {failed("shop", "work-1")} 1
+  {failed("shop", "skip-1")} 1
+  {failed("shop", "gone-1")} 1
+  {failed("other", "skip-1")} 1
+
+# The documented one: the work's own failures, in any namespace, and nothing of cronlock's.
+eval instant at 16m {expr}
+  {failed("shop", "work-1")} 1
+  {failed("other", "skip-1")} 1
+"""
+    ran = promql_eval(tmp_path, script)
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+
+
 def test_every_object_in_the_schema_is_closed_typed_and_described() -> None:
     schema = json.loads((CHART / "values.schema.json").read_text())
 

@@ -436,6 +436,13 @@ def test_keep_skipped_jobs_keeps_the_failed_job_and_other_failures_are_not_skips
     assert _job_exists(api, namespace, "kept-1")
     assert _skips(api, namespace, "kept") == 1
     assert len([r for _, r, _ in events(api, namespace, "kept") if r == "Skipped"]) == 1
+    # The kept skip is labelled for KubeJobFailed's exclusion; the work's own failure not.
+    labels = {
+        name: batch(api).read_namespaced_job(name, namespace).metadata.labels
+        for name in ("kept-1", "kept-2")
+    }
+    assert labels["kept-1"]["cronlock.io/outcome"] == "skipped"
+    assert "cronlock.io/outcome" not in labels["kept-2"]
 
 
 def test_a_holder_that_stops_renewing_is_cleared_with_lease_expired(

@@ -23,3 +23,5 @@ LEASE_PREFIX: Final = "cronlock-"
 HOLDER_ROLE_PREFIX: Final = "cronlock-holder-"
 MANAGED_BY: Final = ("app.kubernetes.io/managed-by", "cronlock")
 LOCK_LABEL: Final = "cronlock.io/lock"
+# On Failed Jobs that are cronlock's doing, for KubeJobFailed's exclusion (docs/USAGE.md).
+OUTCOME_LABEL: Final = ("cronlock.io/outcome", ("skipped", "replaced"))

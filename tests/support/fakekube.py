@@ -20,6 +20,7 @@ import jsonpatch
 from cronlock_operator.cache import ObjectCache
 from cronlock_operator.errors import Retry
 from cronlock_operator.reconcile.rbac import RbacKind
+from cronlock_sidecar import contract
 
 Name = tuple[str, str]
 Failure = BaseException | Callable[..., BaseException | None]
@@ -202,12 +203,16 @@ class FakeKube(_Recorder):
             del self.leases[(namespace, name)]
 
     # --- Jobs
-    def mark_job(self, namespace: str, name: str, annotation: str, value: str) -> bool:
+    def mark_job(
+        self, namespace: str, name: str, annotation: str, value: str, *, outcome: str | None = None
+    ) -> bool:
         self._call("mark_job", namespace, name, annotation, value)
         stored = self.jobs.get((namespace, name))
         if stored is None:
             return False
         stored["metadata"].setdefault("annotations", {})[annotation] = value
+        if outcome is not None:
+            stored["metadata"].setdefault("labels", {})[contract.LABEL_OUTCOME] = outcome
         return True
 
     def delete_job(self, namespace: str, name: str) -> None:

@@ -33,6 +33,14 @@ def test_container_and_object_names_are_the_published_ones() -> None:
     assert code.HOLDER_ROLE + "-" == promised.HOLDER_ROLE_PREFIX
     assert (code.LABEL_MANAGED_BY, code.MANAGED_BY) == promised.MANAGED_BY
     assert code.LABEL_LOCK == promised.LOCK_LABEL
+    assert (code.LABEL_OUTCOME, code.LABELLED_OUTCOMES) == promised.OUTCOME_LABEL
+
+
+def test_the_operator_policy_admits_exactly_the_outcome_labels_the_operator_writes() -> None:
+    policy = (ROOT / "charts" / "cronlock" / "templates" / "_scope-policy.tpl").read_text()
+    label, values = promised.OUTCOME_LABEL
+    assert f'key == "{label}" ?' in policy
+    assert f"variables.newLabels[key] in {list(values)}".replace("'", '"') in policy
 
 
 def test_the_holder_identity_is_the_one_the_holders_policy_builds() -> None:

@@ -61,6 +61,10 @@ variables:
     expression: "object.metadata.?annotations.orValue({})"
   - name: oldNotes
     expression: "oldObject.metadata.?annotations.orValue({})"
+  - name: newLabels
+    expression: "object.metadata.?labels.orValue({})"
+  - name: oldLabels
+    expression: "oldObject.metadata.?labels.orValue({})"
   - name: injected
     expression: {{ toJson (list "cronlock" "cronlock-gate") | quote }}
   - name: ours
@@ -143,21 +147,25 @@ validations:
       cronlock binds only its holder Role of the same name, to ServiceAccounts of the same
       namespace
     reason: Forbidden
-  # Jobs: only the marks on a finished guarded run, or deleting a guarded run's Job.
+  # Jobs: only the marks on a finished guarded run (cronlock.io/* annotations, and the
+  # label cronlock.io/outcome: skipped or replaced), or deleting a guarded run's Job.
   - expression: >-
       variables.resource != "jobs" || (request.operation != "CREATE" &&
       oldObject.metadata.?labels.orValue({})[?"cronlock.io/lock"].hasValue() &&
       (request.operation == "DELETE" || (
       object.spec == oldObject.spec &&
-      object.metadata.?labels.orValue({}) == oldObject.metadata.?labels.orValue({}) &&
+      variables.newLabels.all(key, key == "cronlock.io/outcome" ?
+      variables.newLabels[key] in ["skipped", "replaced"] :
+      (key in variables.oldLabels && variables.oldLabels[key] == variables.newLabels[key])) &&
+      variables.oldLabels.all(key, key in variables.newLabels) &&
       object.metadata.?ownerReferences.orValue([]) == oldObject.metadata.?ownerReferences.orValue([]) &&
       object.metadata.?finalizers.orValue([]) == oldObject.metadata.?finalizers.orValue([]) &&
       variables.newNotes.all(key, key.startsWith("cronlock.io/") ||
       (key in variables.oldNotes && variables.oldNotes[key] == variables.newNotes[key])) &&
       variables.oldNotes.all(key, key.startsWith("cronlock.io/") || key in variables.newNotes))))
     message: >-
-      cronlock only annotates (cronlock.io/*) and deletes the Jobs of guarded runs
-      (labelled cronlock.io/lock); it never creates a Job
+      cronlock only annotates (cronlock.io/*), labels with cronlock.io/outcome and deletes
+      the Jobs of guarded runs (labelled cronlock.io/lock); it never creates a Job
     reason: Forbidden
   # Events: only new ones, about a CronJob, Job or Lease of the same namespace.
   - expression: >-

@@ -82,6 +82,11 @@ OPERATOR_OWNED: Final = frozenset(
 HOLDER_POLICY_DENIAL: Final = "cronlock holder policy:"
 
 LABEL_LOCK: Final = PREFIX + "lock"
+# On a finished Job whose failure is cronlock's doing, not the work's: "skipped" (the lock
+# was held) or "replaced" (a newer run took the lock over), so that alerts on failed Jobs
+# (kube-prometheus' KubeJobFailed) can leave them out.
+LABEL_OUTCOME: Final = PREFIX + "outcome"
+LABELLED_OUTCOMES: Final = ("skipped", "replaced")
 LABEL_MANAGED_BY: Final = "app.kubernetes.io/managed-by"
 MANAGED_BY: Final = "cronlock"
 

@@ -129,7 +129,7 @@ def test_metrics_answers_with_what_the_registry_holds(server: BoundedServer) -> 
     assert head_body == b""
     assert head_headers["Content-Length"] == headers["Content-Length"]
     # What the chart's `helm test` (selfcheck) asks of it.
-    assert selfcheck.scrape(selfcheck.Endpoint("127.0.0.1", server.port)) is None
+    assert selfcheck.scrape(selfcheck.Endpoint("127.0.0.1", server.port)).problem is None
 
 
 def test_prometheus_still_gets_openmetrics_when_it_asks(server: BoundedServer) -> None:

@@ -259,6 +259,35 @@ def test_kept_and_gone_skipped_jobs_are_not_deleted() -> None:
     assert kinds(gone.runs[0].actions) == ["CountRun", "PostEvent:Skipped"]
 
 
+def test_only_skipped_and_replaced_jobs_are_labelled_with_their_outcome() -> None:
+    """What KubeJobFailed's exclusion reads: the Failed Jobs that are cronlock's doing."""
+    body = cronjob({"cronlock.io/enabled": "true", "cronlock.io/keep-skipped-jobs": "true"})
+    jobs = [
+        finished_job("report-1", "2026-12-01T00:00:01Z", "skipped"),
+        finished_job("report-2", "2026-12-01T00:00:02Z", "failed"),
+        finished_job("report-3", "2026-12-01T00:00:03Z", "failed"),
+        finished_job("report-4", "2026-12-01T00:00:04Z", "succeeded"),
+    ]
+    decision = runs.decide(body, jobs, SETTINGS, contended={"report-3": "replaced"})
+    marks = [run.actions[0] for run in decision.runs]
+    assert marks == [
+        MarkJob(NAMESPACE, "report-1", "cronlock.io/accounted", "skipped", "skipped"),
+        MarkJob(NAMESPACE, "report-2", "cronlock.io/accounted", "failed", None),
+        MarkJob(NAMESPACE, "report-3", "cronlock.io/accounted", "replaced", "replaced"),
+        MarkJob(NAMESPACE, "report-4", "cronlock.io/accounted", "succeeded", None),
+    ]
+    kube = FakeKube()
+    for job in jobs:
+        kube.jobs[(NAMESPACE, job["metadata"]["name"])] = job
+    executor = Executor(kube)
+    for mark in marks:
+        executor.run([mark])
+    labels = {name: job["metadata"]["labels"] for (_, name), job in kube.jobs.items()}
+    assert labels["report-1"]["cronlock.io/outcome"] == "skipped"
+    assert labels["report-3"]["cronlock.io/outcome"] == "replaced"
+    assert "cronlock.io/outcome" not in labels["report-2"] | labels["report-4"]
+
+
 # --- Lease expiry -----------------------------------------------------------------------
 
 

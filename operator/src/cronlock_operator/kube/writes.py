@@ -237,14 +237,19 @@ class Kube:
         logger.info("lease %s/%s deleted: no CronJob uses it any more", namespace, name)
 
     # --- Jobs ----------------------------------------------------------------------
-    def mark_job(self, namespace: str, name: str, annotation: str, value: str) -> bool:
-        """Annotate a Job once; False when it is gone."""
+    def mark_job(
+        self, namespace: str, name: str, annotation: str, value: str, *, outcome: str | None = None
+    ) -> bool:
+        """Annotate a Job once, and label its `outcome` if given; False when it is gone."""
+        metadata: dict[str, Any] = {"annotations": {annotation: value}}
+        if outcome is not None:
+            metadata["labels"] = {contract.LABEL_OUTCOME: outcome}
         return self._patch(
             self.batch.patch_namespaced_job,
             "annotate job",
             namespace,
             name,
-            {"metadata": {"annotations": {annotation: value}}},
+            {"metadata": metadata},
             MERGE_PATCH,
         )
 

@@ -69,12 +69,14 @@ class WriteHolderRbac:
 
 @dataclass(frozen=True)
 class MarkJob:
-    """Record on the Job that it was counted (a Job already gone is fine)."""
+    """Record on the Job that it was counted (a Job already gone is fine); `outcome`, when
+    set, is also its `cronlock.io/outcome` label."""
 
     namespace: str
     name: str
     annotation: str
     value: str
+    outcome: str | None = None
 
 
 @dataclass(frozen=True)

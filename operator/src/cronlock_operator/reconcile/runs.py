@@ -74,7 +74,11 @@ def decide(
         present = uid not in gone
         actions: list[Action] = []
         if present:
-            actions.append(MarkJob(namespace, job_name, skips.ACCOUNTED_ANNOTATION, str(outcome)))
+            # A skipped or replaced run's Job ended Failed by cronlock's doing: labelled so.
+            label = outcome if outcome in contract.LABELLED_OUTCOMES else None
+            actions.append(
+                MarkJob(namespace, job_name, skips.ACCOUNTED_ANNOTATION, str(outcome), label)
+            )
         lock = (job["metadata"].get("labels") or {}).get(contract.LABEL_LOCK, "?")
         if outcome == "succeeded":
             count = 0

@@ -89,8 +89,8 @@ class Executor:
                 self._drop_lease_owner(namespace, name, uid)
             case WriteHolderRbac(namespace, roles, bindings):
                 self._write_holder_rbac(namespace, roles, bindings)
-            case MarkJob(namespace, name, annotation, value):
-                kube.mark_job(namespace, name, annotation, value)
+            case MarkJob(namespace, name, annotation, value, outcome):
+                kube.mark_job(namespace, name, annotation, value, outcome=outcome)
             case DeleteJob(namespace, name):
                 kube.delete_job(namespace, name)
             case CountRun(result):
