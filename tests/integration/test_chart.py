@@ -464,7 +464,7 @@ def test_the_prometheus_rule_parses_as_prometheus_parses_it_with_thresholds_from
     default = rule_file(tmp_path, render(controlplane, *on))
     checked = rulecheck(default)
     assert checked.returncode == 0, checked.stderr
-    assert "1 groups, 4 rules" in checked.stdout
+    assert "1 groups, 5 rules" in checked.stdout
     tuned = render(
         controlplane,
         *on,
@@ -472,6 +472,8 @@ def test_the_prometheus_rule_parses_as_prometheus_parses_it_with_thresholds_from
         "prometheusRule.repeatedSkips=7,prometheusRule.reconcileErrors=0",
         "--set",
         "prometheusRule.window=1h,prometheusRule.operatorDownFor=2m",
+        "--set",
+        "prometheusRule.notGuardedFor=30m,prometheusRule.severities.notGuarded=info",
         "--set",
         "prometheusRule.severities.repeatedSkips=page,prometheusRule.labels.release=kube-prometheus",
         "--set",
@@ -485,8 +487,10 @@ def test_the_prometheus_rule_parses_as_prometheus_parses_it_with_thresholds_from
         "CronlockExpiredHoldCleared",
         "CronlockOperatorDown",
         "CronlockReconcileErrors",
+        "CronlockCronJobsNotGuarded",
     }
     assert alerts["CronlockRepeatedSkips"]["expr"].endswith(">= 7")
+    assert alerts["CronlockCronJobsNotGuarded"]["for"] == "30m"
     assert alerts["CronlockReconcileErrors"]["expr"].endswith("[1h])) > 0")
     assert alerts["CronlockOperatorDown"]["for"] == "2m"
     assert {name: alert["labels"]["severity"] for name, alert in alerts.items()} == {
@@ -494,6 +498,7 @@ def test_the_prometheus_rule_parses_as_prometheus_parses_it_with_thresholds_from
         "CronlockExpiredHoldCleared": "warning",
         "CronlockOperatorDown": "critical",
         "CronlockReconcileErrors": "warning",
+        "CronlockCronJobsNotGuarded": "info",
     }
     assert {name: alert["annotations"]["runbook_url"] for name, alert in alerts.items()} == {
         name: f"https://wiki.example.com/cronlock#{name.lower()}" for name in alerts

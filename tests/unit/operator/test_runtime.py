@@ -87,6 +87,47 @@ def test_a_foreign_lease_refuses_the_cronjob_once_and_keeps_it_out_of_the_roles(
     assert ("team-a", "report") not in reconciler.conflicted
 
 
+def states() -> dict[str, float]:
+    return {
+        state: metrics.registry.get_sample_value("cronlock_cronjobs", {"state": state}) or 0.0
+        for state in metrics.CRONJOB_STATES
+    }
+
+
+def test_cronjobs_are_counted_by_state_guarded_invalid_or_in_conflict() -> None:
+    """cronlock_cronjobs{state}: an opted-in CronJob that is not guarded as asked shows."""
+    reconciler, kube = setup(export="default", audit="default")
+    for name in ("report", "export", "audit"):
+        reconciler.reconcile_cronjob("team-a", name)
+    assert states() == {"guarded": 3, "invalid": 0, "conflict": 0}
+    # A bad setting on an injected CronJob: it keeps its last injection, but not as asked.
+    body = copy.deepcopy(kube.cronjobs[("team-a", "audit")])
+    body["metadata"]["annotations"]["cronlock.io/ttl"] = "soon"
+    body["metadata"]["resourceVersion"] = "99"
+    kube.cronjobs[("team-a", "audit")] = copy.deepcopy(body)
+    reconciler.on_cronjob("MODIFIED", body)
+    reconciler.reconcile_cronjob("team-a", "audit")
+    assert states() == {"guarded": 2, "invalid": 1, "conflict": 0}
+    assert metrics.registry.get_sample_value("cronlock_guarded_cronjobs") == 3
+    # Deleted CronJobs leave every state.
+    for name in ("audit", "export"):
+        del kube.cronjobs[("team-a", name)]
+        reconciler.on_cronjob("DELETED", reconciler.cronjobs.get(("team-a", name)))
+        reconciler.reconcile_cronjob("team-a", name)
+    assert states() == {"guarded": 1, "invalid": 0, "conflict": 0}
+
+
+def test_a_conflict_is_counted_in_its_state_until_it_clears() -> None:
+    reconciler, kube = setup()
+    kube.foreign_lease()
+    with pytest.raises(Retry):
+        reconciler.reconcile_cronjob("team-a", "report")
+    assert states() == {"guarded": 0, "invalid": 0, "conflict": 1}
+    kube.foreign_lease(present=False)
+    reconciler.reconcile_cronjob("team-a", "report")
+    assert states() == {"guarded": 1, "invalid": 0, "conflict": 0}
+
+
 def test_a_conflict_rechecked_later_is_not_counted_as_a_reconcile_error() -> None:
     """Review finding 21: the look-again-in-a-minute of a refused CronJob counted one
     reconcile error a minute for as long as the conflict lasted; a transient error counts."""

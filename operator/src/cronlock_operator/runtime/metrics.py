@@ -29,6 +29,14 @@ guarded_cronjobs = Gauge(
     "CronJobs whose runs cronlock guards with a Lease",
     registry=registry,
 )
+cronjobs = Gauge(
+    "cronlock_cronjobs",
+    "Opted-in CronJobs by state: guarded (as asked), invalid (latest settings refused, "
+    "InvalidConfig), conflict (something it needs is not cronlock's)",
+    ["state"],
+    registry=registry,
+)
+CRONJOB_STATES = ("guarded", "invalid", "conflict")
 runs = Counter(
     "cronlock_runs",
     "Runs seen by the operator, by result (acquired, skipped, lost, released)",
@@ -93,6 +101,11 @@ build_info = Gauge(
 build_info.labels(version(), platform.python_version()).set(1)
 
 
+def set_cronjob_states(*, guarded: int, invalid: int, conflict: int) -> None:
+    for state, count in zip(CRONJOB_STATES, (guarded, invalid, conflict), strict=True):
+        cronjobs.labels(state).set(count)
+
+
 def forget_cronjob(namespace: str, name: str) -> None:
     """A deleted CronJob's series go with it (Prometheus would keep showing the last value)."""
     _remove(consecutive_skips, namespace, name)
@@ -113,6 +126,7 @@ def _remove(gauge: Gauge, *labels: str) -> None:
 RUN_RESULTS = ("acquired", "skipped", "lost", "released")
 TAKEOVER_REASONS = ("expired",)
 RECONCILE_KINDS = tuple(key.kind for key in typing.get_args(Key))
+set_cronjob_states(guarded=0, invalid=0, conflict=0)
 for _result in RUN_RESULTS:
     runs.labels(_result)
 for _reason in TAKEOVER_REASONS:

@@ -76,6 +76,8 @@ class Reconciler:
     rbac_conflicts: dict[str, dict[str, str]] = field(default_factory=dict)
     # CronJobs refused because a Lease or Role they need is not cronlock's.
     conflicted: set[Name] = field(default_factory=set)
+    # Opted in, but whose latest settings were refused (InvalidConfig): not guarded as asked.
+    invalid: set[Name] = field(default_factory=set)
     # The resourceVersion each CronJob had right after our own patch: its watch event then
     # brings nothing to decide (a change by anyone else has another version).
     own_versions: dict[Name, str] = field(default_factory=dict)
@@ -223,9 +225,11 @@ class Reconciler:
         body = self.cronjobs.get(key)
         if body is None:
             self.conflicted.discard(key)
+            self.invalid.discard(key)
             metrics.forget_cronjob(namespace, name)
-            if self.guards.pop(key, None) is not None:
-                metrics.guarded_cronjobs.set(len(self.guards))
+            guarded = self.guards.pop(key, None) is not None
+            self._count_states()
+            if guarded:
                 self.sync_rbac(namespace)
             return
         uid = body["metadata"]["uid"]
@@ -238,19 +242,20 @@ class Reconciler:
             granted=self.synced_rbac.get(namespace, frozenset()),
             posted=self.posted.get(uid, {}),
         )
-        if (
-            not decision.keep_guard
-            and decision.guard is None
-            and self.guards.pop(key, None) is not None
-        ):
-            metrics.guarded_cronjobs.set(len(self.guards))
+        if decision.keep_guard:
+            self.invalid.add(key)
+        else:
+            self.invalid.discard(key)
+        if not decision.keep_guard and decision.guard is None:
+            self.guards.pop(key, None)
+        self._count_states()
         try:
             self.executor.run(decision.before)
             # Recorded only once its Lease is ensured (consent checked): a holder RBAC sync
             # in another worker meanwhile must not grant a lock this CronJob may not join.
             if not decision.keep_guard and decision.guard is not None:
                 self.guards[key] = decision.guard
-                metrics.guarded_cronjobs.set(len(self.guards))
+                self._count_states()
             if decision.lease_duration_seconds is not None:
                 self.lease_durations[key] = decision.lease_duration_seconds
             if decision.sync_rbac:
@@ -266,6 +271,7 @@ class Reconciler:
                 f"cronjob {namespace}/{name}: {conflict}", CONFLICT_RECHECK
             ) from None
         self.conflicted.discard(key)
+        self._count_states()
         try:
             self.executor.run(decision.after)
         except Rejected as rejected:
@@ -280,11 +286,23 @@ class Reconciler:
             return
         self._remember_posted(uid, {**decision.posted, "ReconcileError": None})
 
+    def _count_states(self) -> None:
+        """The gauges of CronJobs by state: guarded as asked, refused settings, conflict."""
+        metrics.guarded_cronjobs.set(len(self.guards))
+        metrics.set_cronjob_states(
+            # Counted over the (few) refused ones: every reconcile calls this, and a set
+            # difference over 10,000 guards each time would be quadratic at start-up.
+            guarded=len(self.guards)
+            - sum(1 for key in self.invalid | self.conflicted if key in self.guards),
+            invalid=len(self.invalid),
+            conflict=len(self.conflicted),
+        )
+
     def _refuse(self, key: Name, body: Mapping[str, Any], conflict: str) -> None:
         """Something it needs is not cronlock's: not guarded, one Warning, left as it was."""
         self.conflicted.add(key)
-        if self.guards.pop(key, None) is not None:
-            metrics.guarded_cronjobs.set(len(self.guards))
+        self.guards.pop(key, None)
+        self._count_states()
         # A grant made ahead of this reconcile (a burst, or the start-up sync) is taken back.
         pending = cronjobs.pending_guard(body, self.settings)
         if pending is not None and pending in self.synced_rbac.get(key[0], frozenset()):
