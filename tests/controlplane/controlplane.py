@@ -56,6 +56,8 @@ KUBERNETES_SERVICE_IP = "203.0.113.1"
 # node's kubelet reaches this API server there. (Not TEST-NET-1: sandboxes like ours
 # use 192.0.2.0/24 for their own uplink.)
 NODE_LINK_HOST_IP = "198.51.100.1"
+# The host's end of the second node's link (a fleet of two, tests/controlplane/node.py).
+NODE2_LINK_HOST_IP = "198.51.100.5"
 READY_TIMEOUT = 120.0
 
 
@@ -121,7 +123,7 @@ def make_pki(pki: Path) -> None:
     ext.write_text(
         "subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:kubernetes,"
         "DNS:kubernetes.default,DNS:kubernetes.default.svc,"
-        f"IP:{KUBERNETES_SERVICE_IP},IP:{NODE_LINK_HOST_IP}\n"
+        f"IP:{KUBERNETES_SERVICE_IP},IP:{NODE_LINK_HOST_IP},IP:{NODE2_LINK_HOST_IP}\n"
         "extendedKeyUsage=serverAuth\n"
     )
     for name, subject, extfile in (

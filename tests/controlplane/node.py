@@ -18,11 +18,25 @@ no nameserver. The pods' path to the API server is its own relay process, so a t
 cut exactly that path (SIGSTOP the pod relay: connections open and hang) while the
 kubelet keeps talking to the API server.
 
+More nodes make a fleet (`node up --index 2`): each one its own network namespace, veth
+pair, node relay, containerd, kubelet, cgroup root and /run directory, in the part of
+TEST-NET-2 node 1 leaves free (TEST-NET-1 is this sandbox's uplink):
+
+    198.51.100.5 cl-host2 <--- veth ---> cl-node2 198.51.100.6   cn0 198.51.100.65/26
+      :6443 node 2's relay -> kube-apiserver      (pods .66-.126); routes 203.0.113.0/24
+                                                  and 198.51.100.0/30 via 198.51.100.5
+
+Node 2's pods reach the pod relay (the Service IP) and the host's end of node 1's link
+(the work tracker, the registry) through the host. A test partitions node 2 from the API
+server (tests/support/node.py) by pausing its relay and blackholing the Service range in
+its namespace; the path to the tracker stays, so the test still sees when work stops.
+
 Also started here, on the host's loopback: kube-scheduler. The node-lifecycle
 controller runs in the control plane's kube-controller-manager.
 
     tests/controlplane/node up      # after tests/controlplane/up; prints `export` lines
-    tests/controlplane/node down    # stops it and puts the host back as it was
+    tests/controlplane/node up --index 2    # a second node (node 1 first)
+    tests/controlplane/node down [--index 2]  # stops it and puts the host back as it was
 
 State, logs and pids: `$CRONLOCK_TESTENV_DIR/node/`. Sockets: /run/cronlock-node/.
 The host changes the kubelet and containerd make (sysctls, /var/log/containers,
@@ -43,27 +57,77 @@ import subprocess
 import sys
 import time
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 
 import controlplane as cp
 
-NETNS = "cronlock-node"
-NODE_NAME = "cronlock-node"
-HOST_LINK, NODE_LINK = "cl-host", "cl-node"
-HOST_LINK_IP, NODE_LINK_IP = cp.NODE_LINK_HOST_IP, "198.51.100.2"
 LINK_PREFIX = 30
-LINK_NET = "198.51.100.0/30"
 BRIDGE = "cn0"
-BRIDGE_MAC = "02:00:c6:33:64:81"  # locally administered; c6:33:64:81 = 198.51.100.129
-NODE_IP = "198.51.100.129"
-POD_SUBNET = "198.51.100.128/25"
-POD_RANGE = ("198.51.100.130", "198.51.100.254")
-# What the node's network uses; the host must not route any of it already.
-RESERVED = ("198.51.100.0/24", cp.SERVICE_CIDR)
 NODE_RELAY_PORT = 6443
 SERVICE_PORT = 443
-RUN_DIR = Path("/run/cronlock-node")
-CGROUP_ROOT = "/cronlock-node"
+
+
+@dataclass(frozen=True)
+class Node:
+    """One node's names and addresses. Node 1 owns TEST-NET-2's top half (its pods) and
+    first link; node 2 the link after it and the quarter below node 1's pods."""
+
+    index: int
+    name: str
+    host_link: str
+    node_link: str
+    host_link_ip: str
+    node_link_ip: str
+    link_net: str
+    node_ip: str  # the bridge's address: the pods' gateway
+    pod_subnet: str
+    pod_range: tuple[str, str]
+    bridge_mac: str  # locally administered, fixed (see network_up)
+    reserved: tuple[str, ...]  # what its network uses; the host must not route it already
+
+    @property
+    def netns(self) -> str:
+        return self.name
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(f"/run/{self.name}")
+
+    @property
+    def cgroup_root(self) -> str:
+        return f"/{self.name}"
+
+    @property
+    def first(self) -> bool:
+        """Node 1 also runs what the fleet shares: scheduler, pod relay, registry."""
+        return self.index == 1
+
+    @property
+    def processes(self) -> tuple[str, ...]:
+        # Stop order: the kubelet first (so it restarts nothing), containerd after the pods.
+        return PROCESSES if self.first else ("kubelet", "containerd", "node-relay")
+
+
+NODES = {
+    1: Node(
+        1, "cronlock-node", "cl-host", "cl-node", cp.NODE_LINK_HOST_IP, "198.51.100.2",
+        "198.51.100.0/30", "198.51.100.129", "198.51.100.128/25",
+        ("198.51.100.130", "198.51.100.254"), "02:00:c6:33:64:81",
+        ("198.51.100.0/30", "198.51.100.128/25", cp.SERVICE_CIDR),
+    ),
+    2: Node(
+        2, "cronlock-node-2", "cl-host2", "cl-node2", cp.NODE2_LINK_HOST_IP, "198.51.100.6",
+        "198.51.100.4/30", "198.51.100.65", "198.51.100.64/26",
+        ("198.51.100.66", "198.51.100.126"), "02:00:c6:33:64:41",
+        ("198.51.100.4/30", "198.51.100.64/26"),
+    ),
+}  # fmt: skip
+FIRST = NODES[1]
+# Kept for the single-node callers.
+NETNS, NODE_NAME = FIRST.netns, FIRST.name
+HOST_LINK_IP = FIRST.host_link_ip
+RUN_DIR = FIRST.run_dir
 # Hard-coded host paths of the kubelet and containerd's shims.
 HOST_PATHS = ("/var/log/containers", "/var/lib/kubelet", "/run/containerd")
 SYSCTLS = (
@@ -74,7 +138,8 @@ SYSCTLS = (
     "kernel.keys.root_maxkeys",
     "kernel.keys.root_maxbytes",
 )
-# Stop order: the kubelet first (so it restarts nothing), containerd after the pods.
+# Node 1's, in stop order: the kubelet first (so it restarts nothing), containerd after
+# the pods.
 PROCESSES = ("kubelet", "containerd", "kube-scheduler", "pod-relay", "node-relay", "registry")
 # A real OCI registry (go-containerregistry's `crane registry serve`, built from Go
 # modules) on the host's end of the link, where the node's containerd pulls from over
@@ -91,18 +156,18 @@ IMAGES = {
 READY_TIMEOUT = 180.0
 
 
-def state_dir() -> Path:
-    return cp.testenv_dir() / "node"
+def state_dir(node: Node = FIRST) -> Path:
+    return cp.testenv_dir() / ("node" if node.first else f"node-{node.index}")
 
 
 def run(*argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     return subprocess.run(argv, check=check, capture_output=True, text=True)
 
 
-def in_netns(*argv: str) -> list[str]:
+def in_netns(*argv: str, node: Node = FIRST) -> list[str]:
     # nsenter --net, not `ip netns exec`: the latter remounts /sys and hides the cgroup
     # mounts from the kubelet.
-    return ["nsenter", f"--net=/run/netns/{NETNS}", "--", *argv]
+    return ["nsenter", f"--net=/run/netns/{node.netns}", "--", *argv]
 
 
 def stop(name: str, state: Path, grace: float) -> None:
@@ -155,20 +220,21 @@ def kubectl(*args: str, stdin: str | None = None, check: bool = True) -> str:
     return result.stdout
 
 
-def check_addresses_free() -> None:
+def check_addresses_free(node: Node) -> None:
     """Refuse to shadow any route or address the host already has (its uplink included)."""
-    reserved = [ipaddress.ip_network(net) for net in RESERVED]
+    reserved = [ipaddress.ip_network(net) for net in node.reserved]
+    ours = {n.host_link for n in NODES.values()}
     routes = json.loads(run("ip", "-j", "-4", "route", "show", "table", "all").stdout or "[]")
     addresses = json.loads(run("ip", "-j", "-4", "addr").stdout or "[]")
     used = [
         route["dst"] if "/" in route["dst"] else f"{route['dst']}/32"
         for route in routes
-        if route.get("dst") not in (None, "default") and route.get("dev") != HOST_LINK
+        if route.get("dst") not in (None, "default") and route.get("dev") not in ours
     ]
     used += [
         f"{info['local']}/32"
         for link in addresses
-        if link.get("ifname") != HOST_LINK
+        if link.get("ifname") not in ours
         for info in link.get("addr_info", [])
     ]
     for net in used:
@@ -180,37 +246,50 @@ def check_addresses_free() -> None:
         if clash is not None:
             raise SystemExit(
                 f"node up: this host already uses {network}, inside {clash} that the test "
-                "node needs; stop whatever uses it (or change RESERVED in node.py)"
+                "node needs; stop whatever uses it (or change NODES in node.py)"
             )
 
 
-def network_up(state: Path) -> None:
-    check_addresses_free()
-    if not Path(f"/run/netns/{NETNS}").exists():
-        run("ip", "netns", "add", NETNS)
-    (state / "netns.created").write_text(NETNS)
-    if run("ip", "link", "show", HOST_LINK, check=False).returncode != 0:
-        run("ip", "link", "add", HOST_LINK, "type", "veth", "peer", "name", NODE_LINK)
-        run("ip", "link", "set", NODE_LINK, "netns", NETNS)
-    run("ip", "addr", "replace", f"{HOST_LINK_IP}/{LINK_PREFIX}", "dev", HOST_LINK)
-    run("ip", "addr", "replace", f"{cp.KUBERNETES_SERVICE_IP}/32", "dev", HOST_LINK)
-    run("ip", "link", "set", HOST_LINK, "up")
-    run("ip", "route", "replace", POD_SUBNET, "via", NODE_LINK_IP, "dev", HOST_LINK)
-    netns = in_netns
+def network_up(state: Path, node: Node) -> None:
+    check_addresses_free(node)
+    if not Path(f"/run/netns/{node.netns}").exists():
+        run("ip", "netns", "add", node.netns)
+    (state / "netns.created").write_text(node.netns)
+    if run("ip", "link", "show", node.host_link, check=False).returncode != 0:
+        run("ip", "link", "add", node.host_link, "type", "veth", "peer", "name", node.node_link)
+        run("ip", "link", "set", node.node_link, "netns", node.netns)
+    run("ip", "addr", "replace", f"{node.host_link_ip}/{LINK_PREFIX}", "dev", node.host_link)
+    if node.first:
+        run("ip", "addr", "replace", f"{cp.KUBERNETES_SERVICE_IP}/32", "dev", node.host_link)
+    run("ip", "link", "set", node.host_link, "up")
+    run("ip", "route", "replace", node.pod_subnet, "via", node.node_link_ip, "dev", node.host_link)
+
+    def netns(*argv: str) -> list[str]:
+        return in_netns(*argv, node=node)
+
     run(*netns("ip", "link", "set", "lo", "up"))
-    run(*netns("ip", "addr", "replace", f"{NODE_LINK_IP}/{LINK_PREFIX}", "dev", NODE_LINK))
-    run(*netns("ip", "link", "set", NODE_LINK, "up"))
+    address = f"{node.node_link_ip}/{LINK_PREFIX}"
+    run(*netns("ip", "addr", "replace", address, "dev", node.node_link))
+    run(*netns("ip", "link", "set", node.node_link, "up"))
     if run(*netns("ip", "link", "show", BRIDGE), check=False).returncode != 0:
         # A fixed address: a bridge without one takes its lowest port's, which changes as
         # pods come and go, and pods keep the old gateway address in their ARP cache
         # (their packets to the API server, the probes' answers and a dying work's FIN
         # were then lost for seconds).
-        run(*netns("ip", "link", "add", BRIDGE, "address", BRIDGE_MAC, "type", "bridge"))
-    run(*netns("ip", "addr", "replace", f"{NODE_IP}/{POD_SUBNET.split('/')[1]}", "dev", BRIDGE))
+        run(*netns("ip", "link", "add", BRIDGE, "address", node.bridge_mac, "type", "bridge"))
+    prefix = node.pod_subnet.split("/")[1]
+    run(*netns("ip", "addr", "replace", f"{node.node_ip}/{prefix}", "dev", BRIDGE))
     run(*netns("ip", "link", "set", BRIDGE, "up"))
-    run(*netns("ip", "route", "replace", cp.SERVICE_CIDR, "via", HOST_LINK_IP, "dev", NODE_LINK))
+    for destination in upstream(node):
+        run(*netns("ip", "route", "replace", destination, "via", node.host_link_ip))
     # The node's namespace routes between the pods' bridge and the host link only.
     run(*netns("sysctl", "-q", "-w", "net.ipv4.ip_forward=1"))
+
+
+def upstream(node: Node) -> tuple[str, ...]:
+    """What the node's namespace and pods reach through the host: the Service range (the
+    pod relay) and, from another node, node 1's link (the work tracker, the registry)."""
+    return (cp.SERVICE_CIDR,) if node.first else (cp.SERVICE_CIDR, FIRST.link_net)
 
 
 def save_host_state(state: Path) -> None:
@@ -224,7 +303,9 @@ def save_host_state(state: Path) -> None:
         created.write_text("".join(f"{path}\n" for path in HOST_PATHS if not Path(path).exists()))
 
 
-def restore_host_state(state: Path) -> None:
+def restore_host_state(state: Path, node: Node) -> None:
+    """Node 1 put the sysctls and host paths there, and takes them back; every node its
+    own log links and cgroups."""
     saved = state / "sysctl.saved"
     if saved.exists():
         for line in saved.read_text().splitlines():
@@ -235,14 +316,15 @@ def restore_host_state(state: Path) -> None:
         for link in logs.iterdir():
             if link.is_symlink() and os.readlink(link).startswith(str(state)):
                 link.unlink()
-    Path("/var/lib/kubelet/device-plugins/kubelet.sock").unlink(missing_ok=True)
+    if node.first:
+        Path("/var/lib/kubelet/device-plugins/kubelet.sock").unlink(missing_ok=True)
     created = state / "host-paths.created"
     if created.exists():
         for path in created.read_text().split():
             remove_empty_dirs(Path(path))
         created.unlink()
     for hierarchy in Path("/sys/fs/cgroup").iterdir():
-        remove_empty_dirs(hierarchy / CGROUP_ROOT.lstrip("/"))
+        remove_empty_dirs(hierarchy / node.cgroup_root.lstrip("/"))
 
 
 def remove_empty_dirs(top: Path) -> None:
@@ -256,7 +338,7 @@ def remove_empty_dirs(top: Path) -> None:
         top.rmdir()
 
 
-def write_containerd_config(state: Path, bins: Path) -> Path:
+def write_containerd_config(state: Path, bins: Path, node: Node) -> Path:
     runc = shutil.which("runc") or "/usr/sbin/runc"
     cni_bin = "/usr/lib/cni"
     cni_conf = state / "cni" / "net.d"
@@ -266,7 +348,7 @@ def write_containerd_config(state: Path, bins: Path) -> Path:
         json.dumps(
             {
                 "cniVersion": "1.0.0",
-                "name": "cronlock-node",
+                "name": node.name,
                 "plugins": [
                     {
                         "type": "bridge",
@@ -279,16 +361,16 @@ def write_containerd_config(state: Path, bins: Path) -> Path:
                             # No default route: pods reach the host's end of the link (the
                             # work tracker, the relays) and the Service range, nothing else.
                             "routes": [
-                                {"dst": LINK_NET, "gw": NODE_IP},
-                                {"dst": cp.SERVICE_CIDR, "gw": NODE_IP},
+                                {"dst": destination, "gw": node.node_ip}
+                                for destination in (node.link_net, *upstream(node))
                             ],
                             "ranges": [
                                 [
                                     {
-                                        "subnet": POD_SUBNET,
-                                        "rangeStart": POD_RANGE[0],
-                                        "rangeEnd": POD_RANGE[1],
-                                        "gateway": NODE_IP,
+                                        "subnet": node.pod_subnet,
+                                        "rangeStart": node.pod_range[0],
+                                        "rangeEnd": node.pod_range[1],
+                                        "gateway": node.node_ip,
                                     }
                                 ]
                             ],
@@ -306,14 +388,14 @@ def write_containerd_config(state: Path, bins: Path) -> Path:
     config.write_text(f"""\
 version = 3
 root = '{state / "containerd" / "root"}'
-state = '{RUN_DIR / "containerd-state"}'
+state = '{node.run_dir / "containerd-state"}'
 imports = []
 
 [plugins]
   [plugins.'io.containerd.server.v1.grpc']
-    address = '{RUN_DIR / "containerd.sock"}'
+    address = '{node.run_dir / "containerd.sock"}'
   [plugins.'io.containerd.server.v1.ttrpc']
-    address = '{RUN_DIR / "containerd.sock.ttrpc"}'
+    address = '{node.run_dir / "containerd.sock.ttrpc"}'
   [plugins.'io.containerd.internal.v1.opt']
     path = '{state / "containerd" / "opt"}'
   [plugins.'io.containerd.nri.v1.nri']
@@ -334,7 +416,7 @@ imports = []
         runtime_type = 'io.containerd.runc.v2'
         [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
           BinaryName = '{runc}'
-          Root = '{RUN_DIR / "runc"}'
+          Root = '{node.run_dir / "runc"}'
           SystemdCgroup = false
     [plugins.'io.containerd.cri.v1.runtime'.cni]
       bin_dirs = ['{cni_bin}']
@@ -387,20 +469,20 @@ def start_registry(state: Path) -> None:
         time.sleep(0.2)
 
 
-def write_kubelet_config(state: Path, pki: Path) -> Path:
+def write_kubelet_config(state: Path, pki: Path, node: Node) -> Path:
     config = state / "kubelet.yaml"
-    sock = RUN_DIR / "containerd.sock"
+    sock = node.run_dir / "containerd.sock"
     config.write_text(f"""\
 apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 failCgroupV1: false            # machines here may have cgroup v1 (hybrid)
 cgroupDriver: cgroupfs
-cgroupRoot: {CGROUP_ROOT}
+cgroupRoot: {node.cgroup_root}
 failSwapOn: false
 containerRuntimeEndpoint: unix://{sock}
 imageServiceEndpoint: unix://{sock}
 podLogsDir: {state / "pod-logs"}
-address: {NODE_IP}
+address: {node.node_ip}
 port: 10250
 readOnlyPort: 0
 healthzBindAddress: 127.0.0.1
@@ -424,7 +506,7 @@ volumePluginDir: {state / "kubelet" / "volume-plugins"}
     return config
 
 
-def import_images(state: Path, bins: Path) -> None:
+def import_images(state: Path, bins: Path, node: Node) -> None:
     prebuilt = os.environ.get("CRONLOCK_IMAGES_DIR")
     if prebuilt:
         images_dir = Path(prebuilt)
@@ -435,7 +517,8 @@ def import_images(state: Path, bins: Path) -> None:
         if built.returncode != 0:
             raise SystemExit(f"node up: building the images failed:\n{built.stderr[-3000:]}")
         images_dir = Path(built.stdout.strip().splitlines()[-1])
-    ctr = in_netns(str(bins / "ctr"), "--address", str(RUN_DIR / "containerd.sock"), "-n", "k8s.io")
+    sock = str(node.run_dir / "containerd.sock")
+    ctr = in_netns(str(bins / "ctr"), "--address", sock, "-n", "k8s.io", node=node)
     for archive in ("pause", "busybox", "cronlock", "cronlock-sidecar"):
         result = subprocess.run(
             [*ctr, "images", "import", "--local", str(images_dir / f"{archive}.tar")],
@@ -448,10 +531,10 @@ def import_images(state: Path, bins: Path) -> None:
     (state / "images.json").write_text(json.dumps(IMAGES))
 
 
-def wait_ready(state: Path) -> None:
+def wait_ready(state: Path, node: Node) -> None:
     deadline = time.monotonic() + READY_TIMEOUT
     while time.monotonic() < deadline:
-        for name in PROCESSES:
+        for name in node.processes:
             if not cp.alive(state, name):
                 log = state / "logs" / f"{name}.log"
                 tail = "\n".join(log.read_text(errors="replace").splitlines()[-30:])
@@ -459,81 +542,133 @@ def wait_ready(state: Path) -> None:
         ready = kubectl(
             "get",
             "node",
-            NODE_NAME,
+            node.name,
             "-o",
             "jsonpath={.status.conditions[?(@.type=='Ready')].status}",
             check=False,
         )
-        taints = kubectl("get", "node", NODE_NAME, "-o", "jsonpath={.spec.taints}", check=False)
+        taints = kubectl("get", "node", node.name, "-o", "jsonpath={.spec.taints}", check=False)
         if ready == "True" and "not-ready" not in taints:
             return
         time.sleep(0.5)
-    raise SystemExit(f"node up: node {NODE_NAME} not Ready after {READY_TIMEOUT:.0f}s")
+    raise SystemExit(f"node up: node {node.name} not Ready after {READY_TIMEOUT:.0f}s")
 
 
-def up() -> dict[str, str]:
+def up(node: Node = FIRST) -> dict[str, str]:
     if os.geteuid() != 0:
         raise SystemExit("node up: needs root (network namespaces, mounts, cgroups)")
     env_dir = cp.testenv_dir()
     kubeconfig = env_dir / "kubeconfig"
     if not kubeconfig.exists() or not cp.alive(env_dir, "kube-apiserver"):
         raise SystemExit("node up: start the control plane first (tests/controlplane/up)")
-    state = state_dir()
+    if not node.first and not all(cp.alive(state_dir(), name) for name in PROCESSES):
+        raise SystemExit(f"node up: node {node.index} joins node 1's fleet; start node 1 first")
+    state = state_dir(node)
     exports = {
         "CRONLOCK_NODE_DIR": str(state),
-        "CRONLOCK_NODE_NAME": NODE_NAME,
+        "CRONLOCK_NODE_NAME": node.name,
         "CRONLOCK_REGISTRY": REGISTRY,
     }
-    if all(cp.alive(state, name) for name in PROCESSES):
+    if all(cp.alive(state, name) for name in node.processes):
         return exports
     if (state / "kubelet.argv").exists() and all(
-        cp.alive(state, name) for name in PROCESSES if name != "kubelet"
+        cp.alive(state, name) for name in node.processes if name != "kubelet"
     ):
         # Only the kubelet is gone (a test stopped it: node loss): start it again on the
         # same containerd, whose containers kept running, as a restarted kubelet would.
         cp.start("kubelet", json.loads((state / "kubelet.argv").read_text()), state)
-        wait_ready(state)
+        wait_ready(state, node)
         return exports
-    owner = RUN_DIR / "owner"
+    owner = node.run_dir / "owner"
     if owner.exists() and owner.read_text() != str(state):
         other = Path(owner.read_text())
-        if any(cp.alive(other, name) for name in PROCESSES):
+        if any(cp.alive(other, name) for name in node.processes):
             raise SystemExit(f"node up: another test node is running ({other}); stop it first")
-    down(quiet=True)
-    subprocess.run([str(cp.HERE / "host-packages")], check=True)
+    down(node, quiet=True)
+    if node.first:
+        subprocess.run([str(cp.HERE / "host-packages")], check=True)
     bins = cp.build_bin_dir()
     state.mkdir(parents=True, exist_ok=True)
-    RUN_DIR.mkdir(parents=True, exist_ok=True)
+    node.run_dir.mkdir(parents=True, exist_ok=True)
     owner.write_text(str(state))
     pki = env_dir / "pki"
     api = json.loads(kubeconfig.read_text())["clusters"][0]["cluster"]["server"]
     api_port = api.rsplit(":", 1)[1]
 
-    save_host_state(state)
-    network_up(state)
+    if node.first:
+        save_host_state(state)
+    network_up(state, node)
     relay = [sys.executable, str(cp.HERE / "relay.py")]
     cp.start(
-        "node-relay", [*relay, HOST_LINK_IP, str(NODE_RELAY_PORT), "127.0.0.1", api_port], state
+        "node-relay",
+        [*relay, node.host_link_ip, str(NODE_RELAY_PORT), "127.0.0.1", api_port],
+        state,
     )
+    certs = state / "pki"
+    sign(pki, certs, "kubelet", f"/O=system:nodes/CN=system:node:{node.name}")
+    # The kubelet's serving certificate, for the API server's logs/exec calls.
+    sign(pki, certs, "kubelet-serving", f"/CN={node.name}", f"subjectAltName=IP:{node.node_ip}\n")
+    cp.write_kubeconfig(
+        state / "kubelet.kubeconfig",
+        f"https://{node.host_link_ip}:{NODE_RELAY_PORT}",
+        pki,
+        "kubelet",
+        cert_dir=certs,
+    )
+    if node.first:
+        start_shared(state, bins, pki, api, api_port, certs)
+
+    containerd_config = write_containerd_config(state, bins, node)
+    env = {**os.environ, "PATH": f"{bins}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
+    cp.start(
+        "containerd",
+        in_netns(str(bins / "containerd"), "--config", str(containerd_config), node=node),
+        state,
+        env,
+    )
+    sock = node.run_dir / "containerd.sock"
+    deadline = time.monotonic() + 30
+    while not sock.exists():
+        if time.monotonic() > deadline or not cp.alive(state, "containerd"):
+            raise SystemExit(f"node up: containerd did not start; see {state / 'logs'}")
+        time.sleep(0.2)
+    import_images(state, bins, node)
+
+    for hierarchy in Path("/sys/fs/cgroup").iterdir():
+        if hierarchy.is_dir():
+            (hierarchy / node.cgroup_root.lstrip("/")).mkdir(exist_ok=True)
+    (state / "pod-logs").mkdir(exist_ok=True)
+    (state / "kubelet").mkdir(exist_ok=True)
+    kubelet_argv = in_netns(
+        str(bins / "kubelet"),
+        f"--config={write_kubelet_config(state, pki, node)}",
+        f"--kubeconfig={state / 'kubelet.kubeconfig'}",
+        f"--root-dir={state / 'kubelet'}",
+        f"--cert-dir={state / 'kubelet' / 'pki'}",
+        f"--tls-cert-file={certs / 'kubelet-serving.crt'}",
+        f"--tls-private-key-file={certs / 'kubelet-serving.key'}",
+        f"--node-ip={node.node_ip}",
+        f"--hostname-override={node.name}",
+        "--v=2",
+        node=node,
+    )
+    (state / "kubelet.argv").write_text(json.dumps(kubelet_argv))
+    cp.start("kubelet", kubelet_argv, state)
+    wait_ready(state, node)
+    return exports
+
+
+def start_shared(state: Path, bins: Path, pki: Path, api: str, api_port: str, certs: Path) -> None:
+    """What node 1 runs for the whole fleet: the pod relay (the `kubernetes` Service's
+    ClusterIP), the registry, kube-scheduler, and the node group's RBAC."""
+    relay = [sys.executable, str(cp.HERE / "relay.py")]
     cp.start(
         "pod-relay",
         [*relay, cp.KUBERNETES_SERVICE_IP, str(SERVICE_PORT), "127.0.0.1", api_port],
         state,
     )
     start_registry(state)
-
-    certs = state / "pki"
-    sign(pki, certs, "kubelet", f"/O=system:nodes/CN=system:node:{NODE_NAME}")
     sign(pki, certs, "kube-scheduler", "/CN=system:kube-scheduler")
-    # The kubelet's serving certificate, for the API server's logs/exec calls.
-    sign(pki, certs, "kubelet-serving", f"/CN={NODE_NAME}", f"subjectAltName=IP:{NODE_IP}\n")
-    cp.write_kubeconfig(
-        state / "kubelet.kubeconfig",
-        f"https://{HOST_LINK_IP}:{NODE_RELAY_PORT}",
-        pki,
-        "kubelet",
-        cert_dir=certs,
-    )
     cp.write_kubeconfig(
         state / "kube-scheduler.kubeconfig", api, pki, "kube-scheduler", cert_dir=certs
     )
@@ -579,55 +714,21 @@ def up() -> dict[str, str]:
         state,
     )
 
-    containerd_config = write_containerd_config(state, bins)
-    env = {**os.environ, "PATH": f"{bins}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
-    cp.start(
-        "containerd",
-        in_netns(str(bins / "containerd"), "--config", str(containerd_config)),
-        state,
-        env,
-    )
-    sock = RUN_DIR / "containerd.sock"
-    deadline = time.monotonic() + 30
-    while not sock.exists():
-        if time.monotonic() > deadline or not cp.alive(state, "containerd"):
-            raise SystemExit(f"node up: containerd did not start; see {state / 'logs'}")
-        time.sleep(0.2)
-    import_images(state, bins)
 
-    for hierarchy in Path("/sys/fs/cgroup").iterdir():
-        if hierarchy.is_dir():
-            (hierarchy / CGROUP_ROOT.lstrip("/")).mkdir(exist_ok=True)
-    (state / "pod-logs").mkdir(exist_ok=True)
-    (state / "kubelet").mkdir(exist_ok=True)
-    kubelet_argv = in_netns(
-        str(bins / "kubelet"),
-        f"--config={write_kubelet_config(state, pki)}",
-        f"--kubeconfig={state / 'kubelet.kubeconfig'}",
-        f"--root-dir={state / 'kubelet'}",
-        f"--cert-dir={state / 'kubelet' / 'pki'}",
-        f"--tls-cert-file={certs / 'kubelet-serving.crt'}",
-        f"--tls-private-key-file={certs / 'kubelet-serving.key'}",
-        f"--node-ip={NODE_IP}",
-        f"--hostname-override={NODE_NAME}",
-        "--v=2",
-    )
-    (state / "kubelet.argv").write_text(json.dumps(kubelet_argv))
-    cp.start("kubelet", kubelet_argv, state)
-    wait_ready(state)
-    return exports
-
-
-def down(quiet: bool = False) -> None:
-    state = state_dir()
-    for name in PROCESSES:
+def down(node: Node = FIRST, quiet: bool = False) -> None:
+    if node.first:  # the fleet's other nodes go first: they run on node 1's relay
+        for other in NODES.values():
+            if not other.first and state_dir(other).exists():
+                down(other, quiet=True)
+    state = state_dir(node)
+    for name in node.processes:
         if name == "containerd" and cp.alive(state, name):
-            remove_pods(state)
+            remove_pods(node)
         stop(name, state, grace=20 if name in ("kubelet", "containerd") else 5)
     if not state.exists():
         return
     # Mounts the kubelet and containerd left (volumes, rootfs, netns files), deepest first.
-    prefixes = (f"{state}/", f"{RUN_DIR}/")
+    prefixes = (f"{state}/", f"{node.run_dir}/")
     mounts = [
         line.split()[1]
         for line in Path("/proc/self/mounts").read_text().splitlines()
@@ -636,43 +737,49 @@ def down(quiet: bool = False) -> None:
     for mount in sorted(mounts, key=len, reverse=True):
         run("umount", "-l", mount, check=False)
     if (state / "netns.created").exists():
-        run("ip", "link", "del", HOST_LINK, check=False)
-        run("ip", "netns", "del", NETNS, check=False)
+        run("ip", "link", "del", node.host_link, check=False)
+        run("ip", "netns", "del", node.netns, check=False)
         (state / "netns.created").unlink()
-    restore_host_state(state)
-    owner = RUN_DIR / "owner"
+    restore_host_state(state, node)
+    if not node.first:  # the control plane forgets it, as a deleted cloud node goes
+        kubectl("delete", "node", node.name, "--ignore-not-found", "--wait=false", check=False)
+    owner = node.run_dir / "owner"
     if owner.exists() and owner.read_text() == str(state):
-        shutil.rmtree(RUN_DIR, ignore_errors=True)
+        shutil.rmtree(node.run_dir, ignore_errors=True)
     if not quiet:
-        print("node down: host restored", file=sys.stderr)
+        print(f"node down: {node.name} stopped, host restored", file=sys.stderr)
 
 
-def remove_pods(state: Path) -> None:
+def remove_pods(node: Node) -> None:
     bins = cp.build_bin_dir()
+    sock = f"unix://{node.run_dir / 'containerd.sock'}"
     crictl = in_netns(
         str(bins / "crictl"),
-        "--runtime-endpoint",
-        f"unix://{RUN_DIR / 'containerd.sock'}",
-        "--image-endpoint",
-        f"unix://{RUN_DIR / 'containerd.sock'}",
-        "--timeout",
-        "10s",
+        *("--runtime-endpoint", sock, "--image-endpoint", sock, "--timeout", "10s"),
+        node=node,
     )
     pods = run(*crictl, "pods", "-q", check=False).stdout.split()
     for pod in pods:
         run(*crictl, "stopp", pod, check=False)
         run(*crictl, "rmp", "-f", pod, check=False)
-    del state
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("action", choices=["up", "down"])
+    parser.add_argument(
+        "--index",
+        type=int,
+        choices=sorted(NODES),
+        default=1,
+        help="which node of the fleet (default 1; node 2 needs node 1 up)",
+    )
     args = parser.parse_args()
+    node = NODES[args.index]
     if args.action == "down":
-        down()
+        down(node)
         return
-    for key, value in up().items():
+    for key, value in up(node).items():
         print(f"export {key}={value}")
 
 

@@ -63,9 +63,12 @@ class Scenario:
         *,
         schedule: str = NEVER,
         backoff_limit: int = 0,
+        node: str | None = None,
         **settings: str,
     ) -> dict[str, Any]:
-        """Create an annotated CronJob running `sh -c script`; return it once injected."""
+        """Create an annotated CronJob running `sh -c script` (on `node` if given, by its
+        hostname label); return it once injected."""
+        placement = {"nodeSelector": {"kubernetes.io/hostname": node}} if node else {}
         annotations = {"cronlock.io/enabled": "true", "cronlock.io/ttl": "19s"}
         annotations.update({f"cronlock.io/{k.replace('_', '-')}": v for k, v in settings.items()})
         body = make_cronjob(
@@ -76,6 +79,7 @@ class Scenario:
             restart_policy="Never",
             job={"backoffLimit": backoff_limit},
             securityContext={"runAsNonRoot": True, "runAsUser": 65532},
+            **placement,
             containers=[
                 {
                     "name": MAIN,

@@ -34,8 +34,12 @@ from tests.support.controlplane import ROOT
 from tests.support.kube import wait_for
 
 NODE_SCRIPT = ROOT / "tests" / "controlplane" / "node"
-# The host's end of the link to the node: pods reach the tracker there.
+# The host's end of the link to node 1: pods of every node reach the tracker there.
 HOST_LINK_IP = "198.51.100.1"
+# The host's end of node 2's link, where its kubelet's relay listens.
+NODE2_HOST_LINK_IP = "198.51.100.5"
+# The Service range: the pods' path to the API server (tests/controlplane/node.py).
+SERVICE_CIDR = "203.0.113.0/24"
 CRONLOCK_IMAGE = "localhost/cronlock:dev"
 # Debian's busybox-static as an image (tests/controlplane/images), imported into the node's
 # containerd: the CronJobs' main containers run it; there is no registry to pull from.
@@ -46,16 +50,27 @@ WATCH_ERRORS = (kubernetes.client.ApiException, urllib3.exceptions.HTTPError, OS
 
 @dataclass
 class RealNode:
-    """The node started for this test session, and the faults a test can inject on it."""
+    """A node started for this test session (node 1, or another of the fleet: `index`),
+    and the faults a test can inject on it."""
 
     env: dict[str, str]
+    index: int = 1
     state: Path = field(init=False)
+    name: str = field(init=False)
     # The OCI registry on the node's network, host:port (tests/controlplane/node).
     registry: str = field(init=False)
 
+    @property
+    def _index_args(self) -> list[str]:
+        return ["--index", str(self.index)]
+
     def start(self) -> None:
         result = subprocess.run(
-            [str(NODE_SCRIPT), "up"], env=self.env, capture_output=True, text=True, check=False
+            [str(NODE_SCRIPT), "up", *self._index_args],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            check=False,
         )
         if result.returncode != 0:
             raise RuntimeError(f"tests/controlplane/node up failed:\n{result.stderr[-4000:]}")
@@ -65,10 +80,16 @@ class RealNode:
             if line.startswith("export ")
         )
         self.state = Path(exports["CRONLOCK_NODE_DIR"])
+        self.name = exports["CRONLOCK_NODE_NAME"]
         self.registry = exports["CRONLOCK_REGISTRY"]
 
     def stop(self) -> None:
-        subprocess.run([str(NODE_SCRIPT), "down"], env=self.env, capture_output=True, check=False)
+        subprocess.run(
+            [str(NODE_SCRIPT), "down", *self._index_args],
+            env=self.env,
+            capture_output=True,
+            check=False,
+        )
 
     def pid(self, component: str) -> int:
         return int((self.state / f"{component}.pid").read_text())
@@ -90,6 +111,31 @@ class RealNode:
     def reconnect_pods(self) -> None:
         os.kill(self.pid("pod-relay"), signal.SIGCONT)
 
+    @contextmanager
+    def partitioned(self) -> Iterator[None]:
+        """Node 2 or later cut off from the API server, its kubelet alive: its relay to the
+        API server paused (the kubelet's connections hang) and the Service range
+        blackholed in its namespace (its pods' do too). Its link to the host stays, so the
+        work tracker still hears when its work stops."""
+        if self.index == 1:
+            raise ValueError("node 1 carries the fleet's shared relay: partition another node")
+        netns = ["nsenter", f"--net=/run/netns/{self.name}", "--"]
+        relay = self.pid("node-relay")
+        os.killpg(relay, signal.SIGSTOP)
+        subprocess.run([*netns, "ip", "route", "replace", "blackhole", SERVICE_CIDR], check=True)
+        try:
+            yield
+        finally:
+            subprocess.run(
+                [*netns, "ip", "route", "replace", SERVICE_CIDR, "via", self.host_link_ip],
+                check=True,
+            )
+            os.killpg(relay, signal.SIGCONT)
+
+    @property
+    def host_link_ip(self) -> str:
+        return {1: HOST_LINK_IP, 2: NODE2_HOST_LINK_IP}[self.index]
+
     def stop_kubelet(self) -> None:
         """SIGKILL the kubelet: the node is lost; its containers keep running under containerd."""
         pid = self.pid("kubelet")
@@ -98,7 +144,11 @@ class RealNode:
 
     def start_kubelet(self) -> None:
         result = subprocess.run(
-            [str(NODE_SCRIPT), "up"], env=self.env, capture_output=True, text=True, check=False
+            [str(NODE_SCRIPT), "up", *self._index_args],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            check=False,
         )
         if result.returncode != 0:
             raise RuntimeError(f"restarting the kubelet failed:\n{result.stderr[-4000:]}")
@@ -128,12 +178,12 @@ class RealNode:
         return listed
 
     def _crictl(self, *args: str) -> str:
-        sock = "unix:///run/cronlock-node/containerd.sock"
+        sock = f"unix:///run/{self.name}/containerd.sock"
         bins = Path(os.readlink(self.env_dir_bin("kubectl"))).parent
         result = subprocess.run(
             [
                 "nsenter",
-                "--net=/run/netns/cronlock-node",
+                f"--net=/run/netns/{self.name}",
                 "--",
                 str(bins / "crictl"),
                 "--runtime-endpoint",
