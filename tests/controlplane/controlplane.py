@@ -37,6 +37,11 @@ CONTROLLERS = ",".join(
         # For the real node (tests/controlplane/node): marks it Ready/NotReady and
         # taints it when its kubelet stops reporting. Idle while there is no Node.
         "node-lifecycle-controller",
+        # With more than one node (tests/e2e/test_fleet.py, the pod checker's fleet
+        # faults): pods of a deleted Node are deleted, as are pods on a node tainted
+        # unreachable past their toleration, as in a real cluster.
+        "pod-garbage-collector-controller",
+        "taint-eviction-controller",
         # The chart's operator as a pod (a Deployment) and its metrics Service's
         # EndpointSlices, which `helm test` scrapes (tests/e2e/test_chart_on_node.py).
         "deployment-controller",

@@ -571,12 +571,19 @@ def up(node: Node = FIRST) -> dict[str, str]:
     }
     if all(cp.alive(state, name) for name in node.processes):
         return exports
-    if (state / "kubelet.argv").exists() and all(
-        cp.alive(state, name) for name in node.processes if name != "kubelet"
+    restartable = ("kubelet", "containerd")
+    if all((state / f"{name}.argv").exists() for name in restartable) and all(
+        cp.alive(state, name) for name in node.processes if name not in restartable
     ):
-        # Only the kubelet is gone (a test stopped it: node loss): start it again on the
-        # same containerd, whose containers kept running, as a restarted kubelet would.
-        cp.start("kubelet", json.loads((state / "kubelet.argv").read_text()), state)
+        # Only the kubelet or containerd is gone (a test stopped it: node loss, a runtime
+        # crash): start it again as systemd would; the containers kept running under their
+        # shims, and the restarted kubelet and containerd find them.
+        if not cp.alive(state, "containerd"):
+            (node.run_dir / "containerd.sock").unlink(missing_ok=True)  # the dead one's
+            cp.start("containerd", *restart_args(state, "containerd"))
+            wait_socket(state, node)
+        if not cp.alive(state, "kubelet"):
+            cp.start("kubelet", *restart_args(state, "kubelet"))
         wait_ready(state, node)
         return exports
     owner = node.run_dir / "owner"
@@ -620,18 +627,12 @@ def up(node: Node = FIRST) -> dict[str, str]:
 
     containerd_config = write_containerd_config(state, bins, node)
     env = {**os.environ, "PATH": f"{bins}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
-    cp.start(
-        "containerd",
-        in_netns(str(bins / "containerd"), "--config", str(containerd_config), node=node),
-        state,
-        env,
+    containerd_argv = in_netns(
+        str(bins / "containerd"), "--config", str(containerd_config), node=node
     )
-    sock = node.run_dir / "containerd.sock"
-    deadline = time.monotonic() + 30
-    while not sock.exists():
-        if time.monotonic() > deadline or not cp.alive(state, "containerd"):
-            raise SystemExit(f"node up: containerd did not start; see {state / 'logs'}")
-        time.sleep(0.2)
+    (state / "containerd.argv").write_text(json.dumps({"argv": containerd_argv, "env": env}))
+    cp.start("containerd", containerd_argv, state, env)
+    wait_socket(state, node)
     import_images(state, bins, node)
 
     for hierarchy in Path("/sys/fs/cgroup").iterdir():
@@ -652,10 +653,25 @@ def up(node: Node = FIRST) -> dict[str, str]:
         "--v=2",
         node=node,
     )
-    (state / "kubelet.argv").write_text(json.dumps(kubelet_argv))
+    (state / "kubelet.argv").write_text(json.dumps({"argv": kubelet_argv}))
     cp.start("kubelet", kubelet_argv, state)
     wait_ready(state, node)
     return exports
+
+
+def restart_args(state: Path, name: str) -> tuple[list[str], Path, dict[str, str] | None]:
+    """What `up` started `name` with (its argv and environment), to start it again."""
+    saved = json.loads((state / f"{name}.argv").read_text())
+    return saved["argv"], state, saved.get("env")
+
+
+def wait_socket(state: Path, node: Node) -> None:
+    sock = node.run_dir / "containerd.sock"
+    deadline = time.monotonic() + 30
+    while not sock.exists() or not cp.alive(state, "containerd"):
+        if time.monotonic() > deadline or not cp.alive(state, "containerd"):
+            raise SystemExit(f"node up: containerd did not start; see {state / 'logs'}")
+        time.sleep(0.2)
 
 
 def start_shared(state: Path, bins: Path, pki: Path, api: str, api_port: str, certs: Path) -> None:

@@ -27,6 +27,16 @@ def node(controlplane: ControlPlane) -> Iterator[RealNode]:
     real.stop()
 
 
+@pytest.fixture(scope="module")
+def second_node(node: RealNode) -> Iterator[RealNode]:
+    """Node 2 of the fleet, for one module's tests; gone (and its Node object) after them,
+    so the single-node tests place nothing there."""
+    other = RealNode(node.env, index=2)
+    other.start()
+    yield other
+    other.stop()
+
+
 @pytest.fixture(scope="session")
 def tracker(node: RealNode) -> Iterator[WorkTracker]:
     works = WorkTracker()

@@ -5,23 +5,12 @@ from __future__ import annotations
 
 import datetime
 import time
-from collections.abc import Iterator
 
 import pytest
 
 from tests.e2e.scenario import Scenario
 from tests.support.kube import wait_for
 from tests.support.node import RealNode, overlapping
-
-
-@pytest.fixture(scope="module")
-def second_node(node: RealNode) -> Iterator[RealNode]:
-    """Node 2 of the fleet for this module's tests; gone (and its Node object) after them,
-    so the single-node tests place nothing there."""
-    other = RealNode(node.env, index=2)
-    other.start()
-    yield other
-    other.stop()
 
 
 def lease_expiry(cluster: Scenario, lock: str) -> tuple[str, float]:

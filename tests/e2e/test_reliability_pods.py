@@ -1,8 +1,10 @@
 """The short CI version of the pod-mode checker (tests/reliability/pods.py).
 
-Real pods on the session's real node, the real operator having injected the CronJob, and
-every fault kind once: on the holder's pod from the node's host, on the API server and on
-the operator. The long version is `python -m tests.reliability.pods` (docs/RELIABILITY.md).
+Real pods on two real nodes (the session's and a second one), the real operator having
+injected the CronJob, and every fault kind at least once: on the holder's pod from its
+node's host, on its node (partition, containerd, eviction, drain, the Node deleted), on
+the API server and on the operator. The long version is `python -m tests.reliability.pods
+--nodes 2` (docs/RELIABILITY.md).
 """
 
 from __future__ import annotations
@@ -20,18 +22,19 @@ from tests.e2e.scenario import Scenario
 from tests.reliability.faults import ControlPlaneProcesses
 from tests.reliability.pods import POD_FAULTS, PodChecker, PodSettings
 from tests.support.controlplane import ControlPlane
+from tests.support.node import RealNode
 
 pytestmark = pytest.mark.controlplane
 
-TRIALS = 4
 FAULTS_PER_TRIAL = 2
+TRIALS = -(-len(POD_FAULTS) // FAULTS_PER_TRIAL)  # every kind once at least
 # The operator's minimum ttl, 3 pods at a time, 2 work starts per trial at least.
 SHORT = PodSettings(contenders=3, runs_per_trial=2, work=(2.5, 4.0), trial_timeout=150.0)
 
 
-@pytest.mark.timeout(420)
+@pytest.mark.timeout(900)
 def test_pod_contenders_never_overlap_under_node_control_plane_and_operator_faults(
-    cluster: Scenario, controlplane: ControlPlane
+    cluster: Scenario, controlplane: ControlPlane, second_node: RealNode
 ) -> None:
     assert controlplane.env_dir is not None, "the node fixture runs only next to our control plane"
     components = ControlPlaneProcesses(controlplane.env_dir, controlplane.env)
@@ -41,7 +44,7 @@ def test_pod_contenders_never_overlap_under_node_control_plane_and_operator_faul
     workdir = Path(tempfile.mkdtemp(prefix="cronlock-pods-"))
     checker = PodChecker(
         cluster.api,
-        cluster.node,
+        [cluster.node, second_node],
         cluster.tracker,
         cluster.recorder,
         cluster.operator,
@@ -80,5 +83,6 @@ def test_pod_contenders_never_overlap_under_node_control_plane_and_operator_faul
     # A fault's recovery is a work that started after it: one per fault at least.
     assert all(None not in row["recovery_s"] for row in rows.values()), rows
     assert report["runs"] >= max(report["faults"], TRIALS * SHORT.runs_per_trial)
+    assert len(report["runs_by_node"]) == 2, report["runs_by_node"]
     assert cluster.operator.process is not None
     assert cluster.operator.process.poll() is None, "the operator is alive at the end"

@@ -114,7 +114,7 @@ SHARED_VOLUME = "checker"
 SHARED_FILES = ("flock", "events.jsonl", "fencing-store")
 FENCING_TOKEN = f"{contract.RUN_DIR}/{contract.FENCING_TOKEN_FILE}"
 
-# Faults on the holder's pod, from the node's host.
+# Faults on the holder's pod, from the host of the node it runs on.
 POD_PROCESS_FAULTS = (
     "cut-pods",
     "stop-sidecar",
@@ -123,14 +123,18 @@ POD_PROCESS_FAULTS = (
     "delete-pod",
     "node-loss",
 )
+# Faults on the holder's node, as a cluster of many nodes sees them (issue 25): the node
+# cut off from the API server with its kubelet alive, its containerd crashed and
+# restarted, the holder evicted (Eviction API) or its node drained, its Node deleted.
+NODE_FAULTS = ("partition", "restart-containerd", "evict", "drain", "delete-node")
 CONTROL_FAULTS = ("pause-apiserver", "kill-operator")
-POD_FAULTS = POD_PROCESS_FAULTS + CONTROL_FAULTS
+POD_FAULTS = POD_PROCESS_FAULTS + NODE_FAULTS + CONTROL_FAULTS
 # While these run the API server may not answer: no Job is created meanwhile.
 API_AWAY = frozenset({"pause-apiserver"})
 # These hit a long work, one that would outlive its Lease if nothing stopped it: only then
 # does its stop, compared with the Lease's expiry, show that the sidecar stopped it in time.
 LONG_WORK_FAULTS = frozenset(
-    {"cut-pods", "stop-sidecar", "kill-sidecar", "node-loss", "pause-apiserver"}
+    {"cut-pods", "stop-sidecar", "kill-sidecar", "node-loss", "pause-apiserver", "partition"}
 )
 
 WORK = textwrap.dedent(
@@ -537,7 +541,7 @@ class PodChecker:
     def __init__(
         self,
         api: kubernetes.client.ApiClient,
-        node: RealNode,
+        node: RealNode | Sequence[RealNode],
         tracker: WorkTracker,
         recorder: PodRecorder,
         operator: OperatorProcess,
@@ -557,7 +561,9 @@ class PodChecker:
         self.api = api
         self.batch = kubernetes.client.BatchV1Api(api)
         self.core = kubernetes.client.CoreV1Api(api)
-        self.node = node
+        # Node 1 first: it carries the fleet's shared pod relay (cut-pods).
+        self.nodes = [node] if isinstance(node, RealNode) else list(node)
+        self.node = self.nodes[0]
         self.tracker = tracker
         self.recorder = recorder
         self.leases = LeaseRecorder(api, namespace)
@@ -577,16 +583,22 @@ class PodChecker:
         self._cronjob = ""
 
     # --- the whole run ------------------------------------------------------------------------
-    def run(self, trials: int, faults_per_trial: int = 2) -> dict[str, Any]:
+    def run(self, trials: int, faults_per_trial: int = 2, min_runs: int = 0) -> dict[str, Any]:
+        """`trials` trials, every fault kind as evenly as they allow; then, for a soak, more
+        trials (a new plan of the same size each time) until `min_runs` works ran."""
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.workdir.chmod(0o755)
         self.leases.start()
         started = time.monotonic()
         bound = self.settings.recovery_bound
+
+        def plans() -> Iterator[list[str]]:
+            yield from plan_faults(self.faults, trials, faults_per_trial, self.random)
+            while sum(trial.runs for trial in self.trials) < min_runs:
+                yield from plan_faults(self.faults, trials, faults_per_trial, self.random)
+
         try:
-            for index, kinds in enumerate(
-                plan_faults(self.faults, trials, faults_per_trial, self.random)
-            ):
+            for index, kinds in enumerate(plans()):
                 try:
                     trial = self._trial(index, kinds)
                 finally:
@@ -681,9 +693,20 @@ class PodChecker:
             "corrupted_cronjobs": sum(f.corrupted for f in faults)
             + sum(len(t.bad_templates) for t in self.trials),
             "pod_outcomes": dict(sorted(outcomes.items())),
+            "nodes": [node.name for node in self.nodes],
+            "runs_by_node": self._runs_by_node(),
             "by_fault": by_kind,
             "seconds": round(seconds, 1),
         }
+
+    def _runs_by_node(self) -> dict[str, int]:
+        """How many pods that ran a work each node ran (the recorder's view)."""
+        ran = {work.pod for work in self.tracker.works(f"pods-{self.mark}-")}
+        counted: collections.Counter[str] = collections.Counter()
+        for pod in self.recorder.pods():
+            if pod["metadata"]["name"] in ran:
+                counted[(pod.get("spec") or {}).get("nodeName") or "?"] += 1
+        return dict(sorted(counted.items()))
 
     # --- one trial ----------------------------------------------------------------------------
     def _trial(self, index: int, kinds: list[str]) -> PodTrial:
@@ -950,6 +973,9 @@ class PodChecker:
         fault.fired = time.monotonic()
         fault.holder = holder.pod
         try:
+            if fault.kind in NODE_FAULTS:
+                self._inject_on_node(fault, holder)
+                return
             if fault.kind == "cut-pods":
                 # Until the holder's renew deadline has passed at least.
                 seconds = self.random.uniform(
@@ -963,7 +989,7 @@ class PodChecker:
                 fault.detail = f"{seconds:.1f}s, {self._work_fate(holder, fault.fired)}"
             elif fault.kind == "stop-sidecar":
                 seconds = self.random.uniform(1, settings.ttl + settings.skew + 2)
-                pid = self.node.signal_container(
+                pid = self._node_of(holder.pod).signal_container(
                     self._pod_uid(holder.pod), contract.SIDECAR_CONTAINER, signal.SIGSTOP
                 )
                 try:
@@ -973,23 +999,26 @@ class PodChecker:
                         os.kill(pid, signal.SIGCONT)
                 fault.detail = f"{seconds:.1f}s, {self._work_fate(holder, fault.fired)}"
             elif fault.kind == "kill-sidecar":
-                self.node.signal_container(
+                self._node_of(holder.pod).signal_container(
                     self._pod_uid(holder.pod), contract.SIDECAR_CONTAINER, signal.SIGKILL
                 )
                 fault.detail = holder.pod
             elif fault.kind == "kill-main":
-                self.node.signal_container(self._pod_uid(holder.pod), MAIN, signal.SIGKILL)
+                self._node_of(holder.pod).signal_container(
+                    self._pod_uid(holder.pod), MAIN, signal.SIGKILL
+                )
                 fault.detail = holder.pod
             elif fault.kind == "delete-pod":
                 self.core.delete_namespaced_pod(holder.pod, self.namespace, _request_timeout=10)
                 fault.detail = holder.pod
             elif fault.kind == "node-loss":
                 seconds = self.random.uniform(settings.ttl + 1, settings.ttl + settings.skew + 4)
-                self.node.stop_kubelet()
+                node = self._node_of(holder.pod)
+                node.stop_kubelet()
                 try:
                     time.sleep(seconds)
                 finally:
-                    self.node.start_kubelet()
+                    node.start_kubelet()
                 fault.detail = (
                     f"kubelet away {seconds:.1f}s, back after {time.monotonic() - fault.fired:.1f}s"
                     f", {self._work_fate(holder, fault.fired)}"
@@ -1012,6 +1041,93 @@ class PodChecker:
         finally:
             if not fault.cleared:
                 fault.cleared = time.monotonic()
+
+    def _inject_on_node(self, fault: PodFault, holder: Work) -> None:
+        """The node faults (NODE_FAULTS) on the node that runs the holder's pod."""
+        settings = self.settings
+        node = self._node_of(holder.pod)
+        where = f"{holder.pod} on {node.name}"
+        if fault.kind == "partition":
+            seconds = self.random.uniform(
+                settings.renew_deadline + 1, settings.ttl + settings.skew + 2
+            )
+            with node.partitioned():
+                time.sleep(seconds)
+            fault.detail = f"{node.name} {seconds:.1f}s, {self._work_fate(holder, fault.fired)}"
+        elif fault.kind == "restart-containerd":
+            seconds = self.random.uniform(1, settings.ttl)
+            node.stop_containerd()
+            try:
+                time.sleep(seconds)
+            finally:
+                node.start_containerd()
+            fault.detail = f"{node.name} {seconds:.1f}s, {self._work_fate(holder, fault.fired)}"
+        elif fault.kind == "evict":
+            self._evict(holder.pod)
+            fault.detail = where
+        elif fault.kind == "drain":
+            # kubectl drain: cordon, evict what runs there, and (here) uncordon after a while.
+            self._cordon(node.name, True)
+            try:
+                drained = [pod for pod in self._running_pods() if self._node_name(pod) == node.name]
+                for pod in drained:
+                    self._evict(pod)
+                time.sleep(self.random.uniform(2, 6))
+            finally:
+                self._cordon(node.name, False)
+            fault.detail = f"{node.name}: evicted {len(drained)} pod(s)"
+        elif fault.kind == "delete-node":
+            # The pod GC controller deletes the pods of a Node that is gone, and the node's
+            # kubelet then stops them; a kubelet restart registers the Node again.
+            self.core.delete_node(node.name, _request_timeout=10)
+            try:
+                deadline = time.monotonic() + 120
+                while holder.running and time.monotonic() < deadline:
+                    time.sleep(0.5)
+            finally:
+                node.stop_kubelet()
+                node.start_kubelet()
+            fault.detail = f"{node.name}, {self._work_fate(holder, fault.fired)}"
+        else:
+            raise ValueError(f"cannot inject {fault.kind} here")
+
+    def _evict(self, pod: str) -> None:
+        body = {
+            "apiVersion": "policy/v1",
+            "kind": "Eviction",
+            "metadata": {"name": pod, "namespace": self.namespace},
+        }
+        with contextlib.suppress(kubernetes.client.ApiException):  # gone already: fine
+            self.core.create_namespaced_pod_eviction(pod, self.namespace, body, _request_timeout=10)
+
+    def _cordon(self, node: str, on: bool) -> None:
+        self.core.patch_node(node, {"spec": {"unschedulable": on}}, _request_timeout=10)
+
+    def _running_pods(self) -> list[str]:
+        return [
+            pod["metadata"]["name"]
+            for pod in self.recorder.pods()
+            if pod["metadata"]["name"].startswith(f"{self._cronjob}-")
+            and (pod.get("status") or {}).get("phase") in ("Pending", "Running")
+        ]
+
+    def _node_name(self, pod: str) -> str:
+        found = [p for p in self.recorder.pods() if p["metadata"]["name"] == pod]
+        name = ((found[-1].get("spec") or {}).get("nodeName") if found else None) or ""
+        if not name:
+            read = self.core.read_namespaced_pod(pod, self.namespace, _request_timeout=10)
+            name = read.spec.node_name or ""
+        return str(name)
+
+    def _node_of(self, pod: str) -> RealNode:
+        """The node the pod runs on (node 1 when there is one node)."""
+        if len(self.nodes) == 1:
+            return self.node
+        name = self._node_name(pod)
+        for node in self.nodes:
+            if node.name == name:
+                return node
+        raise LookupError(f"pod {pod} runs on {name!r}, not a node of this checker")
 
     @staticmethod
     def _work_fate(work: Work, fired: float) -> str:
@@ -1124,13 +1240,13 @@ class PodEnvironment:
     """What the checker needs around it: an admin client, the node, the tracker, the operator."""
 
     api: kubernetes.client.ApiClient
-    node: RealNode
+    nodes: list[RealNode]
     tracker: WorkTracker
     operator: OperatorProcess
 
 
 @contextmanager
-def node_and_operator(cluster: Cluster, env_dir: Path) -> Iterator[PodEnvironment]:
+def node_and_operator(cluster: Cluster, env_dir: Path, nodes: int = 1) -> Iterator[PodEnvironment]:
     """The chart's RBAC, the real node, the work tracker, and the operator as its ServiceAccount.
 
     The e2e fixtures' code paths (tests/e2e/conftest.py): `RealNode` for
@@ -1153,8 +1269,12 @@ def node_and_operator(cluster: Cluster, env_dir: Path) -> Iterator[PodEnvironmen
     operator_kubeconfig = make_service_account_kubeconfig(
         plane, api, "cronlock-system", account, env_dir
     )
-    node = RealNode(dict(cluster.env, CRONLOCK_TESTENV_DIR=str(env_dir)))
-    node.start()
+    fleet = [
+        RealNode(dict(cluster.env, CRONLOCK_TESTENV_DIR=str(env_dir)), index=index)
+        for index in range(1, nodes + 1)
+    ]
+    for node in fleet:
+        node.start()
     tracker = WorkTracker()
     operator = OperatorProcess(
         operator_kubeconfig, env_dir / "pods-operator.log", cluster.env, list(OPERATOR_ARGS)
@@ -1162,11 +1282,12 @@ def node_and_operator(cluster: Cluster, env_dir: Path) -> Iterator[PodEnvironmen
     try:
         tracker.start()
         operator.start()
-        yield PodEnvironment(api, node, tracker, operator)
+        yield PodEnvironment(api, fleet, tracker, operator)
     finally:
         operator.stop()
         tracker.close()
-        node.stop()
+        for node in reversed(fleet):
+            node.stop()
         api.close()
 
 
@@ -1176,6 +1297,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     defaults = PodSettings()
     parser.add_argument("--trials", type=int, default=8)
+    parser.add_argument(
+        "--nodes",
+        type=int,
+        choices=(1, 2),
+        default=1,
+        help="real nodes to spread the pods over (default 1; 2 for the fleet faults)",
+    )
+    parser.add_argument(
+        "--soak",
+        type=int,
+        default=0,
+        metavar="RUNS",
+        help="after --trials, go on with more trials until this many works ran",
+    )
     parser.add_argument("--faults-per-trial", type=int, default=2)
     parser.add_argument(
         "--faults",
@@ -1226,7 +1361,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     namespace = f"cronlock-pods-{secrets.token_hex(3)}"
     with (
         own_controlplane(env_dir, args.keep_controlplane) as cluster,
-        node_and_operator(cluster, env_dir) as around,
+        node_and_operator(cluster, env_dir, args.nodes) as around,
     ):
         kubernetes.client.CoreV1Api(around.api).create_namespace({"metadata": {"name": namespace}})
         recorder = PodRecorder(around.api, namespace)
@@ -1234,7 +1369,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             checker = PodChecker(
                 around.api,
-                around.node,
+                around.nodes,
                 around.tracker,
                 recorder,
                 around.operator,
@@ -1247,7 +1382,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 log=log,
             )
             log(f"seed {seed}; ttl {settings.ttl}s; work units' files under {checker.workdir}")
-            report = checker.run(args.trials, args.faults_per_trial)
+            report = checker.run(args.trials, args.faults_per_trial, min_runs=args.soak)
         finally:
             recorder.stop()
     publish(report, args.output)

@@ -113,12 +113,10 @@ class RealNode:
 
     @contextmanager
     def partitioned(self) -> Iterator[None]:
-        """Node 2 or later cut off from the API server, its kubelet alive: its relay to the
-        API server paused (the kubelet's connections hang) and the Service range
-        blackholed in its namespace (its pods' do too). Its link to the host stays, so the
-        work tracker still hears when its work stops."""
-        if self.index == 1:
-            raise ValueError("node 1 carries the fleet's shared relay: partition another node")
+        """This node cut off from the API server, its kubelet alive: its kubelet's relay
+        paused (the kubelet's connections hang) and the Service range blackholed in its
+        namespace (its pods' connections hang too; other nodes' pods are not touched). Its
+        link to the host stays, so the work tracker still hears when its work stops."""
         netns = ["nsenter", f"--net=/run/netns/{self.name}", "--"]
         relay = self.pid("node-relay")
         os.killpg(relay, signal.SIGSTOP)
@@ -141,6 +139,15 @@ class RealNode:
         pid = self.pid("kubelet")
         os.killpg(pid, signal.SIGKILL)
         wait_for(lambda: not Path(f"/proc/{pid}").exists(), 10, "the kubelet to die")
+
+    def stop_containerd(self) -> None:
+        """SIGKILL containerd, as a runtime crash: the containers go on under their shims."""
+        pid = self.pid("containerd")
+        os.killpg(pid, signal.SIGKILL)
+        wait_for(lambda: not Path(f"/proc/{pid}").exists(), 10, "containerd to die")
+
+    def start_containerd(self) -> None:
+        self.start_kubelet()  # `node up` starts whichever of the two is gone
 
     def start_kubelet(self) -> None:
         result = subprocess.run(

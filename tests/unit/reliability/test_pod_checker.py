@@ -174,6 +174,11 @@ def test_every_fault_happens_on_the_node_the_api_server_or_the_operator() -> Non
         "kill-main",
         "delete-pod",
         "node-loss",
+        "partition",
+        "restart-containerd",
+        "evict",
+        "drain",
+        "delete-node",
         "pause-apiserver",
         "kill-operator",
     }
