@@ -52,7 +52,7 @@ test: $(STAMP) controlplane
 	$(VENV)/bin/lint-imports --no-cache
 	$$(tests/controlplane/gotool actionlint) -no-color
 	$(VENV)/bin/mypy
-	$(VENV)/bin/pytest tests/unit tests/integration tests/e2e
+	$(VENV)/bin/pytest --durations=25 tests/unit tests/integration tests/e2e
 
 benchmarks: $(STAMP) controlplane
 	$(PY) -m tests.benchmarks $(BENCH_ARGS)

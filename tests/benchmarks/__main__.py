@@ -16,6 +16,7 @@ MODULES = {
     "sidecar": "tests.benchmarks.sidecar",
     "operator": "tests.benchmarks.operator_scale",
     "load": "tests.benchmarks.load",
+    "runstart": "tests.benchmarks.runstart",
 }
 USAGE = f"usage: python -m tests.benchmarks [{'|'.join(MODULES)}|all] [ARGS...]"
 

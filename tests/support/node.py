@@ -15,6 +15,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -177,6 +178,24 @@ class RealNode:
         pid = self.container_pid(pod_uid, container)
         os.kill(pid, signum)
         return pid
+
+    def container_times(self, pod_uid: str) -> dict[str, dict[str, float]]:
+        """When containerd created, started and ended each container of the pod (and its
+        sandbox, as `sandbox`), in seconds of the host's wall clock, nanosecond precise
+        (the pod's status has whole seconds only)."""
+        times: dict[str, dict[str, float]] = {}
+        for sandbox in json.loads(self._crictl("pods", "-o", "json"))["items"]:
+            if (sandbox.get("metadata") or {}).get("uid") == pod_uid:
+                times["sandbox"] = {"created": int(sandbox["createdAt"]) / 1e9}
+        for status in self._containers():
+            labels = status.get("labels") or {}
+            if labels.get("io.kubernetes.pod.uid") != pod_uid:
+                continue
+            info = json.loads(self._crictl("inspect", status["id"]))["status"]
+            times[labels["io.kubernetes.container.name"]] = {
+                key: _wall(info.get(f"{key}At")) for key in ("created", "started", "finished")
+            }
+        return times
 
     def _containers(self) -> list[dict[str, Any]]:
         listed: list[dict[str, Any]] = json.loads(self._crictl("ps", "-a", "-o", "json"))[
@@ -449,6 +468,17 @@ class LeaseRecorder:
             seen = LeaseVersion.of(self._api.sanitize_for_serialization(raw), offset)
             with self._lock:
                 self._versions.append(seen)
+
+
+def _wall(stamp: Any) -> float:
+    """crictl's RFC 3339 time with nanoseconds, as seconds since the epoch (NaN if unset)."""
+    match = re.fullmatch(r"(.+?T[\d:]+)(?:\.(\d+))?(Z|[+-][\d:]+)", str(stamp or ""))
+    if match is None or match.group(1).startswith("1970-01-01"):
+        return float("nan")
+    zone = "+00:00" if match.group(3) == "Z" else match.group(3)
+    whole = datetime.datetime.fromisoformat(match.group(1) + zone).timestamp()
+    fraction = match.group(2) or ""
+    return whole + (int(fraction) / 10 ** len(fraction) if fraction else 0.0)
 
 
 def wall_time(value: Any) -> float | None:
