@@ -5,14 +5,17 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import queue
 import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import kubernetes
 import pytest
+import yaml
 
 from tests.support.controlplane import ROOT, ControlPlane, ServiceAccountKubeconfig
 from tests.support.cronjobs import make_cronjob
@@ -263,3 +266,146 @@ def test_watch_redraws_until_ctrl_c_and_exits_0(controlplane: ControlPlane, guar
     assert process.returncode == 0, err
     assert out.count("Every 2s:") >= 2
     assert out.count(HOLDER) >= 2
+
+
+def test_as_impersonates_a_user_whom_rbac_refuses_and_as_group_a_group_it_lets_in(
+    controlplane: ControlPlane, guarded: str
+) -> None:
+    nobody = f"system:serviceaccount:{guarded}:nobody"
+
+    refused = cronlock(controlplane, "status", "-n", guarded, "--as", nobody)
+    admitted = cronlock(
+        controlplane, "status", "-n", guarded, "--as", "jane", "--as-group", "system:masters"
+    )
+    alone = cronlock(controlplane, "status", "-n", guarded, "--as-group", "system:masters")
+
+    assert refused.returncode == 69
+    assert refused.stdout == ""
+    assert f"cannot list cronjobs.batch in namespace {guarded}: forbidden" in refused.stderr
+    assert f'User "{nobody}" cannot list' in refused.stderr
+    assert admitted.returncode == 1, admitted.stderr
+    assert table(admitted.stdout)["fresh"][2] == HOLDER
+    assert alone.returncode == 2
+    assert "--as-group needs --as" in alone.stderr
+
+
+def test_token_replaces_the_admins_client_certificate(
+    controlplane: ControlPlane,
+    guarded: str,
+    service_account_kubeconfig: ServiceAccountKubeconfig,
+) -> None:
+    config = yaml.safe_load(service_account_kubeconfig(guarded, "nobody").read_text())
+    token = config["users"][0]["user"]["token"]
+
+    result = cronlock(controlplane, "status", "-n", guarded, "--token", token)
+
+    assert result.returncode == 69
+    assert f'User "system:serviceaccount:{guarded}:nobody" cannot list' in result.stderr
+
+
+def test_insecure_skip_tls_verify_reaches_a_server_whose_ca_is_unknown(
+    controlplane: ControlPlane, guarded: str, tmp_path: Path
+) -> None:
+    config = yaml.safe_load(controlplane.kubeconfig.read_text())
+    for entry in config["clusters"]:
+        entry["cluster"].pop("certificate-authority", None)
+        entry["cluster"].pop("certificate-authority-data", None)
+    without_ca = tmp_path / "without-ca.kubeconfig"
+    without_ca.write_text(yaml.safe_dump(config))
+
+    checked = cronlock(controlplane, "status", "-n", guarded, "--kubeconfig", str(without_ca))
+    unchecked = cronlock(
+        controlplane,
+        "status",
+        "-n",
+        guarded,
+        "--kubeconfig",
+        str(without_ca),
+        "--insecure-skip-tls-verify",
+    )
+
+    assert checked.returncode == 69
+    assert "CERTIFICATE_VERIFY_FAILED" in checked.stderr
+    assert unchecked.returncode == 1, unchecked.stderr
+    assert table(unchecked.stdout)["fresh"][2] == HOLDER
+    assert "InsecureRequestWarning" not in unchecked.stderr
+
+
+def test_all_namespaces_wins_over_a_namespace(controlplane: ControlPlane, guarded: str) -> None:
+    result = cronlock(controlplane, "status", "-A", "-n", "kube-system")
+
+    assert result.returncode == 1, result.stderr
+    header, *lines = result.stdout.splitlines()
+    assert header.split()[:2] == ["NAMESPACE", "CRONJOB"]
+    mine = [line.split() for line in lines if line.startswith(guarded + " ")]
+    assert sorted(line[1] for line in mine) == ["fresh", "idle", "new", "stuck"]
+
+
+class Output:
+    """A process's stdout read a line at a time, as it comes, by a thread of its own."""
+
+    def __init__(self, process: subprocess.Popen[str]) -> None:
+        assert process.stdout is not None
+        self._lines: queue.Queue[str] = queue.Queue()
+        self._reader = threading.Thread(target=self._read, args=(process.stdout,), daemon=True)
+        self._reader.start()
+
+    def _read(self, stdout: Any) -> None:
+        for line in stdout:
+            self._lines.put(line)
+
+    def wait_for(self, text: str, seconds: float) -> float:
+        """Read until a line has `text`; how long that took. Fails after `seconds`."""
+        start = time.monotonic()
+        while time.monotonic() - start < seconds:
+            try:
+                if text in self._lines.get(timeout=0.2):
+                    return time.monotonic() - start
+            except queue.Empty:
+                continue
+        raise AssertionError(f"{text!r} not shown within {seconds}s")
+
+    def close(self) -> None:
+        """After the process ended: the rest is read to its end."""
+        self._reader.join(timeout=30)
+
+
+def test_watch_shows_a_lease_change_as_it_happens(
+    controlplane: ControlPlane, api: kubernetes.client.ApiClient, guarded: str
+) -> None:
+    newcomer = "idle-29123999-z9y8x_0badcafe"
+    with subprocess.Popen(
+        [str(BIN / "cronlock"), "status", "-n", guarded, "--watch"],
+        env=controlplane.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    ) as process:
+        output = Output(process)
+        try:
+            output.wait_for(HOLDER, 30)
+            claimed = make_lease(
+                newcomer,
+                lock="idle",
+                namespace=guarded,
+                renewed=datetime.datetime.now(datetime.UTC),
+                duration=30,
+            )
+            kubernetes.client.CoordinationV1Api(api).patch_namespaced_lease(
+                "cronlock-idle", guarded, {"spec": claimed["spec"]}
+            )
+            # Drawn from the watch event (at most a second later), not from a list.
+            took = output.wait_for(newcomer, 10)
+            process.send_signal(signal.SIGINT)
+            process.wait(timeout=30)
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+            output.close()
+        assert process.stderr is not None
+        err = process.stderr.read()
+
+    assert process.returncode == 0, err
+    assert took < 5

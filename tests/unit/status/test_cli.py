@@ -9,12 +9,15 @@ import subprocess
 import sys
 import threading
 from collections.abc import Iterator
+from email.message import Message
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 import pytest
 import yaml
 
+from cronlock_operator.status import api
 from cronlock_operator.status import cli as status
 from tests.unit.status.objects import cronjob, lease
 
@@ -54,11 +57,14 @@ def unreachable(tmp_path: Path, closed_port: int) -> Path:
 
 
 class FakeApi(http.server.ThreadingHTTPServer):
-    """Answers list requests for CronJobs and Leases from `objects`, or with `refuse`."""
+    """Answers list requests for CronJobs and Leases from `objects`, or with `refuse`; at
+    most `page` items a response when set (the rest behind a `continue` token)."""
 
     objects: dict[str, list[dict[str, Any]]]
     refuse: int | None = None
+    page: int | None = None
     paths: list[str]
+    headers: list[Message]
 
 
 class Handler(http.server.BaseHTTPRequestHandler):
@@ -66,6 +72,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         self.server.paths.append(self.path)
+        self.server.headers.append(self.headers)
         path = self.path.split("?")[0]
         if self.server.refuse is not None:
             self.reply(
@@ -87,7 +94,16 @@ class Handler(http.server.BaseHTTPRequestHandler):
             for item in self.server.objects[kind]
             if namespace is None or item["metadata"]["namespace"] == namespace
         ]
-        self.reply(200, {"kind": "List", "apiVersion": "v1", "metadata": {}, "items": items})
+        query = parse_qs(urlsplit(self.path).query)
+        start = int(query.get("continue", ["0"])[0])
+        end = len(items) if self.server.page is None else start + self.server.page
+        metadata = {"resourceVersion": "7"}
+        if end < len(items):
+            metadata["continue"] = str(end)
+        self.reply(
+            200,
+            {"kind": "List", "apiVersion": "v1", "metadata": metadata, "items": items[start:end]},
+        )
 
     def reply(self, code: int, body: dict[str, Any]) -> None:
         data = json.dumps(body).encode()
@@ -106,6 +122,7 @@ def fake_api() -> Iterator[FakeApi]:
     server = FakeApi(("127.0.0.1", 0), Handler)
     server.objects = {"cronjobs": [], "leases": []}
     server.paths = []
+    server.headers = []
     thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
     thread.start()
     yield server
@@ -138,7 +155,6 @@ def test_no_subcommand_prints_help_and_exits_2(capsys: pytest.CaptureFixture[str
     [
         ["status", "--bogus"],
         ["status", "-o", "xml"],
-        ["status", "-n", "a", "-A"],
         ["status", "-n"],
         ["stauts"],
     ],
@@ -309,61 +325,6 @@ def test_an_empty_namespace_says_so_on_stderr_and_is_fine(
     assert "namespace empty" in err
 
 
-def test_watch_redraws_until_ctrl_c_and_then_exits_0(
-    capsys: pytest.CaptureFixture[str],
-    reachable: Path,
-    fake_api: FakeApi,
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    fake_api.objects["cronjobs"] = [cronjob("report", "team-a")]
-    naps: list[float] = []
-
-    def sleep(seconds: float) -> None:
-        naps.append(seconds)
-        if len(naps) == 2:
-            raise KeyboardInterrupt
-        # The API goes away between redraws: the watch shows it and carries on.
-        fake_api.refuse = 503
-
-    monkeypatch.setattr(status, "_pause", sleep)
-
-    code, out, _ = run(capsys, "status", "--kubeconfig", str(reachable), "--watch")
-
-    assert code == 0
-    assert naps == [2.0, 2.0]
-    assert out.count("Every 2s:") == 2
-    assert "report" in out
-    assert "cannot list cronjobs.batch in namespace team-a: refused" in out
-
-
-def test_watch_as_json_writes_one_list_per_line_and_errors_to_stderr(
-    capsys: pytest.CaptureFixture[str],
-    reachable: Path,
-    fake_api: FakeApi,
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    fake_api.objects["cronjobs"] = [cronjob("report", "team-a")]
-    naps: list[float] = []
-
-    def sleep(seconds: float) -> None:
-        naps.append(seconds)
-        if len(naps) == 3:
-            raise KeyboardInterrupt
-        fake_api.refuse = 503 if len(naps) == 1 else None
-
-    monkeypatch.setattr(status, "_pause", sleep)
-
-    code, out, err = run(capsys, "status", "--kubeconfig", str(reachable), "--watch", "-o", "json")
-
-    assert code == 0
-    lines = [json.loads(line)["items"] for line in out.splitlines()]
-    assert [[entry["cronjob"] for entry in items] for items in lines] == [
-        ["report"],
-        ["report"],
-    ]
-    assert "cannot list cronjobs.batch in namespace team-a: refused" in err
-
-
 def test_name_output_and_no_headers(
     capsys: pytest.CaptureFixture[str], reachable: Path, fake_api: FakeApi
 ) -> None:
@@ -432,3 +393,214 @@ def test_a_closed_pipe_ends_quietly(reachable: Path, fake_api: FakeApi) -> None:
     assert head.stdout.startswith("CRONJOB")
     assert b"Traceback" not in stderr, stderr
     assert producer.returncode == 0
+
+
+def test_all_namespaces_wins_over_a_namespace_like_kubectl(
+    capsys: pytest.CaptureFixture[str], reachable: Path, fake_api: FakeApi
+) -> None:
+    fake_api.objects["cronjobs"] = [cronjob("report", "team-a"), cronjob("export", "team-b")]
+
+    code, out, _ = run(
+        capsys, "status", "--kubeconfig", str(reachable), "-A", "-n", "team-a", "-o", "json"
+    )
+
+    assert code == 0
+    shown = [(item["namespace"], item["cronjob"]) for item in json.loads(out)["items"]]
+    assert shown == [("team-a", "report"), ("team-b", "export")]
+    assert fake_api.paths[0].startswith("/apis/batch/v1/cronjobs?")
+
+
+def test_lists_come_in_pages_and_only_cronlocks_leases_are_asked_for(
+    capsys: pytest.CaptureFixture[str], reachable: Path, fake_api: FakeApi
+) -> None:
+    fake_api.objects["cronjobs"] = [cronjob(f"job-{n}", "team-a") for n in range(3)]
+    fake_api.objects["leases"] = [
+        lease(f"job-{n}", "team-a", holder=f"job-{n}-aaaaa_0001", renewed_ago=-(10**7))
+        for n in range(3)
+    ]
+    fake_api.page = 2
+
+    code, out, _ = run(capsys, "status", "--kubeconfig", str(reachable), "-o", "json")
+
+    assert code == 0
+    items = json.loads(out)["items"]
+    assert [(item["cronjob"], item["state"]) for item in items] == [
+        ("job-0", "held"),
+        ("job-1", "held"),
+        ("job-2", "held"),
+    ]
+    queries = [parse_qs(urlsplit(path).query) for path in fake_api.paths]
+    assert [query.get("continue") for query in queries] == [None, ["2"], None, ["2"]]
+    assert all(query["limit"] == [str(api.PAGE_SIZE)] for query in queries)
+    lease_queries = [
+        query for path, query in zip(fake_api.paths, queries, strict=True) if "/leases" in path
+    ]
+    assert [query["labelSelector"] for query in lease_queries] == [
+        ["app.kubernetes.io/managed-by=cronlock"]
+    ] * 2
+
+
+def test_without_guarded_cronjobs_no_lease_is_listed(
+    capsys: pytest.CaptureFixture[str], reachable: Path, fake_api: FakeApi
+) -> None:
+    fake_api.objects["cronjobs"] = [cronjob("plain", "team-a", enabled=None)]
+
+    code, _, err = run(capsys, "status", "--kubeconfig", str(reachable))
+
+    assert code == 0
+    assert "No guarded CronJobs" in err
+    assert not any("/leases" in path for path in fake_api.paths)
+
+
+def test_as_and_as_group_send_kubectls_impersonation_headers(
+    capsys: pytest.CaptureFixture[str], reachable: Path, fake_api: FakeApi
+) -> None:
+    fake_api.objects["cronjobs"] = [cronjob("report", "team-a")]
+
+    code, _, _ = run(
+        capsys,
+        "status",
+        "--kubeconfig",
+        str(reachable),
+        "--as",
+        "jane",
+        "--as-group",
+        "auditors",
+        "--as-group",
+        "oncall",
+    )
+
+    assert code == 0
+    assert len(fake_api.headers) == 2  # the CronJobs, then the Leases
+    for headers in fake_api.headers:
+        assert headers.get_all("Impersonate-User") == ["jane"]
+        assert headers.get_all("Impersonate-Group") == ["auditors", "oncall"]
+        assert headers["Authorization"] == "Bearer t"  # the admin's own credentials
+
+
+def test_without_as_nothing_is_impersonated(
+    capsys: pytest.CaptureFixture[str], reachable: Path, fake_api: FakeApi
+) -> None:
+    code, _, _ = run(capsys, "status", "--kubeconfig", str(reachable))
+
+    assert code == 0
+    assert fake_api.headers[0].get("Impersonate-User") is None
+
+
+def test_token_replaces_the_kubeconfig_users_credentials(
+    capsys: pytest.CaptureFixture[str], reachable: Path, fake_api: FakeApi
+) -> None:
+    code, _, _ = run(capsys, "status", "--kubeconfig", str(reachable), "--token", "s3cret")
+
+    assert code == 0
+    assert fake_api.headers[0].get_all("Authorization") == ["Bearer s3cret"]
+
+
+def test_server_replaces_the_kubeconfig_clusters_address(
+    capsys: pytest.CaptureFixture[str], unreachable: Path, fake_api: FakeApi
+) -> None:
+    host, port = fake_api.server_address[:2]
+    fake_api.objects["cronjobs"] = [cronjob("report", "team-a")]
+
+    code, out, err = run(
+        capsys, "status", "--kubeconfig", str(unreachable), "--server", f"http://{host!s}:{port}"
+    )
+
+    assert code == 0, err
+    assert out.splitlines()[1].split()[0] == "report"
+
+
+def two_of_each(path: Path, good: str, bad: str) -> Path:
+    """A kubeconfig whose current context points at `bad` as `stranger`; the `good`
+    cluster and the `admin` user are there to be chosen with --cluster and --user."""
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [
+                    {"name": "bad", "cluster": {"server": bad}},
+                    {"name": "good", "cluster": {"server": good}},
+                ],
+                "users": [
+                    {"name": "stranger", "user": {"token": "stranger-token"}},
+                    {"name": "admin", "user": {"token": "admin-token"}},
+                ],
+                "contexts": [
+                    {
+                        "name": "work",
+                        "context": {"cluster": "bad", "user": "stranger", "namespace": "team-a"},
+                    }
+                ],
+                "current-context": "work",
+            }
+        )
+    )
+    return path
+
+
+def test_user_and_cluster_choose_kubeconfig_entries_and_keep_the_contexts_namespace(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, fake_api: FakeApi, closed_port: int
+) -> None:
+    host, port = fake_api.server_address[:2]
+    config = two_of_each(
+        tmp_path / "config", f"http://{host!s}:{port}", f"http://127.0.0.1:{closed_port}"
+    )
+
+    code, _, err = run(
+        capsys, "status", "--kubeconfig", str(config), "--cluster", "good", "--user", "admin"
+    )
+
+    assert code == 0, err
+    assert fake_api.paths[0].startswith("/apis/batch/v1/namespaces/team-a/cronjobs")
+    assert fake_api.headers[0]["Authorization"] == "Bearer admin-token"
+
+    code, _, err = run(capsys, "status", "--kubeconfig", str(config), "--cluster", "good")
+
+    assert code == 0, err
+    assert fake_api.headers[-1]["Authorization"] == "Bearer stranger-token"
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--as-group", "auditors"], "--as-group needs --as"),
+        (["--user", "nobody"], "--user nobody: the kubeconfig has no user of that name"),
+        (["--cluster", "prod"], "--cluster prod: the kubeconfig has no cluster of that name"),
+        (["--server", "ftp://example.invalid"], "--server 'ftp://example.invalid'"),
+        (["--server", "https://"], "--server 'https://'"),
+    ],
+)
+def test_flags_that_cannot_work_exit_2_with_one_line(
+    capsys: pytest.CaptureFixture[str], reachable: Path, flags: list[str], message: str
+) -> None:
+    code, out, err = run(capsys, "status", "--kubeconfig", str(reachable), *flags)
+
+    assert code == 2
+    assert out == ""
+    assert err.startswith(f"cronlock: error: {message}"), err
+    assert len(err.splitlines()) == 1
+
+
+def test_user_without_any_kubeconfig_is_a_usage_error(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("KUBECONFIG", raising=False)
+    missing = tmp_path / "no-such-kubeconfig"
+    monkeypatch.setattr("kubernetes.config.kube_config.KUBE_CONFIG_DEFAULT_LOCATION", str(missing))
+
+    code, _, err = run(capsys, "status", "--user", "admin")
+
+    assert code == 2
+    assert f"--user names a kubeconfig entry, and there is no kubeconfig ({missing})" in err
+
+
+def test_a_server_given_as_host_and_port_is_spoken_to_over_tls(
+    capsys: pytest.CaptureFixture[str], unreachable: Path, closed_port: int
+) -> None:
+    code, _, err = run(
+        capsys, "status", "--kubeconfig", str(unreachable), "-s", f"127.0.0.1:{closed_port}"
+    )
+
+    assert code == 69
+    assert f"API server https://127.0.0.1:{closed_port} unreachable" in err

@@ -3,20 +3,36 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+import os
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Final
+from pathlib import Path
+from typing import Any, Final, NoReturn, Protocol
+from urllib.parse import urlsplit
 
 import kubernetes
 import urllib3
+import yaml
 
 from cronlock_operator.kube import client
 from cronlock_operator.objects import annotations_of, metadata_of
+from cronlock_operator.status.model import Change, Kind
 from cronlock_sidecar import contract
 
 DEFAULT_REQUEST_TIMEOUT: Final = 30.0
 CONNECT_TIMEOUT: Final = 5.0
+# Every Lease cronlock writes carries this label (the operator's, the sidecar's, the leader's):
+# the API server leaves out every other Lease in the namespace.
+LEASE_SELECTOR: Final = f"{contract.LABEL_MANAGED_BY}={contract.MANAGED_BY}"
+# Items a list asks for at once (kubectl's chunk size); the rest follow with `continue`.
+PAGE_SIZE: Final = 500
+# The API server ends each watch after this long; it is started again from where it ended.
+# Short, so that a server that stops answering is noticed within it plus --request-timeout.
+WATCH_SECONDS: Final = 60
+RETRY_SECONDS: Final = 2.0
+_GONE: Final = 410
+_OVERRIDE_CONTEXT: Final = "cronlock-status --user/--cluster"
 
 
 class Unavailable(Exception):
@@ -24,7 +40,38 @@ class Unavailable(Exception):
 
 
 class UsageError(Exception):
-    """A flag names something that does not exist (a kubeconfig file, a context)."""
+    """A flag names something that does not exist (a kubeconfig file, a context, a user),
+    or flags that do not go together."""
+
+
+class Gone(Exception):
+    """The resourceVersion a watch (or a list's next page) asked for is too old: list again."""
+
+
+@dataclass(frozen=True)
+class Overrides:
+    """kubectl's flags that change who you are to the API server and which server it is."""
+
+    impersonate: str | None = None  # --as: Impersonate-User
+    impersonate_groups: tuple[str, ...] = ()  # --as-group: one Impersonate-Group each
+    token: str | None = None  # --token: instead of the kubeconfig user's credentials
+    server: str | None = None  # --server
+    user: str | None = None  # --user: the kubeconfig's users entry
+    cluster: str | None = None  # --cluster: the kubeconfig's clusters entry
+    insecure_skip_tls_verify: bool = False
+
+    def problem(self) -> str | None:
+        """Why these flags cannot be used together or as given; None when they can."""
+        if self.impersonate_groups and not self.impersonate:
+            return (
+                "--as-group needs --as: the API server impersonates groups only together "
+                "with a user"
+            )
+        if self.server is not None:
+            scheme = urlsplit(_server_url(self.server)).scheme
+            if scheme not in ("http", "https") or not urlsplit(_server_url(self.server)).netloc:
+                return f"--server {self.server!r}: not an http(s) URL of an API server"
+        return None
 
 
 @dataclass(frozen=True)
@@ -44,56 +91,310 @@ def connect(
     kubeconfig: str | None,
     context: str | None,
     request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
+    overrides: Overrides | None = None,
 ) -> Cluster:
     """An ApiClient as every cronlock command finds one (`kube.client.connect`: the
-    kubeconfig asked for, else the pod's ServiceAccount, else `~/.kube/config`)."""
+    kubeconfig asked for, else the pod's ServiceAccount, else `~/.kube/config`), then
+    changed by kubectl's flags as kubectl changes it."""
+    overrides = overrides or Overrides()
+    problem = overrides.problem()
+    if problem is not None:
+        raise UsageError(problem)
+    entries = overrides.user is not None or overrides.cluster is not None
+    if entries and kubeconfig is None and not os.environ.get("KUBECONFIG"):
+        # --user and --cluster name kubeconfig entries: in a pod too, a kubeconfig it is.
+        kubeconfig = _default_kubeconfig(overrides)
     try:
         connection = client.connect(kubeconfig, context)
     except client.KubeconfigError as error:
         raise UsageError(str(error)) from error
     except client.NoConfiguration as error:
         raise Unavailable(str(error)) from error
-    return Cluster(connection.api, connection.namespace, connection.host, request_timeout)
+    configuration = connection.api.configuration
+    user_agent = connection.api.user_agent
+    connection.api.close()
+    if entries:
+        configuration = _with_entries(kubeconfig, context, overrides)
+    _override(configuration, overrides)
+    api = kubernetes.client.ApiClient(configuration)
+    api.user_agent = user_agent
+    if overrides.impersonate:
+        impersonation = [("Impersonate-User", overrides.impersonate)] + [
+            ("Impersonate-Group", group) for group in overrides.impersonate_groups
+        ]
+        api.rest_client.pool_manager = _Impersonating(api.rest_client.pool_manager, impersonation)
+    return Cluster(api, connection.namespace, configuration.host, request_timeout)
+
+
+def _server_url(server: str) -> str:
+    # kubectl takes host:port too, and speaks TLS to it.
+    return server if "://" in server else f"https://{server}"
+
+
+def _default_kubeconfig(overrides: Overrides) -> str:
+    path = str(kubernetes.config.kube_config.KUBE_CONFIG_DEFAULT_LOCATION)
+    if not Path(path).expanduser().is_file():
+        flag = "--user" if overrides.user is not None else "--cluster"
+        raise UsageError(f"{flag} names a kubeconfig entry, and there is no kubeconfig ({path})")
+    return str(Path(path).expanduser())
+
+
+def _with_entries(kubeconfig: str | None, context: str | None, overrides: Overrides) -> Any:
+    """A Configuration from the kubeconfig's context with its user and cluster entries
+    replaced by --user and --cluster (the context's namespace stays)."""
+    path = kubeconfig or os.environ.get("KUBECONFIG") or ""
+    configuration = kubernetes.client.Configuration()
+    try:
+        merged = kubernetes.config.kube_config.KubeConfigMerger(path).config
+        name = context or merged["current-context"]
+        chosen = dict(merged["contexts"].get_with_name(name)["context"].value)
+        for flag, entries, key, wanted in (
+            ("--user", "users", "user", overrides.user),
+            ("--cluster", "clusters", "cluster", overrides.cluster),
+        ):
+            if wanted is None:
+                continue
+            if merged.safe_get(entries) is None or (
+                merged[entries].get_with_name(wanted, safe=True) is None
+            ):
+                raise UsageError(f"{flag} {wanted}: the kubeconfig has no {key} of that name")
+            chosen[key] = wanted
+        merged.value["contexts"].append({"name": _OVERRIDE_CONTEXT, "context": chosen})
+        loader = kubernetes.config.kube_config.KubeConfigLoader(
+            config_dict=merged, active_context=_OVERRIDE_CONTEXT, config_base_path=None
+        )
+        loader.load_and_set(configuration)
+    except kubernetes.config.ConfigException as error:
+        raise UsageError(f"kubeconfig: {error}") from error
+    except (yaml.YAMLError, ValueError, TypeError, KeyError, AttributeError, OSError) as error:
+        raise UsageError(f"kubeconfig {path} cannot be read: {error}") from error
+    return configuration
+
+
+def _override(configuration: Any, overrides: Overrides) -> None:
+    if overrides.insecure_skip_tls_verify:
+        urllib3.disable_warnings(urllib3.exceptions.InsecureRequestWarning)
+    if overrides.token:
+        # The token replaces whatever the kubeconfig user authenticates with.
+        configuration.api_key = {"BearerToken": f"Bearer {overrides.token}"}
+        configuration.api_key_prefix = {}
+        configuration.refresh_api_key_hook = None
+        configuration.cert_file = None
+        configuration.key_file = None
+        configuration.username = None
+        configuration.password = None
+    _set_cluster(configuration, overrides)
+    refresh = configuration.refresh_api_key_hook
+    if refresh is not None:
+        # The kubeconfig loader's hook refreshes expiring credentials before each request,
+        # and writes the kubeconfig's server and itself back while at it: the flags have the
+        # last word, and this hook stays the one that runs.
+        def refresh_then_override(settings: Any) -> None:
+            refresh(settings)
+            _set_cluster(settings, overrides)
+            settings.refresh_api_key_hook = refresh_then_override
+
+        configuration.refresh_api_key_hook = refresh_then_override
+
+
+def _set_cluster(configuration: Any, overrides: Overrides) -> None:
+    if overrides.server is not None:
+        configuration.host = _server_url(overrides.server).rstrip("/")
+    if overrides.insecure_skip_tls_verify:
+        # As kubectl: the flag wins over the kubeconfig's certificate authority.
+        configuration.verify_ssl = False
+        configuration.ssl_ca_cert = None
+
+
+class _Impersonating:
+    """The client's connection pool, adding kubectl's impersonation headers to every request
+    (one Impersonate-Group header per group, which a header dict cannot hold)."""
+
+    def __init__(self, pool: Any, headers: list[tuple[str, str]]) -> None:
+        self._pool = pool
+        self._headers = headers
+
+    def request(self, method: str, url: str, **kwargs: Any) -> Any:
+        headers = urllib3.HTTPHeaderDict(kwargs.pop("headers", None) or {})
+        for name, value in self._headers:
+            headers.add(name, value)
+        return self._pool.request(method, url, headers=headers, **kwargs)
+
+    def clear(self) -> None:
+        self._pool.clear()
+
+
+@dataclass(frozen=True)
+class Listing:
+    items: list[dict[str, Any]]
+    resource_version: str
+
+
+class Source(Protocol):
+    """One kind of object to follow: listed whole, then watched from the list's version."""
+
+    kind: Kind
+
+    def list(self) -> Listing: ...
+
+    def watch(self, resource_version: str) -> Iterator[dict[str, Any]]: ...
+
+
+class Collection:
+    """The CronJobs (matching -l) or cronlock's Leases of a namespace, or of all of them."""
+
+    def __init__(self, cluster: Cluster, kind: Kind, namespace: str | None, selector: str) -> None:
+        self.kind: Kind = kind
+        self._cluster = cluster
+        self._namespace = namespace
+        self._selector = selector
+
+    @property
+    def what(self) -> str:
+        resource = "cronjobs.batch" if self.kind == "cronjobs" else "leases.coordination.k8s.io"
+        where = (
+            "in all namespaces" if self._namespace is None else f"in namespace {self._namespace}"
+        )
+        return f"{resource} {where}"
+
+    def list(self) -> Listing:
+        """Every item, a page of PAGE_SIZE at a time; from the start again if the pages'
+        snapshot expired half-way (410), as kubectl's pager does."""
+        for _ in range(3):
+            try:
+                return self._pages()
+            except Gone:
+                continue
+        raise Unavailable(f"cannot list {self.what}: its pages kept expiring (410 Gone)")
+
+    def _pages(self) -> Listing:
+        items: list[dict[str, Any]] = []
+        token: str | None = None
+        while True:
+            with _refusal(self._cluster, f"list {self.what}", gone_is_retried=token is not None):
+                response = self._call(
+                    label_selector=self._selector,
+                    limit=PAGE_SIZE,
+                    _continue=token,
+                    _request_timeout=self._cluster.timeouts,
+                )
+                page = json.loads(response.data)
+            items.extend(page.get("items") or [])
+            metadata = page.get("metadata") or {}
+            token = metadata.get("continue") or None
+            if token is None:
+                return Listing(items, str(metadata.get("resourceVersion") or ""))
+
+    def watch(self, resource_version: str) -> Iterator[dict[str, Any]]:
+        """The events after `resource_version`, until the server ends the watch; raises
+        Gone when that version is too old, Unavailable when the server fails or refuses.
+        The request is made here, its events are read as they are iterated."""
+        with _refusal(self._cluster, f"watch {self.what}", gone_is_retried=True):
+            response = self._call(
+                label_selector=self._selector,
+                watch=True,
+                resource_version=resource_version,
+                allow_watch_bookmarks=True,
+                timeout_seconds=WATCH_SECONDS,
+                _request_timeout=(
+                    self._cluster.timeouts[0],
+                    WATCH_SECONDS + self._cluster.request_timeout,
+                ),
+            )
+        return self._events(response)
+
+    def _events(self, response: Any) -> Iterator[dict[str, Any]]:
+        try:
+            with _refusal(self._cluster, f"watch {self.what}", gone_is_retried=True):
+                for line in kubernetes.watch.watch.iter_resp_lines(response):
+                    if not line.strip():
+                        continue
+                    event = json.loads(line)
+                    if event.get("type") == "ERROR":
+                        status = event.get("object") or {}
+                        if status.get("code") == _GONE:
+                            raise Gone(str(status.get("message", "")))
+                        raise Unavailable(
+                            f"cannot watch {self.what}: refused: "
+                            f"{status.get('message') or status.get('reason') or status}"
+                        )
+                    yield event
+        finally:
+            response.close()
+            response.release_conn()
+
+    def _call(self, **kwargs: Any) -> Any:
+        api = self._cluster.api
+        kwargs["_preload_content"] = False
+        if self.kind == "cronjobs":
+            batch = kubernetes.client.BatchV1Api(api)
+            if self._namespace is None:
+                return batch.list_cron_job_for_all_namespaces(**kwargs)
+            return batch.list_namespaced_cron_job(self._namespace, **kwargs)
+        coordination = kubernetes.client.CoordinationV1Api(api)
+        if self._namespace is None:
+            return coordination.list_lease_for_all_namespaces(**kwargs)
+        return coordination.list_namespaced_lease(self._namespace, **kwargs)
 
 
 def fetch(
     cluster: Cluster, namespace: str | None, selector: str = ""
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """The guarded CronJobs in `namespace` (None: every namespace) matching the label
-    `selector`, and their namespaces' Leases."""
-    batch = kubernetes.client.BatchV1Api(cluster.api)
-    coordination = kubernetes.client.CoordinationV1Api(cluster.api)
-    where = "in all namespaces" if namespace is None else f"in namespace {namespace}"
-    with _refusal(cluster, f"list cronjobs.batch {where}"):
-        if namespace is None:
-            listed = batch.list_cron_job_for_all_namespaces(
-                label_selector=selector, _request_timeout=cluster.timeouts
-            )
-        else:
-            listed = batch.list_namespaced_cron_job(
-                namespace, label_selector=selector, _request_timeout=cluster.timeouts
-            )
+    `selector`, and cronlock's Leases there (none listed when no CronJob is guarded)."""
     cronjobs = [
         item
-        for item in cluster.api.sanitize_for_serialization(listed).get("items") or []
+        for item in Collection(cluster, "cronjobs", namespace, selector).list().items
         if annotations_of(item).get(contract.ANNOTATION_ENABLED) == "true"
     ]
-    leases: list[dict[str, Any]] = []
-    for lease_namespace in sorted({metadata_of(item).get("namespace", "") for item in cronjobs}):
-        with _refusal(cluster, f"list leases.coordination.k8s.io in namespace {lease_namespace}"):
-            listed = coordination.list_namespaced_lease(
-                lease_namespace, _request_timeout=cluster.timeouts
-            )
-        leases.extend(cluster.api.sanitize_for_serialization(listed).get("items") or [])
+    if not cronjobs:
+        return [], []
+    leases = Collection(cluster, "leases", namespace, LEASE_SELECTOR).list().items
     return cronjobs, leases
 
 
+def follow(
+    source: Source,
+    report: Callable[[Change], None],
+    pause: Callable[[float], None],
+    retry_seconds: float = RETRY_SECONDS,
+) -> NoReturn:
+    """List, then watch from the list's resourceVersion, for as long as the process lives;
+    report the list, each event and each failure. A watch that ends is started again from
+    the last version seen; one whose version is gone (410) lists again; after a failure it
+    waits `retry_seconds` and carries on from where it was."""
+    version: str | None = None
+    while True:
+        try:
+            if version is None:
+                listing = source.list()
+                report(Change(source.kind, "LISTED", tuple(listing.items)))
+                version = listing.resource_version
+            events = source.watch(version)
+            report(Change(source.kind, "WATCHING"))
+            for event in events:
+                kind = event.get("type")
+                obj = event.get("object") or {}
+                # Bookmarks carry only this: where to start the next watch from.
+                version = str(metadata_of(obj).get("resourceVersion") or "") or version
+                if kind in ("ADDED", "MODIFIED", "DELETED"):
+                    report(Change(source.kind, kind, (obj,)))
+        except Gone:
+            version = None
+        except Unavailable as error:
+            report(Change(source.kind, "FAILED", error=str(error)))
+            pause(retry_seconds)
+
+
 @contextmanager
-def _refusal(cluster: Cluster, what: str) -> Iterator[None]:
-    """Turn API errors into Unavailable naming the request that failed."""
+def _refusal(cluster: Cluster, what: str, *, gone_is_retried: bool = False) -> Iterator[None]:
+    """Turn API errors into Unavailable naming the request that failed (and 410 Gone into
+    Gone where the caller lists again)."""
     try:
         yield
     except kubernetes.client.ApiException as error:
+        if error.status == _GONE and gone_is_retried:
+            raise Gone(_server_message(error)) from error
         reason = _server_message(error) or f"HTTP {error.status} {error.reason}"
         verdict = {401: "unauthorized", 403: "forbidden"}.get(error.status, "refused")
         raise Unavailable(f"cannot {what}: {verdict}: {reason}") from error
@@ -105,6 +406,9 @@ def _refusal(cluster: Cluster, what: str) -> Iterator[None]:
         raise Unavailable(
             f"cannot {what}: API server {cluster.server} unreachable: {error}"
         ) from error
+    except ValueError as error:
+        # A body that is not JSON: not an API server, or one cut off half-way.
+        raise Unavailable(f"cannot {what}: API server {cluster.server}: {error}") from error
 
 
 def _server_message(error: Any) -> str:

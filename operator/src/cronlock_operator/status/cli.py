@@ -5,17 +5,29 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import queue
 import shutil
 import sys
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Final, Literal, NamedTuple
 
 from cronlock_operator.lint import cli as lint
-from cronlock_operator.status.api import Cluster, Unavailable, UsageError, connect, fetch
-from cronlock_operator.status.model import EXIT_OK, StatusRow, exit_code, rows
+from cronlock_operator.status.api import (
+    LEASE_SELECTOR,
+    Cluster,
+    Collection,
+    Overrides,
+    Unavailable,
+    UsageError,
+    connect,
+    fetch,
+    follow,
+)
+from cronlock_operator.status.model import EXIT_OK, Change, Mirror, StatusRow, exit_code, rows
 from cronlock_operator.status.render import as_list, render_json, render_table, render_yaml
 from cronlock_sidecar import contract
 from cronlock_sidecar.lock.durations import DurationError, parse_duration
@@ -25,7 +37,10 @@ OUTPUTS: Final = ("table", "wide", "json", "yaml", "name")
 
 EXIT_USAGE: Final = 2
 EXIT_UNAVAILABLE: Final = contract.EXIT_UNAVAILABLE
+# --watch redraws when a CronJob or Lease changes, at most once a second (a burst of events
+# is one redraw), and every 2 s in any case so that the ages move on.
 WATCH_INTERVAL_SECONDS: Final = 2.0
+WATCH_COALESCE_SECONDS: Final = 1.0
 # Piped output has no terminal to fit; kubectl does not truncate it either.
 _UNBOUNDED_WIDTH: Final = 10_000
 
@@ -47,13 +62,17 @@ def parser(prog: str = "cronlock") -> argparse.ArgumentParser:
             "server is unreachable or refuses."
         ),
     )
-    scope = status.add_mutually_exclusive_group()
-    scope.add_argument(
+    status.add_argument(
         "-n",
         "--namespace",
         help="namespace to show (default: the kubeconfig context's namespace, else default)",
     )
-    scope.add_argument("-A", "--all-namespaces", action="store_true", help="show every namespace")
+    status.add_argument(
+        "-A",
+        "--all-namespaces",
+        action="store_true",
+        help="show every namespace (wins over -n, as with kubectl)",
+    )
     status.add_argument(
         "-o",
         "--output",
@@ -74,7 +93,8 @@ def parser(prog: str = "cronlock") -> argparse.ArgumentParser:
         "-w",
         "--watch",
         action="store_true",
-        help=f"redraw every {WATCH_INTERVAL_SECONDS:g}s until Ctrl-C",
+        help="list once, then watch: redraw when a CronJob or Lease changes (at most every "
+        f"{WATCH_COALESCE_SECONDS:g}s) and every {WATCH_INTERVAL_SECONDS:g}s, until Ctrl-C",
     )
     status.add_argument(
         "--kubeconfig",
@@ -82,6 +102,34 @@ def parser(prog: str = "cronlock") -> argparse.ArgumentParser:
         "else ~/.kube/config)",
     )
     status.add_argument("--context", help="kubeconfig context to use")
+    status.add_argument("--cluster", help="kubeconfig cluster to use (instead of the context's)")
+    status.add_argument("--user", help="kubeconfig user to use (instead of the context's)")
+    status.add_argument(
+        "-s", "--server", help="address and port of the API server (instead of the cluster's)"
+    )
+    status.add_argument(
+        "--token",
+        help="bearer token for the API server (instead of the kubeconfig user's credentials)",
+    )
+    status.add_argument(
+        "--as",
+        dest="impersonate",
+        metavar="USER",
+        help="act as this user or ServiceAccount (system:serviceaccount:NS:NAME)",
+    )
+    status.add_argument(
+        "--as-group",
+        dest="impersonate_groups",
+        action="append",
+        default=[],
+        metavar="GROUP",
+        help="act as a member of this group too; repeat for more; needs --as",
+    )
+    status.add_argument(
+        "--insecure-skip-tls-verify",
+        action="store_true",
+        help="do not check the server's certificate (insecure: for test clusters only)",
+    )
     lint.add_parser(commands)
     return top
 
@@ -105,8 +153,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return EXIT_USAGE
     view = View(args.output, args.selector, args.no_headers)
+    overrides = Overrides(
+        impersonate=args.impersonate or None,
+        impersonate_groups=tuple(args.impersonate_groups),
+        token=args.token or None,
+        server=args.server or None,
+        user=args.user or None,
+        cluster=args.cluster or None,
+        insecure_skip_tls_verify=args.insecure_skip_tls_verify,
+    )
     try:
-        cluster = connect(args.kubeconfig, args.context, timeout)
+        cluster = connect(args.kubeconfig, args.context, timeout, overrides)
     except UsageError as error:
         print(f"{prog}: error: {error}", file=sys.stderr)
         return EXIT_USAGE
@@ -157,30 +214,95 @@ def _show_once(cluster: Cluster, namespace: str | None, view: View, prog: str) -
 
 
 def _watch(cluster: Cluster, namespace: str | None, view: View, prog: str) -> int:
-    output = view.output
-    clear = "\x1b[H\x1b[2J" if sys.stdout.isatty() and output != "json" else ""
+    """List once, then follow watch streams of the CronJobs and of cronlock's Leases (each
+    in a thread of its own), redrawing from what they report."""
+    changes: queue.Queue[Change] = queue.Queue()
+    for source in (
+        Collection(cluster, "cronjobs", namespace, view.selector),
+        Collection(cluster, "leases", namespace, LEASE_SELECTOR),
+    ):
+        threading.Thread(
+            target=follow,
+            args=(source, changes.put, _pause),
+            name=f"watch {source.kind}",
+            daemon=True,
+        ).start()
+
+    def next_change(timeout: float) -> Change | None:
+        try:
+            return changes.get(timeout=timeout)
+        except queue.Empty:
+            return None
+
+    screen = _Screen(namespace, view, prog)
     try:
-        while True:
-            try:
-                status_rows = _snapshot(cluster, namespace, view.selector)
-                screen = _render(status_rows, namespace, view, compact=True)
-            except Unavailable as error:
-                # A hiccup while watching is shown and retried, not the end of the watch;
-                # JSON Lines on stdout stay parseable, so there it goes to stderr.
-                if output == "json":
-                    print(f"{prog}: {error}", file=sys.stderr, flush=True)
-                    _pause(WATCH_INTERVAL_SECONDS)
-                    continue
-                screen = f"{prog}: {error}"
-            stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
-            header = "" if output == "json" else f"Every {WATCH_INTERVAL_SECONDS:g}s: {stamp}\n\n"
-            sys.stdout.write(f"{clear}{header}{screen}\n")
-            sys.stdout.flush()
-            _pause(WATCH_INTERVAL_SECONDS)
+        _redraw(next_change, screen.draw)
     except KeyboardInterrupt:
-        if output != "json":
+        if view.output != "json":
             sys.stdout.write("\n")
-        return EXIT_OK
+    return EXIT_OK
+
+
+def _redraw(
+    next_change: Callable[[float], Change | None],
+    draw: Callable[[Mirror], None],
+    clock: Callable[[], float] = time.monotonic,
+) -> None:
+    """Take changes in and draw, until interrupted: first once both lists are in (or one
+    failed), then when something changed but at most once every WATCH_COALESCE_SECONDS
+    (changes arriving meanwhile are drawn together), and every WATCH_INTERVAL_SECONDS."""
+    mirror = Mirror()
+    drawn_at: float | None = None
+    changed = False
+    while True:
+        due: float | None = None
+        if drawn_at is None:
+            if mirror.ready or mirror.failure is not None:
+                due = clock()
+        elif changed:
+            due = drawn_at + WATCH_COALESCE_SECONDS
+        else:
+            due = drawn_at + WATCH_INTERVAL_SECONDS
+        # Waits are bounded so that Ctrl-C is never stuck behind an unbounded wait.
+        wait = WATCH_INTERVAL_SECONDS if due is None else max(0.0, due - clock())
+        change = next_change(wait)
+        if change is not None:
+            changed = mirror.apply(change) or changed
+            continue
+        if due is None or clock() < due:
+            continue
+        draw(mirror)
+        drawn_at = clock()
+        changed = False
+
+
+class _Screen:
+    """One redraw of --watch: a header and the table, or the API's failure in its place;
+    with -o json one List a line, and failures on stderr."""
+
+    def __init__(self, namespace: str | None, view: View, prog: str) -> None:
+        self.namespace = namespace
+        self.view = view
+        self.prog = prog
+        json_lines = view.output == "json"
+        self.clear = "\x1b[H\x1b[2J" if sys.stdout.isatty() and not json_lines else ""
+
+    def draw(self, mirror: Mirror) -> None:
+        output = self.view.output
+        if mirror.failure is not None:
+            # A hiccup while watching is shown and retried, not the end of the watch;
+            # JSON Lines on stdout stay parseable, so there it goes to stderr.
+            if output == "json":
+                print(f"{self.prog}: {mirror.failure}", file=sys.stderr, flush=True)
+                return
+            screen = f"{self.prog}: {mirror.failure}"
+        else:
+            status_rows = rows(mirror.cronjobs(), mirror.leases(), datetime.now(UTC))
+            screen = _render(status_rows, self.namespace, self.view, compact=True)
+        stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+        header = "" if output == "json" else f"Every {WATCH_INTERVAL_SECONDS:g}s: {stamp}\n\n"
+        sys.stdout.write(f"{self.clear}{header}{screen}\n")
+        sys.stdout.flush()
 
 
 def _pause(seconds: float) -> None:

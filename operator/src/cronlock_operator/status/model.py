@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Final, Literal
 
@@ -16,6 +16,11 @@ from cronlock_sidecar.lock.model import is_expired, read_lease
 from cronlock_sidecar.microtime import read_time
 
 LeaseState = Literal["held", "free", "expired", "missing"]
+Kind = Literal["cronjobs", "leases"]
+# LISTED: a whole list (the first, or again after 410 Gone); ADDED, MODIFIED, DELETED: a
+# watch event; WATCHING: a watch (re)started; FAILED: a list or watch failed, `error` says how.
+ChangeType = Literal["LISTED", "ADDED", "MODIFIED", "DELETED", "WATCHING", "FAILED"]
+KINDS: Final[tuple[Kind, ...]] = ("cronjobs", "leases")
 
 EXIT_OK: Final = 0
 EXIT_ATTENTION: Final = 1
@@ -148,6 +153,68 @@ def _row(
         now=now,
         problems=tuple(problems),
     )
+
+
+@dataclass(frozen=True)
+class Change:
+    """What following one kind of object (list, then watch) reported."""
+
+    kind: Kind
+    type: ChangeType
+    objects: tuple[dict[str, Any], ...] = ()
+    error: str = ""
+
+
+@dataclass
+class Mirror:
+    """The CronJobs and Leases as their last list and the watch events since then have them,
+    and which of the two cannot be followed right now."""
+
+    _objects: dict[Kind, dict[tuple[str, str], dict[str, Any]]] = field(
+        default_factory=lambda: {kind: {} for kind in KINDS}
+    )
+    _listed: set[Kind] = field(default_factory=set)
+    _failures: dict[Kind, str] = field(default_factory=dict)
+
+    def apply(self, change: Change) -> bool:
+        """Take in one change; True when the table may look different after it."""
+        objects = self._objects[change.kind]
+        if change.type == "FAILED":
+            before = self._failures.get(change.kind)
+            self._failures[change.kind] = change.error
+            return before != change.error
+        cleared = self._failures.pop(change.kind, None) is not None
+        if change.type == "WATCHING":
+            return cleared
+        if change.type == "LISTED":
+            self._listed.add(change.kind)
+            objects.clear()
+        for obj in change.objects:
+            key = (
+                str(metadata_of(obj).get("namespace", "")),
+                str(metadata_of(obj).get("name", "")),
+            )
+            if change.type == "DELETED":
+                objects.pop(key, None)
+            else:
+                objects[key] = obj
+        return True
+
+    @property
+    def ready(self) -> bool:
+        """Both kinds listed at least once: the table can be drawn."""
+        return self._listed == set(KINDS)
+
+    @property
+    def failure(self) -> str | None:
+        """Why the table cannot be trusted now (the CronJobs' reason first), None when it can."""
+        return next((self._failures[kind] for kind in KINDS if kind in self._failures), None)
+
+    def cronjobs(self) -> list[dict[str, Any]]:
+        return list(self._objects["cronjobs"].values())
+
+    def leases(self) -> list[dict[str, Any]]:
+        return list(self._objects["leases"].values())
 
 
 def exit_code(status_rows: Iterable[StatusRow]) -> int:
