@@ -105,4 +105,7 @@ def test_the_image_tags_in_the_docs_examples_are_this_version() -> None:
 
 
 def test_the_readme_installs_this_version_from_the_registry() -> None:
-    assert CHART_VERSION.findall((ROOT / "README.md").read_text()) == [version(), version()]
+    # Install from ghcr.io, install from your registry, upgrade for monitoring: all this one.
+    found = CHART_VERSION.findall((ROOT / "README.md").read_text())
+    assert len(found) >= 2, found
+    assert set(found) == {version()}, found

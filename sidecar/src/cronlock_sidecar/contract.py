@@ -47,6 +47,14 @@ CONTENDER_NOTES: Final = (ANNOTATION_YIELD_TO, ANNOTATION_OVERLAP)
 # replacing the run that replaced it.
 ANNOTATION_REPLACED_BY: Final = PREFIX + "replaced-by"
 ANNOTATION_REPLACED_JOBS: Final = PREFIX + "replaced-jobs"
+# A freeze of the lock (`cronlock freeze`): until when every run on it skips, who froze it
+# (as the API server named the caller) and why. Only an identity allowed the verb `freeze`
+# on the Lease may write them (the chart's lease-freeze policy).
+ANNOTATION_FROZEN_UNTIL: Final = PREFIX + "frozen-until"
+ANNOTATION_FROZEN_BY: Final = PREFIX + "frozen-by"
+ANNOTATION_FROZEN_REASON: Final = PREFIX + "frozen-reason"
+FREEZE_NOTES: Final = (ANNOTATION_FROZEN_UNTIL, ANNOTATION_FROZEN_BY, ANNOTATION_FROZEN_REASON)
+FREEZE_VERB: Final = "freeze"
 REPLACED_JOBS_KEPT: Final = 10
 # Written on a Job by the operator: its run overlapped a held Lease (observe policy), or
 # was replaced by a newer run; the value names the other run.

@@ -246,3 +246,63 @@ def test_a_holder_that_took_the_lease_within_the_skew_of_our_start_counts_as_old
     assert isinstance(result, Busy)
     assert result.why == "not yielded"
     assert annotations(transport)[ANNOTATION_YIELD_TO] == NEW  # asked, not superseded
+
+
+# --- a frozen lock (`cronlock freeze`) ---------------------------------------------------------
+def frozen_lease(until: timedelta, holder: str = "") -> dict[str, object]:
+    from cronlock_sidecar.microtime import format_microtime
+
+    return make_lease(
+        holder,
+        annotations={
+            "cronlock.io/frozen-until": format_microtime(START + until),
+            "cronlock.io/frozen-by": "alice@example.com",
+            "cronlock.io/frozen-reason": "billing DB migration",
+        },
+    )
+
+
+@pytest.mark.parametrize("policy", ["skip", "wait", "replace", "observe"])
+def test_a_frozen_lock_skips_every_policy_at_once_and_says_until_when_and_why(
+    transport: FakeTransport, make_keeper: MakeKeeper, policy: str
+) -> None:
+    transport.store(frozen_lease(timedelta(hours=2)))
+    keeper = make_keeper(identity=NEW, job_name="report-29002")
+    waited: list[float] = []
+    result = acquire(
+        keeper, policy=policy, wait_timeout=600, pause=lambda s: waited.append(s) or False
+    )
+    assert isinstance(result, Busy)
+    assert result.why == "frozen"
+    assert waited == [], "a freeze is not waited out"
+    assert result.message() == (
+        "lock frozen: lease default/cronlock-report frozen until 2026-11-29T10:00:00.000000Z "
+        "by alice@example.com: billing DB migration; skipping this run"
+    )
+    assert transport.lease is not None
+    assert read_lease(transport.lease).holder == ""
+
+
+def test_a_freeze_ends_by_itself_at_its_time_and_leaves_the_holder_alone(
+    clock: FakeClock, transport: FakeTransport, make_keeper: MakeKeeper
+) -> None:
+    transport.store(frozen_lease(timedelta(seconds=30)))
+    assert isinstance(make_keeper(identity=NEW).try_acquire(), Busy)
+    clock.advance(31)  # past frozen-until on this pod's wall clock: no operator needed
+    holder = make_keeper(identity=NEW)
+    assert isinstance(holder.try_acquire(), Acquired)
+    # Frozen again while it works: its renewals go on (only new runs skip).
+    transport.store(
+        {
+            **transport.lease,  # type: ignore[dict-item]
+            "metadata": {
+                **transport.lease["metadata"],  # type: ignore[index]
+                "annotations": {
+                    **(transport.lease["metadata"].get("annotations") or {}),  # type: ignore[index]
+                    "cronlock.io/frozen-until": "2099-01-01T00:00:00.000000Z",
+                },
+            },
+        }
+    )
+    clock.advance(5)
+    assert holder.renew().outcome is RenewOutcome.RENEWED

@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Final, Literal, NamedTuple
 
+from cronlock_operator.freeze import commands as freezing
 from cronlock_operator.lint import cli as lint
 from cronlock_operator.status.api import (
     LEASE_SELECTOR,
@@ -131,6 +132,7 @@ def parser(prog: str = "cronlock") -> argparse.ArgumentParser:
         help="do not check the server's certificate (insecure: for test clusters only)",
     )
     lint.add_parser(commands)
+    freezing.add_parsers(commands)
     return top
 
 
@@ -143,6 +145,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     if args.command == "lint":
         return lint.run(args, prog)
+    if args.command in ("freeze", "unfreeze"):
+        return _freeze(args, prog)
     try:
         timeout = parse_duration(args.request_timeout)
         if timeout <= 0:
@@ -180,6 +184,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return EXIT_OK
+    finally:
+        cluster.api.close()
+
+
+def _freeze(args: argparse.Namespace, prog: str) -> int:
+    try:
+        cluster = connect(args.kubeconfig, args.context)
+    except UsageError as error:
+        print(f"{prog}: error: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    except Unavailable as error:
+        print(f"{prog}: {error}", file=sys.stderr)
+        return EXIT_UNAVAILABLE
+    try:
+        return freezing.run(args, cluster.api, args.namespace or cluster.namespace, prog)
     finally:
         cluster.api.close()
 

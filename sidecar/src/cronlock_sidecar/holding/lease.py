@@ -254,6 +254,9 @@ class LeaseKeeper:
 
     def _free_reason(self, current: Lease, holder: str, now: datetime) -> str | Busy:
         record = read_lease(current)
+        if record.frozen(now):
+            # `cronlock freeze`: every run on the lock skips, whatever its policy.
+            return Busy(self.lease, holder, 0.0, 0.0, why="frozen", other=record.freeze_note())
         if self.job_name and self.job_name in record.replaced_jobs:
             # Our Job's run yielded to a replace run: this retry must not take it back.
             return Busy(self.lease, holder, 0.0, 0.0, why="replaced", other=record.replaced_by)

@@ -50,7 +50,7 @@ class Busy(NamedTuple):
     than us, has a newer run asked it to yield); `why` is set once the run gives up for a
     reason of its own: "replaced" (our Job's run was replaced, this is its retry),
     "superseded" (a newer replace run came), "not yielded" (the holder did not yield in
-    time).
+    time), "frozen" (`cronlock freeze`: `other` says until when, by whom and why).
     """
 
     lease: LeaseRef
@@ -64,6 +64,8 @@ class Busy(NamedTuple):
     other: str = ""  # the run `why` is about
 
     def message(self) -> str:
+        if self.why == "frozen":
+            return f"lock frozen: lease {self.lease} {self.other}; skipping this run"
         if self.why == "replaced":
             return (
                 f"this Job's run was replaced by {self.other or 'a newer run'} on lease "

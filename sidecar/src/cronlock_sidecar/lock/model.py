@@ -17,6 +17,9 @@ from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
 from cronlock_sidecar.contract import (
+    ANNOTATION_FROZEN_BY,
+    ANNOTATION_FROZEN_REASON,
+    ANNOTATION_FROZEN_UNTIL,
     ANNOTATION_HOLDER_JOB,
     ANNOTATION_LAST_HOLDER,
     ANNOTATION_OVERLAP,
@@ -175,6 +178,17 @@ class LeaseRecord(NamedTuple):
     overlap: str = ""  # the last observe run that ran while the Lease was held
     replaced_by: str = ""  # who replaced the last holder that yielded
     replaced_jobs: tuple[str, ...] = ()  # the latest Jobs whose runs were replaced
+    frozen_until: datetime | None = None  # `cronlock freeze`: every run skips until then
+    frozen_by: str = ""
+    frozen_reason: str = ""
+
+    def frozen(self, now: datetime) -> bool:
+        """Frozen at `now` (on the reader's wall clock): a freeze ends by itself."""
+        return self.frozen_until is not None and now < self.frozen_until
+
+    def freeze_note(self) -> str:
+        until = format_microtime(self.frozen_until) if self.frozen_until else "?"
+        return f"frozen until {until} by {self.frozen_by or '?'}: {self.frozen_reason or '-'}"
 
     @property
     def renewed_at(self) -> datetime | None:
@@ -231,6 +245,9 @@ def read_lease(body: Mapping[str, Any]) -> LeaseRecord:
         replaced_jobs=tuple(
             job for job in _text(annotations.get(ANNOTATION_REPLACED_JOBS)).split(",") if job
         ),
+        frozen_until=read_time(annotations.get(ANNOTATION_FROZEN_UNTIL)),
+        frozen_by=_text(annotations.get(ANNOTATION_FROZEN_BY)),
+        frozen_reason=_text(annotations.get(ANNOTATION_FROZEN_REASON)),
     )
 
 

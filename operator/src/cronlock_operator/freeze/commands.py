@@ -1,0 +1,247 @@
+"""Freeze a lock for maintenance, and thaw it.
+
+A freeze lives on the lock's Lease as three annotations (cronlock_sidecar.contract:
+`frozen-until`, `frozen-by`, `frozen-reason`). Every run that starts on the lock while
+`now < frozen-until` (on its own wall clock) skips before its work with one line saying
+until when, by whom and why (cronlock_sidecar.holding.lease); a run already working is
+left alone. A freeze ends by itself at its time: nothing has to be running to end it.
+
+Who froze it is the API server's name for the caller (a SelfSubjectReview), and the
+chart's `lease-freeze` policy checks both: only a caller allowed the verb `freeze` on
+the Lease may change these annotations, and `frozen-by` must be its own name.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any, Final
+
+import kubernetes
+
+from cronlock_sidecar import contract
+from cronlock_sidecar.lock.durations import DurationError, parse_duration
+from cronlock_sidecar.lock.model import read_lease
+from cronlock_sidecar.microtime import MicroTimeError, format_microtime, parse_microtime
+
+EXIT_OK: Final = 0
+EXIT_NOT_FOUND: Final = 1
+EXIT_USAGE: Final = 2
+EXIT_UNAVAILABLE: Final = contract.EXIT_UNAVAILABLE
+FIELD_MANAGER: Final = "cronlock-freeze"
+# The longest freeze: a maintenance window, not a way to switch a lock off for good
+# (remove the CronJobs' annotation for that).
+LONGEST: Final = timedelta(days=31)
+REASON_CHARACTERS: Final = 256
+
+
+class FreezeError(Exception):
+    """What the user asked cannot be done; `code` is the exit code."""
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def add_parsers(commands: Any) -> None:
+    """The `freeze` and `unfreeze` subcommands of `cronlock` (`commands`: the subparsers)."""
+    freeze = commands.add_parser(
+        "freeze",
+        help="make every run on a lock skip until a time (maintenance)",
+        description=(
+            "Freeze LOCK (the cronlock.io/lock of guarded CronJobs; by default a CronJob's "
+            "own name) in a namespace: every run that starts on it until the freeze ends "
+            "skips before its work, with a line saying until when, by whom and why. Runs "
+            "already working go on. The freeze ends by itself. Needs the verb 'freeze' on the "
+            "Lease (the chart's ClusterRole <release>-freezer). Exit 0 when frozen, 1 when "
+            "the lock has no Lease, 2 on usage errors, 69 when the API server refuses or is "
+            "unreachable."
+        ),
+    )
+    _common(freeze)
+    until = freeze.add_mutually_exclusive_group(required=True)
+    until.add_argument("--for", dest="duration", help="how long, a Go duration: 2h, 90m")
+    until.add_argument("--until", help="until this RFC 3339 time: 2026-12-24T18:00:00Z")
+    freeze.add_argument("--reason", required=True, help="why, for everyone who sees a run skip")
+    thaw = commands.add_parser(
+        "unfreeze",
+        help="end a lock's freeze now",
+        description="End the freeze of LOCK now (exit codes as for freeze).",
+    )
+    _common(thaw)
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("lock", metavar="LOCK", help="the lock (cronlock.io/lock)")
+    parser.add_argument("-n", "--namespace", help="its namespace (default: the context's)")
+    parser.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, ...)")
+    parser.add_argument("--context", help="kubeconfig context to use")
+
+
+@dataclass(frozen=True)
+class Freeze:
+    until: datetime
+    by: str
+    reason: str
+
+    def annotations(self) -> dict[str, str | None]:
+        return {
+            contract.ANNOTATION_FROZEN_UNTIL: format_microtime(self.until),
+            contract.ANNOTATION_FROZEN_BY: self.by,
+            contract.ANNOTATION_FROZEN_REASON: self.reason,
+        }
+
+
+def until_from(duration: str | None, until: str | None, now: datetime) -> datetime:
+    """The freeze's end from `--for` or `--until`; FreezeError (usage) when it is not one
+    in the future within LONGEST."""
+    try:
+        end = (
+            now + timedelta(seconds=parse_duration(duration))
+            if duration is not None
+            else parse_microtime(until or "")
+        )
+    except (DurationError, MicroTimeError) as error:
+        raise FreezeError(f"{error}", EXIT_USAGE) from None
+    if end <= now:
+        raise FreezeError(
+            f"the freeze would end at {format_microtime(end)}, already past", EXIT_USAGE
+        )
+    if end - now > LONGEST:
+        raise FreezeError(
+            f"a freeze lasts at most {LONGEST.days} days; to stop guarding for good, remove "
+            "the CronJobs' cronlock.io/enabled annotation",
+            EXIT_USAGE,
+        )
+    return end
+
+
+def clean_reason(text: str) -> str:
+    reason = " ".join(text.split())
+    if not reason:
+        raise FreezeError("--reason: say why (everyone whose run skips reads it)", EXIT_USAGE)
+    if len(reason) > REASON_CHARACTERS:
+        raise FreezeError(f"--reason: at most {REASON_CHARACTERS} characters", EXIT_USAGE)
+    return reason
+
+
+def caller(api: kubernetes.client.ApiClient) -> str:
+    """The API server's name for whoever is calling (a SelfSubjectReview)."""
+    review = kubernetes.client.AuthenticationV1Api(api).create_self_subject_review(
+        {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"}
+    )
+    return str(review.status.user_info.username)
+
+
+def freeze(
+    api: kubernetes.client.ApiClient,
+    namespace: str,
+    lock: str,
+    *,
+    duration: str | None,
+    until: str | None,
+    reason: str,
+    now: Callable[[], datetime] = lambda: datetime.now(UTC),
+) -> Freeze:
+    wanted = Freeze(until_from(duration, until, now()), "", clean_reason(reason))
+    wanted = Freeze(wanted.until, caller(api), wanted.reason)
+    _patch(api, namespace, lock, wanted.annotations())
+    return wanted
+
+
+def unfreeze(api: kubernetes.client.ApiClient, namespace: str, lock: str) -> bool:
+    """End the freeze; False when the lock was not frozen (nothing written)."""
+    lease = _read(api, namespace, lock)
+    if read_lease(lease).frozen_until is None:
+        return False
+    _patch(api, namespace, lock, dict.fromkeys(contract.FREEZE_NOTES))
+    return True
+
+
+def _read(api: kubernetes.client.ApiClient, namespace: str, lock: str) -> dict[str, Any]:
+    name = contract.lease_name(lock)
+    try:
+        raw = kubernetes.client.CoordinationV1Api(api).read_namespaced_lease(
+            name, namespace, _preload_content=False
+        )
+    except kubernetes.client.ApiException as error:
+        raise _refused(error, namespace, lock) from None
+    body: dict[str, Any] = json.loads(raw.data)
+    return body
+
+
+def _patch(
+    api: kubernetes.client.ApiClient, namespace: str, lock: str, notes: dict[str, str | None]
+) -> None:
+    _read(api, namespace, lock)  # a lock without a Lease is named as such, not as a 404
+    try:
+        kubernetes.client.CoordinationV1Api(api).patch_namespaced_lease(
+            contract.lease_name(lock),
+            namespace,
+            {"metadata": {"annotations": notes}},
+            field_manager=FIELD_MANAGER,
+            _content_type="application/merge-patch+json",
+            _preload_content=False,
+        ).release_conn()
+    except kubernetes.client.ApiException as error:
+        raise _refused(error, namespace, lock) from None
+
+
+def _refused(error: kubernetes.client.ApiException, namespace: str, lock: str) -> FreezeError:
+    name = contract.lease_name(lock)
+    if error.status == 404:
+        return FreezeError(
+            f"lock {lock} has no Lease {namespace}/{name}: the operator makes it for a "
+            f"guarded CronJob whose lock is {lock} (cronlock.io/lock, else the CronJob's name)",
+            EXIT_NOT_FOUND,
+        )
+    if error.status == 403:
+        detail = _message(error)
+        return FreezeError(
+            f"the API server refused: {detail} (freezing needs the verbs get, patch and "
+            f"freeze on leases in {namespace}: the chart's ClusterRole <release>-freezer)",
+            EXIT_UNAVAILABLE,
+        )
+    return FreezeError(
+        f"the API server answered {error.status}: {_message(error)}", EXIT_UNAVAILABLE
+    )
+
+
+def _message(error: kubernetes.client.ApiException) -> str:
+    try:
+        return str(json.loads(error.body or "{}").get("message") or error.reason)
+    except ValueError:
+        return str(error.reason)
+
+
+def run(
+    args: argparse.Namespace, api: kubernetes.client.ApiClient, namespace: str, prog: str
+) -> int:
+    """`cronlock freeze|unfreeze`, the client connected; what happened on stdout, one line."""
+    try:
+        if args.command == "freeze":
+            done = freeze(
+                api,
+                namespace,
+                args.lock,
+                duration=args.duration,
+                until=args.until,
+                reason=args.reason,
+            )
+            print(
+                f"lock {args.lock} in {namespace} frozen until {format_microtime(done.until)} "
+                f"by {done.by}: {done.reason}"
+            )
+        elif unfreeze(api, namespace, args.lock):
+            print(f"lock {args.lock} in {namespace} unfrozen")
+        else:
+            print(f"lock {args.lock} in {namespace} was not frozen")
+    except FreezeError as error:
+        prefix = f"{prog}: error:" if error.code == EXIT_USAGE else f"{prog}:"
+        print(f"{prefix} {error}", file=sys.stderr)
+        return error.code
+    return EXIT_OK
