@@ -17,8 +17,9 @@ from cronlock_operator.freeze import commands as freezing
 from cronlock_sidecar import contract
 from cronlock_sidecar.microtime import parse_microtime
 from tests.support.controlplane import ControlPlane
-from tests.support.cronjobs import make_cronjob
-from tests.support.kube import wait_for
+from tests.support.cronjobs import job_from_cronjob, make_cronjob
+from tests.support.kube import finish_pod, wait_for
+from tests.support.objects import events, wait_event
 
 pytestmark = pytest.mark.usefixtures("operator")
 
@@ -219,3 +220,33 @@ def _refused_once(api: kubernetes.client.ApiClient, namespace: str, lock: str) -
     except freezing.FreezeError as error:
         return "needs the verb freeze" in str(error)
     return False
+
+
+def test_a_run_skipped_by_a_freeze_is_a_frozen_event_and_no_skip_in_a_row(
+    api: kubernetes.client.ApiClient, controlplane: ControlPlane, namespace: str
+) -> None:
+    """The operator tells a frozen lock's skip from a held one's: a `Frozen` Event naming
+    the freeze, and `consecutive-skips` left alone (maintenance is no stuck run)."""
+    guarded(api, namespace, "nightly")
+    assert cli(controlplane, "freeze", "nightly", "-n", namespace, "--for", "1h",
+               "--reason", "quarterly restore test").returncode == 0  # fmt: skip
+    batch = kubernetes.client.BatchV1Api(api)
+    body = api.sanitize_for_serialization(batch.read_namespaced_cron_job("nightly", namespace))
+    batch.create_namespaced_job(namespace, job_from_cronjob(body, "nightly-1"))
+    core = kubernetes.client.CoreV1Api(api)
+    pod = wait_for(
+        lambda: core.list_namespaced_pod(namespace, label_selector="job-name=nightly-1").items,
+        30,
+        "the Job's pod",
+    )[0]
+    # The pod ends as the kubelet reports a gate that found the lock frozen (exit 75).
+    finish_pod(core, namespace, pod.metadata.name, gate_exit=SKIPPED)
+    [message] = wait_event(api, namespace, "nightly", "Frozen")
+    assert message == (
+        "run nightly-1 skipped: lock nightly frozen until "
+        f"{notes(api, namespace, 'nightly')['cronlock.io/frozen-until']} by cronlock-admin: "
+        "quarterly restore test"
+    )
+    annotations = batch.read_namespaced_cron_job("nightly", namespace).metadata.annotations
+    assert "cronlock.io/consecutive-skips" not in (annotations or {})
+    assert [r for _, r, _ in events(api, namespace, "nightly") if r == "Skipped"] == []

@@ -288,6 +288,29 @@ def test_only_skipped_and_replaced_jobs_are_labelled_with_their_outcome() -> Non
     assert "cronlock.io/outcome" not in labels["report-2"] | labels["report-4"]
 
 
+def test_a_skip_that_ended_while_its_lock_was_frozen_is_a_frozen_event_not_a_skip() -> None:
+    body = cronjob({"cronlock.io/enabled": "true", "cronlock.io/alert-after": "1"})
+    during = finished_job("report-1", "2026-12-01T00:00:01Z", "skipped")
+    during["status"]["conditions"][0]["lastTransitionTime"] = "2026-12-01T00:00:05Z"
+    after = finished_job("report-2", "2026-12-01T03:00:01Z", "skipped")
+    after["status"]["conditions"][0]["lastTransitionTime"] = "2026-12-01T03:00:05Z"
+    freeze = runs.FrozenLock(datetime(2026, 12, 1, 2, 0, tzinfo=UTC), "alice", "DB migration")
+    decision = runs.decide(body, [during, after], SETTINGS, frozen={"report": freeze})
+    first, second = (run.actions for run in decision.runs)
+    assert kinds(first) == ["MarkJob", "CountRun", "PostEvent:Frozen", "DeleteJob"]
+    frozen_event = first[2]
+    assert isinstance(frozen_event, PostEvent)
+    assert frozen_event.message == (
+        "run report-1 skipped: lock report frozen until 2026-12-01T02:00:00.000000Z by alice: "
+        "DB migration"
+    )
+    # After the freeze ended, a skip is a skip again, and the first in a row.
+    assert kinds(second)[:3] == ["MarkJob", "CountRun", "PostEvent:Skipped"]
+    assert decision.after[0] == AnnotateCronJob(
+        NAMESPACE, "report", {"cronlock.io/consecutive-skips": "1"}
+    )
+
+
 # --- Lease expiry -----------------------------------------------------------------------
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 
 import yaml
 
@@ -178,8 +179,35 @@ def test_wide_output_adds_state_ttl_alert_after_and_the_last_release() -> None:
         "SUSPEND",
         "LAST HOLDER",
         "RELEASED",
+        "FROZEN",
     ]
-    assert row[7:] == ["free", "skip", "30s", "3", "false", "cleanup-1-aaaaa_0001", "15m ago"]
+    assert row[7:] == [
+        *("free", "skip", "30s", "3", "false", "cleanup-1-aaaaa_0001", "15m ago", "-")
+    ]
+
+
+def test_a_frozen_lock_shows_until_when_and_by_whom_until_its_freeze_ends() -> None:
+    freeze = {
+        "cronlock.io/frozen-until": "2026-11-29T09:00:00.000000Z",
+        "cronlock.io/frozen-by": "alice",
+        "cronlock.io/frozen-reason": "DB migration",
+    }
+    frozen = rows([cronjob("cleanup")], [lease("cleanup", holder="", annotations=freeze)], NOW)
+    _, row = cells(render_table(frozen, 200, wide=True))
+    assert row[-1] == "until 2026-11-29T09:00:00Z by alice"
+    [item] = json.loads(render_json(frozen))["items"]
+    assert item["frozen"] == {
+        "until": "2026-11-29T09:00:00Z",
+        "by": "alice",
+        "reason": "DB migration",
+    }
+    # Past its time, the freeze is over: nothing shown.
+    later = rows(
+        [cronjob("cleanup")],
+        [lease("cleanup", holder="", annotations=freeze)],
+        NOW + timedelta(hours=2),
+    )
+    assert json.loads(render_json(later))["items"][0]["frozen"] is None
 
 
 def test_json_is_a_list_of_objects_with_iso_times_and_numeric_seconds() -> None:
@@ -208,6 +236,7 @@ def test_json_is_a_list_of_objects_with_iso_times_and_numeric_seconds() -> None:
         "lastHolder": None,
         "releasedAt": None,
         "suspend": False,
+        "frozen": None,
         "problems": [],
     }
     stuck = by_name["stuck"]

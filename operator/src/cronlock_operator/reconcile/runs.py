@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass
-from typing import Any
+from datetime import datetime
+from typing import Any, NamedTuple
 
 from cronlock_operator.lock.config import OperatorSettings
 from cronlock_operator.lock.reading import read_config
@@ -27,6 +28,15 @@ from cronlock_operator.reconcile.actions import (
     SetConsecutiveSkips,
 )
 from cronlock_sidecar import contract
+from cronlock_sidecar.microtime import format_microtime, read_time
+
+
+class FrozenLock(NamedTuple):
+    """A lock's freeze as its Lease says (`cronlock freeze`)."""
+
+    until: datetime
+    by: str
+    reason: str
 
 
 @dataclass(frozen=True)
@@ -51,12 +61,15 @@ def decide(
     gone: Set[str] = frozenset(),
     *,
     contended: Mapping[str, str] | None = None,
+    frozen: Mapping[str, FrozenLock] | None = None,
 ) -> RunsDecision:
     """What counting `finished` (Jobs of this CronJob not yet counted) writes, oldest first.
 
     Jobs whose uid is in `gone` were deleted before they were counted: they are counted
     from their last state, with nothing written to them. `contended` (Job name ->
     "overlapped" or "replaced") is what the Leases' notes said before any mark on the Job.
+    `frozen` (lock -> its freeze) turns a skip that ended while its lock was frozen into a
+    `Frozen` Event that counts no skip in a row: a maintenance window is no stuck run.
     """
     metadata = cronjob["metadata"]
     namespace, name = str(metadata["namespace"]), str(metadata["name"])
@@ -80,7 +93,22 @@ def decide(
                 MarkJob(namespace, job_name, skips.ACCOUNTED_ANNOTATION, str(outcome), label)
             )
         lock = (job["metadata"].get("labels") or {}).get(contract.LABEL_LOCK, "?")
-        if outcome == "succeeded":
+        freeze = (
+            _frozen_when_skipped(job, (frozen or {}).get(lock)) if outcome == "skipped" else None
+        )
+        if freeze is not None:
+            actions.append(CountRun("frozen"))
+            actions.append(
+                PostEvent(
+                    cronjob,
+                    "Frozen",
+                    f"run {job_name} skipped: lock {lock} frozen until "
+                    f"{format_microtime(freeze.until)} by {freeze.by}: {freeze.reason}",
+                )
+            )
+            if not keep and present:
+                actions.append(DeleteJob(namespace, job_name))
+        elif outcome == "succeeded":
             count = 0
         elif outcome in ("skipped", "overlapped"):
             count += 1
@@ -107,6 +135,17 @@ def decide(
         )
     after.append(SetConsecutiveSkips(namespace, name, count))
     return RunsDecision(counted, after)
+
+
+def _frozen_when_skipped(job: Mapping[str, Any], freeze: FrozenLock | None) -> FrozenLock | None:
+    """`freeze` if the skipped Job ended before it did (its Failed condition's time)."""
+    if freeze is None:
+        return None
+    for condition in (job.get("status") or {}).get("conditions") or []:
+        if condition.get("type") == "Failed" and condition.get("status") == "True":
+            ended = read_time(condition.get("lastTransitionTime"))
+            return freeze if ended is not None and ended < freeze.until else None
+    return None
 
 
 def _repeated(cronjob: Mapping[str, Any], count: int, lock: str, outcome: str) -> PostEvent:

@@ -65,6 +65,8 @@ class RunAccounting:
         # Per namespace and Job: what the notes say happened to its run, known before the
         # operator's mark on the Job is (a run may finish before it is told).
         self.contended: dict[Name, str] = {}
+        # Per namespace and lock: its freeze (`cronlock freeze`), as its Lease last said.
+        self.freezes: dict[Name, runs.FrozenLock] = {}
 
     # --- watch events (event loop thread) ------------------------------------------
     def job_seen(self, job: dict[str, Any]) -> str | None:
@@ -90,6 +92,12 @@ class RunAccounting:
     def lease_seen(self, key: Name, record: LeaseRecord, lock: str) -> bool:
         """Remember a Lease's contender notes (`lock` is the lock it is of); True when they
         changed since last seen, so they are due to be told."""
+        if record.frozen_until is not None:
+            self.freezes[(key[0], lock)] = runs.FrozenLock(
+                record.frozen_until, record.frozen_by, record.frozen_reason
+            )
+        else:
+            self.freezes.pop((key[0], lock), None)
         notes = contention.Notes.of(record)
         if notes == self.notes.get(key, contention.Notes()):
             return False
@@ -108,6 +116,7 @@ class RunAccounting:
         """Forget a deleted Lease's notes: a Lease made again starts with none told."""
         self.notes.pop(key, None)
         self.told.pop(key, None)
+        self.freezes.pop((key[0], key[1].removeprefix(contract.LEASE_PREFIX)), None)
 
     # --- work (worker threads) ------------------------------------------------------
     def account_runs(self, namespace: str, cronjob_name: str) -> None:
@@ -135,8 +144,18 @@ class RunAccounting:
         contended = {
             job: what for (space, job), what in list(self.contended.items()) if space == namespace
         }
+        frozen = {
+            lock: freeze
+            for (space, lock), freeze in list(self.freezes.items())
+            if space == namespace
+        }
         decision = runs.decide(
-            cronjob, list(candidates.values()), self.settings, gone, contended=contended
+            cronjob,
+            list(candidates.values()),
+            self.settings,
+            gone,
+            contended=contended,
+            frozen=frozen,
         )
         for run in decision.runs:
             job_key = (namespace, run.job)

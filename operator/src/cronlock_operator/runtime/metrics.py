@@ -39,7 +39,7 @@ cronjobs = Gauge(
 CRONJOB_STATES = ("guarded", "invalid", "conflict")
 runs = Counter(
     "cronlock_runs",
-    "Runs seen by the operator, by result (acquired, skipped, lost, released)",
+    "Runs seen by the operator, by result (acquired, skipped, frozen, lost, released)",
     ["result"],
     registry=registry,
 )
@@ -52,6 +52,12 @@ consecutive_skips = Gauge(
 lease_held = Gauge(
     "cronlock_lease_held",
     "1 while a lock's Lease has a holder",
+    ["namespace", "lock"],
+    registry=registry,
+)
+lock_frozen_until = Gauge(
+    "cronlock_lock_frozen_until_timestamp_seconds",
+    "When a frozen lock's freeze ends (cronlock freeze); no series for a lock not frozen",
     ["namespace", "lock"],
     registry=registry,
 )
@@ -114,6 +120,14 @@ def forget_cronjob(namespace: str, name: str) -> None:
 def forget_lock(namespace: str, lock: str) -> None:
     """A deleted Lease's series go with it."""
     _remove(lease_held, namespace, lock)
+    _remove(lock_frozen_until, namespace, lock)
+
+
+def set_frozen(namespace: str, lock: str, until: float | None) -> None:
+    if until is None:
+        _remove(lock_frozen_until, namespace, lock)
+    else:
+        lock_frozen_until.labels(namespace, lock).set(until)
 
 
 def _remove(gauge: Gauge, *labels: str) -> None:
@@ -123,7 +137,7 @@ def _remove(gauge: Gauge, *labels: str) -> None:
 
 # Every label value a counter can take exists from the start at 0, so that rate() and
 # increase() see the first run, skip, takeover or error after a restart.
-RUN_RESULTS = ("acquired", "skipped", "lost", "released")
+RUN_RESULTS = ("acquired", "skipped", "frozen", "lost", "released")
 TAKEOVER_REASONS = ("expired",)
 RECONCILE_KINDS = tuple(key.kind for key in typing.get_args(Key))
 set_cronjob_states(guarded=0, invalid=0, conflict=0)

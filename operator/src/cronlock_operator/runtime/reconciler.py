@@ -153,6 +153,9 @@ class Reconciler:
             self.executor.run(counts)
             self.observations.put(key, seen)
         metrics.lease_held.labels(key[0], lock).set(1 if record.holder else 0)
+        metrics.set_frozen(
+            key[0], lock, record.frozen_until.timestamp() if record.frozen_until else None
+        )
         if self.accounting.lease_seen(key, record, lock):
             self.queue.add(ContentionKey(*key))
 

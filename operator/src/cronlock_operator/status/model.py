@@ -48,6 +48,10 @@ class StatusRow:
     suspended: bool
     now: datetime
     problems: tuple[str, ...]
+    # `cronlock freeze`: until when every run on the lock skips (None: not frozen now).
+    frozen_until: datetime | None = None
+    frozen_by: str = ""
+    frozen_reason: str = ""
 
     @property
     def renewed_seconds_ago(self) -> float | None:
@@ -152,6 +156,9 @@ def _row(
         suspended=bool((cronjob.get("spec") or {}).get("suspend")),
         now=now,
         problems=tuple(problems),
+        frozen_until=record.frozen_until if record.frozen(now) else None,
+        frozen_by=record.frozen_by if record.frozen(now) else "",
+        frozen_reason=record.frozen_reason if record.frozen(now) else "",
     )
 
 

@@ -35,6 +35,13 @@ def expires_text(row: StatusRow) -> str:
     return f"expired {human_duration(-seconds)} ago"
 
 
+def frozen_text(row: StatusRow) -> str:
+    """`until <time> by <who>` while the lock is frozen (`cronlock freeze`), else `-`."""
+    if row.frozen_until is None:
+        return _NONE
+    return f"until {_iso(row.frozen_until)} by {row.frozen_by or '?'}"
+
+
 def holder_text(row: StatusRow) -> str:
     if row.state == "missing":
         return "missing"
@@ -79,6 +86,7 @@ _WIDE_COLUMNS: Final = (
     _Column("SUSPEND", lambda row: str(row.suspended).lower()),
     _Column("LAST HOLDER", lambda row: row.last_holder or _NONE),
     _Column("RELEASED", lambda row: _ago(row.released_at, row.now)),
+    _Column("FROZEN", frozen_text),
 )
 
 
@@ -202,6 +210,9 @@ def json_row(row: StatusRow) -> dict[str, Any]:
         "lastHolder": row.last_holder,
         "releasedAt": _iso(row.released_at),
         "suspend": row.suspended,
+        "frozen": None
+        if row.frozen_until is None
+        else {"until": _iso(row.frozen_until), "by": row.frozen_by, "reason": row.frozen_reason},
         "problems": list(row.problems),
     }
 
