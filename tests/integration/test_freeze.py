@@ -250,3 +250,42 @@ def test_a_run_skipped_by_a_freeze_is_a_frozen_event_and_no_skip_in_a_row(
     annotations = batch.read_namespaced_cron_job("nightly", namespace).metadata.annotations
     assert "cronlock.io/consecutive-skips" not in (annotations or {})
     assert [r for _, r, _ in events(api, namespace, "nightly") if r == "Skipped"] == []
+
+
+def test_stop_running_stops_the_run_working_on_the_lock_and_it_gives_the_lock_back(
+    api: kubernetes.client.ApiClient, controlplane: ControlPlane, namespace: str
+) -> None:
+    guarded(api, namespace, "etl")
+    lease = f"{namespace}/{contract.lease_name('etl')}"
+    working = subprocess.Popen(
+        [str(SIDECAR), "run", "--lease", lease, "--ttl", "10s", "--", "sleep", "120"],
+        env=controlplane.env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        holders = kubernetes.client.CoordinationV1Api(api)
+        wait_for(
+            lambda: (
+                holders.read_namespaced_lease(
+                    contract.lease_name("etl"), namespace
+                ).spec.holder_identity
+            ),
+            30,
+            "the run to hold the lock",
+        )
+        frozen = cli(controlplane, "freeze", "etl", "-n", namespace, "--for", "1h",
+                     "--reason", "restore", "--stop-running")  # fmt: skip
+        assert frozen.returncode == 0, frozen.stderr
+        assert "stops at its next renewal" in frozen.stdout
+        # renew is ttl/3: the run sees the freeze within about 3.3s, and stops.
+        _, log = working.communicate(timeout=20)
+    finally:
+        working.kill()
+        working.communicate()
+    assert working.returncode == contract.EXIT_SOFTWARE_LOST, log
+    assert "with --stop-running; stopping this run" in log
+    lease_now = holders.read_namespaced_lease(contract.lease_name("etl"), namespace)
+    assert not lease_now.spec.holder_identity, "given back once the work stopped"
+    assert run_once(controlplane, namespace, "etl").returncode == SKIPPED

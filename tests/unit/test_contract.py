@@ -36,6 +36,14 @@ def test_container_and_object_names_are_the_published_ones() -> None:
     assert (code.LABEL_OUTCOME, code.LABELLED_OUTCOMES) == promised.OUTCOME_LABEL
 
 
+def test_the_freeze_policy_guards_exactly_the_freeze_annotations() -> None:
+    policy = (ROOT / "charts" / "cronlock" / "templates" / "freeze.yaml").read_text()
+    listed = policy.split("- name: notes", 1)[1].split("- name:", 1)[0]
+    import re
+
+    assert tuple(re.findall(r'"(cronlock\.io/[a-z-]+)"', listed)) == code.FREEZE_NOTES
+
+
 def test_the_operator_policy_admits_exactly_the_outcome_labels_the_operator_writes() -> None:
     policy = (ROOT / "charts" / "cronlock" / "templates" / "_scope-policy.tpl").read_text()
     label, values = promised.OUTCOME_LABEL

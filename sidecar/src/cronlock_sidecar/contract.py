@@ -53,7 +53,15 @@ ANNOTATION_REPLACED_JOBS: Final = PREFIX + "replaced-jobs"
 ANNOTATION_FROZEN_UNTIL: Final = PREFIX + "frozen-until"
 ANNOTATION_FROZEN_BY: Final = PREFIX + "frozen-by"
 ANNOTATION_FROZEN_REASON: Final = PREFIX + "frozen-reason"
-FREEZE_NOTES: Final = (ANNOTATION_FROZEN_UNTIL, ANNOTATION_FROZEN_BY, ANNOTATION_FROZEN_REASON)
+# "true" (`cronlock freeze --stop-running`): the run working on the lock stops too, at its
+# next renewal, and gives the lock back once stopped.
+ANNOTATION_FROZEN_STOP: Final = PREFIX + "frozen-stop"
+FREEZE_NOTES: Final = (
+    ANNOTATION_FROZEN_UNTIL,
+    ANNOTATION_FROZEN_BY,
+    ANNOTATION_FROZEN_REASON,
+    ANNOTATION_FROZEN_STOP,
+)
 FREEZE_VERB: Final = "freeze"
 REPLACED_JOBS_KEPT: Final = 10
 # Written on a Job by the operator: its run overlapped a held Lease (observe policy), or

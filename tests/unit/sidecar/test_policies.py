@@ -306,3 +306,31 @@ def test_a_freeze_ends_by_itself_at_its_time_and_leaves_the_holder_alone(
     )
     clock.advance(5)
     assert holder.renew().outcome is RenewOutcome.RENEWED
+
+
+def test_a_freeze_with_stop_running_stops_the_holder_at_its_next_renewal(
+    clock: FakeClock, transport: FakeTransport, make_keeper: MakeKeeper
+) -> None:
+    transport.store(make_lease())
+    holder = holding(transport, make_keeper, OLD, "report-29001")
+    assert transport.lease is not None
+    frozen = frozen_lease(timedelta(hours=1), holder=OLD)
+    lease = dict(transport.lease)
+    lease["metadata"] = {
+        **transport.lease["metadata"],
+        "annotations": {
+            **(transport.lease["metadata"].get("annotations") or {}),
+            **frozen["metadata"]["annotations"],  # type: ignore[index]
+            "cronlock.io/frozen-stop": "true",
+        },
+    }
+    transport.store(lease)  # a new resourceVersion: the holder's next write conflicts
+    result = holder.renew()
+    assert result.outcome is RenewOutcome.LOST
+    assert result.detail == (
+        "lock frozen until 2026-11-29T09:00:00.000000Z by alice@example.com: billing DB "
+        "migration, with --stop-running; stopping this run"
+    )
+    # Not taken by another run: it gives the lock back once its work has stopped.
+    assert holder.release()
+    assert read_lease(transport.lease).holder == ""

@@ -67,6 +67,12 @@ def add_parsers(commands: Any) -> None:
     until.add_argument("--for", dest="duration", help="how long, a Go duration: 2h, 90m")
     until.add_argument("--until", help="until this RFC 3339 time: 2026-12-24T18:00:00Z")
     freeze.add_argument("--reason", required=True, help="why, for everyone who sees a run skip")
+    freeze.add_argument(
+        "--stop-running",
+        action="store_true",
+        help="stop the run working on the lock too (at its next renewal, as a lost run is "
+        "stopped), not only the runs that start",
+    )
     thaw = commands.add_parser(
         "unfreeze",
         help="end a lock's freeze now",
@@ -87,12 +93,14 @@ class Freeze:
     until: datetime
     by: str
     reason: str
+    stop_running: bool = False
 
     def annotations(self) -> dict[str, str | None]:
         return {
             contract.ANNOTATION_FROZEN_UNTIL: format_microtime(self.until),
             contract.ANNOTATION_FROZEN_BY: self.by,
             contract.ANNOTATION_FROZEN_REASON: self.reason,
+            contract.ANNOTATION_FROZEN_STOP: "true" if self.stop_running else None,
         }
 
 
@@ -145,10 +153,11 @@ def freeze(
     duration: str | None,
     until: str | None,
     reason: str,
+    stop_running: bool = False,
     now: Callable[[], datetime] = lambda: datetime.now(UTC),
 ) -> Freeze:
-    wanted = Freeze(until_from(duration, until, now()), "", clean_reason(reason))
-    wanted = Freeze(wanted.until, caller(api), wanted.reason)
+    end, why = until_from(duration, until, now()), clean_reason(reason)
+    wanted = Freeze(end, caller(api), why, stop_running)
     _patch(api, namespace, lock, wanted.annotations())
     return wanted
 
@@ -231,10 +240,12 @@ def run(
                 duration=args.duration,
                 until=args.until,
                 reason=args.reason,
+                stop_running=args.stop_running,
             )
             print(
                 f"lock {args.lock} in {namespace} frozen until {format_microtime(done.until)} "
                 f"by {done.by}: {done.reason}"
+                + ("; the run working on it stops at its next renewal" if done.stop_running else "")
             )
         elif unfreeze(api, namespace, args.lock):
             print(f"lock {args.lock} in {namespace} unfrozen")

@@ -330,6 +330,15 @@ class LeaseKeeper:
         asking = self._yield_request(current)
         if asking:
             return self._yield(current, asking)
+        record = read_lease(current)
+        if record.frozen_stop and record.frozen(self.clock.now()):
+            # `cronlock freeze --stop-running`: stopped as a lost run is, then released.
+            with self._state_lock:
+                self._record = current
+            return self._mark_lost(
+                f"lock {record.freeze_note()}, with --stop-running; stopping this run",
+                taken=False,
+            )
         body = renewed(current, self.timing, self.clock.now())
         sent = self.clock.monotonic()
         try:

@@ -19,6 +19,7 @@ from typing import Any, NamedTuple
 from cronlock_sidecar.contract import (
     ANNOTATION_FROZEN_BY,
     ANNOTATION_FROZEN_REASON,
+    ANNOTATION_FROZEN_STOP,
     ANNOTATION_FROZEN_UNTIL,
     ANNOTATION_HOLDER_JOB,
     ANNOTATION_LAST_HOLDER,
@@ -181,6 +182,7 @@ class LeaseRecord(NamedTuple):
     frozen_until: datetime | None = None  # `cronlock freeze`: every run skips until then
     frozen_by: str = ""
     frozen_reason: str = ""
+    frozen_stop: bool = False  # the run working on it stops too (`--stop-running`)
 
     def frozen(self, now: datetime) -> bool:
         """Frozen at `now` (on the reader's wall clock): a freeze ends by itself."""
@@ -248,6 +250,7 @@ def read_lease(body: Mapping[str, Any]) -> LeaseRecord:
         frozen_until=read_time(annotations.get(ANNOTATION_FROZEN_UNTIL)),
         frozen_by=_text(annotations.get(ANNOTATION_FROZEN_BY)),
         frozen_reason=_text(annotations.get(ANNOTATION_FROZEN_REASON)),
+        frozen_stop=annotations.get(ANNOTATION_FROZEN_STOP) == "true",
     )
 
 
