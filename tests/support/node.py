@@ -15,7 +15,6 @@ from __future__ import annotations
 import datetime
 import json
 import os
-import re
 import signal
 import socket
 import subprocess
@@ -193,7 +192,7 @@ class RealNode:
                 continue
             info = json.loads(self._crictl("inspect", status["id"]))["status"]
             times[labels["io.kubernetes.container.name"]] = {
-                key: _wall(info.get(f"{key}At")) for key in ("created", "started", "finished")
+                key: _epoch(info.get(f"{key}At")) for key in ("created", "started", "finished")
             }
         return times
 
@@ -470,15 +469,10 @@ class LeaseRecorder:
                 self._versions.append(seen)
 
 
-def _wall(stamp: Any) -> float:
-    """crictl's RFC 3339 time with nanoseconds, as seconds since the epoch (NaN if unset)."""
-    match = re.fullmatch(r"(.+?T[\d:]+)(?:\.(\d+))?(Z|[+-][\d:]+)", str(stamp or ""))
-    if match is None or match.group(1).startswith("1970-01-01"):
-        return float("nan")
-    zone = "+00:00" if match.group(3) == "Z" else match.group(3)
-    whole = datetime.datetime.fromisoformat(match.group(1) + zone).timestamp()
-    fraction = match.group(2) or ""
-    return whole + (int(fraction) / 10 ** len(fraction) if fraction else 0.0)
+def _epoch(stamp: Any) -> float:
+    """crictl's time as seconds since the epoch; NaN when unset (its zero, 1970)."""
+    seconds = wall_time(stamp)
+    return seconds if seconds else float("nan")
 
 
 def wall_time(value: Any) -> float | None:

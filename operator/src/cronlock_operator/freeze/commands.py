@@ -186,7 +186,6 @@ def _read(api: kubernetes.client.ApiClient, namespace: str, lock: str) -> dict[s
 def _patch(
     api: kubernetes.client.ApiClient, namespace: str, lock: str, notes: dict[str, str | None]
 ) -> None:
-    _read(api, namespace, lock)  # a lock without a Lease is named as such, not as a 404
     try:
         kubernetes.client.CoordinationV1Api(api).patch_namespaced_lease(
             contract.lease_name(lock),

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Final, Literal, NamedTuple
+from typing import Any, Final, Literal, NamedTuple
 
 from cronlock_operator.freeze import commands as freezing
 from cronlock_operator.lint import cli as lint
@@ -166,14 +166,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         cluster=args.cluster or None,
         insecure_skip_tls_verify=args.insecure_skip_tls_verify,
     )
-    try:
-        cluster = connect(args.kubeconfig, args.context, timeout, overrides)
-    except UsageError as error:
-        print(f"{prog}: error: {error}", file=sys.stderr)
-        return EXIT_USAGE
-    except Unavailable as error:
-        print(f"{prog}: {error}", file=sys.stderr)
-        return EXIT_UNAVAILABLE
+    cluster = _connect(prog, args.kubeconfig, args.context, timeout, overrides)
+    if isinstance(cluster, int):
+        return cluster
     namespace = None if args.all_namespaces else (args.namespace or cluster.namespace)
     try:
         if args.watch:
@@ -188,15 +183,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         cluster.api.close()
 
 
-def _freeze(args: argparse.Namespace, prog: str) -> int:
+def _connect(prog: str, *how: Any) -> Cluster | int:
+    """`connect(*how)`, or the exit code once the reason it cannot is printed."""
     try:
-        cluster = connect(args.kubeconfig, args.context)
+        return connect(*how)
     except UsageError as error:
         print(f"{prog}: error: {error}", file=sys.stderr)
         return EXIT_USAGE
     except Unavailable as error:
         print(f"{prog}: {error}", file=sys.stderr)
         return EXIT_UNAVAILABLE
+
+
+def _freeze(args: argparse.Namespace, prog: str) -> int:
+    cluster = _connect(prog, args.kubeconfig, args.context)
+    if isinstance(cluster, int):
+        return cluster
     try:
         return freezing.run(args, cluster.api, args.namespace or cluster.namespace, prog)
     finally:
