@@ -42,6 +42,7 @@ import random
 import secrets
 import shlex
 import signal
+import subprocess
 import sys
 import tempfile
 import textwrap
@@ -125,8 +126,11 @@ POD_PROCESS_FAULTS = (
 )
 # Faults on the holder's node, as a cluster of many nodes sees them (issue 25): the node
 # cut off from the API server with its kubelet alive, its containerd crashed and
-# restarted, the holder evicted (Eviction API) or its node drained, its Node deleted.
-NODE_FAULTS = ("partition", "restart-containerd", "evict", "drain", "delete-node")
+# restarted, the holder evicted (Eviction API), preempted by the scheduler for a pod of a
+# higher priority, or its node drained, its Node deleted.
+NODE_FAULTS = ("partition", "restart-containerd", "evict", "preempt", "drain", "delete-node")
+# preempt: the preemptor's PriorityClass (cluster-scoped, created once, kept).
+PREEMPTOR_PRIORITY_CLASS = "cronlock-checker-preemptor"
 CONTROL_FAULTS = ("pause-apiserver", "kill-operator")
 POD_FAULTS = POD_PROCESS_FAULTS + NODE_FAULTS + CONTROL_FAULTS
 # While these run the API server may not answer: no Job is created meanwhile.
@@ -583,11 +587,21 @@ class PodChecker:
         self._cronjob = ""
 
     # --- the whole run ------------------------------------------------------------------------
-    def run(self, trials: int, faults_per_trial: int = 2, min_runs: int = 0) -> dict[str, Any]:
+    def run(
+        self,
+        trials: int,
+        faults_per_trial: int = 2,
+        min_runs: int = 0,
+        on_trial: Callable[[dict[str, Any]], None] | None = None,
+    ) -> dict[str, Any]:
         """`trials` trials, every fault kind as evenly as they allow; then, for a soak, more
-        trials (a new plan of the same size each time) until `min_runs` works ran."""
+        trials (a new plan of the same size each time) until `min_runs` works ran.
+
+        `on_trial` gets the report so far after each trial: a soak cut short keeps it."""
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.workdir.chmod(0o755)
+        if "preempt" in self.faults:
+            self._ensure_priority_class()
         self.leases.start()
         started = time.monotonic()
         bound = self.settings.recovery_bound
@@ -608,6 +622,8 @@ class PodChecker:
                         self.operator.start()
                 self.trials.append(trial)
                 self.log(self._trial_line(trial, kinds, bound))
+                if on_trial is not None:
+                    on_trial(self.report(time.monotonic() - started))
         finally:
             self.leases.stop()
         return self.report(time.monotonic() - started)
@@ -1065,6 +1081,8 @@ class PodChecker:
         elif fault.kind == "evict":
             self._evict(holder.pod)
             fault.detail = where
+        elif fault.kind == "preempt":
+            fault.detail = f"{where}: {self._preempt(holder, node.name, fault.fired)}"
         elif fault.kind == "drain":
             # kubectl drain: cordon, evict what runs there, and (here) uncordon after a while.
             self._cordon(node.name, True)
@@ -1099,6 +1117,105 @@ class PodChecker:
         }
         with contextlib.suppress(kubernetes.client.ApiException):  # gone already: fine
             self.core.create_namespaced_pod_eviction(pod, self.namespace, body, _request_timeout=10)
+
+    def _preempt(self, holder: Work, node: str, fired: float) -> str:
+        """A pod of a higher priority that fits on the holder's node only without the holder.
+
+        Its required anti-affinity to the holder's Job leaves the scheduler one way: preempt
+        the holder (the DefaultPreemption plugin; the victim gets DisruptionTarget and is
+        deleted with its grace). The preemptor goes once the holder's work stopped.
+        """
+        name = f"preemptor-{self._cronjob}-{secrets.token_hex(2)}"
+        affinity = {
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [
+                        {
+                            "matchFields": [
+                                {"key": "metadata.name", "operator": "In", "values": [node]}
+                            ]
+                        }
+                    ]
+                }
+            },
+            "podAntiAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": [
+                    {
+                        "labelSelector": {
+                            "matchLabels": {"batch.kubernetes.io/job-name": job_of_pod(holder.pod)}
+                        },
+                        "topologyKey": "kubernetes.io/hostname",
+                    }
+                ]
+            },
+        }
+        body = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "namespace": self.namespace},
+            "spec": {
+                "priorityClassName": PREEMPTOR_PRIORITY_CLASS,
+                "affinity": affinity,
+                "terminationGracePeriodSeconds": 0,
+                "securityContext": {
+                    "runAsNonRoot": True,
+                    "runAsUser": POD_USER,
+                    "seccompProfile": {"type": "RuntimeDefault"},
+                },
+                "containers": [
+                    {
+                        "name": "preemptor",
+                        "image": CRONLOCK_IMAGE,
+                        "imagePullPolicy": "Never",
+                        "command": ["sleep", "600"],
+                        "securityContext": {
+                            "allowPrivilegeEscalation": False,
+                            "capabilities": {"drop": ["ALL"]},
+                            "readOnlyRootFilesystem": True,
+                        },
+                    }
+                ],
+            },
+        }
+        self.core.create_namespaced_pod(self.namespace, body, _request_timeout=10)
+        try:
+            deadline = time.monotonic() + 120
+            while holder.running and time.monotonic() < deadline:
+                time.sleep(0.5)
+            pod = self.core.read_namespaced_pod(name, self.namespace, _request_timeout=10)
+            placed = pod.spec.node_name or pod.status.nominated_node_name or "not placed"
+        finally:
+            with contextlib.suppress(kubernetes.client.ApiException):
+                self.core.delete_namespaced_pod(
+                    name, self.namespace, grace_period_seconds=0, _request_timeout=10
+                )
+        reason = self._disruption(holder.pod)
+        if reason != "PreemptionByScheduler":
+            raise RuntimeError(f"{holder.pod} not preempted (DisruptionTarget: {reason})")
+        return f"preemptor on {placed}, {self._work_fate(holder, fired)}"
+
+    def _disruption(self, pod: str) -> str | None:
+        """The reason of the pod's DisruptionTarget condition, as last recorded."""
+        found = [p for p in self.recorder.pods() if p["metadata"]["name"] == pod]
+        conditions = ((found[-1].get("status") or {}).get("conditions") or []) if found else []
+        reasons = [c.get("reason") for c in conditions if c.get("type") == "DisruptionTarget"]
+        return str(reasons[-1]) if reasons else None
+
+    def _ensure_priority_class(self) -> None:
+        body = {
+            "apiVersion": "scheduling.k8s.io/v1",
+            "kind": "PriorityClass",
+            "metadata": {"name": PREEMPTOR_PRIORITY_CLASS},
+            "value": 1000000,
+            "description": "tests/reliability/pods.py: the preempt fault's pods",
+        }
+        try:
+            kubernetes.client.SchedulingV1Api(self.api).create_priority_class(
+                body, _request_timeout=10
+            )
+        except kubernetes.client.ApiException as error:
+            if error.status != 409:
+                raise
 
     def _cordon(self, node: str, on: bool) -> None:
         self.core.patch_node(node, {"spec": {"unschedulable": on}}, _request_timeout=10)
@@ -1335,6 +1452,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     add_common_arguments(parser, ROOT / ".testenv" / "reliability-pods")
     args = parser.parse_args(argv)
+    argv_used = list(sys.argv[1:] if argv is None else argv)
     if os.geteuid() != 0:
         parser.error("needs root: the node's kubelet, containerd and network namespace")
     faults = fault_list(args.faults)
@@ -1382,11 +1500,51 @@ def main(argv: Sequence[str] | None = None) -> int:
                 log=log,
             )
             log(f"seed {seed}; ttl {settings.ttl}s; work units' files under {checker.workdir}")
-            report = checker.run(args.trials, args.faults_per_trial, min_runs=args.soak)
+            about = {
+                "command": shlex.join(["python", "-m", "tests.reliability.pods", *argv_used]),
+                "commit": commit_of(ROOT),
+                "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            }
+
+            def so_far(partial: dict[str, Any]) -> None:
+                if args.output is not None:
+                    write_report(args.output, {**about, **partial, "finished": False})
+
+            report = checker.run(
+                args.trials, args.faults_per_trial, min_runs=args.soak, on_trial=so_far
+            )
+            report = {**about, **report, "finished": True}
         finally:
             recorder.stop()
     publish(report, args.output)
     return 0 if guarantee_held(report) else 1
+
+
+def commit_of(root: Path) -> str:
+    """The checked-out commit (with `+dirty` for uncommitted changes), for the report."""
+    try:
+        head = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "--short=12", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + ("+dirty" if dirty else "")
+
+
+def write_report(path: Path, report: Mapping[str, Any]) -> None:
+    """The report as JSON in `path`, replaced whole (a reader never sees half of it)."""
+    partial = path.with_name(path.name + ".tmp")
+    partial.write_text(json.dumps(report, indent=2) + "\n")
+    partial.replace(path)
 
 
 def guarantee_held(report: Mapping[str, Any]) -> bool:

@@ -177,6 +177,7 @@ def test_every_fault_happens_on_the_node_the_api_server_or_the_operator() -> Non
         "partition",
         "restart-containerd",
         "evict",
+        "preempt",
         "drain",
         "delete-node",
         "pause-apiserver",
