@@ -17,6 +17,7 @@ MODULES = {
     "operator": "tests.benchmarks.operator_scale",
     "load": "tests.benchmarks.load",
     "runstart": "tests.benchmarks.runstart",
+    "renewals": "tests.benchmarks.renewals",
 }
 USAGE = f"usage: python -m tests.benchmarks [{'|'.join(MODULES)}|all] [ARGS...]"
 
