@@ -464,7 +464,7 @@ def test_the_prometheus_rule_parses_as_prometheus_parses_it_with_thresholds_from
     default = rule_file(tmp_path, render(controlplane, *on))
     checked = rulecheck(default)
     assert checked.returncode == 0, checked.stderr
-    assert "1 groups, 5 rules" in checked.stdout
+    assert "1 groups, 7 rules" in checked.stdout
     tuned = render(
         controlplane,
         *on,
@@ -488,8 +488,11 @@ def test_the_prometheus_rule_parses_as_prometheus_parses_it_with_thresholds_from
         "CronlockOperatorDown",
         "CronlockReconcileErrors",
         "CronlockCronJobsNotGuarded",
+        "CronlockRunsMissed",
+        "CronlockNotSucceeding",
     }
     assert alerts["CronlockRepeatedSkips"]["expr"].endswith(">= 7")
+    assert alerts["CronlockRunsMissed"]["expr"].endswith("[1h])) > 0")
     assert alerts["CronlockCronJobsNotGuarded"]["for"] == "30m"
     assert alerts["CronlockReconcileErrors"]["expr"].endswith("[1h])) > 0")
     assert alerts["CronlockOperatorDown"]["for"] == "2m"
@@ -499,6 +502,8 @@ def test_the_prometheus_rule_parses_as_prometheus_parses_it_with_thresholds_from
         "CronlockOperatorDown": "critical",
         "CronlockReconcileErrors": "warning",
         "CronlockCronJobsNotGuarded": "info",
+        "CronlockRunsMissed": "warning",
+        "CronlockNotSucceeding": "warning",
     }
     assert {name: alert["annotations"]["runbook_url"] for name, alert in alerts.items()} == {
         name: f"https://wiki.example.com/cronlock#{name.lower()}" for name in alerts
@@ -673,6 +678,44 @@ eval instant at 40m {expr}
     assert ran.stdout.startswith("PASS"), ran.stdout
     # The engine can disagree: a wrong expectation fails.
     wrong = promql_eval(tmp_path, script.replace("eval instant at 3m", "eval instant at 8m", 1))
+    assert wrong.returncode != 0
+
+
+def test_the_missed_run_alerts_fire_on_prometheus_engine(
+    controlplane: ControlPlane, tmp_path: Path
+) -> None:
+    on = ["--set", "prometheusRule.enabled=true", "--api-versions", "monitoring.coreos.com/v1"]
+    rules = rule_file(tmp_path, render(controlplane, *on))
+    missed = alert_expr(rules, "CronlockRunsMissed")
+    failing = alert_expr(rules, "CronlockNotSucceeding")
+    # Two replicas scraped: only the leader judges ticks, the other exports nothing.
+    job = 'job="cronlock-metrics",namespace="cronlock-system",cronjob="report"'
+    script = f"""
+load 1m
+  cronlock_missed_runs_total{{{job},pod="a"}} 0x10 1x20
+  cronlock_not_succeeding{{{job},pod="a"}} 0x10 1x5 0x5
+
+# Before the miss: quiet.
+eval instant at 9m count({missed})
+
+# A tick missed at minute 11: fires (one series) for the window (15m) after it.
+eval instant at 12m count({missed})
+  {{}} 1
+
+eval instant at 27m count({missed})
+
+# NotSucceeding while the operator says so, per CronJob.
+eval instant at 5m {failing}
+
+eval instant at 12m {failing}
+  {{namespace="cronlock-system", cronjob="report"}} 1
+
+eval instant at 17m {failing}
+"""
+    ran = promql_eval(tmp_path, script)
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert ran.stdout.startswith("PASS"), ran.stdout
+    wrong = promql_eval(tmp_path, script.replace("eval instant at 9m", "eval instant at 12m", 1))
     assert wrong.returncode != 0
 
 

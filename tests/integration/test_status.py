@@ -113,12 +113,16 @@ def test_the_table_shows_each_guarded_cronjob_and_exits_1_for_the_expired_lock(
         "EXPIRES",
         "SKIPS",
         "LAST SCHEDULE",
+        "LAST SUCCESS",
+        "NEXT",
     ]
     assert set(shown) == {"CRONJOB", "fresh", "idle", "stuck", "new"}
     fresh = shown["fresh"]
     assert fresh[:3] == ["fresh", "fresh", HOLDER]
     assert fresh[3].endswith("s ago")
     assert fresh[4].startswith("in ")
+    assert fresh[7] == "-", "no run has succeeded yet"
+    assert fresh[8].startswith("in "), "the next tick of its schedule"
     idle = shown["idle"]
     assert idle[2:5] == ["-", "10m ago", "-"]
     stuck = shown["stuck"]

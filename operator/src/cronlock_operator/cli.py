@@ -108,6 +108,19 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--default-policy", default=_env("DEFAULT_POLICY", "skip"), choices=list(contract.POLICIES)
     )
+    parser.add_argument(
+        "--alert-after-missed",
+        default=_env("ALERT_AFTER_MISSED", str(contract.DEFAULT_ALERT_AFTER_MISSED)),
+        help="ticks without a successful run before a guarded CronJob gets a NotSucceeding "
+        "Warning (0: never; cronlock.io/alert-after-missed overrides it; default "
+        f"{contract.DEFAULT_ALERT_AFTER_MISSED})",
+    )
+    parser.add_argument(
+        "--missed-tolerance",
+        default=_env("MISSED_TOLERANCE", "60s"),
+        help="how long after its tick a run may start before the tick counts as missed, for "
+        "a CronJob without startingDeadlineSeconds (default 60s)",
+    )
     parser.add_argument("--metrics-port", type=int, default=int(_env("METRICS_PORT", "8080") or 0))
     parser.add_argument(
         "--metrics-bind-address",
@@ -179,6 +192,15 @@ def settings_from(args: argparse.Namespace) -> OperatorSettings:
         raise ValueError(f"--default-ttl/--default-renew: {error}") from error
     if ttl != int(ttl):
         raise ValueError(f"--default-ttl: {args.default_ttl!r} must be whole seconds")
+    try:
+        tolerance = parse_duration(args.missed_tolerance)
+    except DurationError as error:
+        raise ValueError(f"--missed-tolerance: {error}") from error
+    if not str(args.alert_after_missed).isdigit() or len(str(args.alert_after_missed)) > 4:
+        raise ValueError(
+            f"--alert-after-missed: {args.alert_after_missed!r} is not a number of ticks "
+            "(0 for never)"
+        )
     _lease_ref(args.leader_election_lease)
     try:
         ipaddress.ip_address(args.metrics_bind_address)
@@ -201,6 +223,8 @@ def settings_from(args: argparse.Namespace) -> OperatorSettings:
             cpu_limit=args.sidecar_cpu_limit or None,
             memory_limit=args.sidecar_memory_limit or None,
         ),
+        default_alert_after_missed=int(args.alert_after_missed),
+        missed_tolerance_seconds=max(1, round(tolerance)),
     )
 
 

@@ -15,6 +15,9 @@ ANNOTATION_WAIT_TIMEOUT: Final = PREFIX + "wait-timeout"
 ANNOTATION_STOP: Final = PREFIX + "stop"
 ANNOTATION_ALERT_AFTER: Final = PREFIX + "alert-after"
 ANNOTATION_KEEP_SKIPPED_JOBS: Final = PREFIX + "keep-skipped-jobs"
+# After how many ticks without a successful run the operator warns `NotSucceeding`
+# (0: never); the operator's --alert-after-missed is the default.
+ANNOTATION_ALERT_AFTER_MISSED: Final = PREFIX + "alert-after-missed"
 # The CronJobs (names, comma-separated) that may join this CronJob's lock: the consent a
 # CronJob needs from one that already uses the lock before it may share it.
 ANNOTATION_SHARE_LOCK_WITH: Final = PREFIX + "share-lock-with"
@@ -79,6 +82,7 @@ USER_SETTINGS: Final = frozenset(
         ANNOTATION_WAIT_TIMEOUT,
         ANNOTATION_STOP,
         ANNOTATION_ALERT_AFTER,
+        ANNOTATION_ALERT_AFTER_MISSED,
         ANNOTATION_KEEP_SKIPPED_JOBS,
         ANNOTATION_SHARE_LOCK_WITH,
     }
@@ -179,6 +183,7 @@ JOB_NAME_LABEL: Final = "batch.kubernetes.io/job-name"
 DEFAULT_TTL_SECONDS: Final = 60
 DEFAULT_SKEW_SECONDS: Final = 2
 DEFAULT_ALERT_AFTER: Final = 3
+DEFAULT_ALERT_AFTER_MISSED: Final = 3
 # What a run does when it finds the lock held: skip it, wait for it, replace its holder,
 # or (observe) run anyway and record the overlap.
 POLICIES: Final = ("skip", "wait", "replace", "observe")

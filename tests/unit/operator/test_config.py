@@ -62,6 +62,7 @@ def test_every_annotation_is_read() -> None:
             "cronlock.io/wait-timeout": "1m30s",
             "cronlock.io/stop": "signal",
             "cronlock.io/alert-after": "10",
+            "cronlock.io/alert-after-missed": "0",
             "cronlock.io/keep-skipped-jobs": "true",
         }
     )
@@ -76,6 +77,7 @@ def test_every_annotation_is_read() -> None:
         alert_after=10,
         keep_skipped_jobs=True,
         skew_seconds=2,
+        alert_after_missed=0,
     )
     assert config.lease_name == "cronlock-nightly.reports"
     assert config.renew_deadline_seconds == 200.0
@@ -242,6 +244,19 @@ BAD = [
     ({"cronlock.io/alert-after": "1001"}, {}, "cronlock.io/alert-after", "from 1 to 1000"),
     ({"cronlock.io/alert-after": "three"}, {}, "cronlock.io/alert-after", "whole number"),
     ({"cronlock.io/alert-after": "3.0"}, {}, "cronlock.io/alert-after", "whole number"),
+    (
+        {"cronlock.io/alert-after-missed": "-1"},
+        {},
+        "cronlock.io/alert-after-missed",
+        "from 0 (never warn) to 1000",
+    ),
+    ({"cronlock.io/alert-after-missed": "1001"}, {}, "cronlock.io/alert-after-missed", "from 0"),
+    (
+        {"cronlock.io/alert-after-missed": "3 "},
+        {},
+        "cronlock.io/alert-after-missed",
+        "whole number",
+    ),
     ({"cronlock.io/alert-after": "-3"}, {}, "cronlock.io/alert-after", "whole number"),
     ({"cronlock.io/keep-skipped-jobs": "yes"}, {}, "cronlock.io/keep-skipped-jobs", "nor"),
 ]
@@ -417,6 +432,7 @@ def test_the_reading_of_a_valid_cronjob_carries_its_config() -> None:
         config=reading.config,
         invalid=None,
         alert_after=5,
+        alert_after_missed=3,
         keep_skipped_jobs=True,
         lock="shared",
         policy="observe",

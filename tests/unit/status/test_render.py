@@ -52,9 +52,11 @@ def test_a_wide_terminal_gets_every_column_untruncated() -> None:
         "EXPIRES",
         "SKIPS",
         "LAST SCHEDULE",
+        "LAST SUCCESS",
+        "NEXT",
     ]
     assert body == [
-        ["cleanup", "cleanup", "-", "15m ago", "-", "0", "3h ago"],
+        ["cleanup", "cleanup", "-", "15m ago", "-", "0", "3h ago", "-", "in 5m"],
         [
             "nightly-report-export",
             "nightly-report-export",
@@ -63,9 +65,14 @@ def test_a_wide_terminal_gets_every_column_untruncated() -> None:
             "in 26s",
             "1",
             "65s ago",
+            "-",
+            "in 5m",
         ],
-        ["new", "new", "missing", "-", "-", "0", "-"],
-        ["stuck", "stuck", "stuck-29-q1w2e_77aa", "120m ago", "expired 119m ago", "4", "10m ago"],
+        ["new", "new", "missing", "-", "-", "0", "-", "-", "in 5m"],
+        [
+            *("stuck", "stuck", "stuck-29-q1w2e_77aa", "120m ago", "expired 119m ago", "4"),
+            *("10m ago", "-", "in 5m"),
+        ],
     ]
     assert "…" not in text
 
@@ -172,6 +179,8 @@ def test_wide_output_adds_state_ttl_alert_after_and_the_last_release() -> None:
         "EXPIRES",
         "SKIPS",
         "LAST SCHEDULE",
+        "LAST SUCCESS",
+        "NEXT",
         "STATE",
         "POLICY",
         "TTL",
@@ -181,7 +190,7 @@ def test_wide_output_adds_state_ttl_alert_after_and_the_last_release() -> None:
         "RELEASED",
         "FROZEN",
     ]
-    assert row[7:] == [
+    assert row[9:] == [
         *("free", "skip", "30s", "3", "false", "cleanup-1-aaaaa_0001", "15m ago", "-")
     ]
 
@@ -236,6 +245,8 @@ def test_json_is_a_list_of_objects_with_iso_times_and_numeric_seconds() -> None:
         "lastHolder": None,
         "releasedAt": None,
         "suspend": False,
+        "lastSuccessfulTime": None,
+        "nextScheduleTime": "2026-11-29T08:05:00Z",
         "frozen": None,
         "problems": [],
     }

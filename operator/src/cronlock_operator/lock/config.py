@@ -36,6 +36,8 @@ MAX_TTL_SECONDS: Final = 24 * 3600
 MIN_RENEW_SECONDS: Final = 1.0
 MIN_ALERT_AFTER: Final = 1
 MAX_ALERT_AFTER: Final = 1000
+# cronlock.io/alert-after-missed: 0 turns NotSucceeding off for the CronJob.
+MAX_ALERT_AFTER_MISSED: Final = 1000
 # The liveness probe on user containers runs every second; the sidecar checks as often.
 PROBE_PERIOD_SECONDS: Final = 1
 # ... and a probe fails at the latest this long after it was sent (a frozen sidecar never
@@ -149,6 +151,12 @@ class OperatorSettings:
     sidecar_run_as_user: int | None = SIDECAR_UID
     sidecar_run_as_group: int | None = SIDECAR_UID
     sidecar_resources: ContainerResources = field(default_factory=ContainerResources)
+    # Ticks without a successful run before `NotSucceeding` (cronlock.io/alert-after-missed
+    # overrides it; 0: never).
+    default_alert_after_missed: int = contract.DEFAULT_ALERT_AFTER_MISSED
+    # How long after its tick a run may start before the tick counts as missed, for a
+    # CronJob without startingDeadlineSeconds (with one, that deadline).
+    missed_tolerance_seconds: int = 60
 
     def __post_init__(self) -> None:
         if not self.sidecar_image:
@@ -174,6 +182,15 @@ class OperatorSettings:
             )
         if self.skew_seconds < 0:
             raise ValueError(f"clock skew {self.skew_seconds}s must not be negative")
+        if not 0 <= self.default_alert_after_missed <= MAX_ALERT_AFTER_MISSED:
+            raise ValueError(
+                f"alert after missed {self.default_alert_after_missed} is not a number of "
+                f"ticks from 0 (never) to {MAX_ALERT_AFTER_MISSED}"
+            )
+        if not 1 <= self.missed_tolerance_seconds <= 86400:
+            raise ValueError(
+                f"missed tolerance {self.missed_tolerance_seconds}s is not from 1s to 24h"
+            )
         try:
             ttl = _check_ttl(
                 float(self.default_ttl_seconds), _format_seconds(self.default_ttl_seconds)
@@ -201,6 +218,7 @@ class LockConfig:
     alert_after: int
     keep_skipped_jobs: bool
     skew_seconds: int
+    alert_after_missed: int = contract.DEFAULT_ALERT_AFTER_MISSED
 
     @property
     def lease_name(self) -> str:
@@ -258,6 +276,7 @@ def parse_config(cronjob: Mapping[str, Any], settings: OperatorSettings) -> Lock
     )
     stop = _parse_stop(annotations, cronjob)
     alert_after = parse_alert_after(annotations)
+    alert_after_missed = parse_alert_after_missed(annotations, settings.default_alert_after_missed)
     keep = parse_flag(annotations, contract.ANNOTATION_KEEP_SKIPPED_JOBS, default=False)
     try:
         parse_peers(annotations)
@@ -277,6 +296,7 @@ def parse_config(cronjob: Mapping[str, Any], settings: OperatorSettings) -> Lock
         alert_after=alert_after,
         keep_skipped_jobs=keep,
         skew_seconds=settings.skew_seconds,
+        alert_after_missed=alert_after_missed,
     )
 
 
@@ -425,6 +445,24 @@ def parse_alert_after(annotations: Mapping[str, str]) -> int:
             value,
             f"is not a number of skips; expected a whole number from {MIN_ALERT_AFTER} "
             f"to {MAX_ALERT_AFTER}",
+        )
+    return int(value)
+
+
+def parse_alert_after_missed(annotations: Mapping[str, str], default: int) -> int:
+    value = annotations.get(contract.ANNOTATION_ALERT_AFTER_MISSED)
+    if value is None:
+        return default
+    if (
+        len(value) > len(str(MAX_ALERT_AFTER_MISSED))
+        or not _INTEGER.fullmatch(value)
+        or not 0 <= int(value) <= MAX_ALERT_AFTER_MISSED
+    ):
+        raise InvalidConfig(
+            contract.ANNOTATION_ALERT_AFTER_MISSED,
+            value,
+            "is not a number of ticks without a successful run; expected a whole number "
+            f"from 0 (never warn) to {MAX_ALERT_AFTER_MISSED}",
         )
     return int(value)
 

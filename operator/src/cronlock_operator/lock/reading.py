@@ -20,6 +20,7 @@ from cronlock_operator.lock.config import (
     OperatorSettings,
     is_enabled,
     parse_alert_after,
+    parse_alert_after_missed,
     parse_config,
     parse_flag,
 )
@@ -48,6 +49,8 @@ class ConfigReading:
     # Jobs the user asked to keep nor moves `RepeatedSkips` (operator and status alike).
     alert_after: int
     keep_skipped_jobs: bool
+    # Ticks without a success before NotSucceeding (0: never), by the same rule.
+    alert_after_missed: int
     # What `cronlock status` shows: the config's lock and policy; without a valid config,
     # the annotated lock (else the CronJob's name) and the annotated policy (else the
     # default), "invalid" when the annotation names no policy.
@@ -151,6 +154,7 @@ def _read(cronjob: Mapping[str, Any], settings: OperatorSettings) -> ConfigReadi
             invalid=None,
             alert_after=config.alert_after,
             keep_skipped_jobs=config.keep_skipped_jobs,
+            alert_after_missed=config.alert_after_missed,
             lock=config.lock,
             policy=config.policy,
         )
@@ -162,6 +166,10 @@ def _read(cronjob: Mapping[str, Any], settings: OperatorSettings) -> ConfigReadi
         keep = parse_flag(annotations, contract.ANNOTATION_KEEP_SKIPPED_JOBS, default=False)
     except InvalidConfig:
         keep = False
+    try:
+        missed = parse_alert_after_missed(annotations, settings.default_alert_after_missed)
+    except InvalidConfig:
+        missed = settings.default_alert_after_missed
     metadata: Mapping[str, Any] = cronjob.get("metadata") or {}
     policy = annotations.get(contract.ANNOTATION_POLICY) or settings.default_policy
     return ConfigReading(
@@ -170,6 +178,7 @@ def _read(cronjob: Mapping[str, Any], settings: OperatorSettings) -> ConfigReadi
         invalid=invalid,
         alert_after=alert_after,
         keep_skipped_jobs=keep,
+        alert_after_missed=missed,
         lock=annotations.get(contract.ANNOTATION_LOCK) or str(metadata.get("name", "")),
         policy=cast(Policy, policy) if policy in contract.POLICIES else "invalid",
     )

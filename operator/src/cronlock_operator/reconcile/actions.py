@@ -116,6 +116,27 @@ class SetConsecutiveSkips:
     count: int
 
 
+@dataclass(frozen=True)
+class CountMissed:
+    """Ticks of a CronJob that started no run (reconcile.missed)."""
+
+    namespace: str
+    cronjob: str
+    ticks: int
+
+
+@dataclass(frozen=True)
+class SetRunTimes:
+    """A CronJob's next tick and last success (epoch seconds; None: none), and whether its
+    runs stopped succeeding (reconcile.missed)."""
+
+    namespace: str
+    cronjob: str
+    next_run: float | None
+    last_success: float | None
+    not_succeeding: bool
+
+
 Action = (
     PatchCronJob
     | AnnotateCronJob
@@ -130,4 +151,6 @@ Action = (
     | CountTakeover
     | CountContention
     | SetConsecutiveSkips
+    | CountMissed
+    | SetRunTimes
 )

@@ -40,4 +40,13 @@ class ContentionKey:
     name: str
 
 
-Key = CronJobKey | RunsKey | LeaseKey | ContentionKey
+@dataclass(frozen=True)
+class MissedKey:
+    """A guarded CronJob whose ticks are due to be judged (missed runs, NotSucceeding)."""
+
+    kind: ClassVar[str] = "missed"
+    namespace: str
+    cronjob: str
+
+
+Key = CronJobKey | RunsKey | LeaseKey | ContentionKey | MissedKey

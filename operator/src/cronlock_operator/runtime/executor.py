@@ -21,6 +21,7 @@ from cronlock_operator.reconcile.actions import (
     Action,
     AnnotateCronJob,
     CountContention,
+    CountMissed,
     CountRun,
     CountTakeover,
     DeleteJob,
@@ -31,6 +32,7 @@ from cronlock_operator.reconcile.actions import (
     PatchLease,
     PostEvent,
     SetConsecutiveSkips,
+    SetRunTimes,
     WriteHolderRbac,
 )
 from cronlock_operator.reconcile.rbac import RbacKind
@@ -101,6 +103,10 @@ class Executor:
                 (metrics.overlaps if kind == "overlap" else metrics.replacements).inc()
             case SetConsecutiveSkips(namespace, cronjob, count):
                 metrics.consecutive_skips.labels(namespace, cronjob).set(count)
+            case CountMissed(namespace, cronjob, ticks):
+                metrics.missed_runs.labels(namespace, cronjob).inc(ticks)
+            case SetRunTimes(namespace, cronjob, next_run, last_success, not_succeeding):
+                metrics.set_run_times(namespace, cronjob, next_run, last_success, not_succeeding)
         return True
 
     def _ensure_lease(self, action: EnsureLease) -> None:

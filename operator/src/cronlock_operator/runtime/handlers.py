@@ -24,7 +24,7 @@ from cronlock_operator.runtime.reconciler import WORKERS, Reconciler
 from cronlock_sidecar import contract
 
 logger = logging.getLogger(__name__)
-EXPIRY_CHECK_SECONDS = 1.0
+DUE_CHECK_SECONDS = 1.0
 # What the Job and Lease handlers take, as label selectors sent with the watches: the API
 # server then filters (every node's Lease renews every 10 s, and most Jobs are not ours),
 # and the handlers' own `labels=` filters below stay as the same rule, applied again.
@@ -94,7 +94,7 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
     await reconciler.sync_all_rbac()
     reconciler.queue.start()
     memo.reconciler = reconciler
-    memo.expiry_task = asyncio.create_task(_check_expiry(reconciler), name="cronlock-expiry")
+    memo.expiry_task = asyncio.create_task(_check_due(reconciler), name="cronlock-expiry")
     logger.info("cronlock operator started; sidecar image %s", operator_settings.sidecar_image)
 
 
@@ -107,10 +107,11 @@ async def stop(memo: kopf.Memo, **_: Any) -> None:
     await asyncio.to_thread(memo.events.stop)
 
 
-async def _check_expiry(reconciler: Reconciler) -> None:
+async def _check_due(reconciler: Reconciler) -> None:
     while True:
         reconciler.check_expiry()
-        await asyncio.sleep(EXPIRY_CHECK_SECONDS)
+        reconciler.check_ticks()
+        await asyncio.sleep(DUE_CHECK_SECONDS)
 
 
 @kopf.on.event("batch", "v1", "cronjobs")

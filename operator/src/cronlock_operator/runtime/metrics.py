@@ -49,6 +49,32 @@ consecutive_skips = Gauge(
     ["namespace", "cronjob"],
     registry=registry,
 )
+missed_runs = Counter(
+    "cronlock_missed_runs",
+    "Ticks of a guarded CronJob's schedule that started no run within their deadline",
+    ["namespace", "cronjob"],
+    registry=registry,
+)
+last_success = Gauge(
+    "cronlock_last_success_timestamp_seconds",
+    "When a guarded CronJob's last successful run finished (status.lastSuccessfulTime); "
+    "no series before its first success",
+    ["namespace", "cronjob"],
+    registry=registry,
+)
+next_run = Gauge(
+    "cronlock_next_run_timestamp_seconds",
+    "A guarded CronJob's next tick by its schedule",
+    ["namespace", "cronjob"],
+    registry=registry,
+)
+not_succeeding = Gauge(
+    "cronlock_not_succeeding",
+    "1 while a guarded CronJob had cronlock.io/alert-after-missed ticks without a "
+    "successful run (the NotSucceeding Warning), else 0",
+    ["namespace", "cronjob"],
+    registry=registry,
+)
 lease_held = Gauge(
     "cronlock_lease_held",
     "1 while a lock's Lease has a holder",
@@ -114,7 +140,24 @@ def set_cronjob_states(*, guarded: int, invalid: int, conflict: int) -> None:
 
 def forget_cronjob(namespace: str, name: str) -> None:
     """A deleted CronJob's series go with it (Prometheus would keep showing the last value)."""
-    _remove(consecutive_skips, namespace, name)
+    for series in (consecutive_skips, missed_runs, last_success, next_run, not_succeeding):
+        _remove(series, namespace, name)
+
+
+def set_run_times(
+    namespace: str,
+    name: str,
+    next_tick: float | None,
+    succeeded: float | None,
+    failing: bool,
+) -> None:
+    for gauge, value in ((next_run, next_tick), (last_success, succeeded)):
+        if value is None:
+            _remove(gauge, namespace, name)
+        else:
+            gauge.labels(namespace, name).set(value)
+    not_succeeding.labels(namespace, name).set(1 if failing else 0)
+    missed_runs.labels(namespace, name)  # 0 from the start: increase() sees the first miss
 
 
 def forget_lock(namespace: str, lock: str) -> None:
@@ -130,7 +173,7 @@ def set_frozen(namespace: str, lock: str, until: float | None) -> None:
         lock_frozen_until.labels(namespace, lock).set(until)
 
 
-def _remove(gauge: Gauge, *labels: str) -> None:
+def _remove(gauge: Gauge | Counter, *labels: str) -> None:
     with contextlib.suppress(KeyError):  # never set
         gauge.remove(*labels)
 

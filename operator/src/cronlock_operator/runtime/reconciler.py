@@ -30,11 +30,19 @@ from cronlock_operator.lock.config import MAX_TTL_SECONDS, OperatorSettings
 from cronlock_operator.objects import Name, name_of
 from cronlock_operator.reconcile import cronjobs, expiry, rbac
 from cronlock_operator.reconcile.expiry import Observations
-from cronlock_operator.reconcile.keys import ContentionKey, CronJobKey, Key, LeaseKey, RunsKey
+from cronlock_operator.reconcile.keys import (
+    ContentionKey,
+    CronJobKey,
+    Key,
+    LeaseKey,
+    MissedKey,
+    RunsKey,
+)
 from cronlock_operator.reconcile.rbac import Guard
 from cronlock_operator.runtime import metrics
 from cronlock_operator.runtime.accounting import RunAccounting
 from cronlock_operator.runtime.executor import Executor, PostEventCall
+from cronlock_operator.runtime.ticks import TickWatch
 from cronlock_operator.runtime.workqueue import WorkQueue
 from cronlock_sidecar import contract
 from cronlock_sidecar.lock.model import read_lease
@@ -88,6 +96,8 @@ class Reconciler:
     # Finished runs and contender notes: read from the caches above, written through the
     # executor.
     accounting: RunAccounting = field(init=False)
+    # Each guarded CronJob's ticks: missed runs, runs no longer succeeding.
+    ticks: TickWatch = field(init=False)
     _rbac_locks: dict[str, threading.Lock] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -104,6 +114,7 @@ class Reconciler:
             jobs=self.jobs,
             leases=self.leases,
         )
+        self.ticks = TickWatch(self.settings, self.executor, self.cronjobs, self._frozen)
 
     # --- watch events (event loop thread) ------------------------------------------
     def on_cronjob(self, kind: str | None, body: dict[str, Any]) -> None:
@@ -112,8 +123,10 @@ class Reconciler:
             self.cronjobs.pop(key)
             self.own_versions.pop(key, None)
             self.lease_durations.pop(key, None)
+            self.ticks.forget(key)
         else:
             self.cronjobs.put(body)
+            self.ticks.cronjob_seen(key, body)
             version = body["metadata"].get("resourceVersion")
             if version is not None and self.own_versions.pop(key, None) == version:
                 return  # the CronJob exactly as our own patch left it: nothing to decide
@@ -126,6 +139,7 @@ class Reconciler:
             owner = self.accounting.job_deleted(key, body)
         else:
             self.jobs.put(body)
+            self.ticks.job_seen(body)
             owner = self.accounting.job_seen(body)
         if owner is not None:
             self.queue.add(RunsKey(key[0], owner))
@@ -176,6 +190,15 @@ class Reconciler:
         for key in self.observations.overdue(self.clock(), self.settings.skew_seconds):
             self.queue.add(LeaseKey(*key))
 
+    def check_ticks(self) -> None:
+        """Enqueue every guarded CronJob whose next tick is past its deadline."""
+        for namespace, name in self.ticks.due():
+            self.queue.add(MissedKey(namespace, name))
+
+    def _frozen(self, namespace: str, lock: str) -> bool:
+        freeze = self.accounting.freezes.get((namespace, lock))
+        return freeze is not None and freeze.until > datetime.datetime.now(datetime.UTC)
+
     # --- work (worker tasks; the blocking API calls run in threads) -------------------
     async def _work(self, key: Key) -> None:
         with metrics.reconcile_duration.labels(key.kind).time():
@@ -189,6 +212,8 @@ class Reconciler:
                 await asyncio.to_thread(self.accounting.account_runs, key.namespace, key.cronjob)
             elif isinstance(key, ContentionKey):
                 await asyncio.to_thread(self.accounting.tell_contention, key.namespace, key.name)
+            elif isinstance(key, MissedKey):
+                await asyncio.to_thread(self.ticks.judge, key.namespace, key.cronjob)
             else:
                 await asyncio.to_thread(self.expire_lease, key.namespace, key.name)
         except kubernetes.client.ApiException as error:
@@ -205,7 +230,7 @@ class Reconciler:
             # A bug or an input nothing foresaw: counted, told to the CronJob it is about,
             # retried with backoff; the other keys go on as before.
             metrics.reconcile_errors.labels(key.kind).inc()
-            if isinstance(key, CronJobKey | RunsKey):
+            if isinstance(key, CronJobKey | RunsKey | MissedKey):
                 name = key.name if isinstance(key, CronJobKey) else key.cronjob
                 await asyncio.to_thread(self._report_error, key.namespace, name, error)
             raise

@@ -10,6 +10,7 @@ from typing import Any, Final, Literal
 from cronlock_operator.lock.config import OperatorSettings
 from cronlock_operator.lock.reading import ConfigReading, read_config
 from cronlock_operator.objects import metadata_of
+from cronlock_operator.reconcile import missed
 from cronlock_operator.reconcile.skips import consecutive_skips
 from cronlock_sidecar import contract
 from cronlock_sidecar.lock.model import is_expired, read_lease
@@ -52,6 +53,9 @@ class StatusRow:
     frozen_until: datetime | None = None
     frozen_by: str = ""
     frozen_reason: str = ""
+    # The last successful run's end (status.lastSuccessfulTime) and the next tick.
+    last_success: datetime | None = None
+    next_run: datetime | None = None
 
     @property
     def renewed_seconds_ago(self) -> float | None:
@@ -137,6 +141,9 @@ def _row(
             f"cronjob {namespace}/{name} skipped {skips} consecutive runs "
             f"(alert-after {alert_after})"
         )
+    failing = missed.not_succeeding(cronjob, _SETTINGS, now) if reading.config else None
+    if failing is not None and not record.frozen(now):
+        problems.append(f"cronjob {namespace}/{name}: {failing}")
     return StatusRow(
         namespace=namespace,
         cronjob=name,
@@ -159,6 +166,8 @@ def _row(
         frozen_until=record.frozen_until if record.frozen(now) else None,
         frozen_by=record.frozen_by if record.frozen(now) else "",
         frozen_reason=record.frozen_reason if record.frozen(now) else "",
+        last_success=read_time(status.get("lastSuccessfulTime")),
+        next_run=missed.next_run(cronjob, now),
     )
 
 
@@ -225,7 +234,8 @@ class Mirror:
 
 
 def exit_code(status_rows: Iterable[StatusRow]) -> int:
-    """1 when any lock is expired but still held or any CronJob reached its alert-after."""
+    """1 when any lock is expired but still held, any CronJob reached its alert-after, or
+    has not succeeded for its alert-after-missed ticks."""
     return EXIT_ATTENTION if any(row.problems for row in status_rows) else EXIT_OK
 
 

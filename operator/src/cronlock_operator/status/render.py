@@ -42,6 +42,14 @@ def frozen_text(row: StatusRow) -> str:
     return f"until {_iso(row.frozen_until)} by {row.frozen_by or '?'}"
 
 
+def next_text(row: StatusRow) -> str:
+    """`in 3m12s` until the next tick; `suspended` while no tick starts a run."""
+    if row.suspended:
+        return "suspended"
+    seconds = seconds_between(row.now, row.next_run)
+    return _NONE if seconds is None else f"in {human_duration(seconds)}"
+
+
 def holder_text(row: StatusRow) -> str:
     if row.state == "missing":
         return "missing"
@@ -65,12 +73,14 @@ class _Column:
 _NAMESPACE = _Column("NAMESPACE", lambda row: row.namespace, truncatable=True)
 _COLUMNS: Final = (
     _Column("CRONJOB", lambda row: row.cronjob, truncatable=True),
-    _Column("LOCK", lambda row: row.lock, drop_rank=3),
+    _Column("LOCK", lambda row: row.lock, drop_rank=5),
     _Column("HOLDER", holder_text, truncatable=True),
-    _Column("RENEWED", renewed_text, drop_rank=2),
+    _Column("RENEWED", renewed_text, drop_rank=4),
     _Column("EXPIRES", expires_text),
-    _Column("SKIPS", lambda row: str(row.consecutive_skips), drop_rank=4),
-    _Column("LAST SCHEDULE", lambda row: _ago(row.last_schedule, row.now), drop_rank=1),
+    _Column("SKIPS", lambda row: str(row.consecutive_skips), drop_rank=6),
+    _Column("LAST SCHEDULE", lambda row: _ago(row.last_schedule, row.now), drop_rank=3),
+    _Column("LAST SUCCESS", lambda row: _ago(row.last_success, row.now), drop_rank=1),
+    _Column("NEXT", next_text, drop_rank=2),
 )
 _WIDE_COLUMNS: Final = (
     *_COLUMNS,
@@ -210,6 +220,8 @@ def json_row(row: StatusRow) -> dict[str, Any]:
         "lastHolder": row.last_holder,
         "releasedAt": _iso(row.released_at),
         "suspend": row.suspended,
+        "lastSuccessfulTime": _iso(row.last_success),
+        "nextScheduleTime": _iso(row.next_run),
         "frozen": None
         if row.frozen_until is None
         else {"until": _iso(row.frozen_until), "by": row.frozen_by, "reason": row.frozen_reason},
