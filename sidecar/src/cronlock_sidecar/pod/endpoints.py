@@ -158,7 +158,10 @@ MAX_HEADERS = 32
 # memory charged to the pod, so the queue is long enough for a burst, no longer.
 ACCEPT_BACKLOG = 128
 FLOOD_LOG_SECONDS = 60.0
-POLL_SECONDS = 0.05  # how often deadlines are checked, and stop()
+# Deadlines are checked at most this often; with no connection open the accept loop
+# sleeps until a connection or stop() wakes it (an idle sidecar costs no CPU).
+SWEEP_SECONDS = 0.05
+RETRY_SECONDS = 0.05  # after accept() failed for want of descriptors or buffers
 
 
 class _Connection:
@@ -209,6 +212,14 @@ class _Connections:
             for connection in self._open.values():
                 if not connection.ended and connection.deadline <= now:
                     self._end(connection)
+
+    def wait_seconds(self, now: float) -> float | None:
+        """Until the next open connection's deadline (None: no connection open)."""
+        with self._lock:
+            deadlines = [c.deadline for c in self._open.values() if not c.ended]
+        if not deadlines:
+            return None
+        return max(min(deadlines) - now, SWEEP_SECONDS)
 
     def end_all(self) -> None:
         with self._lock:
@@ -348,26 +359,28 @@ class _Server(http.server.HTTPServer):
             for number in range(self.connections.limit + self.connections.slack)
         ]
 
-    def serve(self, stop: threading.Event) -> None:
-        """Accept until `stop`, taking every queued connection before waiting again."""
+    def serve(self, stop: threading.Event, waker: socket.socket) -> None:
+        """Accept until `stop` (and a byte on `waker`), taking every queued connection
+        before waiting again."""
         # Not serve_forever: it waits on select before each accept. A flood must be taken
         # off the kernel's queue as fast as it arrives, or the probe's SYN finds it full.
         self.socket.setblocking(False)
         swept = time.monotonic()
         with selectors.DefaultSelector() as selector:
             selector.register(self.socket, selectors.EVENT_READ)
+            selector.register(waker, selectors.EVENT_READ)
             while not stop.is_set():
                 try:
                     request, client_address = self.socket.accept()
                 except BlockingIOError:
-                    selector.select(POLL_SECONDS)
+                    selector.select(self.connections.wait_seconds(time.monotonic()))
                 except OSError as error:  # out of descriptors or buffers: wait, then retry
                     log.warning("http: cannot accept a connection: %s", error)
-                    stop.wait(POLL_SECONDS)
+                    stop.wait(RETRY_SECONDS)
                 else:
                     self.process_request(request, client_address)
                 now = time.monotonic()
-                if now - swept >= POLL_SECONDS:
+                if now - swept >= SWEEP_SECONDS:
                     self.connections.expire()
                     swept = now
 
@@ -406,8 +419,13 @@ class Endpoints:
     def __init__(self, state: SidecarState, port: int, host: str = "0.0.0.0") -> None:
         self._server = _Server((host, port), state)
         self._stop = threading.Event()
+        # stop() writes a byte here, so the accept loop needs no timeout to notice it.
+        self._waker, self._wake = socket.socketpair()
         self._thread = threading.Thread(
-            target=self._server.serve, args=(self._stop,), name="cronlock-http", daemon=True
+            target=self._server.serve,
+            args=(self._stop, self._waker),
+            name="cronlock-http",
+            daemon=True,
         )
 
     @property
@@ -421,6 +439,10 @@ class Endpoints:
 
     def stop(self) -> None:
         self._stop.set()
+        with contextlib.suppress(OSError):
+            self._wake.send(b"x")
         if self._thread.ident is not None:
             self._thread.join()
         self._server.server_close()
+        self._waker.close()
+        self._wake.close()
