@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import secrets
 import statistics
 import sys
@@ -189,7 +190,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--pairs", type=int, default=20)
     parser.add_argument("--env-dir", type=Path, default=ROOT / ".testenv" / "bench-runstart")
     parser.add_argument("--keep-controlplane", action="store_true")
+    parser.add_argument(
+        "--kubelet-feature-gates",
+        default="",
+        metavar="NAME=true,...",
+        help="the node's kubelet feature gates, e.g. EventedPLEG=true (default: none)",
+    )
     args = parser.parse_args(argv)
+    os.environ["CRONLOCK_KUBELET_FEATURE_GATES"] = args.kubelet_feature_gates
     env_dir = args.env_dir.resolve()
     namespace = f"runstart-{secrets.token_hex(3)}"
     runs: dict[str, list[dict[str, Any]]] = {kind: [] for kind in KINDS}
@@ -229,7 +237,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(table(summary))
     out = ROOT / ".testenv" / "bench" / "runstart.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"summary": summary, "runs": runs}, indent=2, default=str))
+    out.write_text(
+        json.dumps(
+            {"kubelet_feature_gates": args.kubelet_feature_gates, "summary": summary, "runs": runs},
+            indent=2,
+            default=str,
+        )
+    )
     print(f"written to {out}")
     return 0
 

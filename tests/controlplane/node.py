@@ -472,7 +472,8 @@ def start_registry(state: Path) -> None:
 def write_kubelet_config(state: Path, pki: Path, node: Node) -> Path:
     config = state / "kubelet.yaml"
     sock = node.run_dir / "containerd.sock"
-    config.write_text(f"""\
+    config.write_text(
+        f"""\
 apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 failCgroupV1: false            # machines here may have cgroup v1 (hybrid)
@@ -502,8 +503,22 @@ evictionHard: {{memory.available: 100Mi, nodefs.available: "1%", imagefs.availab
 nodefs.inodesFree: "1%"}}
 serializeImagePulls: false
 volumePluginDir: {state / "kubelet" / "volume-plugins"}
-""")
+"""
+        + feature_gates(os.environ.get("CRONLOCK_KUBELET_FEATURE_GATES", ""))
+    )
     return config
+
+
+def feature_gates(text: str) -> str:
+    """`featureGates:` of the kubelet's config from `A=true,B=false` (a benchmark's choice,
+    e.g. EventedPLEG; empty: the kubelet's defaults)."""
+    gates = [item.strip().split("=", 1) for item in text.split(",") if item.strip()]
+    if not gates:
+        return ""
+    for gate in gates:
+        if len(gate) != 2 or gate[1] not in ("true", "false") or not gate[0].isalnum():
+            raise SystemExit(f"CRONLOCK_KUBELET_FEATURE_GATES: {text!r} is not NAME=true|false,...")
+    return "featureGates:\n" + "".join(f"  {name}: {value}\n" for name, value in gates)
 
 
 def import_images(state: Path, bins: Path, node: Node) -> None:

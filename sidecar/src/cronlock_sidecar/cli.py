@@ -9,13 +9,14 @@ import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import FrameType
+from typing import TYPE_CHECKING
 
 from cronlock_sidecar.contract import EXIT_CONFIG
-from cronlock_sidecar.holding.lease import SystemClock
 from cronlock_sidecar.options import ConfigError, Options, parse_options
 from cronlock_sidecar.pod import logs
-from cronlock_sidecar.transport.kubeapi import KubeLeaseClient
-from cronlock_sidecar.transport.kubeconfig import KubeConfigError, load_cluster
+
+if TYPE_CHECKING:
+    from cronlock_sidecar.transport.kubeapi import KubeLeaseClient
 
 
 def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> int:
@@ -28,11 +29,16 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
         logs.fatal(str(error))
         return EXIT_CONFIG
     logs.configure(options.log_format, options.log_level)
-    # Each command imports only what it uses: the sidecar's resident memory is a goal.
+    # Each command imports only what it uses: the sidecar's resident memory is a goal,
+    # and the gate's start is on every run's way to its work (docs/PERFORMANCE.md).
     if options.command == "gate":
         from cronlock_sidecar.commands.gate import gate
 
         return gate(Path(options.run_dir), options.gate_timeout)
+    from cronlock_sidecar.holding.outcomes import SystemClock
+    from cronlock_sidecar.transport.kubeapi import KubeLeaseClient
+    from cronlock_sidecar.transport.kubeconfig import KubeConfigError, load_cluster
+
     try:
         cluster = load_cluster(environment)
     except KubeConfigError as error:
@@ -51,6 +57,7 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
 
 def _hold(options: Options, transport: KubeLeaseClient) -> int:
     from cronlock_sidecar.commands.hold import Holder
+    from cronlock_sidecar.holding.outcomes import SystemClock
     from cronlock_sidecar.pod.endpoints import Endpoints, SidecarState
     from cronlock_sidecar.pod.stopping import StopPipe
 

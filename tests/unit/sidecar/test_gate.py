@@ -57,3 +57,18 @@ def test_gate_timeout_is_wait_timeout_plus_a_minute(tmp_path: Path) -> None:
 def test_gate_refuses_an_unknown_decision(tmp_path: Path) -> None:
     (tmp_path / "decision").write_text("maybe\n")
     assert gate(tmp_path, timeout=1) == 69
+
+
+def test_gate_polls_fast_at_first_then_ten_times_a_second(tmp_path: Path) -> None:
+    now = [0.0]
+    sleeps: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        sleeps.append(seconds)
+        now[0] += seconds
+
+    assert gate(tmp_path, timeout=5, monotonic=lambda: now[0], sleep=sleep) == 69
+    fast = [seconds for seconds in sleeps if seconds < 0.1]
+    assert 0.005 * len(fast) == pytest.approx(2.0, abs=0.01), "5 ms polls for the first 2 s"
+    assert sleeps[len(fast) :] == [0.1] * len(sleeps[len(fast) :])
+    assert len(sleeps) - len(fast) == pytest.approx(30, abs=1), "then 0.1 s polls until 5 s"
