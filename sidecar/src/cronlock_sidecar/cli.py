@@ -16,7 +16,14 @@ from cronlock_sidecar.options import ConfigError, Options, parse_options
 from cronlock_sidecar.pod import logs
 
 if TYPE_CHECKING:
-    from cronlock_sidecar.transport.kubeapi import KubeLeaseClient
+    from typing import Protocol
+
+    from cronlock_sidecar.transport.seam import LeaseTransport
+
+    class StoreClient(LeaseTransport, Protocol):
+        """A store's client: a LeaseTransport the command closes when it is done."""
+
+        def close(self) -> None: ...
 
 
 def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> int:
@@ -36,15 +43,10 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
 
         return gate(Path(options.run_dir), options.gate_timeout)
     from cronlock_sidecar.holding.outcomes import SystemClock
-    from cronlock_sidecar.transport.kubeapi import KubeLeaseClient
-    from cronlock_sidecar.transport.kubeconfig import KubeConfigError, load_cluster
 
-    try:
-        cluster = load_cluster(environment)
-    except KubeConfigError as error:
-        logs.fatal(str(error))
-        return EXIT_CONFIG
-    transport = KubeLeaseClient(cluster, timeout=min(5.0, max(1.0, options.renew)))
+    transport = _transport(options, environment)
+    if isinstance(transport, int):
+        return transport
     try:
         if options.command == "hold":
             return _hold(options, transport)
@@ -55,7 +57,32 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
         transport.close()
 
 
-def _hold(options: Options, transport: KubeLeaseClient) -> int:
+def _transport(options: Options, environment: Mapping[str, str]) -> StoreClient | int:
+    """The lock's store: the Lease through the API server, or Redis/PostgreSQL when asked."""
+    from cronlock_sidecar.holding.outcomes import SystemClock
+
+    timeout = min(5.0, max(1.0, options.renew))
+    if options.store is not None:
+        # Each store's client is imported only when it is chosen.
+        if options.store.kind == "redis":
+            from cronlock_sidecar.transport.redisstore import RedisLeaseStore
+
+            return RedisLeaseStore(options.store, SystemClock().now, timeout)
+        from cronlock_sidecar.transport.pgstore import PostgresLeaseStore
+
+        return PostgresLeaseStore(options.store, SystemClock().now, timeout)
+    from cronlock_sidecar.transport.kubeapi import KubeLeaseClient
+    from cronlock_sidecar.transport.kubeconfig import KubeConfigError, load_cluster
+
+    try:
+        cluster = load_cluster(environment)
+    except KubeConfigError as error:
+        logs.fatal(str(error))
+        return EXIT_CONFIG
+    return KubeLeaseClient(cluster, timeout=timeout)
+
+
+def _hold(options: Options, transport: LeaseTransport) -> int:
     from cronlock_sidecar.commands.hold import Holder
     from cronlock_sidecar.holding.outcomes import SystemClock
     from cronlock_sidecar.pod.endpoints import Endpoints, SidecarState

@@ -21,6 +21,12 @@ ANNOTATION_ALERT_AFTER_MISSED: Final = PREFIX + "alert-after-missed"
 # The CronJobs (names, comma-separated) that may join this CronJob's lock: the consent a
 # CronJob needs from one that already uses the lock before it may share it.
 ANNOTATION_SHARE_LOCK_WITH: Final = PREFIX + "share-lock-with"
+# Where the lock lives: "lease" (default, the cluster's coordination.k8s.io Lease), or a
+# store shared across clusters, "redis" or "postgres", whose URL is in the Secret named by
+# cronlock.io/store-secret (key "url") in the CronJob's namespace.
+ANNOTATION_STORE: Final = PREFIX + "store"
+ANNOTATION_STORE_SECRET: Final = PREFIX + "store-secret"
+STORES: Final = ("lease", "redis", "postgres")
 # Written by the operator, never by users.
 ANNOTATION_ORIGINAL_RESTART_POLICY: Final = PREFIX + "original-restart-policy"
 # Set when `stop: signal` had to turn on shareProcessNamespace: "false" (the user wrote
@@ -85,6 +91,8 @@ USER_SETTINGS: Final = frozenset(
         ANNOTATION_ALERT_AFTER_MISSED,
         ANNOTATION_KEEP_SKIPPED_JOBS,
         ANNOTATION_SHARE_LOCK_WITH,
+        ANNOTATION_STORE,
+        ANNOTATION_STORE_SECRET,
     }
 )
 OPERATOR_OWNED: Final = frozenset(
@@ -147,6 +155,11 @@ LEASE_FILE: Final = "lease.json"
 DECISION_FILE: Final = "decision"
 SIDECAR_PORT: Final = 8484
 HELD_PATH: Final = "/held"
+# A store's Secret is mounted here, into the sidecar only (never the gate or the work).
+STORE_VOLUME_NAME: Final = "cronlock-store"
+STORE_DIR: Final = "/var/run/cronlock-store"
+STORE_SECRET_URL_KEY: Final = "url"  # noqa: S105 (a key name)
+STORE_URL_FILE: Final = STORE_DIR + "/" + STORE_SECRET_URL_KEY
 
 # --- exit codes (sysexits.h) -------------------------------------------------------
 EXIT_OK: Final = 0
@@ -175,6 +188,12 @@ ENV_JOB_NAME: Final = "CRONLOCK_JOB_NAME"
 ENV_FENCING_TOKEN: Final = "CRONLOCK_FENCING_TOKEN"  # noqa: S105 (a variable name)
 ENV_LOG_FORMAT: Final = "CRONLOCK_LOG_FORMAT"
 ENV_LOG_LEVEL: Final = "CRONLOCK_LOG_LEVEL"
+# The lock store: the Lease (default), or Redis/PostgreSQL shared across clusters. The URL
+# (with its credentials) comes from a file the Secret is mounted as, or for `run` from
+# CRONLOCK_STORE; CRONLOCK_STORE_KIND is what the CronJob asked for, checked against it.
+ENV_STORE: Final = "CRONLOCK_STORE"
+ENV_STORE_FILE: Final = "CRONLOCK_STORE_FILE"
+ENV_STORE_KIND: Final = "CRONLOCK_STORE_KIND"
 
 # Job label the Job controller puts on its pods; an earlier pod of the same Job may be
 # taken over at once (the retry pod only exists once the earlier one is terminal).

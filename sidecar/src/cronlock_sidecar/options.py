@@ -13,6 +13,7 @@ from cronlock_sidecar import contract
 from cronlock_sidecar.lock.durations import DURATION_FORMS, DurationError, parse_duration
 from cronlock_sidecar.lock.model import Timing, TimingError, replace_wait_timeout
 from cronlock_sidecar.transport.seam import LeaseRef
+from cronlock_sidecar.transport.storeurl import StoreUrl, StoreUrlError, parse_store_url
 
 COMMANDS = ("hold", "gate", "run")
 POLICIES = contract.POLICIES
@@ -44,7 +45,12 @@ ENV_TWINS: Mapping[str, str] = {
     "job_name": contract.ENV_JOB_NAME,
     "log_format": contract.ENV_LOG_FORMAT,
     "log_level": contract.ENV_LOG_LEVEL,
+    "store": contract.ENV_STORE,
+    "store_file": contract.ENV_STORE_FILE,
+    "store_kind": contract.ENV_STORE_KIND,
 }
+# A URL file holds one line; anything this long is not one.
+STORE_FILE_LIMIT = 64 * 1024
 
 
 class ConfigError(Exception):
@@ -73,6 +79,8 @@ class Options(NamedTuple):
     log_format: str
     log_level: str
     cmd: tuple[str, ...]
+    # None: the Lease, through the API server. Its repr and str never show the password.
+    store: StoreUrl | None = None
 
     @property
     def timing(self) -> Timing:
@@ -120,6 +128,23 @@ def _parser() -> _Parser:
         sub.add_argument("--skew", metavar="D", help="clock skew allowance, default 2s")
         sub.add_argument("--kill-grace", metavar="D", help="SIGTERM to SIGKILL, default 5s")
         sub.add_argument("--job-name", metavar="NAME", help="this pod's Job (CRONLOCK_JOB_NAME)")
+        sub.add_argument(
+            "--store",
+            metavar="URL",
+            help="lock in Redis or PostgreSQL instead of the Lease: redis[s]://… or "
+            "postgresql://… (CRONLOCK_STORE; the command line shows it to `ps`, prefer the env "
+            "or --store-file)",
+        )
+        sub.add_argument(
+            "--store-file",
+            metavar="PATH",
+            help="read the store URL from PATH (CRONLOCK_STORE_FILE)",
+        )
+        sub.add_argument(
+            "--store-kind",
+            metavar="redis|postgres",
+            help="the store the URL must name (CRONLOCK_STORE_KIND; set by the operator)",
+        )
     for sub in (hold, gate, run):
         sub.add_argument(
             "--wait-timeout",
@@ -261,6 +286,8 @@ def parse_options(argv: Sequence[str], env: Mapping[str, str]) -> Options:
     if command == "run" and not cmd:
         raise ConfigError("CMD: missing; usage: cronlock-sidecar run --lease NS/NAME -- CMD [ARGS]")
 
+    store = _store(values) if command != "gate" else None
+
     pod_name = values.text("pod_name")
     pod_uid = values.text("pod_uid")
     identity_text, identity_name = values.get("identity")
@@ -303,4 +330,51 @@ def parse_options(argv: Sequence[str], env: Mapping[str, str]) -> Options:
         log_format=log_format,
         log_level=log_level,
         cmd=cmd,
+        store=store,
     )
+
+
+def _store(values: _Values) -> StoreUrl | None:
+    """The store's URL from --store or the file --store-file names, checked against its kind."""
+    text, name = values.get("store")
+    path, path_name = values.get("store_file")
+    if text is not None and path is not None:
+        raise ConfigError(f"{name} and {path_name}: both set; give the URL one way")
+    if path is not None:
+        try:
+            with open(path, "rb") as file:
+                raw = file.read(STORE_FILE_LIMIT + 1)
+        except OSError as error:
+            raise ConfigError(
+                f"{path_name}: cannot read {path}: {error.strerror}; is the Secret named by "
+                f"{contract.ANNOTATION_STORE_SECRET} there, with the key "
+                f"{contract.STORE_SECRET_URL_KEY!r}?"
+            ) from None
+        if len(raw) > STORE_FILE_LIMIT:
+            raise ConfigError(f"{path_name}: {path} is over {STORE_FILE_LIMIT} bytes; not a URL")
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise ConfigError(f"{path_name}: {path} is not UTF-8 text; expected one URL") from None
+        name = f"{path_name} ({path})"
+    kind_text, kind_name = values.get("store_kind")
+    kinds = tuple(kind for kind in contract.STORES if kind != "lease")
+    if kind_text is not None and kind_text not in contract.STORES:
+        raise ConfigError(f"{kind_name}: {kind_text!r} is not one of {', '.join(contract.STORES)}")
+    if text is None:
+        if kind_text in kinds:
+            raise ConfigError(
+                f"{kind_name}: {kind_text} asks for a store URL, but neither --store nor "
+                "--store-file gives one"
+            )
+        return None
+    try:
+        store = parse_store_url(text, name)
+    except StoreUrlError as error:
+        raise ConfigError(str(error)) from None
+    if kind_text is not None and kind_text != store.kind:
+        raise ConfigError(
+            f"{name}: {store} names a {store.kind} store, but {kind_name} is {kind_text}; "
+            f"put a {kind_text} URL in the Secret or change {contract.ANNOTATION_STORE}"
+        )
+    return store

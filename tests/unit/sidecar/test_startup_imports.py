@@ -45,6 +45,8 @@ NOT_ON_THE_RUN_PATH = {
     "http.client": "the sidecar has its own HTTP/1.1 client (~21 ms with email)",
     "email": "came with http.client",
     "yaml": "a JSON kubeconfig is read without it; YAML is parsed only when met",
+    "redis": "redis-py is imported only when `--store redis://…` chooses Redis",
+    "psycopg": "psycopg is imported only when `--store postgresql://…` chooses PostgreSQL",
 }
 
 

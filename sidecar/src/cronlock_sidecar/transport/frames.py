@@ -1,0 +1,57 @@
+"""A store's clock judges a lock's age: a Lease's times moved from its writer's clock to ours.
+
+A Lease in the API server carries its writer's wall-clock times, and every reader judges
+them on its own clock; nodes of one cluster keep their clocks close (the model's skew).
+A store shared by clusters cannot assume that of its clients. So a store keeps, with each
+write, the writer's clock and its own at the moment of the write; a read returns the
+times shifted by (store's write time - writer's) + (reader's now - store's now): the age
+of every time as the store's clock measured it, expressed on the reader's clock. Only the
+store's clock decides how long ago a holder renewed; the clients' clocks may be anywhere.
+
+Both shifts err towards a younger lock (the writer's clock is read before the request is
+sent, the reader's after the answer came): a holder's renewal looks at most one round
+trip more recent than it was, never older, so nobody takes a lock over early.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+from cronlock_sidecar.contract import ANNOTATION_RELEASED_AT
+from cronlock_sidecar.microtime import format_microtime, read_time
+
+# The times a Lease carries as moments (frozen-until is a deadline a person set, in UTC,
+# and the stores do not offer freezing: it is not moved).
+SPEC_TIMES = ("renewTime", "acquireTime")
+ANNOTATION_TIMES = (ANNOTATION_RELEASED_AT,)
+
+
+def shifted(document: dict[str, Any], by: timedelta) -> dict[str, Any]:
+    """A copy of the Lease `document` with each of its moments moved `by`."""
+    spec = dict(document.get("spec") or {})
+    for field in SPEC_TIMES:
+        moment = read_time(spec.get(field))
+        if moment is not None:
+            spec[field] = format_microtime(moment + by)
+    metadata = dict(document.get("metadata") or {})
+    annotations = dict(metadata.get("annotations") or {})
+    for key in ANNOTATION_TIMES:
+        moment = read_time(annotations.get(key))
+        if moment is not None:
+            annotations[key] = format_microtime(moment + by)
+    if annotations:
+        metadata["annotations"] = annotations
+    return {**document, "metadata": metadata, "spec": spec}
+
+
+def to_reader(
+    document: dict[str, Any],
+    *,
+    writer_time: datetime,
+    written_at: datetime,
+    store_now: datetime,
+    reader_now: datetime,
+) -> dict[str, Any]:
+    """The stored `document` (on its writer's clock) on the reader's, aged by the store's."""
+    return shifted(document, (written_at - writer_time) + (reader_now - store_now))
