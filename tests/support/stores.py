@@ -1,0 +1,250 @@
+"""Real Redis and PostgreSQL servers for the tests, on loopback, each in a directory of its own.
+
+The Debian packages (redis-server, postgresql) are installed by tests/controlplane/
+host-packages. PostgreSQL refuses to run as root, so it runs as the `postgres` user the
+package creates. A server can be paused (SIGSTOP, as a hung host), killed and restarted
+on the same port and data, which the store tests and the checker use as faults.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from pathlib import Path
+
+import psycopg
+import redis
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for path in glob.glob("/proc/[0-9]*/stat"):
+        try:
+            fields = Path(path).read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(path.split("/")[2]))
+    return found
+
+
+def _signal(pids: list[int], signum: signal.Signals) -> None:
+    for pid in pids:
+        with suppress(ProcessLookupError):
+            os.kill(pid, signum)
+
+
+class _Server:
+    """What both servers share: a process tree to pause, kill and start again."""
+
+    process: subprocess.Popen[bytes] | None = None
+
+    def _start(self) -> None:
+        raise NotImplementedError
+
+    def ready(self) -> bool:
+        raise NotImplementedError
+
+    @property
+    def pid(self) -> int:
+        if self.process is None:
+            raise RuntimeError("not started")
+        return self.process.pid
+
+    def tree(self) -> list[int]:
+        return [self.pid, *_children(self.pid)]
+
+    def wait_ready(self, timeout: float = 30.0) -> float:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.ready():
+                return time.monotonic()
+            if self.process is not None and self.process.poll() is not None:
+                raise RuntimeError(f"{type(self).__name__} exited with {self.process.returncode}")
+            time.sleep(0.05)
+        raise TimeoutError(f"{type(self).__name__} not ready after {timeout}s")
+
+    def start(self) -> None:
+        self._start()
+        self.wait_ready()
+
+    def pause(self) -> None:
+        _signal(self.tree(), signal.SIGSTOP)
+
+    def resume(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            _signal(self.tree(), signal.SIGCONT)
+
+    def kill(self) -> None:
+        if self.process is None:
+            return
+        tree = self.tree()
+        _signal(tree, signal.SIGKILL)
+        self.process.wait(timeout=30)
+        deadline = time.monotonic() + 10
+        while any(Path(f"/proc/{pid}").exists() for pid in tree[1:]):
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+
+    def restart(self) -> float:
+        """Killed, then started again on the same port and data; when it answered again."""
+        self.kill()
+        self._start()
+        return self.wait_ready()
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.resume()
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+class RedisServer(_Server):
+    """redis-server with a password; every write is on disk before it is answered."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.port = free_port()
+        self.password = secrets.token_hex(12)
+        self.url = f"redis://:{self.password}@127.0.0.1:{self.port}/0"
+
+    def _start(self) -> None:
+        argv = [
+            shutil.which("redis-server") or "/usr/bin/redis-server",
+            "--bind", "127.0.0.1", "--port", str(self.port), "--requirepass", self.password,
+            "--dir", str(self.directory), "--save", "", "--appendonly", "yes",
+            "--appendfsync", "always", "--daemonize", "no", "--logfile", "redis.log",
+        ]  # fmt: skip
+        self.process = subprocess.Popen(argv, stdin=subprocess.DEVNULL)
+
+    def ready(self) -> bool:
+        try:
+            with redis.Redis.from_url(self.url, socket_timeout=0.5) as client:
+                return bool(client.ping())
+        except redis.RedisError:
+            return False
+
+
+class PostgresServer(_Server):
+    """PostgreSQL with a `cronlock` role and database, password (scram) auth on loopback."""
+
+    BIN = Path("/usr/lib/postgresql/15/bin")
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.data = directory / "data"
+        self.port = free_port()
+        self.password = secrets.token_hex(12)
+        self.url = f"postgresql://cronlock:{self.password}@127.0.0.1:{self.port}/cronlock"
+        shutil.chown(directory, "postgres")
+        directory.chmod(0o700)
+        password_file = directory / "pw"
+        password_file.write_text("unused-superuser-" + secrets.token_hex(8) + "\n")
+        shutil.chown(password_file, "postgres")
+        self._as_postgres(
+            [str(self.BIN / "initdb"), "-D", str(self.data), "-U", "postgres",
+             "--auth-local=trust", "--auth-host=scram-sha-256",
+             f"--pwfile={password_file}"]
+        )  # fmt: skip
+        self._start()
+        self.wait_ready(superuser=True)
+        self._as_postgres(
+            ["psql", "-h", str(directory), "-p", str(self.port), "-U", "postgres", "-qc",
+             f"CREATE ROLE cronlock LOGIN PASSWORD '{self.password}'"]
+        )  # fmt: skip
+        self._as_postgres(
+            ["psql", "-h", str(directory), "-p", str(self.port), "-U", "postgres", "-qc",
+             "CREATE DATABASE cronlock OWNER cronlock"]
+        )  # fmt: skip
+
+    @staticmethod
+    def _as_postgres(argv: list[str]) -> None:
+        subprocess.run(
+            ["runuser", "-u", "postgres", "--", *argv],
+            check=True,
+            capture_output=True,
+            timeout=120,
+        )
+
+    def _start(self) -> None:
+        argv = [
+            "runuser", "-u", "postgres", "--", str(self.BIN / "postgres"), "-D", str(self.data),
+            "-p", str(self.port), "-k", str(self.directory),
+            "-c", "listen_addresses=127.0.0.1", "-c", "fsync=on",
+        ]  # fmt: skip
+        log = open(self.directory.parent / "postgres.log", "ab")  # noqa: SIM115 - the child's
+        self.process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+        log.close()
+
+    def tree(self) -> list[int]:
+        # runuser → postgres (postmaster) → its backends and workers
+        pids = [self.pid]
+        frontier = [self.pid]
+        while frontier:
+            below = [child for pid in frontier for child in _children(pid)]
+            pids += below
+            frontier = below
+        return pids
+
+    def ready(self, superuser: bool = False) -> bool:
+        if superuser:
+            return (self.directory / f".s.PGSQL.{self.port}").exists() and (
+                subprocess.run(
+                    ["runuser", "-u", "postgres", "--", "psql", "-h", str(self.directory),
+                     "-p", str(self.port), "-U", "postgres", "-qAtc", "SELECT 1"],
+                    capture_output=True, timeout=10, check=False,
+                ).returncode == 0
+            )  # fmt: skip
+        try:
+            with psycopg.connect(self.url, connect_timeout=2) as connection:
+                connection.execute("SELECT 1")
+                return True
+        except psycopg.Error:
+            return False
+
+    def wait_ready(self, timeout: float = 30.0, superuser: bool = False) -> float:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.ready(superuser=superuser):
+                return time.monotonic()
+            if self.process is not None and self.process.poll() is not None:
+                raise RuntimeError(f"postgres exited with {self.process.returncode}")
+            time.sleep(0.1)
+        raise TimeoutError(f"postgres not ready after {timeout}s")
+
+
+@contextmanager
+def running(kind: str) -> Iterator[RedisServer | PostgresServer]:
+    """A started server of `kind` ("redis" or "postgres"), stopped and removed afterwards."""
+    top = Path(tempfile.mkdtemp(prefix=f"cronlock-{kind}-"))
+    top.chmod(0o755)
+    directory = top / "server"
+    directory.mkdir()
+    server: RedisServer | PostgresServer
+    server = RedisServer(directory) if kind == "redis" else PostgresServer(directory)
+    try:
+        if kind == "redis":
+            server.start()
+        yield server
+    finally:
+        server.stop()
+        shutil.rmtree(top, ignore_errors=True)
