@@ -24,6 +24,7 @@ from cronlock_sidecar.lock.model import Timing, claimed, read_lease, renewed
 from cronlock_sidecar.transport.pgstore import PostgresLeaseStore
 from cronlock_sidecar.transport.redisstore import RedisLeaseStore, keys
 from cronlock_sidecar.transport.seam import Conflict, LeaseRef, NotFound, Unavailable
+from cronlock_sidecar.transport.storeurl import parse_store_url
 from tests.reliability.checker import ROOT, SIDECAR
 
 STORES = ("redis", "postgres")
@@ -189,12 +190,11 @@ def test_a_wrong_password_fails_closed_and_is_never_shown(store: tuple[str, Serv
     assert wrong not in err
 
 
-def transport(kind: str, url: str) -> RedisLeaseStore | PostgresLeaseStore:
-    from cronlock_sidecar.transport.storeurl import parse_store_url
-
+def transport(kind: str, url: str, timeout: float = 5.0) -> RedisLeaseStore | PostgresLeaseStore:
+    """The store's client as the sidecar makes it, on this machine's wall clock."""
     parsed = parse_store_url(url, "--store")
-    now = lambda: datetime.now(UTC)  # noqa: E731
-    return RedisLeaseStore(parsed, now) if kind == "redis" else PostgresLeaseStore(parsed, now)
+    store = RedisLeaseStore if kind == "redis" else PostgresLeaseStore
+    return store(parsed, lambda: datetime.now(UTC), timeout)
 
 
 def delete_by_hand(kind: str, url: str, lease: LeaseRef) -> None:
@@ -248,16 +248,7 @@ def test_a_stopped_store_answers_unavailable_within_the_timeout(
     kind, server = store
     namespace, name = lock_name(request).split("/")
     lease = LeaseRef(namespace, name)
-    from cronlock_sidecar.transport.storeurl import parse_store_url
-
-    parsed = parse_store_url(server.url, "--store")
-    now = lambda: datetime.now(UTC)  # noqa: E731
-    client = (
-        RedisLeaseStore(parsed, now, timeout=1.0)
-        if kind == "redis"
-        else PostgresLeaseStore(parsed, now, timeout=1.0)
-    )
-    with client:
+    with transport(kind, server.url, timeout=1.0) as client:
         with pytest.raises(NotFound):
             client.get(lease)  # connected
         server.pause()
