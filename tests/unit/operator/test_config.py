@@ -95,6 +95,31 @@ def test_enabled_with_another_value_is_an_error_not_a_silent_no() -> None:
     assert caught.value.annotation == "cronlock.io/enabled"
 
 
+@pytest.mark.parametrize(
+    ("annotations", "expected"),
+    [
+        ({"cronlock.io/store": "redis"}, 'cronlock.io/store: "redis" is not injected by the'),
+        ({"cronlock.io/store": "postgres"}, 'cronlock.io/store: "postgres" is not injected by'),
+        ({"cronlock.io/store": "etcd"}, 'cronlock.io/store: "etcd" is not one of lease, redis'),
+        (
+            {"cronlock.io/store": "lease", "cronlock.io/store-secret": "locks"},
+            'cronlock.io/store-secret: "locks" names a store\'s Secret',
+        ),
+    ],
+)
+def test_a_store_the_operator_cannot_inject_is_refused_not_quietly_a_lease(
+    annotations: dict[str, str], expected: str
+) -> None:
+    """Guarding a cross-cluster lock with this cluster's Lease would let runs overlap."""
+    with pytest.raises(InvalidConfig) as caught:
+        config_of(annotations)
+    assert str(caught.value).startswith(expected)
+
+
+def test_the_lease_store_may_be_named() -> None:
+    assert config_of({"cronlock.io/store": "lease"}) == config_of({})
+
+
 def test_error_message_names_annotation_value_and_accepted_form() -> None:
     with pytest.raises(InvalidConfig) as caught:
         config_of({"cronlock.io/ttl": "abc"})

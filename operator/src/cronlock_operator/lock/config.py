@@ -250,6 +250,7 @@ def parse_config(cronjob: Mapping[str, Any], settings: OperatorSettings) -> Lock
     annotations = annotations_of(cronjob)
     _refuse_unknown(annotations)
     is_enabled(cronjob)
+    _refuse_stores(annotations)
 
     lock = _parse_lock(annotations, cronjob)
 
@@ -352,6 +353,30 @@ def _refuse_unknown(annotations: Mapping[str, str]) -> None:
                 f"is not a cronlock annotation; {hint}expected one of "
                 + ", ".join(sorted(contract.USER_SETTINGS)),
             )
+
+
+def _refuse_stores(annotations: Mapping[str, str]) -> None:
+    """A store other than the Lease is not injected yet: refused, never quietly a Lease.
+
+    A CronJob that asks for Redis or PostgreSQL wants one lock across clusters; guarding
+    it with this cluster's Lease instead would let the other cluster's runs overlap.
+    """
+    store = annotations.get(contract.ANNOTATION_STORE)
+    if store is not None and store != "lease":
+        reason = (
+            f"is not one of {', '.join(contract.STORES)}"
+            if store not in contract.STORES
+            else 'is not injected by the operator yet; only "lease" is (the standalone '
+            "`cronlock-sidecar run --store` takes Redis and PostgreSQL: docs/STORES.md)"
+        )
+        raise InvalidConfig(contract.ANNOTATION_STORE, store, reason)
+    secret = annotations.get(contract.ANNOTATION_STORE_SECRET)
+    if secret is not None:
+        raise InvalidConfig(
+            contract.ANNOTATION_STORE_SECRET,
+            secret,
+            "names a store's Secret, but the operator injects only the Lease yet (docs/STORES.md)",
+        )
 
 
 def _parse_lock(annotations: Mapping[str, str], cronjob: Mapping[str, Any]) -> str:
