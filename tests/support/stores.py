@@ -8,6 +8,7 @@ on the same port and data, which the store tests and the checker use as faults.
 
 from __future__ import annotations
 
+import abc
 import glob
 import os
 import secrets
@@ -49,16 +50,18 @@ def _signal(pids: list[int], signum: signal.Signals) -> None:
             os.kill(pid, signum)
 
 
-class _Server:
+class _Server(abc.ABC):
     """What both servers share: a process tree to pause, kill and start again."""
 
     process: subprocess.Popen[bytes] | None = None
 
+    @abc.abstractmethod
     def _start(self) -> None:
-        raise NotImplementedError
+        """Start the server process (not waiting for it to answer)."""
 
+    @abc.abstractmethod
     def ready(self) -> bool:
-        raise NotImplementedError
+        """Whether it answers a client now."""
 
     @property
     def pid(self) -> int:
