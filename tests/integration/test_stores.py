@@ -214,13 +214,15 @@ def test_writes_are_compare_and_set_and_tokens_only_grow(
     store: tuple[str, Server], request: pytest.FixtureRequest
 ) -> None:
     kind, server = store
-    namespace, name = lock_name(request).split("/")
-    lease = LeaseRef(namespace, name)
+    lease = LeaseRef(*lock_name(request).split("/"))
     timing = Timing.of(6.0, None, 2.0)
     with transport(kind, server.url) as client:
         with pytest.raises(NotFound):
             client.get(lease)
-        body: dict[str, Any] = {"metadata": {"name": name, "namespace": namespace}, "spec": {}}
+        body: dict[str, Any] = {
+            "metadata": {"name": lease.name, "namespace": lease.namespace},
+            "spec": {},
+        }
         first = client.create(lease, claimed(body, "a", timing, datetime.now(UTC), ""))
         with pytest.raises(Conflict):
             client.create(lease, claimed(body, "b", timing, datetime.now(UTC), ""))
@@ -246,8 +248,7 @@ def test_a_stopped_store_answers_unavailable_within_the_timeout(
     store: tuple[str, Server], request: pytest.FixtureRequest
 ) -> None:
     kind, server = store
-    namespace, name = lock_name(request).split("/")
-    lease = LeaseRef(namespace, name)
+    lease = LeaseRef(*lock_name(request).split("/"))
     with transport(kind, server.url, timeout=1.0) as client:
         with pytest.raises(NotFound):
             client.get(lease)  # connected

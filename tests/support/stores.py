@@ -18,7 +18,7 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
@@ -70,12 +70,19 @@ class _Server(abc.ABC):
         return self.process.pid
 
     def tree(self) -> list[int]:
-        return [self.pid, *_children(self.pid)]
+        """The server's process and all below it (runuser → postmaster → its backends)."""
+        pids, frontier = [self.pid], [self.pid]
+        while frontier:
+            frontier = [child for pid in frontier for child in _children(pid)]
+            pids += frontier
+        return pids
 
-    def wait_ready(self, timeout: float = 30.0) -> float:
+    def wait_ready(self, timeout: float = 30.0, check: Callable[[], bool] | None = None) -> float:
+        """When it answered `check` (by default a client's request)."""
+        answers = self.ready if check is None else check
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if self.ready():
+            if answers():
                 return time.monotonic()
             if self.process is not None and self.process.poll() is not None:
                 raise RuntimeError(f"{type(self).__name__} exited with {self.process.returncode}")
@@ -169,7 +176,7 @@ class PostgresServer(_Server):
              f"--pwfile={password_file}"]
         )  # fmt: skip
         self._start()
-        self.wait_ready(superuser=True)
+        self.wait_ready(check=self._superuser_ready)
         self._as_postgres(
             ["psql", "-h", str(directory), "-p", str(self.port), "-U", "postgres", "-qc",
              f"CREATE ROLE cronlock LOGIN PASSWORD '{self.password}'"]
@@ -198,41 +205,22 @@ class PostgresServer(_Server):
         self.process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
         log.close()
 
-    def tree(self) -> list[int]:
-        # runuser → postgres (postmaster) → its backends and workers
-        pids = [self.pid]
-        frontier = [self.pid]
-        while frontier:
-            below = [child for pid in frontier for child in _children(pid)]
-            pids += below
-            frontier = below
-        return pids
-
-    def ready(self, superuser: bool = False) -> bool:
-        if superuser:
-            return (self.directory / f".s.PGSQL.{self.port}").exists() and (
+    def _superuser_ready(self) -> bool:
+        return (self.directory / f".s.PGSQL.{self.port}").exists() and (
                 subprocess.run(
                     ["runuser", "-u", "postgres", "--", "psql", "-h", str(self.directory),
                      "-p", str(self.port), "-U", "postgres", "-qAtc", "SELECT 1"],
                     capture_output=True, timeout=10, check=False,
                 ).returncode == 0
             )  # fmt: skip
+
+    def ready(self) -> bool:
         try:
             with psycopg.connect(self.url, connect_timeout=2) as connection:
                 connection.execute("SELECT 1")
                 return True
         except psycopg.Error:
             return False
-
-    def wait_ready(self, timeout: float = 30.0, superuser: bool = False) -> float:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.ready(superuser=superuser):
-                return time.monotonic()
-            if self.process is not None and self.process.poll() is not None:
-                raise RuntimeError(f"postgres exited with {self.process.returncode}")
-            time.sleep(0.1)
-        raise TimeoutError(f"postgres not ready after {timeout}s")
 
 
 @contextmanager

@@ -18,6 +18,7 @@ from cronlock_sidecar.pod import logs
 if TYPE_CHECKING:
     from typing import Protocol
 
+    from cronlock_sidecar.holding.outcomes import Clock
     from cronlock_sidecar.transport.seam import LeaseTransport
 
     class StoreClient(LeaseTransport, Protocol):
@@ -44,33 +45,34 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
         return gate(Path(options.run_dir), options.gate_timeout)
     from cronlock_sidecar.holding.outcomes import SystemClock
 
-    transport = _transport(options, environment)
+    # One clock for the hold and its store: a store shifts the times it reads onto the
+    # clock the hold judges them on (transport/frames.py).
+    clock = SystemClock()
+    transport = _transport(options, environment, clock)
     if isinstance(transport, int):
         return transport
     try:
         if options.command == "hold":
-            return _hold(options, transport)
+            return _hold(options, transport, clock)
         from cronlock_sidecar.commands.run import Runner
 
-        return Runner(options, transport, SystemClock()).execute()
+        return Runner(options, transport, clock).execute()
     finally:
         transport.close()
 
 
-def _transport(options: Options, environment: Mapping[str, str]) -> StoreClient | int:
+def _transport(options: Options, environment: Mapping[str, str], clock: Clock) -> StoreClient | int:
     """The lock's store: the Lease through the API server, or Redis/PostgreSQL when asked."""
-    from cronlock_sidecar.holding.outcomes import SystemClock
-
     timeout = min(5.0, max(1.0, options.renew))
     if options.store is not None:
         # Each store's client is imported only when it is chosen.
         if options.store.kind == "redis":
             from cronlock_sidecar.transport.redisstore import RedisLeaseStore
 
-            return RedisLeaseStore(options.store, SystemClock().now, timeout)
+            return RedisLeaseStore(options.store, clock.now, timeout)
         from cronlock_sidecar.transport.pgstore import PostgresLeaseStore
 
-        return PostgresLeaseStore(options.store, SystemClock().now, timeout)
+        return PostgresLeaseStore(options.store, clock.now, timeout)
     from cronlock_sidecar.transport.kubeapi import KubeLeaseClient
     from cronlock_sidecar.transport.kubeconfig import KubeConfigError, load_cluster
 
@@ -82,9 +84,8 @@ def _transport(options: Options, environment: Mapping[str, str]) -> StoreClient 
     return KubeLeaseClient(cluster, timeout=timeout)
 
 
-def _hold(options: Options, transport: LeaseTransport) -> int:
+def _hold(options: Options, transport: LeaseTransport, clock: Clock) -> int:
     from cronlock_sidecar.commands.hold import Holder
-    from cronlock_sidecar.holding.outcomes import SystemClock
     from cronlock_sidecar.pod.endpoints import Endpoints, SidecarState
     from cronlock_sidecar.pod.stopping import StopPipe
 
@@ -104,7 +105,7 @@ def _hold(options: Options, transport: LeaseTransport) -> int:
     signal.signal(signal.SIGINT, on_signal)
     endpoints.start()
     try:
-        return Holder(options, transport, SystemClock(), state, stop).run()
+        return Holder(options, transport, clock, state, stop).run()
     finally:
         endpoints.stop()
 

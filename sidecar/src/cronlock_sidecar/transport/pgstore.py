@@ -41,7 +41,6 @@ from cronlock_sidecar.transport.seam import (
 )
 from cronlock_sidecar.transport.storeurl import StoreUrl
 
-SCHEMA_VERSION = 1
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS cronlock_locks (
     namespace        text        NOT NULL,
@@ -195,8 +194,6 @@ class PostgresLeaseStore:
                 with _deadline(connection, seconds), connection.cursor() as cursor:
                     cursor.execute(statement, parameters)
                     return cursor.fetchone()
-            except ApiError:
-                raise
             except psycopg.Error as error:
                 self._drop()
                 raise _translated(verb, lease, self.url, error) from None

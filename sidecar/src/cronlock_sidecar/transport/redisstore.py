@@ -122,7 +122,7 @@ class RedisLeaseStore:
         self._lock = threading.Lock()
 
     def get(self, lease: LeaseRef, *, timeout: float | None = None) -> Lease:
-        answer = self._call("get", lease, [])
+        answer = self._call("get", "get", lease, [])
         reader_now = self.now()
         if answer[0] == "missing":
             raise NotFound("get", lease, f"no lock in {self.url}")
@@ -163,7 +163,8 @@ class RedisLeaseStore:
             str(IDLE_EXPIRY_MS),
             *extra,
         ]
-        answer = self._call("create" if verb == "create" else "replace", lease, arguments)
+        script = "create" if verb == "create" else "replace"
+        answer = self._call(verb, script, lease, arguments)
         if answer[0] == "missing":
             raise NotFound(verb, lease, f"no lock in {self.url}")
         if answer[0] == "conflict":
@@ -171,8 +172,7 @@ class RedisLeaseStore:
         _, _store_now, version, fence = answer
         return stamped(document, version, fence)
 
-    def _call(self, script: str, lease: LeaseRef, arguments: list[str]) -> list[Any]:
-        verb = {"get": "get", "create": "create"}.get(script, "update")
+    def _call(self, verb: str, script: str, lease: LeaseRef, arguments: list[str]) -> list[Any]:
         try:
             with self._lock:
                 answer = self._scripts[script](keys=keys(lease), args=arguments)
