@@ -1,4 +1,4 @@
-"""`python -m tests.benchmarks [sidecar|operator|load|all] [ARGS...]`: run one benchmark, or all.
+"""`python -m tests.benchmarks [NAME|all] [ARGS...]`: run one benchmark (NAME), or all.
 
 Each benchmark is a module with `main(argv) -> int` that starts the control plane it
 needs, prints a table and writes JSON under `.testenv/bench/`. ARGS go to that module
@@ -18,6 +18,7 @@ MODULES = {
     "load": "tests.benchmarks.load",
     "runstart": "tests.benchmarks.runstart",
     "renewals": "tests.benchmarks.renewals",
+    "fleet": "tests.benchmarks.fleet",
 }
 USAGE = f"usage: python -m tests.benchmarks [{'|'.join(MODULES)}|all] [ARGS...]"
 

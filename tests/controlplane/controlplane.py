@@ -55,7 +55,7 @@ CONTROLLERS = ",".join(
 # Service ClusterIPs come from TEST-NET-3 (RFC 5737, documentation only), never a
 # private range; the `kubernetes` Service gets the first one. The real node relays
 # that address to this API server (tests/controlplane/node.py).
-SERVICE_CIDR = "203.0.113.0/24"
+SERVICE_CIDR = "203.0.113.0/25"  # the top half is node 2's pods (node.py)
 KUBERNETES_SERVICE_IP = "203.0.113.1"
 # The host's end of the link to the real node's network namespace (TEST-NET-2); the
 # node's kubelet reaches this API server there. (Not TEST-NET-1: sandboxes like ours

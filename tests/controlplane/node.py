@@ -7,7 +7,7 @@ network namespace, linked to the host by one veth pair and nothing else:
     127.0.0.1:<api>   kube-apiserver             kubelet, containerd, pods on bridge cn0
     198.51.100.1 cl-host <--- veth ---> cl-node  198.51.100.2
       :6443      node relay -> kube-apiserver    cn0 198.51.100.129/25 (pods .130-.254)
-    203.0.113.1  pod relay  -> kube-apiserver    route 203.0.113.0/24 via 198.51.100.1
+    203.0.113.1  pod relay  -> kube-apiserver    route 203.0.113.0/25 via 198.51.100.1
       :443       (the `kubernetes` Service's ClusterIP; there is no kube-proxy)
     route 198.51.100.128/25 via 198.51.100.2     (logs/exec, the work tracker's clients)
 
@@ -19,12 +19,13 @@ cut exactly that path (SIGSTOP the pod relay: connections open and hang) while t
 kubelet keeps talking to the API server.
 
 More nodes make a fleet (`node up --index 2`): each one its own network namespace, veth
-pair, node relay, containerd, kubelet, cgroup root and /run directory, in the part of
-TEST-NET-2 node 1 leaves free (TEST-NET-1 is this sandbox's uplink):
+pair, node relay, containerd, kubelet, cgroup root and /run directory; its link in the
+part of TEST-NET-2 node 1 leaves free, its pods in TEST-NET-3's top half (the Service
+range is the bottom half; TEST-NET-1 is this sandbox's uplink). 125 pods on each node:
 
-    198.51.100.5 cl-host2 <--- veth ---> cl-node2 198.51.100.6   cn0 198.51.100.65/26
-      :6443 node 2's relay -> kube-apiserver      (pods .66-.126); routes 203.0.113.0/24
-                                                  and 198.51.100.0/30 via 198.51.100.5
+    198.51.100.5 cl-host2 <--- veth ---> cl-node2 198.51.100.6   cn0 203.0.113.129/25
+      :6443 node 2's relay -> kube-apiserver      (pods .130-.254); routes 203.0.113.0/25
+    route 203.0.113.128/25 via 198.51.100.6       and 198.51.100.0/30 via 198.51.100.5
 
 Node 2's pods reach the pod relay (the Service IP) and the host's end of node 1's link
 (the work tracker, the registry) through the host. A test partitions node 2 from the API
@@ -71,7 +72,7 @@ SERVICE_PORT = 443
 @dataclass(frozen=True)
 class Node:
     """One node's names and addresses. Node 1 owns TEST-NET-2's top half (its pods) and
-    first link; node 2 the link after it and the quarter below node 1's pods."""
+    first link; node 2 the link after it and TEST-NET-3's top half (its pods)."""
 
     index: int
     name: str
@@ -118,9 +119,9 @@ NODES = {
     ),
     2: Node(
         2, "cronlock-node-2", "cl-host2", "cl-node2", cp.NODE2_LINK_HOST_IP, "198.51.100.6",
-        "198.51.100.4/30", "198.51.100.65", "198.51.100.64/26",
-        ("198.51.100.66", "198.51.100.126"), "02:00:c6:33:64:41",
-        ("198.51.100.4/30", "198.51.100.64/26"),
+        "198.51.100.4/30", "203.0.113.129", "203.0.113.128/25",
+        ("203.0.113.130", "203.0.113.254"), "02:00:c6:33:64:41",
+        ("198.51.100.4/30", "203.0.113.128/25"),
     ),
 }  # fmt: skip
 FIRST = NODES[1]

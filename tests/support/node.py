@@ -39,7 +39,7 @@ HOST_LINK_IP = "198.51.100.1"
 # The host's end of node 2's link, where its kubelet's relay listens.
 NODE2_HOST_LINK_IP = "198.51.100.5"
 # The Service range: the pods' path to the API server (tests/controlplane/node.py).
-SERVICE_CIDR = "203.0.113.0/24"
+SERVICE_CIDR = "203.0.113.0/25"
 CRONLOCK_IMAGE = "localhost/cronlock:dev"
 # Debian's busybox-static as an image (tests/controlplane/images), imported into the node's
 # containerd: the CronJobs' main containers run it; there is no registry to pull from.
