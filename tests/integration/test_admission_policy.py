@@ -26,6 +26,7 @@ from tests.support.operator import (
     CHART,
     OPERATOR_NAMESPACE,
     SIDECAR_IMAGE,
+    SIDECAR_STORES_IMAGE,
     OperatorProcess,
     wait_settled,
 )
@@ -234,9 +235,20 @@ def test_the_operators_token_can_write_exactly_cronlocks_injection_and_its_rever
     """What the operator's own code writes passes the policy, in every stop mode (the
     policy and containers.py/injection.py describe the same injection)."""
     batch = kubernetes.client.BatchV1Api(as_operator)
-    settings = OperatorSettings(sidecar_image=SIDECAR_IMAGE)
+    settings = OperatorSettings(
+        sidecar_image=SIDECAR_IMAGE, sidecar_stores_image=SIDECAR_STORES_IMAGE
+    )
     for opted_in, grace in (
         ({"cronlock.io/enabled": "true"}, 90),
+        # A lock in Redis: the stores image and the named Secret's url, in the sidecar only.
+        (
+            {
+                "cronlock.io/enabled": "true",
+                "cronlock.io/store": "redis",
+                "cronlock.io/store-secret": "team-locks",
+            },
+            90,
+        ),
         ({"cronlock.io/enabled": "true", "cronlock.io/stop": "signal"}, 90),
         ({"cronlock.io/enabled": "true", "cronlock.io/stop": "liveness"}, 90),
         # No grace written: the API server defaults it to 30, which the revert restores.
@@ -321,6 +333,53 @@ def test_the_operators_token_can_write_exactly_cronlocks_injection_and_its_rever
                 },
             ],
             "",
+        ),
+        # a store's volume naming a Secret the CronJob did not name (it names none)
+        (
+            [
+                {
+                    "op": "add",
+                    "path": f"{POD}/volumes",
+                    "value": [
+                        {
+                            "name": "cronlock-store",
+                            "secret": {
+                                "secretName": "db-admin",
+                                "items": [{"key": "url", "path": "url"}],
+                            },
+                        }
+                    ],
+                },
+            ],
+            "the key url of the Secret named by the CronJob's cronlock.io/store-secret",
+        ),
+        # ... or every key of it
+        (
+            [
+                {
+                    "op": "add",
+                    "path": f"{POD}/volumes",
+                    "value": [{"name": "cronlock-store", "secret": {"secretName": "db-admin"}}],
+                },
+            ],
+            "the key url of the Secret named by the CronJob's cronlock.io/store-secret",
+        ),
+        # the stores image as the gate (only the sidecar may run it)
+        (
+            [
+                {
+                    "op": "add",
+                    "path": f"{POD}/initContainers",
+                    "value": [
+                        {
+                            "name": "cronlock-gate",
+                            "image": SIDECAR_STORES_IMAGE,
+                            "command": ["cronlock-sidecar", "gate"],
+                        }
+                    ],
+                }
+            ],
+            "run only the configured sidecar image",
         ),
         # cronlock's own container name, with another image
         (

@@ -16,7 +16,7 @@ from tests.support.controlplane import ControlPlane, make_service_account_kubeco
 from tests.support.cronjobs import job_from_cronjob, make_cronjob
 from tests.support.kube import finish_pod, wait_for
 from tests.support.objects import annotate, batch, comparable, events, read, wait_event
-from tests.support.operator import OperatorProcess, wait_settled
+from tests.support.operator import SIDECAR_STORES_IMAGE, OperatorProcess, wait_settled
 
 GATE = GATE_CONTAINER
 
@@ -257,6 +257,79 @@ def test_a_new_cronjob_with_bad_settings_is_left_untouched(
     assert (
         read(api, namespace, "never-valid")["metadata"]["resourceVersion"]
         == stored["metadata"]["resourceVersion"]
+    )
+
+
+def test_a_lock_in_redis_gets_the_stores_sidecar_and_its_secret_and_no_lease(
+    api: kubernetes.client.ApiClient, namespace: str, operator: OperatorProcess
+) -> None:
+    """A lock in Redis (or PostgreSQL): the sidecar runs the stores image and reads the
+    URL from the named Secret, mounted into it alone; no Lease, no holder Role; through
+    the chart's operator policy. Switching to the Lease and back swaps them."""
+    manifest = cronjob("ledger-sync")
+    batch(api).create_namespaced_cron_job(namespace, manifest)
+    before = comparable(read(api, namespace, "ledger-sync"))
+    annotate(
+        api,
+        namespace,
+        "ledger-sync",
+        **{"enabled": "true", "store": "redis", "store-secret": "team-locks"},
+    )
+    injected = wait_for(
+        lambda: (
+            c if init_names(c := read(api, namespace, "ledger-sync"))[:1] == ["cronlock"] else None
+        ),
+        timeout=30,
+        what="the injection",
+    )
+    pod_spec = injected["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+    sidecar, gate = pod_spec["initContainers"][:2]
+    assert sidecar["image"] == SIDECAR_STORES_IMAGE
+    assert gate["image"] != SIDECAR_STORES_IMAGE
+    env = {e["name"]: e.get("value") for e in sidecar["env"]}
+    assert env["CRONLOCK_STORE_FILE"] == "/var/run/cronlock-store/url"
+    assert env["CRONLOCK_STORE_KIND"] == "redis"
+    assert {"name": "cronlock-store", "mountPath": "/var/run/cronlock-store", "readOnly": True} in (
+        sidecar["volumeMounts"]
+    )
+    for container in [gate, *pod_spec["containers"]]:
+        assert "cronlock-store" not in [m["name"] for m in container.get("volumeMounts", [])]
+    (volume,) = [v for v in pod_spec["volumes"] if v["name"] == "cronlock-store"]
+    assert volume["secret"]["secretName"] == "team-locks"
+    assert volume["secret"]["items"] == [{"key": "url", "path": "url"}]
+    messages = wait_event(api, namespace, "ledger-sync", "Injected")
+    assert any("lock ledger-sync (redis, URL in Secret team-locks)" in m for m in messages)
+    # No Lease: the lock is in Redis, shared with the other cluster.
+    wait_settled()
+    leases = kubernetes.client.CoordinationV1Api(api).list_namespaced_lease(namespace).items
+    assert [lease.metadata.name for lease in leases] == []
+    # Injected once: the stored template (with the API server's defaults) needs no patch.
+    version = read(api, namespace, "ledger-sync")["metadata"]["resourceVersion"]
+    wait_settled(2.0)
+    assert read(api, namespace, "ledger-sync")["metadata"]["resourceVersion"] == version
+
+    # Back to this cluster's Lease: the Secret's volume goes, the Lease comes.
+    annotate(api, namespace, "ledger-sync", **{"store": None, "store-secret": None})
+    wait_for(
+        lambda: _lease_with_owners(
+            kubernetes.client.CoordinationV1Api(api), namespace, "cronlock-ledger-sync", 1
+        ),
+        30,
+        "the Lease",
+    )
+
+    def without_store() -> dict[str, Any] | None:
+        body = read(api, namespace, "ledger-sync")
+        spec = body["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+        return None if "cronlock-store" in [v["name"] for v in spec["volumes"]] else spec
+
+    spec = wait_for(without_store, 30, "the store's volume to go")
+    assert spec["initContainers"][0]["image"] != SIDECAR_STORES_IMAGE
+    annotate(api, namespace, "ledger-sync", enabled=None)
+    wait_for(
+        lambda: comparable(read(api, namespace, "ledger-sync")) == before or None,
+        30,
+        "the revert",
     )
 
 

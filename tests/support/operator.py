@@ -25,9 +25,14 @@ OPERATOR_NAMESPACE = "cronlock-system"
 # admits (it pins the injected containers to the configured image): the Dockerfile's
 # `sidecar` target, built and imported into the real node's containerd.
 SIDECAR_IMAGE = "localhost/cronlock-sidecar:dev"
+# ... and the one with the store clients, for locks in Redis or PostgreSQL (the
+# Dockerfile's `sidecar-stores` target).
+SIDECAR_STORES_IMAGE = "localhost/cronlock-sidecar-stores:dev"
 SIDECAR_VALUES = (
     f"sidecarImage.repository={SIDECAR_IMAGE.rsplit(':', 1)[0]}",
     f"sidecarImage.tag={SIDECAR_IMAGE.rsplit(':', 1)[1]}",
+    f"sidecarStoresImage.repository={SIDECAR_STORES_IMAGE.rsplit(':', 1)[0]}",
+    f"sidecarStoresImage.tag={SIDECAR_STORES_IMAGE.rsplit(':', 1)[1]}",
 )
 
 
@@ -142,6 +147,7 @@ class OperatorProcess:
                     str(executable),
                     *("--metrics-port", "0", "--liveness", ""),
                     *("--sidecar-image", SIDECAR_IMAGE),
+                    *("--sidecar-stores-image", SIDECAR_STORES_IMAGE),
                     *self.args,
                 ],
                 env=env,

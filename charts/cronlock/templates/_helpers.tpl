@@ -102,6 +102,13 @@ when a digest is given.
 {{- include "cronlock.imageRef" (dict "image" .Values.sidecarImage "root" .) }}
 {{- end }}
 
+{{/* The stores image, or "" when its repository is empty. */}}
+{{- define "cronlock.sidecarStoresImage" -}}
+{{- if .Values.sidecarStoresImage.repository }}
+{{- include "cronlock.imageRef" (dict "image" .Values.sidecarStoresImage "root" .) }}
+{{- end }}
+{{- end }}
+
 {{/*
 A Go duration ("90s", "1m30s", "1.5h") in seconds, as a float; "" for anything else.
 */}}

@@ -272,12 +272,16 @@ validations:
       environment, security context or any other field but its read-only cronlock mount
       and its /held liveness probe, and it never adds or removes one
     reason: Forbidden
-  # cronlock's own containers: the configured sidecar image, its two commands, restricted
-  # security, only the cronlock volume, only CRONLOCK_* variables from values or the pod's
-  # own fields.
+  # cronlock's own containers: the configured sidecar image (the sidecar may run the stores
+  # image), its two commands, restricted security, only the cronlock volume (and the
+  # sidecar the store's, read-only), only CRONLOCK_* variables from values or the pod's own
+  # fields.
   - expression: >-
       variables.resource != "cronjobs" || variables.newInjected.all(c,
-      c.?image.orValue("") == {{ include "cronlock.sidecarImage" $root | quote }} &&
+      (c.?image.orValue("") == {{ include "cronlock.sidecarImage" $root | quote }}
+      {{- with include "cronlock.sidecarStoresImage" $root }} ||
+      (c.name == "cronlock" && c.?image.orValue("") == {{ . | quote }})
+      {{- end }}) &&
       c.?command.orValue([]) == (c.name == "cronlock" ? ["cronlock-sidecar", "hold"] : ["cronlock-sidecar", "gate"]) &&
       c.?restartPolicy.orValue("") == (c.name == "cronlock" ? "Always" : "")
       {{- range $injectedNever }} &&
@@ -286,7 +290,9 @@ validations:
       c.?env.orValue([]).all(e, e.name.startsWith("CRONLOCK_") && (!has(e.valueFrom) ||
       (has(e.valueFrom.fieldRef) && e.valueFrom.fieldRef.fieldPath.startsWith("metadata.")))) &&
       c.?ports.orValue([]).all(p, !has(p.hostPort) && !has(p.hostIP)) &&
-      c.?volumeMounts.orValue([]).all(m, m.name == "cronlock" && m.mountPath == "/var/run/cronlock" &&
+      c.?volumeMounts.orValue([]).all(m, ((m.name == "cronlock" && m.mountPath == "/var/run/cronlock") ||
+      (c.name == "cronlock" && m.name == "cronlock-store" && m.mountPath == "/var/run/cronlock-store" &&
+      m.?readOnly.orValue(false) == true)) &&
       !has(m.subPath) && !has(m.subPathExpr) && !has(m.mountPropagation)) &&
       has(c.securityContext) &&
       c.securityContext.?runAsNonRoot.orValue(false) == true &&
@@ -303,15 +309,25 @@ validations:
       {{- end }})
     message: >-
       cronlock's containers (cronlock, cronlock-gate) run only the configured sidecar image
-      ({{ include "cronlock.sidecarImage" $root }}) with its own command, restricted security
-      and the cronlock volume alone
+      ({{ include "cronlock.sidecarImage" $root }}
+      {{- with include "cronlock.sidecarStoresImage" $root }}; the sidecar also {{ . }}{{ end }})
+      with its own command, restricted security and the cronlock volume alone (the sidecar
+      also the store's Secret, read-only)
     reason: Forbidden
-  # Volumes: the user's as they were; cronlock's is an emptyDir.
+  # Volumes: the user's as they were; cronlock's is an emptyDir, and a store's is the one
+  # key "url" of the Secret the CronJob's own cronlock.io/store-secret names.
   - expression: >-
       variables.resource != "cronjobs" || (
-      variables.newPod.?volumes.orValue([]).filter(v, v.name != "cronlock") ==
-      variables.oldPod.?volumes.orValue([]).filter(v, v.name != "cronlock") &&
-      variables.newPod.?volumes.orValue([]).all(v, v.name != "cronlock" || has(v.emptyDir)))
-    message: "cronlock adds only its own emptyDir volume and never changes another"
+      variables.newPod.?volumes.orValue([]).filter(v, !(v.name in ["cronlock", "cronlock-store"])) ==
+      variables.oldPod.?volumes.orValue([]).filter(v, !(v.name in ["cronlock", "cronlock-store"])) &&
+      variables.newPod.?volumes.orValue([]).all(v, v.name != "cronlock" || has(v.emptyDir)) &&
+      variables.newPod.?volumes.orValue([]).all(v, v.name != "cronlock-store" || (has(v.secret) &&
+      v.secret.?secretName.orValue("") == variables.newNotes[?"cronlock.io/store-secret"].orValue("") &&
+      v.secret.?items.orValue([]).size() == 1 && v.secret.items[0].key == "url" &&
+      v.secret.items[0].path == "url" && !has(v.secret.items[0].mode))))
+    message: >-
+      cronlock adds only its own emptyDir volume and, for a lock in Redis or PostgreSQL, the
+      key url of the Secret named by the CronJob's cronlock.io/store-secret, and never
+      changes another volume
     reason: Forbidden
 {{- end }}

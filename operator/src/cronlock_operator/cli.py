@@ -78,6 +78,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--sidecar-image-pull-policy", default=_env("SIDECAR_IMAGE_PULL_POLICY", "IfNotPresent")
     )
+    parser.add_argument(
+        "--sidecar-stores-image",
+        default=_env("SIDECAR_STORES_IMAGE", ""),
+        help="the sidecar image with the Redis and PostgreSQL clients, for CronJobs whose "
+        "lock is in such a store (cronlock.io/store); '' (default) refuses those CronJobs "
+        "(env CRONLOCK_SIDECAR_STORES_IMAGE)",
+    )
     for flag, env, default, what in (
         ("--sidecar-run-as-user", "SIDECAR_RUN_AS_USER", str(SIDECAR_UID), "UID"),
         ("--sidecar-run-as-group", "SIDECAR_RUN_AS_GROUP", str(SIDECAR_UID), "GID"),
@@ -212,6 +219,7 @@ def settings_from(args: argparse.Namespace) -> OperatorSettings:
     return OperatorSettings(
         sidecar_image=args.sidecar_image,
         sidecar_image_pull_policy=args.sidecar_image_pull_policy,
+        sidecar_stores_image=args.sidecar_stores_image or None,
         default_ttl_seconds=int(ttl),
         default_renew_seconds=renew,
         default_policy=args.default_policy,

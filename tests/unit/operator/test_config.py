@@ -95,25 +95,70 @@ def test_enabled_with_another_value_is_an_error_not_a_silent_no() -> None:
     assert caught.value.annotation == "cronlock.io/enabled"
 
 
+STORES_SETTINGS = OperatorSettings(
+    sidecar_image="ghcr.io/example/cronlock:1.0.0",
+    sidecar_stores_image="ghcr.io/example/cronlock:1.0.0-stores",
+)
+
+
 @pytest.mark.parametrize(
     ("annotations", "expected"),
     [
-        ({"cronlock.io/store": "redis"}, 'cronlock.io/store: "redis" is not injected by the'),
-        ({"cronlock.io/store": "postgres"}, 'cronlock.io/store: "postgres" is not injected by'),
+        (
+            {"cronlock.io/store": "redis"},
+            'cronlock.io/store: "redis" needs cronlock.io/store-secret',
+        ),
         ({"cronlock.io/store": "etcd"}, 'cronlock.io/store: "etcd" is not one of lease, redis'),
         (
             {"cronlock.io/store": "lease", "cronlock.io/store-secret": "locks"},
-            'cronlock.io/store-secret: "locks" names a store\'s Secret',
+            'cronlock.io/store-secret: "locks" names a store\'s Secret, but the lock is a Lease',
+        ),
+        (
+            {"cronlock.io/store-secret": "locks"},
+            'cronlock.io/store-secret: "locks" names a store\'s Secret, but the lock is a Lease',
+        ),
+        (
+            {"cronlock.io/store": "postgres", "cronlock.io/store-secret": "Locks_DB"},
+            'cronlock.io/store-secret: "Locks_DB" is not a Secret name',
+        ),
+        (
+            {"cronlock.io/store": "redis", "cronlock.io/store-secret": "x" * 300},
+            'cronlock.io/store-secret: "' + "x" * 253 + '" is not a Secret name',
         ),
     ],
 )
-def test_a_store_the_operator_cannot_inject_is_refused_not_quietly_a_lease(
-    annotations: dict[str, str], expected: str
+def test_store_annotations_are_checked(annotations: dict[str, str], expected: str) -> None:
+    cronjob = make_cronjob(annotations={"cronlock.io/enabled": "true", **annotations})
+    with pytest.raises(InvalidConfig) as caught:
+        parse_config(cronjob, STORES_SETTINGS)
+    assert str(caught.value).startswith(expected)
+
+
+@pytest.mark.parametrize("store", ["redis", "postgres"])
+def test_a_shared_store_without_the_stores_image_is_refused_not_quietly_a_lease(
+    store: str,
 ) -> None:
     """Guarding a cross-cluster lock with this cluster's Lease would let runs overlap."""
     with pytest.raises(InvalidConfig) as caught:
-        config_of(annotations)
-    assert str(caught.value).startswith(expected)
+        config_of({"cronlock.io/store": store, "cronlock.io/store-secret": "locks"})
+    assert str(caught.value) == (
+        f'cronlock.io/store: "{store}" needs the sidecar image with the store clients, which '
+        "this operator was not given (flag --sidecar-stores-image, chart value "
+        "sidecarStoresImage)"
+    )
+
+
+@pytest.mark.parametrize("store", ["redis", "postgres"])
+def test_a_shared_store_is_parsed(store: str) -> None:
+    cronjob = make_cronjob(
+        annotations={
+            "cronlock.io/enabled": "true",
+            "cronlock.io/store": store,
+            "cronlock.io/store-secret": "team-locks",
+        }
+    )
+    config = parse_config(cronjob, STORES_SETTINGS)
+    assert (config.store, config.store_secret, config.shared_store) == (store, "team-locks", True)
 
 
 def test_the_lease_store_may_be_named() -> None:

@@ -16,7 +16,7 @@ from cronlock_operator.injection.build import (
     revert,
 )
 from cronlock_operator.injection.patching import injection_patch, needs_patch
-from cronlock_operator.lock.config import InvalidConfig, LockConfig, parse_config
+from cronlock_operator.lock.config import InvalidConfig, LockConfig, OperatorSettings, parse_config
 from tests.support.cronjobs import (
     NEW_SETTINGS,
     SETTINGS,
@@ -631,3 +631,60 @@ def test_signal_runs_the_sidecar_as_the_uid_the_work_really_has() -> None:
     injected = build_injection(cronjob, parse_config(cronjob, SETTINGS), SETTINGS)
     sidecar = injected["spec"]["jobTemplate"]["spec"]["template"]["spec"]["initContainers"][0]
     assert sidecar["securityContext"]["runAsUser"] == 1000
+
+
+STORES = OperatorSettings(
+    sidecar_image="ghcr.io/example/cronlock:1.0.0",
+    sidecar_stores_image="ghcr.io/example/cronlock-stores:1.0.0",
+)
+IN_POSTGRES = {
+    "cronlock.io/enabled": "true",
+    "cronlock.io/store": "postgres",
+    "cronlock.io/store-secret": "team-locks",
+}
+
+
+def test_a_lock_in_a_store_mounts_its_secret_into_the_sidecar_alone() -> None:
+    user = make_cronjob(annotations=IN_POSTGRES)
+    injected = build_injection(user, parse_config(user, STORES), STORES)
+    spec = pod_spec(injected)
+    sidecar, gate = spec["initContainers"]
+    assert (sidecar["image"], gate["image"]) == (
+        "ghcr.io/example/cronlock-stores:1.0.0",
+        "ghcr.io/example/cronlock:1.0.0",
+    )
+    env = env_of(sidecar)
+    assert env["CRONLOCK_STORE_FILE"] == "/var/run/cronlock-store/url"
+    assert env["CRONLOCK_STORE_KIND"] == "postgres"
+    assert sidecar["volumeMounts"][-1] == {
+        "name": "cronlock-store",
+        "mountPath": "/var/run/cronlock-store",
+        "readOnly": True,
+    }
+    for container in [gate, *spec["containers"]]:
+        assert "cronlock-store" not in [m["name"] for m in container.get("volumeMounts", [])]
+        assert "CRONLOCK_STORE_FILE" not in [e["name"] for e in container.get("env", [])]
+    assert spec["volumes"][-1] == {
+        "name": "cronlock-store",
+        "secret": {"secretName": "team-locks", "items": [{"key": "url", "path": "url"}]},
+    }
+    # The API server's defaults (defaultMode 420) are no difference; revert takes it all out.
+    stored = server_defaults(injected)
+    stored_spec = pod_spec(stored)
+    stored_spec["volumes"][-1]["secret"]["defaultMode"] = 420
+    assert not needs_patch(stored, build_injection(stored, parse_config(stored, STORES), STORES))
+    assert revert(injected) == user
+
+
+def test_a_lock_in_a_store_needs_no_service_account_token() -> None:
+    """The sidecar talks to Redis or PostgreSQL, not the API server."""
+    user = make_cronjob(annotations=IN_POSTGRES, automountServiceAccountToken=False)
+    build_injection(user, parse_config(user, STORES), STORES)
+    with pytest.raises(InvalidConfig, match="automountServiceAccountToken: false"):
+        inject(make_cronjob(automountServiceAccountToken=False))
+
+
+def test_the_store_volume_name_is_reserved() -> None:
+    user = make_cronjob(volumes=[{"name": "cronlock-store", "emptyDir": {}}])
+    with pytest.raises(InvalidConfig, match="the volume name cronlock-store is reserved"):
+        inject(user)

@@ -8,7 +8,7 @@ from datetime import timedelta
 import yaml
 
 from cronlock_operator.status.model import StatusRow, rows
-from cronlock_operator.status.render import render_json, render_table, render_yaml
+from cronlock_operator.status.render import json_row, render_json, render_table, render_yaml
 from tests.unit.status.objects import NOW, cronjob, lease
 
 LONG_HOLDER = "nightly-report-export-29123456-x7k2p_4f0e9a1c-2b3d-4e5f-8a9b-0c1d2e3f4a5b"
@@ -182,6 +182,7 @@ def test_wide_output_adds_state_ttl_alert_after_and_the_last_release() -> None:
         "LAST SUCCESS",
         "NEXT",
         "STATE",
+        "STORE",
         "POLICY",
         "TTL",
         "ALERT AFTER",
@@ -191,7 +192,7 @@ def test_wide_output_adds_state_ttl_alert_after_and_the_last_release() -> None:
         "FROZEN",
     ]
     assert row[9:] == [
-        *("free", "skip", "30s", "3", "false", "cleanup-1-aaaaa_0001", "15m ago", "-")
+        *("free", "lease", "skip", "30s", "3", "false", "cleanup-1-aaaaa_0001", "15m ago", "-")
     ]
 
 
@@ -230,6 +231,7 @@ def test_json_is_a_list_of_objects_with_iso_times_and_numeric_seconds() -> None:
         "cronjob": "nightly-report-export",
         "lock": "nightly-report-export",
         "lease": "cronlock-nightly-report-export",
+        "store": "lease",
         "policy": "skip",
         "state": "held",
         "holder": LONG_HOLDER,
@@ -280,3 +282,17 @@ def test_json_of_nothing_is_an_empty_list() -> None:
 
 def test_yaml_is_the_same_list() -> None:
     assert yaml.safe_load(render_yaml(sample())) == json.loads(render_json(sample()))
+
+
+def test_a_lock_in_redis_shows_its_store_not_a_missing_lease() -> None:
+    """No Lease here for a lock in Redis or PostgreSQL: not "missing", but where it is."""
+    shared = cronjob("ledger")
+    shared["metadata"]["annotations"].update(
+        {"cronlock.io/store": "redis", "cronlock.io/store-secret": "team-locks"}
+    )
+    (row,) = rows([shared], [], NOW)
+    assert (row.state, row.store, row.problems) == ("in-store", "redis", ())
+    header, cells_ = cells(render_table([row], 200, wide=True))
+    shown = dict(zip(header, cells_, strict=True))
+    assert (shown["HOLDER"], shown["STATE"], shown["STORE"]) == ("(in redis)", "in-store", "redis")
+    assert json_row(row)["store"] == "redis"

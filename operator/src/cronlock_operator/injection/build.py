@@ -8,6 +8,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any, Final, TypeGuard
 
 from cronlock_operator.injection.containers import (
+    OWN_VOLUMES,
     SKIP_RULE,
     VOLUME,
     gate_container,
@@ -15,6 +16,7 @@ from cronlock_operator.injection.containers import (
     is_injected_container,
     is_skip_rule,
     sidecar_container,
+    store_volume,
 )
 from cronlock_operator.lock.config import (
     InvalidConfig,
@@ -114,6 +116,8 @@ def build_injection(
         *pod_spec.get("initContainers", []),
     ]
     pod_spec.setdefault("volumes", []).append(copy.deepcopy(dict(VOLUME)))
+    if config.shared_store:
+        pod_spec["volumes"].append(store_volume(config))
 
     policy: dict[str, Any] = job_spec.setdefault("podFailurePolicy", {})
     policy["rules"] = [copy.deepcopy(dict(SKIP_RULE)), *policy.get("rules", [])]
@@ -169,7 +173,7 @@ def revert(cronjob: Mapping[str, Any]) -> dict[str, Any]:
         pod_spec["volumes"] = [
             volume
             for volume in pod_spec.get("volumes", [])
-            if volume.get("name") != contract.VOLUME_NAME
+            if volume.get("name") not in OWN_VOLUMES
         ]
         _drop_if_empty(pod_spec, "volumes")
         for template in (job_template, pod_template):
@@ -257,12 +261,11 @@ def check_injectable(cronjob: Mapping[str, Any], config: LockConfig) -> None:
                 f"{contract.HELD_PATH}, the cronlock sidecar's"
             )
     for volume in spec.get("volumes") or []:
-        if volume.get("name") == contract.VOLUME_NAME:
+        if volume.get("name") in OWN_VOLUMES:
             raise refuse(
-                f"the volume name {contract.VOLUME_NAME} is reserved for cronlock; "
-                "rename the volume"
+                f"the volume name {volume.get('name')} is reserved for cronlock; rename the volume"
             )
-    if spec.get("automountServiceAccountToken") is False:
+    if spec.get("automountServiceAccountToken") is False and not config.shared_store:
         raise refuse(
             "the pod sets automountServiceAccountToken: false, and the cronlock sidecar needs "
             "the pod's token to hold its Lease; remove the field or set it to true"

@@ -25,6 +25,8 @@ VOLUME: Final[Mapping[str, Any]] = {
     "name": contract.VOLUME_NAME,
     "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"},
 }
+# Every volume injection adds: the run dir, and a store's Secret (Redis, PostgreSQL).
+OWN_VOLUMES: Final = (contract.VOLUME_NAME, contract.STORE_VOLUME_NAME)
 SKIP_RULE: Final[Mapping[str, Any]] = {
     "action": "FailJob",
     "onExitCodes": {
@@ -39,10 +41,23 @@ def sidecar_container(
     namespace: str, config: LockConfig, settings: OperatorSettings, uid: int | None
 ) -> dict[str, Any]:
     """The `cronlock` native sidecar; `uid` is the settings' or, under `stop: signal`, the
-    user's (None: unset)."""
+    user's (None: unset). A lock in Redis or PostgreSQL runs the stores image, which has
+    their clients, and reads the store's URL from the Secret mounted into it alone."""
+    store_env, store_mounts = [], []
+    image = settings.sidecar_image
+    if config.shared_store:
+        assert settings.sidecar_stores_image is not None  # parse_store refused it otherwise
+        image = settings.sidecar_stores_image
+        store_env = [
+            _env(contract.ENV_STORE_FILE, contract.STORE_URL_FILE),
+            _env(contract.ENV_STORE_KIND, config.store),
+        ]
+        store_mounts = [
+            {"name": contract.STORE_VOLUME_NAME, "mountPath": contract.STORE_DIR, "readOnly": True}
+        ]
     return {
         "name": contract.SIDECAR_CONTAINER,
-        "image": settings.sidecar_image,
+        "image": image,
         "imagePullPolicy": settings.sidecar_image_pull_policy,
         "command": list(SIDECAR_COMMAND),
         "restartPolicy": "Always",
@@ -62,10 +77,27 @@ def sidecar_container(
             _field_env(contract.ENV_POD_UID, "metadata.uid"),
             _field_env(contract.ENV_POD_NAMESPACE, "metadata.namespace"),
             _field_env(contract.ENV_JOB_NAME, f"metadata.labels['{contract.JOB_NAME_LABEL}']"),
+            *store_env,
         ],
         "resources": settings.sidecar_resources.as_spec(),
         "securityContext": security_context(uid, settings.sidecar_run_as_group),
-        "volumeMounts": [{"name": contract.VOLUME_NAME, "mountPath": contract.RUN_DIR}],
+        "volumeMounts": [
+            {"name": contract.VOLUME_NAME, "mountPath": contract.RUN_DIR},
+            *store_mounts,
+        ],
+    }
+
+
+def store_volume(config: LockConfig) -> dict[str, Any]:
+    """The store's Secret as a volume: its key `url` alone, as the file the sidecar reads."""
+    return {
+        "name": contract.STORE_VOLUME_NAME,
+        "secret": {
+            "secretName": config.store_secret,
+            "items": [
+                {"key": contract.STORE_SECRET_URL_KEY, "path": contract.STORE_SECRET_URL_KEY}
+            ],
+        },
     }
 
 

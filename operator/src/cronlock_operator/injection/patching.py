@@ -10,7 +10,12 @@ import copy
 from collections.abc import Mapping
 from typing import Any
 
-from cronlock_operator.injection.containers import SKIP_RULE, is_injected_container, is_skip_rule
+from cronlock_operator.injection.containers import (
+    OWN_VOLUMES,
+    SKIP_RULE,
+    is_injected_container,
+    is_skip_rule,
+)
 from cronlock_operator.lock.config import parse_quantity
 from cronlock_operator.objects import annotations_of
 from cronlock_operator.podspec import is_cronlock_probe
@@ -107,8 +112,9 @@ def _without_server_defaults(actual: Mapping[str, Any], desired: Mapping[str, An
                     )
     wanted_volumes = {volume.get("name"): volume for volume in desired_pod.get("volumes", [])}
     for index, volume in enumerate(actual_pod.get("volumes") or []):
-        if volume.get("name") == contract.VOLUME_NAME and contract.VOLUME_NAME in wanted_volumes:
-            actual_pod["volumes"][index] = _project(volume, wanted_volumes[contract.VOLUME_NAME])
+        name = volume.get("name")
+        if name in OWN_VOLUMES and name in wanted_volumes:
+            actual_pod["volumes"][index] = _project(volume, wanted_volumes[name])
     actual_rules = ((result.get("spec") or {}).get("podFailurePolicy") or {}).get("rules") or []
     for index, rule in enumerate(actual_rules):
         if is_skip_rule(rule):

@@ -71,7 +71,10 @@ def run(args: argparse.Namespace, prog: str) -> int:
         if not ttl.is_integer():
             raise DurationError("must be whole seconds")
         settings = OperatorSettings(
-            sidecar_image=_IMAGE, default_ttl_seconds=int(ttl), default_policy=args.default_policy
+            sidecar_image=_IMAGE,
+            sidecar_stores_image=_IMAGE,
+            default_ttl_seconds=int(ttl),
+            default_policy=args.default_policy,
         )
     except (DurationError, ValueError) as error:
         print(f"{prog} lint: error: --default-ttl {args.default_ttl!r}: {error}", file=sys.stderr)

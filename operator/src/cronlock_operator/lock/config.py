@@ -29,6 +29,7 @@ from cronlock_sidecar.lock.model import (
 )
 
 Stop = Literal["liveness", "signal"]
+Store = Literal["lease", "redis", "postgres"]
 
 MIN_TTL_SECONDS: Final = 5
 MAX_TTL_SECONDS: Final = 24 * 3600
@@ -54,6 +55,7 @@ DETECTION_MS: Final = (PROBE_PERIOD_SECONDS + PROBE_TIMEOUT_SECONDS) * 1000
 
 _LOCK = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 _MAX_LOCK_LENGTH: Final = 63  # the lock is also the value of the label cronlock.io/lock
+_MAX_SECRET_NAME_LENGTH: Final = 253  # a DNS subdomain, as Kubernetes names a Secret
 _INTEGER = re.compile(r"[0-9]+")
 _IMAGE_PULL_POLICIES: Final = ("Always", "IfNotPresent", "Never")
 # The injected containers' UID and GID unless set otherwise (distroless "nonroot", the
@@ -157,10 +159,16 @@ class OperatorSettings:
     # How long after its tick a run may start before the tick counts as missed, for a
     # CronJob without startingDeadlineSeconds (with one, that deadline).
     missed_tolerance_seconds: int = 60
+    # The sidecar image with the Redis and PostgreSQL clients (the Dockerfile's
+    # `sidecar-stores` target), injected instead of `sidecar_image` into CronJobs whose
+    # lock is in such a store; None: such CronJobs are refused.
+    sidecar_stores_image: str | None = None
 
     def __post_init__(self) -> None:
         if not self.sidecar_image:
             raise ValueError("the sidecar image must not be empty")
+        if self.sidecar_stores_image == "":
+            raise ValueError("the sidecar stores image must not be empty; leave it unset")
         for name, value in (
             ("sidecar runAsUser", self.sidecar_run_as_user),
             ("sidecar runAsGroup", self.sidecar_run_as_group),
@@ -219,6 +227,14 @@ class LockConfig:
     keep_skipped_jobs: bool
     skew_seconds: int
     alert_after_missed: int = contract.DEFAULT_ALERT_AFTER_MISSED
+    store: Store = "lease"
+    # The Secret (in the CronJob's namespace) whose key `url` is the store's URL.
+    store_secret: str | None = None
+
+    @property
+    def shared_store(self) -> bool:
+        """Whether the lock is in Redis or PostgreSQL, not this cluster's Lease."""
+        return self.store != "lease"
 
     @property
     def lease_name(self) -> str:
@@ -250,7 +266,7 @@ def parse_config(cronjob: Mapping[str, Any], settings: OperatorSettings) -> Lock
     annotations = annotations_of(cronjob)
     _refuse_unknown(annotations)
     is_enabled(cronjob)
-    _refuse_stores(annotations)
+    store, store_secret = parse_store(annotations, settings)
 
     lock = _parse_lock(annotations, cronjob)
 
@@ -298,6 +314,8 @@ def parse_config(cronjob: Mapping[str, Any], settings: OperatorSettings) -> Lock
         keep_skipped_jobs=keep,
         skew_seconds=settings.skew_seconds,
         alert_after_missed=alert_after_missed,
+        store=store,
+        store_secret=store_secret,
     )
 
 
@@ -355,28 +373,53 @@ def _refuse_unknown(annotations: Mapping[str, str]) -> None:
             )
 
 
-def _refuse_stores(annotations: Mapping[str, str]) -> None:
-    """A store other than the Lease is not injected yet: refused, never quietly a Lease.
+def parse_store(
+    annotations: Mapping[str, str], settings: OperatorSettings
+) -> tuple[Store, str | None]:
+    """`cronlock.io/store` (default the Lease) and, for Redis or PostgreSQL, the Secret
+    named by `cronlock.io/store-secret` that holds its URL (key `url`).
 
-    A CronJob that asks for Redis or PostgreSQL wants one lock across clusters; guarding
-    it with this cluster's Lease instead would let the other cluster's runs overlap.
+    A CronJob that asks for Redis or PostgreSQL wants one lock across clusters: it is
+    refused when this operator cannot inject that store, never quietly guarded by this
+    cluster's Lease, whose runs would overlap the other cluster's.
     """
-    store = annotations.get(contract.ANNOTATION_STORE)
-    if store is not None and store != "lease":
-        reason = (
-            f"is not one of {', '.join(contract.STORES)}"
-            if store not in contract.STORES
-            else 'is not injected by the operator yet; only "lease" is (the standalone '
-            "`cronlock-sidecar run --store` takes Redis and PostgreSQL: docs/STORES.md)"
-        )
-        raise InvalidConfig(contract.ANNOTATION_STORE, store, reason)
+    store = annotations.get(contract.ANNOTATION_STORE, "lease")
     secret = annotations.get(contract.ANNOTATION_STORE_SECRET)
-    if secret is not None:
+    if store not in contract.STORES:
+        raise InvalidConfig(
+            contract.ANNOTATION_STORE, store, f"is not one of {', '.join(contract.STORES)}"
+        )
+    if store == "lease":
+        if secret is not None:
+            raise InvalidConfig(
+                contract.ANNOTATION_STORE_SECRET,
+                secret,
+                "names a store's Secret, but the lock is a Lease; set cronlock.io/store to "
+                "redis or postgres, or remove it (docs/STORES.md)",
+            )
+        return "lease", None
+    if secret is None:
+        raise InvalidConfig(
+            contract.ANNOTATION_STORE,
+            store,
+            f"needs cronlock.io/store-secret: the name of a Secret in this namespace whose "
+            f"key {contract.STORE_SECRET_URL_KEY!r} holds the {store} URL (docs/STORES.md)",
+        )
+    if len(secret) > _MAX_SECRET_NAME_LENGTH or not _LOCK.fullmatch(secret):
         raise InvalidConfig(
             contract.ANNOTATION_STORE_SECRET,
-            secret,
-            "names a store's Secret, but the operator injects only the Lease yet (docs/STORES.md)",
+            secret[:_MAX_SECRET_NAME_LENGTH],
+            "is not a Secret name; expected at most 253 lowercase letters, digits, '-' and "
+            "'.', starting and ending with a letter or digit",
         )
+    if settings.sidecar_stores_image is None:
+        raise InvalidConfig(
+            contract.ANNOTATION_STORE,
+            store,
+            "needs the sidecar image with the store clients, which this operator was not "
+            "given (flag --sidecar-stores-image, chart value sidecarStoresImage)",
+        )
+    return ("redis" if store == "redis" else "postgres"), secret
 
 
 def _parse_lock(annotations: Mapping[str, str], cronjob: Mapping[str, Any]) -> str:

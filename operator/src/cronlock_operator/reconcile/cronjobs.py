@@ -87,7 +87,7 @@ def decide(
     after: list[Action] = []
     updates: dict[str, str | None] = {"InvalidConfig": None}
     guard = None
-    if config is not None:
+    if config is not None and not config.shared_store:
         guard = Guard(config.lease_name, service_account(body))
         before.append(
             EnsureLease(
@@ -96,12 +96,14 @@ def decide(
         )
         if previous is not None and previous.lease != guard.lease:
             before.append(DropLeaseOwner(namespace, previous.lease, uid))
+    elif previous is not None:
+        # Not guarded any more, or by Redis or PostgreSQL: no Lease, no holder Role.
+        before.append(DropLeaseOwner(namespace, previous.lease, uid))
+    if config is not None:
         warning = ttl_longer_than_gap_warning(config, body["spec"].get("schedule", ""))
         if warning:
             after.extend(once(body, "TTLLongerThanSchedule", warning, posted))
             updates["TTLLongerThanSchedule"] = warning
-    elif previous is not None:
-        before.append(DropLeaseOwner(namespace, previous.lease, uid))
 
     if needs_patch(body, desired):
         after.append(PatchCronJob(namespace, name, injection_patch(body, desired)))
@@ -126,7 +128,9 @@ def pending_guard(cronjob: Mapping[str, Any], settings: OperatorSettings) -> Gua
     `read_config`'s rule, the one `decide` follows."""
     try:
         config = read_config(cronjob, settings).config
-        return Guard(config.lease_name, service_account(cronjob)) if config is not None else None
+        if config is None or config.shared_store:
+            return None
+        return Guard(config.lease_name, service_account(cronjob))
     except Exception:
         # Never let one CronJob's input stop the namespace's RBAC: its own reconcile
         # reports what went wrong, as a ReconcileError Event.
@@ -140,8 +144,13 @@ def service_account(cronjob: Mapping[str, Any]) -> str:
 
 
 def describe(config: LockConfig) -> str:
+    where = (
+        f"{config.store}, URL in Secret {config.store_secret}"
+        if config.shared_store
+        else f"lease {config.lease_name}"
+    )
     return (
-        f"lock {config.lock} (lease {config.lease_name}): ttl {config.ttl_seconds}s, renew "
+        f"lock {config.lock} ({where}): ttl {config.ttl_seconds}s, renew "
         f"{config.renew_seconds:g}s, policy {config.policy}, stop {config.stop}"
     )
 

@@ -16,7 +16,8 @@ from cronlock_sidecar import contract
 from cronlock_sidecar.lock.model import is_expired, read_lease
 from cronlock_sidecar.microtime import read_time
 
-LeaseState = Literal["held", "free", "expired", "missing"]
+# "in-store": the lock is in Redis or PostgreSQL (cronlock.io/store), not a Lease here.
+LeaseState = Literal["held", "free", "expired", "missing", "in-store"]
 Kind = Literal["cronjobs", "leases"]
 # LISTED: a whole list (the first, or again after 410 Gone); ADDED, MODIFIED, DELETED: a
 # watch event; WATCHING: a watch (re)started; FAILED: a list or watch failed, `error` says how.
@@ -56,6 +57,8 @@ class StatusRow:
     # The last successful run's end (status.lastSuccessfulTime) and the next tick.
     last_success: datetime | None = None
     next_run: datetime | None = None
+    # Where the lock lives: "lease" (this cluster), "redis" or "postgres" (cronlock.io/store).
+    store: str = "lease"
 
     @property
     def renewed_seconds_ago(self) -> float | None:
@@ -112,7 +115,10 @@ def _row(
     holder = record.holder or None
     expires_at = record.expires_at
     state: LeaseState
-    if lease is None:
+    store = reading.config.store if reading.config is not None else "lease"
+    if store != "lease":
+        state = "in-store"
+    elif lease is None:
         state = "missing"
     elif holder is None:
         state = "free"
@@ -168,6 +174,7 @@ def _row(
         frozen_reason=record.frozen_reason if record.frozen(now) else "",
         last_success=read_time(status.get("lastSuccessfulTime")),
         next_run=missed.next_run(cronjob, now),
+        store=store,
     )
 
 
@@ -276,4 +283,4 @@ def seconds_between(start: datetime | None, end: datetime | None) -> float | Non
 
 # The annotations are checked as the operator checks them; only its defaults (ttl, renew,
 # policy from its flags) can differ, and the ones here are the chart's.
-_SETTINGS: Final = OperatorSettings(sidecar_image="status")
+_SETTINGS: Final = OperatorSettings(sidecar_image="status", sidecar_stores_image="status")

@@ -53,6 +53,8 @@ def next_text(row: StatusRow) -> str:
 def holder_text(row: StatusRow) -> str:
     if row.state == "missing":
         return "missing"
+    if row.state == "in-store":
+        return f"(in {row.store})"
     return row.holder or _NONE
 
 
@@ -85,6 +87,7 @@ _COLUMNS: Final = (
 _WIDE_COLUMNS: Final = (
     *_COLUMNS,
     _Column("STATE", lambda row: row.state),
+    _Column("STORE", lambda row: row.store),
     _Column("POLICY", lambda row: row.policy),
     _Column(
         "TTL",
@@ -205,6 +208,7 @@ def json_row(row: StatusRow) -> dict[str, Any]:
         "cronjob": row.cronjob,
         "lock": row.lock,
         "lease": row.lease,
+        "store": row.store,
         "policy": row.policy,
         "state": row.state,
         "holder": row.holder,
