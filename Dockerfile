@@ -1,12 +1,14 @@
-# cronlock's two images, from one build:
+# cronlock's images, from one build:
 # - the default target, the operator (entrypoint `cronlock-operator`; it also carries
 #   `cronlock-sidecar` and the `cronlock` status CLI);
 # - `--target sidecar`, what the operator injects into CronJobs (command
 #   `cronlock-sidecar hold` / `gate`): the sidecar's package alone, which imports only
-#   Python's standard library.
+#   Python's standard library;
+# - `--target sidecar-stores`, the sidecar with the Redis and PostgreSQL clients, which the
+#   operator injects instead where a CronJob's lock is in such a store.
 # Everything installed comes from hash-pinned lock files: the dependencies from
-# requirements.lock, the build backend from requirements-build.lock. Neither image keeps
-# pip or setuptools.
+# requirements.lock, the build backend from requirements-build.lock, the store clients
+# from requirements-stores.lock. No image keeps pip or setuptools.
 #
 # The base is named by tag. To pin it by digest, build with
 #   make image BASE=python:3.11-slim@sha256:<digest>
@@ -63,7 +65,19 @@ RUN mkdir -p /opt/sidecar/bin \
     && PATH=/opt/sidecar/bin:/usr/local/bin:/usr/bin:/bin cronlock-sidecar --help >/dev/null
 
 
-# Read-only root filesystem friendly, in both images: no .pyc writes, unbuffered logs,
+# The store clients for the sidecar-stores image (redis-py, psycopg with its bundled
+# libpq), from their own hash-pinned lock, beside the sidecar's package: the sidecar
+# imports them only when its lock is in Redis or PostgreSQL.
+FROM builder AS stores-builder
+COPY requirements-stores.lock ./
+RUN --mount=type=secret,id=pip-ca \
+    if [ -f /run/secrets/pip-ca ]; then export PIP_CERT=/run/secrets/pip-ca; fi \
+    && /opt/build/bin/pip install --no-cache-dir --require-hashes --no-deps \
+        --target /opt/sidecar-stores -r requirements-stores.lock \
+    && rm -rf /opt/sidecar-stores/bin
+
+
+# Read-only root filesystem friendly, in every image: no .pyc writes, unbuffered logs,
 # temp files in /tmp (an emptyDir in the chart). Numeric user, so the kubelet can verify
 # runAsNonRoot without reading /etc/passwd.
 FROM ${PYTHON} AS sidecar
@@ -83,6 +97,18 @@ COPY --from=builder /opt/sidecar /opt/sidecar
 USER 65532:65532
 
 ENTRYPOINT ["cronlock-sidecar"]
+
+
+# `--target sidecar-stores`: the sidecar and one more layer, the Redis and PostgreSQL
+# clients, for CronJobs whose lock is in such a store (cronlock.io/store, docs/STORES.md).
+# The Lease's sidecar image stays without them.
+FROM sidecar AS sidecar-stores
+
+LABEL org.opencontainers.image.title="cronlock-sidecar-stores" \
+      org.opencontainers.image.description="The cronlock sidecar with the Redis and PostgreSQL clients, for locks shared across clusters"
+
+COPY --from=stores-builder /opt/sidecar-stores /opt/sidecar
+RUN ["python3", "-c", "import sys; sys.path.insert(0, '/opt/sidecar'); import redis, psycopg; psycopg.pq.version()"]
 
 
 FROM ${PYTHON}

@@ -70,8 +70,9 @@ down:
 images: controlplane
 	@tests/controlplane/images
 
-# The two images from the Dockerfile: the operator (default target) and the sidecar it
-# injects (target `sidecar`). With docker when there is one, else buildah (daemonless;
+# The images from the Dockerfile: the operator (default target), the sidecar it injects
+# (target `sidecar`) and the sidecar with the Redis and PostgreSQL clients (target
+# `sidecar-stores`, for cronlock.io/store). With docker when there is one, else buildah (daemonless;
 # `apt-get install buildah`). Push them where your cluster pulls from and install the
 # chart with image.repository and sidecarImage.repository set (README, Install):
 #   make image IMAGE=registry.example.com/cronlock:0.1.0 \
@@ -79,6 +80,7 @@ images: controlplane
 # tests/controlplane/images builds the e2e ring's images through this target too.
 IMAGE ?= cronlock:dev
 SIDECAR_IMAGE ?= cronlock-sidecar:dev
+SIDECAR_STORES_IMAGE ?= cronlock-sidecar-stores:dev
 BUILDER ?= $(if $(shell command -v docker 2>/dev/null),docker,buildah)
 BUILDAH ?= buildah
 BUILD_FLAGS ?=
@@ -90,9 +92,11 @@ image:
 ifeq ($(BUILDER),docker)
 	docker build $(image_flags) --tag $(IMAGE) .
 	docker build $(image_flags) --target sidecar --tag $(SIDECAR_IMAGE) .
+	docker build $(image_flags) --target sidecar-stores --tag $(SIDECAR_STORES_IMAGE) .
 else
 	$(BUILDAH) bud $(image_flags) --tag $(IMAGE) .
 	$(BUILDAH) bud $(image_flags) --target sidecar --tag $(SIDECAR_IMAGE) .
+	$(BUILDAH) bud $(image_flags) --target sidecar-stores --tag $(SIDECAR_STORES_IMAGE) .
 endif
 
 # Regenerate charts/cronlock/README.md from values.yaml's `# --` comments (helm-docs, built
@@ -110,6 +114,7 @@ release:
 lock:
 	uv pip compile pyproject.toml --python-version 3.11 --generate-hashes -o requirements.lock
 	uv pip compile pyproject.toml --extra dev --python-version 3.11 --generate-hashes -o requirements-dev.lock
+	uv pip compile requirements-stores.in --python-version 3.11 --generate-hashes -c requirements-dev.lock -o requirements-stores.lock
 	uv pip compile requirements-build.in --python-version 3.11 --generate-hashes -o requirements-build.lock
 
 clean:

@@ -535,7 +535,7 @@ def import_images(state: Path, bins: Path, node: Node) -> None:
         images_dir = Path(built.stdout.strip().splitlines()[-1])
     sock = str(node.run_dir / "containerd.sock")
     ctr = in_netns(str(bins / "ctr"), "--address", sock, "-n", "k8s.io", node=node)
-    for archive in ("pause", "busybox", "cronlock", "cronlock-sidecar"):
+    for archive in ("pause", "busybox", "cronlock", "cronlock-sidecar", "cronlock-sidecar-stores"):
         result = subprocess.run(
             [*ctr, "images", "import", "--local", str(images_dir / f"{archive}.tar")],
             capture_output=True,

@@ -131,16 +131,23 @@ class _Server(abc.ABC):
 class RedisServer(_Server):
     """redis-server with a password; every write is on disk before it is answered."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, also_on: str | None = None) -> None:
+        """`also_on`: an address it listens on besides loopback (the host's end of the
+        node's link, where pods reach it)."""
         self.directory = directory
         self.port = free_port()
         self.password = secrets.token_hex(12)
-        self.url = f"redis://:{self.password}@127.0.0.1:{self.port}/0"
+        self.url = self.url_at("127.0.0.1")
+        self.binds = ["127.0.0.1", *([also_on] if also_on else [])]
+
+    def url_at(self, host: str) -> str:
+        return f"redis://:{self.password}@{host}:{self.port}/0"
 
     def _start(self) -> None:
         argv = [
             shutil.which("redis-server") or "/usr/bin/redis-server",
-            "--bind", "127.0.0.1", "--port", str(self.port), "--requirepass", self.password,
+            "--bind", " ".join(self.binds), "--port", str(self.port),
+            "--requirepass", self.password,
             "--dir", str(self.directory), "--save", "", "--appendonly", "yes",
             "--appendfsync", "always", "--daemonize", "no", "--logfile", "redis.log",
         ]  # fmt: skip
@@ -224,14 +231,15 @@ class PostgresServer(_Server):
 
 
 @contextmanager
-def running(kind: str) -> Iterator[RedisServer | PostgresServer]:
-    """A started server of `kind` ("redis" or "postgres"), stopped and removed afterwards."""
+def running(kind: str, also_on: str | None = None) -> Iterator[RedisServer | PostgresServer]:
+    """A started server of `kind` ("redis" or "postgres"), stopped and removed afterwards;
+    Redis listens `also_on` that address too."""
     top = Path(tempfile.mkdtemp(prefix=f"cronlock-{kind}-"))
     top.chmod(0o755)
     directory = top / "server"
     directory.mkdir()
     server: RedisServer | PostgresServer
-    server = RedisServer(directory) if kind == "redis" else PostgresServer(directory)
+    server = RedisServer(directory, also_on) if kind == "redis" else PostgresServer(directory)
     try:
         if kind == "redis":
             server.start()

@@ -1,0 +1,111 @@
+"""One lock across clusters, on the real node: a CronJob guarded by a lock in Redis and the
+same lock taken elsewhere (the standalone `cronlock-sidecar run --store`, as on a VM or in
+another cluster) never work at the same time.
+
+Redis (from Debian) listens on the host's end of the node's link, where the pods reach
+it; the CronJob names a Secret holding its URL (`cronlock.io/store-secret`), and the
+operator injects the sidecar image with the store clients (the Dockerfile's
+`sidecar-stores` target). The run outside the cluster uses the same Redis on loopback and
+the lock's key: `<namespace>/cronlock-<lock>`.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.scenario import Scenario
+from tests.reliability.checker import SIDECAR
+from tests.support.contract import EXIT_SKIPPED
+from tests.support.kube import wait_for
+from tests.support.node import HOST_LINK_IP, RealNode
+from tests.support.stores import RedisServer, running
+
+# The CronJob's annotations: its lock in Redis, whose URL is in the Secret team-locks.
+IN_REDIS = {"store": "redis", "store-secret": "team-locks"}
+
+
+@pytest.fixture(scope="module")
+def redis_on_link(node: RealNode) -> Iterator[RedisServer]:
+    """Redis on loopback and on the node's link (the address exists once the node is up)."""
+    with running("redis", also_on=HOST_LINK_IP) as server:
+        assert isinstance(server, RedisServer)
+        yield server
+
+
+def secret(cluster: Scenario, server: RedisServer) -> None:
+    cluster.core.create_namespaced_secret(
+        cluster.namespace,
+        {
+            "metadata": {"name": "team-locks"},
+            "stringData": {"url": server.url_at(HOST_LINK_IP)},
+        },
+    )
+
+
+def elsewhere(server: RedisServer, lock: str, script: str) -> subprocess.Popen[str]:
+    """The same lock taken outside this cluster: `cronlock-sidecar run --store`."""
+    env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
+    env["CRONLOCK_STORE"] = server.url
+    return subprocess.Popen(
+        [str(SIDECAR), "run", "--lease", lock, "--ttl", "19s", "--", "sh", "-c", script],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def test_a_pods_lock_in_redis_makes_the_run_elsewhere_skip_and_then_take_it(
+    cluster: Scenario, redis_on_link: RedisServer, tmp_path: Path
+) -> None:
+    secret(cluster, redis_on_link)
+    cluster.cronjob("ledger", "sleep 12", **IN_REDIS)
+    cluster.run("ledger", "ledger-1")
+    work = cluster.main_running("ledger-1")
+    assert cluster.gate_exit("ledger-1") == 0
+
+    ran = tmp_path / "ran"
+    other = elsewhere(redis_on_link, f"{cluster.namespace}/cronlock-ledger", f"touch {ran}")
+    _, err = other.communicate(timeout=60)
+    assert other.returncode == EXIT_SKIPPED, err
+    assert not ran.exists()
+    skip_lines = [line for line in err.splitlines() if "already running" in line]
+    assert len(skip_lines) == 1, err
+    assert "ledger-1-" in skip_lines[0], skip_lines  # the pod's holder identity
+
+    assert cluster.main_finished("ledger-1") == 0
+    assert work.stopped is not None
+    # The pod's sidecar gave the lock back at its end: the run elsewhere takes it now.
+    again = elsewhere(redis_on_link, f"{cluster.namespace}/cronlock-ledger", f"touch {ran}")
+    _, err = again.communicate(timeout=60)
+    assert again.returncode == 0, err
+    assert ran.exists()
+    assert "redis" in cluster.sidecar_log("ledger-1")
+
+
+def test_a_lock_held_elsewhere_makes_the_pod_skip_without_working(
+    cluster: Scenario, redis_on_link: RedisServer, tmp_path: Path
+) -> None:
+    secret(cluster, redis_on_link)
+    cluster.cronjob("ledger", "echo WORKED", **IN_REDIS)
+    started = tmp_path / "started"
+    holder = elsewhere(
+        redis_on_link, f"{cluster.namespace}/cronlock-ledger", f"touch {started}; sleep 25"
+    )
+    wait_for(started.exists, 30, "the run elsewhere to hold the lock")
+
+    cluster.run("ledger", "ledger-1")
+    assert cluster.gate_exit("ledger-1") == EXIT_SKIPPED
+    assert cluster.works("ledger-1") == []
+    wait_for(lambda: cluster.job_condition("ledger-1") == "Failed", 60, "the Job to fail")
+    log = cluster.sidecar_log("ledger-1")
+    assert len([line for line in log.splitlines() if "already running" in line]) == 1, log
+    assert holder.poll() is None  # the holder was never disturbed
+    cluster.wait_event("ledger", "Skipped")
+    holder.terminate()
+    holder.communicate(timeout=30)
