@@ -13,6 +13,13 @@ random amount within `--clock-spread` (tests/reliability/skewed.py), as nodes' c
 
 starts its own control plane under .testenv/reliability (or uses $KUBECONFIG with
 --kubeconfig-only, without the control plane faults) and prints a JSON report.
+
+    .venv/bin/python -m tests.reliability.checker --store redis|postgres --trials 30
+
+holds the lock in Redis or PostgreSQL instead (`run --store`; the server from Debian,
+started here on loopback, tests/support/stores.py), with the store's own faults (the server
+paused, killed and restarted, a slow network to it) beside the process faults. There a
+contender's clock far ahead is inside the guarantee: the store's clock judges age.
 """
 
 from __future__ import annotations
@@ -29,7 +36,7 @@ import textwrap
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -40,6 +47,7 @@ import yaml
 from tests.reliability.faults import ControlPlaneProcesses, alive, children, signal_all, sweep
 from tests.reliability.proxy import DelayingProxy
 from tests.support.controlplane import ControlPlane, started
+from tests.support.stores import running
 
 ROOT = Path(__file__).resolve().parents[2]
 SIDECAR = Path(sys.executable).with_name("cronlock-sidecar")
@@ -62,7 +70,25 @@ FREEZE = "freeze-pod"
 # A contender whose wall clock is ahead by more than the model allows (ttl + skew + 1..3s):
 CLOCK_AHEAD = "clock-ahead"
 OUTSIDE_FAULTS = (FREEZE, CLOCK_AHEAD)
-ALL_FAULTS = (*GUARANTEED_FAULTS, *OUTSIDE_FAULTS)
+# With the lock in Redis or PostgreSQL (--store): the server's own faults, and the network
+# to it; a clock far ahead is inside the guarantee there (the store's clock judges age).
+STORE_FAULTS = ("pause-store", "restart-store", "slow-network")
+STORE_GUARANTEED_FAULTS = (*PROCESS_FAULTS, *STORE_FAULTS, CLOCK_AHEAD)
+ALL_FAULTS = (*GUARANTEED_FAULTS, *OUTSIDE_FAULTS, "pause-store", "restart-store")
+
+
+class StoreServer(Protocol):
+    """A running Redis or PostgreSQL (tests/support/stores.py)."""
+
+    url: str
+    port: int
+
+    def pause(self) -> None: ...
+
+    def resume(self) -> None: ...
+
+    def restart(self) -> float: ...
+
 
 WORK = textwrap.dedent(
     """
@@ -266,10 +292,18 @@ class Checker:
         faults: Sequence[str],
         seed: int,
         log: Callable[[str], None] = lambda line: None,
+        store: tuple[str, StoreServer] | None = None,
     ) -> None:
         unknown = set(faults) - set(ALL_FAULTS)
         if unknown:
             raise ValueError(f"unknown faults: {', '.join(sorted(unknown))}")
+        # (kind, server): the lock in Redis or PostgreSQL, reached through the proxy.
+        self.store = store
+        self.outside: tuple[str, ...] = (FREEZE,) if store else OUTSIDE_FAULTS
+        if store is not None and set(faults) & set(CONTROL_PLANE_FAULTS) - {"slow-network"}:
+            raise ValueError("with --store, the control plane holds no lock: no faults there")
+        if store is None and set(faults) & {"pause-store", "restart-store"}:
+            raise ValueError("store faults need --store")
         self.cluster = cluster
         self.mark = secrets.token_hex(6)
         self.workdir = workdir / f"{time.strftime('%Y%m%dT%H%M%S')}-{self.mark}"
@@ -286,7 +320,8 @@ class Checker:
             raise ValueError(
                 "control plane faults need the local control plane (tests/controlplane)"
             )
-        self.proxy = DelayingProxy("127.0.0.1", api_port(cluster.kubeconfig))
+        upstream = store[1].port if store is not None else api_port(cluster.kubeconfig)
+        self.proxy = DelayingProxy("127.0.0.1", upstream)
         self.trials: list[Trial] = []
         self.offsets: list[float] = []
         # Where the current trial's contenders go, for faults that start one of their own.
@@ -321,8 +356,8 @@ class Checker:
         A fault outside the guarantee gets trials of its own (one per fault kind's share), so
         its expected overlaps are never mixed with the faults inside the guarantee.
         """
-        guaranteed = [kind for kind in self.faults if kind not in OUTSIDE_FAULTS]
-        outside = [kind for kind in OUTSIDE_FAULTS if kind in self.faults]
+        guaranteed = [kind for kind in self.faults if kind not in self.outside]
+        outside = [kind for kind in self.outside if kind in self.faults]
         plan: list[list[str]] = [[] for _ in range(trials)] if not outside else []
         if guaranteed:
             kinds = [guaranteed[i % len(guaranteed)] for i in range(trials * per_trial)]
@@ -339,9 +374,10 @@ class Checker:
         codes: collections.Counter[int] = collections.Counter()
         for trial in self.trials:
             codes.update(trial.exit_codes)
-        guaranteed = [t for t in self.trials if all(f.kind not in OUTSIDE_FAULTS for f in t.faults)]
+        guaranteed = [t for t in self.trials if all(f.kind not in self.outside for f in t.faults)]
         return {
             "seed": self.seed,
+            "store": self.store[0] if self.store else "lease",
             "settings": {**asdict(self.settings), "recovery_bound_s": bound},
             "trials": len(self.trials),
             "faults": len(faults),
@@ -486,6 +522,9 @@ class Checker:
             "KUBECONFIG": str(kubeconfig),
             MARKER: self.mark,
         }
+        if self.store is not None:
+            del env["KUBECONFIG"]
+            env["CRONLOCK_STORE"] = _through(self.store[1].url, self.proxy.port)
         sidecar = [str(SIDECAR)]
         if offset is not None:
             env["PYTHONPATH"] = str(ROOT)
@@ -584,6 +623,19 @@ class Checker:
                 finally:
                     self.proxy.delay = 0.0
                 time.sleep(delay)  # bytes already queued still arrive late
+            elif fault.kind == "pause-store" and self.store is not None:
+                server = self.store[1]
+                seconds = self.random.uniform(2, settings.ttl + 4)
+                fault.detail = f"{seconds:.1f}s"
+                server.pause()
+                try:
+                    time.sleep(seconds)
+                finally:
+                    server.resume()
+            elif fault.kind == "restart-store" and self.store is not None:
+                fault.cleared = self.store[1].restart()
+                fault.detail = f"back after {fault.cleared - fault.fired:.1f}s"
+                return
             elif components is not None and fault.kind.startswith("pause-"):
                 component = "etcd" if fault.kind == "pause-etcd" else "kube-apiserver"
                 seconds = self.random.uniform(2, settings.ttl + 4)
@@ -618,6 +670,13 @@ class Checker:
                 time.sleep(0.3)
         finally:
             signal_all([*pids, *then], signal.SIGCONT)
+
+
+def _through(url: str, port: int) -> str:
+    """`url` with its port replaced by the proxy's (on the same loopback host)."""
+    parts = urlsplit(url)
+    netloc = parts.netloc.rsplit(":", 1)[0] + f":{port}"
+    return parts._replace(netloc=netloc).geturl()
 
 
 @dataclass
@@ -783,8 +842,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         default="wait",
         help="the contenders' policy (replace: each new contender stops the holder's work)",
     )
+    parser.add_argument(
+        "--store",
+        choices=("lease", "redis", "postgres"),
+        default="lease",
+        help="where the lock is: the Lease (default), or Redis or PostgreSQL started here "
+        f"(then the default faults are {', '.join(STORE_GUARANTEED_FAULTS)})",
+    )
     add_common_arguments(parser, ROOT / ".testenv" / "reliability")
     args = parser.parse_args(argv)
+    if args.store != "lease" and args.faults == ",".join(GUARANTEED_FAULTS):
+        args.faults = ",".join(STORE_GUARANTEED_FAULTS)
     faults = fault_list(args.faults)
     seed = seed_of(args.seed)
     settings = Settings(
@@ -797,7 +865,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         runs_per_trial=args.runs_per_trial,
         policy=args.policy,
     )
-    with own_controlplane(args.env_dir, args.keep_controlplane) as cluster:
+    with ExitStack() as stack:
+        cluster = stack.enter_context(own_controlplane(args.env_dir, args.keep_controlplane))
+        store = None
+        if args.store != "lease":
+            store = (args.store, stack.enter_context(running(args.store)))
         checker = Checker(
             cluster,
             args.env_dir / "checker",
@@ -805,6 +877,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             faults,
             seed,
             log=lambda line: print(line, file=sys.stderr, flush=True),
+            store=store,
         )
         report = checker.run(args.trials, args.faults_per_trial)
     publish(report, args.output)
