@@ -1,4 +1,4 @@
-"""The two images as built from our Dockerfile (the archives the real node imported).
+"""The images as built from our Dockerfile (the archives the real node imported).
 
 What each carries is read from its layers: the operator's keeps no pip or setuptools, the
 sidecar's carries the sidecar's package and nothing of the operator's dependencies. The
@@ -57,7 +57,7 @@ def _read(outer: tarfile.TarFile, name: str) -> bytes:
 def contents(node: RealNode) -> dict[str, dict[str, int]]:
     """Image -> its files (path -> bytes); the node fixture built the archives."""
     found = {}
-    for image in ("cronlock", "cronlock-sidecar"):
+    for image in ("cronlock", "cronlock-sidecar", "cronlock-sidecar-stores"):
         archive = ARCHIVES / f"{image}.tar"
         assert archive.exists(), f"{archive}: the node fixture did not build it"
         found[image] = dict(layer_paths(archive))
@@ -103,6 +103,23 @@ def test_the_sidecar_image_carries_the_sidecar_alone(
         f"image files, uncompressed: operator {sizes['cronlock'] / 2**20:.1f} MiB (its /opt "
         f"{own['cronlock'] / 2**20:.1f} MiB), sidecar {sizes['cronlock-sidecar'] / 2**20:.1f} "
         f"MiB (its /opt {own['cronlock-sidecar'] / 2**10:.0f} KiB)"
+    )
+
+
+def test_the_stores_image_is_the_sidecar_and_one_layer_of_store_clients(
+    contents: dict[str, dict[str, int]],
+) -> None:
+    sidecar, stores = contents["cronlock-sidecar"], contents["cronlock-sidecar-stores"]
+    added = {path: size for path, size in stores.items() if path not in sidecar}
+    assert set(sidecar) <= set(stores)
+    tops = {path.split("/")[2] for path in added if path.startswith("opt/sidecar/")}
+    assert {"redis", "psycopg", "psycopg_binary"} <= tops, sorted(tops)
+    assert all(path.startswith("opt/sidecar/") for path in added), sorted(added)[:20]
+    assert not {name for name in tops if name.startswith(("pip", "setuptools", "kopf"))}
+    assert any(path.endswith(".pyc") for path in added), "the clients' .pyc were not kept"
+    print(
+        f"sidecar-stores adds {sum(added.values()) / 2**20:.1f} MiB uncompressed to the "
+        f"sidecar's {sum(sidecar.values()) / 2**20:.1f} MiB"
     )
 
 

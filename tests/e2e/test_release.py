@@ -69,7 +69,11 @@ def test_the_registry_holds_the_release_as_image_indexes_and_a_chart(
 ) -> None:
     registry = f"{node.registry}/cronlock"
     assert published["version"] == VERSION
-    for name, key in (("cronlock", "operator"), ("cronlock-sidecar", "sidecar")):
+    for name, key in (
+        ("cronlock", "operator"),
+        ("cronlock-sidecar", "sidecar"),
+        ("cronlock-sidecar-stores", "sidecar-stores"),
+    ):
         ref = published["images"][key]
         repository, digest = ref.split("@")
         assert repository == f"{registry}/{name}"
@@ -108,6 +112,9 @@ def test_the_registry_holds_the_release_as_image_indexes_and_a_chart(
     operator_repository, operator_digest = published["images"]["operator"].split("@")
     assert f"repository: {operator_repository}\n" in shown
     assert f'digest: "{operator_digest}"' in shown
+    stores_repository, stores_digest = published["images"]["sidecar-stores"].split("@")
+    assert f"repository: {stores_repository}\n" in shown
+    assert f'digest: "{stores_digest}"' in shown
 
 
 @pytest.mark.timeout(900)
