@@ -43,50 +43,26 @@ from typing import Any
 
 import kubernetes
 
-from tests.benchmarks.renewals import _LABEL, cpu_seconds
+from tests.benchmarks.renewals import cpu_seconds, request_totals
+from tests.benchmarks.runstart import cronjob
 from tests.reliability.checker import ROOT, own_controlplane
 from tests.reliability.pods import node_and_operator
 from tests.support.controlplane import ControlPlane
-from tests.support.cronjobs import job_from_cronjob, make_cronjob
+from tests.support.cronjobs import job_from_cronjob
 from tests.support.kube import wait_for
-from tests.support.node import BUSYBOX_IMAGE, WorkTracker
+from tests.support.node import WorkTracker
 
 PHASES = ("plain", "guarded")
 RENEW_SECONDS = 20.0  # the operator's default renew period (ttl 60 s)
 LATE = 1.5  # a renewal later than this many renew periods after the last one is missed
 
 
-def cronjob(name: str, tracker: WorkTracker, guarded: bool, sleep: int) -> dict[str, Any]:
-    annotations = {"cronlock.io/enabled": "true"} if guarded else {}
-    return make_cronjob(
-        name=name,
-        namespace=None,
-        schedule="0 0 1 1 *",
-        annotations=annotations,
-        restart_policy="Never",
-        job={"backoffLimit": 0},
-        securityContext={"runAsNonRoot": True, "runAsUser": 65532},
-        containers=[
-            {
-                "name": "main",
-                "image": BUSYBOX_IMAGE,
-                "imagePullPolicy": "Never",
-                "command": ["sh", "-c", tracker.shell_prefix() + f"sleep {sleep}"],
-            }
-        ],
-    )
-
-
 # --- what the API server counts ------------------------------------------------------------
 def requests_by_resource(plane: ControlPlane) -> Counter[tuple[str, str]]:
     """`apiserver_request_total` by (resource, verb), from the API server's /metrics."""
     counts: Counter[tuple[str, str]] = Counter()
-    for line in plane.kubectl("get", "--raw", "/metrics").splitlines():
-        if not line.startswith("apiserver_request_total{"):
-            continue
-        labels_text, _, value = line.rpartition("} ")
-        labels = dict(_LABEL.findall(labels_text))
-        counts[labels.get("resource", ""), labels.get("verb", "")] += int(float(value))
+    for labels, count in request_totals(plane):
+        counts[labels.get("resource", ""), labels.get("verb", "")] += count
     return counts
 
 
@@ -216,7 +192,9 @@ def run_phase(
     sleep = int(seconds) + 600  # the works outlive the window; the namespace ends them
     names = [f"{name}-{index:03d}" for index in range(locks)]
     for each in names:
-        batch.create_namespaced_cron_job(namespace, cronjob(each, tracker, guarded, sleep))
+        batch.create_namespaced_cron_job(
+            namespace, cronjob(each, tracker, guarded, f"sleep {sleep}")
+        )
 
     def template(each: str) -> dict[str, Any] | None:
         raw = batch.read_namespaced_cron_job(each, namespace, _preload_content=False)

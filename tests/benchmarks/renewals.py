@@ -139,16 +139,20 @@ def reap(process: subprocess.Popen[bytes]) -> tuple[int, float]:
 
 
 # --- the API server's count of Lease requests -----------------------------------------------
+def request_totals(plane: ControlPlane) -> Iterator[tuple[dict[str, str], int]]:
+    """Each `apiserver_request_total` series of the API server's /metrics: labels, count."""
+    for line in plane.kubectl("get", "--raw", "/metrics").splitlines():
+        if line.startswith("apiserver_request_total{"):
+            labels_text, _, value = line.rpartition("} ")
+            yield dict(_LABEL.findall(labels_text)), int(float(value))
+
+
 def lease_requests(plane: ControlPlane) -> Counter[tuple[str, str]]:
     """`apiserver_request_total{resource="leases"}` by (verb, code), from its /metrics."""
     counts: Counter[tuple[str, str]] = Counter()
-    for line in plane.kubectl("get", "--raw", "/metrics").splitlines():
-        if not line.startswith("apiserver_request_total{"):
-            continue
-        labels_text, _, value = line.rpartition("} ")
-        labels = dict(_LABEL.findall(labels_text))
+    for labels, count in request_totals(plane):
         if labels.get("resource") == "leases" and labels.get("group") == "coordination.k8s.io":
-            counts[labels["verb"], labels["code"]] += int(float(value))
+            counts[labels["verb"], labels["code"]] += count
     return counts
 
 

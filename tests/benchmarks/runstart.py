@@ -53,7 +53,10 @@ STAGES = {
 }
 
 
-def cronjob(name: str, tracker: WorkTracker, guarded: bool) -> dict[str, Any]:
+def cronjob(
+    name: str, tracker: WorkTracker, guarded: bool, work: str = "sleep 0.5"
+) -> dict[str, Any]:
+    """Busybox as UID 65532 reporting to the tracker, then `work`; annotated if `guarded`."""
     annotations = {"cronlock.io/enabled": "true"} if guarded else {}
     return make_cronjob(
         name=name,
@@ -68,7 +71,7 @@ def cronjob(name: str, tracker: WorkTracker, guarded: bool) -> dict[str, Any]:
                 "name": "main",
                 "image": BUSYBOX_IMAGE,
                 "imagePullPolicy": "Never",
-                "command": ["sh", "-c", tracker.shell_prefix() + "sleep 0.5"],
+                "command": ["sh", "-c", tracker.shell_prefix() + work],
             }
         ],
     )
