@@ -413,3 +413,84 @@ def test_watch_shows_a_lease_change_as_it_happens(
 
     assert process.returncode == 0, err
     assert took < 5
+
+
+def test_a_lock_in_redis_shows_its_holder_to_whoever_may_read_its_secret(
+    controlplane: ControlPlane,
+    api: kubernetes.client.ApiClient,
+    namespace: str,
+    redis_store: Any,
+    service_account_kubeconfig: ServiceAccountKubeconfig,
+    tmp_path: Path,
+) -> None:
+    """No Lease in the cluster: with the Secret's URL, status reads the holder from Redis;
+    without the right to read the Secret, the row says in-store and a note says why."""
+    batch = kubernetes.client.BatchV1Api(api)
+    annotations = {
+        "cronlock.io/enabled": "true",
+        "cronlock.io/store": "redis",
+        "cronlock.io/store-secret": "team-locks",
+    }
+    batch.create_namespaced_cron_job(namespace, cronjob("ledger", annotations))
+    kubernetes.client.CoreV1Api(api).create_namespaced_secret(
+        namespace, {"metadata": {"name": "team-locks"}, "stringData": {"url": redis_store.url}}
+    )
+    started = tmp_path / "started"
+    env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
+    holder = subprocess.Popen(
+        [str(BIN / "cronlock-sidecar"), "run", "--lease", f"{namespace}/cronlock-ledger",
+         "--identity", "vm-7_0001", "--", "sh", "-c", f"touch {started}; sleep 30"],
+        env={**env, "CRONLOCK_STORE": redis_store.url},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 20
+        while not started.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert started.exists(), "the run outside the cluster did not take the lock"
+
+        result = cronlock(controlplane, "status", "-n", namespace, "-o", "json")
+        assert result.returncode == 0, result.stderr
+        (row,) = json.loads(result.stdout)["items"]
+        assert (row["store"], row["state"], row["holder"]) == ("redis", "held", "vm-7_0001")
+        assert redis_store.password not in result.stdout + result.stderr
+
+        # A reader who may list CronJobs but not read Secrets.
+        config = service_account_kubeconfig(namespace, "viewer")
+        rbac = kubernetes.client.RbacAuthorizationV1Api(api)
+        rbac.create_namespaced_role(
+            namespace,
+            {
+                "metadata": {"name": "viewer"},
+                "rules": [
+                    {"apiGroups": ["batch"], "resources": ["cronjobs"], "verbs": ["list"]},
+                    {
+                        "apiGroups": ["coordination.k8s.io"],
+                        "resources": ["leases"],
+                        "verbs": ["list"],
+                    },
+                ],
+            },
+        )
+        rbac.create_namespaced_role_binding(
+            namespace,
+            {
+                "metadata": {"name": "viewer"},
+                "roleRef": {
+                    "apiGroup": "rbac.authorization.k8s.io",
+                    "kind": "Role",
+                    "name": "viewer",
+                },
+                "subjects": [{"kind": "ServiceAccount", "name": "viewer", "namespace": namespace}],
+            },
+        )
+        limited = cronlock(controlplane, "status", "--kubeconfig", str(config), "-o", "json")
+        assert limited.returncode == 0, limited.stderr
+        (row,) = json.loads(limited.stdout)["items"]
+        assert (row["store"], row["state"], row["holder"]) == ("redis", "in-store", None)
+        assert f"you may not read Secret {namespace}/team-locks" in limited.stderr
+    finally:
+        holder.terminate()
+        holder.communicate(timeout=30)

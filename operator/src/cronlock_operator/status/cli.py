@@ -28,8 +28,17 @@ from cronlock_operator.status.api import (
     fetch,
     follow,
 )
-from cronlock_operator.status.model import EXIT_OK, Change, Mirror, StatusRow, exit_code, rows
+from cronlock_operator.status.model import (
+    EXIT_OK,
+    Change,
+    Mirror,
+    StatusRow,
+    exit_code,
+    rows,
+    stored_locks,
+)
 from cronlock_operator.status.render import as_list, render_json, render_table, render_yaml
+from cronlock_operator.status.stores import StoredLock, read_stores
 from cronlock_sidecar import contract
 from cronlock_sidecar.lock.durations import DurationError, parse_duration
 
@@ -219,7 +228,7 @@ class View(NamedTuple):
 
 def _show_once(cluster: Cluster, namespace: str | None, view: View, prog: str) -> int:
     try:
-        status_rows = _snapshot(cluster, namespace, view.selector)
+        status_rows = _snapshot(cluster, namespace, view.selector, prog)
     except Unavailable as error:
         print(f"{prog}: {error}", file=sys.stderr)
         return EXIT_UNAVAILABLE
@@ -330,9 +339,20 @@ def _pause(seconds: float) -> None:
     time.sleep(seconds)
 
 
-def _snapshot(cluster: Cluster, namespace: str | None, selector: str = "") -> list[StatusRow]:
+def _snapshot(
+    cluster: Cluster, namespace: str | None, selector: str = "", prog: str = "cronlock"
+) -> list[StatusRow]:
+    """The rows now; a lock in Redis or PostgreSQL is read from its store where the
+    credentials may read its Secret (status/stores.py), else noted on stderr."""
     cronjobs, leases = fetch(cluster, namespace, selector)
-    return rows(cronjobs, leases, datetime.now(UTC))
+    status_rows = rows(cronjobs, leases, datetime.now(UTC))
+    wanted = [StoredLock(*each) for each in stored_locks(status_rows)]
+    if not wanted:
+        return status_rows
+    reading = read_stores(cluster.api, wanted)
+    for note in reading.notes:
+        print(f"{prog}: {note}", file=sys.stderr)
+    return rows(cronjobs, leases, datetime.now(UTC), stored=reading.documents)
 
 
 def _render(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Final, Literal
@@ -57,8 +57,10 @@ class StatusRow:
     # The last successful run's end (status.lastSuccessfulTime) and the next tick.
     last_success: datetime | None = None
     next_run: datetime | None = None
-    # Where the lock lives: "lease" (this cluster), "redis" or "postgres" (cronlock.io/store).
+    # Where the lock lives: "lease" (this cluster), "redis" or "postgres" (cronlock.io/store),
+    # and the Secret whose key `url` reaches the store.
     store: str = "lease"
+    store_secret: str | None = None
 
     @property
     def renewed_seconds_ago(self) -> float | None:
@@ -82,8 +84,12 @@ def rows(
     now: datetime,
     *,
     skew_seconds: float = contract.DEFAULT_SKEW_SECONDS,
+    stored: Mapping[tuple[str, str], Mapping[str, Any]] | None = None,
 ) -> list[StatusRow]:
-    """A row per guarded CronJob (annotated enabled=true), sorted by namespace and name."""
+    """A row per guarded CronJob (annotated enabled=true), sorted by namespace and name.
+
+    `stored`: the documents of locks kept in Redis or PostgreSQL, by (namespace, lease),
+    as read from their stores (status/stores.py); a lock missing there is `in-store`."""
     by_name = {
         (metadata_of(lease).get("namespace", ""), metadata_of(lease).get("name", "")): lease
         for lease in leases
@@ -91,11 +97,20 @@ def rows(
     # The operator's reading of the annotations, and so its rule for bad ones.
     readings = [(cronjob, read_config(cronjob, _SETTINGS)) for cronjob in cronjobs]
     result = [
-        _row(cronjob, reading, by_name, now, skew_seconds)
+        _row(cronjob, reading, by_name, now, skew_seconds, stored or {})
         for cronjob, reading in readings
         if reading.enabled
     ]
     return sorted(result, key=lambda row: (row.namespace, row.cronjob))
+
+
+def stored_locks(status_rows: Sequence[StatusRow]) -> list[tuple[str, str, str, str]]:
+    """(namespace, lease, store, Secret) of each row whose lock is in Redis or PostgreSQL."""
+    return [
+        (row.namespace, row.lease, row.store, row.store_secret)
+        for row in status_rows
+        if row.store != "lease" and row.store_secret
+    ]
 
 
 def _row(
@@ -104,20 +119,23 @@ def _row(
     leases: Mapping[tuple[str, str], Mapping[str, Any]],
     now: datetime,
     skew_seconds: float,
+    stored: Mapping[tuple[str, str], Mapping[str, Any]],
 ) -> StatusRow:
     metadata = metadata_of(cronjob)
     namespace = str(metadata.get("namespace", ""))
     name = str(metadata.get("name", ""))
     lock = reading.lock
     lease_name = contract.lease_name(lock)
-    lease = leases.get((namespace, lease_name))
+    config = reading.config
+    store = config.store if config is not None else "lease"
+    in_store = store != "lease"
+    lease = (stored if in_store else leases).get((namespace, lease_name))
     record = read_lease(lease or {})
     holder = record.holder or None
     expires_at = record.expires_at
     state: LeaseState
-    store = reading.config.store if reading.config is not None else "lease"
-    if store != "lease":
-        state = "in-store"
+    if in_store and lease is None:
+        state = "in-store"  # not read: no access to its Secret, or no client here
     elif lease is None:
         state = "missing"
     elif holder is None:
@@ -175,6 +193,7 @@ def _row(
         last_success=read_time(status.get("lastSuccessfulTime")),
         next_run=missed.next_run(cronjob, now),
         store=store,
+        store_secret=config.store_secret if config is not None else None,
     )
 
 

@@ -111,10 +111,19 @@ _REFUSED = ("28", "42501")
 class PostgresLeaseStore:
     """LeaseTransport on PostgreSQL; `now` is the sidecar's wall clock (what it writes on)."""
 
-    def __init__(self, url: StoreUrl, now: Callable[[], datetime], timeout: float = 5.0) -> None:
+    def __init__(
+        self,
+        url: StoreUrl,
+        now: Callable[[], datetime],
+        timeout: float = 5.0,
+        *,
+        create_tables: bool = True,
+    ) -> None:
+        """`create_tables=False`: a reader (`cronlock status`) that never creates them."""
         self.url = url
         self.now = now
         self.timeout = timeout
+        self.create_tables = create_tables
         self._connection: psycopg.Connection[Any] | None = None
         self._lock = threading.Lock()
 
@@ -212,7 +221,8 @@ class PostgresLeaseStore:
             raise _translated(verb, lease, self.url, error) from None
         try:
             with _deadline(connection, seconds):
-                _ensure_schema(connection)
+                if self.create_tables:
+                    _ensure_schema(connection)
         except psycopg.Error as error:
             connection.close()
             raise _translated(verb, lease, self.url, error, schema=True) from None
@@ -271,6 +281,9 @@ def _translated(
     if refused:
         hint = " (create the tables as docs/STORES.md shows, or grant CREATE)" if schema else ""
         return Forbidden(verb, lease, f"{url}: {text}{hint}")
+    if isinstance(error, errors.UndefinedTable):
+        # Only a reader that does not create them meets this: no lock was ever taken here.
+        return NotFound(verb, lease, f"{url}: {text}")
     return Unavailable(verb, lease, f"{url}: {text}")
 
 
