@@ -289,3 +289,54 @@ def test_stop_running_stops_the_run_working_on_the_lock_and_it_gives_the_lock_ba
     lease_now = holders.read_namespaced_lease(contract.lease_name("etl"), namespace)
     assert not lease_now.spec.holder_identity, "given back once the work stopped"
     assert run_once(controlplane, namespace, "etl").returncode == SKIPPED
+
+
+@pytest.mark.parametrize("kind", ["redis", "postgres"])
+def test_a_lock_in_a_store_is_frozen_there_and_its_runs_skip_until_unfrozen(
+    api: kubernetes.client.ApiClient,
+    controlplane: ControlPlane,
+    namespace: str,
+    request: pytest.FixtureRequest,
+    kind: str,
+) -> None:
+    """`--store-secret`: the freeze is written on the lock's document in Redis or
+    PostgreSQL (no Lease), with the caller's name; a run anywhere on that lock skips."""
+    server = request.getfixturevalue(f"{kind}_store")
+    kubernetes.client.CoreV1Api(api).create_namespaced_secret(
+        namespace, {"metadata": {"name": "team-locks"}, "stringData": {"url": server.url}}
+    )
+    env = {k: v for k, v in controlplane.env.items() if k != "KUBECONFIG"}
+    env["CRONLOCK_STORE"] = server.url
+    lease = f"{namespace}/{contract.lease_name('ledger')}"
+
+    def run_stored() -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(SIDECAR), "run", "--lease", lease, "--", "true"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    # A lock never taken in the store is frozen too (its document holds only the freeze).
+    frozen = cli(controlplane, "freeze", "ledger", "-n", namespace, "--store-secret",
+                 "team-locks", "--for", "10m", "--reason", "restore drill")  # fmt: skip
+    assert frozen.returncode == 0, frozen.stderr
+    assert frozen.stdout.strip().endswith("by cronlock-admin: restore drill")
+    skipped = run_stored()
+    assert skipped.returncode == SKIPPED, skipped.stderr
+    assert "by cronlock-admin: restore drill; skipping this run" in skipped.stderr
+    assert server.password not in frozen.stdout + frozen.stderr + skipped.stderr
+
+    thawed = cli(controlplane, "unfreeze", "ledger", "-n", namespace,
+                 "--store-secret", "team-locks")  # fmt: skip
+    assert (thawed.returncode, thawed.stdout.strip()) == (0, f"lock ledger in {namespace} unfrozen")
+    assert run_stored().returncode == 0
+    # Frozen again once the lock has a holder's document; the Lease was never involved.
+    assert cli(controlplane, "freeze", "ledger", "-n", namespace, "--store-secret",
+               "team-locks", "--for", "1m", "--reason", "again").returncode == 0  # fmt: skip
+    assert run_stored().returncode == SKIPPED
+    assert not _exists(kubernetes.client.CoordinationV1Api(api), namespace, "cronlock-ledger")
+    missing = cli(controlplane, "unfreeze", "ledger", "-n", namespace, "--store-secret", "nope")
+    assert missing.returncode == contract.EXIT_UNAVAILABLE
+    assert f"there is no Secret {namespace}/nope" in missing.stderr

@@ -88,8 +88,15 @@ def stage(name: str) -> list[tuple[str, str]]:
 def test_every_stage_uses_the_slim_python_base_given_once() -> None:
     pairs = instructions(DOCKERFILE.read_text())
     bases = [arguments.split()[0] for keyword, arguments in pairs if keyword == "FROM"]
+    stages = {
+        arguments.split()[-1]
+        for keyword, arguments in pairs
+        if keyword == "FROM" and " AS " in arguments
+    }
 
-    assert bases == ["${PYTHON}"] * 3
+    # The builder, the sidecar and the operator; the other stages build on those.
+    assert [base for base in bases if base not in stages] == ["${PYTHON}"] * 3
+    assert set(bases) - {"${PYTHON}"} == {"builder", "sidecar"}
     # Before the first FROM: the one place to pin it by digest (--build-arg PYTHON=...@sha256:).
     assert pairs[0] == ("ARG", "PYTHON=python:3.11-slim")
 
@@ -117,3 +124,16 @@ def test_the_sidecar_image_carries_only_the_sidecar_as_a_numeric_non_root_user()
     assert users == ["65532:65532"]
     entrypoints = [arguments for keyword, arguments in sidecar if keyword == "ENTRYPOINT"]
     assert [json.loads(entrypoint) for entrypoint in entrypoints] == [["cronlock-sidecar"]]
+
+
+def test_the_stores_image_is_the_sidecar_and_the_store_clients_alone() -> None:
+    """`sidecar-stores`: FROM the sidecar (its user, entrypoint and files), one COPY of the
+    clients installed from their own hash-pinned lock, and a check that they import."""
+    pairs = stage("sidecar-stores")
+    assert pairs[0] == ("FROM", "sidecar AS sidecar-stores")
+    copies = [arguments for keyword, arguments in pairs if keyword == "COPY"]
+    assert copies == ["--from=stores-builder /opt/sidecar-stores /opt/sidecar"]
+    assert not [keyword for keyword, _ in pairs if keyword in ("USER", "ENTRYPOINT", "ENV")]
+    builder = " ".join(arguments for _, arguments in stage("stores-builder"))
+    assert "--require-hashes" in builder
+    assert "-r requirements-stores.lock" in builder

@@ -23,10 +23,12 @@ from typing import Any, Final
 
 import kubernetes
 
+from cronlock_operator.storeaccess import StoreAccessError, open_store, store_url
 from cronlock_sidecar import contract
 from cronlock_sidecar.lock.durations import DurationError, parse_duration
 from cronlock_sidecar.lock.model import read_lease
 from cronlock_sidecar.microtime import MicroTimeError, format_microtime, parse_microtime
+from cronlock_sidecar.transport.seam import ApiError, Conflict, LeaseRef, NotFound
 
 EXIT_OK: Final = 0
 EXIT_NOT_FOUND: Final = 1
@@ -83,6 +85,12 @@ def add_parsers(commands: Any) -> None:
 
 def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("lock", metavar="LOCK", help="the lock (cronlock.io/lock)")
+    parser.add_argument(
+        "--store-secret",
+        metavar="SECRET",
+        help="the lock is in Redis or PostgreSQL (cronlock.io/store): the Secret its "
+        "CronJobs name in cronlock.io/store-secret; needs get on that Secret",
+    )
     parser.add_argument("-n", "--namespace", help="its namespace (default: the context's)")
     parser.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, ...)")
     parser.add_argument("--context", help="kubeconfig context to use")
@@ -155,20 +163,89 @@ def freeze(
     reason: str,
     stop_running: bool = False,
     now: Callable[[], datetime] = lambda: datetime.now(UTC),
+    store_secret: str | None = None,
 ) -> Freeze:
+    """Freeze the lock: on its Lease, or with `store_secret` in the store that Secret names."""
     end, why = until_from(duration, until, now()), clean_reason(reason)
     wanted = Freeze(end, caller(api), why, stop_running)
-    _patch(api, namespace, lock, wanted.annotations())
+    if store_secret is None:
+        _patch(api, namespace, lock, wanted.annotations())
+    else:
+        _stored_notes(api, namespace, lock, store_secret, wanted.annotations())
     return wanted
 
 
-def unfreeze(api: kubernetes.client.ApiClient, namespace: str, lock: str) -> bool:
+def unfreeze(
+    api: kubernetes.client.ApiClient, namespace: str, lock: str, store_secret: str | None = None
+) -> bool:
     """End the freeze; False when the lock was not frozen (nothing written)."""
+    if store_secret is not None:
+        return _stored_notes(
+            api, namespace, lock, store_secret, dict.fromkeys(contract.FREEZE_NOTES)
+        )
     lease = _read(api, namespace, lock)
     if read_lease(lease).frozen_until is None:
         return False
     _patch(api, namespace, lock, dict.fromkeys(contract.FREEZE_NOTES))
     return True
+
+
+# Compare-and-set attempts on a stored lock whose holder renews meanwhile.
+STORE_ATTEMPTS: Final = 5
+
+
+def _stored_notes(
+    api: kubernetes.client.ApiClient,
+    namespace: str,
+    lock: str,
+    secret: str,
+    notes: dict[str, str | None],
+) -> bool:
+    """Write `notes` (None: remove) on the lock's document in its store, by compare-and-set
+    on the version read; a lock never taken there gets a document with only the notes.
+    False when removing notes that were not there (nothing written)."""
+    try:
+        store = open_store(store_url(api, namespace, secret), read_only=False)
+    except StoreAccessError as error:
+        raise FreezeError(f"cannot reach the lock's store: {error}", EXIT_UNAVAILABLE) from None
+    ref = LeaseRef(namespace, contract.lease_name(lock))
+    adding = any(value is not None for value in notes.values())
+    try:
+        for _ in range(STORE_ATTEMPTS):
+            try:
+                body: dict[str, Any] | None = dict(store.get(ref))
+            except NotFound:
+                body = None
+            current = dict(((body or {}).get("metadata") or {}).get("annotations") or {})
+            wanted = {k: v for k, v in {**current, **notes}.items() if v is not None}
+            if wanted == current:
+                return adding
+            try:
+                if body is None:
+                    store.create(ref, _new_document(ref, wanted))
+                else:
+                    body["metadata"] = {**(body.get("metadata") or {}), "annotations": wanted}
+                    store.replace(ref, body)
+            except Conflict:
+                continue  # its holder renewed meanwhile: read again
+            return True
+    except ApiError as error:
+        raise FreezeError(f"the lock's store refused: {error}", EXIT_UNAVAILABLE) from None
+    finally:
+        store.close()
+    raise FreezeError(
+        f"lock {lock} changed {STORE_ATTEMPTS} times while it was written; try again",
+        EXIT_UNAVAILABLE,
+    )
+
+
+def _new_document(ref: LeaseRef, annotations: dict[str, str]) -> dict[str, Any]:
+    return {
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {"name": ref.name, "namespace": ref.namespace, "annotations": annotations},
+        "spec": {},
+    }
 
 
 def _read(api: kubernetes.client.ApiClient, namespace: str, lock: str) -> dict[str, Any]:
@@ -240,13 +317,14 @@ def run(
                 until=args.until,
                 reason=args.reason,
                 stop_running=args.stop_running,
+                store_secret=args.store_secret,
             )
             print(
                 f"lock {args.lock} in {namespace} frozen until {format_microtime(done.until)} "
                 f"by {done.by}: {done.reason}"
                 + ("; the run working on it stops at its next renewal" if done.stop_running else "")
             )
-        elif unfreeze(api, namespace, args.lock):
+        elif unfreeze(api, namespace, args.lock, args.store_secret):
             print(f"lock {args.lock} in {namespace} unfrozen")
         else:
             print(f"lock {args.lock} in {namespace} was not frozen")
