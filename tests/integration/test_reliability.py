@@ -25,6 +25,7 @@ from tests.reliability.checker import (
     FREEZE,
     PROCESS_FAULTS,
     ROOT,
+    STORE_FAULTS,
     Checker,
     Settings,
 )
@@ -124,6 +125,30 @@ def test_a_contender_whose_clock_is_ahead_beyond_the_model_takes_the_lock_from_a
     assert report["overlaps"] == 0  # no fault inside the guarantee was injected
     displaced = report["exit_codes"].get("70", 0)
     assert displaced + report["overlaps_outside_guarantee"] >= 1, report
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("kind", ["redis", "postgres"])
+def test_with_the_lock_in_a_store_its_faults_and_a_clock_far_ahead_cause_no_overlap(
+    controlplane: ControlPlane, tmp_path: Path, request: pytest.FixtureRequest, kind: str
+) -> None:
+    """`--store`: the server paused and restarted, a slow network to it, and a contender
+    whose clock is ahead beyond ttl + skew, which on the Lease takes the lock (the test
+    above) and here cannot: the store's clock judges the lock's age."""
+    server = request.getfixturevalue(f"{kind}_store")
+    faults = [*STORE_FAULTS, CLOCK_AHEAD]
+    checker = Checker(
+        controlplane, tmp_path, SHORT, faults, seed(), log=print, store=(kind, server)
+    )
+    report = checker.run(2, faults_per_trial=2)
+    print(json.dumps(report, indent=2))
+    assert report["store"] == kind
+    assert sorted(report["by_fault"]) == sorted(faults)
+    assert report["fault_errors"] == 0, report["by_fault"]
+    assert report["overlaps"] == 0, report
+    assert report["overlaps_outside_guarantee"] == 0, report
+    assert report["delayed"] == 0, report["by_fault"]
+    assert report["timed_out_trials"] == 0
 
 
 @pytest.mark.parametrize("offset", [-20.0, 45.0])
