@@ -18,7 +18,7 @@ starts its own control plane under .testenv/reliability (or uses $KUBECONFIG wit
 
 holds the lock in Redis or PostgreSQL instead (`run --store`; the server from Debian,
 started here on loopback, tests/support/stores.py), with the store's own faults (the server
-paused, killed and restarted, a slow network to it) beside the process faults. There a
+paused, killed and restarted, a slow or cut network to it) beside the process faults. There a
 contender's clock far ahead is inside the guarantee: the store's clock judges age.
 """
 
@@ -72,9 +72,9 @@ CLOCK_AHEAD = "clock-ahead"
 OUTSIDE_FAULTS = (FREEZE, CLOCK_AHEAD)
 # With the lock in Redis or PostgreSQL (--store): the server's own faults, and the network
 # to it; a clock far ahead is inside the guarantee there (the store's clock judges age).
-STORE_FAULTS = ("pause-store", "restart-store", "slow-network")
+STORE_FAULTS = ("pause-store", "restart-store", "slow-network", "cut-network")
 STORE_GUARANTEED_FAULTS = (*PROCESS_FAULTS, *STORE_FAULTS, CLOCK_AHEAD)
-ALL_FAULTS = (*GUARANTEED_FAULTS, *OUTSIDE_FAULTS, "pause-store", "restart-store")
+ALL_FAULTS = (*GUARANTEED_FAULTS, *OUTSIDE_FAULTS, "pause-store", "restart-store", "cut-network")
 
 
 class StoreServer(Protocol):
@@ -302,7 +302,7 @@ class Checker:
         self.outside: tuple[str, ...] = (FREEZE,) if store else OUTSIDE_FAULTS
         if store is not None and set(faults) & set(CONTROL_PLANE_FAULTS) - {"slow-network"}:
             raise ValueError("with --store, the control plane holds no lock: no faults there")
-        if store is None and set(faults) & {"pause-store", "restart-store"}:
+        if store is None and set(faults) & {"pause-store", "restart-store", "cut-network"}:
             raise ValueError("store faults need --store")
         self.cluster = cluster
         self.mark = secrets.token_hex(6)
@@ -483,6 +483,7 @@ class Checker:
             if self.components is not None:
                 self.components.resume_all()
             self.proxy.delay = 0.0
+            self.proxy.cut = False
             self._stop(slots, trial)
             stderr.close()
         state.tally(trial, trial.faults)
@@ -623,6 +624,14 @@ class Checker:
                 finally:
                     self.proxy.delay = 0.0
                 time.sleep(delay)  # bytes already queued still arrive late
+            elif fault.kind == "cut-network":
+                seconds = self.random.uniform(2, settings.ttl + 4)
+                fault.detail = f"{seconds:.1f}s"
+                self.proxy.cut = True
+                try:
+                    time.sleep(seconds)
+                finally:
+                    self.proxy.cut = False
             elif fault.kind == "pause-store" and self.store is not None:
                 server = self.store[1]
                 seconds = self.random.uniform(2, settings.ttl + 4)

@@ -1,4 +1,5 @@
-"""A TCP relay on loopback that can delay every byte, to play a slow network to the API server.
+"""A TCP relay on loopback that can delay every byte, or lose them all, to play a slow or a
+cut network to the API server or a lock store.
 
 TLS passes through untouched: the API server's certificate has the IP SAN 127.0.0.1 and
 the relay listens on 127.0.0.1, so clients verify it exactly as without the relay.
@@ -27,6 +28,9 @@ class DelayingProxy:
             raise ValueError(f"only loopback upstreams are relayed, not {upstream_host}")
         self.upstream = (upstream_host, upstream_port)
         self.delay = 0.0
+        # A cut network: connections stay open, every byte either way is lost (as when a
+        # firewall drops packets), until `cut` is False again.
+        self.cut = False
         self.port = 0
         self.connections = 0
         self._loop = asyncio.new_event_loop()
@@ -97,6 +101,8 @@ class DelayingProxy:
         try:
             while True:
                 data = await reader.read(CHUNK)
+                if data and self.cut:
+                    continue  # lost on the way
                 await queue.put((time.monotonic() + self.delay, data))
                 if not data:
                     break
