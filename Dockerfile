@@ -74,7 +74,8 @@ RUN --mount=type=secret,id=pip-ca \
     if [ -f /run/secrets/pip-ca ]; then export PIP_CERT=/run/secrets/pip-ca; fi \
     && /opt/build/bin/pip install --no-cache-dir --require-hashes --no-deps \
         --target /opt/sidecar-stores -r requirements-stores.lock \
-    && rm -rf /opt/sidecar-stores/bin
+    && rm -rf /opt/sidecar-stores/bin \
+    && PYTHONPATH=/opt/sidecar-stores python -c "import redis, psycopg; psycopg.pq.version()"
 
 
 # Read-only root filesystem friendly, in every image: no .pyc writes, unbuffered logs,
@@ -108,7 +109,6 @@ LABEL org.opencontainers.image.title="cronlock-sidecar-stores" \
       org.opencontainers.image.description="The cronlock sidecar with the Redis and PostgreSQL clients, for locks shared across clusters"
 
 COPY --from=stores-builder /opt/sidecar-stores /opt/sidecar
-RUN ["python3", "-c", "import sys; sys.path.insert(0, '/opt/sidecar'); import redis, psycopg; psycopg.pq.version()"]
 
 
 FROM ${PYTHON}
