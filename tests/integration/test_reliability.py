@@ -132,16 +132,18 @@ def test_a_contender_whose_clock_is_ahead_beyond_the_model_takes_the_lock_from_a
 def test_with_the_lock_in_a_store_its_faults_and_a_clock_far_ahead_cause_no_overlap(
     controlplane: ControlPlane, tmp_path: Path, request: pytest.FixtureRequest, kind: str
 ) -> None:
-    """`--store`: the server paused and restarted, the network to it cut, and a contender
-    whose clock is ahead beyond ttl + skew, which on the Lease takes the lock (the test
-    above) and here cannot: the store's clock judges the lock's age."""
+    """`--store`: the network to the store cut, and a contender whose clock is ahead
+    beyond ttl + skew, which on the Lease takes the lock (the test above) and here cannot:
+    the store's clock judges the lock's age."""
     server = request.getfixturevalue(f"{kind}_store")
-    faults = ["pause-store", "restart-store", "cut-network", CLOCK_AHEAD]
+    # One trial each, for CI's time: a paused server is in test_stores.py, and every store
+    # fault many times in the long run (docs/RELIABILITY.md).
+    faults = ["cut-network", CLOCK_AHEAD]
     assert set(faults) - {CLOCK_AHEAD} <= set(STORE_FAULTS)
     checker = Checker(
         controlplane, tmp_path, SHORT, faults, seed(), log=print, store=(kind, server)
     )
-    report = checker.run(2, faults_per_trial=2)
+    report = checker.run(1, faults_per_trial=2)
     print(json.dumps(report, indent=2))
     assert report["store"] == kind
     assert sorted(report["by_fault"]) == sorted(faults)
