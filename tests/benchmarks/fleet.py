@@ -143,6 +143,22 @@ class Phase:
     works_stopped_early: int
     nodes: dict[str, int]
     leases: dict[str, Any] | None
+    failed_before_window: list[str]  # Jobs that failed while the runs were starting
+    liveness_kills: int  # `Unhealthy` Events: the kubelet's probe on /held timed out
+
+
+def failed_jobs(batch: kubernetes.client.BatchV1Api, namespace: str) -> set[str]:
+    """The CronJobs (by name) whose run's Job failed."""
+    return {
+        str(job.metadata.name).removesuffix("-run")
+        for job in batch.list_namespaced_job(namespace).items
+        if any(c.type == "Failed" and c.status == "True" for c in job.status.conditions or [])
+    }
+
+
+def liveness_kills(core: kubernetes.client.CoreV1Api, namespace: str) -> int:
+    events = core.list_namespaced_event(namespace, field_selector="reason=Unhealthy").items
+    return sum(int(event.count or 1) for event in events)
 
 
 def spread(core: kubernetes.client.CoreV1Api, namespace: str) -> dict[str, int]:
@@ -183,6 +199,7 @@ def run_phase(
     name: str,
     locks: int,
     seconds: float,
+    pace: float,
 ) -> Phase:
     guarded = name == "guarded"
     namespace = f"fleet-{name}-{secrets.token_hex(3)}"
@@ -209,19 +226,26 @@ def run_phase(
         began = time.monotonic()
         for each in names:
             batch.create_namespaced_job(namespace, job_from_cronjob(templates[each], f"{each}-run"))
+            time.sleep(pace)
 
-        def all_working() -> bool:
-            running = [w for w in tracker.works(f"{name}-") if w.running]
-            return len(running) >= locks
+        def all_started_or_ended() -> bool:
+            started = {w.pod.rsplit("-", 2)[0] for w in tracker.works(f"{name}-")}
+            return len(started) + len(failed_jobs(batch, namespace) - started) >= locks
 
-        wait_for(all_working, 1800, f"{locks} {name} works to start", every=2.0)
-        print(f"{name}: {locks} works started in {time.monotonic() - began:.0f} s", flush=True)
+        wait_for(all_started_or_ended, 1800, f"{locks} {name} works to start", every=2.0)
+        start_failures = failed_jobs(batch, namespace)
+        print(
+            f"{name}: {locks} runs started in {time.monotonic() - began:.0f} s "
+            f"({len(start_failures)} Jobs failed meanwhile)",
+            flush=True,
+        )
         wall_start = time.time()
         with measured(plane, operator_pid) as figures:
             time.sleep(seconds)
         wall_end = time.time()
         works = tracker.works(f"{name}-")
         stopped = sum(1 for w in works if not w.running)
+        unhealthy = liveness_kills(core, namespace)
         nodes = spread(core, namespace)
         leases = None
         if guarded:
@@ -255,6 +279,8 @@ def run_phase(
         stopped,
         nodes,
         leases,
+        sorted(start_failures),
+        unhealthy,
     )
 
 
@@ -277,7 +303,9 @@ def table(phases: dict[str, Phase]) -> str:
     for phase in (plain, guarded):
         lines.append(
             f"{phase.name}: {phase.works} works ({phase.nodes}), {phase.seconds:.0f} s measured, "
-            f"{phase.works_stopped_early} stopped before the end"
+            f"{phase.works_stopped_early} stopped before the end; "
+            f"{len(phase.failed_before_window)} Jobs failed while starting; "
+            f"{phase.liveness_kills} liveness probe failures"
         )
     if guarded.leases:
         lease = guarded.leases
@@ -296,6 +324,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--locks", type=int, default=200)
     parser.add_argument("--hold", type=float, default=600.0, help="guarded phase, seconds")
     parser.add_argument("--baseline", type=float, default=180.0, help="plain phase, seconds")
+    parser.add_argument(
+        "--pace", type=float, default=0.5, help="seconds between two Jobs created (default 0.5)"
+    )
     parser.add_argument("--env-dir", type=Path, default=ROOT / ".testenv" / "bench-fleet")
     parser.add_argument("--keep-controlplane", action="store_true")
     args = parser.parse_args(argv)
@@ -316,6 +347,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 name,
                 args.locks,
                 seconds,
+                args.pace,
             )
     print(table(phases))
     out = ROOT / ".testenv" / "bench" / "fleet.json"
