@@ -64,7 +64,7 @@ def test_a_pods_lock_in_redis_makes_the_run_elsewhere_skip_and_then_take_it(
     cluster: Scenario, redis_on_link: RedisServer, tmp_path: Path
 ) -> None:
     secret(cluster, redis_on_link)
-    cluster.cronjob("ledger", "sleep 12", **IN_REDIS)
+    cluster.cronjob("ledger", "sleep 6", **IN_REDIS)
     cluster.run("ledger", "ledger-1")
     work = cluster.main_running("ledger-1")
     assert cluster.gate_exit("ledger-1") == 0
