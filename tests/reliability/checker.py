@@ -625,35 +625,22 @@ class Checker:
                     self.proxy.delay = 0.0
                 time.sleep(delay)  # bytes already queued still arrive late
             elif fault.kind == "cut-network":
-                seconds = self.random.uniform(2, settings.ttl + 4)
-                fault.detail = f"{seconds:.1f}s"
-                self.proxy.cut = True
-                try:
-                    time.sleep(seconds)
-                finally:
-                    self.proxy.cut = False
+                self._for_a_while(fault, lambda: setattr(self.proxy, "cut", True),
+                                  lambda: setattr(self.proxy, "cut", False))  # fmt: skip
             elif fault.kind == "pause-store" and self.store is not None:
                 server = self.store[1]
-                seconds = self.random.uniform(2, settings.ttl + 4)
-                fault.detail = f"{seconds:.1f}s"
-                server.pause()
-                try:
-                    time.sleep(seconds)
-                finally:
-                    server.resume()
+                self._for_a_while(fault, server.pause, server.resume)
             elif fault.kind == "restart-store" and self.store is not None:
                 fault.cleared = self.store[1].restart()
                 fault.detail = f"back after {fault.cleared - fault.fired:.1f}s"
                 return
             elif components is not None and fault.kind.startswith("pause-"):
                 component = "etcd" if fault.kind == "pause-etcd" else "kube-apiserver"
-                seconds = self.random.uniform(2, settings.ttl + 4)
-                fault.detail = f"{seconds:.1f}s"
-                components.pause(component)
-                try:
-                    time.sleep(seconds)
-                finally:
-                    components.resume(component)
+                self._for_a_while(
+                    fault,
+                    lambda: components.pause(component),
+                    lambda: components.resume(component),
+                )
                 components.wait_ready()
             elif components is not None and fault.kind.startswith("restart-"):
                 component = "etcd" if fault.kind == "restart-etcd" else "kube-apiserver"
@@ -668,6 +655,18 @@ class Checker:
         finally:
             if not fault.cleared:
                 fault.cleared = time.monotonic()
+
+    def _for_a_while(
+        self, fault: Fault, start: Callable[[], None], end: Callable[[], None]
+    ) -> None:
+        """`start` the fault, and `end` it 2s to ttl + 4s later (the seconds in its detail)."""
+        seconds = self.random.uniform(2, self.settings.ttl + 4)
+        fault.detail = f"{seconds:.1f}s"
+        start()
+        try:
+            time.sleep(seconds)
+        finally:
+            end()
 
     def _frozen(self, pids: list[int], seconds: float, then: Sequence[int] = ()) -> None:
         """SIGSTOP `pids` and `then`; after `seconds` SIGCONT `pids`, and `then` 0.3s later."""
