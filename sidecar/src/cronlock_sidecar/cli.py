@@ -3,22 +3,20 @@
 from __future__ import annotations
 
 import os
-import signal
 import sys
-import threading
-from collections.abc import Mapping, Sequence
-from pathlib import Path
-from types import FrameType
-from typing import TYPE_CHECKING
 
 from cronlock_sidecar.contract import EXIT_CONFIG
-from cronlock_sidecar.options import ConfigError, Options, parse_options
-from cronlock_sidecar.pod import logs
 
+# Only what every command needs is imported here: each command imports its own modules,
+# and the gate's path stays as short as it can be (commands/gate.py).
+TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+    from types import FrameType
     from typing import Protocol
 
     from cronlock_sidecar.holding.outcomes import Clock
+    from cronlock_sidecar.options import Options
     from cronlock_sidecar.transport.seam import LeaseTransport
 
     class StoreClient(LeaseTransport, Protocol):
@@ -31,6 +29,17 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     """Exit codes: 0 ok, 75 skipped, 69 unavailable or forbidden, 78 bad configuration, 70 lost."""
     arguments = sys.argv[1:] if argv is None else argv
     environment = os.environ if env is None else env
+    if list(arguments) == ["gate"]:
+        # How the operator runs the gate: its settings in the environment, read without
+        # the option parser; anything that parser must judge goes on below.
+        from cronlock_sidecar.commands.gate import from_environment, gate
+
+        settings = from_environment(environment)
+        if settings is not None:
+            return gate(settings)
+    from cronlock_sidecar.options import ConfigError, parse_options
+    from cronlock_sidecar.pod import logs
+
     try:
         options = parse_options(arguments, environment)
     except ConfigError as error:
@@ -38,11 +47,15 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
         return EXIT_CONFIG
     logs.configure(options.log_format, options.log_level)
     # Each command imports only what it uses: the sidecar's resident memory is a goal,
-    # and the gate's start is on every run's way to its work (docs/PERFORMANCE.md).
+    # and its decision and the gate's start are on every run's way to its work.
     if options.command == "gate":
-        from cronlock_sidecar.commands.gate import gate
+        from cronlock_sidecar.commands.gate import GateSettings, gate
 
-        return gate(Path(options.run_dir), options.gate_timeout)
+        return gate(
+            GateSettings(
+                options.run_dir, options.gate_timeout, options.log_format, options.log_level
+            )
+        )
     from cronlock_sidecar.holding.outcomes import SystemClock
 
     # One clock for the hold and its store: a store shifts the times it reads onto the
@@ -73,6 +86,7 @@ def _transport(options: Options, environment: Mapping[str, str], clock: Clock) -
         from cronlock_sidecar.transport.pgstore import PostgresLeaseStore
 
         return PostgresLeaseStore(options.store, clock.now, timeout)
+    from cronlock_sidecar.pod import logs
     from cronlock_sidecar.transport.kubeapi import KubeLeaseClient
     from cronlock_sidecar.transport.kubeconfig import KubeConfigError, load_cluster
 
@@ -85,13 +99,20 @@ def _transport(options: Options, environment: Mapping[str, str], clock: Clock) -
 
 
 def _hold(options: Options, transport: LeaseTransport, clock: Clock) -> int:
+    import signal
+    import threading
+
     from cronlock_sidecar.commands.hold import Holder
-    from cronlock_sidecar.pod.endpoints import Endpoints, SidecarState
+    from cronlock_sidecar.pod import logs
+    from cronlock_sidecar.pod.serving import Serving
+    from cronlock_sidecar.pod.state import SidecarState
     from cronlock_sidecar.pod.stopping import StopPipe
 
     state = SidecarState()
     try:
-        endpoints = Endpoints(state, options.port)
+        # The port now, so a taken one fails the sidecar before it decides; the HTTP
+        # server once it has decided (pod/serving.py).
+        serving = Serving(state, options.port)
     except OSError as error:
         logs.fatal(f"--port: cannot listen on 0.0.0.0:{options.port}: {error}")
         return EXIT_CONFIG
@@ -103,11 +124,10 @@ def _hold(options: Options, transport: LeaseTransport, clock: Clock) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    endpoints.start()
     try:
-        return Holder(options, transport, clock, state, stop).run()
+        return Holder(options, transport, clock, state, stop, serve=serving.start).run()
     finally:
-        endpoints.stop()
+        serving.stop()
 
 
 if __name__ == "__main__":

@@ -18,8 +18,8 @@ from cronlock_sidecar.transport.storeurl import StoreUrl, StoreUrlError, parse_s
 COMMANDS = ("hold", "gate", "run")
 POLICIES = contract.POLICIES
 STOP_MODES = ("auto", "liveness", "signal")
-LOG_FORMATS = ("plain", "json")
-LOG_LEVELS = ("debug", "info", "warning", "error")
+LOG_FORMATS = contract.LOG_FORMATS
+LOG_LEVELS = contract.LOG_LEVELS
 DEFAULT_WAIT_TIMEOUT = 0.0
 
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -94,7 +94,7 @@ class Options(NamedTuple):
     @property
     def gate_timeout(self) -> float:
         """The gate gives up a minute after the longest the sidecar may wait to decide."""
-        return self.wait_timeout + 60.0
+        return self.wait_timeout + contract.GATE_TIMEOUT_AFTER_WAIT_SECONDS
 
 
 class _Parser(argparse.ArgumentParser):

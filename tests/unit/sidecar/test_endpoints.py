@@ -10,13 +10,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from cronlock_sidecar.pod.endpoints import (
-    CONNECTION_SECONDS,
-    EVICTION_SLACK,
-    MAX_CONNECTIONS,
-    Endpoints,
-    SidecarState,
-)
+from cronlock_sidecar.pod.endpoints import CONNECTION_SECONDS, EVICTION_SLACK, MAX_CONNECTIONS
+from cronlock_sidecar.pod.serving import Serving
+from cronlock_sidecar.pod.state import SidecarState
 
 # The kubelet's probe gives up after 1 s, and one miss kills the run.
 PROBE_TIMEOUT = 1.0
@@ -35,10 +31,10 @@ def threads_before() -> int:
 
 
 @pytest.fixture
-def endpoints(threads_before: int) -> Iterator[Endpoints]:
+def endpoints(threads_before: int) -> Iterator[Serving]:
     state = SidecarState()
     state.update(held=True)
-    server = Endpoints(state, 0, host="127.0.0.1")
+    server = Serving(state, 0, host="127.0.0.1")
     server.start()
     yield server
     server.stop()
@@ -92,7 +88,7 @@ def status(answer: bytes) -> int:
 
 @pytest.mark.timeout(15)
 def test_a_flood_of_slow_connections_takes_no_more_threads_and_beyond_the_cap_is_closed_at_once(
-    endpoints: Endpoints, threads_before: int, flood: list[socket.socket]
+    endpoints: Serving, threads_before: int, flood: list[socket.socket]
 ) -> None:
     serving = threading.active_count()
     assert serving - threads_before <= MAX_CONNECTIONS + EVICTION_SLACK + 1
@@ -105,7 +101,7 @@ def test_a_flood_of_slow_connections_takes_no_more_threads_and_beyond_the_cap_is
 
 @pytest.mark.timeout(15)
 def test_slow_connections_are_closed_once_their_time_is_up(
-    endpoints: Endpoints, flood: list[socket.socket]
+    endpoints: Serving, flood: list[socket.socket]
 ) -> None:
     started = time.monotonic()
     flood.extend(slow_connection(endpoints.port) for _ in range(200))
@@ -118,7 +114,7 @@ def test_slow_connections_are_closed_once_their_time_is_up(
 
 @pytest.mark.timeout(15)
 def test_a_probe_from_another_address_is_answered_at_once_while_a_flood_fills_the_cap(
-    endpoints: Endpoints, flood: list[socket.socket]
+    endpoints: Serving, flood: list[socket.socket]
 ) -> None:
     flood.extend(slow_connection(endpoints.port) for _ in range(200))
     stop = threading.Event()
@@ -146,7 +142,7 @@ def test_a_probe_from_another_address_is_answered_at_once_while_a_flood_fills_th
 
 @pytest.mark.timeout(15)
 def test_a_probe_from_the_flooding_address_is_refused_then_answered_once_the_slow_ones_expire(
-    endpoints: Endpoints, flood: list[socket.socket]
+    endpoints: Serving, flood: list[socket.socket]
 ) -> None:
     started = time.monotonic()
     flood.extend(slow_connection(endpoints.port) for _ in range(200))
@@ -158,7 +154,7 @@ def test_a_probe_from_the_flooding_address_is_refused_then_answered_once_the_slo
 
 @pytest.mark.timeout(15)
 def test_a_request_dripped_a_header_at_a_time_is_cut_off_at_the_connection_deadline(
-    endpoints: Endpoints,
+    endpoints: Serving,
 ) -> None:
     # Each header arrives well within the per-read timeout; only the total bound ends it.
     with socket.create_connection(("127.0.0.1", endpoints.port), timeout=5) as sock:
@@ -178,7 +174,7 @@ def test_a_request_dripped_a_header_at_a_time_is_cut_off_at_the_connection_deadl
     assert CONNECTION_SECONDS - 0.1 <= cut_off < CONNECTION_SECONDS + 1.5
 
 
-def test_an_oversized_request_line_is_refused_with_414(endpoints: Endpoints) -> None:
+def test_an_oversized_request_line_is_refused_with_414(endpoints: Serving) -> None:
     long_path = b"/held?" + b"a" * 5000
     assert status(exchange(endpoints.port, b"GET " + long_path + b" HTTP/1.1\r\n\r\n")) == 414
     # A long but reasonable line is still served.
@@ -195,13 +191,13 @@ def test_an_oversized_request_line_is_refused_with_414(endpoints: Endpoints) -> 
     ids=["too-many", "too-large"],
 )
 def test_too_many_or_too_large_headers_are_refused_with_431(
-    endpoints: Endpoints, headers: bytes
+    endpoints: Serving, headers: bytes
 ) -> None:
     request = b"GET /held HTTP/1.1\r\nHost: x\r\n" + headers + b"\r\n"
     assert status(exchange(endpoints.port, request)) == 431
 
 
-def test_keep_alive_is_not_honoured_one_request_per_connection(endpoints: Endpoints) -> None:
+def test_keep_alive_is_not_honoured_one_request_per_connection(endpoints: Serving) -> None:
     keep_alive = b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: keep-alive\r\n\r\n"
     started = time.monotonic()
     answer = exchange(endpoints.port, keep_alive + keep_alive)  # the second is pipelined

@@ -24,7 +24,7 @@ import pytest
 
 from cronlock_sidecar.commands.hold import Holder, RunGuard
 from cronlock_sidecar.options import parse_options
-from cronlock_sidecar.pod.endpoints import SidecarState
+from cronlock_sidecar.pod.state import SidecarState
 from cronlock_sidecar.transport.seam import Lease, LeaseRef
 
 if TYPE_CHECKING:
@@ -93,6 +93,10 @@ class Sidecar:
                 return int(answer.status), answer.read().decode()
         except urllib.error.HTTPError as error:
             return int(error.code), error.read().decode()
+
+    def serve(self) -> None:
+        """What cli.py passes as Serving.start: records what was decided by then."""
+        self.events.append(f"serve, decided {self.decision() or 'nothing'}")
 
     def decision(self) -> str:
         path = self.run_dir / "decision"
@@ -316,7 +320,13 @@ class InProcess:
     """A Holder on a thread, with a fake clock, transport and watchdog, and its event log."""
 
     def __init__(
-        self, tmp_path: Path, clock: FakeClock, lease: Lease, stop_mode: str, policy: str = "skip"
+        self,
+        tmp_path: Path,
+        clock: FakeClock,
+        lease: Lease,
+        stop_mode: str,
+        policy: str = "skip",
+        wait_timeout: str | None = None,
     ) -> None:
         self.events: list[str] = []
         self.run_dir = tmp_path / "run"
@@ -331,6 +341,7 @@ class InProcess:
                 "hold", "--lease", "default/cronlock-report", "--identity", ME,
                 "--ttl", "3s", "--renew", "200ms", "--kill-grace", "1s", "--stop", stop_mode,
                 "--run-dir", str(self.run_dir), "--policy", policy,
+                *(["--wait-timeout", wait_timeout] if wait_timeout else []),
             ],
             {},
         )  # fmt: skip
@@ -344,6 +355,7 @@ class InProcess:
             self.stop,
             start_watchdog=self.start_watchdog,
             proc_root=self.proc_root,
+            serve=self.serve,
         )
         self.codes: list[int] = []
         self.thread = threading.Thread(target=lambda: self.codes.append(self.holder.run()))
@@ -354,6 +366,10 @@ class InProcess:
         if self.start_error is not None:
             raise self.start_error
         return FakeWatchdog(self.events, self.watchdog_pid, hears=self.watchdog_hears)
+
+    def serve(self) -> None:
+        """What cli.py passes as Serving.start: records what was decided by then."""
+        self.events.append(f"serve, decided {self.decision() or 'nothing'}")
 
     def decision(self) -> str:
         path = self.run_dir / "decision"
@@ -373,8 +389,15 @@ class InProcess:
 def in_process(tmp_path: Path, clock: FakeClock) -> Iterator[Callable[..., InProcess]]:
     made: list[InProcess] = []
 
-    def make(stop_mode: str, lease: Lease | None = None, policy: str = "skip") -> InProcess:
-        made.append(InProcess(tmp_path, clock, lease or make_lease(), stop_mode, policy))
+    def make(
+        stop_mode: str,
+        lease: Lease | None = None,
+        policy: str = "skip",
+        wait_timeout: str | None = None,
+    ) -> InProcess:
+        made.append(
+            InProcess(tmp_path, clock, lease or make_lease(), stop_mode, policy, wait_timeout)
+        )
         return made[-1]
 
     yield make
@@ -408,7 +431,7 @@ def test_liveness_mode_starts_no_watchdog(in_process: Callable[..., InProcess]) 
     wait_for(lambda: held.events.count(f"write {ME}") >= 3)
     assert held.decision() == "run"
     assert held.terminate() == 0
-    assert [event for event in held.events if not event.startswith("write")] == []
+    assert [event for event in held.events if not event.startswith(("write", "serve"))] == []
 
 
 def test_a_lost_lease_is_stopped_by_the_watchdog_and_the_sidecar_signals_nothing(
@@ -464,7 +487,46 @@ def test_a_restarted_sidecar_that_resumes_its_run_guards_it_again(
     held.thread.start()
     wait_for(lambda: len(held.untils()) >= 1)
     assert held.terminate() == 0
-    assert held.events[:2] == [f"write {ME}", "start until 1002.000 grace 1 decided True"]
+    # Serving first: the run's containers are probing /held already.
+    assert held.events[:3] == [
+        "serve, decided run",
+        f"write {ME}",
+        "start until 1002.000 grace 1 decided True",
+    ]
+
+
+def test_the_endpoints_start_once_the_decision_is_written_not_before(
+    in_process: Callable[..., InProcess],
+) -> None:
+    # Nothing probes the port before the decision (the run's containers start after the
+    # gate), and the HTTP server's start is not on the way to it (pod/serving.py).
+    held = in_process("liveness")
+    held.thread.start()
+    wait_for(lambda: any(event.startswith("serve") for event in held.events))
+    assert held.terminate() == 0
+    assert held.events[:2] == [f"write {ME}", "serve, decided run"]
+
+
+def test_a_skipping_sidecar_serves_too(
+    in_process: Callable[..., InProcess], clock: FakeClock
+) -> None:
+    held = in_process("liveness", make_lease("someone-else", renewed=clock.now()))
+    held.thread.start()
+    wait_for(lambda: any(event.startswith("serve") for event in held.events))
+    assert held.terminate() == 0
+    assert held.events[0] == "serve, decided skip"
+
+
+def test_a_waiting_sidecar_serves_while_it_waits(
+    in_process: Callable[..., InProcess], clock: FakeClock
+) -> None:
+    # `wait` may take minutes: /metrics and /healthz answer meanwhile.
+    held = in_process("liveness", make_lease("someone-else", renewed=clock.now()), "wait", "10m")
+    held.thread.start()
+    wait_for(lambda: any(event.startswith("serve") for event in held.events))
+    assert held.decision() == ""
+    assert held.terminate() == 0
+    assert held.events[0] == "serve, decided nothing"
 
 
 def test_a_watchdog_that_cannot_be_started_means_no_run(

@@ -1,17 +1,31 @@
-"""The init container that holds the user's containers back until the sidecar has decided."""
+"""The init container that holds the user's containers back until the sidecar has decided.
+
+The gate is on every guarded run's way to its work: it starts after the sidecar and the
+work starts after it exits. So its path imports only what reading a file and writing one
+line needs (no logging, argparse, pathlib or typing; docs/PERFORMANCE.md), and the
+operator's way of running it, `cronlock-sidecar gate` with its settings in the
+environment, is read here without the full option parser (`from_environment`). Anything
+else, flags or a value that parser would refuse, goes through that parser (cli.py), so an
+error reads the same as every other option's.
+"""
 
 from __future__ import annotations
 
-import logging
+import sys
 import time
-from collections.abc import Callable
-from pathlib import Path
 
+from cronlock_sidecar import contract
 from cronlock_sidecar.contract import EXIT_OK, EXIT_SKIPPED, EXIT_UNAVAILABLE
+from cronlock_sidecar.lock.durations import DurationError, parse_duration
+from cronlock_sidecar.pod import logline
 from cronlock_sidecar.pod.rundir import read_decision
 
-log = logging.getLogger("cronlock_sidecar.gate")
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
+    from typing import TextIO
 
+LOGGER = "cronlock_sidecar.gate"
 # The sidecar decides within a few hundred milliseconds of its start, and every
 # millisecond the gate sleeps past the decision delays the work: poll often at first,
 # then (a `wait` policy's long wait) ten times a second.
@@ -24,43 +38,122 @@ EXIT_CODES = {
     "skip": EXIT_SKIPPED,
     "unavailable": EXIT_UNAVAILABLE,
 }
+# The settings the gate reads from the environment; any other CRONLOCK_ variable is the
+# full parser's to judge.
+OWN_ENV = frozenset(
+    {
+        contract.ENV_RUN_DIR,
+        contract.ENV_WAIT_TIMEOUT,
+        contract.ENV_LOG_FORMAT,
+        contract.ENV_LOG_LEVEL,
+    }
+)
+
+
+class GateSettings:
+    """Where the decision appears, how long to wait for it, how to log (a plain class:
+    NamedTuple would import typing)."""
+
+    __slots__ = ("log_format", "log_level", "run_dir", "timeout")
+
+    def __init__(
+        self, run_dir: str, timeout: float, log_format: str = "plain", log_level: str = "info"
+    ) -> None:
+        self.run_dir = run_dir
+        self.timeout = timeout
+        self.log_format = log_format
+        self.log_level = log_level
+
+    def _fields(self) -> tuple[str, float, str, str]:
+        return (self.run_dir, self.timeout, self.log_format, self.log_level)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, GateSettings) and self._fields() == other._fields()
+
+    def __hash__(self) -> int:
+        return hash(self._fields())
+
+    def __repr__(self) -> str:
+        return "GateSettings(run_dir={!r}, timeout={!r}, log_format={!r}, log_level={!r})".format(
+            *self._fields()
+        )
+
+
+def from_environment(env: Mapping[str, str]) -> GateSettings | None:
+    """The settings of `cronlock-sidecar gate` run with its environment alone, or None where
+    the full option parser must judge them (a variable the gate does not read, a bad value)."""
+    for name, value in env.items():
+        if name.startswith(contract.ENV_PREFIX) and value != "" and name not in OWN_ENV:
+            return None
+    log_format = env.get(contract.ENV_LOG_FORMAT) or "plain"
+    log_level = env.get(contract.ENV_LOG_LEVEL) or "info"
+    if log_format not in contract.LOG_FORMATS or log_level not in contract.LOG_LEVELS:
+        return None
+    wait_timeout = 0.0
+    text = env.get(contract.ENV_WAIT_TIMEOUT) or ""
+    if text:
+        try:
+            wait_timeout = parse_duration(text)
+        except DurationError:
+            return None
+    return GateSettings(
+        run_dir=env.get(contract.ENV_RUN_DIR) or contract.RUN_DIR,
+        timeout=wait_timeout + contract.GATE_TIMEOUT_AFTER_WAIT_SECONDS,
+        log_format=log_format,
+        log_level=log_level,
+    )
 
 
 def gate(
-    run_dir: Path,
-    timeout: float,
+    settings: GateSettings,
     *,
     monotonic: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
+    out: TextIO | None = None,
 ) -> int:
     """Exit 0 to run, 75 to skip, 69 when the API was unavailable or no decision came."""
+    log = _Log(settings, out or sys.stderr)
     started = monotonic()
-    deadline = started + timeout
+    deadline = started + settings.timeout
     while True:
-        decision = read_decision(run_dir)
+        decision = read_decision(settings.run_dir)
         if decision is not None:
-            return _report(decision, run_dir)
+            return _report(decision, settings.run_dir, log)
         now = monotonic()
         if now >= deadline:
-            log.error(
-                "no decision from the cronlock sidecar in %s within %.0fs; not running "
-                "(fail closed)",
-                run_dir,
-                timeout,
+            log(
+                "error",
+                f"no decision from the cronlock sidecar in {settings.run_dir} within "
+                f"{settings.timeout:.0f}s; not running (fail closed)",
             )
             return EXIT_UNAVAILABLE
         sleep(FAST_POLL_SECONDS if now - started < FAST_POLL_FOR else POLL_SECONDS)
 
 
-def _report(decision: str, run_dir: Path) -> int:
+class _Log:
+    """The gate's lines, in the sidecar's format (pod/logline.py), at or above its level."""
+
+    def __init__(self, settings: GateSettings, out: TextIO) -> None:
+        self.settings = settings
+        self.out = out
+
+    def __call__(self, level: str, message: str) -> None:
+        if not logline.shown(level, self.settings.log_level):
+            return
+        text = logline.line(self.settings.log_format, time.time(), level, LOGGER, message)
+        self.out.write(text + "\n")
+        self.out.flush()
+
+
+def _report(decision: str, run_dir: str, log: Callable[[str, str], None]) -> int:
     if decision == "run":
-        log.info("lease acquired; starting the run")
+        log("info", "lease acquired; starting the run")
     elif decision == "overlap":
-        log.warning("another run holds the lease; observe policy: starting the run anyway")
+        log("warning", "another run holds the lease; observe policy: starting the run anyway")
     elif decision == "skip":
-        log.info("another run holds the lease; skipping this run")
+        log("info", "another run holds the lease; skipping this run")
     elif decision == "unavailable":
-        log.error("the sidecar could not reach or was refused by the API server; not running")
+        log("error", "the sidecar could not reach or was refused by the API server; not running")
     else:
-        log.error("unknown decision %r in %s; not running (fail closed)", decision, run_dir)
+        log("error", f"unknown decision {decision!r} in {run_dir}; not running (fail closed)")
     return EXIT_CODES.get(decision, EXIT_UNAVAILABLE)

@@ -19,9 +19,9 @@ from cronlock_sidecar.holding.lease import (
 )
 from cronlock_sidecar.holding.policy import acquire, record_overlap
 from cronlock_sidecar.options import Options
-from cronlock_sidecar.pod.endpoints import SidecarState
 from cronlock_sidecar.pod.processes import PROC, terminate_then_kill, visible_pids
 from cronlock_sidecar.pod.rundir import read_decision, write_decision
+from cronlock_sidecar.pod.state import SidecarState
 from cronlock_sidecar.pod.watchdog import REAP_TIMEOUT, start_for_pod
 from cronlock_sidecar.transport.seam import ApiError, LeaseTransport
 
@@ -59,6 +59,7 @@ class Holder:
         *,
         start_watchdog: StartWatchdog | None = None,
         proc_root: Path = PROC,
+        serve: Callable[[], None] = lambda: None,
     ) -> None:
         if options.lease is None:
             raise ValueError("hold needs a lease")
@@ -66,6 +67,9 @@ class Holder:
         self.state = state
         self.stop = stop
         self.proc_root = proc_root
+        # Starts the HTTP endpoints; called once the decision is written, or before a
+        # restarted sidecar confirms its Lease (pod/serving.py). Again is a no-op.
+        self._serve = serve
         self._start_watchdog = start_watchdog or self._fork_watchdog
         # Under `stop: signal`, from before the gate may let the run start until release.
         self.watchdog: RunGuard | None = None
@@ -91,8 +95,13 @@ class Holder:
         if previous in {"skip", "unavailable", "overlap"}:
             log.info("restarted after deciding %r; staying idle", previous)
             self.state.update(decision=previous)
+            self._serve()
             return self._idle()
-        acquired = self._resume() if previous == "run" else self._decide()
+        if previous == "run":
+            self._serve()
+            acquired = self._resume()
+        else:
+            acquired = self._decide()
         if acquired is None:
             return self._idle()
         if self.stop.is_set():
@@ -106,7 +115,7 @@ class Holder:
                 self.keeper,
                 policy=self.options.policy,
                 wait_timeout=self.options.wait_timeout,
-                pause=self.stop.wait,
+                pause=self._pause,
             )
         except ApiError as error:
             if self.options.observe:
@@ -140,7 +149,13 @@ class Holder:
             held=acquired is not None,
             fencing_token=acquired.transitions if acquired else None,
         )
+        self._serve()
         return acquired
+
+    def _pause(self, seconds: float) -> bool:
+        """Between a `wait` or `replace` policy's attempts: serve meanwhile, then sleep."""
+        self._serve()
+        return self.stop.wait(seconds)
 
     def _resume(self) -> Acquired | None:
         """A restarted sidecar of a pod that is running its work: ours still, or lost."""
@@ -267,6 +282,7 @@ class Holder:
 
     def _idle(self) -> int:
         """A native sidecar that exits is restarted: wait for the pod's SIGTERM instead."""
+        self._serve()
         self.stop.wait()
         if self.keeper.held or self.keeper.lost:
             self._release()

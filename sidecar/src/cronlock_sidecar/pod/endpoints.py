@@ -1,4 +1,7 @@
-"""/held for the liveness probe, /healthz and hand-written /metrics, on a small bounded server."""
+"""/held for the liveness probe, /healthz and hand-written /metrics, on a small bounded server.
+
+It serves what pod/state.py's SidecarState says, on the socket pod/serving.py bound.
+"""
 
 from __future__ import annotations
 
@@ -15,110 +18,9 @@ from collections import Counter
 from typing import Any
 
 from cronlock_sidecar.contract import HELD_PATH
+from cronlock_sidecar.pod.state import SidecarState
 
 log = logging.getLogger("cronlock_sidecar.endpoints")
-
-METRIC_PREFIX = "cronlock_sidecar_"
-
-
-class SidecarState:
-    """What the probes and metrics report; written by the holder, read by the HTTP threads."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.held = False
-        # Observe policy: /held answers 200 whatever happens, so the run is never stopped.
-        self.never_stop = False
-        self.decision = ""
-        self.fencing_token = -1
-        self.renewals: Counter[str] = Counter()
-        self.lost_total = 0
-        self.releases: Counter[str] = Counter()
-        self.last_renew_monotonic: float | None = None
-        self.started = time.monotonic()
-
-    def update(
-        self,
-        *,
-        held: bool | None = None,
-        decision: str | None = None,
-        fencing_token: int | None = None,
-        never_stop: bool | None = None,
-    ) -> None:
-        with self._lock:
-            if never_stop is not None:
-                self.never_stop = never_stop
-            if held is not None:
-                self.held = held
-            if decision is not None:
-                self.decision = decision
-            if fencing_token is not None:
-                self.fencing_token = fencing_token
-
-    def count_renewal(self, result: str, at: float | None = None) -> None:
-        with self._lock:
-            self.renewals[result] += 1
-        if result == "renewed" and at is not None:
-            self.mark_renewed(at)
-
-    def mark_renewed(self, at: float) -> None:
-        """The monotonic send time of the last successful write (acquire or renew)."""
-        with self._lock:
-            self.last_renew_monotonic = at
-
-    def count_lost(self) -> None:
-        with self._lock:
-            self.lost_total += 1
-            self.held = False
-
-    def count_release(self, result: str) -> None:
-        with self._lock:
-            self.releases[result] += 1
-
-    def is_held(self) -> bool:
-        """What /held answers: held, or (observe policy) never to be stopped."""
-        with self._lock:
-            return self.held or self.never_stop
-
-    def metrics(self) -> str:
-        """Prometheus text exposition format 0.0.4."""
-        with self._lock:
-            lines: list[str] = []
-
-            def family(name: str, kind: str, text: str) -> None:
-                lines.append(f"# HELP {METRIC_PREFIX}{name} {text}")
-                lines.append(f"# TYPE {METRIC_PREFIX}{name} {kind}")
-
-            family("held", "gauge", "1 while this pod holds the Lease.")
-            lines.append(f"{METRIC_PREFIX}held {int(self.held)}")
-            family("decision", "gauge", "The decision of this run (1 for the current one).")
-            for decision in ("run", "skip", "unavailable", "overlap"):
-                value = int(self.decision == decision)
-                lines.append(f'{METRIC_PREFIX}decision{{decision="{decision}"}} {value}')
-            family("fencing_token", "gauge", "leaseTransitions after this run acquired.")
-            lines.append(f"{METRIC_PREFIX}fencing_token {self.fencing_token}")
-            family("renewals_total", "counter", "Renew attempts by result.")
-            for result in ("renewed", "failed", "lost"):
-                lines.append(
-                    f'{METRIC_PREFIX}renewals_total{{result="{result}"}} {self.renewals[result]}'
-                )
-            family("lost_total", "counter", "Times the Lease was lost during the run.")
-            lines.append(f"{METRIC_PREFIX}lost_total {self.lost_total}")
-            family("releases_total", "counter", "Release attempts by result.")
-            for result in ("released", "failed"):
-                lines.append(
-                    f'{METRIC_PREFIX}releases_total{{result="{result}"}} {self.releases[result]}'
-                )
-            family(
-                "seconds_since_renew", "gauge", "Seconds since the last successful renew, or -1."
-            )
-            since = (
-                time.monotonic() - self.last_renew_monotonic
-                if self.last_renew_monotonic is not None
-                else -1.0
-            )
-            lines.append(f"{METRIC_PREFIX}seconds_since_renew {since:.3f}")
-            return "\n".join(lines) + "\n"
 
 
 # The port is open to every pod in the cluster, and the kubelet's /held probe (period 1 s,
@@ -154,9 +56,6 @@ CONNECTION_SECONDS = 2.0
 MAX_REQUEST_LINE = 4096
 MAX_HEADER_BYTES = 8192  # all header lines together
 MAX_HEADERS = 32
-# Connections not yet accepted; each may hold up to a receive window (~64 KiB) of kernel
-# memory charged to the pod, so the queue is long enough for a burst, no longer.
-ACCEPT_BACKLOG = 128
 FLOOD_LOG_SECONDS = 60.0
 # Deadlines are checked at most this often; with no connection open the accept loop
 # sleeps until a connection or stop() wakes it (an idle sidecar costs no CPU).
@@ -346,13 +245,15 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
 
 class _Server(http.server.HTTPServer):
-    request_queue_size = ACCEPT_BACKLOG
-
-    def __init__(self, address: tuple[str, int], state: SidecarState) -> None:
+    def __init__(self, listener: socket.socket, state: SidecarState) -> None:
         self.state = state
         self.connections = _Connections()
         self._admitted: queue.SimpleQueue[tuple[socket.socket, Any] | None] = queue.SimpleQueue()
-        super().__init__(address, _Handler)
+        # The socket is bound and listening already (serving.listen): take it as it is.
+        super().__init__(listener.getsockname()[:2], _Handler, bind_and_activate=False)
+        self.socket.close()
+        self.socket = listener
+        self.server_address = listener.getsockname()[:2]
         # As many as may be admitted, so an admitted connection never waits for a thread.
         self.workers = [
             threading.Thread(target=self._work, name=f"cronlock-http-{number}", daemon=True)
@@ -416,8 +317,8 @@ class _Server(http.server.HTTPServer):
 class Endpoints:
     """The sidecar's HTTP server, running on a daemon thread."""
 
-    def __init__(self, state: SidecarState, port: int, host: str = "0.0.0.0") -> None:
-        self._server = _Server((host, port), state)
+    def __init__(self, state: SidecarState, listener: socket.socket) -> None:
+        self._server = _Server(listener, state)
         self._stop = threading.Event()
         # stop() writes a byte here, so the accept loop needs no timeout to notice it.
         self._waker, self._wake = socket.socketpair()

@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 import logging
 import sys
-from datetime import UTC, datetime
 
-PROGRAM = "cronlock-sidecar"
+from cronlock_sidecar.pod import logline
+from cronlock_sidecar.pod.logline import PROGRAM
 
 
 class JsonFormatter(logging.Formatter):
@@ -16,14 +16,9 @@ class JsonFormatter(logging.Formatter):
     the operator's kopf knows it) and `exception`."""
 
     def format(self, record: logging.LogRecord) -> str:
-        document: dict[str, object] = {
-            "timestamp": datetime.fromtimestamp(record.created, UTC).isoformat(
-                timespec="milliseconds"
-            ),
-            "level": record.levelname.lower(),
-            "logger": record.name,
-            "message": record.getMessage(),
-        }
+        document = logline.document(
+            record.created, record.levelname, record.name, record.getMessage()
+        )
         reference = getattr(record, "k8s_ref", None)
         if isinstance(reference, dict) and reference:
             document["object"] = reference
@@ -37,16 +32,24 @@ class PlainFormatter(logging.Formatter):
     about a Kubernetes object (the operator's kopf lines): the same for both programs."""
 
     def __init__(self, program: str) -> None:
-        super().__init__(f"%(asctime)s {program} %(levelname)s %(message)s")
+        super().__init__()
+        self.program = program
 
     def format(self, record: logging.LogRecord) -> str:
-        line = super().format(record)
+        line = logline.plain(record.created, record.levelname, record.getMessage(), self.program)
         reference = getattr(record, "k8s_ref", None)
         if isinstance(reference, dict) and reference.get("name"):
             where = "/".join(
                 str(reference[key]) for key in ("namespace", "name") if reference.get(key)
             )
             line += f" [{where}]"
+        # What logging.Formatter.format appends: the traceback, then the stack.
+        if record.exc_info and not record.exc_text:
+            record.exc_text = self.formatException(record.exc_info)
+        if record.exc_text:
+            line += "\n" + record.exc_text
+        if record.stack_info:
+            line += "\n" + self.formatStack(record.stack_info)
         return line
 
 

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
-import json
 import os
-from pathlib import Path
 
 from cronlock_sidecar.contract import DECISION_FILE, FENCING_TOKEN_FILE, LEASE_FILE
-from cronlock_sidecar.holding.lease import Acquired
-from cronlock_sidecar.lock.model import Timing
+
+# The gate imports this module to read the decision and nothing else: what only writing
+# needs (json, tempfile) is imported where it writes, the types only for the checker.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from cronlock_sidecar.holding.lease import Acquired
+    from cronlock_sidecar.lock.model import Timing
 
 # overlap: the observe policy runs although another run holds the Lease.
 DECISIONS = ("run", "skip", "unavailable", "overlap")
@@ -16,7 +21,7 @@ DECISIONS = ("run", "skip", "unavailable", "overlap")
 
 def write_atomically(path: Path, text: str) -> None:
     """Readers see the old file or the whole new one, never a half-written one."""
-    import tempfile  # here, not at the top: `gate` only reads, and its import is not free
+    import tempfile
 
     descriptor, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
@@ -33,6 +38,8 @@ def write_decision(run_dir: Path, decision: str, acquired: Acquired | None, timi
     """The fencing token and lease.json first, so the work finds them once `run` is visible."""
     if decision not in DECISIONS:
         raise ValueError(f"unknown decision {decision!r}")
+    import json
+
     run_dir.mkdir(parents=True, exist_ok=True)
     if acquired is not None:
         write_atomically(run_dir / FENCING_TOKEN_FILE, f"{acquired.transitions}\n")
@@ -48,10 +55,10 @@ def write_decision(run_dir: Path, decision: str, acquired: Acquired | None, timi
     write_atomically(run_dir / DECISION_FILE, decision + "\n")
 
 
-def read_decision(run_dir: Path) -> str | None:
+def read_decision(run_dir: str | Path) -> str | None:
     """The decision written so far, or None while the sidecar is still deciding."""
     try:
-        text = (run_dir / DECISION_FILE).read_text(encoding="utf-8").strip()
+        with open(os.path.join(run_dir, DECISION_FILE), encoding="utf-8") as file:
+            return file.read().strip()
     except FileNotFoundError:
         return None
-    return text
