@@ -59,7 +59,7 @@ RUN /opt/build/bin/pip wheel --no-cache-dir --no-deps --no-build-isolation \
 RUN mkdir -p /opt/sidecar/bin \
     && cp -a /opt/venv/lib/python3.11/site-packages/cronlock_sidecar /opt/sidecar/ \
     && cp LICENSE /opt/sidecar/LICENSE \
-    && printf '%s\n' '#!/usr/local/bin/python3 -S' 'import sys' \
+    && printf '%s\n' '#!/usr/bin/env -S python3 -S' 'import sys' \
         'sys.path.insert(0, "/opt/sidecar")' \
         'from cronlock_sidecar.cli import main' 'sys.exit(main())' \
         >/opt/sidecar/bin/cronlock-sidecar \
