@@ -10,13 +10,16 @@ import pytest
 from cronlock_operator.injection.build import build_injection
 from cronlock_operator.lock import reading as reading_module
 from cronlock_operator.lock.config import (
+    PROBE_TOLERANCES,
     InvalidConfig,
     LockConfig,
     OperatorSettings,
+    ProbeTolerance,
     is_enabled,
     kill_grace_seconds,
     minimum_ttl_seconds,
     parse_config,
+    probe_tolerance,
 )
 from cronlock_operator.lock.reading import ConfigReading, counting_settings, read_config
 from tests.support.cronjobs import NEW_SETTINGS, SETTINGS, changed, make_cronjob, server_defaults
@@ -49,6 +52,7 @@ def test_defaults_follow_the_design() -> None:
         alert_after=3,
         keep_skipped_jobs=False,
         skew_seconds=2,
+        probe=ProbeTolerance(3, 2),
     )
 
 
@@ -77,6 +81,7 @@ def test_every_annotation_is_read() -> None:
         alert_after=10,
         keep_skipped_jobs=True,
         skew_seconds=2,
+        probe=ProbeTolerance(3, 2),
         alert_after_missed=0,
     )
     assert config.lease_name == "cronlock-nightly.reports"
@@ -217,6 +222,40 @@ def test_timing_is_safe_for_every_accepted_ttl(skew: int) -> None:
         assert ttl * 2 / 3 + 1 + 1 + grace + skew < ttl
     with pytest.raises(InvalidConfig):
         kill_grace_seconds(minimum_ttl_seconds(skew) - 1, skew, "short")
+
+
+@pytest.mark.parametrize(
+    ("ttl", "timeout", "threshold"),
+    [(19, 1, 1), (30, 1, 1), (51, 1, 1), (52, 2, 2), (57, 2, 2), (58, 3, 2), (86400, 3, 2)],
+)
+def test_the_probe_forgives_as_much_as_the_ttl_has_room_for(
+    ttl: int, timeout: int, threshold: int
+) -> None:
+    config = config_of({"cronlock.io/ttl": f"{ttl}s"})
+    assert config.probe == ProbeTolerance(timeout, threshold)
+    probe = build_injection(
+        make_cronjob(annotations={"cronlock.io/ttl": f"{ttl}s"}), config, SETTINGS
+    )["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0]["livenessProbe"]
+    assert (probe["timeoutSeconds"], probe["failureThreshold"]) == (timeout, threshold)
+
+
+@pytest.mark.parametrize("skew", [0, 1, 2, 5])
+def test_the_probe_and_the_kill_grace_stop_a_run_before_its_lease_can_be_taken(
+    skew: int,
+) -> None:
+    # The kubelet sees a lost lease at most one period, then `threshold` probes each failing
+    # within max(timeout, period), after the renew deadline; with the kill grace and the
+    # skew that must end strictly before the ttl. And no more forgiving probe would fit.
+    for ttl in range(minimum_ttl_seconds(skew), 400):
+        grace = kill_grace_seconds(ttl, skew, f"{ttl}s")
+        chosen = probe_tolerance(ttl, skew, grace)
+        assert chosen in PROBE_TOLERANCES
+        detection = 1 + chosen.failure_threshold * max(chosen.timeout_seconds, 1)
+        assert ttl * 2 / 3 + detection + grace + skew < ttl
+        for better in PROBE_TOLERANCES[: PROBE_TOLERANCES.index(chosen)]:
+            more = 1 + better.failure_threshold * max(better.timeout_seconds, 1)
+            assert not ttl * 2 / 3 + more + grace + skew < ttl
+    assert PROBE_TOLERANCES[-1] == ProbeTolerance(1, 1)  # what the kill grace assumes
 
 
 def test_too_short_ttl_says_the_minimum() -> None:

@@ -114,8 +114,9 @@ def test_injection_shape() -> None:
     assert spec["containers"][0]["livenessProbe"] == {
         "httpGet": {"path": "/held", "port": 8484},
         "periodSeconds": 1,
-        "failureThreshold": 1,
-        "timeoutSeconds": 1,
+        # The default ttl (60s) has room for a probe that forgives one slow answer.
+        "failureThreshold": 2,
+        "timeoutSeconds": 3,
         "terminationGracePeriodSeconds": 10,
     }
     assert spec["volumes"] == [

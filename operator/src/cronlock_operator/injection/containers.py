@@ -10,12 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Final
 
-from cronlock_operator.lock.config import (
-    PROBE_PERIOD_SECONDS,
-    PROBE_TIMEOUT_SECONDS,
-    LockConfig,
-    OperatorSettings,
-)
+from cronlock_operator.lock.config import PROBE_PERIOD_SECONDS, LockConfig, OperatorSettings
 from cronlock_sidecar import contract
 from cronlock_sidecar.lock.durations import format_duration
 
@@ -123,8 +118,8 @@ def held_probe(config: LockConfig) -> dict[str, Any]:
     return {
         "httpGet": {"path": contract.HELD_PATH, "port": contract.SIDECAR_PORT},
         "periodSeconds": PROBE_PERIOD_SECONDS,
-        "failureThreshold": 1,
-        "timeoutSeconds": PROBE_TIMEOUT_SECONDS,
+        "failureThreshold": config.probe.failure_threshold,
+        "timeoutSeconds": config.probe.timeout_seconds,
         "terminationGracePeriodSeconds": config.kill_grace_seconds,
     }
 

@@ -50,8 +50,34 @@ MAX_KILL_GRACE_SECONDS: Final = 10
 # The kubelet never gives a container less than 2s to stop (minimumGracePeriodInSeconds
 # in kuberuntime's killContainer): a smaller grace would be 2s in fact.
 MIN_KILL_GRACE_SECONDS: Final = 2
-# How late the kubelet can see a lost lease: one probe period plus the probe's timeout.
-DETECTION_MS: Final = (PROBE_PERIOD_SECONDS + PROBE_TIMEOUT_SECONDS) * 1000
+
+
+@dataclass(frozen=True)
+class ProbeTolerance:
+    """How much the `/held` liveness probe forgives: its timeout and failure threshold."""
+
+    timeout_seconds: int
+    failure_threshold: int
+
+    @property
+    def detection_ms(self) -> int:
+        """How late the kubelet can see a lost lease: up to one period until the next probe,
+        then `failure_threshold` probes in a row, each failing within its timeout (a `503` at
+        once, a frozen sidecar at the timeout; the kubelet sends the next probe as soon as
+        one that outlasted the period has failed)."""
+        each = max(self.timeout_seconds, PROBE_PERIOD_SECONDS)
+        return (PROBE_PERIOD_SECONDS + self.failure_threshold * each) * 1000
+
+
+# The probe that fits every valid TTL: one unanswered second stops the run.
+STRICT_PROBE: Final = ProbeTolerance(PROBE_TIMEOUT_SECONDS, 1)
+# How late the kubelet can see a lost lease with it: one probe period plus its timeout.
+DETECTION_MS: Final = STRICT_PROBE.detection_ms
+# Where the TTL has room beyond the kill grace, the probe forgives a slow answer: on a node
+# starved of CPU the kubelet's 1 s probe timed out on sidecars that held and renewed their
+# Leases, and stopped their runs (docs/RELIABILITY.md, "Found on the way"). Most forgiving
+# first; the first that fits the TTL with the CronJob's kill grace is injected.
+PROBE_TOLERANCES: Final = (ProbeTolerance(3, 2), ProbeTolerance(2, 2), STRICT_PROBE)
 
 _LOCK = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 _MAX_LOCK_LENGTH: Final = 63  # the lock is also the value of the label cronlock.io/lock
@@ -228,6 +254,8 @@ class LockConfig:
     skew_seconds: int
     alert_after_missed: int = contract.DEFAULT_ALERT_AFTER_MISSED
     store: Store = "lease"
+    # The `/held` probe's timeout and threshold (stop: liveness), from the TTL's room.
+    probe: ProbeTolerance = STRICT_PROBE
     # The Secret (in the CronJob's namespace) whose key `url` is the store's URL.
     store_secret: str | None = None
 
@@ -316,6 +344,7 @@ def parse_config(cronjob: Mapping[str, Any], settings: OperatorSettings) -> Lock
         alert_after_missed=alert_after_missed,
         store=store,
         store_secret=store_secret,
+        probe=probe_tolerance(ttl, settings.skew_seconds, kill_grace),
     )
 
 
@@ -347,6 +376,16 @@ def kill_grace_seconds(ttl_seconds: int, skew_seconds: int, ttl_shown: str) -> i
             f"use a ttl of at least {minimum_ttl_seconds(skew_seconds)}s",
         )
     return grace // 1000
+
+
+def probe_tolerance(ttl_seconds: int, skew_seconds: int, kill_grace: int) -> ProbeTolerance:
+    """The most forgiving probe that still stops a run that lost its lease, with its kill
+    grace, before another run may take the lock (as `kill_grace_seconds` reckons)."""
+    timing = Timing.of(ttl_seconds, skew=skew_seconds)
+    for probe in PROBE_TOLERANCES:
+        if timing.kill_grace_fits(kill_grace * 1000, probe.detection_ms):
+            return probe
+    return STRICT_PROBE  # kill_grace_seconds chose the grace so that this one fits
 
 
 def minimum_ttl_seconds(skew_seconds: int) -> int:

@@ -23,10 +23,10 @@ from cronlock_sidecar.pod.state import SidecarState
 log = logging.getLogger("cronlock_sidecar.endpoints")
 
 
-# The port is open to every pod in the cluster, and the kubelet's /held probe (period 1 s,
-# timeout 1 s, failureThreshold 1) kills the run the first time it goes unanswered. So a
-# flood must cost the sidecar a bounded amount of memory and threads, and must still leave
-# room for the probe:
+# The port is open to every pod in the cluster, and the kubelet's /held probe (period 1 s;
+# below a ttl of 52 s timeout 1 s, failureThreshold 1) kills the run the first time it goes
+# unanswered. So a flood must cost the sidecar a bounded amount of memory and threads, and
+# must still leave room for the probe:
 # - At most MAX_CONNECTIONS connections are served at once; more are closed as soon as they
 #   are accepted, so the accept loop never waits for a slot.
 # - They are served by a fixed set of threads started with the server, not one started per
