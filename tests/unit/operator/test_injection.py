@@ -689,3 +689,20 @@ def test_the_store_volume_name_is_reserved() -> None:
     user = make_cronjob(volumes=[{"name": "cronlock-store", "emptyDir": {}}])
     with pytest.raises(InvalidConfig, match="the volume name cronlock-store is reserved"):
         inject(user)
+
+
+def test_a_cronjob_injected_with_the_old_strict_probe_is_brought_to_the_new_one() -> None:
+    # Before the probe's tolerance came from the ttl, every CronJob had 1 s x 1; at the
+    # default ttl the operator now wants 3 s x 2, and patches a stored old injection to it.
+    stored = server_defaults(inject(make_cronjob()))
+    old = copy.deepcopy(stored)
+    probe = pod_spec(old)["containers"][0]["livenessProbe"]
+    probe["timeoutSeconds"], probe["failureThreshold"] = 1, 1
+    desired = desired_cronjob(old, parse_config(old, SETTINGS), SETTINGS)
+    assert needs_patch(old, desired)
+    patched = server_defaults(apply_json_patch(old, injection_patch(old, desired)))
+    probe = pod_spec(patched)["containers"][0]["livenessProbe"]
+    assert (probe["timeoutSeconds"], probe["failureThreshold"]) == (3, 2)
+    assert not needs_patch(
+        patched, desired_cronjob(patched, parse_config(patched, SETTINGS), SETTINGS)
+    )
