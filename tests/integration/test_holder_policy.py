@@ -331,7 +331,14 @@ def test_a_hold_written_for_a_day_is_cleared_after_the_locks_ttl(
     )
     waited = (datetime.datetime.now(datetime.UTC) - claimed).total_seconds()
     assert 19 <= waited <= 40, waited
-    events = kubernetes.client.CoreV1Api(api).list_namespaced_event(
-        namespace, field_selector="reason=LeaseExpired"
-    )
-    assert [event.involved_object.name for event in events.items] == ["report"]
+
+    def expired_events() -> list[str]:
+        events = kubernetes.client.CoreV1Api(api).list_namespaced_event(
+            namespace, field_selector="reason=LeaseExpired"
+        )
+        return [event.involved_object.name for event in events.items]
+
+    # The operator posts the Event after it has cleared the Lease (reconcile/expiry.py):
+    # give it the moment between the two writes.
+    wait_for(lambda: expired_events() != [], 10, "the LeaseExpired Event")
+    assert expired_events() == ["report"]
