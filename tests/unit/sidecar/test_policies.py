@@ -101,8 +101,8 @@ def test_a_holder_asked_to_yield_never_renews_again(
 def test_the_retry_pod_of_a_replaced_job_skips_instead_of_replacing_back(
     transport: FakeTransport, make_keeper: MakeKeeper
 ) -> None:
-    lease = make_lease(NEW, annotations={ANNOTATION_REPLACED_JOBS: "report-29001"})
-    transport.store(lease)
+    yielded = {ANNOTATION_REPLACED_BY: NEW, ANNOTATION_REPLACED_JOBS: "report-29001"}
+    transport.store(make_lease(NEW, annotations=yielded))
 
     def pause(seconds: float) -> bool:
         raise AssertionError("a replaced Job's retry must not wait")
@@ -113,8 +113,31 @@ def test_the_retry_pod_of_a_replaced_job_skips_instead_of_replacing_back(
     assert result.why == "replaced"
     assert ANNOTATION_YIELD_TO not in annotations(transport)
     # Free, too: the replacing run may not have taken it yet.
-    transport.store(make_lease(annotations={ANNOTATION_REPLACED_JOBS: "x,report-29001"}))
+    transport.store(
+        make_lease(
+            annotations={ANNOTATION_REPLACED_BY: NEW, ANNOTATION_REPLACED_JOBS: "x,report-29001"}
+        )
+    )
     assert isinstance(acquire(retry, policy="skip", wait_timeout=0, pause=pause), Busy)
+
+
+def test_a_replaced_jobs_list_no_yield_wrote_makes_no_run_skip(
+    transport: FakeTransport, make_keeper: MakeKeeper
+) -> None:
+    """Security review M2: a list of future Jobs written without a replace run, or past the
+    newest REPLACED_JOBS_KEPT, is not a yield's record; the runs it names claim as usual."""
+    late = f"report-{29001 + REPLACED_JOBS_KEPT}"
+    names = ",".join(f"report-{29001 + index}" for index in range(REPLACED_JOBS_KEPT + 1))
+    for notes in (
+        {ANNOTATION_REPLACED_JOBS: "report-29001"},
+        {ANNOTATION_REPLACED_BY: NEW, ANNOTATION_REPLACED_JOBS: names},
+    ):
+        transport.store(make_lease(annotations=notes))
+        job = "report-29001" if ANNOTATION_REPLACED_BY not in notes else late
+        run = make_keeper(identity=f"{job}-ddddd_44444444", job_name=job)
+        result = acquire(run, policy="skip", wait_timeout=0, pause=lambda seconds: False)
+        assert isinstance(result, Acquired), (notes, result)
+        run.release()
 
 
 def test_replaced_jobs_keep_the_newest_first_and_are_bounded(

@@ -28,7 +28,7 @@ from cronlock_operator.kube.calls import KubeCalls
 from cronlock_operator.lock import sharing
 from cronlock_operator.lock.config import MAX_TTL_SECONDS, OperatorSettings
 from cronlock_operator.objects import Name, name_of
-from cronlock_operator.reconcile import cronjobs, expiry, rbac
+from cronlock_operator.reconcile import cronjobs, expiry, rbac, repair
 from cronlock_operator.reconcile.expiry import Observations
 from cronlock_operator.reconcile.keys import (
     ContentionKey,
@@ -76,6 +76,8 @@ class Reconciler:
     # longest of its Lease's owners', whatever duration the holder wrote on the Lease.
     lease_durations: dict[Name, int] = field(default_factory=dict)
     observations: Observations = field(default_factory=Observations)
+    # Free Leases seen with a field out of range (reconcile/repair.py), to be put back.
+    to_repair: set[Name] = field(default_factory=set)
     # Per CronJob uid: the last message of each warning posted, so a replay posts nothing.
     posted: dict[str, dict[str, str]] = field(default_factory=dict)
     # Per namespace: the guards the holder Roles grant.
@@ -152,6 +154,7 @@ class Reconciler:
         if kind == "DELETED":
             self.leases.pop(key)
             self.observations.forget(key)
+            self.to_repair.discard(key)
             self.accounting.lease_deleted(key)
             metrics.forget_lock(key[0], lock)
             # A guarded CronJob still needs it: its reconcile creates it again.
@@ -172,6 +175,9 @@ class Reconciler:
         )
         if self.accounting.lease_seen(key, record, lock):
             self.queue.add(ContentionKey(*key))
+        if record.managed and repair.out_of_range(body):
+            self.to_repair.add(key)
+            self.queue.add(LeaseKey(*key))
 
     def _longest_duration(self, lease: Mapping[str, Any]) -> int:
         """The longest lease duration among the Lease's owners as their annotations set it
@@ -404,10 +410,14 @@ class Reconciler:
         ).granted
 
     def expire_lease(self, namespace: str, name: str) -> None:
-        """Clear a holder that stopped renewing, if it still has not renewed."""
-        seen = self.observations.get((namespace, name))
-        if seen is None or not seen.overdue(self.clock(), self.settings.skew_seconds):
+        """Clear a holder that stopped renewing, if it still has not renewed; put a free
+        Lease's fields back in range (reconcile/repair.py)."""
+        key = (namespace, name)
+        seen = self.observations.get(key)
+        overdue = seen is not None and seen.overdue(self.clock(), self.settings.skew_seconds)
+        if not overdue and key not in self.to_repair:
             return
+        self.to_repair.discard(key)
         lease = self.kube.read_lease(namespace, name)
         if lease is None:
             return
@@ -417,9 +427,14 @@ class Reconciler:
             if owner.get("kind") == "CronJob"
             and (cronjob := self.cronjobs.get((namespace, owner["name"]))) is not None
         ]
-        self.executor.run(
-            expiry.decide(seen, lease, owners, self.clock(), datetime.datetime.now(datetime.UTC))
-        )
+        if overdue and seen is not None:
+            self.executor.run(
+                expiry.decide(
+                    seen, lease, owners, self.clock(), datetime.datetime.now(datetime.UTC)
+                )
+            )
+        else:
+            self.executor.run(repair.decide(lease, owners))
 
     def _cronjob_written(self, body: dict[str, Any]) -> None:
         version = body["metadata"].get("resourceVersion")

@@ -244,9 +244,13 @@ def read_lease(body: Mapping[str, Any]) -> LeaseRecord:
         yield_to=_text(annotations.get(ANNOTATION_YIELD_TO)),
         overlap=_text(annotations.get(ANNOTATION_OVERLAP)),
         replaced_by=_text(annotations.get(ANNOTATION_REPLACED_BY)),
+        # Only as a yield writes it (the holders' policy admits no other writer): the
+        # newest REPLACED_JOBS_KEPT, and none without the replace run that caused them.
         replaced_jobs=tuple(
             job for job in _text(annotations.get(ANNOTATION_REPLACED_JOBS)).split(",") if job
-        ),
+        )[:REPLACED_JOBS_KEPT]
+        if _text(annotations.get(ANNOTATION_REPLACED_BY))
+        else (),
         frozen_until=read_time(annotations.get(ANNOTATION_FROZEN_UNTIL)),
         frozen_by=_text(annotations.get(ANNOTATION_FROZEN_BY)),
         frozen_reason=_text(annotations.get(ANNOTATION_FROZEN_REASON)),
