@@ -604,3 +604,35 @@ def test_a_server_given_as_host_and_port_is_spoken_to_over_tls(
 
     assert code == 69
     assert f"API server https://127.0.0.1:{closed_port} unreachable" in err
+
+
+def test_a_hostile_holder_is_escaped_in_the_table_and_warning_and_exact_in_json(
+    capsys: pytest.CaptureFixture[str], reachable: Path, fake_api: FakeApi
+) -> None:
+    fake_api.objects["cronjobs"] = [cronjob("stuck", "team-a")]
+    fake_api.objects["leases"] = [
+        lease(
+            "stuck",
+            "team-a",
+            holder="\x1b[31mstuck\u202egpj.exe",
+            renewed_ago=3600,
+            annotations={"cronlock.io/last-holder": "\x1b]0;owned\x07\x1b[2J"},
+        )
+    ]
+
+    code, out, err = run(capsys, "status", "--kubeconfig", str(reachable), "-o", "wide")
+
+    assert code == 1
+    assert "\x1b" not in out + err
+    assert "\u202e" not in out + err
+    assert r"\x1b]0;owned\x07\x1b[2J" in out.splitlines()[1].split()
+    assert r"still held by \x1b[31mstuck\u202egpj.exe" in err
+
+    code, out, _ = run(capsys, "status", "--kubeconfig", str(reachable), "-o", "json")
+
+    assert code == 1
+    [item] = json.loads(out)["items"]
+    assert (item["holder"], item["lastHolder"]) == (
+        "\x1b[31mstuck\u202egpj.exe",
+        "\x1b]0;owned\x07\x1b[2J",
+    )

@@ -37,7 +37,13 @@ from cronlock_operator.status.model import (
     rows,
     stored_locks,
 )
-from cronlock_operator.status.render import as_list, render_json, render_table, render_yaml
+from cronlock_operator.status.render import (
+    as_list,
+    printable,
+    render_json,
+    render_table,
+    render_yaml,
+)
 from cronlock_operator.status.stores import StoredLock, read_stores
 from cronlock_sidecar import contract
 from cronlock_sidecar.lock.durations import DurationError, parse_duration
@@ -239,7 +245,8 @@ def _show_once(cluster: Cluster, namespace: str | None, view: View, prog: str) -
         print(_render(status_rows, namespace, view))
     for row in status_rows:
         for problem in row.problems:
-            print(f"{prog}: warning: {problem}", file=sys.stderr)
+            # A problem may quote a holder, which whoever held the lock chose.
+            print(f"{prog}: warning: {printable(problem)}", file=sys.stderr)
     return exit_code(status_rows)
 
 
@@ -351,7 +358,7 @@ def _snapshot(
         return status_rows
     reading = read_stores(cluster.api, wanted)
     for note in reading.notes:
-        print(f"{prog}: {note}", file=sys.stderr)
+        print(f"{prog}: {printable(note)}", file=sys.stderr)
     return rows(cronjobs, leases, datetime.now(UTC), stored=reading.documents)
 
 

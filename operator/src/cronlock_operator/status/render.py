@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import unicodedata
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
@@ -17,6 +18,35 @@ _NONE: Final = "-"
 _ELLIPSIS: Final = "…"
 _HOLDER_MIN_WIDTH: Final = 16
 _LAST_RESORT_MIN_WIDTH: Final = 6
+# Characters a terminal acts on or that reorder or hide text: controls (C0 with ESC, DEL,
+# C1), formats (bidi overrides and isolates, zero-width), line and paragraph separators,
+# lone surrogates (print would fail on them) and unassigned code points.
+_UNPRINTABLE_CATEGORIES: Final = frozenset({"Cc", "Cf", "Cs", "Cn", "Zl", "Zp"})
+
+
+def printable(text: str) -> str:
+    """`text` safe to write to a terminal: every character in _UNPRINTABLE_CATEGORIES as
+    `\\xNN`, `\\uNNNN` or `\\UNNNNNNNN`, and `\\` as `\\\\` so an escape cannot be faked.
+
+    Lease and store fields are written by whoever holds a lock, or may write its store
+    (docs/SECURITY.md): a holder or frozen-by of `\\x1b]0;...` would otherwise retitle the
+    operator's terminal or clear it."""
+    if text.isprintable() and "\\" not in text:
+        return text  # the common case, as fast as it gets
+    return "".join(_escaped(character) for character in text)
+
+
+def _escaped(character: str) -> str:
+    if character == "\\":
+        return "\\\\"
+    if unicodedata.category(character) not in _UNPRINTABLE_CATEGORIES:
+        return character
+    code = ord(character)
+    if code < 0x100:
+        return f"\\x{code:02x}"
+    if code < 0x10000:
+        return f"\\u{code:04x}"
+    return f"\\U{code:08x}"
 
 
 def renewed_text(row: StatusRow) -> str:
@@ -110,7 +140,8 @@ def render_table(
     all_namespaces: bool = False,
     wide: bool = False,
 ) -> str:
-    """Aligned columns that fit `width`: HOLDER is truncated with … first, then columns go."""
+    """Aligned columns that fit `width`: HOLDER is truncated with … first, then columns go.
+    Every cell is `printable`: the table is for a terminal."""
     columns = list(_WIDE_COLUMNS if wide else _COLUMNS)
     if all_namespaces:
         columns.insert(0, _NAMESPACE)
@@ -120,7 +151,7 @@ def render_table(
             replace(column, drop_rank=0) if column.header == "LOCK" else column
             for column in columns
         ]
-    cells = [[column.cell(row) for column in columns] for row in status_rows]
+    cells = [[printable(column.cell(row)) for column in columns] for row in status_rows]
     natural = [
         max([len(column.header), *(len(line[index]) for line in cells)])
         for index, column in enumerate(columns)
@@ -192,12 +223,12 @@ def as_list(status_rows: Sequence[StatusRow]) -> dict[str, Any]:
 
 def render_json(status_rows: Sequence[StatusRow]) -> str:
     """A List whose items have the table's fields: ISO timestamps, seconds as numbers,
-    null for none."""
+    null for none. Values exact: json escapes every control and non-ASCII character."""
     return json.dumps(as_list(status_rows), indent=2)
 
 
 def render_yaml(status_rows: Sequence[StatusRow]) -> str:
-    """The same List as YAML."""
+    """The same List as YAML; values exact, PyYAML quotes and escapes the unprintable."""
     text: str = yaml.safe_dump(as_list(status_rows), sort_keys=False)
     return text.rstrip("\n")
 
