@@ -459,3 +459,19 @@ def test_an_unrelated_invalid_annotation_keeps_the_users_counting_settings() -> 
     body["metadata"]["annotations"]["cronlock.io/keep-skipped-jobs"] = "yes"
     changed(body)
     assert counting_settings(body, SETTINGS) == (2, False)
+
+
+def test_a_hold_seen_before_its_owners_is_capped_once_their_ttl_is_known() -> None:
+    """Security review L1: at start-up a day-long hold seen before its CronJob's reconcile
+    was believed for a day; once the owner's ttl is known it is believed only that long."""
+    observations = expiry.Observations()
+    squatted, _ = expiry.observe(None, read_lease(lease("x", duration=86400)), 100.0, 86400)
+    assert squatted is not None
+    observations.put((NAMESPACE, "cronlock-report"), squatted)
+    assert list(observations.overdue(100.0 + 3600, 2)) == []
+    observations.cap((NAMESPACE, "cronlock-report"), 60)
+    assert list(observations.overdue(162.0, 2)) == []
+    assert list(observations.overdue(162.5, 2)) == [(NAMESPACE, "cronlock-report")]
+    # A shorter hold stays its own.
+    observations.cap((NAMESPACE, "cronlock-report"), 3600)
+    assert list(observations.overdue(162.5, 2)) == [(NAMESPACE, "cronlock-report")]

@@ -16,6 +16,7 @@ from cronlock_operator.runtime import metrics
 from cronlock_operator.runtime.reconciler import CONFLICT_RECHECK, CronJobKey, Reconciler
 from tests.support.cronjobs import SETTINGS, make_cronjob, server_defaults
 from tests.support.fakekube import FakeKube
+from tests.support.leases import make_lease
 
 FOREIGN_LEASE = {
     "metadata": {"name": "cronlock-report", "namespace": "team-a", "resourceVersion": "1"}
@@ -289,3 +290,31 @@ def test_the_watch_event_of_our_own_patch_is_not_reconciled_again() -> None:
     body["metadata"]["resourceVersion"] = answered + "0"  # someone else's change after ours
     reconciler.on_cronjob("MODIFIED", body)
     assert reconciler.queue.waiting(key)
+
+
+def test_a_day_long_hold_seen_at_start_up_is_believed_only_for_its_owners_ttl() -> None:
+    """Security review L1: the operator (re)starts, sees a dead day-long hold before its
+    CronJob's first reconcile; once the CronJob is reconciled, the hold is judged by its
+    lock's ttl (60 s here), not the day the holder wrote."""
+    now = [1000.0]
+    kube = Kube()
+    reconciler = Reconciler(kube=kube, settings=SETTINGS, clock=lambda: now[0])
+    squatted = make_lease(
+        "squatter_12345678",
+        namespace="team-a",
+        duration=86400,
+        owners=[("report", "uid-report")],
+        resource_version="5",
+    )
+    kube.leases[("team-a", "cronlock-report")] = copy.deepcopy(squatted)
+    reconciler.on_lease("ADDED", squatted)
+    body = server_defaults(make_cronjob(name="report"))
+    body["metadata"]["uid"] = "uid-report"
+    kube.cronjobs[("team-a", "report")] = copy.deepcopy(body)
+    reconciler.on_cronjob("ADDED", body)
+    now[0] += 3600
+    assert list(reconciler.observations.overdue(now[0], SETTINGS.skew_seconds)) == []
+    reconciler.reconcile_cronjob("team-a", "report")
+    assert list(reconciler.observations.overdue(now[0], SETTINGS.skew_seconds)) == [
+        ("team-a", "cronlock-report")
+    ]

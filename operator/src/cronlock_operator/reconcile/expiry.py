@@ -9,7 +9,7 @@ cleared with a guarded patch, so the next run need not wait for the TTL itself.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
@@ -58,6 +58,13 @@ class Observations:
             self._held.add(key)
         else:
             self._held.discard(key)
+
+    def cap(self, key: Name, longest_duration: int) -> None:
+        """Believe the hold seen at `key` for at most `longest_duration` from when it was
+        seen (its owners' longest ttl, known only once they are reconciled)."""
+        seen = self._seen.get(key)
+        if seen is not None and seen.duration > longest_duration:
+            self._seen[key] = replace(seen, duration=longest_duration)
 
     def forget(self, key: Name) -> None:
         self._seen.pop(key, None)

@@ -191,6 +191,14 @@ class Reconciler:
         ]
         return max(durations, default=MAX_TTL_SECONDS)
 
+    def _cap_observed(self, namespace: str, lease_name: str) -> None:
+        """A hold first seen before its owners were reconciled was believed for up to the
+        longest any lock may have (security review L1); now that an owner's ttl is known,
+        believe it only for the longest its owners give."""
+        lease = self.leases.get((namespace, lease_name))
+        if lease is not None:
+            self.observations.cap((namespace, lease_name), self._longest_duration(lease))
+
     def check_expiry(self) -> None:
         """Enqueue every Lease whose holder has not renewed for longer than its duration."""
         for key in self.observations.overdue(self.clock(), self.settings.skew_seconds):
@@ -292,6 +300,8 @@ class Reconciler:
                 self._count_states()
             if decision.lease_duration_seconds is not None:
                 self.lease_durations[key] = decision.lease_duration_seconds
+                if decision.guard is not None:
+                    self._cap_observed(namespace, decision.guard.lease)
             if decision.sync_rbac:
                 self.sync_rbac(namespace)
             if decision.guard is not None:
