@@ -17,7 +17,7 @@ import uvloop
 from cronlock_operator.kube.client import api_client
 from cronlock_operator.kube.writes import Kube
 from cronlock_operator.lock.config import SIDECAR_UID, ContainerResources, OperatorSettings
-from cronlock_operator.runtime import leader
+from cronlock_operator.runtime import leader, liveness
 from cronlock_sidecar import contract
 from cronlock_sidecar.lock.durations import DurationError, parse_duration
 from cronlock_sidecar.pod import logs
@@ -179,7 +179,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--liveness",
         default=_env("LIVENESS", "http://0.0.0.0:8081/healthz"),
-        help="liveness endpoint URL served by kopf ('' to disable)",
+        help="URL of the liveness endpoint (/healthz, probed by the kubelet), served by the "
+        "operator's bounded HTTP server ('' to disable)",
     )
     parser.add_argument(
         "--log-format", default=_env("LOG_FORMAT", "plain"), choices=["plain", "json"]
@@ -250,6 +251,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         settings = settings_from(args)
         check = _check_args(args) if args.check_metrics else None
+        if args.liveness:
+            liveness.endpoint(args.liveness)
     except ValueError as error:
         print(f"{PROGRAM}: {error}", file=sys.stderr)
         return contract.EXIT_CONFIG
@@ -289,6 +292,18 @@ def main(argv: Sequence[str] | None = None) -> int:
                 error.strerror or error,
             )
             return contract.EXIT_CONFIG
+    # The liveness probe is ours, not kopf's, from the start: bounded like /metrics
+    # (runtime.liveness says what it reports).
+    if args.liveness:
+        try:
+            liveness.serve(args.liveness)
+        except OSError as error:
+            logging.getLogger(__name__).error(
+                "cannot serve the liveness probe at %s: %s (--liveness '' turns it off)",
+                args.liveness,
+                error.strerror or error,
+            )
+            return contract.EXIT_CONFIG
     elector = _lead(args) if args.leader_election else None
     metrics.leader.set(1)
     _run_loop(
@@ -299,7 +314,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             identity=leader.identity(),  # type: ignore[arg-type]  # kopf's NewType, not exported
             namespaces=args.namespace or (),
             clusterwide=not args.namespace,
-            liveness_endpoint=args.liveness or None,
+            liveness_endpoint=None,  # served by runtime.liveness, bounded
             memo=kopf.Memo(
                 settings=settings,
                 namespaces=args.namespace or [],
@@ -328,8 +343,9 @@ def _lead(args: argparse.Namespace) -> leader.Elector:
     that loses it exits at once, before another may take over (cronlock_operator.runtime.leader)."""
     namespace, name = _lease_ref(args.leader_election_lease)
     elector = leader.Elector(api_client(), namespace, name, leader.identity())
-    with leader.healthy_while_waiting(args.liveness):
-        elector.acquire()
+    liveness.state.waiting(True)
+    elector.acquire()
+    liveness.state.waiting(False)
 
     def lost() -> None:
         logging.getLogger(__name__).error("exiting: another replica may lead from now on")

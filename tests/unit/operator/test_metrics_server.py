@@ -1,5 +1,6 @@
-"""The operator's /metrics server: it answers scrapes as before, and no client holds more of
-it than its caps, for longer than its timeout (security review N5)."""
+"""The operator's /metrics server: it answers scrapes as before, no client holds more of it
+than its caps, for longer than its timeout (security review N5), and when every slot is
+taken a newcomer takes the busiest peer's oldest instead of being refused (L10)."""
 
 from __future__ import annotations
 
@@ -9,13 +10,15 @@ import selectors
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from http import HTTPStatus
 
 import pytest
 
 from cronlock_operator import selfcheck
 from cronlock_operator.runtime import metrics
-from cronlock_operator.runtime.httpserver import BoundedServer
+from cronlock_operator.runtime.httpserver import Answer, BoundedServer
+from tests.support.kube import wait_for
 
 # A request whose headers never end: the client that sends it holds the connection.
 SLOW = b"GET /metrics HTTP/1.1\r\nHost: operator\r\n"
@@ -199,7 +202,8 @@ def test_a_flood_from_many_pods_holds_at_most_the_cap_and_ends_with_the_timeout(
                 status, _, _ = scrape(server.port, source="127.0.0.2")
         scraped = time.monotonic() - start
 
-    assert threads.peak <= 1 + metrics.CONNECTIONS
+    # Newcomers evict: the cap, and at most `slack` evicted threads on their way out.
+    assert threads.peak <= 1 + metrics.CONNECTIONS + server.slack
     assert len(closed) == FLOOD
     assert max(closed) - start <= metrics.TIMEOUT + SLACK
     assert status == 200
@@ -230,3 +234,101 @@ def test_an_oversized_request_is_refused(
     answer = exchange(server.port, request_bytes)
     assert answer.startswith(b"HTTP/1.1 " + status + b" ")
     assert b"cronlock_" not in answer
+
+
+def still_open(clients: list[socket.socket]) -> list[bool]:
+    """Whether the server has yet to close each client's connection (looked at now)."""
+    answer = []
+    for client in clients:
+        client.setblocking(False)
+        try:
+            answer.append(client.recv(4096) != b"")
+        except BlockingIOError:
+            answer.append(True)
+        except ConnectionResetError:
+            answer.append(False)
+    return answer
+
+
+def held(server: BoundedServer, count: int) -> bool:
+    return server.serving == count
+
+
+def test_a_33rd_peer_scrapes_at_once_taking_the_oldest_of_the_busiest(
+    server: BoundedServer,
+) -> None:
+    # 8 pods, 4 slow connections each: every slot taken (the review's L10), for 5 s at a time.
+    sources = [f"127.0.1.{1 + index // 4}" for index in range(metrics.CONNECTIONS)]
+    flood = open_slow(server.port, sources)
+    try:
+        wait_for(lambda: held(server, metrics.CONNECTIONS), SLACK, "every slot taken")
+        began = time.monotonic()
+        status, _, body = scrape(server.port, source="127.0.0.2")  # Prometheus
+        scraped = time.monotonic() - began
+        wait_for(lambda: not still_open(flood[:1])[0], SLACK, "the oldest connection closed")
+        left_open = still_open(flood[1:])
+    finally:
+        for client in flood:
+            client.close()
+
+    assert status == 200
+    assert b"cronlock_build_info" in body
+    assert scraped < metrics.TIMEOUT / 2  # not after a slot timed out
+    assert all(left_open), "only the oldest connection of a busiest peer goes"
+    assert server.evicted == 1
+
+
+def _ok(query: str, fields: Mapping[str, str]) -> Answer:
+    return HTTPStatus.OK, {}, b"ok\n"
+
+
+@pytest.fixture
+def small_server() -> Iterator[BoundedServer]:
+    """6 slots, 4 per address."""
+    server = BoundedServer(
+        "127.0.0.1", 0, {"/": _ok}, timeout=10.0, connections=6, per_client=4, name="small"
+    )
+    server.start()
+    yield server
+    server.stop()
+
+
+def test_the_busiest_peer_gives_up_its_oldest_not_the_oldest_of_all(
+    small_server: BoundedServer,
+) -> None:
+    quiet = open_slow(small_server.port, ["127.0.2.2"] * 2)  # the oldest of all
+    wait_for(lambda: held(small_server, 2), SLACK, "the quiet peer's 2")
+    busy = open_slow(small_server.port, ["127.0.2.1"] * 4)
+    wait_for(lambda: held(small_server, 6), SLACK, "every slot taken")
+    first: list[socket.socket] = []
+    second: list[socket.socket] = []
+    try:
+        first = open_slow(small_server.port, ["127.0.2.3"])
+        wait_for(lambda: not still_open(busy[:1])[0], SLACK, "the busy peer's oldest closed")
+        assert still_open(quiet + busy[1:] + first) == [True] * 6
+        # Now 3, 2, 1: the busy peer is still the busiest, and loses its next oldest.
+        second = open_slow(small_server.port, ["127.0.2.4"])
+        wait_for(lambda: not still_open(busy[1:2])[0], SLACK, "the busy peer's next closed")
+        assert still_open(quiet + busy[2:] + first + second) == [True] * 6
+        assert small_server.evicted == 2
+    finally:
+        for client in quiet + busy + first + second:
+            client.close()
+
+
+def test_a_peer_as_busy_as_the_busiest_is_refused_and_evicts_nobody(
+    small_server: BoundedServer,
+) -> None:
+    clients = open_slow(small_server.port, ["127.0.2.1"] * 3 + ["127.0.2.2"] * 3)
+    wait_for(lambda: held(small_server, 6), SLACK, "every slot taken")
+    extra: list[socket.socket] = []
+    try:
+        # A fourth from either address: it holds as many as the busiest, so it waits its
+        # turn rather than take one of its own or its equal's.
+        extra = open_slow(small_server.port, ["127.0.2.1"])
+        wait_for(lambda: not still_open(extra)[0], SLACK, "the fourth closed")
+        assert still_open(clients) == [True] * 6
+        assert small_server.evicted == 0
+    finally:
+        for client in clients + extra:
+            client.close()

@@ -1,15 +1,42 @@
-"""A replica waiting to lead answers its liveness probe, and a flood of slow connections
-to that port neither takes a thread each nor keeps the probe out for long."""
+"""The liveness port (/healthz), the operator's own bounded server from start to exit: a
+replica waiting to lead answers it, a leader answers it while its loop beats, and a flood
+of slow, oversized requests neither grows the process nor keeps the probe out (security
+review M3: kopf's server grew by 381 MiB under the same flood)."""
 
 from __future__ import annotations
 
 import contextlib
+import http.client
+import json
 import socket
 import threading
 import time
-import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 
-from cronlock_operator.runtime import leader
+import pytest
+
+from cronlock_operator.runtime import liveness
+from cronlock_operator.runtime.httpserver import BoundedServer
+from cronlock_operator.runtime.liveness import Liveness
+from tests.support.kube import wait_for
+
+SLACK = 2.0  # seconds a loaded machine may add to any bound below
+# The review's flood: each connection a request of 120 header lines of 8 KB that never
+# ends, from 50 addresses (4 each), every one reopened as soon as the server closes it.
+FLOOD = 200
+HEADER = b"X-" + b"a" * 20 + b": " + b"b" * 8100 + b"\r\n"
+SLOW_REQUEST = b"GET /healthz HTTP/1.1\r\nHost: operator\r\n" + HEADER * 120
+FLOOD_SECONDS = 3 * liveness.TIMEOUT  # every slot taken, freed and taken again, twice over
+RSS_GROWTH_MIB = 40  # the chart gives the operator 256 MiB in all
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
 
 
 def free_port() -> int:
@@ -18,30 +45,208 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def healthz(port: int) -> int:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as answer:
-        return int(answer.status)
+def healthz(port: int, source: str = "127.0.0.1") -> tuple[int, dict[str, str]]:
+    """(status, JSON body) of one probe from `source`, as the kubelet sends it."""
+    connection = http.client.HTTPConnection(
+        "127.0.0.1", port, timeout=SLACK, source_address=(source, 0)
+    )
+    try:
+        connection.request("GET", "/healthz")
+        answer = connection.getresponse()
+        return answer.status, json.loads(answer.read())
+    finally:
+        connection.close()
 
 
-def test_slow_connections_are_bounded_and_the_probe_is_answered_once_they_time_out() -> None:
-    port = free_port()
-    with leader.healthy_while_waiting(f"http://127.0.0.1:{port}/healthz"):
-        assert healthz(port) == 200
-        threads = threading.active_count()
+@contextlib.contextmanager
+def serving(alive: Liveness) -> Iterator[BoundedServer]:
+    server = liveness.serve(f"http://127.0.0.1:{free_port()}/healthz", alive)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def rss_mib() -> float:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS in /proc/self/status")
+
+
+def server_threads() -> int:
+    return sum(thread.name.startswith("cronlock-liveness") for thread in threading.enumerate())
+
+
+@dataclass
+class Peak:
+    """The highest RSS (MiB) and count of the server's threads while entered."""
+
+    rss: float = 0.0
+    threads: int = 0
+    _done: threading.Event = field(default_factory=threading.Event)
+
+    def __enter__(self) -> Peak:
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._done.set()
+        self._thread.join()
+
+    def _watch(self) -> None:
+        while not self._done.wait(0.01):
+            self.rss = max(self.rss, rss_mib())
+            self.threads = max(self.threads, server_threads())
+
+
+@dataclass
+class HeaderFlood:
+    """FLOOD connections to `port` sending SLOW_REQUEST as fast as the server reads it,
+    each reopened once the server closes it, for FLOOD_SECONDS."""
+
+    port: int
+    opened: int = 0
+    sent: int = 0
+
+    def run(self) -> None:
+        payload = memoryview(SLOW_REQUEST)
+        sources = [f"127.0.3.{1 + index // 4}" for index in range(FLOOD)]
+        clients: list[tuple[socket.socket, int] | None] = [None] * FLOOD
+        deadline = time.monotonic() + FLOOD_SECONDS
+        try:
+            while time.monotonic() < deadline:
+                for index, held in enumerate(clients):
+                    if held is None:
+                        held = (self._open(sources[index]), 0)
+                    client, offset = held
+                    try:
+                        if offset < len(payload):
+                            count = client.send(payload[offset : offset + 65536])
+                            offset += count
+                            self.sent += count
+                        elif client.recv(4096) == b"":
+                            raise ConnectionResetError  # closed: reopen it
+                        clients[index] = (client, offset)
+                    except BlockingIOError:
+                        clients[index] = (client, offset)
+                    except OSError:
+                        client.close()
+                        clients[index] = None
+                time.sleep(0.001)
+        finally:
+            for held in clients:
+                if held is not None:
+                    held[0].close()
+
+    def _open(self, source: str) -> socket.socket:
+        client = socket.create_connection(
+            ("127.0.0.1", self.port), timeout=SLACK, source_address=(source, 0)
+        )
+        client.setblocking(False)
+        self.opened += 1
+        return client
+
+
+def test_a_waiting_replica_is_alive_and_slow_connections_are_bounded() -> None:
+    alive = Liveness()
+    alive.waiting(True)
+    with serving(alive) as server, Peak() as peak:
+        assert healthz(server.port) == (200, {"state": "waiting", "detail": "waiting to lead"})
         slow = []
         for _ in range(100):
-            connection = socket.create_connection(("127.0.0.1", port), 2)
-            connection.sendall(b"GET /healthz HTTP/1.1\r\n")  # never finished
+            connection = socket.create_connection(("127.0.0.1", server.port), 2)
+            with contextlib.suppress(OSError):  # closed already: over a cap
+                connection.sendall(b"GET /healthz HTTP/1.1\r\n")  # never finished
             slow.append(connection)
-        time.sleep(0.5)
-        assert threading.active_count() <= threads + leader.WAITING_CONNECTIONS
+        wait_for(lambda: server.serving == liveness.CONNECTIONS_PER_CLIENT, SLACK, "2 held")
+        # The kubelet, from its node's address, is answered at once ...
+        began = time.monotonic()
+        assert healthz(server.port, source="127.0.0.2")[0] == 200
+        assert time.monotonic() - began < SLACK
+        # ... and from the flood's own address once its slow connections time out.
         started = time.monotonic()
         answered = None
         while answered is None and time.monotonic() - started < 10:
-            with contextlib.suppress(OSError):
-                answered = healthz(port)
+            with contextlib.suppress(OSError, http.client.HTTPException):
+                answered = healthz(server.port)[0]
             time.sleep(0.1)
         assert answered == 200
-        assert time.monotonic() - started < leader.WAITING_TIMEOUT + 3
+        assert time.monotonic() - started < liveness.TIMEOUT + 3
         for connection in slow:
             connection.close()
+    # One thread per connection served, not per connection accepted.
+    assert peak.threads <= 1 + liveness.CONNECTIONS_PER_CLIENT + 1
+
+
+def test_a_leader_is_alive_from_its_first_round_until_its_loop_stalls() -> None:
+    clock = Clock()
+    alive = Liveness(clock)
+    with serving(alive) as server:
+        status, body = healthz(server.port)
+        assert (status, body["state"]) == (503, "starting")  # kopf served nothing yet
+        alive.beat()
+        clock.now += liveness.BEAT_LIMIT_SECONDS
+        assert healthz(server.port) == (200, {"state": "running", "detail": "last round 10.0s ago"})
+        clock.now += 0.5
+        status, body = healthz(server.port)
+        assert (status, body["state"]) == (503, "stalled")
+        assert body["detail"].startswith("no round of the due checks for 10.5s (limit 10s)")
+        alive.beat()
+        assert healthz(server.port)[0] == 200
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "0.0.0.0:8081/healthz",
+        "https://0.0.0.0:8081/healthz",
+        "http://0.0.0.0/healthz",
+        "http://:1/",
+    ],
+)
+def test_a_liveness_url_that_cannot_be_served_names_the_flag(url: str) -> None:
+    with pytest.raises(ValueError, match=r"^--liveness: .* is not http://ADDRESS:PORT/PATH"):
+        liveness.endpoint(url)
+
+
+def test_a_flood_of_oversized_never_ending_requests_keeps_rss_bounded_and_the_probe_answered() -> (
+    None
+):
+    alive = Liveness()
+    alive.beat()
+    with serving(alive) as server:
+        assert healthz(server.port)[0] == 200
+        before = rss_mib()
+        flood = HeaderFlood(server.port)
+        flooding = threading.Thread(target=flood.run, name="flood", daemon=True)
+        probes: list[tuple[int, float]] = []
+        with Peak() as peak:
+            flooding.start()
+            # The kubelet's probe, from its own address, all through the flood.
+            while flooding.is_alive():
+                alive.beat()  # the operator's loop, running
+                began = time.monotonic()
+                status = 0
+                with contextlib.suppress(OSError, http.client.HTTPException):
+                    status = healthz(server.port, source="127.0.0.2")[0]
+                probes.append((status, time.monotonic() - began))
+                time.sleep(0.2)
+            flooding.join()
+        after = rss_mib()
+
+    print(  # the figures for docs/SECURITY.md (pytest -s)
+        f"liveness flood: {flood.opened} connections opened, {flood.sent / 2**20:.0f} MiB "
+        f"sent, {server.evicted} evicted; RSS {before:.1f} -> peak {peak.rss:.1f} -> "
+        f"{after:.1f} MiB; {len(probes)} probes, slowest {max(t for _, t in probes):.2f}s"
+    )
+    assert flood.opened >= FLOOD
+    assert flood.sent > 100 * 2**20, "the flood never got its headers to the server"
+    assert peak.rss - before < RSS_GROWTH_MIB
+    # The accept thread, the slots, and at most `slack` evicted ones on their way out.
+    assert peak.threads <= 1 + liveness.CONNECTIONS + server.slack
+    assert len(probes) >= 10
+    assert all(status == 200 for status, _ in probes), probes
+    assert max(seconds for _, seconds in probes) < SLACK

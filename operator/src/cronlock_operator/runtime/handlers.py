@@ -19,7 +19,9 @@ import kopf
 from cronlock_operator.kube.client import api_client
 from cronlock_operator.kube.writes import LIST_PAGE, Kube
 from cronlock_operator.lock.config import OperatorSettings
+from cronlock_operator.runtime import liveness
 from cronlock_operator.runtime.events import EventPoster
+from cronlock_operator.runtime.liveness import Liveness
 from cronlock_operator.runtime.reconciler import WORKERS, Reconciler
 from cronlock_sidecar import contract
 
@@ -107,10 +109,13 @@ async def stop(memo: kopf.Memo, **_: Any) -> None:
     await asyncio.to_thread(memo.events.stop)
 
 
-async def _check_due(reconciler: Reconciler) -> None:
+async def _check_due(reconciler: Reconciler, alive: Liveness = liveness.state) -> None:
+    # Each completed round tells the liveness probe the loop runs: a loop blocked, or this
+    # task ended by an error, stops the beats and the kubelet restarts the operator.
     while True:
         reconciler.check_expiry()
         reconciler.check_ticks()
+        alive.beat()
         await asyncio.sleep(DUE_CHECK_SECONDS)
 
 

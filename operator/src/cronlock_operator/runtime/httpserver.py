@@ -1,7 +1,8 @@
-"""A small HTTP/1.1 server for the operator's open ports (/metrics, the liveness probe
-while a replica waits to lead): any pod in the cluster can reach them, so what a client
-can hold is bounded (connections in all and per address, one request each, a deadline
-from accept to close) and a flood never starves the scraper or the kubelet's probe.
+"""A small HTTP/1.1 server for the operator's open ports (/metrics, the liveness probe):
+any pod in the cluster can reach them, so what a client can hold is bounded (connections
+in all and per address, one request each, a head of 8 KiB, a deadline from accept to
+close) and a flood never starves the scraper or the kubelet's probe: when every slot is
+taken, a peer holding fewer than the busiest takes the busiest peer's oldest slot.
 """
 
 from __future__ import annotations
@@ -24,13 +25,15 @@ REQUEST_LINE_BYTES = 1024
 HEAD_BYTES = 8192  # the request line and headers (a bearer token is about 1 KiB)
 LINGER_SECONDS = 1.0  # reading what a client still sends after the answer (see _close)
 POLL_SECONDS = 0.25  # how soon `stop` is noticed
+FLOOD_LOG_SECONDS = 60.0  # at most one warning a minute about a full server
 
 _END_OF_HEAD = re.compile(rb"\r?\n\r?\n")
 _TEXT = "text/plain; charset=utf-8"
 
 # What a path answers: from the query string and the request's header fields (names in
-# lower case), the answer's headers and body.
-Route = Callable[[str, Mapping[str, str]], tuple[dict[str, str], bytes]]
+# lower case), the answer's status, headers and body.
+Answer = tuple[HTTPStatus, dict[str, str], bytes]
+Route = Callable[[str, Mapping[str, str]], Answer]
 
 
 class _Refused(Exception):
@@ -45,10 +48,25 @@ class _Refused(Exception):
         self.head_only = head_only  # the answer to a HEAD has no body, whatever its status
 
 
+class _Connection:
+    __slots__ = ("ended", "opened", "peer", "sock")
+
+    def __init__(self, sock: socket.socket, peer: str, opened: float) -> None:
+        self.sock = sock
+        self.peer = peer
+        self.opened = opened
+        self.ended = False  # evicted: its thread is on its way out
+
+
 class BoundedServer:
     """A few paths over HTTP/1.1: GET or HEAD, one request per connection, each connection
-    closed within `timeout` seconds, at most `connections` open (`per_client` per address);
-    a connection over either cap is closed as soon as it is accepted, without a thread."""
+    closed within `timeout` seconds, at most `connections` served at once (`per_client`
+    per address). When all are taken, a newcomer from an address holding fewer than the
+    busiest address takes that address's oldest connection (the sidecar's rule,
+    cronlock_sidecar.pod.endpoints): a few pods reconnecting in a loop cannot keep the
+    scraper or the kubelet out. A connection refused is closed as soon as it is accepted,
+    without a thread; an evicted one's thread lets go of it at once, and no more than
+    `slack` of those are waited for."""
 
     def __init__(
         self,
@@ -60,6 +78,7 @@ class BoundedServer:
         connections: int,
         per_client: int,
         name: str,
+        slack: int = 8,
     ) -> None:
         family = socket.AF_INET6 if ":" in address else socket.AF_INET
         self._listener = socket.create_server((address, port), family=family)
@@ -69,13 +88,21 @@ class BoundedServer:
         self.timeout = timeout
         self.connections = connections
         self.per_client = per_client
+        self.slack = slack
         self.routes = dict(routes)
         self.name = name
-        self._open: collections.Counter[str] = collections.Counter()
-        self._open_in_all = 0
+        self.evicted = 0  # connections ended early for a newcomer, since the start
+        self._open: dict[socket.socket, _Connection] = {}
         self._lock = threading.Lock()
+        self._flood_logged = -FLOOD_LOG_SECONDS
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._accept, name=name, daemon=True)
+
+    @property
+    def serving(self) -> int:
+        """Connections open and not evicted."""
+        with self._lock:
+            return sum(not held.ended for held in self._open.values())
 
     def start(self) -> None:
         self._thread.start()
@@ -106,13 +133,7 @@ class BoundedServer:
                 self._admit(connection, str(peer[0]))
 
     def _admit(self, connection: socket.socket, client: str) -> None:
-        with self._lock:
-            admitted = self._open_in_all < self.connections and self._open[client] < self.per_client
-            if admitted:
-                self._open_in_all += 1
-                self._open[client] += 1
-        if not admitted:
-            logger.debug("%s: connection from %s refused: too many open", self.name, client)
+        if not self._take_slot(connection, client):
             connection.close()
             return
         thread = threading.Thread(
@@ -124,35 +145,80 @@ class BoundedServer:
         try:
             thread.start()
         except RuntimeError:  # no thread to be had: the connection goes, the server stays
-            self._release(client)
+            self._release(connection)
             connection.close()
 
-    def _release(self, client: str) -> None:
+    def _take_slot(self, connection: socket.socket, client: str) -> bool:
+        """Register `connection` (evicting the busiest peer's oldest when all slots are
+        taken), or refuse it."""
+        now = time.monotonic()
         with self._lock:
-            self._open_in_all -= 1
-            self._open[client] -= 1
-            if not self._open[client]:
-                del self._open[client]
+            if len(self._open) >= self.connections + self.slack:
+                return self._refuse(now, client)
+            serving = [held for held in self._open.values() if not held.ended]
+            held_by = collections.Counter(held.peer for held in serving)
+            if held_by[client] >= self.per_client:
+                return self._refuse(now, client)
+            if len(serving) >= self.connections:
+                busiest = max(held_by.values())
+                if held_by[client] >= busiest:
+                    return self._refuse(now, client)
+                victim = min(
+                    (held for held in serving if held_by[held.peer] == busiest),
+                    key=lambda held: held.opened,
+                )
+                self._evict(victim, now)
+            self._open[connection] = _Connection(connection, client, now)
+            return True
+
+    def _evict(self, victim: _Connection, now: float) -> None:
+        # Under the lock, and only for a registered socket: its thread unregisters it
+        # (_release) before closing it, so this never shuts down a reused descriptor.
+        victim.ended = True
+        self.evicted += 1
+        self._log_flood(now, f"the oldest connection of {victim.peer} ended for a newcomer")
+        with contextlib.suppress(OSError):  # the peer has gone already: its thread sees that
+            victim.sock.shutdown(socket.SHUT_RDWR)  # wakes its thread, blocked on it
+
+    def _refuse(self, now: float, client: str) -> bool:
+        self._log_flood(now, f"a connection from {client} refused")
+        return False
+
+    def _log_flood(self, now: float, what: str) -> None:
+        if now - self._flood_logged >= FLOOD_LOG_SECONDS:
+            self._flood_logged = now
+            logger.warning(
+                "%s: %d connections open, %s (a flood? a NetworkPolicy can limit who "
+                "reaches this port); said at most once a minute",
+                self.name,
+                len(self._open),
+                what,
+            )
+        else:
+            logger.debug("%s: %s", self.name, what)
+
+    def _release(self, connection: socket.socket) -> None:
+        with self._lock:
+            del self._open[connection]
 
     def _serve(self, connection: socket.socket, client: str) -> None:
         deadline = time.monotonic() + self.timeout
         try:
-            with connection:
-                try:
-                    head = _read_head(connection, deadline)
-                    head_only, headers, body = _answer(head, self.routes)
-                    status = HTTPStatus.OK
-                except _Refused as refusal:
-                    head_only, body = refusal.head_only, f"{refusal.status.phrase}\n".encode()
-                    status, headers = refusal.status, {"Content-Type": _TEXT, **refusal.headers}
-                _send(connection, deadline, status, headers, body, head_only)
-                _close(connection, deadline)
-        except OSError as error:  # too slow (TimeoutError), reset or gone
+            try:
+                head = _read_head(connection, deadline)
+                head_only, (status, headers, body) = _answer(head, self.routes)
+            except _Refused as refusal:
+                head_only, body = refusal.head_only, f"{refusal.status.phrase}\n".encode()
+                status, headers = refusal.status, {"Content-Type": _TEXT, **refusal.headers}
+            _send(connection, deadline, status, headers, body, head_only)
+            _close(connection, deadline)
+        except OSError as error:  # too slow (TimeoutError), reset, gone or evicted
             logger.debug("%s: connection from %s dropped: %s", self.name, client, error)
         except Exception:
             logger.exception("%s: answering %s failed", self.name, client)
         finally:
-            self._release(client)
+            self._release(connection)
+            connection.close()
 
 
 def _within(connection: socket.socket, deadline: float) -> None:
@@ -186,8 +252,8 @@ def _check_lengths(head: bytes) -> None:
         raise _Refused(HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE)
 
 
-def _answer(head: bytes, routes: Mapping[str, Route]) -> tuple[bool, dict[str, str], bytes]:
-    """(whether only the headers go back, the headers, the body) for `head`."""
+def _answer(head: bytes, routes: Mapping[str, Route]) -> tuple[bool, Answer]:
+    """(whether only the headers go back, the route's answer) for `head`."""
     request_line, *lines = (line.rstrip("\r") for line in head.decode("latin-1").split("\n"))
     parts = request_line.split(" ")
     if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
@@ -206,8 +272,7 @@ def _answer(head: bytes, routes: Mapping[str, Route]) -> tuple[bool, dict[str, s
         raise _Refused(HTTPStatus.NOT_FOUND, head_only=head_only)
     if method not in ("GET", "HEAD"):
         raise _Refused(HTTPStatus.METHOD_NOT_ALLOWED, {"Allow": "GET, HEAD"})
-    headers, body = route(url.query, fields)
-    return head_only, headers, body
+    return head_only, route(url.query, fields)
 
 
 def _send(

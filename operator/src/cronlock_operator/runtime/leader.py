@@ -21,17 +21,14 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any, Final
-from urllib.parse import urlsplit
 
 import kubernetes
 
 from cronlock_operator.kube.answers import raw
 from cronlock_operator.kube.client import FIELD_MANAGER
 from cronlock_operator.reconcile.expiry import Observation
-from cronlock_operator.runtime.httpserver import BoundedServer
 from cronlock_sidecar import contract
 from cronlock_sidecar.lock.model import Timing, claimed, read_lease, released, renewed
 
@@ -213,38 +210,3 @@ class Elector:
             logger.info("leader lease %s/%s released", self.namespace, self.name)
         except (kubernetes.client.ApiException, OSError) as error:
             logger.warning("leader lease not released: %s", error)
-
-
-# While waiting to lead, the liveness port is this small server's: any pod may reach it,
-# so it holds at most WAITING_CONNECTIONS connections (WAITING_PER_CLIENT per address),
-# each for WAITING_TIMEOUT seconds, one request each, and closes the rest at once.
-WAITING_CONNECTIONS = 8
-WAITING_PER_CLIENT = 2
-WAITING_TIMEOUT = 2.0
-
-
-def _waiting(query: str, fields: Mapping[str, str]) -> tuple[dict[str, str], bytes]:
-    return {"Content-Type": "application/json"}, b'{"waiting": "to lead"}'
-
-
-@contextmanager
-def healthy_while_waiting(liveness: str) -> Iterator[None]:
-    """Answer the liveness probe while this replica waits to lead (kopf serves it after)."""
-    if not liveness:
-        yield
-        return
-    url = urlsplit(liveness)
-    server = BoundedServer(
-        url.hostname or "0.0.0.0",
-        url.port or 80,
-        {url.path or "/": _waiting},
-        timeout=WAITING_TIMEOUT,
-        connections=WAITING_CONNECTIONS,
-        per_client=WAITING_PER_CLIENT,
-        name="cronlock-waiting",
-    )
-    server.start()
-    try:
-        yield
-    finally:
-        server.stop()

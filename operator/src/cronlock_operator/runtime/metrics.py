@@ -6,6 +6,7 @@ import contextlib
 import platform
 import typing
 from collections.abc import Iterable, Mapping
+from http import HTTPStatus
 
 from prometheus_client import (
     CollectorRegistry,
@@ -18,7 +19,7 @@ from prometheus_client import (
 
 from cronlock_operator.kube.client import version
 from cronlock_operator.reconcile.keys import Key
-from cronlock_operator.runtime.httpserver import BoundedServer
+from cronlock_operator.runtime.httpserver import Answer, BoundedServer
 
 # `*_created` series double the counters' series and no alert reads them.
 disable_created_metrics()  # type: ignore[no-untyped-call]
@@ -195,7 +196,7 @@ for _kind in RECONCILE_KINDS:
 
 # Any pod in the cluster can reach /metrics, so what its clients can hold is bounded: each
 # connection is a thread and a buffer, and the operator has 256 Mi.
-CONNECTIONS = 32  # open at once, all clients together; more are closed as they come
+CONNECTIONS = 32  # served at once, all clients together (then a busier peer's oldest goes)
 CONNECTIONS_PER_CLIENT = 4  # per address, so one pod cannot take them all from Prometheus
 TIMEOUT = 5.0  # seconds from accept to close, for the request and the answer together
 PATH = "/metrics"
@@ -205,7 +206,7 @@ PATH = "/metrics"
 _exposition = make_wsgi_app(registry)
 
 
-def _metrics(query: str, fields: Mapping[str, str]) -> tuple[dict[str, str], bytes]:
+def _metrics(query: str, fields: Mapping[str, str]) -> Answer:
     environ = {
         "REQUEST_METHOD": "GET",
         "PATH_INFO": PATH,
@@ -219,7 +220,7 @@ def _metrics(query: str, fields: Mapping[str, str]) -> tuple[dict[str, str], byt
         headers.update(answered)
 
     body = b"".join(typing.cast(Iterable[bytes], _exposition(environ, start_response)))
-    return headers, body
+    return HTTPStatus.OK, headers, body
 
 
 def serve(port: int, address: str = "0.0.0.0") -> BoundedServer:
