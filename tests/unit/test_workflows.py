@@ -1,13 +1,19 @@
 """The release workflow passes actionlint (with shellcheck on its `run:` steps), and
-actionlint does fail a workflow with a mistake of the kinds it checks."""
+actionlint does fail a workflow with a mistake of the kinds it checks; every action is
+pinned by commit, only the job behind the protected `release` environment may write, and
+it publishes only a tag on main."""
 
 from __future__ import annotations
 
+import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
 
 from tests.support.tools import gotool
 
@@ -44,7 +50,7 @@ def test_actionlint_fails_an_unknown_permission_and_an_unquoted_expansion(
 ) -> None:
     text = (WORKFLOWS / "release.yml").read_text()
     broken = text.replace("packages: write", "pakages: write", 1).replace(
-        'echo "VERSION=$version" >> "$GITHUB_ENV"', "echo VERSION=$version >> $GITHUB_ENV", 1
+        'echo "version=$version" >> "$GITHUB_OUTPUT"', "echo version=$version >> $GITHUB_OUTPUT", 1
     )
     assert broken != text
     workflow = tmp_path / ".github" / "workflows" / "release.yml"
@@ -54,3 +60,145 @@ def test_actionlint_fails_an_unknown_permission_and_an_unquoted_expansion(
     assert result.returncode == 1
     assert 'unknown permission scope "pakages"' in result.stdout
     assert "SC2086" in result.stdout  # shellcheck, through actionlint
+
+
+# `uses: owner/repo[/path]@<40 hex> # vX.Y.Z`: a tag can be moved to other code, a commit
+# cannot; the comment says which release the commit is, for whoever bumps it.
+_USES_LINE = re.compile(r"^\s*(?:-\s+)?uses:\s*(?P<ref>[^\s#]+)(?P<rest>.*)$")
+_PINNED = re.compile(r"^[\w.-]+/[\w.-]+(?:/[\w.-]+)*@[0-9a-f]{40}$")
+_VERSION_COMMENT = re.compile(r"^\s+# v\d+\.\d+\.\d+$")
+_WRITE_SCOPES = {"packages", "id-token", "contents", "attestations", "deployments"}
+
+
+def _workflows() -> dict[str, dict[str, Any]]:
+    return {path.name: yaml.safe_load(path.read_text()) for path in sorted(WORKFLOWS.glob("*.yml"))}
+
+
+def _yaml_uses(workflow: dict[str, Any]) -> list[str]:
+    """Every `uses:` as YAML reads it: job-level (reusable workflows) and each step's."""
+    found = []
+    for job in workflow["jobs"].values():
+        if "uses" in job:
+            found.append(str(job["uses"]))
+        found.extend(str(step["uses"]) for step in job.get("steps", []) if "uses" in step)
+    return found
+
+
+def test_every_action_is_pinned_by_a_commit_with_its_release_in_a_comment() -> None:
+    unpinned = []
+    for path in sorted(WORKFLOWS.glob("*.yml")):
+        lines = [_USES_LINE.match(line) for line in path.read_text().splitlines()]
+        refs = [match for match in lines if match is not None]
+        # The line scan sees every `uses:` YAML sees (none hides in a flow mapping).
+        assert sorted(match["ref"] for match in refs) == sorted(
+            _yaml_uses(yaml.safe_load(path.read_text()))
+        ), path.name
+        unpinned += [
+            f"{path.name}: {match.group(0).strip()}"
+            for match in refs
+            if not (_PINNED.match(match["ref"]) and _VERSION_COMMENT.match(match["rest"]))
+        ]
+    assert unpinned == []
+
+
+def _writes(job: dict[str, Any]) -> bool:
+    permissions = job.get("permissions") or {}
+    if isinstance(permissions, str):  # read-all, write-all
+        return permissions == "write-all"
+    return any(permissions.get(scope) == "write" for scope in _WRITE_SCOPES)
+
+
+def test_only_jobs_in_the_protected_release_environment_get_write_rights() -> None:
+    publishing = []
+    for name, workflow in _workflows().items():
+        assert workflow["permissions"] == {}, f"{name}: no rights unless a job asks"
+        for job_name, job in workflow["jobs"].items():
+            assert "permissions" in job, f"{name}: job {job_name} states its rights"
+            if _writes(job):
+                environment = job.get("environment")
+                if isinstance(environment, dict):
+                    environment = environment.get("name")
+                assert environment == "release", f"{name}: job {job_name} writes ungated"
+                publishing.append(job_name)
+    assert publishing == ["release"]
+
+
+def _ancestry_check(workflow: dict[str, Any]) -> tuple[dict[str, Any], str]:
+    """The job the publishing job needs that checks the tag is on main, and that check."""
+    jobs = workflow["jobs"]
+    needs = jobs["release"].get("needs", [])
+    for name in ["release", *([needs] if isinstance(needs, str) else needs)]:
+        for step in jobs[name]["steps"]:
+            if "merge-base --is-ancestor" in step.get("run", ""):
+                return jobs[name], step["run"]
+    raise AssertionError("no job the release job needs checks that the tag is on main")
+
+
+def _git(cwd: Path, *args: str) -> str:
+    env = {
+        "PATH": os.environ["PATH"],
+        "HOME": str(cwd),
+        "GIT_CONFIG_NOSYSTEM": "1",
+        **{
+            f"GIT_{who}_{what}": value
+            for who in ("AUTHOR", "COMMITTER")
+            for what, value in (("NAME", "t"), ("EMAIL", "t@example.com"))
+        },
+    }
+    done = subprocess.run(
+        ["git", *args], cwd=cwd, env=env, capture_output=True, text=True, check=True
+    )
+    return done.stdout.strip()
+
+
+@pytest.fixture
+def clone(tmp_path: Path) -> tuple[Path, dict[str, str]]:
+    """A clone, as checkout with fetch-depth 0 leaves it, of a repository where main has
+    commits `old` and `head` and branch `side` forks from `old` with commit `side`."""
+    origin = tmp_path / "origin"
+    origin.mkdir()
+    _git(origin, "init", "--quiet", "--initial-branch=main")
+    commits: dict[str, str] = {}
+    for name in ("old", "head"):
+        _git(origin, "commit", "--quiet", "--allow-empty", "-m", name)
+        commits[name] = _git(origin, "rev-parse", "HEAD")
+    _git(origin, "checkout", "--quiet", "-b", "side", commits["old"])
+    _git(origin, "commit", "--quiet", "--allow-empty", "-m", "side")
+    commits["side"] = _git(origin, "rev-parse", "HEAD")
+    work = tmp_path / "work"
+    _git(tmp_path, "clone", "--quiet", "--no-checkout", str(origin), str(work))
+    return work, commits
+
+
+def test_a_release_is_published_only_from_a_tag_on_main(
+    clone: tuple[Path, dict[str, str]],
+) -> None:
+    job, script = _ancestry_check(yaml.safe_load((WORKFLOWS / "release.yml").read_text()))
+    checkout = next(step for step in job["steps"] if "uses" in step)
+    assert checkout["uses"].startswith("actions/checkout@")
+    assert checkout["with"]["fetch-depth"] == 0  # else origin/main is not there to compare
+    work, commits = clone
+
+    def check(commit: str) -> subprocess.CompletedProcess[str]:
+        _git(work, "checkout", "--quiet", "--detach", commit)
+        return subprocess.run(
+            ["bash", "--noprofile", "--norc", "-eo", "pipefail", "-c", script],
+            cwd=work,
+            env={**os.environ, "GITHUB_SHA": commit, "GITHUB_REF_NAME": "v9.9.9"},
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=60,
+        )
+
+    for on_main in ("head", "old"):
+        passed = check(commits[on_main])
+        assert passed.returncode == 0, (on_main, passed.stdout, passed.stderr)
+    refused = check(commits["side"])
+    assert refused.returncode == 1
+    assert f"::error::tag v9.9.9 is on {commits['side']}, which is not on main" in refused.stdout
+    # Without main's history there is nothing to compare with: refused too, saying why.
+    _git(work, "update-ref", "-d", "refs/remotes/origin/main")
+    unknown = check(commits["head"])
+    assert unknown.returncode != 0
+    assert "::error::" in unknown.stdout
