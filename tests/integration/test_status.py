@@ -494,3 +494,52 @@ def test_a_lock_in_redis_shows_its_holder_to_whoever_may_read_its_secret(
     finally:
         holder.terminate()
         holder.communicate(timeout=30)
+
+
+def test_hostile_lease_strings_reach_the_terminal_escaped_and_json_exact(
+    controlplane: ControlPlane, api: kubernetes.client.ApiClient, namespace: str
+) -> None:
+    """A last holder and a freezer's name, stored by the API server as written (any pod
+    on a free Lease may write them), come out of `-o wide` escaped: no ESC, BEL, C1 or
+    bidi override reaches the terminal. `-o json` keeps them exact."""
+    title_and_clear = "\x1b]0;owned\x07\x1b[2J"
+    frozen_by = "mallory\u202e\x9b2J"
+    now = datetime.datetime.now(datetime.UTC)
+    until = (now + datetime.timedelta(hours=1)).replace(microsecond=0)
+    kubernetes.client.BatchV1Api(api).create_namespaced_cron_job(
+        namespace, cronjob("victim", {"cronlock.io/enabled": "true"})
+    )
+    leases = kubernetes.client.CoordinationV1Api(api)
+    hostile = {
+        "cronlock.io/last-holder": title_and_clear,
+        "cronlock.io/released-at": "2026-01-01T00:00:00.000001Z",
+        "cronlock.io/frozen-until": until.strftime("%Y-%m-%dT%H:%M:%S.000000Z"),
+        "cronlock.io/frozen-by": frozen_by,
+        "cronlock.io/frozen-reason": "\x1b[2J",
+    }
+    leases.create_namespaced_lease(
+        namespace,
+        make_lease(
+            lock="victim",
+            namespace=namespace,
+            renewed=now - datetime.timedelta(minutes=10),
+            annotations=hostile,
+        ),
+    )
+    stored = leases.read_namespaced_lease("cronlock-victim", namespace).metadata.annotations
+    assert {key: stored[key] for key in hostile} == hostile
+
+    wide = cronlock(controlplane, "status", "-n", namespace, "-o", "wide")
+
+    assert wide.returncode == 0, wide.stderr
+    assert [c for c in "\x1b\x07\x9b\u202e" if c in wide.stdout + wide.stderr] == []
+    row = table(wide.stdout)["victim"]
+    assert r"\x1b]0;owned\x07\x1b[2J" in row
+    assert row[-1] == f"until {until:%Y-%m-%dT%H:%M:%S}Z by mallory\\u202e\\x9b2J"
+
+    as_json = cronlock(controlplane, "status", "-n", namespace, "-o", "json")
+
+    assert as_json.returncode == 0, as_json.stderr
+    (item,) = json.loads(as_json.stdout)["items"]
+    assert item["lastHolder"] == title_and_clear
+    assert (item["frozen"]["by"], item["frozen"]["reason"]) == (frozen_by, "\x1b[2J")
