@@ -72,6 +72,8 @@ def finished_job(name: str, created: str, skipped: bool = True) -> dict[str, Any
                 {"apiVersion": "batch/v1", "kind": "CronJob", "name": "report", "uid": "cj"}
             ],
         },
+        # Made from the injected CronJob: its pods pass the gate.
+        "spec": {"template": {"spec": {"initContainers": [{"name": "cronlock-gate"}]}}},
         "status": {"conditions": [condition]},
     }
 

@@ -199,6 +199,8 @@ def finished_job(name: str, created: str, outcome: str) -> dict[str, Any]:
             "creationTimestamp": created,
             "labels": {"cronlock.io/lock": "report"},
         },
+        # Made from the injected CronJob: its pods pass the gate.
+        "spec": {"template": {"spec": {"initContainers": [{"name": "cronlock-gate"}]}}},
         "status": {"conditions": [conditions[outcome]]},
     }
 
@@ -247,6 +249,18 @@ def test_a_success_resets_the_count_and_a_failure_leaves_it() -> None:
         AnnotateCronJob(NAMESPACE, "report", {"cronlock.io/consecutive-skips": None}),
         SetConsecutiveSkips(NAMESPACE, "report", 0),
     ]
+
+
+def test_a_forged_job_that_never_took_the_lock_does_not_end_a_run_of_skips() -> None:
+    """Security review L8: a Job naming the CronJob as its owner, created by anyone who may
+    create Jobs, without cronlock's gate (one container `true`) completes: the skips in a
+    row stay, so a stuck lock's RepeatedSkips is not hidden."""
+    body = cronjob()
+    body["metadata"]["annotations"]["cronlock.io/consecutive-skips"] = "4"
+    forged = finished_job("report-29999999", "2026-12-01T00:00:01Z", "succeeded")
+    forged["spec"] = {"template": {"spec": {"containers": [{"name": "w", "command": ["true"]}]}}}
+    decision = runs.decide(body, [forged], SETTINGS)
+    assert decision.after == [SetConsecutiveSkips(NAMESPACE, "report", 4)]
 
 
 def test_kept_and_gone_skipped_jobs_are_not_deleted() -> None:

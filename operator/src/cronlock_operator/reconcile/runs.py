@@ -108,7 +108,7 @@ def decide(
             )
             if not keep and present:
                 actions.append(DeleteJob(namespace, job_name))
-        elif outcome == "succeeded":
+        elif outcome == "succeeded" and skips.went_through_the_lock(job):
             count = 0
         elif outcome in ("skipped", "overlapped"):
             count += 1

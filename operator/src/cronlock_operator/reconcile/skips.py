@@ -35,6 +35,20 @@ def is_skip_failure(condition: Mapping[str, Any]) -> bool:
     )
 
 
+def went_through_the_lock(job: Mapping[str, Any]) -> bool:
+    """The Job's pods pass cronlock's gate, so its success means its run held the lock.
+
+    Anyone who may create Jobs can name a CronJob as a Job's owner (uid and `controller`
+    included), so a Job that never took the lock (one container `true`) could end a run of
+    skips and hide a stuck lock (security review L8). A Job with the gate could not: if the
+    lock is stuck, its gate skips too."""
+    spec = ((job.get("spec") or {}).get("template") or {}).get("spec") or {}
+    return any(
+        isinstance(container, Mapping) and container.get("name") == contract.GATE_CONTAINER
+        for container in spec.get("initContainers") or []
+    )
+
+
 def contended(job: Mapping[str, Any]) -> str | None:
     """What the operator marked on the Job: its run "overlapped", or was "replaced"."""
     annotations = (job.get("metadata") or {}).get("annotations") or {}
