@@ -7,6 +7,7 @@ the command (deleting a lock by hand, as an admin might).
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -21,11 +22,14 @@ import pytest
 import redis
 
 from cronlock_sidecar.lock.model import Timing, claimed, read_lease, renewed
+from cronlock_sidecar.transport import pgstore, redisstore
 from cronlock_sidecar.transport.pgstore import PostgresLeaseStore
 from cronlock_sidecar.transport.redisstore import RedisLeaseStore, keys
-from cronlock_sidecar.transport.seam import Conflict, LeaseRef, NotFound, Unavailable
+from cronlock_sidecar.transport.seam import Conflict, Forbidden, LeaseRef, NotFound, Unavailable
 from cronlock_sidecar.transport.storeurl import parse_store_url
 from tests.reliability.checker import ROOT, SIDECAR
+from tests.support.kube import wait_for
+from tests.support.stores import PostgresServer
 
 STORES = ("redis", "postgres")
 
@@ -215,7 +219,7 @@ def test_writes_are_compare_and_set_and_tokens_only_grow(
 ) -> None:
     kind, server = store
     lease = LeaseRef(*lock_name(request).split("/"))
-    timing = Timing.of(6.0, None, 2.0)
+    timing = Timing.of(1.0, None, 0.0)  # a 1s hold: the store lets it be taken 1s after
     with transport(kind, server.url) as client:
         with pytest.raises(NotFound):
             client.get(lease)
@@ -232,16 +236,31 @@ def test_writes_are_compare_and_set_and_tokens_only_grow(
         # A second write from the same read is stale: someone (we) wrote since.
         with pytest.raises(Conflict):
             client.replace(lease, claimed(read, "b", timing, datetime.now(UTC), ""))
-        taken = client.replace(
-            lease, claimed(client.get(lease), "b", timing, datetime.now(UTC), "")
+        # A live hold of another holder is the store's to refuse, whatever b judged.
+        with pytest.raises(Forbidden, match="cronlock holder policy: the lock is held by a"):
+            client.replace(lease, claimed(client.get(lease), "b", timing, datetime.now(UTC), ""))
+        began = time.monotonic()
+        taken = wait_for(
+            lambda: take_over(client, lease, "b", timing), 10, "a expired on the store's clock"
         )
+        assert time.monotonic() - began < 2.0
         token_before = read_lease(taken).transitions
-        assert token_before > read_lease(first).transitions
+        assert token_before == read_lease(first).transitions + 1
         delete_by_hand(kind, server.url, lease)
         with pytest.raises(NotFound):
             client.replace(lease, renewed(taken, timing, datetime.now(UTC)))
         again = client.create(lease, claimed(body, "c", timing, datetime.now(UTC), ""))
         assert read_lease(again).transitions > token_before
+
+
+def take_over(
+    client: RedisLeaseStore | PostgresLeaseStore, lease: LeaseRef, who: str, timing: Timing
+) -> dict[str, Any] | None:
+    """`who` claims the lock as it reads now; None while the store refuses (held)."""
+    try:
+        return client.replace(lease, claimed(client.get(lease), who, timing, datetime.now(UTC), ""))
+    except Forbidden:
+        return None
 
 
 def test_a_stopped_store_answers_unavailable_within_the_timeout(
@@ -263,3 +282,221 @@ def test_a_stopped_store_answers_unavailable_within_the_timeout(
         assert waited < 2.5, waited
         with pytest.raises(NotFound):
             client.get(lease)  # connects again
+
+
+# --- a tamperer with the URL, writing as an attacker would (redis-py, psycopg) ------------
+DAY = 86400
+
+
+def tampered_document(lease: LeaseRef, holder: str, duration: int, **spec: Any) -> str:
+    moment = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return json.dumps(
+        {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {"name": lease.name, "namespace": lease.namespace},
+            "spec": {
+                "holderIdentity": holder,
+                "acquireTime": moment,
+                "renewTime": moment,
+                "leaseDurationSeconds": duration,
+                "leaseTransitions": 0,
+                **spec,
+            },
+        }
+    )
+
+
+def write_by_hand(kind: str, url: str, lease: LeaseRef, document: str, *, at: str = "") -> None:
+    """The review's write: the whole lock by HSET (Redis) or INSERT (PostgreSQL), no script;
+    `at` (Redis: µs) is the write and renewal time, else the store's now."""
+    if kind == "redis":
+        with redis.Redis.from_url(url, decode_responses=True) as client:
+            seconds, micro = client.time()
+            now = at or str(seconds * 1_000_000 + micro)
+            key = keys(lease)[0]
+            client.hset(key, mapping={"doc": document, "version": "1000000", "fence": "0"})
+            # Schema 1's fields: no `renewed`, which reads as `written`.
+            client.hset(key, mapping={"writer": now, "written": now})
+            client.persist(key)
+    else:
+        with psycopg.connect(url, autocommit=True) as connection:
+            connection.execute(
+                "INSERT INTO cronlock_locks (namespace, name, holder, transitions,"
+                " resource_version, document, writer_time, written_at)"
+                " VALUES (%s, %s, 'mallory', 0, 1000000, %s::jsonb, now(), now())",
+                (lease.namespace, lease.name, document),
+            )
+
+
+def test_a_day_long_hold_written_by_hand_is_believed_only_for_the_runs_ttl(
+    store: tuple[str, Server], tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """Anyone with the URL writes a day-long hold, bypassing cronlock; a run with ttl 2s and
+    skew 1s takes the lock 3s after that write (the store agrees: the shorter of the two
+    durations has passed on its clock), not after a day."""
+    kind, server = store
+    lock = lock_name(request)
+    lease = LeaseRef(*lock.split("/"))
+    with transport(kind, server.url) as client, pytest.raises(NotFound):
+        client.get(lease)  # connected: PostgreSQL's schema is in place
+    write_by_hand(kind, server.url, lease, tampered_document(lease, "mallory", DAY))
+    written = time.monotonic()
+    started = tmp_path / "started"
+    run = start_run(
+        server.url,
+        lock,
+        ["sh", "-c", f"echo up > {started}"],
+        *("--ttl", "2s", "--skew", "1s", "--policy", "wait", "--wait-timeout", "30s"),
+    )
+    _, err = run.communicate(timeout=40)
+    took = time.monotonic() - written
+    assert run.returncode == 0, err
+    assert started.read_text().strip() == "up"
+    assert "expired" in err
+    assert 2.9 <= took < 15, took
+
+
+def test_a_renewal_dated_in_the_future_by_hand_keeps_nothing_alive(
+    store: tuple[str, Server], request: pytest.FixtureRequest
+) -> None:
+    """Redis: a hash whose write and renewal are a year ahead of the store's clock (HSET
+    works around any script) reads as expired and is taken at once. PostgreSQL: the
+    trigger dates every write itself, whatever an UPDATE sets."""
+    kind, server = store
+    lease = LeaseRef(*lock_name(request).split("/"))
+    timing = Timing.of(30.0, None, 1.0)
+    with transport(kind, server.url) as client:
+        with pytest.raises(NotFound):
+            client.get(lease)
+        if kind == "redis":
+            ahead = str(int((time.time() + 365 * DAY) * 1_000_000))
+            document = tampered_document(lease, "mallory", DAY)
+            write_by_hand(kind, server.url, lease, document, at=ahead)
+        else:
+            write_by_hand(kind, server.url, lease, tampered_document(lease, "mallory", 30))
+            with psycopg.connect(server.url, autocommit=True) as connection:
+                connection.execute(
+                    "UPDATE cronlock_locks SET written_at = '2099-01-01', renewed_at = '2099-01-01'"
+                    " WHERE namespace = %s AND name = %s",
+                    (lease.namespace, lease.name),
+                )
+                row = connection.execute(
+                    "SELECT written_at <= clock_timestamp(), renewed_at <= clock_timestamp()"
+                    " FROM cronlock_locks WHERE namespace = %s AND name = %s",
+                    (lease.namespace, lease.name),
+                ).fetchone()
+            assert row == (True, True)
+            assert take_over(client, lease, "b", timing) is None  # mallory's 30s, renewed now
+            return
+        taken = take_over(client, lease, "b", timing)
+        assert taken is not None
+        assert read_lease(client.get(lease)).holder == "b"
+
+
+def test_the_store_refuses_a_tamperers_token_duration_and_takeover(
+    store: tuple[str, Server], request: pytest.FixtureRequest
+) -> None:
+    """Through the lock's own script (Redis: EVAL of its text, as anyone can send it) or a
+    raw statement (PostgreSQL: the trigger runs for every UPDATE): a lower token, a duration
+    of 2147483647 and a takeover of a's live hold fail or change nothing."""
+    kind, server = store
+    lease = LeaseRef(*lock_name(request).split("/"))
+    timing = Timing.of(30.0, None, 1.0)
+    body: dict[str, Any] = {"metadata": {"name": lease.name, "namespace": lease.namespace}}
+    with transport(kind, server.url) as client:
+        client.create(lease, claimed(body, "a", timing, datetime.now(UTC), ""))
+        held = client.get(lease)
+        token = read_lease(held).transitions
+        attempts = {
+            "a lower token": tampered_document(lease, "a", 30, leaseTransitions=-5),
+            "a duration of 2147483647": tampered_document(lease, "a", 2147483647),
+            "a takeover of a live hold": tampered_document(lease, "mallory", 30),
+            "a one-second takeover": tampered_document(lease, "mallory", 1),
+        }
+        answers = {what: tamper(kind, server.url, lease, doc) for what, doc in attempts.items()}
+        after = client.get(lease)
+    assert answers["a lower token"] == "written"  # a's own document: a renewal, nothing more
+    assert answers["a duration of 2147483647"].startswith("refused: cronlock store:")
+    assert "held by a" in answers["a takeover of a live hold"]
+    assert "held by a" in answers["a one-second takeover"]
+    assert read_lease(after).holder == "a"
+    assert read_lease(after).transitions == token
+    assert read_lease(after).duration_seconds == 30
+
+
+def tamper(kind: str, url: str, lease: LeaseRef, document: str) -> str:
+    """One raw write of `document` over the lock: "written", or why it was refused."""
+    if kind == "redis":
+        with redis.Redis.from_url(url, decode_responses=True) as raw:
+            version = raw.hget(keys(lease)[0], "version")
+            now = str(int(time.time() * 1_000_000))
+            try:
+                answer = raw.eval(
+                    redisstore._REPLACE, 3, *keys(lease), document, now, "0", "60000", version
+                )
+            except redis.ResponseError as error:
+                return f"refused: {error}"
+            if answer[0] == "held":
+                return f"refused: held by {answer[2]}"
+            return "written" if answer[0] == "ok" else f"refused: {answer}"
+    with psycopg.connect(url, autocommit=True) as connection:
+        try:
+            connection.execute(
+                "UPDATE cronlock_locks SET document = %s::jsonb, transitions = -5"
+                " WHERE namespace = %s AND name = %s",
+                (document, lease.namespace, lease.name),
+            )
+        except psycopg.Error as error:
+            return f"refused: {error}"
+        return "written"
+
+
+SCHEMA_1 = """
+CREATE TABLE cronlock_locks (
+    namespace text NOT NULL, name text NOT NULL, holder text NOT NULL DEFAULT '',
+    transitions bigint NOT NULL, resource_version bigint NOT NULL, document jsonb NOT NULL,
+    writer_time timestamptz NOT NULL, written_at timestamptz NOT NULL,
+    PRIMARY KEY (namespace, name));
+CREATE TABLE cronlock_fences (namespace text NOT NULL, name text NOT NULL,
+    value bigint NOT NULL, PRIMARY KEY (namespace, name));
+CREATE SEQUENCE cronlock_versions;
+COMMENT ON TABLE cronlock_locks IS 'cronlock locks, schema 1 (docs/STORES.md)';
+"""
+
+
+def test_schema_1_tables_are_migrated_in_place_and_their_locks_kept(
+    postgres_store: PostgresServer, request: pytest.FixtureRequest
+) -> None:
+    """Tables and a held row as the previous version wrote them (in a schema of their own):
+    the first sidecar call migrates them, the row's hold, token and times carry over, and
+    running the schema again changes nothing."""
+    schema = f"s1_{os.getpid()}_{request.node.name[-8:].lower()}"
+    lease = LeaseRef("tests", "migrated")
+    old_document = tampered_document(lease, "a", 1)
+    with psycopg.connect(postgres_store.url, autocommit=True) as connection:
+        connection.execute(f"CREATE SCHEMA {schema}")
+        connection.execute(f"SET search_path = {schema}")
+        connection.execute(SCHEMA_1)
+        connection.execute("INSERT INTO cronlock_fences VALUES ('tests', 'migrated', 7)")
+        connection.execute(
+            "INSERT INTO cronlock_locks VALUES ('tests', 'migrated', 'a', 7,"
+            " nextval('cronlock_versions'), %s::jsonb, now(), now())",
+            (old_document,),
+        )
+    url = f"{postgres_store.url}?options=-csearch_path%3D{schema}"
+    timing = Timing.of(1.0, None, 0.0)
+    with transport("postgres", url) as client:
+        read = read_lease(client.get(lease))
+        assert (read.holder, read.transitions) == ("a", 7)
+        taken = wait_for(lambda: take_over(client, lease, "b", timing), 10, "a's 1s to pass")
+        assert read_lease(taken).transitions == 8
+    with psycopg.connect(url, autocommit=True) as connection:
+        connection.execute(pgstore.SCHEMA)  # again: idempotent
+        row = connection.execute(
+            "SELECT holder, transitions, duration, obj_description('cronlock_locks'::regclass)"
+            " FROM cronlock_locks"
+        ).fetchone()
+    assert row is not None
+    assert row[:3] == ("b", 8, 1)
+    assert str(row[3]).startswith("cronlock locks, schema 2")

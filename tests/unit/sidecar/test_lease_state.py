@@ -16,6 +16,7 @@ from cronlock_sidecar.contract import (
 )
 from cronlock_sidecar.holding.lease import Acquired, Busy, LeaseKeeper, RenewOutcome
 from cronlock_sidecar.holding.policy import acquire
+from cronlock_sidecar.lock.model import Timing
 from cronlock_sidecar.transport.seam import Conflict, Forbidden, NotFound, Unavailable
 
 if TYPE_CHECKING:
@@ -461,3 +462,29 @@ def test_nothing_to_release_when_never_acquired(
     keeper.try_acquire()
     assert not keeper.release()
     assert transport.writes() == []
+
+
+@pytest.mark.parametrize(
+    ("renewed_ago", "caps", "taken"),
+    [(62.1, False, False), (61.9, True, False), (62.1, True, True), (3600, False, False)],
+    ids=["lease-believes-the-day", "store-inside-ttl-plus-skew", "store-past", "lease-an-hour"],
+)
+def test_a_store_lock_believes_a_day_long_hold_only_for_its_own_ttl(
+    clock: FakeClock,
+    transport: FakeTransport,
+    renewed_ago: float,
+    caps: bool,
+    taken: bool,
+) -> None:
+    """Whoever has a store's URL may write a day-long hold; a store run (ttl 60s, skew 2s)
+    takes it once 62s have passed since its renewal, as the store's own rule allows; on a
+    Lease (which the holders' policy and the operator bound) the written duration counts."""
+    transport.store(
+        make_lease(OTHER, renewed=START - timedelta(seconds=renewed_ago), duration=86400)
+    )
+    keeper = LeaseKeeper(transport, LEASE, ME, Timing.of(60, 20, 2), clock, "", caps_holds=caps)
+    result = keeper.try_acquire()
+    assert isinstance(result, Acquired) is taken
+    if not taken:
+        assert isinstance(result, Busy)
+        assert result.holder == OTHER

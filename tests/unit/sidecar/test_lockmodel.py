@@ -102,6 +102,22 @@ def test_a_holder_expires_past_its_duration_plus_the_skew(
     assert is_expired(record, NOW, 2) is expired
 
 
+@pytest.mark.parametrize(
+    ("renewed_ago", "believed", "expired"),
+    [(7.9, 5, False), (8.001, 5, True), (8.001, None, False), (31.9, 60, False)],
+    ids=["inside-cap", "past-cap", "no-cap", "cap-longer-than-written"],
+)
+def test_a_reader_believes_a_hold_at_most_for_its_own_duration(
+    renewed_ago: float, believed: float | None, expired: bool
+) -> None:
+    """A day-long hold (or a 30s one) read by a store reader of ttl 5s, skew 3s: expired 8s
+    after its renewal; a cap longer than the written duration changes nothing."""
+    record = read_lease(
+        lease(holderIdentity="h", renewTime=stamp(renewed_ago), leaseDurationSeconds=30)
+    )
+    assert is_expired(record, NOW, 3, believed_at_most=believed) is expired
+
+
 def test_a_holder_with_no_readable_time_counts_as_expired() -> None:
     record = read_lease(lease(holderIdentity="h", renewTime="garbage", leaseDurationSeconds=30))
     assert is_expired(record, NOW, 2)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from cronlock_sidecar.cli import main
-from cronlock_sidecar.lock.model import read_lease
+from cronlock_sidecar.lock.model import LeaseRecord, is_expired, read_lease
 from cronlock_sidecar.options import parse_options
 from cronlock_sidecar.transport.frames import to_reader
 from cronlock_sidecar.transport.storeurl import StoreUrlError, parse_store_url
@@ -137,8 +137,37 @@ def test_the_store_clock_judges_age_whatever_the_clients_clocks_say() -> None:
             written_at=store_write,
             store_now=store_now,
             reader_now=reader_now,
+            renewed_at=store_write,
         )
     )
     assert seen.renewed_at == reader_now - timedelta(seconds=3)
     assert seen.acquire_time == reader_now - timedelta(seconds=13)
     assert seen.released_at == reader_now - timedelta(seconds=3 + 60)
+
+
+def test_a_stored_renewal_is_the_stores_never_the_documents() -> None:
+    """A writer dates renewTime a year ahead: the reader sees the store's own renewal time;
+    a renewal the store dates after its own now (a hash written by hand) reads as expired."""
+    store_write = datetime(2026, 5, 1, 12, 0, 0, tzinfo=UTC)
+    future = (store_write + timedelta(days=365)).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    document = {
+        "spec": {"holderIdentity": "mallory", "renewTime": future, "leaseDurationSeconds": 86400}
+    }
+    store_now = store_write + timedelta(seconds=3)
+
+    def seen(renewed_at: datetime) -> LeaseRecord:
+        return read_lease(
+            to_reader(
+                document,
+                writer_time=store_write,
+                written_at=store_write,
+                store_now=store_now,
+                reader_now=store_now,
+                renewed_at=renewed_at,
+            )
+        )
+
+    assert seen(store_write).renewed_at == store_write
+    assert not is_expired(seen(store_write), store_now, 1.0)
+    assert is_expired(seen(store_write), store_now, 0.5, believed_at_most=2)
+    assert is_expired(seen(store_now + timedelta(days=365)), store_now, 1.0)

@@ -82,6 +82,7 @@ class Holder:
             clock,
             options.job_name,
             yields=options.policy == "replace",
+            caps_holds=options.store is not None,
         )
         # The renew thread and the main thread may both see the loss; it is handled once.
         self._loss_lock = threading.Lock()

@@ -66,6 +66,7 @@ class Runner:
             clock,
             options.job_name,
             yields=options.policy == "replace",
+            caps_holds=options.store is not None,
         )
         self.stop = threading.Event()
         self._stop_pipe = StopPipe(self.stop)

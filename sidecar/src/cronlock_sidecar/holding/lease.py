@@ -64,6 +64,8 @@ class LeaseKeeper:
         clock: Clock,
         job_name: str = "",
         yields: bool = True,
+        *,
+        caps_holds: bool = False,
     ) -> None:
         self.transport = transport
         self.lease = lease
@@ -75,6 +77,10 @@ class LeaseKeeper:
         # run that is itself of policy replace agreed to be replaced; any pod on the
         # account may write the request.
         self.yields = yields
+        # A lock in a store: a stored hold is believed at most for our own duration (the
+        # store's rule for a takeover is the same), since whoever has the store's URL may
+        # write any duration; on a Lease the holders' policy and the operator bound it.
+        self.believed_at_most: float | None = timing.lease_duration_seconds if caps_holds else None
         self._state_lock = threading.Lock()
         self._record: Lease | None = None
         self._last_renew_sent = -math.inf
@@ -264,14 +270,15 @@ class LeaseKeeper:
             return "free"
         if self.job_name and record.holder_job == self.job_name:
             return "earlier pod of the same Job"
-        if is_expired(record, now, self.timing.skew) or record.renewed_at is None:
+        expired = is_expired(record, now, self.timing.skew, believed_at_most=self.believed_at_most)
+        if expired or record.renewed_at is None:
             return "expired"
         renewed_ago = (now - record.renewed_at).total_seconds()
         return Busy(
             self.lease,
             holder,
             renewed_ago,
-            (record.duration_seconds or 0) - renewed_ago,
+            min(record.duration_seconds or 0, self.believed_at_most or math.inf) - renewed_ago,
             acquired_at=record.acquire_time,
             yield_to=record.yield_to,
         )

@@ -258,18 +258,30 @@ def read_lease(body: Mapping[str, Any]) -> LeaseRecord:
     )
 
 
-def is_expired(record: LeaseRecord, now: datetime, skew_seconds: float) -> bool:
+def is_expired(
+    record: LeaseRecord,
+    now: datetime,
+    skew_seconds: float,
+    *,
+    believed_at_most: float | None = None,
+) -> bool:
     """The one expiry rule: held, and not renewed for longer than its duration plus the skew.
 
     A holder with no readable renew or acquire time counts as expired (nothing shows it is
-    alive); a missing duration counts as zero.
+    alive); a missing duration counts as zero. `believed_at_most`: the longest duration
+    the reader believes, whatever the holder wrote (a store lock's reader passes its own
+    ttl: anyone with the store's URL can write a day-long hold, as the operator caps a
+    Lease's hold at its owners' longest ttl).
     """
     if not record.holder:
         return False
     renewed = record.renewed_at
     if renewed is None:
         return True
-    return (now - renewed).total_seconds() > (record.duration_seconds or 0) + skew_seconds
+    duration: float = record.duration_seconds or 0
+    if believed_at_most is not None:
+        duration = min(duration, believed_at_most)
+    return (now - renewed).total_seconds() > duration + skew_seconds
 
 
 # --- what a holder writes ------------------------------------------------------------

@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta
 from typing import Any
+
+from cronlock_sidecar.contract import HOLDER_POLICY_DENIAL
+from cronlock_sidecar.microtime import read_time
+
+# How every store refusal of a write that breaks the lock's rules begins (a bad duration,
+# a document that is not one); a refused change of holder reads as the holders' policy's.
+STORE_REFUSAL = "cronlock store:"
 
 
 def unversioned(body: dict[str, Any]) -> dict[str, Any]:
@@ -15,9 +23,22 @@ def unversioned(body: dict[str, Any]) -> dict[str, Any]:
     return {**body, "metadata": metadata}
 
 
-def token_of(body: dict[str, Any]) -> int:
-    """The fencing token a writer asks for: the Lease's transitions."""
-    return int((body.get("spec") or {}).get("leaseTransitions") or 0)
+def renewal_age(body: dict[str, Any], writer_time: datetime) -> timedelta:
+    """How long before `writer_time` the document's renewTime is (never negative): the store
+    dates the write's renewal that much before its own clock's now, never after it."""
+    renewed = read_time((body.get("spec") or {}).get("renewTime"))
+    if renewed is None or renewed > writer_time:
+        return timedelta(0)
+    return writer_time - renewed
+
+
+def held_refusal(holder: str, since_micros: int, duration_seconds: int) -> str:
+    """The store's refusal of a change of holder, worded as the holders' policy's."""
+    return (
+        f"{HOLDER_POLICY_DENIAL} the lock is held by {holder}, renewed "
+        f"{since_micros / 1_000_000:.3f}s ago on the store's clock for {duration_seconds}s; "
+        "until it expires only its holder (or a later pod of its Job) may change it"
+    )
 
 
 def version_read(body: dict[str, Any]) -> str:

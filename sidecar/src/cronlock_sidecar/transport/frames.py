@@ -15,7 +15,7 @@ trip more recent than it was, never older, so nobody takes a lock over early.
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from cronlock_sidecar.contract import ANNOTATION_RELEASED_AT
@@ -25,6 +25,7 @@ from cronlock_sidecar.microtime import format_microtime, read_time
 # and the stores do not offer freezing: it is not moved).
 SPEC_TIMES = ("renewTime", "acquireTime")
 ANNOTATION_TIMES = (ANNOTATION_RELEASED_AT,)
+NEVER = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 def shifted(document: dict[str, Any], by: timedelta) -> dict[str, Any]:
@@ -52,6 +53,18 @@ def to_reader(
     written_at: datetime,
     store_now: datetime,
     reader_now: datetime,
+    renewed_at: datetime,
 ) -> dict[str, Any]:
-    """The stored `document` (on its writer's clock) on the reader's, aged by the store's."""
-    return shifted(document, (written_at - writer_time) + (reader_now - store_now))
+    """The stored `document` (on its writer's clock) on the reader's, aged by the store's.
+
+    The holder's renewTime is the store's own record of the last renewal (`renewed_at`),
+    never the document's: a writer chooses the document, and a renewTime it dated in the
+    future would keep the hold alive. A renewal the store dates after its own now is no
+    renewal it made (a hash or row written by hand): it reads as long ago, so expired.
+    """
+    reader = shifted(document, (written_at - writer_time) + (reader_now - store_now))
+    spec = dict(reader.get("spec") or {})
+    if spec.get("holderIdentity"):
+        renewal = NEVER if renewed_at > store_now else reader_now - (store_now - renewed_at)
+        spec["renewTime"] = format_microtime(renewal)
+    return {**reader, "spec": spec}

@@ -2,11 +2,15 @@
 
 A create is an INSERT that does nothing where a row exists; a renew, a takeover and a
 release are UPDATEs of the version the writer read (`resource_version`), so each is the
-one its reader judged and a stale holder's write matches no row. `transitions` is the
-fencing token; `cronlock_fences` keeps, per lock, the highest token ever handed out, so a
-row deleted by hand is created again with a higher one. Ages are judged on the
-database's clock alone (`clock_timestamp()`, `transport.frames`). The tables are created
-where missing (docs/STORES.md has the DDL, for a role that may not create them).
+one its reader judged and a stale holder's write matches no row. The lock's rules are the
+database's own, a trigger on every write (a raw UPDATE too): the holder changes only on a
+free, expired (on the database's clock) or same-Job hold, the duration is 1..86400 s,
+and the trigger alone sets the fencing token (`transitions`: one more than any handed out
+on a new holder, `cronlock_fences` keeping the highest, so a row deleted by hand is
+created again with a higher one), the version and the times. Ages are judged on the
+database's clock alone (`clock_timestamp()`, `transport.frames`). The schema is created
+or migrated in place where it is not schema 2 (docs/STORES.md has it, for a role that
+may not).
 
 Every call has a deadline, also when the server stopped answering but its kernel still
 holds the connection open (a paused server): a timer shuts the socket down, the call fails
@@ -28,7 +32,12 @@ from typing import Any
 import psycopg
 from psycopg import errors
 
-from cronlock_sidecar.transport.documents import stamped, token_of, unversioned, version_read
+from cronlock_sidecar.transport.documents import (
+    STORE_REFUSAL,
+    stamped,
+    unversioned,
+    version_read,
+)
 from cronlock_sidecar.transport.frames import to_reader
 from cronlock_sidecar.transport.seam import (
     ApiError,
@@ -41,6 +50,11 @@ from cronlock_sidecar.transport.seam import (
 )
 from cronlock_sidecar.transport.storeurl import StoreUrl
 
+# Schema 2: schema 1's tables (created where missing), the columns and constraints added in
+# place where missing, and the trigger that keeps the lock's rules on every write, whoever
+# writes and however (a raw UPDATE too; only the tables' owner can drop a trigger, so a
+# role that is not the owner cannot step around it). Idempotent: run again, it changes
+# nothing. docs/STORES.md shows this text (a unit test compares them).
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS cronlock_locks (
     namespace        text        NOT NULL,
@@ -60,52 +74,140 @@ CREATE TABLE IF NOT EXISTS cronlock_fences (
     PRIMARY KEY (namespace, name)
 );
 CREATE SEQUENCE IF NOT EXISTS cronlock_versions;
-COMMENT ON TABLE cronlock_locks IS 'cronlock locks, schema 1 (docs/STORES.md)';
+ALTER TABLE cronlock_locks ADD COLUMN IF NOT EXISTS duration integer;
+ALTER TABLE cronlock_locks ADD COLUMN IF NOT EXISTS renewed_at timestamptz;
+ALTER TABLE cronlock_locks DROP CONSTRAINT IF EXISTS cronlock_duration;
+ALTER TABLE cronlock_locks ADD CONSTRAINT cronlock_duration
+    CHECK (duration BETWEEN 1 AND 86400);
+CREATE OR REPLACE FUNCTION cronlock_keep_rules() RETURNS trigger LANGUAGE plpgsql AS $rules$
+DECLARE
+    spec jsonb := NEW.document -> 'spec';
+    notes jsonb := NEW.document #> '{metadata,annotations}';
+    now timestamptz := clock_timestamp();
+    holder text := coalesce(spec ->> 'holderIdentity', '');
+    renewal timestamptz := now;
+    old_holder text := '';
+    old_duration integer := 0;
+    old_renewed timestamptz := '-infinity';
+    old_job text := '';
+    fence bigint;
+BEGIN
+    IF jsonb_typeof(spec -> 'leaseDurationSeconds') IS DISTINCT FROM 'number'
+       OR (spec ->> 'leaseDurationSeconds')::numeric NOT BETWEEN 1 AND 86400
+       OR (spec ->> 'leaseDurationSeconds')::numeric % 1 <> 0 THEN
+        RAISE EXCEPTION USING ERRCODE = 'check_violation', MESSAGE =
+            'cronlock store: leaseDurationSeconds must be a whole number from 1 to 86400';
+    END IF;
+    BEGIN  -- the write's renewal, dated by its distance from the writer's clock: never later
+        renewal := now - greatest(NEW.writer_time - (spec ->> 'renewTime')::timestamptz,
+                                  interval '0');
+    EXCEPTION WHEN others THEN
+        renewal := now;
+    END;
+    NEW.duration := (spec ->> 'leaseDurationSeconds')::integer;
+    NEW.holder := holder;
+    NEW.written_at := now;
+    NEW.resource_version := nextval('cronlock_versions');
+    IF TG_OP = 'INSERT' THEN
+        IF EXISTS (SELECT 1 FROM cronlock_locks l
+                    WHERE l.namespace = NEW.namespace AND l.name = NEW.name) THEN
+            RETURN NULL;  -- a create where a lock is: no row, and no token spent on it
+        END IF;
+        INSERT INTO cronlock_fences AS f (namespace, name, value)
+        VALUES (NEW.namespace, NEW.name, 1)
+        ON CONFLICT (namespace, name) DO UPDATE SET value = f.value + 1
+        RETURNING value INTO fence;
+        NEW.transitions := fence;
+        NEW.renewed_at := renewal;
+        RETURN NEW;
+    END IF;
+    IF (NEW.namespace, NEW.name) IS DISTINCT FROM (OLD.namespace, OLD.name) THEN
+        RAISE EXCEPTION USING ERRCODE = 'check_violation', MESSAGE =
+            'cronlock store: a lock keeps its namespace and name';
+    END IF;
+    old_holder := coalesce(OLD.holder, '');
+    old_duration := least(greatest(coalesce(OLD.duration, CASE
+        WHEN jsonb_typeof(OLD.document #> '{spec,leaseDurationSeconds}') = 'number'
+        THEN least((OLD.document #>> '{spec,leaseDurationSeconds}')::numeric, 86400)::integer
+        END, 0), 0), 86400);
+    old_renewed := coalesce(OLD.renewed_at, OLD.written_at);
+    IF old_renewed > now THEN
+        old_renewed := '-infinity';  -- a time the database never wrote
+    END IF;
+    old_job := coalesce(OLD.document #>> '{metadata,annotations,cronlock.io/holder-job}', '');
+    IF NOT (old_holder = '' OR holder = old_holder
+            OR (holder = '' AND notes ->> 'cronlock.io/last-holder' = old_holder)
+            OR now - old_renewed > make_interval(secs => CASE WHEN holder = ''
+                THEN old_duration ELSE least(old_duration, NEW.duration) END)
+            OR (old_job <> '' AND holder <> '' AND notes ->> 'cronlock.io/holder-job' = old_job
+                AND starts_with(holder, left(old_job || '-', 58)))) THEN
+        RAISE EXCEPTION USING ERRCODE = 'CLK01', MESSAGE = format(
+            'cronlock holder policy: the lock is held by %s, renewed %ss ago on the store''s '
+            'clock for %ss; until it expires only its holder (or a later pod of its Job) may '
+            'change it', old_holder,
+            round(extract(epoch FROM now - old_renewed)::numeric, 3), old_duration);
+    END IF;
+    IF holder <> '' AND holder <> old_holder THEN
+        INSERT INTO cronlock_fences AS f (namespace, name, value)
+        VALUES (NEW.namespace, NEW.name, OLD.transitions + 1)
+        ON CONFLICT (namespace, name) DO UPDATE SET value = greatest(f.value, OLD.transitions) + 1
+        RETURNING value INTO fence;
+        NEW.transitions := fence;
+        NEW.renewed_at := renewal;
+    ELSE
+        NEW.transitions := OLD.transitions;
+        NEW.renewed_at := CASE WHEN holder = '' THEN old_renewed
+                               ELSE greatest(old_renewed, renewal) END;
+    END IF;
+    RETURN NEW;
+END
+$rules$;
+CREATE OR REPLACE FUNCTION cronlock_keep_fences() RETURNS trigger LANGUAGE plpgsql AS $fences$
+BEGIN
+    IF TG_OP = 'DELETE' THEN
+        RAISE EXCEPTION USING ERRCODE = 'check_violation', MESSAGE =
+            'cronlock store: a fence is never deleted (it keeps tokens growing)';
+    END IF;
+    NEW.value := greatest(NEW.value, OLD.value);
+    RETURN NEW;
+END
+$fences$;
+CREATE OR REPLACE TRIGGER cronlock_keep_rules BEFORE INSERT OR UPDATE ON cronlock_locks
+    FOR EACH ROW EXECUTE FUNCTION cronlock_keep_rules();
+CREATE OR REPLACE TRIGGER cronlock_keep_fences BEFORE UPDATE OR DELETE ON cronlock_fences
+    FOR EACH ROW EXECUTE FUNCTION cronlock_keep_fences();
+COMMENT ON TABLE cronlock_locks IS 'cronlock locks, schema 2 (docs/STORES.md)';
 """
 _SCHEMA_PRESENT = """
-SELECT to_regclass('cronlock_locks') IS NOT NULL
-   AND to_regclass('cronlock_fences') IS NOT NULL
-   AND to_regclass('cronlock_versions') IS NOT NULL
+SELECT coalesce(obj_description(to_regclass('cronlock_locks'), 'pg_class'), '')
+       LIKE 'cronlock locks, schema 2 %'
 """
 _GET = """
-SELECT document, resource_version, transitions, writer_time, written_at, clock_timestamp()
+SELECT document, resource_version, transitions, writer_time, written_at,
+       coalesce(renewed_at, written_at), clock_timestamp()
   FROM cronlock_locks WHERE namespace = %(namespace)s AND name = %(name)s
 """
-# The fence row moves first (it only grows); the lock row is written only where none is.
+# The trigger sets the token, the version, the times and the holder's columns; the
+# statements only say where (a create only where no row is, a replace of the version read).
 _CREATE = """
-WITH fence AS (
-    INSERT INTO cronlock_fences AS f (namespace, name, value)
-    VALUES (%(namespace)s, %(name)s, %(token)s)
-    ON CONFLICT (namespace, name) DO UPDATE SET value = GREATEST(f.value + 1, EXCLUDED.value)
-    RETURNING value
-)
 INSERT INTO cronlock_locks AS l
     (namespace, name, holder, transitions, resource_version, document, writer_time, written_at)
-SELECT %(namespace)s, %(name)s, %(holder)s, fence.value, nextval('cronlock_versions'),
-       %(document)s::jsonb, %(writer_time)s, clock_timestamp()
-  FROM fence
+VALUES (%(namespace)s, %(name)s, '', 0, 0, %(document)s::jsonb, %(writer_time)s, now())
 ON CONFLICT (namespace, name) DO NOTHING
 RETURNING transitions, resource_version
 """
 _REPLACE = """
-WITH fence AS (
-    INSERT INTO cronlock_fences AS f (namespace, name, value)
-    VALUES (%(namespace)s, %(name)s, %(token)s)
-    ON CONFLICT (namespace, name) DO UPDATE SET value = GREATEST(f.value, EXCLUDED.value)
-    RETURNING value
-)
 UPDATE cronlock_locks AS l
-   SET holder = %(holder)s, transitions = %(token)s,
-       resource_version = nextval('cronlock_versions'), document = %(document)s::jsonb,
-       writer_time = %(writer_time)s, written_at = clock_timestamp()
-  FROM fence
+   SET document = %(document)s::jsonb, writer_time = %(writer_time)s
  WHERE l.namespace = %(namespace)s AND l.name = %(name)s
    AND l.resource_version = %(version)s
 RETURNING l.transitions, l.resource_version
 """
 _EXISTS = "SELECT 1 FROM cronlock_locks WHERE namespace = %(namespace)s AND name = %(name)s"
-# SQLSTATE classes that mean "you may not": 28 (authorization), 42501 (privilege).
-_REFUSED = ("28", "42501")
+# SQLSTATE classes that mean "you may not": 28 (authorization), 42501 (privilege), and
+# the schema's trigger's refusals: CLK01 (a change of holder the rules do not allow),
+# 23514 with its "cronlock store:" message (a duration out of bounds).
+_REFUSED = ("28", "42501", "CLK01")
 
 
 class PostgresLeaseStore:
@@ -132,13 +234,14 @@ class PostgresLeaseStore:
         reader_now = self.now()
         if row is None:
             raise NotFound("get", lease, f"no lock in {self.url}")
-        document, version, token, writer_time, written_at, store_now = row
+        document, version, token, writer_time, written_at, renewed_at, store_now = row
         body = to_reader(
             document,
             writer_time=writer_time,
             written_at=written_at,
             store_now=store_now,
             reader_now=reader_now,
+            renewed_at=renewed_at,
         )
         return stamped(body, version, token)
 
@@ -181,8 +284,6 @@ class PostgresLeaseStore:
         document = unversioned(body)
         parameters = {
             **_keys(lease),
-            "holder": str((body.get("spec") or {}).get("holderIdentity") or ""),
-            "token": token_of(body),
             "document": json.dumps(document, separators=(",", ":")),
             "writer_time": self.now(),
         }
@@ -278,12 +379,24 @@ def _translated(
     refused = state.startswith(_REFUSED) or isinstance(error, errors.InsufficientPrivilege)
     if not state and "password authentication failed" in text:
         refused = True
+    if isinstance(error, errors.CheckViolation) and STORE_REFUSAL in text:
+        refused = True
     if refused:
-        hint = " (create the tables as docs/STORES.md shows, or grant CREATE)" if schema else ""
+        hint = (
+            ' (the tables\' owner runs the schema in docs/STORES.md, "PostgreSQL: tables", '
+            "once; or grant this role CREATE)"
+            if schema
+            else ""
+        )
         return Forbidden(verb, lease, f"{url}: {text}{hint}")
     if isinstance(error, errors.UndefinedTable):
         # Only a reader that does not create them meets this: no lock was ever taken here.
         return NotFound(verb, lease, f"{url}: {text}")
+    if isinstance(error, errors.UndefinedColumn):
+        # Only a reader that does not migrate them meets this: no sidecar of schema 2 ran.
+        return Unavailable(
+            verb, lease, f"{url}: {text} (schema 1: run docs/STORES.md's schema to migrate)"
+        )
     return Unavailable(verb, lease, f"{url}: {text}")
 
 

@@ -2,14 +2,19 @@
 
 Each lock is three keys sharing one hash tag (so a Redis Cluster keeps them on one node):
 `cronlock:{NS/NAME}:lease`, a hash with the Lease document as the sidecar writes it (on its
-writer's clock), its version, its fencing token and the writer's and the store's clock at
-the write; `…:version` and `…:fence`, counters that only grow. Every write is one Lua
-script, atomic on the server: a create only where no lock is (SET NX's rule), a replace
-only of the version the writer read (so renewals and releases are the owner's alone, as
-any takeover is the one its reader judged). The fencing token is the Lease's transitions,
-and the `fence` counter never goes below any token handed out, so a lock deleted by hand
-(or lost in a failover) is created again with a higher one. Ages are judged on Redis'
+writer's clock), its version, its fencing token, the writer's and the store's clock at
+the write and the store's time of the holder's last renewal; `…:version` and `…:fence`,
+counters that only grow. Every write is one Lua script, atomic on the server: a create
+only where no lock is (SET NX's rule), a replace only of the version the writer read, and
+both keep the lock's rules whatever the writer sends: the holder changes only on a free,
+expired (on Redis' clock) or same-Job hold, the duration is 1..86400 s, and the script
+alone sets the fencing token (one more than any handed out on a new holder, unchanged
+otherwise; the `fence` counter keeps the highest, so a lock deleted by hand or lost in a
+failover is created again with a higher one) and the times. Ages are judged on Redis'
 clock (`transport.frames`). An idle lock's hash expires after a week; the counters stay.
+A user allowed HSET on the keys can still write them around the script: Redis checks a
+script's commands against the caller's ACL, so nothing lets a user run it but not HSET
+(docs/STORES.md: credentials per namespace).
 
 redis-py is imported here only, and only when a CronJob or `run --store` chooses Redis.
 """
@@ -27,7 +32,14 @@ from redis.backoff import NoBackoff
 from redis.commands.core import Script
 from redis.retry import Retry
 
-from cronlock_sidecar.transport.documents import stamped, token_of, unversioned, version_read
+from cronlock_sidecar.transport.documents import (
+    STORE_REFUSAL,
+    held_refusal,
+    renewal_age,
+    stamped,
+    unversioned,
+    version_read,
+)
 from cronlock_sidecar.transport.frames import to_reader
 from cronlock_sidecar.transport.seam import (
     Conflict,
@@ -40,49 +52,112 @@ from cronlock_sidecar.transport.seam import (
 from cronlock_sidecar.transport.storeurl import StoreUrl
 
 IDLE_EXPIRY_MS = 7 * 24 * 3600 * 1000
+LONGEST_DURATION_SECONDS = 86400  # the operator's longest ttl (MAX_TTL_SECONDS)
 
-# KEYS: lease, version, fence. The store's time as one string of microseconds.
-_NOW = """
+# KEYS: lease, version, fence. `now`: the store's time as one string of microseconds.
+# `parsed`: the fields the rules read from a stored or written document (cjson, bundled
+# with Redis' Lua); a document that does not parse reads as free (only a raw write by
+# hand can store one).
+_COMMON = """
 local t = redis.call('TIME')
 local now = t[1] .. string.rep('0', 6 - #t[2]) .. t[2]
-"""
+local now_us = tonumber(now)
+local LONGEST = __LONGEST__
+local function text(value) if type(value) == 'string' then return value end return '' end
+local function parsed(document)
+  if not document then return nil end
+  local ok, lease = pcall(cjson.decode, document)
+  if not ok or type(lease) ~= 'table' then return nil end
+  local spec = type(lease.spec) == 'table' and lease.spec or {}
+  local meta = type(lease.metadata) == 'table' and lease.metadata or {}
+  local notes = type(meta.annotations) == 'table' and meta.annotations or {}
+  return {holder = text(spec.holderIdentity), duration = spec.leaseDurationSeconds,
+          job = text(notes['cronlock.io/holder-job']),
+          last = text(notes['cronlock.io/last-holder'])}
+end
+local function digits(value) return string.format('%.0f', value) end
+""".replace("__LONGEST__", str(LONGEST_DURATION_SECONDS))
+# ARGV (writes): document, writer's time (µs), how long before the writer's time the
+# document's renewTime is (µs: only ever makes the write's own renewal older), idle
+# expiry (ms), and for a replace the version read. The writer's time only places the
+# document's other moments (acquireTime, released-at) on readers' clocks; every age the
+# rules or readers judge is the store's `renewed`.
+_CHECKED = """
+local new = parsed(ARGV[1])
+if not new then return redis.error_reply('__REFUSAL__ the document is not a JSON object') end
+local d = new.duration
+if type(d) ~= 'number' or d ~= math.floor(d) or d < 1 or d > LONGEST then
+  return redis.error_reply('__REFUSAL__ leaseDurationSeconds must be a whole number from 1 to '
+                           .. LONGEST)
+end
+local age = tonumber(ARGV[3]) or 0
+if age < 0 then age = 0 end
+local renewal = math.max(0, now_us - age)
+""".replace("__REFUSAL__", STORE_REFUSAL)
 _GET = (
-    _NOW
+    _COMMON
     + """
-local v = redis.call('HMGET', KEYS[1], 'doc', 'version', 'fence', 'writer', 'written')
+local v = redis.call('HMGET', KEYS[1], 'doc', 'version', 'fence', 'writer', 'written', 'renewed')
 if not v[1] then return {'missing', now} end
-return {'ok', now, v[1], v[2], v[3], v[4], v[5]}
+return {'ok', now, v[1], v[2], v[3], v[4], v[5], v[6] or v[5]}
 """
 )
-# ARGV: document, writer's time (µs), token asked for, idle expiry (ms)
 _CREATE = (
-    _NOW
+    _COMMON
+    + _CHECKED
     + """
 if redis.call('EXISTS', KEYS[1]) == 1 then return {'conflict', now} end
 local fence = redis.call('INCR', KEYS[3])
-local asked = tonumber(ARGV[3])
-if asked > fence then redis.call('SET', KEYS[3], ARGV[3]); fence = asked end
 local version = redis.call('INCR', KEYS[2])
 redis.call('HSET', KEYS[1], 'doc', ARGV[1], 'version', version, 'fence', fence,
-           'writer', ARGV[2], 'written', now)
+           'writer', ARGV[2], 'written', now, 'renewed', digits(renewal))
 redis.call('PEXPIRE', KEYS[1], ARGV[4])
 return {'ok', now, tostring(version), tostring(fence)}
 """
 )
-# ARGV: document, writer's time (µs), token, idle expiry (ms), the version read
+# A replace keeps the holders' rules: it may change the holder only of a free hold, an
+# expired one (on the store's clock, for the shorter of its duration and the one the new
+# holder writes), or one of an earlier pod of the same Job; a release names the holder
+# it releases for. The token is the store's: one more than any handed out on a new holder,
+# unchanged otherwise. Missing fields (a hash of schema 1) read as: renewed = written.
 _REPLACE = (
-    _NOW
+    _COMMON
+    + _CHECKED
     + """
-local current = redis.call('HGET', KEYS[1], 'version')
-if not current then return {'missing', now} end
-if current ~= ARGV[5] then return {'conflict', now} end
-local fence = tonumber(redis.call('GET', KEYS[3]) or '0')
-if tonumber(ARGV[3]) > fence then redis.call('SET', KEYS[3], ARGV[3]) end
+local v = redis.call('HMGET', KEYS[1], 'version', 'doc', 'fence', 'renewed', 'written')
+if not v[1] then return {'missing', now} end
+if v[1] ~= ARGV[5] then return {'conflict', now} end
+local old = parsed(v[2]) or {holder = '', duration = 0, job = '', last = ''}
+local old_duration = tonumber(old.duration) or 0
+old_duration = math.min(math.max(old_duration, 0), LONGEST)
+local renewed = tonumber(v[4] or v[5] or '0') or 0
+if renewed > now_us then renewed = 0 end  -- a time the store never wrote
+local since = now_us - renewed
+local lasts = old_duration
+if new.holder ~= '' then lasts = math.min(lasts, new.duration) end
+local prefix = string.sub(old.job .. '-', 1, 58)
+local allowed = old.holder == '' or new.holder == old.holder
+  or (new.holder == '' and new.last == old.holder)
+  or since > lasts * 1000000
+  or (old.job ~= '' and new.holder ~= '' and new.job == old.job
+      and string.sub(new.holder, 1, #prefix) == prefix)
+if not allowed then
+  return {'held', now, old.holder, digits(since), digits(old_duration)}
+end
+local token = tonumber(v[3]) or 0
+local fence = tonumber(redis.call('GET', KEYS[3]) or '0') or 0
+if new.holder ~= '' and new.holder ~= old.holder then
+  token = math.max(token, fence) + 1
+elseif new.holder == old.holder and new.holder ~= '' then
+  renewal = math.max(renewal, renewed)
+end
+if new.holder == '' then renewal = renewed end
+if token > fence then redis.call('SET', KEYS[3], digits(token)) end
 local version = redis.call('INCR', KEYS[2])
-redis.call('HSET', KEYS[1], 'doc', ARGV[1], 'version', version, 'fence', ARGV[3],
-           'writer', ARGV[2], 'written', now)
+redis.call('HSET', KEYS[1], 'doc', ARGV[1], 'version', version, 'fence', digits(token),
+           'writer', ARGV[2], 'written', now, 'renewed', digits(renewal))
 redis.call('PEXPIRE', KEYS[1], ARGV[4])
-return {'ok', now, tostring(version), ARGV[3]}
+return {'ok', now, tostring(version), digits(token)}
 """
 )
 
@@ -126,13 +201,14 @@ class RedisLeaseStore:
         reader_now = self.now()
         if answer[0] == "missing":
             raise NotFound("get", lease, f"no lock in {self.url}")
-        _, store_now, document, version, fence, writer, written = answer
+        _, store_now, document, version, fence, writer, written, renewed = answer
         body = to_reader(
             json.loads(document),
             writer_time=moment(writer),
             written_at=moment(written),
             store_now=moment(store_now),
             reader_now=reader_now,
+            renewed_at=moment(renewed),
         )
         return stamped(body, version, fence)
 
@@ -156,10 +232,11 @@ class RedisLeaseStore:
 
     def _write(self, verb: str, lease: LeaseRef, body: Lease, extra: list[str]) -> Lease:
         document = unversioned(body)
+        writer_time = self.now()
         arguments = [
             json.dumps(document, separators=(",", ":")),
-            micros(self.now()),
-            str(token_of(body)),
+            micros(writer_time),
+            str(int(renewal_age(document, writer_time).total_seconds() * 1_000_000)),
             str(IDLE_EXPIRY_MS),
             *extra,
         ]
@@ -169,6 +246,9 @@ class RedisLeaseStore:
             raise NotFound(verb, lease, f"no lock in {self.url}")
         if answer[0] == "conflict":
             raise Conflict(verb, lease, "written by someone else since it was read")
+        if answer[0] == "held":
+            _, _store_now, holder, since, duration = answer
+            raise Forbidden(verb, lease, held_refusal(holder, int(since), int(duration)))
         _, _store_now, version, fence = answer
         return stamped(document, version, fence)
 
@@ -180,6 +260,10 @@ class RedisLeaseStore:
             raise Forbidden(verb, lease, f"{self.url}: {error}") from None
         except redis.ReadOnlyError as error:
             raise Unavailable(verb, lease, f"{self.url} is a read-only replica: {error}") from None
+        except redis.ResponseError as error:
+            if STORE_REFUSAL in str(error):
+                raise Forbidden(verb, lease, f"{self.url} refused the write: {error}") from None
+            raise Unavailable(verb, lease, f"{self.url}: {type(error).__name__}: {error}") from None
         except redis.RedisError as error:
             raise Unavailable(verb, lease, f"{self.url}: {type(error).__name__}: {error}") from None
         if not isinstance(answer, list) or not answer:
