@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import http.client
 import json
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,6 +17,7 @@ import pytest
 
 from tests.support.controlplane import ControlPlane
 from tests.support.cronjobs import make_cronjob
+from tests.support.flood import CONNECTIONS, HEADER_LINES, HeaderFlood, PeakRss, rss_mib
 from tests.support.kube import wait_for
 from tests.support.operator import OperatorProcess, free_port, get
 
@@ -89,8 +94,9 @@ def test_metrics_liveness_and_json_logs(
         if line.startswith('cronlock_reconcile_duration_seconds_count{kind="cronjob"}')
     ]
     assert float(count[0].split()[1]) >= 1
-    status, _ = get(f"http://127.0.0.1:{liveness_port}/healthz")
+    status, body = get(f"http://127.0.0.1:{liveness_port}/healthz")
     assert status == 200
+    assert json.loads(body)["state"] == "running"
 
     def injected_logged() -> bool:
         # The last line may still be being written: only complete lines are read.
@@ -162,3 +168,70 @@ def test_a_bind_address_that_is_not_an_ip_exits_78_naming_the_flag(
     )
     assert result.returncode == 78
     assert "--metrics-bind-address: 'all-of-them' is not an IP address" in result.stderr
+
+
+FLOOD_SECONDS = 15.0
+RSS_GROWTH_MIB = 40  # of the 256 MiB the chart gives the operator
+
+
+def test_a_header_flood_on_both_ports_leaves_the_operator_small_and_answering(
+    observed_operator: tuple[OperatorProcess, int, int],
+) -> None:
+    """Security review M3 and L10, on the real operator: 200 connections to each port,
+    each sending 120 header lines of 8 KB that never end, reopened when closed."""
+    process, metrics_port, liveness_port = observed_operator
+    assert process.process is not None
+    pid = process.process.pid
+    wait_for(lambda: get(f"http://127.0.0.1:{liveness_port}/healthz")[0] == 200, 30, "alive")
+    before = rss_mib(pid)
+    floods = [
+        HeaderFlood(liveness_port, "/healthz", FLOOD_SECONDS, network="127.0.3"),
+        HeaderFlood(metrics_port, "/metrics", FLOOD_SECONDS, network="127.0.4"),
+    ]
+    threads = [threading.Thread(target=flood.run, daemon=True) for flood in floods]
+    answers: list[tuple[str, int, float]] = []
+    with PeakRss(pid) as rss:
+        for thread in threads:
+            thread.start()
+        # The kubelet and Prometheus, each from its own address, all through the flood.
+        while any(thread.is_alive() for thread in threads):
+            for port, path in ((liveness_port, "/healthz"), (metrics_port, "/metrics")):
+                began = time.monotonic()
+                status = 0
+                with contextlib.suppress(OSError, http.client.HTTPException):
+                    status = _get_from("127.0.0.2", port, path)
+                answers.append((path, status, time.monotonic() - began))
+            time.sleep(0.5)
+        for thread in threads:
+            thread.join()
+    after = rss_mib(pid)
+
+    slowest = max(seconds for _, _, seconds in answers)
+    print(  # the figures for docs/SECURITY.md (pytest -s)
+        f"operator flood: {CONNECTIONS} x {HEADER_LINES} x 8 KB headers per port; "
+        + "; ".join(
+            f"{flood.path}: {flood.opened} opened, {flood.sent / 2**20:.0f} MiB sent"
+            for flood in floods
+        )
+        + f"; operator RSS {before:.1f} -> peak {rss.peak:.1f} -> {after:.1f} MiB; "
+        f"{len(answers)} probes and scrapes, slowest {slowest:.2f}s"
+    )
+    assert all(flood.sent > 100 * 2**20 for flood in floods), "a flood never got through"
+    assert rss.peak - before < RSS_GROWTH_MIB
+    assert len(answers) >= 20
+    assert [answer for answer in answers if answer[1] != 200] == []
+    assert slowest < 2.0
+
+
+def _get_from(source: str, port: int, path: str) -> int:
+    """The status of one GET of 127.0.0.1:`port``path`, sent from `source`."""
+    connection = http.client.HTTPConnection(
+        "127.0.0.1", port, timeout=2, source_address=(source, 0)
+    )
+    try:
+        connection.request("GET", path)
+        answer = connection.getresponse()
+        answer.read()
+        return answer.status
+    finally:
+        connection.close()

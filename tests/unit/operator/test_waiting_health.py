@@ -19,14 +19,11 @@ import pytest
 from cronlock_operator.runtime import liveness
 from cronlock_operator.runtime.httpserver import BoundedServer
 from cronlock_operator.runtime.liveness import Liveness
+from tests.support.flood import CONNECTIONS as FLOOD
+from tests.support.flood import HeaderFlood, rss_mib
 from tests.support.kube import wait_for
 
 SLACK = 2.0  # seconds a loaded machine may add to any bound below
-# The review's flood: each connection a request of 120 header lines of 8 KB that never
-# ends, from 50 addresses (4 each), every one reopened as soon as the server closes it.
-FLOOD = 200
-HEADER = b"X-" + b"a" * 20 + b": " + b"b" * 8100 + b"\r\n"
-SLOW_REQUEST = b"GET /healthz HTTP/1.1\r\nHost: operator\r\n" + HEADER * 120
 FLOOD_SECONDS = 3 * liveness.TIMEOUT  # every slot taken, freed and taken again, twice over
 RSS_GROWTH_MIB = 40  # the chart gives the operator 256 MiB in all
 
@@ -67,14 +64,6 @@ def serving(alive: Liveness) -> Iterator[BoundedServer]:
         server.stop()
 
 
-def rss_mib() -> float:
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    raise AssertionError("no VmRSS in /proc/self/status")
-
-
 def server_threads() -> int:
     return sum(thread.name.startswith("cronlock-liveness") for thread in threading.enumerate())
 
@@ -100,54 +89,6 @@ class Peak:
         while not self._done.wait(0.01):
             self.rss = max(self.rss, rss_mib())
             self.threads = max(self.threads, server_threads())
-
-
-@dataclass
-class HeaderFlood:
-    """FLOOD connections to `port` sending SLOW_REQUEST as fast as the server reads it,
-    each reopened once the server closes it, for FLOOD_SECONDS."""
-
-    port: int
-    opened: int = 0
-    sent: int = 0
-
-    def run(self) -> None:
-        payload = memoryview(SLOW_REQUEST)
-        sources = [f"127.0.3.{1 + index // 4}" for index in range(FLOOD)]
-        clients: list[tuple[socket.socket, int] | None] = [None] * FLOOD
-        deadline = time.monotonic() + FLOOD_SECONDS
-        try:
-            while time.monotonic() < deadline:
-                for index, held in enumerate(clients):
-                    if held is None:
-                        held = (self._open(sources[index]), 0)
-                    client, offset = held
-                    try:
-                        if offset < len(payload):
-                            count = client.send(payload[offset : offset + 65536])
-                            offset += count
-                            self.sent += count
-                        elif client.recv(4096) == b"":
-                            raise ConnectionResetError  # closed: reopen it
-                        clients[index] = (client, offset)
-                    except BlockingIOError:
-                        clients[index] = (client, offset)
-                    except OSError:
-                        client.close()
-                        clients[index] = None
-                time.sleep(0.001)
-        finally:
-            for held in clients:
-                if held is not None:
-                    held[0].close()
-
-    def _open(self, source: str) -> socket.socket:
-        client = socket.create_connection(
-            ("127.0.0.1", self.port), timeout=SLACK, source_address=(source, 0)
-        )
-        client.setblocking(False)
-        self.opened += 1
-        return client
 
 
 def test_a_waiting_replica_is_alive_and_slow_connections_are_bounded() -> None:
@@ -220,7 +161,7 @@ def test_a_flood_of_oversized_never_ending_requests_keeps_rss_bounded_and_the_pr
     with serving(alive) as server:
         assert healthz(server.port)[0] == 200
         before = rss_mib()
-        flood = HeaderFlood(server.port)
+        flood = HeaderFlood(server.port, "/healthz", FLOOD_SECONDS)
         flooding = threading.Thread(target=flood.run, name="flood", daemon=True)
         probes: list[tuple[int, float]] = []
         with Peak() as peak:
