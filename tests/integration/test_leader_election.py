@@ -3,8 +3,10 @@ over when the leader is killed (SIGKILL: no release, its Lease just stops being 
 
 from __future__ import annotations
 
+import json
 import re
 import time
+import urllib.error
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -47,7 +49,11 @@ def replicas(
             operator_kubeconfig,
             tmp_path / f"operator-{n}.log",
             controlplane.env,
-            [*ELECTION, "--metrics-port", str(free_port()), "--metrics-bind-address", "127.0.0.1"],
+            [
+                *ELECTION,
+                *("--metrics-port", str(free_port()), "--metrics-bind-address", "127.0.0.1"),
+                *("--liveness", f"http://127.0.0.1:{free_port()}/healthz"),
+            ],
         )
         for n in (1, 2)
     ]
@@ -57,6 +63,16 @@ def replicas(
     kubernetes.client.CoordinationV1Api(controlplane.api_client()).delete_namespaced_lease(
         LEASE, OPERATOR_NAMESPACE
     )
+
+
+def liveness(replica: OperatorProcess) -> tuple[int, str]:
+    """(status, state) of the replica's /healthz."""
+    url = replica.args[replica.args.index("--liveness") + 1]
+    try:
+        status, body = get(url)
+    except urllib.error.HTTPError as error:  # 503: starting or stalled
+        status, body = error.code, error.read().decode()
+    return status, json.loads(body)["state"]
 
 
 def test_only_the_leader_writes_and_the_other_replica_takes_over_when_it_is_killed(
@@ -79,6 +95,8 @@ def test_only_the_leader_writes_and_the_other_replica_takes_over_when_it_is_kill
     # Both serve /metrics (a follower that did not would be a down target); one leads.
     first_port, second_port = (int(r.args[r.args.index("--metrics-port") + 1]) for r in replicas)
     assert (leader_gauge(first_port), leader_gauge(second_port)) == (1, 0)
+    # Both are alive to the kubelet: the leader running its loop, the other waiting.
+    assert (liveness(first), liveness(second)) == ((200, "running"), (200, "waiting"))
 
     killed_at = time.monotonic()
     first.kill()
@@ -93,3 +111,4 @@ def test_only_the_leader_writes_and_the_other_replica_takes_over_when_it_is_kill
     assert second.process is not None
     assert holder.endswith(f"_{second.process.pid}")
     assert leader_gauge(second_port) == 1
+    wait_for(lambda: liveness(second) == (200, "running"), 10, "the new leader's loop to beat")
