@@ -706,3 +706,39 @@ def test_a_cronjob_injected_with_the_old_strict_probe_is_brought_to_the_new_one(
     assert not needs_patch(
         patched, desired_cronjob(patched, parse_config(patched, SETTINGS), SETTINGS)
     )
+
+
+@pytest.mark.parametrize(
+    ("stop", "probe", "said"),
+    [
+        ("signal", False, 'cronlock.io/stop: "signal" cannot be used with cronlock.io/store: '),
+        ("auto", True, 'cronlock.io/stop: "auto" resolves to signal, since container(s) work'),
+    ],
+    ids=["signal", "auto-resolving-to-signal"],
+)
+def test_signal_with_a_store_is_refused_for_the_url_under_proc(
+    stop: str, probe: bool, said: str
+) -> None:
+    """Under stop: signal the work shares the sidecar's PID namespace and UID, so it could
+    read /proc/<sidecar pid>/root/var/run/cronlock-store/url (security review H1)."""
+    containers = [{"name": "work", "image": "busybox:1.37"}]
+    if probe:
+        containers[0]["livenessProbe"] = {"exec": {"command": ["true"]}}
+    user = make_cronjob(
+        annotations={**IN_POSTGRES, "cronlock.io/stop": stop}, containers=containers
+    )
+    with pytest.raises(InvalidConfig) as caught:
+        parse_config(user, STORES)
+    assert caught.value.annotation == "cronlock.io/stop"
+    message = str(caught.value)
+    assert said in message
+    assert "/proc/<sidecar pid>/root" in message
+    assert 'set cronlock.io/stop: "liveness"' in message
+    # The same CronJob on the Lease, or with liveness, is still guarded.
+    lease = make_cronjob(
+        annotations={"cronlock.io/enabled": "true", "cronlock.io/stop": stop},
+        containers=containers,
+    )
+    assert parse_config(lease, STORES).stop == "signal"
+    liveness = make_cronjob(annotations={**IN_POSTGRES, "cronlock.io/stop": "liveness"})
+    assert parse_config(liveness, STORES).stop == "liveness"

@@ -320,6 +320,8 @@ def parse_config(cronjob: Mapping[str, Any], settings: OperatorSettings) -> Lock
         annotations, policy, Timing.of(ttl, renew, settings.skew_seconds)
     )
     stop = _parse_stop(annotations, cronjob)
+    if stop == "signal" and store != "lease":
+        _refuse_signal_with_store(annotations, cronjob, store)
     alert_after = parse_alert_after(annotations)
     alert_after_missed = parse_alert_after_missed(annotations, settings.default_alert_after_missed)
     keep = parse_flag(annotations, contract.ANNOTATION_KEEP_SKIPPED_JOBS, default=False)
@@ -534,6 +536,31 @@ def _parse_stop(annotations: Mapping[str, str], cronjob: Mapping[str, Any]) -> S
         contract.ANNOTATION_STOP,
         value,
         'is not a stop method; expected "liveness", "signal" or "auto"',
+    )
+
+
+def _refuse_signal_with_store(
+    annotations: Mapping[str, str], cronjob: Mapping[str, Any], store: str
+) -> None:
+    """`stop: signal` shares the pod's process namespace and runs the sidecar as the work's
+    UID, so the work could read the store's URL, password included, through
+    /proc/<sidecar pid>/root/var/run/cronlock-store/url: with a store, only `liveness`."""
+    value = annotations.get(contract.ANNOTATION_STOP, "auto")
+    why = (
+        "resolves to signal, since container(s) "
+        + ", ".join(containers_with_own_liveness_probe(cronjob))
+        + " have their own livenessProbe, and "
+        if value == "auto"
+        else ""
+    )
+    raise InvalidConfig(
+        contract.ANNOTATION_STOP,
+        value,
+        f"{why}cannot be used with {contract.ANNOTATION_STORE}: {store}: under stop: signal "
+        "the sidecar shares the pod's process namespace and runs as your containers' user, so "
+        "your work could read the store's URL and password through /proc/<sidecar pid>/root; "
+        f'set {contract.ANNOTATION_STOP}: "liveness" (and remove your own livenessProbe, '
+        "which cronlock's replaces) or keep the lock in this cluster's Lease",
     )
 
 
