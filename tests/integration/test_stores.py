@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -29,7 +30,7 @@ from cronlock_sidecar.transport.seam import Conflict, Forbidden, LeaseRef, NotFo
 from cronlock_sidecar.transport.storeurl import parse_store_url
 from tests.reliability.checker import ROOT, SIDECAR
 from tests.support.kube import wait_for
-from tests.support.stores import PostgresServer
+from tests.support.stores import PostgresServer, RedisServer
 
 STORES = ("redis", "postgres")
 
@@ -500,3 +501,103 @@ def test_schema_1_tables_are_migrated_in_place_and_their_locks_kept(
     assert row is not None
     assert row[:3] == ("b", 8, 1)
     assert str(row[3]).startswith("cronlock locks, schema 2")
+
+
+# --- credentials per namespace, exactly as docs/STORES.md gives them ----------------------
+STORES_MD = ROOT / "docs" / "STORES.md"
+
+
+def documented(marker: str) -> str:
+    """The fenced block after `<!-- tested: MARKER -->` in docs/STORES.md."""
+    text = STORES_MD.read_text()
+    after = text.split(f"<!-- tested: {marker} -->\n", 1)[1]
+    return after.split("```", 2)[1].split("\n", 1)[1].rstrip("\n")
+
+
+def test_the_documented_schema_is_the_one_the_sidecar_runs() -> None:
+    assert documented("postgres-schema") == pgstore.SCHEMA.strip()
+
+
+def test_a_redis_acl_user_per_namespace_holds_its_own_locks_only(
+    redis_store: RedisServer,
+) -> None:
+    users = {}
+    with redis.Redis.from_url(redis_store.url) as admin:
+        for namespace in ("team-a", "team-b"):
+            password = os.urandom(8).hex()
+            line = documented("redis-acl").replace("team-a", namespace)
+            admin.execute_command(*shlex.split(line.replace(">PASSWORD", f">{password}")))
+            users[namespace] = (
+                f"redis://cronlock-{namespace}:{password}@127.0.0.1:{redis_store.port}/0"
+            )
+    timing = Timing.of(30.0, None, 1.0)
+    own, other = LeaseRef("team-a", "acl-report"), LeaseRef("team-b", "acl-report")
+    body: dict[str, Any] = {"metadata": {}}
+    with transport("redis", users["team-b"]) as team_b:
+        team_b.create(other, claimed(body, "b", timing, datetime.now(UTC), ""))
+    with transport("redis", users["team-a"]) as team_a:
+        taken = team_a.create(own, claimed(body, "a", timing, datetime.now(UTC), ""))
+        team_a.replace(own, renewed(team_a.get(own), timing, datetime.now(UTC)))
+        assert read_lease(team_a.get(own)).holder == "a"
+        for attempt in (
+            lambda: team_a.get(other),
+            lambda: team_a.create(other, claimed(body, "a", timing, datetime.now(UTC), "")),
+        ):
+            with pytest.raises(Forbidden, match="no permissions to access one of the keys"):
+                attempt()
+    with (
+        redis.Redis.from_url(users["team-a"]) as raw,
+        pytest.raises(redis.exceptions.NoPermissionError),
+    ):
+        raw.hset(keys(other)[0], "doc", "{}")
+    with transport("redis", users["team-b"]) as team_b:
+        assert read_lease(team_b.get(other)).holder == "b"
+    assert read_lease(taken).transitions >= 1
+
+
+def test_postgres_row_level_security_per_namespace_holds_its_own_locks_only(
+    postgres_store: PostgresServer,
+) -> None:
+    database = f"rls_{os.getpid()}"
+    superuser = {
+        "host": str(postgres_store.directory),
+        "port": postgres_store.port,
+        "user": "postgres",
+    }
+    with psycopg.connect(**superuser, dbname="postgres", autocommit=True) as connection:
+        connection.execute(f"CREATE DATABASE {database}")
+    urls = {}
+    with psycopg.connect(**superuser, dbname=database, autocommit=True) as owner:
+        owner.execute(documented("postgres-schema"))
+        owner.execute(documented("postgres-rls-once"))
+        for namespace in ("team-a", "team-b"):
+            password = os.urandom(8).hex()
+            statements = documented("postgres-rls-namespace").replace("team-a", namespace)
+            owner.execute(statements.replace("'PASSWORD'", f"'{password}'"))
+            urls[namespace] = (
+                f"postgresql://{namespace}:{password}@127.0.0.1:{postgres_store.port}/{database}"
+            )
+    timing = Timing.of(30.0, None, 1.0)
+    own, other = LeaseRef("team-a", "rls-report"), LeaseRef("team-b", "rls-report")
+    body: dict[str, Any] = {"metadata": {}}
+    with transport("postgres", urls["team-b"]) as team_b:
+        team_b.create(other, claimed(body, "b", timing, datetime.now(UTC), ""))
+    with transport("postgres", urls["team-a"]) as team_a:
+        team_a.create(own, claimed(body, "a", timing, datetime.now(UTC), ""))
+        team_a.replace(own, renewed(team_a.get(own), timing, datetime.now(UTC)))
+        assert read_lease(team_a.get(own)).holder == "a"
+        with pytest.raises(NotFound):
+            team_a.get(other)
+        with pytest.raises(Forbidden, match="row-level security"):
+            team_a.create(other, claimed(body, "a", timing, datetime.now(UTC), ""))
+    with psycopg.connect(urls["team-a"], autocommit=True) as raw:
+        assert (
+            raw.execute(
+                "UPDATE cronlock_locks SET document = document WHERE namespace = 'team-b'"
+            ).rowcount
+            == 0
+        )
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            raw.execute("DELETE FROM cronlock_locks WHERE namespace = 'team-a'")
+    with transport("postgres", urls["team-b"]) as team_b:
+        assert read_lease(team_b.get(other)).holder == "b"
