@@ -508,6 +508,61 @@ def test_the_operators_token_can_add_nothing_to_a_cronjobs_pods_but_cronlocks_si
     json_patch(api, namespace, plain_cronjob, *ops)
 
 
+def test_the_operators_token_cannot_change_what_the_injected_sidecar_is_told(
+    api: kubernetes.client.ApiClient,
+    as_operator: kubernetes.client.ApiClient,
+    namespace: str,
+    plain_cronjob: str,
+) -> None:
+    """Security review L2: the values of the injected variables are the injection's, not
+    the writer's: no `observe` policy the CronJob did not ask for, no store URL or holder
+    identity, no Lease in another namespace, no stores image for a Lease lock."""
+    settings = OperatorSettings(
+        sidecar_image=SIDECAR_IMAGE, sidecar_stores_image=SIDECAR_STORES_IMAGE
+    )
+    batch = kubernetes.client.BatchV1Api(api)
+    stored = api.sanitize_for_serialization(
+        batch.read_namespaced_cron_job(plain_cronjob, namespace)
+    )
+    stored["metadata"]["annotations"] = {"cronlock.io/enabled": "true"}
+    stored = api.sanitize_for_serialization(
+        batch.replace_namespaced_cron_job(plain_cronjob, namespace, stored)
+    )
+    desired = build_injection(stored, parse_config(stored, settings), settings)
+    kubernetes.client.BatchV1Api(as_operator).patch_namespaced_cron_job(
+        plain_cronjob,
+        namespace,
+        injection_patch(stored, desired),
+        _content_type="application/json-patch+json",
+    )
+    injected = api.sanitize_for_serialization(
+        batch.read_namespaced_cron_job(plain_cronjob, namespace)
+    )
+    init = injected["spec"]["jobTemplate"]["spec"]["template"]["spec"]["initContainers"]
+    index = next(i for i, c in enumerate(init) if c["name"] == "cronlock")
+    sidecar = f"{POD}/initContainers/{index}"
+    names = [e["name"] for e in init[index]["env"]]
+
+    def set_env(name: str, value: str) -> list[dict[str, Any]]:
+        if name in names:
+            path = f"{sidecar}/env/{names.index(name)}/value"
+            return [{"op": "replace", "path": path, "value": value}]
+        return [{"op": "add", "path": f"{sidecar}/env/-", "value": {"name": name, "value": value}}]
+
+    for ops in (
+        set_env("CRONLOCK_POLICY", "observe"),
+        set_env("CRONLOCK_STORE", "redis://attacker.example:6379/0"),
+        set_env("CRONLOCK_IDENTITY", "report-29000000-abcde_12345678"),
+        set_env("CRONLOCK_LEASE", "kube-system/cronlock-report"),
+        set_env("CRONLOCK_STOP", "none"),
+        [{"op": "replace", "path": f"{sidecar}/image", "value": SIDECAR_STORES_IMAGE}],
+    ):
+        body = refused(lambda ops=ops: json_patch(as_operator, namespace, plain_cronjob, *ops))
+        assert "run only the configured sidecar image" in body, ops
+    # What the injection itself wrote still passes, written again as it was.
+    json_patch(as_operator, namespace, plain_cronjob, *set_env("CRONLOCK_POLICY", "skip"))
+
+
 def test_the_operators_token_reaches_no_job_or_event_outside_cronlocks_runs(
     api: kubernetes.client.ApiClient, as_operator: kubernetes.client.ApiClient, namespace: str
 ) -> None:

@@ -16,7 +16,7 @@ import pytest
 from cronlock_operator.freeze import commands as freezing
 from cronlock_sidecar import contract
 from cronlock_sidecar.microtime import parse_microtime
-from tests.support.controlplane import ControlPlane
+from tests.support.controlplane import ControlPlane, make_service_account_kubeconfig
 from tests.support.cronjobs import job_from_cronjob, make_cronjob
 from tests.support.kube import finish_pod, wait_for
 from tests.support.objects import events, wait_event
@@ -340,3 +340,121 @@ def test_a_lock_in_a_store_is_frozen_there_and_its_runs_skip_until_unfrozen(
     missing = cli(controlplane, "unfreeze", "ledger", "-n", namespace, "--store-secret", "nope")
     assert missing.returncode == contract.EXIT_UNAVAILABLE
     assert f"there is no Secret {namespace}/nope" in missing.stderr
+
+
+def test_a_freezer_only_freezes_cronlocks_locks_and_writes_nothing_else(
+    api: kubernetes.client.ApiClient,
+    controlplane: ControlPlane,
+    namespace: str,
+    tmp_path: Path,
+) -> None:
+    """Security review M1: the freezer role is `patch` on every Lease of the namespace, so
+    the policies must keep its holders (a user, or a CI ServiceAccount with a token bound to
+    no pod) to the frozen-* annotations of cronlock's Leases: no live hold taken, no owner,
+    label or finalizer changed, no other controller's Lease touched."""
+    guarded(api, namespace, "ledger")
+    lease_name = contract.lease_name("ledger")
+    core = kubernetes.client.CoreV1Api(api)
+    core.create_namespaced_service_account(namespace, {"metadata": {"name": "ci"}})
+    kubernetes.client.RbacAuthorizationV1Api(api).create_namespaced_role_binding(
+        namespace,
+        {
+            "metadata": {"name": "ci-freezer"},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": FREEZER,
+            },
+            "subjects": [{"kind": "ServiceAccount", "name": "ci", "namespace": namespace}],
+        },
+    )
+    bind(api, namespace, "alice2", "ClusterRole", FREEZER)
+    ci = controlplane.api_client(
+        make_service_account_kubeconfig(controlplane, api, namespace, "ci", tmp_path)
+    )
+    alice = as_user(controlplane, api, "alice2")
+    admin = kubernetes.client.CoordinationV1Api(api)
+    admin.create_namespaced_lease(
+        namespace,
+        {
+            "metadata": {"name": "some-controller-leader"},
+            "spec": {"holderIdentity": "real-leader", "leaseDurationSeconds": 15},
+        },
+    )
+    # A run holds the lock (written as an admin: no pod is needed to show the freezer's rights).
+    stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    admin.patch_namespaced_lease(
+        lease_name,
+        namespace,
+        {
+            "spec": {
+                "holderIdentity": "ledger-1-abcde_12345678",
+                "acquireTime": stamp,
+                "renewTime": stamp,
+                "leaseDurationSeconds": 60,
+            }
+        },
+    )
+
+    def refused(client: kubernetes.client.ApiClient, name: str, patch: Any, kind: str) -> str:
+        with pytest.raises(kubernetes.client.ApiException) as denied:
+            kubernetes.client.CoordinationV1Api(client).patch_namespaced_lease(
+                name, namespace, patch, **({"_content_type": kind} if kind else {})
+            )
+        assert denied.value.status == 403, denied.value.body
+        return str(denied.value.body)
+
+    take = {"spec": {"holderIdentity": "alice2", "leaseDurationSeconds": 86400}}
+    wait_for(lambda: _refused_write(alice, namespace, lease_name, take), 30, "the freezers' policy")
+    for client in (alice, ci):
+        # A ServiceAccount's token bound to no pod is refused by the holders' policy first.
+        said = refused(client, lease_name, take, "")
+        assert "may change only the frozen-* annotations" in said or (
+            client is ci and "token bound to no pod" in said
+        ), said
+        refused(
+            client,
+            lease_name,
+            [{"op": "remove", "path": "/metadata/ownerReferences"}],
+            "application/json-patch+json",
+        )
+        refused(client, lease_name, {"metadata": {"finalizers": ["example.com/stuck"]}}, "")
+        refused(
+            client, lease_name, {"metadata": {"labels": {"app.kubernetes.io/managed-by": None}}}, ""
+        )
+        refused(
+            client, lease_name, {"metadata": {"annotations": {"cronlock.io/yield-to": "x"}}}, ""
+        )
+        assert "write no other Lease" in refused(
+            client, "some-controller-leader", {"spec": {"holderIdentity": "alice2"}}, ""
+        )
+    lease = admin.read_namespaced_lease(lease_name, namespace)
+    assert lease.spec.holder_identity == "ledger-1-abcde_12345678"
+    assert lease.metadata.owner_references
+    assert not lease.metadata.finalizers
+    assert lease.metadata.labels["app.kubernetes.io/managed-by"] == "cronlock"
+    other = admin.read_namespaced_lease("some-controller-leader", namespace)
+    assert other.spec.holder_identity == "real-leader"
+
+    # What they are for still works, for both: freeze and unfreeze, under their own names.
+    for client, name in ((ci, f"system:serviceaccount:{namespace}:ci"), (alice, "alice2")):
+        done = freezing.freeze(client, namespace, "ledger", duration="1h", until=None, reason="m")
+        assert done.by == name
+        assert notes(api, namespace, "ledger")["cronlock.io/frozen-by"] == name
+        assert freezing.unfreeze(client, namespace, "ledger") is True
+    ci.close()
+    alice.close()
+
+
+def _refused_write(
+    client: kubernetes.client.ApiClient, namespace: str, name: str, patch: Any
+) -> bool:
+    """True once the policy refuses the write (a new policy is enforced a moment after it
+    exists); a write that went through before is left on the Lease and the test fails on it."""
+    try:
+        kubernetes.client.CoordinationV1Api(client).patch_namespaced_lease(
+            name, namespace, patch, dry_run="All"
+        )
+    except kubernetes.client.ApiException as error:
+        return error.status == 403
+    return False

@@ -16,11 +16,12 @@ import kubernetes
 import pytest
 
 from cronlock_sidecar import contract
+from cronlock_sidecar.lock.model import Timing, claimed, noted, released, renewed
 from cronlock_sidecar.microtime import format_microtime
 from tests.support.controlplane import ControlPlane, make_service_account_kubeconfig
 from tests.support.cronjobs import make_cronjob
 from tests.support.kube import wait_for
-from tests.support.objects import read
+from tests.support.objects import read, wait_event
 
 pytestmark = pytest.mark.usefixtures("operator")
 
@@ -342,3 +343,155 @@ def test_a_hold_written_for_a_day_is_cleared_after_the_locks_ttl(
     # give it the moment between the two writes.
     wait_for(lambda: expired_events() != [], 10, "the LeaseExpired Event")
     assert expired_events() == ["report"]
+
+
+def test_every_field_of_a_lease_has_a_writer_and_one_write_bricks_no_lock(
+    api: kubernetes.client.ApiClient,
+    namespace: str,
+    controlplane: ControlPlane,
+    tmp_path: Path,
+) -> None:
+    """Security review M2: a pod on the account (here `x3`, no run's pod) cannot set
+    leaseTransitions to int32's end (every later claim a 400), list future Jobs in
+    replaced-jobs (each would skip) or choose the next fencing token; a run's own claim,
+    renew, note and release, written by the sidecar's own functions, still go through."""
+    guarded_on_shared(api, namespace)
+    run = make_pod(api, controlplane, namespace, f"{RUN_JOB}-abcde", tmp_path)
+    x3 = make_pod(api, controlplane, namespace, "x3", tmp_path)
+    nxt = make_pod(api, controlplane, namespace, "report-29000001-fghij", tmp_path)
+    wait_for(lambda: _can_read(x3, namespace), 30, "the holder Role for `shared`")
+    admin = kubernetes.client.CoordinationV1Api(api)
+    timing = Timing.of(60)
+
+    def spec(**fields: Any) -> Callable[[dict[str, Any]], None]:
+        def change(lease: dict[str, Any]) -> None:
+            lease["spec"].update(fields)
+
+        return change
+
+    def note(**annotations: str) -> Callable[[dict[str, Any]], None]:
+        def change(lease: dict[str, Any]) -> None:
+            lease["metadata"].setdefault("annotations", {}).update(annotations)
+
+        return change
+
+    wait_for(
+        lambda: _refused_now(x3, namespace, spec(leaseTransitions=2147483647), admin),
+        30,
+        "the holders' policy to be enforced",
+    )
+    # The free Lease: no field but a claim's.
+    future = ",".join(f"report-{29000100 + index}" for index in range(100))
+    assert "leaseTransitions is 0; only a claim may change it, to 1" in refused(
+        x3, namespace, spec(leaseTransitions=2147483647)
+    )
+    assert "this write changes cronlock.io/replaced-jobs" in refused(
+        x3, namespace, note(**{"cronlock.io/replaced-jobs": future})
+    )
+    refused(
+        x3,
+        namespace,
+        note(**{"cronlock.io/replaced-jobs": future, "cronlock.io/replaced-by": x3.identity}),
+    )
+    refused(x3, namespace, note(**{"cronlock.io/last-holder": "\x1b]0;owned\x07"}))
+    refused(x3, namespace, note(**{"example.com/anything": "x"}))
+    assert "the spec of a Lease it does not hold" in refused(
+        x3, namespace, spec(leaseDurationSeconds=5)
+    )
+
+    def wrote(
+        change: Callable[[dict[str, Any]], dict[str, Any]],
+    ) -> Callable[[dict[str, Any]], None]:
+        def apply(lease: dict[str, Any]) -> None:
+            new = change(lease)
+            lease.clear()
+            lease.update(new)
+
+        return apply
+
+    def now() -> datetime.datetime:
+        return datetime.datetime.now(datetime.UTC)
+
+    # A claim: one more transition, exactly; its holder-job names its own Job only.
+    def claim_by(pod: Pod, job: str, **extra: Any) -> Callable[[dict[str, Any]], None]:
+        def change(lease: dict[str, Any]) -> dict[str, Any]:
+            body = claimed(lease, pod.identity, timing, now(), job)
+            body["spec"].update(extra.get("spec", {}))
+            body["metadata"]["annotations"].update(extra.get("notes", {}))
+            return body
+
+        return wrote(change)
+
+    assert "only a claim may change it, to 1" in refused(
+        run, namespace, claim_by(run, RUN_JOB, spec={"leaseTransitions": 1000})
+    )
+    refused(run, namespace, claim_by(run, "report-29000001"))
+    refused(run, namespace, claim_by(run, RUN_JOB, notes={"cronlock.io/replaced-jobs": future}))
+    run.write(namespace, claim_by(run, RUN_JOB))
+    assert admin.read_namespaced_lease(LEASE, namespace).spec.lease_transitions == 1
+
+    # Renewals change times only.
+    refused(run, namespace, lambda lease: lease["spec"].update(leaseTransitions=2))
+    refused(run, namespace, note(**{"cronlock.io/last-holder": run.identity}))
+    run.write(namespace, wrote(lambda lease: renewed(lease, timing, now())))
+
+    # A contender's note; then the holder yields to it: replaced-by the run that asked,
+    # replaced-jobs its own Job first, at most 10.
+    nxt.write(namespace, wrote(lambda lease: noted(lease, "cronlock.io/yield-to", nxt.identity)))
+
+    def release(**extra: str) -> Callable[[dict[str, Any]], None]:
+        def change(lease: dict[str, Any]) -> dict[str, Any]:
+            body = released(lease, run.identity, now(), replaced_by=nxt.identity, job_name=RUN_JOB)
+            body["metadata"]["annotations"].update(extra)
+            return body
+
+        return wrote(change)
+
+    refused(run, namespace, release(**{"cronlock.io/replaced-by": x3.identity}))
+    refused(run, namespace, release(**{"cronlock.io/replaced-jobs": f"{RUN_JOB},{future}"}))
+    refused(run, namespace, release(**{"cronlock.io/last-holder": nxt.identity}))
+    run.write(namespace, release())
+    notes = admin.read_namespaced_lease(LEASE, namespace).metadata.annotations
+    assert notes["cronlock.io/replaced-jobs"] == RUN_JOB
+    assert notes["cronlock.io/replaced-by"] == nxt.identity
+
+    # The next run claims (transitions 2) and releases plainly.
+    nxt.write(namespace, claim_by(nxt, "report-29000001"))
+    nxt.write(namespace, wrote(lambda lease: released(lease, nxt.identity, now())))
+    lease = admin.read_namespaced_lease(LEASE, namespace)
+    assert lease.spec.lease_transitions == 2
+    assert not lease.spec.holder_identity
+
+
+def test_the_operator_puts_a_bricked_lease_back_in_range_and_says_so(
+    api: kubernetes.client.ApiClient,
+    namespace: str,
+    controlplane: ControlPlane,
+    tmp_path: Path,
+) -> None:
+    """A Lease poisoned before the policy (here: by an admin, whom no policy judges) is put
+    back by the operator with a LeaseRepaired Warning, and the next claim works."""
+    guarded_on_shared(api, namespace)
+    run = make_pod(api, controlplane, namespace, f"{RUN_JOB}-abcde", tmp_path)
+    wait_for(lambda: _can_read(run, namespace), 30, "the holder Role for `shared`")
+    admin = kubernetes.client.CoordinationV1Api(api)
+    future = ",".join(f"report-{29000100 + index}" for index in range(50))
+    admin.patch_namespaced_lease(
+        LEASE,
+        namespace,
+        {
+            "spec": {"leaseTransitions": 2147483647},
+            "metadata": {"annotations": {"cronlock.io/replaced-jobs": future}},
+        },
+    )
+
+    def repaired() -> bool:
+        lease = admin.read_namespaced_lease(LEASE, namespace)
+        notes = lease.metadata.annotations or {}
+        return lease.spec.lease_transitions == 0 and "cronlock.io/replaced-jobs" not in notes
+
+    wait_for(repaired, 30, "the operator to repair the Lease")
+    message = wait_event(api, namespace, "report", "LeaseRepaired")
+    assert any("leaseTransitions 2147483647" in text for text in message), message
+    run.write(namespace, hold(run.identity, job=RUN_JOB))
+    assert admin.read_namespaced_lease(LEASE, namespace).spec.lease_transitions == 1

@@ -165,3 +165,24 @@ tolerations:
   {{- toYaml . | nindent 2 }}
 {{- end }}
 {{- end }}
+
+{{/*
+Which Leases this release's Lease policies judge: the Leases of locks (cronlock's label and
+cronlock.io/lock; a release's leader Lease carries no lock label) in the namespaces the
+release watches. Two releases watch disjoint namespaces (cronlock.checkOneOperator), so
+neither judges the other's operator, hooks or Leases.
+*/}}
+{{- define "cronlock.lockLeaseSelectors" -}}
+objectSelector:
+  matchLabels:
+    app.kubernetes.io/managed-by: cronlock
+  matchExpressions:
+    - {key: cronlock.io/lock, operator: Exists}
+{{- if .Values.watchNamespaces }}
+namespaceSelector:
+  matchExpressions:
+    - key: kubernetes.io/metadata.name
+      operator: In
+      values: {{ toJson .Values.watchNamespaces }}
+{{- end }}
+{{- end }}

@@ -32,4 +32,22 @@ and `--dry-run=client` check nothing.
 {{- end }}
 {{- end }}
 {{- end }}
+{{- include "cronlock.checkWatchedNamespacesExist" . }}
+{{- end }}
+
+{{/*
+A watchNamespaces entry that does not exist yet would fail the install on its RoleBinding
+with helm's bare `namespaces "x" not found`; say which value and what to do instead. Only
+where `lookup` reaches a cluster (it sees kube-system there); `helm template` checks nothing.
+*/}}
+{{- define "cronlock.checkWatchedNamespacesExist" -}}
+{{- if (lookup "v1" "Namespace" "" "kube-system") }}
+{{- $missing := list }}
+{{- range .Values.watchNamespaces }}
+{{- if not (lookup "v1" "Namespace" "" .) }}{{ $missing = append $missing . }}{{ end }}
+{{- end }}
+{{- if $missing }}
+{{- fail (printf "watchNamespaces names %s, which does not exist in this cluster: the operator's RoleBinding there cannot be made. Create it first (kubectl create namespace %s), or leave it out of watchNamespaces and add it with helm upgrade once it exists." (join ", " $missing) (join " " $missing)) }}
+{{- end }}
+{{- end }}
 {{- end }}

@@ -40,6 +40,10 @@ rules:
   - apiGroups: ["batch"]
     resources: ["cronjobs"]
     verbs: ["list", "patch"]
+  # A NotReverted Warning on a CronJob it cannot revert (its author's odd record).
+  - apiGroups: [""]
+    resources: ["events"]
+    verbs: ["create"]
   {{- if not $p.revertOnly }}
   - apiGroups: ["coordination.k8s.io"]
     resources: ["leases"]

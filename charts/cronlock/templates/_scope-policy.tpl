@@ -57,6 +57,15 @@ variables:
     expression: "object.spec.jobTemplate.spec.template.spec"
   - name: oldPod
     expression: "oldObject.spec.jobTemplate.spec.template.spec"
+  # The variables injection writes into cronlock's containers (injection/containers.py),
+  # never CRONLOCK_STORE (a URL in the pod spec) or CRONLOCK_IDENTITY (another holder's name).
+  - name: injectedEnv
+    expression: >-
+      ["CRONLOCK_LEASE", "CRONLOCK_TTL", "CRONLOCK_RENEW", "CRONLOCK_POLICY",
+      "CRONLOCK_WAIT_TIMEOUT", "CRONLOCK_STOP", "CRONLOCK_KILL_GRACE", "CRONLOCK_SKEW",
+      "CRONLOCK_PORT", "CRONLOCK_RUN_DIR", "CRONLOCK_POD_NAME", "CRONLOCK_POD_UID",
+      "CRONLOCK_POD_NAMESPACE", "CRONLOCK_JOB_NAME", "CRONLOCK_STORE_FILE",
+      "CRONLOCK_STORE_KIND", "CRONLOCK_LOG_FORMAT", "CRONLOCK_LOG_LEVEL"]
   - name: newNotes
     expression: "object.metadata.?annotations.orValue({})"
   - name: oldNotes
@@ -280,15 +289,24 @@ validations:
       variables.resource != "cronjobs" || variables.newInjected.all(c,
       (c.?image.orValue("") == {{ include "cronlock.sidecarImage" $root | quote }}
       {{- with include "cronlock.sidecarStoresImage" $root }} ||
-      (c.name == "cronlock" && c.?image.orValue("") == {{ . | quote }})
+      (c.name == "cronlock" && c.?image.orValue("") == {{ . | quote }} &&
+       variables.newNotes[?"cronlock.io/store"].orValue("lease") in ["redis", "postgres"])
       {{- end }}) &&
       c.?command.orValue([]) == (c.name == "cronlock" ? ["cronlock-sidecar", "hold"] : ["cronlock-sidecar", "gate"]) &&
       c.?restartPolicy.orValue("") == (c.name == "cronlock" ? "Always" : "")
       {{- range $injectedNever }} &&
       !has(c.{{ . }})
       {{- end }} &&
-      c.?env.orValue([]).all(e, e.name.startsWith("CRONLOCK_") && (!has(e.valueFrom) ||
+      c.?env.orValue([]).all(e, e.name in variables.injectedEnv && (!has(e.valueFrom) ||
       (has(e.valueFrom.fieldRef) && e.valueFrom.fieldRef.fieldPath.startsWith("metadata.")))) &&
+      c.?env.orValue([]).all(e,
+      (e.name != "CRONLOCK_LEASE" || e.?value.orValue("").startsWith(request.namespace + "/cronlock-")) &&
+      (e.name != "CRONLOCK_POLICY" || e.?value.orValue("") ==
+        variables.newNotes[?"cronlock.io/policy"].orValue({{ $root.Values.defaults.policy | quote }})) &&
+      (e.name != "CRONLOCK_STOP" || e.?value.orValue("") in ["liveness", "signal"]) &&
+      (e.name != "CRONLOCK_STORE_FILE" || e.?value.orValue("") == "/var/run/cronlock-store/url") &&
+      (e.name != "CRONLOCK_STORE_KIND" || e.?value.orValue("") ==
+        variables.newNotes[?"cronlock.io/store"].orValue(""))) &&
       c.?ports.orValue([]).all(p, !has(p.hostPort) && !has(p.hostIP)) &&
       c.?volumeMounts.orValue([]).all(m, ((m.name == "cronlock" && m.mountPath == "/var/run/cronlock") ||
       (c.name == "cronlock" && m.name == "cronlock-store" && m.mountPath == "/var/run/cronlock-store" &&

@@ -6,7 +6,10 @@ post-upgrade hook for the namespaces an upgrade stopped watching (`upgrade.rever
 `keep` then names the namespaces still watched, when the old watch was every namespace).
 An operator that is still stopping could inject a CronJob again meanwhile, so CronJobs are
 looked at again until a whole pass finds none injected (or `settle` seconds have passed:
-then the exit code says so, naming them). A CronJob keeps its `cronlock.io/*` annotations:
+then the exit code says so, naming them). A CronJob whose record of the injection its
+author made unreadable is left injected with a `NotReverted` Warning on it, and fails no
+hook: anyone who may edit one CronJob would otherwise fail every uninstall and every
+narrowing upgrade (security review L5). A CronJob keeps its `cronlock.io/*` annotations:
 installing cronlock again guards it again.
 """
 
@@ -15,6 +18,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import kubernetes
 
@@ -43,7 +47,8 @@ def uninstall(
     settle: float = 30.0,
     sleep: Callable[[float], None] = time.sleep,
 ) -> int:
-    """0 when every CronJob is reverted and everything cronlock made is deleted, else 1.
+    """0 when every CronJob is reverted (or told why it cannot be) and everything cronlock
+    made is deleted, else 1.
 
     `kube`: the API server's calls (the tests' in-memory one in unit tests).
     """
@@ -51,7 +56,7 @@ def uninstall(
     left: list[str] = []
     # CronJobs whose record of the injection cannot be read back: left as they are, told,
     # and not tried again (their annotations will not change by waiting).
-    unrevertable: dict[str, str] = {}
+    unrevertable: dict[str, tuple[str, dict[str, Any]]] = {}
     while True:
         reverted, left = _revert_pass(kube, namespaces, frozenset(keep), unrevertable)
         if not reverted and not left:
@@ -64,22 +69,38 @@ def uninstall(
     else:
         deleted = _delete_ours(kube, namespaces, frozenset(keep))
         logger.info("uninstall: %d objects cronlock made deleted", deleted)
-    for name, reason in sorted(unrevertable.items()):
+    for name, (reason, body) in sorted(unrevertable.items()):
         logger.error("uninstall: %s left injected, revert it by hand: %s", name, reason)
+        _tell(kube, body, reason)
     if left:
         logger.error(
             "uninstall: still injected after %.0fs (is an operator still running?): %s",
             settle,
             ", ".join(left),
         )
-    if left or unrevertable:
         return 1
-    logger.info("uninstall: every CronJob is as its user wrote it")
+    if not unrevertable:
+        logger.info("uninstall: every CronJob is as its user wrote it")
     return 0
 
 
+def _tell(kube: Kube, body: dict[str, Any], reason: str) -> None:
+    """A `NotReverted` Warning on a CronJob left injected: its owners see it there."""
+    message = (
+        f"cronlock was uninstalled but could not revert this CronJob: {reason}. Remove "
+        "cronlock's sidecar, gate and cronlock.io/original-* annotations by hand"
+    )
+    try:
+        kube.post_event(body, "NotReverted", message, warning=True)
+    except kubernetes.client.ApiException as error:
+        logger.warning("uninstall: no NotReverted Event posted: %s", error.reason)
+
+
 def _revert_pass(
-    kube: Kube, namespaces: Sequence[str], keep: frozenset[str], unrevertable: dict[str, str]
+    kube: Kube,
+    namespaces: Sequence[str],
+    keep: frozenset[str],
+    unrevertable: dict[str, tuple[str, dict[str, Any]]],
 ) -> tuple[int, list[str]]:
     """Revert what is injected now: (how many were reverted, which could not be yet).
 
@@ -96,7 +117,7 @@ def _revert_pass(
         try:
             patch = injection_patch(body, revert(body))
         except InvalidConfig as error:
-            unrevertable[where] = str(error)
+            unrevertable[where] = (str(error), body)
             continue
         try:
             kube.patch_cronjob(namespace, name, patch)

@@ -21,7 +21,7 @@ ORIGINAL_GRACE = contract.ANNOTATION_ORIGINAL_TERMINATION_GRACE_PERIOD_SECONDS
 class RevertingKube(FakeKube):
     """The in-memory API server; a revert-only pass may list and patch CronJobs, nothing else."""
 
-    ALLOWED = frozenset({"list_cronjobs", "patch_cronjob"})
+    ALLOWED = frozenset({"list_cronjobs", "patch_cronjob", "post_event"})
 
     @property
     def patched(self) -> list[tuple[str, str]]:
@@ -55,11 +55,13 @@ def test_named_namespaces_only() -> None:
     assert kube.patched == [("dropped-a", "report")]
 
 
-def test_a_cronjob_whose_record_cannot_be_read_back_stops_no_other_and_fails_the_hook(
+def test_a_cronjob_whose_record_cannot_be_read_back_stops_no_other_and_is_told(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """A CronJob-only editor writes an odd `original-*` value on her injected CronJob: the
-    hook still reverts every other one, names hers, and exits 1 (security review N6)."""
+    hook still reverts every other one, names hers in the log and in a NotReverted Warning
+    on it, and exits 0: her one CronJob fails no uninstall or upgrade (security review N6,
+    L5)."""
     odd = injected_in("alice")
     odd["metadata"]["annotations"][ORIGINAL_GRACE] = "x"
     kube = RevertingKube([odd, injected_in("billing")])
@@ -67,8 +69,11 @@ def test_a_cronjob_whose_record_cannot_be_read_back_stops_no_other_and_fails_the
     with caplog.at_level(logging.ERROR):
         code = uninstall(kube, [], revert_only=True, settle=0, sleep=lambda _s: None)
 
-    assert code == 1
+    assert code == 0
     assert kube.patched == [("billing", "report")]
+    [(name, reason, message, warning)] = kube.events
+    assert (name, reason, warning) == ("report", "NotReverted", True)
+    assert "revert this CronJob" in message
     assert not is_injected(kube.cronjobs[("billing", "report")])
     assert is_injected(kube.cronjobs[("alice", "report")])
     assert "alice/report left injected, revert it by hand" in caplog.text
