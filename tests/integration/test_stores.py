@@ -254,6 +254,21 @@ def test_writes_are_compare_and_set_and_tokens_only_grow(
         assert read_lease(again).transitions > token_before
 
 
+def test_a_lock_never_taken_can_hold_a_freeze_alone(
+    store: tuple[str, Server], request: pytest.FixtureRequest
+) -> None:
+    """`cronlock freeze --store-secret` on a lock never taken: no holder, no duration."""
+    kind, server = store
+    lease = LeaseRef(*lock_name(request).split("/"))
+    notes = {"cronlock.io/frozen-until": "2099-01-01T00:00:00.000000Z"}
+    with transport(kind, server.url) as client:
+        body = {"metadata": {"name": lease.name, "annotations": notes}, "spec": {}}
+        client.create(lease, body)
+        read = read_lease(client.get(lease))
+    assert (read.holder, read.duration_seconds) == ("", None)
+    assert read.frozen_until is not None
+
+
 def take_over(
     client: RedisLeaseStore | PostgresLeaseStore, lease: LeaseRef, who: str, timing: Timing
 ) -> dict[str, Any] | None:

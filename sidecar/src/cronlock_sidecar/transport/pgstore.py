@@ -92,9 +92,11 @@ DECLARE
     old_job text := '';
     fence bigint;
 BEGIN
-    IF jsonb_typeof(spec -> 'leaseDurationSeconds') IS DISTINCT FROM 'number'
+    -- A document with no holder may have no duration (a freeze on a lock never taken).
+    IF (holder <> '' OR coalesce(spec ? 'leaseDurationSeconds', false)) AND (
+       jsonb_typeof(spec -> 'leaseDurationSeconds') IS DISTINCT FROM 'number'
        OR (spec ->> 'leaseDurationSeconds')::numeric NOT BETWEEN 1 AND 86400
-       OR (spec ->> 'leaseDurationSeconds')::numeric % 1 <> 0 THEN
+       OR (spec ->> 'leaseDurationSeconds')::numeric % 1 <> 0) THEN
         RAISE EXCEPTION USING ERRCODE = 'check_violation', MESSAGE =
             'cronlock store: leaseDurationSeconds must be a whole number from 1 to 86400';
     END IF;
@@ -104,7 +106,7 @@ BEGIN
     EXCEPTION WHEN others THEN
         renewal := now;
     END;
-    NEW.duration := (spec ->> 'leaseDurationSeconds')::integer;
+    NEW.duration := (spec ->> 'leaseDurationSeconds')::numeric::integer;
     NEW.holder := holder;
     NEW.written_at := now;
     NEW.resource_version := nextval('cronlock_versions');

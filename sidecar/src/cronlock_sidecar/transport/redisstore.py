@@ -86,7 +86,9 @@ _CHECKED = """
 local new = parsed(ARGV[1])
 if not new then return redis.error_reply('__REFUSAL__ the document is not a JSON object') end
 local d = new.duration
-if type(d) ~= 'number' or d ~= math.floor(d) or d < 1 or d > LONGEST then
+-- A document with no holder may have no duration (a freeze on a lock never taken).
+if (new.holder ~= '' or d ~= nil)
+   and (type(d) ~= 'number' or d ~= math.floor(d) or d < 1 or d > LONGEST) then
   return redis.error_reply('__REFUSAL__ leaseDurationSeconds must be a whole number from 1 to '
                            .. LONGEST)
 end
