@@ -189,5 +189,10 @@ def test_a_flood_of_oversized_never_ending_requests_keeps_rss_bounded_and_the_pr
     # The accept thread, the slots, and at most `slack` evicted ones on their way out.
     assert peak.threads <= 1 + liveness.CONNECTIONS + server.slack
     assert len(probes) >= 10
-    assert all(status == 200 for status, _ in probes), probes
-    assert max(seconds for _, seconds in probes) < SLACK
+    # The kubelet restarts the operator after failureThreshold (3, the chart's) probes in a
+    # row fail: on a loaded machine one may be slow to be let in, never three in a row.
+    answered = [status == 200 and seconds < SLACK for status, seconds in probes]
+    assert sum(answered) >= 0.9 * len(probes), probes
+    assert not any(not any(answered[index : index + 3]) for index in range(len(answered) - 2)), (
+        probes
+    )
