@@ -200,3 +200,48 @@ def test_an_operator_restart_grants_no_lock_nobody_consented_to(
     assert "cronlock-ledger" not in granted(api, namespace, "ci")
     assert "cronlock-ledger" in granted(api, namespace, "billing")
     assert not injected(api, namespace, "squat")
+
+
+def test_a_cronjob_editor_cannot_join_a_teams_lock_in_a_store_without_its_consent(
+    api: kubernetes.client.ApiClient,
+    namespace: str,
+    controlplane: ControlPlane,
+    service_account_kubeconfig: Any,
+) -> None:
+    """Security review H1 (A): a lock in Redis or PostgreSQL has a Lease as its registry,
+    so joining it asks the same consent a Lease lock asks; nobody's pods are granted it;
+    and one lock name cannot be kept in two places."""
+    core = kubernetes.client.CoreV1Api(api)
+    for account in ("billing", "ci"):
+        core.create_namespaced_service_account(namespace, {"metadata": {"name": account}})
+    store = {"cronlock.io/store": "redis", "cronlock.io/store-secret": "team-locks"}
+    batch = kubernetes.client.BatchV1Api(api)
+    batch.create_namespaced_cron_job(
+        namespace, cronjob("invoices", "billing", **{"cronlock.io/lock": "ledger", **store})
+    )
+    wait_for(lambda: injected(api, namespace, "invoices"), 30, "the team's CronJob injected")
+    assert owners(api, namespace, "cronlock-ledger") == ["invoices"]
+    as_mallory = cronjob_editor(api, namespace, service_account_kubeconfig, controlplane, "squat")
+
+    as_mallory.create_namespaced_cron_job(
+        namespace, cronjob("squat", "ci", **{"cronlock.io/lock": "ledger", **store})
+    )
+    [message] = wait_event(api, namespace, "squat", "Conflict")
+    assert "lock ledger is already used by CronJob invoices" in message
+    assert not injected(api, namespace, "squat")
+    # The registry is no holder's: no account is granted the Lease.
+    assert granted(api, namespace, "billing") == set()
+    assert granted(api, namespace, "ci") == set()
+
+    # The team consents; a third CronJob keeping the same lock in the Lease is refused.
+    annotate(api, namespace, "invoices", share_lock_with="squat,inlease")
+    wait_for(lambda: injected(api, namespace, "squat"), 60, "squat injected with consent")
+    assert owners(api, namespace, "cronlock-ledger") == ["invoices", "squat"]
+    batch.create_namespaced_cron_job(
+        namespace, cronjob("inlease", "ci", **{"cronlock.io/lock": "ledger"})
+    )
+    [mixed] = wait_event(api, namespace, "inlease", "Conflict")
+    assert "lock ledger is kept in redis (Secret team-locks) by CronJob" in mixed
+    assert "this CronJob asks for the Lease" in mixed
+    assert not injected(api, namespace, "inlease")
+    assert granted(api, namespace, "ci") == set()

@@ -260,12 +260,13 @@ def test_a_new_cronjob_with_bad_settings_is_left_untouched(
     )
 
 
-def test_a_lock_in_redis_gets_the_stores_sidecar_and_its_secret_and_no_lease(
+def test_a_lock_in_redis_gets_the_stores_sidecar_and_its_secret_and_no_holder_role(
     api: kubernetes.client.ApiClient, namespace: str, operator: OperatorProcess
 ) -> None:
     """A lock in Redis (or PostgreSQL): the sidecar runs the stores image and reads the
-    URL from the named Secret, mounted into it alone; no Lease, no holder Role; through
-    the chart's operator policy. Switching to the Lease and back swaps them."""
+    URL from the named Secret, mounted into it alone; its Lease is a registry of users that
+    no holder Role grants; through the chart's operator policy. Switching to the Lease and
+    back swaps them."""
     manifest = cronjob("ledger-sync")
     batch(api).create_namespaced_cron_job(namespace, manifest)
     before = comparable(read(api, namespace, "ledger-sync"))
@@ -299,23 +300,38 @@ def test_a_lock_in_redis_gets_the_stores_sidecar_and_its_secret_and_no_lease(
     assert volume["secret"]["items"] == [{"key": "url", "path": "url"}]
     messages = wait_event(api, namespace, "ledger-sync", "Injected")
     assert any("lock ledger-sync (redis, URL in Secret team-locks)" in m for m in messages)
-    # No Lease: the lock is in Redis, shared with the other cluster.
-    wait_settled()
-    leases = kubernetes.client.CoordinationV1Api(api).list_namespaced_lease(namespace).items
-    assert [lease.metadata.name for lease in leases] == []
+    # The lock is in Redis, shared with the other cluster; its Lease is only its registry
+    # (who uses it, for consent), granted to no pod: no holder Role.
+    coordination = kubernetes.client.CoordinationV1Api(api)
+    wait_for(
+        lambda: _lease_with_owners(coordination, namespace, "cronlock-ledger-sync", 1),
+        30,
+        "the registry Lease",
+    )
+    assert not coordination.read_namespaced_lease(
+        "cronlock-ledger-sync", namespace
+    ).spec.holder_identity
+    roles = kubernetes.client.RbacAuthorizationV1Api(api).list_namespaced_role(namespace).items
+    assert [role.metadata.name for role in roles] == []
     # Injected once: the stored template (with the API server's defaults) needs no patch.
     version = read(api, namespace, "ledger-sync")["metadata"]["resourceVersion"]
     wait_settled(2.0)
     assert read(api, namespace, "ledger-sync")["metadata"]["resourceVersion"] == version
 
-    # Back to this cluster's Lease: the Secret's volume goes, the Lease comes.
+    # Back to this cluster's Lease: the Secret's volume goes, the holder Role comes.
     annotate(api, namespace, "ledger-sync", **{"store": None, "store-secret": None})
     wait_for(
-        lambda: _lease_with_owners(
-            kubernetes.client.CoordinationV1Api(api), namespace, "cronlock-ledger-sync", 1
+        lambda: (
+            [
+                role.metadata.name
+                for role in kubernetes.client.RbacAuthorizationV1Api(api)
+                .list_namespaced_role(namespace)
+                .items
+            ]
+            == ["cronlock-holder-default"]
         ),
         30,
-        "the Lease",
+        "the holder Role",
     )
 
     def without_store() -> dict[str, Any] | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import UTC, datetime
 from typing import Any
 
@@ -75,6 +76,32 @@ def test_a_new_guarded_cronjob_gets_its_lease_and_rbac_before_the_patch() -> Non
     ensure = decision.before[0]
     assert isinstance(ensure, EnsureLease)
     assert (ensure.name, ensure.config.lock) == ("cronlock-report", "report")
+
+
+def test_a_lock_in_a_store_gets_its_lease_as_a_registry_that_no_role_grants() -> None:
+    """Security review H1: who uses a store lock, and with whose consent, is kept on a
+    Lease as for any lock; its pods never write it, so no holder Role names it."""
+    body = cronjob(
+        {
+            "cronlock.io/enabled": "true",
+            "cronlock.io/store": "redis",
+            "cronlock.io/store-secret": "team-locks",
+        }
+    )
+    settings = dataclasses.replace(SETTINGS, sidecar_stores_image="ghcr.io/example/s:1.0.0")
+    decision = cronjobs.decide(
+        body,
+        settings,
+        previous=None,
+        cached_lease=lambda name: None,
+        granted=frozenset(),
+        posted={},
+    )
+    assert decision.guard == Guard("cronlock-report", "default", holds=False)
+    assert kinds(decision.before) == ["EnsureLease"]
+    _, [write] = rbac.decide(NAMESPACE, {decision.guard, Guard("cronlock-x", "ci")}, None)
+    assert isinstance(write, WriteHolderRbac)
+    assert [role["rules"][0]["resourceNames"] for role in write.roles] == [["cronlock-x"]]
 
 
 def test_an_injected_cronjob_whose_rbac_is_granted_needs_no_write_but_the_lease_check() -> None:

@@ -91,3 +91,27 @@ def test_share_lists_parse(text: str, names: set[str]) -> None:
 def test_malformed_share_lists_are_refused(text: str) -> None:
     with pytest.raises(InvalidPeers):
         parse_peers({"cronlock.io/share-lock-with": text})
+
+
+def test_one_lock_name_is_never_kept_in_two_places() -> None:
+    """A CronJob keeping lock ledger in Redis cannot join the users who keep it in the Lease
+    (or in another store or Secret), even with their consent: the runs would never see
+    each other (security review H1)."""
+    used = lease(("invoices", "u-inv"))
+    inv = cronjob("invoices", "u-inv", share="squat")
+    me = cronjob("squat", "u-squat")
+    me["metadata"]["annotations"].update(
+        {"cronlock.io/store": "redis", "cronlock.io/store-secret": "team-locks"}
+    )
+    refused = consent(used, me, "ledger", lookup(inv))
+    assert refused.verdict == "refused"
+    assert refused.reason.startswith(
+        "lock ledger is kept in the Lease by CronJob invoices; this CronJob asks for redis "
+        "(Secret team-locks)"
+    )
+    inv["metadata"]["annotations"].update(
+        {"cronlock.io/store": "redis", "cronlock.io/store-secret": "other-locks"}
+    )
+    assert consent(used, me, "ledger", lookup(inv)).verdict == "refused"
+    inv["metadata"]["annotations"]["cronlock.io/store-secret"] = "team-locks"
+    assert consent(used, me, "ledger", lookup(inv)) == Consent("join")

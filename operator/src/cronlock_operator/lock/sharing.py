@@ -59,6 +59,23 @@ def lease_users(lease: Mapping[str, Any]) -> dict[str, str]:
     return users
 
 
+def where_kept(cronjob: Mapping[str, Any]) -> tuple[str, str]:
+    """Where a CronJob's lock lives, as its annotations say: (store, Secret), ("lease", "")
+    for the Lease itself. Read as written: its own reconcile judges whether it is valid."""
+    notes = (cronjob.get("metadata") or {}).get("annotations") or {}
+    store = str(notes.get(contract.ANNOTATION_STORE, "lease"))
+    return (
+        (store, "")
+        if store == "lease"
+        else (store, str(notes.get(contract.ANNOTATION_STORE_SECRET, "")))
+    )
+
+
+def _describe(kept: tuple[str, str]) -> str:
+    store, secret = kept
+    return "the Lease" if store == "lease" else f"{store} (Secret {secret})"
+
+
 class Consent(NamedTuple):
     """What a CronJob may do about the Lease of the lock it names, judged from that Lease.
 
@@ -101,11 +118,22 @@ def consent(
     if uid in users or not others:
         return Consent("join")
     unseen = []
+    mine = where_kept(cronjob)
     for user_uid, user in others.items():
         body = cached(user)
         if body is None or body["metadata"].get("uid") != user_uid:
             unseen.append(user)
             continue
+        theirs = where_kept(body)
+        if theirs != mine:
+            # One lock name, two places: their runs and ours would never see each other.
+            return Consent(
+                "refused",
+                f"lock {lock} is kept in {_describe(theirs)} by CronJob {user}; this CronJob "
+                f"asks for {_describe(mine)}: a shared lock needs the same "
+                f"{contract.ANNOTATION_STORE} and {contract.ANNOTATION_STORE_SECRET} on every "
+                f"CronJob that uses it, or set {contract.ANNOTATION_LOCK} to a lock of its own",
+            )
         try:
             if name in parse_peers(body["metadata"].get("annotations") or {}):
                 return Consent("join")

@@ -87,8 +87,10 @@ def decide(
     after: list[Action] = []
     updates: dict[str, str | None] = {"InvalidConfig": None}
     guard = None
-    if config is not None and not config.shared_store:
-        guard = Guard(config.lease_name, service_account(body))
+    if config is not None:
+        # A lock in Redis or PostgreSQL gets its Lease as well, as its registry: who uses it,
+        # joined only with their consent, as a Lease lock is; no Role grants it to the pods.
+        guard = Guard(config.lease_name, service_account(body), holds=not config.shared_store)
         before.append(
             EnsureLease(
                 namespace, guard.lease, body, config, cached_lease(guard.lease), cached_cronjob
@@ -97,7 +99,7 @@ def decide(
         if previous is not None and previous.lease != guard.lease:
             before.append(DropLeaseOwner(namespace, previous.lease, uid))
     elif previous is not None:
-        # Not guarded any more, or by Redis or PostgreSQL: no Lease, no holder Role.
+        # Not guarded any more: its Lease is no longer its.
         before.append(DropLeaseOwner(namespace, previous.lease, uid))
     if config is not None:
         warning = ttl_longer_than_gap_warning(config, body["spec"].get("schedule", ""))
@@ -128,9 +130,9 @@ def pending_guard(cronjob: Mapping[str, Any], settings: OperatorSettings) -> Gua
     `read_config`'s rule, the one `decide` follows."""
     try:
         config = read_config(cronjob, settings).config
-        if config is None or config.shared_store:
+        if config is None:
             return None
-        return Guard(config.lease_name, service_account(cronjob))
+        return Guard(config.lease_name, service_account(cronjob), holds=not config.shared_store)
     except Exception:
         # Never let one CronJob's input stop the namespace's RBAC: its own reconcile
         # reports what went wrong, as a ReconcileError Event.

@@ -23,10 +23,14 @@ RbacKind = Literal["Role", "RoleBinding"]
 
 @dataclass(frozen=True)
 class Guard:
-    """A guarded CronJob as RBAC sees it: which Lease its pods hold, as which account."""
+    """A guarded CronJob as RBAC sees it: which Lease its pods hold, as which account.
+
+    A lock kept in Redis or PostgreSQL has a Lease too, as its registry (who uses it, with
+    whose consent), but its pods never write it: `holds` False, and no Role grants it."""
 
     lease: str
     service_account: str
+    holds: bool = True
 
 
 def holder_role_name(service_account: str) -> str:
@@ -47,7 +51,8 @@ def decide(
         return desired, []
     leases_by_account: dict[str, set[str]] = {}
     for guard in desired:
-        leases_by_account.setdefault(guard.service_account, set()).add(guard.lease)
+        if guard.holds:
+            leases_by_account.setdefault(guard.service_account, set()).add(guard.lease)
     accounts = sorted(leases_by_account.items())
     return desired, [
         WriteHolderRbac(

@@ -304,7 +304,7 @@ class Reconciler:
                     self._cap_observed(namespace, decision.guard.lease)
             if decision.sync_rbac:
                 self.sync_rbac(namespace)
-            if decision.guard is not None:
+            if decision.guard is not None and decision.guard.holds:
                 role = rbac.holder_role_name(decision.guard.service_account)
                 conflict = self.rbac_conflicts.get(namespace, {}).get(role)
                 if conflict is not None:
