@@ -974,6 +974,36 @@ def test_a_release_whose_watch_overlaps_another_is_refused_and_disjoint_ones_coe
             helm(controlplane, "uninstall", release, "-n", where, check=False)
 
 
+def test_a_watched_namespace_that_does_not_exist_is_named_with_what_to_do(
+    controlplane: ControlPlane, namespace: str
+) -> None:
+    """Not helm's bare `namespaces "x" not found` from the RoleBinding, half-installed."""
+    release = f"cl-{secrets.token_hex(3)}"
+    missing = f"nowhere-{secrets.token_hex(3)}"
+    result = helm(
+        controlplane,
+        "install",
+        release,
+        str(CHART),
+        "-n",
+        namespace,
+        "--wait=false",
+        "--set-json",
+        f'watchNamespaces=["{namespace}", "{missing}"]',
+        check=False,
+    )
+    try:
+        assert result.returncode != 0
+        assert f"watchNamespaces names {missing}, which does not exist in this cluster" in (
+            result.stderr
+        )
+        assert f"kubectl create namespace {missing}" in result.stderr
+        listed = helm(controlplane, "list", "-n", namespace, "-q").stdout.split()
+        assert release not in listed
+    finally:
+        helm(controlplane, "uninstall", release, "-n", namespace, check=False)
+
+
 @pytest.mark.parametrize("values", [None, NON_DEFAULT], ids=["default", "non-default"])
 def test_the_deployment_env_is_understood_by_the_operator_cli(
     controlplane: ControlPlane,
