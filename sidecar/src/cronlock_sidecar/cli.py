@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from cronlock_sidecar.holding.outcomes import Clock
     from cronlock_sidecar.options import Options
     from cronlock_sidecar.transport.seam import LeaseTransport
+    from cronlock_sidecar.transport.storeurl import StoreUrl
 
     class StoreClient(LeaseTransport, Protocol):
         """A store's client: a LeaseTransport the command closes when it is done."""
@@ -78,6 +79,7 @@ def _transport(options: Options, environment: Mapping[str, str], clock: Clock) -
     """The lock's store: the Lease through the API server, or Redis/PostgreSQL when asked."""
     timeout = min(5.0, max(1.0, options.renew))
     if options.store is not None:
+        _warn_if_unverified(options.store)
         # Each store's client is imported only when it is chosen.
         if options.store.kind == "redis":
             from cronlock_sidecar.transport.redisstore import RedisLeaseStore
@@ -96,6 +98,18 @@ def _transport(options: Options, environment: Mapping[str, str], clock: Clock) -
         logs.fatal(str(error))
         return EXIT_CONFIG
     return KubeLeaseClient(cluster, timeout=timeout)
+
+
+def _warn_if_unverified(store: StoreUrl) -> None:
+    """One warning at start for a store reached without a verified TLS connection: it
+    works (tests and loopback set-ups use such URLs), but a path attacker owns the lock."""
+    import logging
+
+    from cronlock_sidecar.transport.storeurl import tls_warning
+
+    warning = tls_warning(store)
+    if warning is not None:
+        logging.getLogger("cronlock_sidecar.store").warning(warning)
 
 
 def _hold(options: Options, transport: LeaseTransport, clock: Clock) -> int:

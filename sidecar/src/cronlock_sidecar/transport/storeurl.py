@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from typing import NamedTuple
-from urllib.parse import SplitResult, urlsplit
+from urllib.parse import SplitResult, parse_qs, urlsplit
 
 # scheme -> the store it names (redis-py and libpq accept these)
 SCHEMES = {
@@ -12,6 +12,11 @@ SCHEMES = {
     "postgres": "postgres",
     "postgresql": "postgres",
 }
+# The settings that make each client check the server it reaches (redis-py's to_bool and
+# libpq's sslmode values).
+VERIFYING_SSLMODES = ("verify-full", "verify-ca")
+FALSE_WORDS = ("0", "f", "false", "n", "no")
+DOCS = 'docs/STORES.md, "TLS to the store"'
 FORMS = "redis://[:PASSWORD@]HOST[:PORT][/DB], rediss://… (TLS) or postgresql://USER:PASSWORD@HOST[:PORT]/DB"
 
 
@@ -68,3 +73,50 @@ def parse_store_url(text: str, name: str) -> StoreUrl:
     except ValueError:
         raise StoreUrlError(f"{name}: {shown} has no valid port; expected {FORMS}") from None
     return StoreUrl(kind, url, shown)
+
+
+def tls_warning(url: StoreUrl) -> str | None:
+    """One line when the connection to the store is not both encrypted and checked against
+    the server's certificate (what someone on the path gets, and what to set instead);
+    None when it is, or when the store is on loopback or a Unix socket (no path)."""
+    parts = urlsplit(url.secret)
+    query = {key.lower(): values[-1] for key, values in parse_qs(parts.query).items()}
+    host = query.get("host", parts.hostname or "") if url.kind == "postgres" else parts.hostname
+    if _local(host or ""):
+        return None
+    gain = "whoever is on the network path can learn its password and rewrite every lock in it"
+    if url.kind == "redis":
+        if parts.scheme.lower() == "redis":
+            return f"store {url}: not TLS (redis://): {gain}; use rediss:// ({DOCS})"
+        if query.get("ssl_cert_reqs", "").lower() == "none" or (
+            query.get("ssl_check_hostname", "").lower() in FALSE_WORDS
+        ):
+            return (
+                f"store {url}: TLS without checking the server (ssl_cert_reqs=none or "
+                f"ssl_check_hostname=false): {gain}; drop that setting, and give the "
+                f"server's CA with ssl_ca_certs=PATH where it is not a public one ({DOCS})"
+            )
+        return None
+    mode = query.get("sslmode")
+    if mode is None and query.get("sslrootcert") == "system":
+        return None  # libpq 16 and later: verify-full unless told otherwise
+    if mode in VERIFYING_SSLMODES:
+        return None
+    said = f"sslmode={mode}" if mode is not None else "sslmode=prefer, libpq's default"
+    return (
+        f"store {url}: TLS not verified ({said}): {gain}; set sslmode=verify-full and "
+        f"sslrootcert=PATH of the server's CA (or sslrootcert=system) ({DOCS})"
+    )
+
+
+def _local(host: str) -> bool:
+    """Loopback or a Unix socket (libpq's empty host and directory paths): no network path."""
+    # Imported here: options.py imports this module on every run's way to its work.
+    import ipaddress
+
+    if not host or host.startswith(("/", "@")) or host.lower() in ("localhost", "localhost."):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
