@@ -17,6 +17,9 @@ import kubernetes
 import pytest
 import yaml
 
+from cronlock_sidecar.transport.pgstore import PostgresLeaseStore
+from cronlock_sidecar.transport.seam import LeaseRef
+from cronlock_sidecar.transport.storeurl import parse_store_url
 from tests.support.controlplane import ROOT, ControlPlane, ServiceAccountKubeconfig
 from tests.support.cronjobs import make_cronjob
 from tests.support.leases import make_lease
@@ -451,10 +454,21 @@ def test_a_lock_in_redis_shows_its_holder_to_whoever_may_read_its_secret(
             time.sleep(0.05)
         assert started.exists(), "the run outside the cluster did not take the lock"
 
-        result = cronlock(controlplane, "status", "-n", namespace, "-o", "json")
+        # Stores are read only when asked: the row says in-store, one line says how.
+        unread = cronlock(controlplane, "status", "-n", namespace, "-o", "json")
+        assert unread.returncode == 0, unread.stderr
+        (row,) = json.loads(unread.stdout)["items"]
+        assert (row["store"], row["state"], row["holder"]) == ("redis", "in-store", None)
+        assert "add --read-stores to read them" in unread.stderr
+
+        result = cronlock(controlplane, "status", "-n", namespace, "-o", "json", "--read-stores")
         assert result.returncode == 0, result.stderr
         (row,) = json.loads(result.stdout)["items"]
         assert (row["store"], row["state"], row["holder"]) == ("redis", "held", "vm-7_0001")
+        assert (
+            f"reading {namespace}/cronlock-ledger (redis) from redis at "
+            f"127.0.0.1:{redis_store.port} (Secret {namespace}/team-locks)"
+        ) in result.stderr
         assert redis_store.password not in result.stdout + result.stderr
 
         # A reader who may list CronJobs but not read Secrets.
@@ -486,11 +500,117 @@ def test_a_lock_in_redis_shows_its_holder_to_whoever_may_read_its_secret(
                 "subjects": [{"kind": "ServiceAccount", "name": "viewer", "namespace": namespace}],
             },
         )
-        limited = cronlock(controlplane, "status", "--kubeconfig", str(config), "-o", "json")
+        limited = cronlock(
+            controlplane, "status", "--kubeconfig", str(config), "-o", "json", "--read-stores"
+        )
         assert limited.returncode == 0, limited.stderr
         (row,) = json.loads(limited.stdout)["items"]
         assert (row["store"], row["state"], row["holder"]) == ("redis", "in-store", None)
         assert f"you may not read Secret {namespace}/team-locks" in limited.stderr
+    finally:
+        holder.terminate()
+        holder.communicate(timeout=30)
+
+
+def test_status_never_lends_the_callers_postgres_password_to_the_secrets_host(
+    controlplane: ControlPlane,
+    api: kubernetes.client.ApiClient,
+    namespace: str,
+    postgres_store: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Security review L4. A Secret whose URL names a user but no password: with the right
+    password in the caller's PGPASSWORD (or ~/.pgpass) the client as it connected before
+    authenticates there; `cronlock status --read-stores` and `freeze --store-secret` do
+    not (no password supplied). A URL with its own password is read as before."""
+    port, password = postgres_store.port, postgres_store.password
+    borrowing = f"postgresql://cronlock@127.0.0.1:{port}/cronlock"
+    batch = kubernetes.client.BatchV1Api(api)
+    core = kubernetes.client.CoreV1Api(api)
+    for name, secret, url in (
+        ("ledger", "team-locks", postgres_store.url),
+        ("trap", "borrowed", borrowing),
+    ):
+        batch.create_namespaced_cron_job(
+            namespace,
+            cronjob(
+                name,
+                {
+                    "cronlock.io/enabled": "true",
+                    "cronlock.io/store": "postgres",
+                    "cronlock.io/store-secret": secret,
+                },
+            ),
+        )
+        core.create_namespaced_secret(
+            namespace, {"metadata": {"name": secret}, "stringData": {"url": url}}
+        )
+    started = tmp_path / "started"
+    outside = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
+    holder = subprocess.Popen(
+        [str(BIN / "cronlock-sidecar"), "run", "--lease", f"{namespace}/cronlock-ledger",
+         "--identity", "vm-7_0001", "--", "sh", "-c", f"touch {started}; sleep 60"],
+        env={**outside, "CRONLOCK_STORE": postgres_store.url},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    home = tmp_path / "home"
+    home.mkdir()
+    pgpass = home / ".pgpass"
+    pgpass.write_text(f"127.0.0.1:{port}:cronlock:cronlock:{password}\n")
+    pgpass.chmod(0o600)
+    try:
+        deadline = time.monotonic() + 20
+        while not started.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert started.exists(), "the run outside the cluster did not take the lock"
+
+        ledger = LeaseRef(namespace, "cronlock-ledger")
+        for lent in ({"PGPASSWORD": password}, {"HOME": str(home)}):
+            # Before: the client as status and freeze connected with it (not isolated)
+            # authenticates with the caller's password and reads the lock.
+            with monkeypatch.context() as patch:
+                for key, value in lent.items():
+                    patch.setenv(key, value)
+                before = PostgresLeaseStore(
+                    parse_store_url(borrowing, "x"), lambda: datetime.datetime.now(datetime.UTC),
+                    create_tables=False,
+                )  # fmt: skip
+                try:
+                    document = before.get(ledger)
+                finally:
+                    before.close()
+            assert document["spec"]["holderIdentity"] == "vm-7_0001", lent
+
+            result = subprocess.run(
+                [str(BIN / "cronlock"), "status", "-n", namespace, "-o", "json", "--read-stores"],
+                env={**controlplane.env, **lent},
+                capture_output=True, text=True, check=False, timeout=60,
+            )  # fmt: skip
+            assert result.returncode == 0, result.stderr
+            rows = {row["cronjob"]: row for row in json.loads(result.stdout)["items"]}
+            assert (rows["ledger"]["state"], rows["ledger"]["holder"]) == ("held", "vm-7_0001")
+            assert (rows["trap"]["state"], rows["trap"]["holder"]) == ("in-store", None), lent
+            assert (
+                f"reading {namespace}/cronlock-trap (postgres) from postgres at "
+                f"127.0.0.1:{port} (Secret {namespace}/borrowed)"
+            ) in result.stderr
+            (note,) = [line for line in result.stderr.splitlines() if "holder not shown" in line]
+            assert f"{namespace}/cronlock-trap (postgres)" in note
+            assert "no password supplied" in note, note
+            assert password not in result.stdout + result.stderr
+
+            frozen = subprocess.run(
+                [str(BIN / "cronlock"), "freeze", "trap", "-n", namespace, "--store-secret",
+                 "borrowed", "--for", "10m", "--reason", "borrowed password"],
+                env={**controlplane.env, **lent},
+                capture_output=True, text=True, check=False, timeout=60,
+            )  # fmt: skip
+            assert frozen.returncode == 69, frozen.stderr
+            assert f"writing to postgres at 127.0.0.1:{port}" in frozen.stderr
+            assert "no password supplied" in frozen.stderr
     finally:
         holder.terminate()
         holder.communicate(timeout=30)

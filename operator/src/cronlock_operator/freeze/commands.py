@@ -23,7 +23,7 @@ from typing import Any, Final
 
 import kubernetes
 
-from cronlock_operator.storeaccess import StoreAccessError, open_store, store_url
+from cronlock_operator.storeaccess import StoreAccessError, address, open_store, store_url
 from cronlock_sidecar import contract
 from cronlock_sidecar.lock.durations import DurationError, parse_duration
 from cronlock_sidecar.lock.model import read_lease
@@ -164,24 +164,30 @@ def freeze(
     stop_running: bool = False,
     now: Callable[[], datetime] = lambda: datetime.now(UTC),
     store_secret: str | None = None,
+    say: Callable[[str], None] = lambda _line: None,
 ) -> Freeze:
-    """Freeze the lock: on its Lease, or with `store_secret` in the store that Secret names."""
+    """Freeze the lock: on its Lease, or with `store_secret` in the store that Secret names
+    (`say` gets which host:port that is before connecting)."""
     end, why = until_from(duration, until, now()), clean_reason(reason)
     wanted = Freeze(end, caller(api), why, stop_running)
     if store_secret is None:
         _patch(api, namespace, lock, wanted.annotations())
     else:
-        _stored_notes(api, namespace, lock, store_secret, wanted.annotations())
+        _stored_notes(api, namespace, lock, store_secret, wanted.annotations(), say)
     return wanted
 
 
 def unfreeze(
-    api: kubernetes.client.ApiClient, namespace: str, lock: str, store_secret: str | None = None
+    api: kubernetes.client.ApiClient,
+    namespace: str,
+    lock: str,
+    store_secret: str | None = None,
+    say: Callable[[str], None] = lambda _line: None,
 ) -> bool:
     """End the freeze; False when the lock was not frozen (nothing written)."""
     if store_secret is not None:
         return _stored_notes(
-            api, namespace, lock, store_secret, dict.fromkeys(contract.FREEZE_NOTES)
+            api, namespace, lock, store_secret, dict.fromkeys(contract.FREEZE_NOTES), say
         )
     lease = _read(api, namespace, lock)
     if read_lease(lease).frozen_until is None:
@@ -200,14 +206,17 @@ def _stored_notes(
     lock: str,
     secret: str,
     notes: dict[str, str | None],
+    say: Callable[[str], None],
 ) -> bool:
     """Write `notes` (None: remove) on the lock's document in its store, by compare-and-set
     on the version read; a lock never taken there gets a document with only the notes.
     False when removing notes that were not there (nothing written)."""
     try:
-        store = open_store(store_url(api, namespace, secret), read_only=False)
+        url = store_url(api, namespace, secret)
+        store = open_store(url, read_only=False)
     except StoreAccessError as error:
         raise FreezeError(f"cannot reach the lock's store: {error}", EXIT_UNAVAILABLE) from None
+    say(f"writing to {url.kind} at {address(url)} (Secret {namespace}/{secret})")
     ref = LeaseRef(namespace, contract.lease_name(lock))
     adding = any(value is not None for value in notes.values())
     try:
@@ -306,7 +315,13 @@ def _message(error: kubernetes.client.ApiException) -> str:
 def run(
     args: argparse.Namespace, api: kubernetes.client.ApiClient, namespace: str, prog: str
 ) -> int:
-    """`cronlock freeze|unfreeze`, the client connected; what happened on stdout, one line."""
+    """`cronlock freeze|unfreeze`, the client connected; what happened on stdout, one line
+    (and on stderr, for a lock in a store, which host it is written at)."""
+
+    def say(line: str) -> None:
+        # The host is the Secret's, whoever wrote it: escaped as status escapes it.
+        print(f"{prog}: {line.encode('unicode_escape').decode('ascii')}", file=sys.stderr)
+
     try:
         if args.command == "freeze":
             done = freeze(
@@ -318,13 +333,14 @@ def run(
                 reason=args.reason,
                 stop_running=args.stop_running,
                 store_secret=args.store_secret,
+                say=say,
             )
             print(
                 f"lock {args.lock} in {namespace} frozen until {format_microtime(done.until)} "
                 f"by {done.by}: {done.reason}"
                 + ("; the run working on it stops at its next renewal" if done.stop_running else "")
             )
-        elif unfreeze(api, namespace, args.lock, args.store_secret):
+        elif unfreeze(api, namespace, args.lock, args.store_secret, say):
             print(f"lock {args.lock} in {namespace} unfrozen")
         else:
             print(f"lock {args.lock} in {namespace} was not frozen")

@@ -113,6 +113,13 @@ def parser(prog: str = "cronlock") -> argparse.ArgumentParser:
         f"{WATCH_COALESCE_SECONDS:g}s) and every {WATCH_INTERVAL_SECONDS:g}s, until Ctrl-C",
     )
     status.add_argument(
+        "--read-stores",
+        action="store_true",
+        help="also read the holders of locks kept in Redis or PostgreSQL (cronlock.io/store): "
+        "reads each Secret the CronJobs name with your credentials and connects to the host "
+        "its URL names (said on stderr first); without it those rows say in-store",
+    )
+    status.add_argument(
         "--kubeconfig",
         help="kubeconfig file (default: $KUBECONFIG, else the pod's ServiceAccount in a pod, "
         "else ~/.kube/config)",
@@ -171,7 +178,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"{prog}: error: --request-timeout {args.request_timeout!r}: {error}", file=sys.stderr
         )
         return EXIT_USAGE
-    view = View(args.output, args.selector, args.no_headers)
+    if args.read_stores and args.watch:
+        print(f"{prog}: error: --read-stores: --watch never reads stores", file=sys.stderr)
+        return EXIT_USAGE
+    view = View(args.output, args.selector, args.no_headers, args.read_stores)
     overrides = Overrides(
         impersonate=args.impersonate or None,
         impersonate_groups=tuple(args.impersonate_groups),
@@ -226,6 +236,7 @@ class View(NamedTuple):
     output: Output
     selector: str = ""
     no_headers: bool = False
+    read_stores: bool = False
 
     @property
     def structured(self) -> bool:
@@ -234,7 +245,7 @@ class View(NamedTuple):
 
 def _show_once(cluster: Cluster, namespace: str | None, view: View, prog: str) -> int:
     try:
-        status_rows = _snapshot(cluster, namespace, view.selector, prog)
+        status_rows = _snapshot(cluster, namespace, view.selector, prog, view.read_stores)
     except Unavailable as error:
         print(f"{prog}: {error}", file=sys.stderr)
         return EXIT_UNAVAILABLE
@@ -347,16 +358,35 @@ def _pause(seconds: float) -> None:
 
 
 def _snapshot(
-    cluster: Cluster, namespace: str | None, selector: str = "", prog: str = "cronlock"
+    cluster: Cluster,
+    namespace: str | None,
+    selector: str = "",
+    prog: str = "cronlock",
+    read: bool = False,
 ) -> list[StatusRow]:
-    """The rows now; a lock in Redis or PostgreSQL is read from its store where the
-    credentials may read its Secret (status/stores.py), else noted on stderr."""
+    """The rows now; with `read` (--read-stores) a lock in Redis or PostgreSQL is read from
+    its store where the credentials may read its Secret (status/stores.py), else noted on
+    stderr. Without it such rows stay in-store and one line says how to read them."""
     cronjobs, leases = fetch(cluster, namespace, selector)
     status_rows = rows(cronjobs, leases, datetime.now(UTC))
     wanted = [StoredLock(*each) for each in stored_locks(status_rows)]
     if not wanted:
         return status_rows
-    reading = read_stores(cluster.api, wanted)
+    if not read:
+        count = len(set(wanted))
+        print(
+            f"{prog}: {count} lock{'s' if count > 1 else ''} in Redis or PostgreSQL not read "
+            "(in-store): add --read-stores to read them, with your credentials, from the "
+            "hosts their Secrets name",
+            file=sys.stderr,
+        )
+        return status_rows
+
+    def say(line: str) -> None:
+        # The host and the Secret are the CronJob author's strings.
+        print(f"{prog}: {printable(line)}", file=sys.stderr, flush=True)
+
+    reading = read_stores(cluster.api, wanted, say)
     for note in reading.notes:
         print(f"{prog}: {printable(note)}", file=sys.stderr)
     return rows(cronjobs, leases, datetime.now(UTC), stored=reading.documents)

@@ -16,21 +16,28 @@ Every call has a deadline, also when the server stopped answering but its kernel
 holds the connection open (a paused server): a timer shuts the socket down, the call fails
 as Unavailable, and the next call connects again.
 
+A reader who did not write the URL (`cronlock status` and `freeze` on an admin's machine)
+connects `isolated`: libpq gets nothing of that machine's but what the URL says, no
+PG* environment (PGPASSWORD, PGUSER, PGSSLCERT, PGSERVICE, ...), no password file, no
+client certificate, no Kerberos ticket.
+
 psycopg is imported here only, and only when a CronJob or `run --store` chooses PostgreSQL.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import socket
 import threading
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from datetime import datetime
-from typing import Any
+from typing import Any, Final
 
 import psycopg
 from psycopg import errors
+from psycopg.conninfo import make_conninfo
 
 from cronlock_sidecar.transport.documents import (
     STORE_REFUSAL,
@@ -206,6 +213,26 @@ UPDATE cronlock_locks AS l
 RETURNING l.transitions, l.resource_version
 """
 _EXISTS = "SELECT 1 FROM cronlock_locks WHERE namespace = %(namespace)s AND name = %(name)s"
+# What an isolated connection overrides, whatever the URL says: libpq's defaults would
+# offer ~/.pgpass, the client certificate in ~/.postgresql (or one the URL names) and a
+# Kerberos ticket (GSSAPI, SSPI) to whichever host the URL names; OAuth is not offered
+# either. Only the URL's own password (or none) is ever sent. sslcertmode and require_auth
+# need libpq 16 (ISOLATING_LIBPQ); the caller checks before connecting.
+ISOLATED: Final = {
+    # A path no file can ever be at (/dev/null is no directory): libpq reads nothing and,
+    # unlike with /dev/null itself, adds no "not a plain file" warning to its errors.
+    "passfile": os.path.join(os.devnull, "pgpass"),
+    "sslcertmode": "disable",
+    "gssencmode": "disable",
+    "require_auth": "scram-sha-256,md5,password,none",
+}
+ISOLATING_LIBPQ: Final = 160000
+# libpq reads these when a parameter is not given (its PG* variables) and always some
+# (PGSERVICEFILE, PGSYSCONFDIR, PGTZ, PGDATESTYLE, ...): all are hidden from an isolated
+# connection while it connects, one connection at a time (the environment is the process').
+_ENVIRONMENT_PREFIX: Final = "PG"
+_environment = threading.Lock()
+
 # SQLSTATE classes that mean "you may not": 28 (authorization), 42501 (privilege), and
 # the schema's trigger's refusals: CLK01 (a change of holder the rules do not allow),
 # 23514 with its "cronlock store:" message (a duration out of bounds).
@@ -222,12 +249,16 @@ class PostgresLeaseStore:
         timeout: float = 5.0,
         *,
         create_tables: bool = True,
+        isolated: bool = False,
     ) -> None:
-        """`create_tables=False`: a reader (`cronlock status`) that never creates them."""
+        """`create_tables=False`: a reader (`cronlock status`) that never creates them;
+        `isolated`: connect with the URL alone (module docstring), for a caller who did
+        not write it."""
         self.url = url
         self.now = now
         self.timeout = timeout
         self.create_tables = create_tables
+        self.isolated = isolated
         self._connection: psycopg.Connection[Any] | None = None
         self._lock = threading.Lock()
 
@@ -313,13 +344,15 @@ class PostgresLeaseStore:
     def _connect(self, verb: str, lease: LeaseRef, seconds: float) -> psycopg.Connection[Any]:
         if self._connection is not None and not self._connection.closed:
             return self._connection
+        overrides = ISOLATED if self.isolated else {}
         try:
-            connection = psycopg.connect(
-                self.url.secret,
-                autocommit=True,
-                connect_timeout=max(2, round(seconds)),
-                application_name="cronlock-sidecar",
-            )
+            with without_libpq_environment() if self.isolated else nullcontext():
+                connection = psycopg.connect(
+                    make_conninfo(self.url.secret, **overrides),
+                    autocommit=True,
+                    connect_timeout=max(2, round(seconds)),
+                    application_name="cronlock-sidecar",
+                )
         except psycopg.Error as error:
             raise _translated(verb, lease, self.url, error) from None
         try:
@@ -336,6 +369,21 @@ class PostgresLeaseStore:
         if self._connection is not None:
             self._connection.close()
             self._connection = None
+
+
+@contextmanager
+def without_libpq_environment() -> Iterator[None]:
+    """Every PG* variable hidden from libpq (and psycopg, which reads some too) meanwhile."""
+    with _environment:
+        hidden = {name: os.environ.pop(name) for name in list(os.environ) if _libpq(name)}
+        try:
+            yield
+        finally:
+            os.environ.update(hidden)
+
+
+def _libpq(name: str) -> bool:
+    return name.startswith(_ENVIRONMENT_PREFIX)
 
 
 def _ensure_schema(connection: psycopg.Connection[Any]) -> None:
