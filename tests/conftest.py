@@ -6,7 +6,7 @@ import os
 import re
 import secrets
 import shutil
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import kubernetes
@@ -99,3 +99,88 @@ def operator(
     process.start()
     yield process
     process.stop()
+
+
+# --- No silent skip ------------------------------------------------------------------------
+# A skipped, xfailed or deselected test did not show what it claims, and a green run must
+# mean that every collected test ran and passed: the session fails when any was left out,
+# naming each. Narrowing a run by hand (-k, -m, --deselect, --lf, --sw on the command line)
+# deselects on purpose and is allowed, but never under CI (CI set), whose command is fixed.
+
+SELECTING = ("-k", "-m", "--deselect", "--lf", "--last-failed", "--sw", "--stepwise")
+
+
+class NotRun:
+    """Every test the session left out, by how: skipped, xfailed, xpassed, deselected."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+        self.left_out: dict[str, list[str]] = {
+            "skipped": [],
+            "xfailed": [],
+            "xpassed": [],
+            "deselected": [],
+        }
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if hasattr(report, "wasxfail"):
+            how = "xfailed" if report.skipped else "xpassed"
+            if report.when == "call" or report.skipped:
+                self.left_out[how].append(f"{report.nodeid} ({report.wasxfail or 'xfail'})")
+        elif report.skipped:
+            reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else ""
+            self.left_out["skipped"].append(f"{report.nodeid} ({reason})")
+
+    def pytest_deselected(self, items: Sequence[pytest.Item]) -> None:
+        self.left_out["deselected"].extend(item.nodeid for item in items)
+
+    def failing(self) -> dict[str, list[str]]:
+        found = {how: ids for how, ids in self.left_out.items() if ids}
+        if found.keys() == {"deselected"} and narrowed_by_hand(self.config):
+            return {}
+        return found
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        if self.failing() and session.exitstatus in (
+            pytest.ExitCode.OK,
+            pytest.ExitCode.NO_TESTS_COLLECTED,
+        ):
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+    def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
+        found = self.failing()
+        if not found:
+            return
+        counts = ", ".join(f"{len(ids)} {how}" for how, ids in found.items())
+        terminalreporter.section("tests left out: the run fails", red=True, bold=True)
+        terminalreporter.write_line(
+            f"{counts}. Every collected test must run and pass (tests/conftest.py): a test "
+            "that cannot run here is a failure, not a skip."
+        )
+        for how, ids in found.items():
+            for nodeid in ids[:50]:
+                terminalreporter.write_line(f"  {how}: {nodeid}")
+            if len(ids) > 50:
+                terminalreporter.write_line(f"  ... and {len(ids) - 50} more {how}")
+        if "deselected" in found:
+            terminalreporter.write_line(
+                "  deselection is allowed only when asked for on the command line "
+                f"({', '.join(SELECTING)}) and CI is not set"
+            )
+
+
+def narrowed_by_hand(config: pytest.Config) -> bool:
+    """The person running pytest chose a subset on its command line (not addopts, not CI)."""
+    if os.environ.get("CI", "").lower() not in ("", "0", "false"):
+        return False
+    args = [str(arg) for arg in config.invocation_params.args]
+    return any(
+        arg == flag or arg.startswith(flag + "=") or (flag in ("-k", "-m") and arg.startswith(flag))
+        for arg in args
+        for flag in SELECTING
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.pluginmanager.register(NotRun(config), "cronlock-not-run")
