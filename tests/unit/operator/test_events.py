@@ -3,6 +3,7 @@ the poster threads keep each object's Events in order."""
 
 from __future__ import annotations
 
+import logging
 import threading
 from typing import Any
 
@@ -23,10 +24,15 @@ TERMINATING = (
 )
 
 
-def kube_answering(error: kubernetes.client.ApiException) -> Kube:
+def kube_answering(
+    error: kubernetes.client.ApiException, calls: list[tuple[str, Any]] | None = None
+) -> Kube:
+    """A Kube whose every Event create is refused with `error`; each try lands in `calls`."""
     kube = Kube(kubernetes.client.ApiClient(kubernetes.client.Configuration()))
 
     def create(namespace: str, body: Any, **kwargs: Any) -> Any:
+        if calls is not None:
+            calls.append((namespace, body))
         raise error
 
     kube.core.create_namespaced_event = create  # type: ignore[method-assign]
@@ -34,10 +40,19 @@ def kube_answering(error: kubernetes.client.ApiException) -> Kube:
 
 
 @pytest.mark.parametrize("status", [403, 404])
-def test_an_event_in_a_namespace_being_deleted_is_not_retried(status: int) -> None:
+def test_an_event_in_a_namespace_being_deleted_is_not_retried(
+    status: int, caplog: pytest.LogCaptureFixture
+) -> None:
     error = kubernetes.client.ApiException(status=status, reason="Forbidden")
     error.body = TERMINATING if status == 403 else '{"code":404}'
-    kube_answering(error).post_event(CRONJOB, "Injected", "lock report")
+    calls: list[tuple[str, Any]] = []
+    with caplog.at_level(logging.DEBUG, logger="cronlock_operator"):
+        kube_answering(error, calls).post_event(CRONJOB, "Injected", "lock report")
+    # Tried once, in the CronJob's namespace, then given up: no Retry raised, none posted.
+    assert [(namespace, body["reason"]) for namespace, body in calls] == [("reports", "Injected")]
+    given_up = [r.getMessage() for r in caplog.records if "being deleted" in r.getMessage()]
+    assert given_up == ["post event Injected on reports/report: its namespace is being deleted"]
+    assert not [r for r in caplog.records if r.levelno >= logging.INFO], caplog.text
 
 
 def test_any_other_refusal_of_an_event_is_retried() -> None:
