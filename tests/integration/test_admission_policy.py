@@ -21,14 +21,15 @@ from cronlock_operator.injection.patching import injection_patch
 from cronlock_operator.lock.config import OperatorSettings, parse_config
 from tests.support.controlplane import ControlPlane
 from tests.support.cronjobs import make_cronjob
-from tests.support.objects import comparable, events, read, wait_event
+from tests.support.kube import holds
+from tests.support.objects import comparable, events, has_sidecar, read, wait_event
 from tests.support.operator import (
     CHART,
     OPERATOR_NAMESPACE,
     SIDECAR_IMAGE,
     SIDECAR_STORES_IMAGE,
     OperatorProcess,
-    wait_settled,
+    operator_caught_up,
 )
 
 OURS = {"app.kubernetes.io/managed-by": "cronlock"}
@@ -275,12 +276,30 @@ def test_the_operators_token_can_write_exactly_cronlocks_injection_and_its_rever
             _content_type="application/json-patch+json",
         )
         injected_body = as_operator.sanitize_for_serialization(injected_now)
-        batch.patch_namespaced_cron_job(
+        # Stored as built: the sidecar with the image of this lock's kind, and the same
+        # annotations (the records of what the injection changed among them).
+        assert has_sidecar(injected_body), opted_in
+        sidecar = next(
+            container
+            for container in injected_body["spec"]["jobTemplate"]["spec"]["template"]["spec"][
+                "initContainers"
+            ]
+            if container["name"] == "cronlock"
+        )
+        wanted = SIDECAR_STORES_IMAGE if "cronlock.io/store" in opted_in else SIDECAR_IMAGE
+        assert sidecar["image"] == wanted, opted_in
+        assert injected_body["metadata"]["annotations"] == desired["metadata"]["annotations"]
+        reverted_now = batch.patch_namespaced_cron_job(
             plain_cronjob,
             namespace,
             injection_patch(injected_body, revert(injected_body)),
             _content_type="application/json-patch+json",
         )
+        # The revert gives back exactly what the user's write stored (grace 30 included
+        # where the API server defaulted it).
+        reverted = as_operator.sanitize_for_serialization(reverted_now)
+        assert not has_sidecar(reverted), opted_in
+        assert comparable(reverted) == comparable(stored), opted_in
 
 
 @pytest.mark.parametrize(
@@ -724,9 +743,20 @@ def test_an_operator_started_with_another_sidecar_image_is_refused_with_one_warn
     rogue.start()
     try:
         [message] = wait_event(api, namespace, "report", "ReconcileError")
-        wait_settled(3)
+        # The rogue injects nothing, so its marker shows it caught up by a refusal too.
+        operator_caught_up(
+            api,
+            lambda client, where, name: any(
+                reason == "ReconcileError" for _, reason, _ in events(client, where, name)
+            ),
+        )
+
+        def one_warning_and_unchanged() -> bool:
+            warnings = [r for _, r, _ in events(api, namespace, "report") if r == "ReconcileError"]
+            assert len(warnings) == 1, f"{len(warnings)} ReconcileError Events: retried"
+            return comparable(read(api, namespace, "report")) == before
+
+        holds(one_warning_and_unchanged, 3, "one warning, the CronJob as its user wrote it")
     finally:
         rogue.stop()
     assert "run only the configured sidecar image" in message
-    assert len([m for _, r, m in events(api, namespace, "report") if r == "ReconcileError"]) == 1
-    assert comparable(read(api, namespace, "report")) == before

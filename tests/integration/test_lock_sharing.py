@@ -15,9 +15,9 @@ import pytest
 
 from tests.support.controlplane import ControlPlane
 from tests.support.cronjobs import make_cronjob
-from tests.support.kube import wait_for
+from tests.support.kube import holds, wait_for
 from tests.support.objects import annotate, injected, wait_event
-from tests.support.operator import OperatorProcess, wait_settled
+from tests.support.operator import OperatorProcess, operator_caught_up
 
 pytestmark = pytest.mark.usefixtures("operator")
 
@@ -116,9 +116,15 @@ def test_a_cronjob_editor_cannot_join_another_teams_lock_until_that_team_names_h
     [message] = wait_event(api, namespace, "squat", "Conflict")
     assert "lock ledger is already used by CronJob invoices" in message
     assert "cronlock.io/share-lock-with: squat" in message
-    wait_settled(2)
-    assert not injected(api, namespace, "squat")
-    assert "cronlock-ledger" not in granted(api, namespace, "ci")
+    operator_caught_up(api)
+    holds(
+        lambda: (
+            not injected(api, namespace, "squat")
+            and "cronlock-ledger" not in granted(api, namespace, "ci")
+        ),
+        2,
+        "her CronJob stays uninjected and her account ungranted",
+    )
     assert owners(api, namespace, "cronlock-ledger") == ["invoices"]
     # The consent is on the team's CronJob, which her token may not change.
     with pytest.raises(kubernetes.client.ApiException) as denied:
@@ -152,8 +158,8 @@ def test_a_malformed_share_list_is_invalid_config_and_changes_nothing(
     [message] = wait_event(api, namespace, "report", "InvalidConfig")
     assert "cronlock.io/share-lock-with" in message
     assert "'Not_A_Name', which is not a CronJob name" in message
-    wait_settled(2)
-    assert not injected(api, namespace, "report")
+    operator_caught_up(api)
+    holds(lambda: not injected(api, namespace, "report"), 2, "the CronJob stays uninjected")
 
 
 def test_the_shared_lock_example_guards_both_cronjobs_with_one_lease(
@@ -195,11 +201,17 @@ def test_an_operator_restart_grants_no_lock_nobody_consented_to(
     wait_event(api, namespace, "squat", "Conflict")
 
     operator.restart()
-    wait_settled(3)
+    operator_caught_up(api)
 
-    assert "cronlock-ledger" not in granted(api, namespace, "ci")
-    assert "cronlock-ledger" in granted(api, namespace, "billing")
-    assert not injected(api, namespace, "squat")
+    holds(
+        lambda: (
+            "cronlock-ledger" not in granted(api, namespace, "ci")
+            and "cronlock-ledger" in granted(api, namespace, "billing")
+            and not injected(api, namespace, "squat")
+        ),
+        3,
+        "after the restart: only the team's account granted, her CronJob uninjected",
+    )
 
 
 def test_a_cronjob_editor_cannot_join_a_teams_lock_in_a_store_without_its_consent(

@@ -10,9 +10,9 @@ import kubernetes
 import pytest
 
 from tests.support.cronjobs import make_cronjob
-from tests.support.kube import wait_for
+from tests.support.kube import holds, wait_for
 from tests.support.objects import annotate, events, injected, wait_event
-from tests.support.operator import OperatorProcess, wait_settled
+from tests.support.operator import OperatorProcess, operator_caught_up
 
 pytestmark = pytest.mark.usefixtures("operator")
 
@@ -53,10 +53,15 @@ def test_a_foreign_lease_with_the_locks_name_is_neither_adopted_nor_changed(
     [message] = wait_event(api, namespace, "report", "Conflict")
     assert f"lease {namespace}/cronlock-billing exists and lacks the label" in message
     assert "cronlock.io/lock" in message
-    wait_settled(2)
-    assert not injected(api, namespace, "report")
-    after = stored(leases.read_namespaced_lease("cronlock-billing", namespace), api)
-    assert after == before, "the foreign Lease was changed"
+    operator_caught_up(api)
+    holds(
+        lambda: (
+            not injected(api, namespace, "report")
+            and stored(leases.read_namespaced_lease("cronlock-billing", namespace), api) == before
+        ),
+        2,
+        "the CronJob stays uninjected and the foreign Lease unchanged",
+    )
     role = "cronlock-holder-default"
     rbac = kubernetes.client.RbacAuthorizationV1Api(api)
     granted = [
@@ -104,10 +109,16 @@ def test_an_admins_role_with_the_holder_roles_name_is_left_alone_and_only_its_ac
     wait_for(lambda: injected(api, namespace, "export"), 30, "the other CronJob to be injected")
     role = rbac.read_namespaced_role("cronlock-holder-exporter", namespace)
     assert role.rules[0].resource_names == ["cronlock-export"]
-    wait_settled(2)
-    assert not injected(api, namespace, "report")
-    after = stored(rbac.read_namespaced_role("cronlock-holder-default", namespace), api)
-    assert after == before, "the admin's Role was changed"
+    operator_caught_up(api)
+    holds(
+        lambda: (
+            not injected(api, namespace, "report")
+            and stored(rbac.read_namespaced_role("cronlock-holder-default", namespace), api)
+            == before
+        ),
+        2,
+        "the CronJob stays uninjected and the admin's Role unchanged",
+    )
     binding_names = {
         item.metadata.name for item in rbac.list_namespaced_role_binding(namespace).items
     }
@@ -127,7 +138,12 @@ def test_a_change_the_api_server_refuses_is_one_warning_not_an_endless_retry(
     [message] = wait_event(api, namespace, "report", "ReconcileError")
     assert "the API server refused cronlock's change" in message
     assert "restartPolicy" in message
-    wait_settled(5)
-    refused = [r for _, r, _ in events(api, namespace, "report") if r == "ReconcileError"]
-    assert len(refused) == 1
-    assert injected(api, namespace, "report"), "the CronJob was changed after all"
+    operator_caught_up(api)
+
+    def one_warning_and_unchanged() -> bool:
+        refused = [r for _, r, _ in events(api, namespace, "report") if r == "ReconcileError"]
+        assert len(refused) == 1, f"{len(refused)} ReconcileError Events: retried"
+        return injected(api, namespace, "report")
+
+    # Five seconds: the work queue's backoff (0.5, 1, 2 s, ...) would retry within them.
+    holds(one_warning_and_unchanged, 5, "one ReconcileError, the CronJob left as it was")

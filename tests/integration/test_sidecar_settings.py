@@ -18,9 +18,9 @@ from cronlock_operator.injection.patching import injection_patch
 from cronlock_operator.lock.config import OperatorSettings, parse_config
 from tests.support.controlplane import ControlPlane
 from tests.support.cronjobs import make_cronjob, pod_spec
-from tests.support.kube import wait_for
+from tests.support.kube import holds, wait_for
 from tests.support.objects import annotate, comparable, read
-from tests.support.operator import SIDECAR_IMAGE, OperatorProcess, wait_settled
+from tests.support.operator import SIDECAR_IMAGE, OperatorProcess, operator_caught_up
 
 OPENSHIFT_ARGS = (
     *("--sidecar-run-as-user", ""),
@@ -163,7 +163,13 @@ def test_unset_uid_and_a_cpu_limit_are_injected_and_admitted_then_reverted(
         cronjob = wait_for(
             lambda: injected_with(api, namespace, None), timeout=30, what="the injection"
         )
-        wait_settled(3)
+        operator_caught_up(api)
+        version = cronjob["metadata"]["resourceVersion"]
+        holds(
+            lambda: read(api, namespace, "report")["metadata"]["resourceVersion"] == version,
+            3,
+            "nothing written after the first patch",
+        )
         settled = read(api, namespace, "report")
     finally:
         openshift_operator.stop()

@@ -23,6 +23,21 @@ def wait_for(probe: Callable[[], T | None], timeout: float, what: str, every: fl
         time.sleep(every)
 
 
+def holds(probe: Callable[[], object], seconds: float, what: str, every: float = 0.25) -> None:
+    """Check `probe` over `seconds` and fail at its first falsy answer (a probe may also
+    assert): that nothing happened is shown over a window that can fail, never by a bare
+    sleep. It is checked at once, every `every` seconds, and once more at the end."""
+    start = time.monotonic()
+    deadline = start + seconds
+    while True:
+        now = time.monotonic()
+        if not probe():
+            raise AssertionError(f"{what}: no longer true after {now - start:.1f}s")
+        if now >= deadline:
+            return
+        time.sleep(min(every, max(0.0, deadline - now)))
+
+
 def terminated(name: str, exit_code: int) -> dict[str, Any]:
     return {
         "name": name,

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,9 @@ import kubernetes
 import yaml
 
 from tests.support.controlplane import ROOT
+from tests.support.cronjobs import make_cronjob
 from tests.support.kube import wait_for
+from tests.support.objects import injected
 
 CHART = ROOT / "charts" / "cronlock"
 OPERATOR_NAMESPACE = "cronlock-system"
@@ -196,9 +199,39 @@ class OperatorProcess:
         return self.process is not None and self.process.poll() is not None
 
 
-def wait_settled(seconds: float = 1.0) -> None:
-    """Let watch events propagate; only used before asserting that nothing happened."""
-    time.sleep(seconds)
+def operator_caught_up(
+    api: kubernetes.client.ApiClient,
+    handled: Callable[[kubernetes.client.ApiClient, str, str], bool] | None = None,
+) -> None:
+    """Wait until the operator has taken up every CronJob change made before this call.
+
+    A CronJob opted in now, in a namespace of its own, reaches the operator on its one
+    cluster-wide watch after every earlier change, and its FIFO work queue hands out its
+    key after theirs: once it is handled (injected, unless `handled` says otherwise), the
+    earlier keys have left the queue. Their work may still be running in another worker,
+    so follow this with a window (`holds`).
+    """
+    name = f"caught-up-{secrets.token_hex(3)}"
+    core = kubernetes.client.CoreV1Api(api)
+    core.create_namespace(
+        {"metadata": {"name": name, "labels": {"cronlock.test/namespace": "true"}}}
+    )
+    try:
+        body = make_cronjob(
+            name="marker",
+            namespace=None,
+            schedule="0 0 1 1 *",
+            annotations={"cronlock.io/enabled": "true"},
+            restart_policy="Never",
+        )
+        kubernetes.client.BatchV1Api(api).create_namespaced_cron_job(name, body)
+        wait_for(
+            lambda: (handled or injected)(api, name, "marker"),
+            timeout=30,
+            what="the operator to inject a marker CronJob created after the change under test",
+        )
+    finally:
+        core.delete_namespace(name, propagation_policy="Background")
 
 
 def env_without_kubeconfig() -> dict[str, str]:
