@@ -619,16 +619,18 @@ def test_status_never_lends_the_callers_postgres_password_to_the_secrets_host(
 def test_hostile_lease_strings_reach_the_terminal_escaped_and_json_exact(
     controlplane: ControlPlane, api: kubernetes.client.ApiClient, namespace: str
 ) -> None:
-    """A last holder and a freezer's name, stored by the API server as written (any pod
-    on a free Lease may write them), come out of `-o wide` escaped: no ESC, BEL, C1 or
-    bidi override reaches the terminal. `-o json` keeps them exact."""
-    title_and_clear = "\x1b]0;owned\x07\x1b[2J"
-    frozen_by = "mallory\u202e\x9b2J"
+    """A last holder and a freeze's reason, stored by the API server as written (here by
+    an admin; before the holders' policy, by any pod on a free Lease), come out of `-o wide`
+    escaped: no ESC, BEL, C1 or bidi override reaches the terminal. `-o json` keeps them
+    exact. (A freezer's name is its own username, which the freeze policy checks; a hostile
+    one from a store is tests/unit/status/test_escaping.py's.)"""
+    title_and_clear = "\x1b]0;owned\u202e\x9b\x07\x1b[2J"
+    review = kubernetes.client.AuthenticationV1Api(api).create_self_subject_review(
+        {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"}
+    )
+    frozen_by = review.status.user_info.username
     now = datetime.datetime.now(datetime.UTC)
     until = (now + datetime.timedelta(hours=1)).replace(microsecond=0)
-    kubernetes.client.BatchV1Api(api).create_namespaced_cron_job(
-        namespace, cronjob("victim", {"cronlock.io/enabled": "true"})
-    )
     leases = kubernetes.client.CoordinationV1Api(api)
     hostile = {
         "cronlock.io/last-holder": title_and_clear,
@@ -646,6 +648,9 @@ def test_hostile_lease_strings_reach_the_terminal_escaped_and_json_exact(
             annotations=hostile,
         ),
     )
+    kubernetes.client.BatchV1Api(api).create_namespaced_cron_job(
+        namespace, cronjob("victim", {"cronlock.io/enabled": "true"})
+    )
     stored = leases.read_namespaced_lease("cronlock-victim", namespace).metadata.annotations
     assert {key: stored[key] for key in hostile} == hostile
 
@@ -654,8 +659,8 @@ def test_hostile_lease_strings_reach_the_terminal_escaped_and_json_exact(
     assert wide.returncode == 0, wide.stderr
     assert [c for c in "\x1b\x07\x9b\u202e" if c in wide.stdout + wide.stderr] == []
     row = table(wide.stdout)["victim"]
-    assert r"\x1b]0;owned\x07\x1b[2J" in row
-    assert row[-1] == f"until {until:%Y-%m-%dT%H:%M:%S}Z by mallory\\u202e\\x9b2J"
+    assert r"\x1b]0;owned\u202e\x9b\x07\x1b[2J" in row
+    assert row[-1] == f"until {until:%Y-%m-%dT%H:%M:%S}Z by {frozen_by}"
 
     as_json = cronlock(controlplane, "status", "-n", namespace, "-o", "json")
 
