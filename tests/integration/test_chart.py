@@ -974,6 +974,34 @@ def test_a_release_whose_watch_overlaps_another_is_refused_and_disjoint_ones_coe
             helm(controlplane, "uninstall", release, "-n", where, check=False)
 
 
+@pytest.mark.parametrize(
+    ("enabled", "holders", "rendered"),
+    [(True, True, True), (False, True, True), (True, False, True), (False, False, False)],
+)
+def test_freezes_are_guarded_whenever_either_lease_policy_is_on(
+    controlplane: ControlPlane, enabled: bool, holders: bool, rendered: bool
+) -> None:
+    """Security review L9: with the operator's policy off but the holders' on, a pod on the
+    account could write any freeze; the freeze and freezers' policies and the freezer role
+    now come with either policy (and with neither, no freezer role is offered)."""
+    docs = render(
+        controlplane,
+        "--set",
+        f"admissionPolicy.enabled={str(enabled).lower()}",
+        "--set",
+        f"admissionPolicy.holders={str(holders).lower()}",
+    )
+    names = {doc["metadata"]["name"] for doc in docs}
+    expected = {
+        "cronlock-default-lease-freeze",
+        "cronlock-default-freezers",
+        "cronlock-default-freezer",
+    }
+    assert (expected <= names) is rendered, sorted(names)
+    if not rendered:
+        assert not expected & names
+
+
 def test_a_watched_namespace_that_does_not_exist_is_named_with_what_to_do(
     controlplane: ControlPlane, namespace: str
 ) -> None:
