@@ -9,7 +9,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck unit integration e2e benchmarks controlplane images image release up down lock chart-readme clean
+.PHONY: demo test lint typecheck unit integration e2e benchmarks controlplane builds images image release up down lock chart-readme clean
 
 $(STAMP): requirements-dev.lock pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -22,6 +22,17 @@ venv: $(STAMP)
 controlplane:
 	@tests/controlplane/host-packages
 	@tests/controlplane/build >/dev/null
+
+# Everything the test rings run that is built (the control plane and node binaries, the
+# node's images, the Go test tools), built before pytest starts so no test's timeout
+# covers a build; two jobs at once (tests/controlplane/prebuild). The tests find the
+# images through CRONLOCK_IMAGES_DIR and the tools in the cache (one test run alone still
+# builds what is missing).
+CACHE_DIR := $(or $(CRONLOCK_CACHE_DIR),$(or $(XDG_CACHE_HOME),$(HOME)/.cache)/cronlock)
+IMAGES_DIR := $(CACHE_DIR)/images/out
+builds:
+	@built=$$(tests/controlplane/prebuild) && [[ $$built == "$(IMAGES_DIR)" ]] || \
+	  { echo "builds: the images are in '$$built', not $(IMAGES_DIR)" >&2; exit 1; }
 
 demo: $(STAMP) controlplane
 	@$(PY) -m tests.e2e.demo $(DEMO_ARGS)
@@ -38,21 +49,21 @@ typecheck: $(STAMP)
 unit: $(STAMP)
 	$(VENV)/bin/pytest tests/unit
 
-integration: $(STAMP) controlplane
-	$(VENV)/bin/pytest tests/integration
+integration: $(STAMP) builds
+	CRONLOCK_IMAGES_DIR=$(IMAGES_DIR) $(VENV)/bin/pytest tests/integration
 
-e2e: $(STAMP) controlplane
-	$(VENV)/bin/pytest tests/e2e
+e2e: $(STAMP) builds
+	CRONLOCK_IMAGES_DIR=$(IMAGES_DIR) $(VENV)/bin/pytest tests/e2e
 
 # Everything CI runs: lint, types, and all three rings of tests against a control
-# plane the test session starts and stops itself.
-test: $(STAMP) controlplane
+# plane the test session starts and stops itself, once everything is built.
+test: $(STAMP) builds
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/lint-imports --no-cache
 	$$(tests/controlplane/gotool actionlint) -no-color
 	$(VENV)/bin/mypy
-	$(VENV)/bin/pytest --durations=25 tests/unit tests/integration tests/e2e
+	CRONLOCK_IMAGES_DIR=$(IMAGES_DIR) $(VENV)/bin/pytest --durations=25 tests/unit tests/integration tests/e2e
 
 benchmarks: $(STAMP) controlplane
 	$(PY) -m tests.benchmarks $(BENCH_ARGS)
@@ -104,11 +115,14 @@ endif
 chart-readme:
 	charts/readme
 
-# A release: both images for amd64 and arm64 as image indexes, pushed, and the chart as
+# A release: the images for amd64 and arm64 as image indexes, pushed, and the chart as
 # an OCI artifact that names them by digest (hack/release says what goes where):
 #   make release REGISTRY=ghcr.io/cronlock [VERSION=x.y.z] [PLATFORMS=linux/amd64,linux/arm64]
+# arm64 builds under emulation (on Debian, as root: tests/controlplane/emulation arm64;
+# the release workflow: setup-qemu-action). `make test` releases the host's platform alone.
+PLATFORMS ?= linux/amd64,linux/arm64
 release:
-	hack/release
+	PLATFORMS=$(PLATFORMS) hack/release
 
 # Regenerate the hash-pinned lock files after changing dependencies in pyproject.toml.
 lock:

@@ -1,7 +1,8 @@
 """The release workflow passes actionlint (with shellcheck on its `run:` steps), and
 actionlint does fail a workflow with a mistake of the kinds it checks; every action is
-pinned by commit, only the job behind the protected `release` environment may write, and
-it publishes only a tag on main."""
+pinned by commit, only the job behind the protected `release` environment may write, it
+publishes only a tag on main, and it builds and starts the arm64 images `make test` does
+not build."""
 
 from __future__ import annotations
 
@@ -121,6 +122,29 @@ def test_only_jobs_in_the_protected_release_environment_get_write_rights() -> No
                 assert environment == "release", f"{name}: job {job_name} writes ungated"
                 publishing.append(job_name)
     assert publishing == ["release"]
+
+
+def test_the_release_builds_and_starts_arm64_which_make_test_does_not() -> None:
+    """`make test` releases the host's platform alone (tests/controlplane/images), so the
+    workflow names both platforms itself, not through a default, sets up arm64 emulation,
+    and starts each arm64 image's command before anything is signed."""
+    steps = yaml.safe_load((WORKFLOWS / "release.yml").read_text())["jobs"]["release"]["steps"]
+    runs = [step.get("run", "") for step in steps]
+    (release,) = [i for i, run in enumerate(runs) if run.startswith("make release ")]
+    assert "PLATFORMS=linux/amd64,linux/arm64" in runs[release].split()
+    (qemu,) = [i for i, step in enumerate(steps) if "setup-qemu-action" in step.get("uses", "")]
+    assert qemu < release
+    assert steps[qemu]["with"]["platforms"] == "arm64"
+    (started,) = [i for i, run in enumerate(runs) if "podman run" in run]
+    (signed,) = [i for i, run in enumerate(runs) if "cosign sign" in run]
+    assert release < started < signed
+    assert "for key in operator sidecar sidecar-stores;" in runs[started]
+    assert runs[started].count("--platform linux/arm64") == 2
+    assert "--help" in runs[started]
+    # `make release` anywhere else: both platforms unless PLATFORMS says otherwise.
+    makefile = (ROOT / "Makefile").read_text()
+    assert "\nPLATFORMS ?= linux/amd64,linux/arm64\n" in makefile
+    assert "\tPLATFORMS=$(PLATFORMS) hack/release\n" in makefile
 
 
 def _ancestry_check(workflow: dict[str, Any]) -> tuple[dict[str, Any], str]:
