@@ -31,7 +31,7 @@ controlplane:
 CACHE_DIR := $(or $(CRONLOCK_CACHE_DIR),$(or $(XDG_CACHE_HOME),$(HOME)/.cache)/cronlock)
 IMAGES_DIR := $(CACHE_DIR)/images/out
 builds:
-	@built=$$(tests/controlplane/prebuild) && [[ $$built == "$(IMAGES_DIR)" ]] || \
+	@built=$$(tests/controlplane/prebuild) || exit; [[ $$built == "$(IMAGES_DIR)" ]] || \
 	  { echo "builds: the images are in '$$built', not $(IMAGES_DIR)" >&2; exit 1; }
 
 demo: $(STAMP) controlplane
