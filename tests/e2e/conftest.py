@@ -12,6 +12,7 @@ import pytest
 
 from tests.e2e.scenario import Scenario
 from tests.support.controlplane import ControlPlane
+from tests.support.kube import wait_for
 from tests.support.node import PodRecorder, RealNode, WorkTracker
 from tests.support.operator import SIDECAR_IMAGE, OperatorProcess
 
@@ -43,14 +44,40 @@ def node(controlplane: ControlPlane) -> Iterator[RealNode]:
     real.stop()
 
 
-@pytest.fixture(scope="module")
-def second_node(node: RealNode) -> Iterator[RealNode]:
-    """Node 2 of the fleet, for one module's tests; gone (and its Node object) after them,
-    so the single-node tests place nothing there."""
+@pytest.fixture(scope="session")
+def fleet_node(node: RealNode) -> Iterator[RealNode]:
+    """Node 2 of the fleet, started once per session when a module first asks for it
+    (`second_node`): each start also runs the image script and waits for its kubelet."""
     other = RealNode(node.env, index=2)
     other.start()
     yield other
     other.stop()
+
+
+@pytest.fixture(scope="module")
+def second_node(api: kubernetes.client.ApiClient, fleet_node: RealNode) -> Iterator[RealNode]:
+    """Node 2 for one module's tests, schedulable during them only: cordoned after them,
+    so the single-node tests place nothing there (the module's pods went with their
+    namespaces)."""
+    schedulable(api, fleet_node.name, True)
+    yield fleet_node
+    schedulable(api, fleet_node.name, False)
+
+
+def schedulable(api: kubernetes.client.ApiClient, name: str, on: bool) -> None:
+    """Uncordon or cordon the Node; retried while a fault test's deleted Node re-registers."""
+    core = kubernetes.client.CoreV1Api(api)
+
+    def patched() -> bool:
+        try:
+            core.patch_node(name, {"spec": {"unschedulable": not on}})
+        except kubernetes.client.ApiException as error:
+            if error.status != 404:
+                raise
+            return False
+        return True
+
+    wait_for(patched, timeout=60, what=f"Node {name} to exist, to set unschedulable={not on}")
 
 
 @pytest.fixture(scope="session")
