@@ -8,7 +8,8 @@
 #   operator injects instead where a CronJob's lock is in such a store.
 # Everything installed comes from hash-pinned lock files: the dependencies from
 # requirements.lock, the build backend from requirements-build.lock, the store clients
-# from requirements-stores.lock. No image keeps pip or setuptools.
+# from requirements-stores.lock. No pip or setuptools is installed under /opt; the final
+# stages keep the base image's own (docs/SECURITY.md, N12).
 #
 # The base is named by tag. To pin it by digest, build with
 #   make image BASE=python:3.11-slim@sha256:<digest>
