@@ -17,7 +17,7 @@ import pytest
 
 from tests.support.controlplane import ControlPlane
 from tests.support.cronjobs import make_cronjob
-from tests.support.flood import CONNECTIONS, HEADER_LINES, HeaderFlood, PeakRss, rss_mib
+from tests.support.flood import CONNECTIONS, HEADER_LINES, HeaderFlood, peak_rss, rss_mib
 from tests.support.kube import wait_for
 from tests.support.operator import OperatorProcess, free_port, get
 
@@ -190,7 +190,7 @@ def test_a_header_flood_on_both_ports_leaves_the_operator_small_and_answering(
     ]
     threads = [threading.Thread(target=flood.run, daemon=True) for flood in floods]
     answers: list[tuple[str, int, float]] = []
-    with PeakRss(pid) as rss:
+    with peak_rss(pid) as rss:
         for thread in threads:
             thread.start()
         # The kubelet and Prometheus, each from its own address, all through the flood.

@@ -6,6 +6,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 # Each request: 120 header lines of 8 KB that never end (about 1 MB).
@@ -89,14 +90,16 @@ class HeaderFlood:
 
 
 @dataclass
-class PeakRss:
-    """The highest RSS (MiB) of `pid` while entered, sampled every 10 ms."""
+class Peak:
+    """The highest value `sample()` gave while entered, sampled every `every` seconds (a
+    process's RSS, a server's thread count)."""
 
-    pid: int | str = "self"
+    sample: Callable[[], float]
+    every: float = 0.01
     peak: float = 0.0
     _done: threading.Event = field(default_factory=threading.Event)
 
-    def __enter__(self) -> PeakRss:
+    def __enter__(self) -> Peak:
         self._thread = threading.Thread(target=self._watch, daemon=True)
         self._thread.start()
         return self
@@ -106,5 +109,10 @@ class PeakRss:
         self._thread.join()
 
     def _watch(self) -> None:
-        while not self._done.wait(0.01):
-            self.peak = max(self.peak, rss_mib(self.pid))
+        while not self._done.wait(self.every):
+            self.peak = max(self.peak, self.sample())
+
+
+def peak_rss(pid: int | str = "self") -> Peak:
+    """The highest RSS (MiB) of `pid` while entered."""
+    return Peak(lambda: rss_mib(pid))

@@ -18,6 +18,7 @@ import pytest
 from cronlock_operator import selfcheck
 from cronlock_operator.runtime import metrics
 from cronlock_operator.runtime.httpserver import Answer, BoundedServer
+from tests.support.flood import Peak
 from tests.support.kube import wait_for
 
 # A request whose headers never end: the client that sends it holds the connection.
@@ -61,27 +62,6 @@ def exchange(port: int, request: bytes) -> bytes:
 
 def server_threads() -> int:
     return sum(thread.name.startswith("cronlock-metrics") for thread in threading.enumerate())
-
-
-class PeakThreads:
-    """The most threads the metrics server had at once while this was entered."""
-
-    def __init__(self) -> None:
-        self.peak = 0
-        self._done = threading.Event()
-        self._thread = threading.Thread(target=self._watch, daemon=True)
-
-    def __enter__(self) -> PeakThreads:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self._done.set()
-        self._thread.join()
-
-    def _watch(self) -> None:
-        while not self._done.wait(0.005):
-            self.peak = max(self.peak, server_threads())
 
 
 def open_slow(port: int, sources: list[str]) -> list[socket.socket]:
@@ -161,7 +141,7 @@ def test_a_flood_from_one_pod_holds_few_threads_and_prometheus_still_scrapes(
     server: BoundedServer,
 ) -> None:
     start = time.monotonic()
-    with PeakThreads() as threads:
+    with Peak(server_threads, every=0.005) as threads:
         flood = open_slow(server.port, ["127.0.0.1"] * FLOOD)
         try:
             began = time.monotonic()
@@ -189,7 +169,7 @@ def test_a_flood_from_many_pods_holds_at_most_the_cap_and_ends_with_the_timeout(
     # 50 pods, 4 connections each (loopback answers on all of 127/8).
     sources = [f"127.0.1.{1 + index // 4}" for index in range(FLOOD)]
     start = time.monotonic()
-    with PeakThreads() as threads:
+    with Peak(server_threads, every=0.005) as threads:
         flood = open_slow(server.port, sources)
         try:
             closed = closing_times(flood, deadline=start + metrics.TIMEOUT + SLACK)

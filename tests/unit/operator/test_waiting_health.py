@@ -12,7 +12,6 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 
 import pytest
 
@@ -20,7 +19,7 @@ from cronlock_operator.runtime import liveness
 from cronlock_operator.runtime.httpserver import BoundedServer
 from cronlock_operator.runtime.liveness import Liveness
 from tests.support.flood import CONNECTIONS as FLOOD
-from tests.support.flood import HeaderFlood, rss_mib
+from tests.support.flood import HeaderFlood, Peak, peak_rss, rss_mib
 from tests.support.kube import wait_for
 
 SLACK = 2.0  # seconds a loaded machine may add to any bound below
@@ -68,33 +67,10 @@ def server_threads() -> int:
     return sum(thread.name.startswith("cronlock-liveness") for thread in threading.enumerate())
 
 
-@dataclass
-class Peak:
-    """The highest RSS (MiB) and count of the server's threads while entered."""
-
-    rss: float = 0.0
-    threads: int = 0
-    _done: threading.Event = field(default_factory=threading.Event)
-
-    def __enter__(self) -> Peak:
-        self._thread = threading.Thread(target=self._watch, daemon=True)
-        self._thread.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self._done.set()
-        self._thread.join()
-
-    def _watch(self) -> None:
-        while not self._done.wait(0.01):
-            self.rss = max(self.rss, rss_mib())
-            self.threads = max(self.threads, server_threads())
-
-
 def test_a_waiting_replica_is_alive_and_slow_connections_are_bounded() -> None:
     alive = Liveness()
     alive.waiting(True)
-    with serving(alive) as server, Peak() as peak:
+    with serving(alive) as server, Peak(server_threads) as threads:
         assert healthz(server.port) == (200, {"state": "waiting", "detail": "waiting to lead"})
         slow = []
         for _ in range(100):
@@ -119,7 +95,7 @@ def test_a_waiting_replica_is_alive_and_slow_connections_are_bounded() -> None:
         for connection in slow:
             connection.close()
     # One thread per connection served, not per connection accepted.
-    assert peak.threads <= 1 + liveness.CONNECTIONS_PER_CLIENT + 1
+    assert threads.peak <= 1 + liveness.CONNECTIONS_PER_CLIENT + 1
 
 
 def test_a_leader_is_alive_from_its_first_round_until_its_loop_stalls() -> None:
@@ -164,7 +140,7 @@ def test_a_flood_of_oversized_never_ending_requests_keeps_rss_bounded_and_the_pr
         flood = HeaderFlood(server.port, "/healthz", FLOOD_SECONDS)
         flooding = threading.Thread(target=flood.run, name="flood", daemon=True)
         probes: list[tuple[int, float]] = []
-        with Peak() as peak:
+        with peak_rss() as rss, Peak(server_threads) as threads:
             flooding.start()
             # The kubelet's probe, from its own address, all through the flood.
             while flooding.is_alive():
@@ -180,14 +156,14 @@ def test_a_flood_of_oversized_never_ending_requests_keeps_rss_bounded_and_the_pr
 
     print(  # the figures for docs/SECURITY.md (pytest -s)
         f"liveness flood: {flood.opened} connections opened, {flood.sent / 2**20:.0f} MiB "
-        f"sent, {server.evicted} evicted; RSS {before:.1f} -> peak {peak.rss:.1f} -> "
+        f"sent, {server.evicted} evicted; RSS {before:.1f} -> peak {rss.peak:.1f} -> "
         f"{after:.1f} MiB; {len(probes)} probes, slowest {max(t for _, t in probes):.2f}s"
     )
     assert flood.opened >= FLOOD
     assert flood.sent > 100 * 2**20, "the flood never got its headers to the server"
-    assert peak.rss - before < RSS_GROWTH_MIB
+    assert rss.peak - before < RSS_GROWTH_MIB
     # The accept thread, the slots, and at most `slack` evicted ones on their way out.
-    assert peak.threads <= 1 + liveness.CONNECTIONS + server.slack
+    assert threads.peak <= 1 + liveness.CONNECTIONS + server.slack
     assert len(probes) >= 10
     # The kubelet restarts the operator after failureThreshold (3, the chart's) probes in a
     # row fail: on a loaded machine one may be slow to be let in, never three in a row.
