@@ -55,15 +55,16 @@ integration: $(STAMP) builds
 e2e: $(STAMP) builds
 	CRONLOCK_IMAGES_DIR=$(IMAGES_DIR) $(VENV)/bin/pytest tests/e2e
 
-# Everything CI runs: lint, types, and all three rings of tests against a control
-# plane the test session starts and stops itself, once everything is built.
+# Everything CI runs: lint, types, and all three rings of tests, once everything is built;
+# the rings run side by side, each pytest process with its own control plane
+# (tests/rings.py: unit+integration beside e2e, logs in .testenv/rings/).
 test: $(STAMP) builds
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/lint-imports --no-cache
 	$$(tests/controlplane/gotool actionlint) -no-color
 	$(VENV)/bin/mypy
-	CRONLOCK_IMAGES_DIR=$(IMAGES_DIR) $(VENV)/bin/pytest --durations=25 tests/unit tests/integration tests/e2e
+	CRONLOCK_IMAGES_DIR=$(IMAGES_DIR) $(PY) -m tests.rings --durations=25
 
 benchmarks: $(STAMP) controlplane
 	$(PY) -m tests.benchmarks $(BENCH_ARGS)

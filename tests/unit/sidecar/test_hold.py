@@ -585,8 +585,11 @@ def test_signal_mode_a_frozen_sidecar_has_its_run_stopped_by_its_watchdog(
     try:
         frozen_at = time.monotonic()
         assert user.wait(5) == -signal.SIGTERM
-        # Within the renew deadline (2s) of the last renewal, well before the TTL (3s + skew).
-        assert time.monotonic() - frozen_at < 2.3
+        # The watchdog acts at the renew deadline (2s after the last renewal, which came
+        # before the freeze); what must hold, even on a loaded machine, is that the run is
+        # stopped before the TTL (3s) has passed since the freeze, when another run could
+        # take the lock (after TTL + skew).
+        assert time.monotonic() - frozen_at < 3.0
         assert process_alive(sidecar.process.pid), "the frozen sidecar itself is spared"
     finally:
         os.kill(sidecar.process.pid, signal.SIGKILL)

@@ -1,0 +1,174 @@
+"""Runs the test rings side by side, one pytest process each: `make test`'s last step.
+
+    python -m tests.rings [PYTEST ARGS...]
+
+The suite spends most of its time waiting on real parts (a lease to expire, a minute tick, a
+pod to stop), not computing, so rings that share nothing run at once: each process starts
+its own control plane (on free ports, in its own `.testenv/pytest-PID`), and only the e2e
+ring starts the real node, whose kubelet and containerd own host paths (/var/lib/kubelet,
+/run/containerd) and so run once per machine. The rings together are exactly pyproject's
+`testpaths`: a ring missing one, or naming one twice, is refused before anything starts.
+
+Each process writes to `.testenv/rings/NAME.log`; a line every minute says how far each
+has got, and each log is printed whole when its ring ends, so CI's log keeps everything.
+The exit status is the first failing ring's (0 when all pass). Ctrl-C (or a SIGTERM) is
+passed to every ring as SIGINT, so each tears its control plane down.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+import subprocess
+import sys
+import time
+import tomllib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# Which testpaths share a process. unit and integration run one after the other in one
+# process (unit needs no control plane, and alone it ends in about two minutes), beside the
+# e2e ring, the longest.
+RINGS: dict[str, tuple[str, ...]] = {
+    "unit+integration": ("tests/unit", "tests/integration"),
+    "e2e": ("tests/e2e",),
+}
+REPORT_EVERY = 60.0
+STOP_GRACE = 120.0
+PROGRESS = re.compile(r"\[\s*(\d+)%\]\s*$")
+SUMMARY = re.compile(r"^=+ (.* in [\d.]+s.*) =+$")
+
+
+def configured_testpaths(root: Path = ROOT) -> list[str]:
+    with (root / "pyproject.toml").open("rb") as file:
+        return list(tomllib.load(file)["tool"]["pytest"]["ini_options"]["testpaths"])
+
+
+def check_rings(rings: dict[str, tuple[str, ...]], paths: Sequence[str]) -> None:
+    """Every testpath in exactly one ring, and nothing else: raises SystemExit saying which."""
+    named = [path for ring in rings.values() for path in ring]
+    twice = sorted({path for path in named if named.count(path) > 1})
+    missing = sorted(set(paths) - set(named))
+    extra = sorted(set(named) - set(paths))
+    problems = [
+        *(f"{path} is in more than one ring" for path in twice),
+        *(f"{path} is a testpath in no ring: its tests would never run" for path in missing),
+        *(f"{path} is in a ring but not in pyproject's testpaths" for path in extra),
+    ]
+    if problems:
+        raise SystemExit("rings: " + "; ".join(problems) + " (tests/rings.py RINGS)")
+
+
+@dataclass
+class Ring:
+    name: str
+    paths: tuple[str, ...]
+    root: Path
+    process: subprocess.Popen[bytes] | None = None
+    started: float = 0.0
+    ended: float | None = None
+    code: int | None = None
+    shown: bool = field(default=False)
+
+    @property
+    def log(self) -> Path:
+        return self.root / ".testenv" / "rings" / f"{self.name}.log"
+
+    def start(self, args: Sequence[str]) -> None:
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        with self.log.open("wb") as out:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "pytest", *args, *self.paths],
+                cwd=self.root,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+        self.started = time.monotonic()
+
+    def poll(self) -> bool:
+        """Whether the ring has ended (recording its status and time the first time)."""
+        assert self.process is not None
+        if self.code is None and (code := self.process.poll()) is not None:
+            self.code, self.ended = code, time.monotonic()
+        return self.code is not None
+
+    def elapsed(self) -> float:
+        return (self.ended or time.monotonic()) - self.started
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+    def progress(self) -> str:
+        found = [m.group(1) for line in self.text().splitlines() if (m := PROGRESS.search(line))]
+        return f"{found[-1]}%" if found else "starting"
+
+    def summary(self) -> str:
+        found = [m.group(1) for line in self.text().splitlines() if (m := SUMMARY.match(line))]
+        return found[-1] if found else "no summary (see its log)"
+
+
+def clock(seconds: float) -> str:
+    return f"{int(seconds) // 60}:{int(seconds) % 60:02d}"
+
+
+def show(ring: Ring) -> None:
+    print(f"\n{'#' * 20} ring {ring.name} ({' '.join(ring.paths)}): exit {ring.code}, "
+          f"{clock(ring.elapsed())} {'#' * 20}", flush=True)  # fmt: skip
+    sys.stdout.write(ring.text())
+    sys.stdout.flush()
+    ring.shown = True
+
+
+def run(args: Sequence[str], rings: dict[str, tuple[str, ...]] = RINGS, root: Path = ROOT) -> int:
+    check_rings(rings, configured_testpaths(root))
+    running = [Ring(name, paths, root) for name, paths in rings.items()]
+    stopping: list[float] = []  # when a stop was asked for
+    killed = False
+
+    def stop(_signum: int, _frame: FrameType | None) -> None:
+        stopping.append(time.monotonic())
+        for ring in running:
+            if ring.process is not None and ring.process.poll() is None:
+                ring.process.send_signal(signal.SIGINT)
+
+    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGTERM, stop)
+    start = time.monotonic()
+    for ring in running:
+        ring.start(args)
+        print(f"rings: started {ring.name} ({' '.join(ring.paths)}), log {ring.log}", flush=True)
+    reported = start
+    while not all(ring.poll() for ring in running):
+        time.sleep(1.0)
+        for ring in running:
+            if ring.poll() and not ring.shown:
+                show(ring)
+        if stopping and not killed and time.monotonic() - stopping[0] > STOP_GRACE:
+            killed = True
+            for ring in running:
+                if ring.process is not None and ring.process.poll() is None:
+                    ring.process.kill()
+        if time.monotonic() - reported >= REPORT_EVERY:
+            reported = time.monotonic()
+            states = " · ".join(
+                f"{ring.name} {'done' if ring.code is not None else ring.progress()}"
+                for ring in running
+            )
+            print(f"rings: {clock(reported - start)}: {states}", flush=True)
+    for ring in running:
+        if not ring.shown:
+            show(ring)
+    print(f"\nrings: all ended in {clock(time.monotonic() - start)}", flush=True)
+    for ring in running:
+        print(f"  {ring.name:<18} exit {ring.code}  {clock(ring.elapsed()):>6}  {ring.summary()}")
+    failed = [ring.code for ring in running if ring.code]
+    return failed[0] if failed else (130 if stopping else 0)
+
+
+if __name__ == "__main__":
+    sys.exit(run(sys.argv[1:]))
