@@ -25,7 +25,7 @@ import pytest
 from tests.e2e.scenario import Scenario, seconds_to_next_minute
 from tests.reliability.faults import ControlPlaneProcesses
 from tests.support.controlplane import ControlPlane
-from tests.support.kube import wait_for
+from tests.support.kube import holds, wait_for
 
 CRONLOCK = Path(sys.executable).with_name("cronlock")
 DEADLINE = 20  # startingDeadlineSeconds of every CronJob here
@@ -51,7 +51,7 @@ def tick_at(moment: float) -> str:
     return datetime.datetime.fromtimestamp(moment, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-@pytest.mark.timeout(720)  # five ticks of a minute, one of them missed
+@pytest.mark.timeout(600)  # up to four ticks of a minute, one of them missed
 def test_missed_ticks_and_runs_that_never_succeed_are_warned(
     cluster: Scenario, controlplane: ControlPlane
 ) -> None:
@@ -90,16 +90,14 @@ def test_missed_ticks_and_runs_that_never_succeed_are_warned(
         assert kind == "Warning"
         assert message.startswith("no run succeeded for 2 ticks of the schedule '* * * * *'")
         assert f"-l cronlock.io/lock={name}" in message
-    # The next tick runs again: "works" succeeds and is never NotSucceeding.
-    wait_for(
-        lambda: (
-            (cluster.read_cronjob("works").get("status") or {}).get("lastSuccessfulTime", "")
-            > tick_at(tick)
-        ),
-        90,
-        "a run of works after the pause to succeed",
+    # Judged at the same ticks, "works" (one success, then one missed tick) is not: one
+    # tick without success is under alert-after-missed. (No third tick is waited for: that
+    # the CronJob controller ticks again once resumed is the controller's, not cronlock's.)
+    holds(
+        lambda: cluster.events("works", "NotSucceeding") == [],
+        5,
+        "works (a success, then one missed tick) has no NotSucceeding",
     )
-    assert cluster.events("works", "NotSucceeding") == []
     assert len(cluster.events("paused", "Missed")) == 1, "suspended: one Warning, not one a tick"
 
     status = subprocess.run(
