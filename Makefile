@@ -9,7 +9,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck unit integration e2e benchmarks controlplane builds images image release up down lock chart-readme clean
+.PHONY: demo test test-steps test-compat lint typecheck unit integration e2e benchmarks controlplane builds images image release up down lock chart-readme clean
 
 $(STAMP): requirements-dev.lock pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -58,13 +58,27 @@ e2e: $(STAMP) builds
 # Everything CI runs: lint, types, and all three rings of tests, once everything is built;
 # the rings run side by side, each pytest process with its own control plane
 # (tests/rings.py: unit+integration beside e2e, logs in .testenv/rings/).
-test: $(STAMP) builds
+# Ends with its own time in all, set-up included.
+test:
+	@start=$$(date +%s); \
+	$(MAKE) --no-print-directory test-steps; status=$$?; took=$$(( $$(date +%s) - start )); \
+	echo "make test: exit $$status in $$((took / 60)) min $$((took % 60)) s in all" \
+	  "(virtualenv, builds, lint, types, rings)"; exit $$status
+
+test-steps: $(STAMP) builds
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/lint-imports --no-cache
 	$$(tests/controlplane/gotool actionlint) -no-color
 	$(VENV)/bin/mypy
 	CRONLOCK_IMAGES_DIR=$(IMAGES_DIR) $(PY) -m tests.rings --durations=25
+
+# The compatibility ring (tests/compat.py): a slice of the e2e ring on every Kubernetes
+# release the chart admits, or on KUBERNETES=v1.30.14 alone; each release's control plane
+# and node built once and cached. COMPAT_ARGS=--write puts the table in
+# docs/COMPATIBILITY.md.
+test-compat: $(STAMP) builds
+	CRONLOCK_IMAGES_DIR=$(IMAGES_DIR) $(PY) -m tests.compat $(COMPAT_ARGS) $(KUBERNETES)
 
 benchmarks: $(STAMP) controlplane
 	$(PY) -m tests.benchmarks $(BENCH_ARGS)

@@ -184,3 +184,22 @@ def narrowed_by_hand(config: pytest.Config) -> bool:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(NotRun(config), "cronlock-not-run")
+
+
+# --- Any order ------------------------------------------------------------------------------
+# A test that passes only after another (it relies on what that one built, started or left
+# behind) is a defect: CRONLOCK_TEST_ORDER=reverse runs the collected tests last to first
+# (modules, and tests within each, reversed; module and session fixtures still set up once),
+# so such a dependency shows up as a failure.
+ORDERS = ("collected", "reverse")
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    order = os.environ.get("CRONLOCK_TEST_ORDER") or "collected"
+    if order not in ORDERS:
+        raise pytest.UsageError(
+            f"CRONLOCK_TEST_ORDER={order!r}: expected one of {', '.join(ORDERS)}"
+        )
+    if order == "reverse":
+        items.reverse()

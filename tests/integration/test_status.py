@@ -276,8 +276,10 @@ def test_watch_redraws_until_ctrl_c_and_exits_0(controlplane: ControlPlane, guar
             process.kill()
             process.wait()
 
+    assert process.stdout is not None
     assert process.stderr is not None
-    err = process.stderr.read()
+    with process.stdout, process.stderr:  # stdout read to its end by Output's thread
+        err = process.stderr.read()
     assert process.returncode == 0, err
     assert "Traceback" not in err
 

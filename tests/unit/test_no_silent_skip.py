@@ -35,11 +35,16 @@ def test_needs_node(node):
 """
 
 
-def run(tmp_path: Path, *args: str, ci: str = "") -> subprocess.CompletedProcess[str]:
-    (tmp_path / "conftest.py").write_text("from tests.conftest import pytest_configure\n")
+def run(
+    tmp_path: Path, *args: str, ci: str = "", order: str = ""
+) -> subprocess.CompletedProcess[str]:
+    (tmp_path / "conftest.py").write_text(
+        "from tests.conftest import pytest_collection_modifyitems, pytest_configure\n"
+    )
     (tmp_path / "test_sample.py").write_text(TESTS)
-    env = {key: value for key, value in os.environ.items() if key not in ("CI", "PYTEST_ADDOPTS")}
-    env.update(PYTHONPATH=str(ROOT), CI=ci)
+    left = ("CI", "PYTEST_ADDOPTS", "CRONLOCK_TEST_ORDER")
+    env = {key: value for key, value in os.environ.items() if key not in left}
+    env.update(PYTHONPATH=str(ROOT), CI=ci, CRONLOCK_TEST_ORDER=order)
     return subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "no:randomly", "-p", "no:cacheprovider", *args],
         cwd=tmp_path,
@@ -84,3 +89,24 @@ def test_deselection_not_asked_for_on_the_command_line_fails(tmp_path: Path) -> 
     result = run(tmp_path, "test_sample.py")
     assert result.returncode == 1, result.stdout
     assert "deselected: test_sample.py::test_other" in result.stdout
+
+
+def test_the_tests_run_in_reverse_when_asked(tmp_path: Path) -> None:
+    forward = run(tmp_path, "test_sample.py::test_runs", "test_sample.py::test_other", "-v")
+    backward = run(
+        tmp_path,
+        "test_sample.py::test_runs",
+        "test_sample.py::test_other",
+        "-v",
+        order="reverse",
+    )
+    assert forward.returncode == backward.returncode == 0, forward.stdout + backward.stdout
+    ran = [
+        [line.split()[0] for line in result.stdout.splitlines() if " PASSED" in line]
+        for result in (forward, backward)
+    ]
+    assert ran[0] == ["test_sample.py::test_runs", "test_sample.py::test_other"]
+    assert ran[1] == ran[0][::-1]
+    wrong = run(tmp_path, "test_sample.py::test_runs", order="shuffled")
+    assert wrong.returncode == 4, wrong.stdout + wrong.stderr
+    assert "CRONLOCK_TEST_ORDER='shuffled': expected one of collected, reverse" in wrong.stderr
