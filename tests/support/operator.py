@@ -66,7 +66,10 @@ RBAC_KINDS = {
 def kube_version() -> str:
     """The control plane's Kubernetes version (tests/controlplane/versions.env), which
     `helm template` needs: the chart requires 1.30+, and a helm built from source, as ours
-    is, assumes 1.20 when not told."""
+    is, assumes 1.20 when not told. The compatibility ring's release when it runs one
+    (CRONLOCK_KUBERNETES_VERSION, as tests/controlplane/build builds it)."""
+    if chosen := os.environ.get("CRONLOCK_KUBERNETES_VERSION"):
+        return chosen
     for line in (ROOT / "tests" / "controlplane" / "versions.env").read_text().splitlines():
         if line.startswith("KUBERNETES_VERSION="):
             return line.split("=", 1)[1].strip()

@@ -41,7 +41,7 @@ def lint(actionlint: str, *files: Path) -> subprocess.CompletedProcess[str]:
 
 def test_the_workflows_pass_actionlint(actionlint: str) -> None:
     files = sorted(WORKFLOWS.glob("*.yml"))
-    assert [f.name for f in files] == ["release.yml"]
+    assert [f.name for f in files] == ["compat.yml", "release.yml"]
     result = lint(actionlint, *files)
     assert result.returncode == 0, result.stdout + result.stderr
 
@@ -226,3 +226,16 @@ def test_a_release_is_published_only_from_a_tag_on_main(
     unknown = check(commits["head"])
     assert unknown.returncode != 0
     assert "::error::" in unknown.stdout
+
+
+def test_the_compatibility_workflow_runs_every_release_the_tests_pin_read_only() -> None:
+    workflow = yaml.safe_load((WORKFLOWS / "compat.yml").read_text())
+    job = workflow["jobs"]["compat"]
+    env = (ROOT / "tests" / "controlplane" / "versions.env").read_text()
+    [pinned] = re.findall(r'^COMPATIBLE_KUBERNETES="([^"]+)"', env, re.M)
+    assert job["strategy"]["matrix"]["kubernetes"] == pinned.split()
+    assert job["strategy"]["fail-fast"] is False, "one release failing hides no other"
+    assert workflow["permissions"] == {}
+    assert job["permissions"] == {"contents": "read"}
+    runs = [step.get("run", "") for step in job["steps"]]
+    assert any('make test-compat KUBERNETES="$KUBERNETES"' in run for run in runs)
