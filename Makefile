@@ -65,12 +65,16 @@ test:
 	echo "make test: exit $$status in $$((took / 60)) min $$((took % 60)) s in all" \
 	  "(virtualenv, builds, lint, types, rings)"; exit $$status
 
-test-steps: $(STAMP) builds
+# What the e2e ring needs is built first (prebuild --node), and the e2e ring, the longest,
+# starts at once; the unit+integration ring builds the other Go test tools and runs
+# actionlint before its pytest (tests/rings.py BEFORE), while the e2e ring runs.
+test-steps: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/lint-imports --no-cache
-	$$(tests/controlplane/gotool actionlint) -no-color
 	$(VENV)/bin/mypy
+	@built=$$(tests/controlplane/prebuild --node) || exit; [[ $$built == "$(IMAGES_DIR)" ]] || \
+	  { echo "test: the images are in '$$built', not $(IMAGES_DIR)" >&2; exit 1; }
 	CRONLOCK_IMAGES_DIR=$(IMAGES_DIR) $(PY) -m tests.rings --durations=25
 
 # The compatibility ring (tests/compat.py): a slice of the e2e ring on every Kubernetes

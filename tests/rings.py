@@ -9,8 +9,10 @@ ring starts the real node, whose kubelet and containerd own host paths (/var/lib
 /run/containerd) and so run once per machine. The rings together are exactly pyproject's
 `testpaths`: a ring missing one, or naming one twice, is refused before anything starts.
 
-Each process writes to `.testenv/rings/NAME.log`; a line every minute says how far each
-has got, and each log is printed whole when its ring ends, so CI's log keeps everything.
+A ring may first run shell commands in its process (BEFORE: the builds only it needs, while
+the others already run). Each process writes to `.testenv/rings/NAME.log`; a line every
+minute says how far each has got, and each log is printed whole when its ring ends, so
+CI's log keeps everything.
 The exit status is the first failing ring's (0 when all pass). Ctrl-C (or a SIGTERM) is
 passed to every ring as SIGINT, so each tears its control plane down.
 """
@@ -36,6 +38,16 @@ ROOT = Path(__file__).resolve().parent.parent
 RINGS: dict[str, tuple[str, ...]] = {
     "unit+integration": ("tests/unit", "tests/integration"),
     "e2e": ("tests/e2e",),
+}
+# Shell commands a ring runs, in its own log, before its pytest starts (a failing one fails
+# the ring). `make test` builds only what the e2e ring needs before the rings start; the
+# unit+integration ring, which ends long before the e2e ring, builds the other Go test tools
+# here, while the e2e ring already runs, and lints the workflows with one of them.
+BEFORE: dict[str, tuple[str, ...]] = {
+    "unit+integration": (
+        "tests/controlplane/prebuild --tools",
+        '"$(tests/controlplane/gotool actionlint)" -no-color',
+    ),
 }
 REPORT_EVERY = 60.0
 STOP_GRACE = 120.0
@@ -68,6 +80,7 @@ class Ring:
     name: str
     paths: tuple[str, ...]
     root: Path
+    before: tuple[str, ...] = ()
     process: subprocess.Popen[bytes] | None = None
     started: float = 0.0
     ended: float | None = None
@@ -81,8 +94,10 @@ class Ring:
     def start(self, args: Sequence[str]) -> None:
         self.log.parent.mkdir(parents=True, exist_ok=True)
         with self.log.open("wb") as out:
+            pytest = [sys.executable, "-m", "pytest", *args, *self.paths]
+            script = "set -e; " + "".join(f"{command}; " for command in self.before)
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "pytest", *args, *self.paths],
+                ["bash", "-c", script + 'exec "$@"', self.name, *pytest] if self.before else pytest,
                 cwd=self.root,
                 stdin=subprocess.DEVNULL,
                 stdout=out,
@@ -124,9 +139,18 @@ def show(ring: Ring) -> None:
     ring.shown = True
 
 
-def run(args: Sequence[str], rings: dict[str, tuple[str, ...]] = RINGS, root: Path = ROOT) -> int:
+def run(
+    args: Sequence[str],
+    rings: dict[str, tuple[str, ...]] = RINGS,
+    root: Path = ROOT,
+    before: dict[str, tuple[str, ...]] | None = None,
+) -> int:
     check_rings(rings, configured_testpaths(root))
-    running = [Ring(name, paths, root) for name, paths in rings.items()]
+    steps = BEFORE if before is None else before
+    unknown = sorted(set(steps) - set(rings))
+    if unknown:
+        raise SystemExit(f"rings: steps before {', '.join(unknown)}, which is no ring")
+    running = [Ring(name, paths, root, steps.get(name, ())) for name, paths in rings.items()]
     stopping: list[float] = []  # when a stop was asked for
     killed = False
 

@@ -227,7 +227,10 @@ def release(controlplane: ControlPlane) -> Iterator[Callable[..., str]]:
 
     def install(*values: str) -> str:
         name = f"narrow-{secrets.token_hex(3)}"
-        args = ["install", name, str(CHART), "-n", OPERATOR_NAMESPACE, "--wait=false"]
+        # --create-namespace: this fixture must not rely on an earlier test having made it
+        # (found by running the ring in reverse, CRONLOCK_TEST_ORDER=reverse).
+        args = ["install", name, str(CHART), "-n", OPERATOR_NAMESPACE, "--create-namespace"]
+        args += ["--wait=false"]
         for value in values:
             args += ["--set-json", value]
         run_tool(controlplane.env, "helm", *args, timeout=120, cwd=ROOT)

@@ -23,9 +23,12 @@ def test_the_rings_are_exactly_the_testpaths_and_hold_every_test_file() -> None:
         if not any(found.is_relative_to(ROOT / path) for path in paths)
     ]
     assert outside == [], "test files no ring runs; add their folder to testpaths and RINGS"
-    # The e2e ring starts the node, which owns host paths: it runs alone in its process.
+    # The e2e ring starts the node, which owns host paths: it runs alone in its process,
+    # and at once (what it needs is built before the rings start).
     assert "tests/e2e" in paths
     assert ("tests/e2e",) in rings.RINGS.values()
+    assert set(rings.BEFORE) <= set(rings.RINGS)
+    assert "e2e" not in rings.BEFORE
 
 
 @pytest.mark.parametrize(
@@ -59,7 +62,8 @@ def test_the_rings_run_at_once_and_one_failing_fails_the_run(tmp_path: Path) -> 
         "from pathlib import Path\n"
         "from tests import rings\n"
         "rings_ = {'slow': ('slow',), 'fast': ('fast',)}\n"
-        f"sys.exit(rings.run(['-p', 'no:cacheprovider'], rings_, Path({str(project)!r})))\n"
+        "before = {'fast': ('echo built for fast > built', 'cat built')}\n"
+        f"sys.exit(rings.run(['-p', 'no:cacheprovider'], rings_, Path({str(project)!r}), before))\n"
     )
     done = subprocess.run(
         [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60
@@ -73,3 +77,36 @@ def test_the_rings_run_at_once_and_one_failing_fails_the_run(tmp_path: Path) -> 
     assert "fast               exit 1" in out
     assert "slow               exit 0" in out
     assert (project / ".testenv" / "rings" / "slow.log").read_text().count("test_slow.py .") == 1
+    # The fast ring's steps ran first, in its process and log, before its pytest.
+    fast_log = (project / ".testenv" / "rings" / "fast.log").read_text()
+    assert fast_log.index("built for fast") < fast_log.index("test session starts")
+
+
+def test_a_failing_step_before_a_ring_fails_it_and_its_tests_never_start(tmp_path: Path) -> None:
+    project = tmp_path / "project"
+    (project / "only").mkdir(parents=True)
+    (project / "only" / "test_only.py").write_text("def test_ok():\n    pass\n")
+    (project / "pyproject.toml").write_text('[tool.pytest.ini_options]\ntestpaths = ["only"]\n')
+    script = (
+        "import sys\n"
+        "from pathlib import Path\n"
+        "from tests import rings\n"
+        "steps = {'only': ('echo building; exit 7',)}\n"
+        f"sys.exit(rings.run([], {{'only': ('only',)}}, Path({str(project)!r}), steps))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 7, done.stdout + done.stderr
+    log = (project / ".testenv" / "rings" / "only.log").read_text()
+    assert "building" in log
+    assert "test session starts" not in log
+
+
+def test_steps_for_a_ring_that_does_not_exist_are_refused() -> None:
+    with pytest.raises(SystemExit, match="steps before nowhere, which is no ring"):
+        rings.run(
+            [],
+            {"a": ("tests/unit", "tests/integration", "tests/e2e")},
+            before={"nowhere": ("true",)},
+        )
