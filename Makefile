@@ -30,9 +30,12 @@ controlplane:
 # builds what is missing).
 CACHE_DIR := $(or $(CRONLOCK_CACHE_DIR),$(or $(XDG_CACHE_HOME),$(HOME)/.cache)/cronlock)
 IMAGES_DIR := $(CACHE_DIR)/images/out
+# $(call prebuild,MODE): runs `prebuild MODE` and checks it built the images where the
+# tests will look for them.
+prebuild = @built=$$(tests/controlplane/prebuild $(1)) || exit; [[ $$built == "$(IMAGES_DIR)" ]] || \
+	  { echo "$@: the images are in '$$built', not $(IMAGES_DIR)" >&2; exit 1; }
 builds:
-	@built=$$(tests/controlplane/prebuild) || exit; [[ $$built == "$(IMAGES_DIR)" ]] || \
-	  { echo "builds: the images are in '$$built', not $(IMAGES_DIR)" >&2; exit 1; }
+	$(call prebuild,)
 
 demo: $(STAMP) controlplane
 	@$(PY) -m tests.e2e.demo $(DEMO_ARGS)
@@ -73,8 +76,7 @@ test-steps: $(STAMP)
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/lint-imports --no-cache
 	$(VENV)/bin/mypy
-	@built=$$(tests/controlplane/prebuild --node) || exit; [[ $$built == "$(IMAGES_DIR)" ]] || \
-	  { echo "test: the images are in '$$built', not $(IMAGES_DIR)" >&2; exit 1; }
+	$(call prebuild,--node)
 	CRONLOCK_IMAGES_DIR=$(IMAGES_DIR) $(PY) -m tests.rings --durations=25
 
 # The compatibility ring (tests/compat.py): a slice of the e2e ring on every Kubernetes

@@ -26,8 +26,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.support.versions import compatible_releases
+
 ROOT = Path(__file__).resolve().parent.parent
-VERSIONS = ROOT / "tests" / "controlplane" / "versions.env"
 DOC = ROOT / "docs" / "COMPATIBILITY.md"
 BEGIN, END = "<!-- compat-table:begin -->", "<!-- compat-table:end -->"
 
@@ -56,13 +57,6 @@ SLICE: dict[str, tuple[str, ...]] = {
         "test_helm_uninstall_with_revert_runs_its_hook_on_the_node_and_puts_the_cronjob_back",
     ),
 }
-
-
-def compatible_releases(versions: Path = VERSIONS) -> list[str]:
-    for line in versions.read_text().splitlines():
-        if line.startswith("COMPATIBLE_KUBERNETES="):
-            return line.split("=", 1)[1].split("#")[0].strip().strip('"').split()
-    raise SystemExit(f"compat: {versions} names no COMPATIBLE_KUBERNETES")
 
 
 @dataclass

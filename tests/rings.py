@@ -26,7 +26,7 @@ import sys
 import time
 import tomllib
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
@@ -85,7 +85,7 @@ class Ring:
     started: float = 0.0
     ended: float | None = None
     code: int | None = None
-    shown: bool = field(default=False)
+    shown: bool = False
 
     @property
     def log(self) -> Path:
@@ -167,7 +167,7 @@ def run(
         ring.start(args)
         print(f"rings: started {ring.name} ({' '.join(ring.paths)}), log {ring.log}", flush=True)
     reported = start
-    while not all(ring.poll() for ring in running):
+    while any(ring.code is None for ring in running):
         time.sleep(1.0)
         for ring in running:
             if ring.poll() and not ring.shown:

@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from tests.support.controlplane import ControlPlane, started
+from tests.support.versions import pinned
 
 ROOT = Path(__file__).resolve().parent.parent.parent
-CONTROLPLANE = ROOT / "tests" / "controlplane"
 BENCH_DIR = ROOT / ".testenv" / "bench"
 
 
@@ -57,19 +57,14 @@ def machine() -> dict[str, Any]:
         if line.startswith("model name"):
             model = line.split(":", 1)[1].strip()
             break
-    versions = dict(
-        line.split("=", 1)
-        for line in (CONTROLPLANE / "versions.env").read_text().splitlines()
-        if "=" in line and not line.startswith("#")
-    )
     return {
         "nproc": len(os.sched_getaffinity(0)),
         "memory_gib": round(memory_kib / 1024 / 1024, 1),
         "cpu": model,
         "kernel": platform.release(),
         "python": platform.python_version(),
-        "kubernetes": versions.get("KUBERNETES_VERSION", ""),
-        "etcd": versions.get("ETCD_VERSION", ""),
+        "kubernetes": pinned("KUBERNETES_VERSION"),
+        "etcd": pinned("ETCD_VERSION"),
     }
 
 

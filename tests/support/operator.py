@@ -21,6 +21,7 @@ from tests.support.controlplane import ROOT
 from tests.support.cronjobs import make_cronjob
 from tests.support.kube import wait_for
 from tests.support.objects import injected
+from tests.support.versions import pinned
 
 CHART = ROOT / "charts" / "cronlock"
 OPERATOR_NAMESPACE = "cronlock-system"
@@ -70,10 +71,7 @@ def kube_version() -> str:
     (CRONLOCK_KUBERNETES_VERSION, as tests/controlplane/build builds it)."""
     if chosen := os.environ.get("CRONLOCK_KUBERNETES_VERSION"):
         return chosen
-    for line in (ROOT / "tests" / "controlplane" / "versions.env").read_text().splitlines():
-        if line.startswith("KUBERNETES_VERSION="):
-            return line.split("=", 1)[1].strip()
-    raise RuntimeError("tests/controlplane/versions.env names no KUBERNETES_VERSION")
+    return pinned("KUBERNETES_VERSION")
 
 
 def render_chart(env: dict[str, str], *values: str) -> list[dict[str, Any]]:

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests import compat
+from tests.support.versions import pinned
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -24,9 +25,7 @@ def test_every_test_of_the_slice_exists() -> None:
 
 def test_every_compatible_release_has_its_module_pinned_and_the_default_is_the_last() -> None:
     releases = compat.compatible_releases()
-    env = (ROOT / "tests/controlplane/versions.env").read_text()
-    [default] = re.findall(r"^KUBERNETES_VERSION=(\S+)", env, re.M)
-    assert releases[-1] == default
+    assert releases[-1] == pinned("KUBERNETES_VERSION")
     minors = [int(release.split(".")[1]) for release in releases]
     assert minors == list(range(30, minors[-1] + 1)), "one release of every minor from 1.30"
     chart = (ROOT / "charts/cronlock/Chart.yaml").read_text()

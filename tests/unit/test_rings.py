@@ -46,6 +46,22 @@ def test_a_ring_layout_that_loses_or_repeats_tests_is_refused(
         rings.check_rings(given, ["tests/unit", "tests/e2e"])
 
 
+def run_rings(
+    project: Path, rings_: dict[str, tuple[str, ...]], before: dict[str, tuple[str, ...]]
+) -> subprocess.CompletedProcess[str]:
+    """`rings.run` on a small project, in its own process as `make test` runs it."""
+    script = (
+        "import sys\n"
+        "from pathlib import Path\n"
+        "from tests import rings\n"
+        f"sys.exit(rings.run(['-p', 'no:cacheprovider'], {rings_!r}, Path({str(project)!r}),"
+        f" {before!r}))\n"
+    )
+    return subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+
+
 def test_the_rings_run_at_once_and_one_failing_fails_the_run(tmp_path: Path) -> None:
     project = tmp_path / "project"
     for name, body in (
@@ -57,16 +73,10 @@ def test_the_rings_run_at_once_and_one_failing_fails_the_run(tmp_path: Path) -> 
     (project / "pyproject.toml").write_text(
         '[tool.pytest.ini_options]\ntestpaths = ["slow", "fast"]\n'
     )
-    script = (
-        "import sys\n"
-        "from pathlib import Path\n"
-        "from tests import rings\n"
-        "rings_ = {'slow': ('slow',), 'fast': ('fast',)}\n"
-        "before = {'fast': ('echo built for fast > built', 'cat built')}\n"
-        f"sys.exit(rings.run(['-p', 'no:cacheprovider'], rings_, Path({str(project)!r}), before))\n"
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60
+    done = run_rings(
+        project,
+        {"slow": ("slow",), "fast": ("fast",)},
+        {"fast": ("echo built for fast > built", "cat built")},
     )
     out = done.stdout
     assert done.returncode == 1, out + done.stderr
@@ -87,16 +97,7 @@ def test_a_failing_step_before_a_ring_fails_it_and_its_tests_never_start(tmp_pat
     (project / "only").mkdir(parents=True)
     (project / "only" / "test_only.py").write_text("def test_ok():\n    pass\n")
     (project / "pyproject.toml").write_text('[tool.pytest.ini_options]\ntestpaths = ["only"]\n')
-    script = (
-        "import sys\n"
-        "from pathlib import Path\n"
-        "from tests import rings\n"
-        "steps = {'only': ('echo building; exit 7',)}\n"
-        f"sys.exit(rings.run([], {{'only': ('only',)}}, Path({str(project)!r}), steps))\n"
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60
-    )
+    done = run_rings(project, {"only": ("only",)}, {"only": ("echo building; exit 7",)})
     assert done.returncode == 7, done.stdout + done.stderr
     log = (project / ".testenv" / "rings" / "only.log").read_text()
     assert "building" in log

@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from tests.support.tools import gotool
+from tests.support.versions import compatible_releases
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKFLOWS = ROOT / ".github" / "workflows"
@@ -231,9 +232,7 @@ def test_a_release_is_published_only_from_a_tag_on_main(
 def test_the_compatibility_workflow_runs_every_release_the_tests_pin_read_only() -> None:
     workflow = yaml.safe_load((WORKFLOWS / "compat.yml").read_text())
     job = workflow["jobs"]["compat"]
-    env = (ROOT / "tests" / "controlplane" / "versions.env").read_text()
-    [pinned] = re.findall(r'^COMPATIBLE_KUBERNETES="([^"]+)"', env, re.M)
-    assert job["strategy"]["matrix"]["kubernetes"] == pinned.split()
+    assert job["strategy"]["matrix"]["kubernetes"] == compatible_releases()
     assert job["strategy"]["fail-fast"] is False, "one release failing hides no other"
     assert workflow["permissions"] == {}
     assert job["permissions"] == {"contents": "read"}
