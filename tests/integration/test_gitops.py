@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import secrets
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,7 +17,7 @@ import yaml
 from tests.support.controlplane import ControlPlane
 from tests.support.cronjobs import make_cronjob
 from tests.support.kube import run_tool, wait_for
-from tests.support.objects import read
+from tests.support.objects import Versions, read
 from tests.support.operator import kube_version
 
 pytestmark = pytest.mark.usefixtures("operator")
@@ -37,42 +36,6 @@ def manifest(namespace: str, restart_policy: str) -> str:
         name="report", namespace=namespace, schedule="0 0 1 1 *", restart_policy=restart_policy
     )
     return yaml.safe_dump(body)
-
-
-class Versions:
-    """Every version of the CronJob the API server stores from now on (a watch)."""
-
-    def __init__(self, api: kubernetes.client.ApiClient, namespace: str, version: str) -> None:
-        self.seen: list[dict[str, Any]] = []
-        self._watch = kubernetes.watch.Watch()
-        batch = kubernetes.client.BatchV1Api(api)
-
-        self._stopping = False
-        self.error: BaseException | None = None
-
-        def follow() -> None:
-            try:
-                for event in self._watch.stream(
-                    batch.list_namespaced_cron_job,
-                    namespace,
-                    resource_version=version,
-                    timeout_seconds=60,
-                ):
-                    self.seen.append(api.sanitize_for_serialization(event["object"]))
-            except Exception as error:  # noqa: BLE001 - closing the stream mid-read ends so
-                if not self._stopping:
-                    self.error = error
-
-        self._thread = threading.Thread(target=follow, daemon=True)
-        self._thread.start()
-
-    def stop(self) -> list[dict[str, Any]]:
-        self._stopping = True
-        self._watch.stop()
-        self._thread.join(timeout=70)
-        assert self.error is None, self.error
-        assert self.seen, "the watch saw no version at all"
-        return self.seen
 
 
 def test_re_applying_a_never_manifest_both_ways_keeps_the_injection_at_every_version(
@@ -100,6 +63,7 @@ def test_re_applying_a_never_manifest_both_ways_keeps_the_injection_at_every_ver
     controlplane.kubectl("apply", "-f", "-", input_text=text)
     wait_for(lambda: injected(read(api, namespace, "report")), 30, "the injection after it all")
     seen = versions.stop()
+    assert seen, "the watch saw no version at all"
 
     # No version a run could have started from lacked the lock.
     assert all(injected(body) for body in seen), [
@@ -198,6 +162,7 @@ def test_with_the_mutating_policy_an_on_failure_manifest_applies_both_ways_and_s
         controlplane.kubectl(*args, input_text=text)  # accepted: check=True
     wait_for(lambda: injected(read(api, namespace, "report")), 30, "the injection after it all")
     seen = versions.stop()
+    assert seen, "the watch saw no version at all"
 
     assert all(injected(body) for body in seen), [
         body["metadata"]["resourceVersion"] for body in seen if not injected(body)

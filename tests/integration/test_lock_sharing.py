@@ -16,7 +16,7 @@ import pytest
 from tests.support.controlplane import ControlPlane
 from tests.support.cronjobs import make_cronjob
 from tests.support.kube import holds, wait_for
-from tests.support.objects import annotate, injected, wait_event
+from tests.support.objects import annotate, cronjob_editor, injected, wait_event
 from tests.support.operator import OperatorProcess, operator_caught_up
 
 pytestmark = pytest.mark.usefixtures("operator")
@@ -53,37 +53,6 @@ def owners(api: kubernetes.client.ApiClient, namespace: str, lease: str) -> list
             return []
         raise
     return sorted(owner.name for owner in found.metadata.owner_references or [])
-
-
-def cronjob_editor(
-    api: kubernetes.client.ApiClient,
-    namespace: str,
-    service_account_kubeconfig: Any,
-    controlplane: ControlPlane,
-    own: str,
-) -> kubernetes.client.BatchV1Api:
-    """A token that may create CronJobs and change only the one named `own`."""
-    rbac = kubernetes.client.RbacAuthorizationV1Api(api)
-    rules = [
-        {"apiGroups": ["batch"], "resources": ["cronjobs"], "verbs": ["create", "list", "get"]},
-        {
-            "apiGroups": ["batch"],
-            "resources": ["cronjobs"],
-            "resourceNames": [own],
-            "verbs": ["update", "patch"],
-        },
-    ]
-    rbac.create_namespaced_role(namespace, {"metadata": {"name": "editor"}, "rules": rules})
-    path: Path = service_account_kubeconfig(namespace, "mallory")
-    rbac.create_namespaced_role_binding(
-        namespace,
-        {
-            "metadata": {"name": "editor"},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "editor"},
-            "subjects": [{"kind": "ServiceAccount", "name": "mallory", "namespace": namespace}],
-        },
-    )
-    return kubernetes.client.BatchV1Api(controlplane.api_client(path))
 
 
 def test_a_cronjob_editor_cannot_join_another_teams_lock_until_that_team_names_her_cronjob(

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import copy
+import threading
+from pathlib import Path
 from typing import Any
 
 import kubernetes
 
+from tests.support.controlplane import ControlPlane
 from tests.support.kube import wait_for
 
 
@@ -77,3 +80,73 @@ def wait_event(
         timeout=30,
         what=f"{count} {reason} Event(s) on {namespace}/{name}",
     )
+
+
+class Versions:
+    """Every version of a namespace's CronJobs the API server stores after `version` (a
+    watch, re-opened where the last one ended until `stop`): the writes, one by one."""
+
+    def __init__(self, api: kubernetes.client.ApiClient, namespace: str, version: str) -> None:
+        self.seen: list[dict[str, Any]] = []
+        self._watch = kubernetes.watch.Watch()
+        self._stopping = threading.Event()
+        self.error: BaseException | None = None
+        batch_api = batch(api)
+
+        def follow() -> None:
+            after = version
+            try:
+                while not self._stopping.is_set():
+                    for event in self._watch.stream(
+                        batch_api.list_namespaced_cron_job,
+                        namespace,
+                        resource_version=after,
+                        timeout_seconds=60,
+                    ):
+                        body = api.sanitize_for_serialization(event["object"])
+                        after = body["metadata"]["resourceVersion"]
+                        self.seen.append(body)
+            except Exception as error:  # noqa: BLE001 - closing the stream mid-read ends so
+                if not self._stopping.is_set():
+                    self.error = error
+
+        self._thread = threading.Thread(target=follow, daemon=True)
+        self._thread.start()
+
+    def stop(self) -> list[dict[str, Any]]:
+        self._stopping.set()
+        self._watch.stop()
+        self._thread.join(timeout=70)
+        assert self.error is None, self.error
+        return self.seen
+
+
+def cronjob_editor(
+    api: kubernetes.client.ApiClient,
+    namespace: str,
+    service_account_kubeconfig: Any,
+    controlplane: ControlPlane,
+    own: str,
+) -> kubernetes.client.BatchV1Api:
+    """A token that may create CronJobs and change only the one named `own`."""
+    rbac = kubernetes.client.RbacAuthorizationV1Api(api)
+    rules = [
+        {"apiGroups": ["batch"], "resources": ["cronjobs"], "verbs": ["create", "list", "get"]},
+        {
+            "apiGroups": ["batch"],
+            "resources": ["cronjobs"],
+            "resourceNames": [own],
+            "verbs": ["update", "patch"],
+        },
+    ]
+    rbac.create_namespaced_role(namespace, {"metadata": {"name": "editor"}, "rules": rules})
+    path: Path = service_account_kubeconfig(namespace, "mallory")
+    rbac.create_namespaced_role_binding(
+        namespace,
+        {
+            "metadata": {"name": "editor"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "editor"},
+            "subjects": [{"kind": "ServiceAccount", "name": "mallory", "namespace": namespace}],
+        },
+    )
+    return kubernetes.client.BatchV1Api(controlplane.api_client(path))

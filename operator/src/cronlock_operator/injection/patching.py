@@ -7,6 +7,8 @@ successThreshold, ...): those are not differences, or every reconcile would patc
 from __future__ import annotations
 
 import copy
+import hashlib
+import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -28,14 +30,62 @@ def needs_patch(actual: Mapping[str, Any], desired: Mapping[str, Any]) -> bool:
     Defaults the API server fills into cronlock's own pieces (terminationMessagePath,
     probe successThreshold, ...) are not differences; anything else is.
     """
-    actual_job_template = _without_server_defaults(
-        job_template_of(actual), job_template_of(desired)
+    return job_template_differs(actual, desired) or annotations_differ(actual, desired)
+
+
+def job_template_differs(actual: Mapping[str, Any], desired: Mapping[str, Any]) -> bool:
+    return bool(job_template_changes(actual, desired, limit=1))
+
+
+def annotations_differ(actual: Mapping[str, Any], desired: Mapping[str, Any]) -> bool:
+    return annotations_of(actual) != annotations_of(desired)
+
+
+def job_template_changes(
+    actual: Mapping[str, Any], desired: Mapping[str, Any], limit: int = 8
+) -> list[str]:
+    """Where the stored job template differs from the desired one (server defaults in
+    cronlock's pieces aside), as paths like
+    `spec.template.spec.initContainers[cronlock].resources.limits.cpu`; at most `limit`."""
+    wanted = job_template_of(desired)
+    stored = _without_server_defaults(job_template_of(actual), wanted)
+    found: list[str] = []
+    _differences(_normalized(stored), _normalized(wanted), "", found, limit)
+    return found
+
+
+def job_template_fingerprint(cronjob: Mapping[str, Any]) -> str:
+    """A digest of the job template as compared (nulls and empty values aside)."""
+    text = json.dumps(_normalized(job_template_of(cronjob)), sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _differences(actual: Any, desired: Any, path: str, found: list[str], limit: int) -> None:
+    if len(found) >= limit or actual == desired:
+        return
+    if isinstance(actual, Mapping) and isinstance(desired, Mapping):
+        for key in sorted(actual.keys() | desired.keys()):
+            _differences(actual.get(key), desired.get(key), _join(path, key), found, limit)
+        return
+    if _named_list(actual) and _named_list(desired):
+        by_name = {item["name"]: item for item in actual}
+        wanted = {item["name"]: item for item in desired}
+        if list(by_name) != list(wanted) and by_name.keys() == wanted.keys():
+            found.append(f"{path} (order)")
+        for name in [*wanted, *(n for n in by_name if n not in wanted)]:
+            _differences(by_name.get(name), wanted.get(name), f"{path}[{name}]", found, limit)
+        return
+    found.append(path or "(all)")
+
+
+def _named_list(value: Any) -> bool:
+    return isinstance(value, list) and all(
+        isinstance(item, Mapping) and isinstance(item.get("name"), str) for item in value
     )
-    same_job_template: bool = _normalized(actual_job_template) == _normalized(
-        job_template_of(desired)
-    )
-    same_annotations: bool = annotations_of(actual) == annotations_of(desired)
-    return not (same_job_template and same_annotations)
+
+
+def _join(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else key
 
 
 def injection_patch(actual: Mapping[str, Any], desired: Mapping[str, Any]) -> list[dict[str, Any]]:

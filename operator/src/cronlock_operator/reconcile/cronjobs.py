@@ -15,7 +15,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cronlock_operator.injection.build import desired_cronjob, is_injected
-from cronlock_operator.injection.patching import injection_patch, needs_patch
+from cronlock_operator.injection.patching import (
+    annotations_differ,
+    injection_patch,
+    job_template_changes,
+    job_template_differs,
+    job_template_fingerprint,
+)
 from cronlock_operator.lock.config import InvalidConfig, LockConfig, OperatorSettings
 from cronlock_operator.lock.reading import read_config
 from cronlock_operator.lock.schedule import ttl_longer_than_gap_warning
@@ -48,6 +54,24 @@ class CronJobDecision:
     after: list[Action] = field(default_factory=list)
     # Warnings posted once per message: reason -> message now posted (None: forget it).
     posted: dict[str, str | None] = field(default_factory=dict)
+    # The CronJob `after` patches it into, to judge what admission stores of the patch.
+    desired: Mapping[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class Admitted:
+    """What admission made of cronlock's last patch of one CronJob's job template, when it
+    changed it (another mutating webhook or policy): the template cronlock asked for and the
+    one stored, as fingerprints. While both stay, cronlock does not write it again: another
+    patch would come back the same, and a fight with the mutator would be all it did."""
+
+    asked: str
+    stored: str
+
+
+ADMISSION_REASON = "ChangedByAdmission"
+# Changes that leave the lock working: amounts of resources, labels and annotations.
+_HARMLESS = (".resources.", ".resources", "metadata.labels", "metadata.annotations")
 
 
 def decide(
@@ -59,10 +83,12 @@ def decide(
     cached_cronjob: CronJobLookup = lambda name: None,
     granted: Container[Guard],
     posted: Mapping[str, str],
+    admitted: Admitted | None = None,
 ) -> CronJobDecision:
     """`previous`: the guard last recorded for it; `cached_cronjob`: the namespace's cached
     CronJobs by name (whose consent joining a used lock needs); `granted`: guards the
-    holder Roles already cover; `posted`: warnings already posted on it (reason -> message).
+    holder Roles already cover; `posted`: warnings already posted on it (reason -> message);
+    `admitted`: what admission made of cronlock's last patch of it, if it changed it.
 
     Bad input, the reading's `invalid` or a job template that cannot take the injection,
     is one InvalidConfig Warning and leaves the CronJob and its guard as they were."""
@@ -107,7 +133,13 @@ def decide(
             after.extend(once(body, "TTLLongerThanSchedule", warning, posted))
             updates["TTLLongerThanSchedule"] = warning
 
-    if needs_patch(body, desired):
+    as_admitted = admitted == Admitted(
+        job_template_fingerprint(desired), job_template_fingerprint(body)
+    )
+    patch = annotations_differ(body, desired) or (
+        not as_admitted and job_template_differs(body, desired)
+    )
+    if patch:
         after.append(PatchCronJob(namespace, name, injection_patch(body, desired)))
         if config is not None:
             after.append(PostEvent(body, "Injected", describe(config)))
@@ -122,6 +154,40 @@ def decide(
         sync_rbac=guard not in granted if guard is not None else previous is not None,
         after=after,
         posted=updates,
+        desired=desired if patch else None,
+    )
+
+
+def admission(
+    stored: Mapping[str, Any], desired: Mapping[str, Any], posted: Mapping[str, str]
+) -> tuple[Admitted | None, list[Action], dict[str, str | None]]:
+    """What admission made of cronlock's patch: `stored` is the API server's answer to the
+    patch that asked for `desired`. When another mutator changed the job template: what to
+    remember (`Admitted`), one Event saying what changed (a Warning unless only resources,
+    labels or annotations did) and the message posted; else nothing to remember."""
+    changes = job_template_changes(stored, desired)
+    if not changes:
+        return None, [], {ADMISSION_REASON: None}
+    harmless = all(any(mark in change for mark in _HARMLESS) for change in changes)
+    message = (
+        f"admission changed cronlock's write of this CronJob ({', '.join(changes)}): cronlock "
+        "keeps the job template as admitted and does not write it again until it or "
+        "cronlock's settings change"
+    )
+    if not harmless:
+        message += (
+            "; this can break the lock (the gate, the sidecar's probe, command or "
+            "environment): exempt the containers cronlock and cronlock-gate from the "
+            "mutating webhook or policy that made it (docs/USAGE.md, other admission "
+            "controllers)"
+        )
+    admitted = Admitted(job_template_fingerprint(desired), job_template_fingerprint(stored))
+    if posted.get(ADMISSION_REASON) == message:
+        return admitted, [], {}
+    return (
+        admitted,
+        [PostEvent(stored, ADMISSION_REASON, message, warning=not harmless)],
+        {ADMISSION_REASON: message},
     )
 
 

@@ -29,6 +29,7 @@ from cronlock_operator.lock import sharing
 from cronlock_operator.lock.config import MAX_TTL_SECONDS, OperatorSettings
 from cronlock_operator.objects import Name, name_of
 from cronlock_operator.reconcile import cronjobs, expiry, rbac, repair
+from cronlock_operator.reconcile.cronjobs import Admitted
 from cronlock_operator.reconcile.expiry import Observations
 from cronlock_operator.reconcile.keys import (
     ContentionKey,
@@ -91,6 +92,11 @@ class Reconciler:
     # The resourceVersion each CronJob had right after our own patch: its watch event then
     # brings nothing to decide (a change by anyone else has another version).
     own_versions: dict[Name, str] = field(default_factory=dict)
+    # What admission made of our last patch of a CronJob, where another mutator changed it:
+    # not written again while it stays so (reconcile/cronjobs.py, Admitted).
+    admitted: dict[Name, Admitted] = field(default_factory=dict)
+    # The API server's answer to our last patch of a CronJob, until it is judged.
+    _answers: dict[Name, dict[str, Any]] = field(default_factory=dict)
     # How Events are posted (default: at once, in the worker); see events.EventPoster.
     post_event: PostEventCall | None = None
     queue: WorkQueue[Key] = field(init=False)
@@ -269,6 +275,7 @@ class Reconciler:
             self.conflicted.discard(key)
             self.invalid.discard(key)
             metrics.forget_cronjob(namespace, name)
+            self.admitted.pop(key, None)
             guarded = self.guards.pop(key, None) is not None
             self._count_states()
             if guarded:
@@ -283,6 +290,7 @@ class Reconciler:
             cached_cronjob=lambda other: self.cronjobs.get((namespace, other)),
             granted=self.synced_rbac.get(namespace, frozenset()),
             posted=self.posted.get(uid, {}),
+            admitted=self.admitted.get(key),
         )
         if decision.keep_guard:
             self.invalid.add(key)
@@ -329,6 +337,17 @@ class Reconciler:
             self._warn_once(body, "ReconcileError", message)
             return
         self._remember_posted(uid, {**decision.posted, "ReconcileError": None})
+        answer = self._answers.pop(key, None)
+        if decision.desired is not None and answer is not None:
+            admitted, actions, posted = cronjobs.admission(
+                answer, decision.desired, self.posted.get(uid, {})
+            )
+            if admitted is None:
+                self.admitted.pop(key, None)
+            else:
+                self.admitted[key] = admitted
+            self.executor.run(actions)
+            self._remember_posted(uid, posted)
 
     def _count_states(self) -> None:
         """The gauges of CronJobs by state: guarded as asked, refused settings, conflict."""
@@ -450,6 +469,7 @@ class Reconciler:
         version = body["metadata"].get("resourceVersion")
         if version is not None:
             self.own_versions[name_of(body)] = str(version)
+        self._answers[name_of(body)] = body
 
     def _lease_written(self, body: dict[str, Any]) -> None:
         # Until the Lease watch shows it, so the next reconcile does not create it again.

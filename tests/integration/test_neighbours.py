@@ -1,0 +1,187 @@
+"""Beside another admission controller that changes CronJob templates, on the real API server:
+a Kyverno-like MutatingAdmissionPolicy gives every container of every CronJob template a
+label and each request and limit it lacks, cronlock's own containers too (cronlock sets no
+CPU limit by default, so the policy adds one). The operator injects once and then leaves
+the CronJob alone: it does not write its own template back over the policy's additions (each
+such patch would come back from admission unchanged, one per watch event, the CronJob
+controller's status writes included), and says once, in an Event, what admission changed."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import kubernetes
+import pytest
+import yaml
+
+from tests.support import neighbours
+from tests.support.controlplane import ControlPlane
+from tests.support.cronjobs import make_cronjob
+from tests.support.kube import wait_for
+from tests.support.objects import (
+    Versions,
+    comparable,
+    cronjob_editor,
+    events,
+    read,
+    wait_event,
+)
+
+pytestmark = pytest.mark.usefixtures("operator")
+REASON = "ChangedByAdmission"
+
+# How long the operator is watched not writing: the issue's 5 minutes, over which the
+# operator's periodic passes (its resync of every guarded CronJob) run several times.
+WINDOW = 300.0
+
+
+def pod_spec(cronjob: dict[str, Any]) -> dict[str, Any]:
+    spec: dict[str, Any] = cronjob["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+    return spec
+
+
+def containers(cronjob: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    spec = pod_spec(cronjob)
+    return {c["name"]: c for c in [*spec.get("initContainers", []), *spec["containers"]]}
+
+
+@pytest.fixture
+def defaults_policy(controlplane: ControlPlane, namespace: str) -> Iterator[str]:
+    """The Kyverno-like policy, bound to the test's namespace; deleted afterwards."""
+    text = yaml.safe_dump_all(neighbours.defaults(namespace))
+    controlplane.kubectl("apply", "-f", "-", input_text=text)
+    probe = yaml.safe_dump(make_cronjob(name="probe", namespace=namespace, schedule="0 0 1 1 *"))
+
+    def taken_up() -> bool:
+        out = controlplane.kubectl(
+            "create", "--dry-run=server", "-o", "yaml", "-f", "-", input_text=probe
+        )
+        return neighbours.LABEL in out
+
+    wait_for(taken_up, 30, "the API server to take up the policy")
+    yield text
+    controlplane.kubectl("delete", "-f", "-", "--ignore-not-found", input_text=text)
+
+
+@pytest.mark.timeout(WINDOW + 120)
+def test_the_operator_leaves_what_a_mutating_neighbour_adds_and_writes_nothing_for_5_minutes(
+    api: kubernetes.client.ApiClient,
+    namespace: str,
+    controlplane: ControlPlane,
+    defaults_policy: str,
+) -> None:
+    # Every minute: the CronJob controller's Jobs and status writes are watch events the
+    # operator reconciles on, each a chance to fight.
+    body = make_cronjob(
+        name="report",
+        namespace=namespace,
+        schedule="* * * * *",
+        annotations={"cronlock.io/enabled": "true"},
+        restart_policy="Never",
+    )
+    kubernetes.client.BatchV1Api(api).create_namespaced_cron_job(namespace, body)
+    written = read(api, namespace, "report")
+    assert containers(written)["main"]["resources"]["limits"]["cpu"] == "250m", "policy applied"
+    versions = Versions(api, namespace, written["metadata"]["resourceVersion"])
+
+    first = wait_for(
+        lambda: next((v for v in versions.seen if "cronlock" in containers(v)), None),
+        30,
+        "the operator's injection",
+    )
+    # The injection passed through the policy too: cronlock's containers got the CPU limit
+    # cronlock does not set, the template its label, and the user's container kept its own.
+    injected = containers(first)
+    for name in ("cronlock", "cronlock-gate"):
+        assert injected[name]["resources"]["limits"]["cpu"] == "250m", injected[name]
+        assert injected[name]["resources"]["requests"]["cpu"] == "10m", "cronlock's own stays"
+    labels = first["spec"]["jobTemplate"]["spec"]["template"]["metadata"]["labels"]
+    assert labels[neighbours.LABEL] == "batch"
+    # The operator says so, once, as a Normal Event: more resources leave the lock working.
+    [message] = wait_event(api, namespace, "report", REASON)
+    assert "initContainers[cronlock].resources.limits.cpu" in message, message
+    said = [kind for kind, reason, _ in events(api, namespace, "report") if reason == REASON]
+    assert said == ["Normal"]
+
+    patches = cronjob_patches(controlplane)
+    time.sleep(WINDOW)
+    patched = cronjob_patches(controlplane) - patches
+    seen = versions.stop()
+    after = [v for v in seen[seen.index(first) + 1 :] if comparable(v) != comparable(first)]
+    since = max(entry.get("time", "") for entry in first["metadata"]["managedFields"])
+    writers = sorted(
+        {
+            entry.get("manager", "?")
+            for version in after
+            for entry in version["metadata"].get("managedFields") or []
+            if entry.get("time", "") > since
+        }
+    )
+    assert after == [], (
+        f"{len(after)} writes to the CronJob in {WINDOW:.0f}s after the injection "
+        f"(managers: {writers})"
+    )
+    # Not even a write the API server found changed nothing (a patch admission turned back
+    # into what was stored): only the operator patches CronJobs here.
+    assert patched == 0, f"{patched} PATCH requests for CronJobs in {WINDOW:.0f}s"
+    ticks = [v for v in seen if v["status"].get("lastScheduleTime")]
+    assert ticks, "the CronJob ticked in the window: the operator had events to react to"
+    assert "cronlock" in containers(read(api, namespace, "report"))
+    assert len(wait_event(api, namespace, "report", REASON)) == 1
+
+
+def cronjob_patches(controlplane: ControlPlane) -> int:
+    """PATCH requests for CronJobs the API server answered so far (its own count)."""
+    total = 0
+    for line in controlplane.kubectl("get", "--raw", "/metrics").splitlines():
+        if line.startswith("apiserver_request_total{") and all(
+            label in line for label in ('resource="cronjobs"', 'verb="PATCH"', 'subresource=""')
+        ):
+            total += int(float(line.rsplit(" ", 1)[1]))
+    return total
+
+
+def test_a_cronjob_editor_cannot_keep_a_sidecar_she_changed_behind_the_admitted_form(
+    api: kubernetes.client.ApiClient,
+    namespace: str,
+    controlplane: ControlPlane,
+    defaults_policy: str,
+    service_account_kubeconfig: Any,
+) -> None:
+    """The operator stops writing only while the CronJob is exactly what admission made of
+    its own patch: her image for cronlock's sidecar (one that would fake the lock) makes a
+    different template, injected over."""
+    as_mallory = cronjob_editor(api, namespace, service_account_kubeconfig, controlplane, "report")
+    body = make_cronjob(
+        name="report",
+        namespace=namespace,
+        schedule="0 0 1 1 *",
+        annotations={"cronlock.io/enabled": "true"},
+        restart_policy="Never",
+    )
+    as_mallory.create_namespaced_cron_job(namespace, body)
+    wait_event(api, namespace, "report", REASON)  # the admitted form is remembered
+    injected = read(api, namespace, "report")
+    image = containers(injected)["cronlock"]["image"]
+    index = [c["name"] for c in pod_spec(injected)["initContainers"]].index("cronlock")
+
+    as_mallory.patch_namespaced_cron_job(
+        "report",
+        namespace,
+        [
+            {
+                "op": "replace",
+                "path": f"/spec/jobTemplate/spec/template/spec/initContainers/{index}/image",
+                "value": "registry.example/fake-lock:1",
+            }
+        ],
+    )
+    restored = wait_for(
+        lambda: (c if containers(c := read(api, namespace, "report"))["cronlock"]["image"]
+                 == image else None),
+        30,
+        "the operator to put cronlock's sidecar back",
+    )  # fmt: skip
+    assert containers(restored)["cronlock"]["resources"]["limits"]["cpu"] == "250m"

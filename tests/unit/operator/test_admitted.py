@@ -1,0 +1,156 @@
+"""Another mutating webhook or policy changes what cronlock writes into a CronJob (issue 41):
+the operator writes once, says what admission changed in one Event, and does not fight it."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from typing import Any
+
+from cronlock_operator.reconcile import cronjobs
+from cronlock_operator.runtime.reconciler import Reconciler
+from tests.support.cronjobs import SETTINGS, make_cronjob, server_defaults
+from tests.support.fakekube import FakeKube
+
+Mutator = Callable[[dict[str, Any]], None]
+
+
+def cpu_limit_everywhere(cronjob: dict[str, Any]) -> None:
+    """Kyverno-like: every container lacking a CPU limit gets one (cronlock sets none)."""
+    spec = cronjob["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+    for container in [*spec.get("initContainers", []), *spec["containers"]]:
+        container.setdefault("resources", {}).setdefault("limits", {}).setdefault("cpu", "250m")
+
+
+def sidecar_command_replaced(cronjob: dict[str, Any]) -> None:
+    spec = cronjob["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+    for container in spec.get("initContainers", []):
+        if container["name"] == "cronlock":
+            container["command"] = ["/bin/wrapped", *container.get("command", [])]
+
+
+class Admitting(FakeKube):
+    """The in-memory API server with one mutating admission step on every CronJob write."""
+
+    def __init__(self, mutator: Mutator) -> None:
+        super().__init__()
+        self.mutator = mutator
+
+    def patch_cronjob(
+        self, namespace: str, name: str, patch: list[dict[str, Any]]
+    ) -> dict[str, Any] | None:
+        before = copy.deepcopy(self.cronjobs[(namespace, name)])
+        answer = super().patch_cronjob(namespace, name, patch)
+        assert answer is not None
+        self.mutator(answer)
+        after = {k: v for k, v in answer.items() if k != "metadata"}
+        if after == {k: v for k, v in before.items() if k != "metadata"}:
+            answer["metadata"]["resourceVersion"] = before["metadata"]["resourceVersion"]
+        self.cronjobs[(namespace, name)] = copy.deepcopy(answer)
+        return answer
+
+    @property
+    def patches(self) -> int:
+        return len(self.called("patch_cronjob"))
+
+
+def setup(mutator: Mutator) -> tuple[Reconciler, Admitting]:
+    kube = Admitting(mutator)
+    reconciler = Reconciler(kube=kube, settings=SETTINGS)
+    body = server_defaults(make_cronjob(name="report", restart_policy="Never"))
+    body["metadata"]["uid"] = "uid-report"
+    mutator(body)  # the user's create passed through admission too
+    kube.cronjobs[("team-a", "report")] = copy.deepcopy(body)
+    reconciler.on_cronjob("ADDED", body)
+    return reconciler, kube
+
+
+def tick(reconciler: Reconciler, kube: Admitting, change: Mutator | None = None) -> None:
+    """Someone else writes the CronJob (its status, or the user): a watch event, reconciled."""
+    stored = kube.cronjobs[("team-a", "report")]
+    stored["metadata"]["resourceVersion"] = str(int(stored["metadata"]["resourceVersion"]) + 100)
+    stored.setdefault("status", {})["lastScheduleTime"] = stored["metadata"]["resourceVersion"]
+    if change is not None:
+        change(stored)
+    reconciler.on_cronjob("MODIFIED", copy.deepcopy(stored))
+    reconciler.reconcile_cronjob("team-a", "report")
+
+
+def test_added_resources_are_kept_with_one_normal_event_and_no_second_write() -> None:
+    reconciler, kube = setup(cpu_limit_everywhere)
+    reconciler.reconcile_cronjob("team-a", "report")
+    assert kube.patches == 1
+    [(_, reason, message, warning)] = [e for e in kube.events if e[1] != "Injected"]
+    assert reason == "ChangedByAdmission"
+    assert not warning, "added resources leave the lock working"
+    assert "spec.template.spec.initContainers[cronlock].resources.limits.cpu" in message
+    assert "does not write it again" in message
+
+    for _ in range(5):
+        tick(reconciler, kube)
+    assert kube.patches == 1, "status writes bring no patch: the template is as admitted"
+    assert [e[1] for e in kube.events].count("ChangedByAdmission") == 1
+
+
+def test_a_change_by_the_user_is_injected_again_and_judged_anew() -> None:
+    reconciler, kube = setup(cpu_limit_everywhere)
+    reconciler.reconcile_cronjob("team-a", "report")
+
+    def new_command(cronjob: dict[str, Any]) -> None:
+        spec = cronjob["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+        spec["containers"][0]["command"] = ["sh", "-c", "echo changed"]
+
+    tick(reconciler, kube, new_command)
+    assert kube.patches == 2
+    tick(reconciler, kube)
+    assert kube.patches == 2
+
+
+def test_another_image_for_the_sidecar_is_injected_over_in_the_admitted_state() -> None:
+    reconciler, kube = setup(cpu_limit_everywhere)
+    reconciler.reconcile_cronjob("team-a", "report")
+
+    def fake_image(cronjob: dict[str, Any]) -> None:
+        spec = cronjob["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+        spec["initContainers"][0]["image"] = "registry.example/fake-lock:1"
+
+    tick(reconciler, kube, fake_image)
+    assert kube.patches == 2
+    spec = kube.cronjobs[("team-a", "report")]["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+    assert spec["initContainers"][0]["image"] == SETTINGS.sidecar_image
+
+
+def test_a_changed_sidecar_command_is_a_warning_that_says_what_to_exempt() -> None:
+    reconciler, kube = setup(sidecar_command_replaced)
+    reconciler.reconcile_cronjob("team-a", "report")
+    [(_, reason, message, warning)] = [e for e in kube.events if e[1] != "Injected"]
+    assert (reason, warning) == ("ChangedByAdmission", True)
+    assert "initContainers[cronlock].command" in message
+    assert "exempt the containers cronlock and cronlock-gate" in message
+    tick(reconciler, kube)
+    assert kube.patches == 1
+
+
+def test_without_a_mutator_nothing_is_remembered_or_said() -> None:
+    reconciler, kube = setup(lambda cronjob: None)
+    reconciler.reconcile_cronjob("team-a", "report")
+    assert [e[1] for e in kube.events] == ["Injected"]
+    assert reconciler.admitted == {}
+    tick(reconciler, kube)
+    assert kube.patches == 1
+
+
+def test_admission_judges_the_answer_against_what_was_asked() -> None:
+    body = server_defaults(make_cronjob(name="report", restart_policy="Never"))
+    desired = cronjobs.desired_cronjob(body, cronjobs.read_config(body, SETTINGS).config, SETTINGS)
+    answer = copy.deepcopy(desired)
+    assert cronjobs.admission(answer, desired, {}) == (None, [], {"ChangedByAdmission": None})
+    cpu_limit_everywhere(answer)
+    admitted, actions, posted = cronjobs.admission(answer, desired, {})
+    assert admitted is not None
+    assert admitted.asked != admitted.stored
+    assert len(actions) == 1
+    # The same message again is not posted twice.
+    message = posted["ChangedByAdmission"]
+    assert message is not None
+    assert cronjobs.admission(answer, desired, {"ChangedByAdmission": message})[1] == []
