@@ -185,3 +185,53 @@ def test_a_cronjob_editor_cannot_keep_a_sidecar_she_changed_behind_the_admitted_
         "the operator to put cronlock's sidecar back",
     )  # fmt: skip
     assert containers(restored)["cronlock"]["resources"]["limits"]["cpu"] == "250m"
+
+
+def test_the_three_neighbours_act_on_a_pod_as_the_node_tests_expect(
+    controlplane: ControlPlane, namespace: str
+) -> None:
+    """The policies tests/e2e/test_neighbours_on_node.py runs beside: on a server-side dry
+    run of a restricted pod, each one's change is there and Pod Security admits the result."""
+    uid = 1000650000
+    text = yaml.safe_dump_all(
+        [
+            *neighbours.defaults(namespace),
+            *neighbours.injector(namespace),
+            *neighbours.arbitrary_uids(namespace, uid),
+        ]
+    )
+    controlplane.kubectl(
+        "label", "namespace", namespace, "pod-security.kubernetes.io/enforce=restricted"
+    )
+    controlplane.kubectl("apply", "-f", "-", input_text=text)
+    pod = yaml.safe_dump(neighbours.restricted_pod(namespace, "probe"))
+    answers: list[str] = []
+    try:
+
+        def admitted() -> dict[str, Any] | None:
+            out = controlplane.kubectl(
+                "create", "--dry-run=server", "-o", "yaml", "-f", "-", input_text=pod, check=False
+            )
+            answers.append(out)
+            body = yaml.safe_load(out) if out.startswith("apiVersion") else None
+            inits = [c["name"] for c in (body or {}).get("spec", {}).get("initContainers", [])]
+            return body if neighbours.INJECTED in inits else None
+
+        try:
+            body = wait_for(admitted, 30, "the API server to take up the three policies")
+        except AssertionError as error:
+            raise AssertionError(f"{error}; its last answer: {answers[-1:]}") from None
+    finally:
+        controlplane.kubectl("delete", "-f", "-", "--ignore-not-found", input_text=text)
+    assert body["metadata"]["labels"][neighbours.LABEL] == "batch"
+    every = [*body["spec"]["initContainers"], *body["spec"]["containers"]]
+    assert [c["name"] for c in every] == [neighbours.INJECTED, "probe"]
+    assert {c["securityContext"]["runAsUser"] for c in every} == {uid}
+    assert {c["securityContext"]["runAsGroup"] for c in every} == {0}
+    for container in every:
+        assert set(container["resources"]["limits"]) == {"cpu", "memory"}, container
+        assert set(container["resources"]["requests"]) == {"cpu", "memory"}, container
+    # The injector's own amounts stay; only the CPU limit it lacked was added.
+    agent = body["spec"]["initContainers"][0]
+    assert agent["resources"]["requests"]["cpu"] == "5m"
+    assert agent["resources"]["limits"]["cpu"] == neighbours.DEFAULT_LIMITS["cpu"]

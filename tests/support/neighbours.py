@@ -146,15 +146,20 @@ def injector(namespace: str) -> list[dict[str, Any]]:
         "command: ['sh', '-c', 'trap \"exit 0\" TERM; while true; do sleep 1; done'], "
         "restartPolicy: 'Always', "
         "resources: Object.spec.initContainers.resources{"
-        "requests: {'cpu': quantity('5m'), 'memory': quantity('8Mi')}, "
-        "limits: {'memory': quantity('16Mi')}}, "
+        "requests: {'cpu': '5m', 'memory': '8Mi'}, "
+        "limits: {'memory': '16Mi'}}, "
         "securityContext: Object.spec.initContainers.securityContext{"
         "runAsNonRoot: true, runAsUser: 65534, allowPrivilegeEscalation: false, "
         "capabilities: Object.spec.initContainers.securityContext.capabilities{drop: ['ALL']}, "
         "seccompProfile: Object.spec.initContainers.securityContext.seccompProfile{"
         "type: 'RuntimeDefault'}}}"
     )
-    mutation = _apply(f"Object{{spec: Object.spec{{initContainers: [{sidecar}]}}}}")
+    # A JSON patch: an apply configuration may not set a container's command (atomic).
+    mutation = _json_patch(
+        "has(object.spec.initContainers) ? "
+        f"[JSONPatch{{op: 'add', path: '/spec/initContainers/-', value: {sidecar}}}] : "
+        f"[JSONPatch{{op: 'add', path: '/spec/initContainers', value: [{sidecar}]}}]"
+    )
     policy = _policy("neighbour-injector", namespace, [PODS], [mutation])
     policy[0]["spec"]["matchConditions"] = [
         {
@@ -178,3 +183,25 @@ def arbitrary_uids(namespace: str, uid: int) -> list[dict[str, Any]]:
         )
     mutation = _apply(f"Object{{spec: Object.spec{{{', '.join(items)}}}}}")
     return _policy("neighbour-uids", namespace, [PODS], [mutation])
+
+
+def restricted_pod(namespace: str, name: str) -> dict[str, Any]:
+    """A pod as a user writes it for a `restricted` namespace on such a platform: no UID."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "securityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
+            "containers": [
+                {
+                    "name": name,
+                    "image": BUSYBOX_IMAGE,
+                    "securityContext": {
+                        "allowPrivilegeEscalation": False,
+                        "capabilities": {"drop": ["ALL"]},
+                    },
+                }
+            ],
+        },
+    }
