@@ -22,6 +22,7 @@ from tests.support.node import (
     container_state,
     exit_code,
     job_of,
+    overlapping,
 )
 from tests.support.operator import OperatorProcess
 
@@ -64,11 +65,18 @@ class Scenario:
         schedule: str = NEVER,
         backoff_limit: int = 0,
         node: str | None = None,
+        platform_uid: bool = False,
         **settings: str,
     ) -> dict[str, Any]:
         """Create an annotated CronJob running `sh -c script` (on `node` if given, by its
-        hostname label); return it once injected."""
+        hostname label); return it once injected. `platform_uid`: written for `restricted`
+        Pod Security with no UID, for the platform to assign one (OpenShift's SCCs)."""
         placement = {"nodeSelector": {"kubernetes.io/hostname": node}} if node else {}
+        pod_security: dict[str, Any] = {"runAsNonRoot": True, "runAsUser": 65532}
+        main_security: dict[str, Any] = {}
+        if platform_uid:
+            pod_security = {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
+            main_security = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
         annotations = {"cronlock.io/enabled": "true", "cronlock.io/ttl": "19s"}
         annotations.update({f"cronlock.io/{k.replace('_', '-')}": v for k, v in settings.items()})
         body = make_cronjob(
@@ -78,7 +86,7 @@ class Scenario:
             annotations=annotations,
             restart_policy="Never",
             job={"backoffLimit": backoff_limit},
-            securityContext={"runAsNonRoot": True, "runAsUser": 65532},
+            securityContext=pod_security,
             **placement,
             containers=[
                 {
@@ -86,6 +94,7 @@ class Scenario:
                     "image": BUSYBOX_IMAGE,
                     "imagePullPolicy": "Never",
                     "command": ["sh", "-c", self.work(script)],
+                    **({"securityContext": main_security} if main_security else {}),
                 }
             ],
         )
@@ -234,6 +243,41 @@ class Scenario:
 
     def operator_log(self) -> str:
         return self.operator.log()[-4000:]
+
+
+def hold_then(cluster: Scenario, name: str, **settings: str) -> tuple[Work, str, float]:
+    """Start a long run of a fresh CronJob; return its work, pod and the Lease's expiry
+    (on this host's monotonic clock) right after a renewal the test can act on."""
+    cluster.cronjob(name, "echo working; sleep 300", **settings)
+    cluster.run(name, f"{name}-1")
+    work = cluster.main_running(f"{name}-1")
+    expiry = cluster.wait_renewal(name)
+    return work, work.pod, expiry
+
+
+def stopped_before_expiry(work: Work, expiry: float, what: str) -> float:
+    """Waits for the work to stop; fails unless it stopped before `expiry`; the margin."""
+    stopped = wait_for(lambda: work.stopped, expiry - time.monotonic() + 60, f"{what} to stop")
+    assert stopped < expiry, (
+        f"{what} was still working {stopped - expiry:.1f}s after its Lease expired"
+    )
+    return expiry - stopped
+
+
+def next_run_goes_ahead(cluster: Scenario, name: str, not_before: float) -> None:
+    """Manual runs until one takes the lock: not before the old Lease expired (or was freed)."""
+    count = len(cluster.jobs_seen())
+
+    def next_run() -> str | None:
+        nonlocal count
+        count += 1
+        job = f"{name}-{count}"
+        cluster.run(name, job, "echo working again")
+        return job if cluster.gate_exit(job) == 0 else None
+
+    ran = wait_for(next_run, not_before - time.monotonic() + 90, "a later run to go ahead", 2)
+    assert cluster.main_finished(ran) == 0
+    assert overlapping(cluster.namespace_works()) == [], "two works of one lock at once"
 
 
 def _injected(cronjob: dict[str, Any]) -> bool:
