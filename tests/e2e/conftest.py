@@ -94,14 +94,19 @@ def node_operator(
     operator_kubeconfig: Path,
     node: RealNode,
     tmp_path_factory: pytest.TempPathFactory,
+    request: pytest.FixtureRequest,
 ) -> Iterator[OperatorProcess]:
-    """The real operator, injecting the sidecar image built from our Dockerfile (never pulled)."""
+    """The real operator, injecting the sidecar image built from our Dockerfile (never pulled);
+    a module's `NODE_OPERATOR_ARGS` are added to its command line (its settings there)."""
     log = tmp_path_factory.mktemp("operator-log") / "operator.log"
     process = OperatorProcess(
         operator_kubeconfig,
         log,
         controlplane.env,
-        ["--sidecar-image", SIDECAR_IMAGE, "--sidecar-image-pull-policy", "Never"],
+        [
+            *("--sidecar-image", SIDECAR_IMAGE, "--sidecar-image-pull-policy", "Never"),
+            *getattr(request.module, "NODE_OPERATOR_ARGS", ()),
+        ],
     )
     process.start()
     yield process

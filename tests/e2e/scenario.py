@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import datetime
+import os
+import signal
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -240,6 +244,16 @@ class Scenario:
     def sidecar_log(self, job: str) -> str:
         """The sidecar's log of every pod of the Job (kubectl logs; kept for deleted pods)."""
         return "".join(self.recorder.sidecar_log(p["metadata"]["name"]) for p in self.pods(job))
+
+    @contextlib.contextmanager
+    def sidecar_frozen(self, pod: str) -> Iterator[None]:
+        """The pod's sidecar process stopped (SIGSTOP) from the node's host, continued after."""
+        pid = self.node.signal_container(self.pod_uid(pod), SIDECAR, signal.SIGSTOP)
+        try:
+            yield
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
 
     def operator_log(self) -> str:
         return self.operator.log()[-4000:]

@@ -110,12 +110,8 @@ def test_a_frozen_sidecar_gets_its_run_stopped_before_the_lease_expires(
     cluster: Scenario,
 ) -> None:
     work, pod, expiry = hold_then(cluster, "freeze", ttl=TTL)
-    pid = cluster.node.signal_container(cluster.pod_uid(pod), SIDECAR, signal.SIGSTOP)
-    try:
+    with cluster.sidecar_frozen(pod):
         margin = stopped_before_expiry(work, expiry, "the run with a frozen sidecar")
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGCONT)
     print(f"frozen-sidecar run stopped {margin:.1f}s before its Lease expired")
     next_run_goes_ahead(cluster, "freeze", expiry + SKEW)
 

@@ -16,9 +16,6 @@ its Lease expires and the next run goes ahead; a frozen lock skips its runs.
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -39,36 +36,14 @@ from tests.support import neighbours
 from tests.support.contract import EXIT_SKIPPED
 from tests.support.controlplane import ControlPlane
 from tests.support.kube import wait_for
-from tests.support.node import RealNode, overlapping
-from tests.support.operator import SIDECAR_IMAGE, OperatorProcess
+from tests.support.node import overlapping
 
 CRONLOCK = Path(sys.executable).with_name("cronlock")
 UID = 1000650000  # restricted-v2 gives the first UID of the namespace's range; one such
 SKEW = 2.0
-
-
-@pytest.fixture(scope="module")
-def node_operator(
-    controlplane: ControlPlane,
-    operator_kubeconfig: Path,
-    node: RealNode,
-    tmp_path_factory: pytest.TempPathFactory,
-) -> Iterator[OperatorProcess]:
-    """The operator as the chart runs it with `sidecar.runAsUser=null,sidecar.runAsGroup=null`
-    (the chart's OpenShift setting): the injected containers get no UID from cronlock."""
-    log = tmp_path_factory.mktemp("operator-log") / "operator.log"
-    process = OperatorProcess(
-        operator_kubeconfig,
-        log,
-        controlplane.env,
-        [
-            *("--sidecar-image", SIDECAR_IMAGE, "--sidecar-image-pull-policy", "Never"),
-            *("--sidecar-run-as-user", "", "--sidecar-run-as-group", ""),
-        ],
-    )
-    process.start()
-    yield process
-    process.stop()
+# The operator as the chart runs it with `sidecar.runAsUser=null,sidecar.runAsGroup=null`
+# (the chart's OpenShift setting): the injected containers get no UID from cronlock.
+NODE_OPERATOR_ARGS = ("--sidecar-run-as-user", "", "--sidecar-run-as-group", "")
 
 
 @pytest.fixture
@@ -145,12 +120,8 @@ def test_beside_policies_an_injector_and_platform_uids_runs_hold_skip_stop_and_f
 
     # The sidecar freezes: its watchdog signals the work (as the same platform UID).
     expiry = cluster.wait_renewal("report")
-    pid = cluster.node.signal_container(cluster.pod_uid(work.pod), SIDECAR, signal.SIGSTOP)
-    try:
+    with cluster.sidecar_frozen(work.pod):
         margin = stopped_before_expiry(work, expiry, "the run whose sidecar froze")
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGCONT)
     print(f"platform-UID run (signal) stopped {margin:.1f}s before its Lease expired")
     next_run_goes_ahead(cluster, "report", expiry + SKEW)
 

@@ -37,6 +37,17 @@ REASON = "ChangedByAdmission"
 WINDOW = 300.0
 
 
+def guarded(namespace: str, schedule: str) -> dict[str, Any]:
+    """CronJob `report`, opted in, as its user writes it."""
+    return make_cronjob(
+        name="report",
+        namespace=namespace,
+        schedule=schedule,
+        annotations={"cronlock.io/enabled": "true"},
+        restart_policy="Never",
+    )
+
+
 def pod_spec(cronjob: dict[str, Any]) -> dict[str, Any]:
     spec: dict[str, Any] = cronjob["spec"]["jobTemplate"]["spec"]["template"]["spec"]
     return spec
@@ -74,13 +85,7 @@ def test_the_operator_leaves_what_a_mutating_neighbour_adds_and_writes_nothing_f
 ) -> None:
     # Every minute: the CronJob controller's Jobs and status writes are watch events the
     # operator reconciles on, each a chance to fight.
-    body = make_cronjob(
-        name="report",
-        namespace=namespace,
-        schedule="* * * * *",
-        annotations={"cronlock.io/enabled": "true"},
-        restart_policy="Never",
-    )
+    body = guarded(namespace, "* * * * *")
     kubernetes.client.BatchV1Api(api).create_namespaced_cron_job(namespace, body)
     written = read(api, namespace, "report")
     assert containers(written)["main"]["resources"]["limits"]["cpu"] == "250m", "policy applied"
@@ -154,14 +159,7 @@ def test_a_cronjob_editor_cannot_keep_a_sidecar_she_changed_behind_the_admitted_
     its own patch: her image for cronlock's sidecar (one that would fake the lock) makes a
     different template, injected over."""
     as_mallory = cronjob_editor(api, namespace, service_account_kubeconfig, controlplane, "report")
-    body = make_cronjob(
-        name="report",
-        namespace=namespace,
-        schedule="0 0 1 1 *",
-        annotations={"cronlock.io/enabled": "true"},
-        restart_policy="Never",
-    )
-    as_mallory.create_namespaced_cron_job(namespace, body)
+    as_mallory.create_namespaced_cron_job(namespace, guarded(namespace, "0 0 1 1 *"))
     wait_event(api, namespace, "report", REASON)  # the admitted form is remembered
     injected = read(api, namespace, "report")
     image = containers(injected)["cronlock"]["image"]
