@@ -7,8 +7,12 @@ import copy
 from collections.abc import Callable
 from typing import Any
 
+import pytest
+
 from cronlock_operator.reconcile import cronjobs
+from cronlock_operator.runtime import metrics
 from cronlock_operator.runtime.reconciler import Reconciler
+from cronlock_sidecar.contract import VOLUME_NAME
 from tests.support.cronjobs import SETTINGS, make_cronjob, server_defaults
 from tests.support.fakekube import FakeKube
 
@@ -144,13 +148,60 @@ def test_admission_judges_the_answer_against_what_was_asked() -> None:
     body = server_defaults(make_cronjob(name="report", restart_policy="Never"))
     desired = cronjobs.desired_cronjob(body, cronjobs.read_config(body, SETTINGS).config, SETTINGS)
     answer = copy.deepcopy(desired)
-    assert cronjobs.admission(answer, desired, {}) == (None, [], {"ChangedByAdmission": None})
+    unchanged = cronjobs.admission(answer, desired, {})
+    assert unchanged == cronjobs.Judged(None, [], {"ChangedByAdmission": None})
     cpu_limit_everywhere(answer)
-    admitted, actions, posted = cronjobs.admission(answer, desired, {})
-    assert admitted is not None
-    assert admitted.asked != admitted.stored
-    assert len(actions) == 1
+    judged = cronjobs.admission(answer, desired, {})
+    assert judged.admitted is not None
+    assert judged.admitted.asked != judged.admitted.stored
+    assert len(judged.actions) == 1
+    assert not judged.stripped
     # The same message again is not posted twice.
-    message = posted["ChangedByAdmission"]
+    message = judged.posted["ChangedByAdmission"]
     assert message is not None
-    assert cronjobs.admission(answer, desired, {"ChangedByAdmission": message})[1] == []
+    assert cronjobs.admission(answer, desired, {"ChangedByAdmission": message}).actions == []
+
+
+def containers_taken_out(cronjob: dict[str, Any]) -> None:
+    """A mutator that allows no container it does not know: cronlock's two go."""
+    spec = cronjob["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+    ours = ("cronlock", "cronlock-gate")
+    spec["initContainers"] = [c for c in spec.get("initContainers", []) if c["name"] not in ours]
+
+
+def injection_taken_out(cronjob: dict[str, Any]) -> None:
+    """The same, and every other trace of the injection in the user's containers too."""
+    containers_taken_out(cronjob)
+    spec = cronjob["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+    spec["volumes"] = [v for v in spec.get("volumes", []) if v["name"] != VOLUME_NAME]
+    for container in spec["containers"]:
+        mounts = [m for m in container.get("volumeMounts", []) if m["name"] != VOLUME_NAME]
+        container["volumeMounts"] = mounts
+        container.pop("livenessProbe", None)
+
+
+@pytest.mark.parametrize("mutator", [injection_taken_out, containers_taken_out])
+def test_an_injection_admission_takes_out_is_a_warning_and_counts_as_not_guarded(
+    mutator: Mutator,
+) -> None:
+    reconciler, kube = setup(mutator)
+    reconciler.reconcile_cronjob("team-a", "report")
+    [(_, _, message, warning)] = [e for e in kube.events if e[1] == "ChangedByAdmission"]
+    assert warning
+    assert "spec.template.spec.initContainers" in message
+    assert states() == {"guarded": 0, "invalid": 0, "conflict": 1}
+    tick(reconciler, kube)  # no second write, still not guarded: kept as admitted, or
+    assert kube.patches == 1  # what is left of the injection is no longer injectable
+    assert states()["guarded"] == 0
+    assert states()["invalid"] + states()["conflict"] == 1
+    del kube.cronjobs[("team-a", "report")]
+    reconciler.on_cronjob("DELETED", {"metadata": {"namespace": "team-a", "name": "report"}})
+    reconciler.reconcile_cronjob("team-a", "report")
+    assert states() == {"guarded": 0, "invalid": 0, "conflict": 0}
+
+
+def states() -> dict[str, float]:
+    return {
+        state: metrics.registry.get_sample_value("cronlock_cronjobs", {"state": state}) or 0.0
+        for state in metrics.CRONJOB_STATES
+    }

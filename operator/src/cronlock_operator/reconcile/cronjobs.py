@@ -56,6 +56,8 @@ class CronJobDecision:
     posted: dict[str, str | None] = field(default_factory=dict)
     # The CronJob `after` patches it into, to judge what admission stores of the patch.
     desired: Mapping[str, Any] | None = None
+    # Opted in, but kept as admitted without cronlock's injection: not guarded as asked.
+    stripped: bool = False
 
 
 @dataclass(frozen=True)
@@ -155,19 +157,31 @@ def decide(
         after=after,
         posted=updates,
         desired=desired if patch else None,
+        stripped=config is not None and not patch and as_admitted and not is_injected(body),
     )
+
+
+@dataclass(frozen=True)
+class Judged:
+    """What admission made of cronlock's patch: what to remember (None: it changed nothing),
+    the Event to post, the message now posted, and whether the injection was taken out."""
+
+    admitted: Admitted | None
+    actions: list[Action]
+    posted: dict[str, str | None]
+    stripped: bool = False
 
 
 def admission(
     stored: Mapping[str, Any], desired: Mapping[str, Any], posted: Mapping[str, str]
-) -> tuple[Admitted | None, list[Action], dict[str, str | None]]:
-    """What admission made of cronlock's patch: `stored` is the API server's answer to the
-    patch that asked for `desired`. When another mutator changed the job template: what to
-    remember (`Admitted`), one Event saying what changed (a Warning unless only resources,
-    labels or annotations did) and the message posted; else nothing to remember."""
+) -> Judged:
+    """`stored` is the API server's answer to the patch that asked for `desired`. When
+    another mutator changed the job template: what to remember (`Admitted`), one Event
+    saying what changed (a Warning unless only resources, labels or annotations did), and
+    whether it took cronlock's injection out (then the CronJob is not guarded as asked)."""
     changes = job_template_changes(stored, desired)
     if not changes:
-        return None, [], {ADMISSION_REASON: None}
+        return Judged(None, [], {ADMISSION_REASON: None})
     harmless = all(any(mark in change for mark in _HARMLESS) for change in changes)
     message = (
         f"admission changed cronlock's write of this CronJob ({', '.join(changes)}): cronlock "
@@ -182,13 +196,11 @@ def admission(
             "controllers)"
         )
     admitted = Admitted(job_template_fingerprint(desired), job_template_fingerprint(stored))
+    stripped = is_injected(desired) and not is_injected(stored)
     if posted.get(ADMISSION_REASON) == message:
-        return admitted, [], {}
-    return (
-        admitted,
-        [PostEvent(stored, ADMISSION_REASON, message, warning=not harmless)],
-        {ADMISSION_REASON: message},
-    )
+        return Judged(admitted, [], {}, stripped)
+    event = PostEvent(stored, ADMISSION_REASON, message, warning=not harmless)
+    return Judged(admitted, [event], {ADMISSION_REASON: message}, stripped)
 
 
 def pending_guard(cronjob: Mapping[str, Any], settings: OperatorSettings) -> Guard | None:

@@ -33,7 +33,8 @@ guarded_cronjobs = Gauge(
 cronjobs = Gauge(
     "cronlock_cronjobs",
     "Opted-in CronJobs by state: guarded (as asked), invalid (latest settings refused, "
-    "InvalidConfig), conflict (something it needs is not cronlock's)",
+    "InvalidConfig), conflict (something it needs is not cronlock's, or another mutating "
+    "admission controller takes its injection out: ChangedByAdmission)",
     ["state"],
     registry=registry,
 )

@@ -95,6 +95,9 @@ class Reconciler:
     # What admission made of our last patch of a CronJob, where another mutator changed it:
     # not written again while it stays so (reconcile/cronjobs.py, Admitted).
     admitted: dict[Name, Admitted] = field(default_factory=dict)
+    # Of those, the opted-in CronJobs whose admitted template has no injection (a mutator
+    # takes it out): counted as not guarded (state conflict).
+    stripped: set[Name] = field(default_factory=set)
     # The API server's answer to our last patch of a CronJob, until it is judged.
     _answers: dict[Name, dict[str, Any]] = field(default_factory=dict)
     # How Events are posted (default: at once, in the worker); see events.EventPoster.
@@ -276,6 +279,7 @@ class Reconciler:
             self.invalid.discard(key)
             metrics.forget_cronjob(namespace, name)
             self.admitted.pop(key, None)
+            self.stripped.discard(key)
             guarded = self.guards.pop(key, None) is not None
             self._count_states()
             if guarded:
@@ -338,16 +342,21 @@ class Reconciler:
             return
         self._remember_posted(uid, {**decision.posted, "ReconcileError": None})
         answer = self._answers.pop(key, None)
+        stripped = decision.stripped
         if decision.desired is not None and answer is not None:
-            admitted, actions, posted = cronjobs.admission(
-                answer, decision.desired, self.posted.get(uid, {})
-            )
-            if admitted is None:
+            judged = cronjobs.admission(answer, decision.desired, self.posted.get(uid, {}))
+            if judged.admitted is None:
                 self.admitted.pop(key, None)
             else:
-                self.admitted[key] = admitted
-            self.executor.run(actions)
-            self._remember_posted(uid, posted)
+                self.admitted[key] = judged.admitted
+            self.executor.run(judged.actions)
+            self._remember_posted(uid, judged.posted)
+            stripped = judged.stripped
+        if stripped:
+            self.stripped.add(key)
+        else:
+            self.stripped.discard(key)
+        self._count_states()
 
     def _count_states(self) -> None:
         """The gauges of CronJobs by state: guarded as asked, refused settings, conflict."""
@@ -356,9 +365,11 @@ class Reconciler:
             # Counted over the (few) refused ones: every reconcile calls this, and a set
             # difference over 10,000 guards each time would be quadratic at start-up.
             guarded=len(self.guards)
-            - sum(1 for key in self.invalid | self.conflicted if key in self.guards),
+            - sum(
+                1 for key in self.invalid | self.conflicted | self.stripped if key in self.guards
+            ),
             invalid=len(self.invalid),
-            conflict=len(self.conflicted),
+            conflict=len(self.conflicted | self.stripped),
         )
 
     def _refuse(self, key: Name, body: Mapping[str, Any], conflict: str) -> None:
