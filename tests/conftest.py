@@ -13,13 +13,13 @@ import kubernetes
 import pytest
 
 from tests.support.controlplane import (
-    ROOT,
     ControlPlane,
     ServiceAccountKubeconfig,
     make_service_account_kubeconfig,
     started,
 )
 from tests.support.operator import OPERATOR_NAMESPACE, OperatorProcess, install_chart_rbac
+from tests.support.paths import ROOT
 
 
 @pytest.fixture(scope="session")

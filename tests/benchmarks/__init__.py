@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from tests.support.controlplane import ControlPlane, started
+from tests.support.paths import ROOT
 from tests.support.versions import pinned
 
-ROOT = Path(__file__).resolve().parent.parent.parent
 BENCH_DIR = ROOT / ".testenv" / "bench"
 
 

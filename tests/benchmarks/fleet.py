@@ -4,7 +4,7 @@
         [--locks 200] [--hold 600] [--baseline 180]
 
 Starts its own control plane, two real nodes (kubelet, containerd, runc) and the operator
-(tests/reliability/pods.py's `node_and_operator`). Two phases on the same cluster, one
+(tests/support/environment.py's `node_and_operator`). Two phases on the same cluster, one
 after the other, each with `--locks` CronJobs in one namespace and a Job made from each
 (`kubectl create job --from`), every work a busybox `sleep` that reports to the work
 tracker on the host:
@@ -45,12 +45,12 @@ import kubernetes
 
 from tests.benchmarks.renewals import cpu_seconds, request_totals
 from tests.benchmarks.runstart import cronjob
-from tests.reliability.checker import ROOT, own_controlplane
-from tests.reliability.pods import node_and_operator
-from tests.support.controlplane import ControlPlane
+from tests.support.controlplane import ControlPlane, own_controlplane
 from tests.support.cronjobs import job_from_cronjob
+from tests.support.environment import node_and_operator
 from tests.support.kube import wait_for
 from tests.support.node import WorkTracker
+from tests.support.paths import ROOT
 
 PHASES = ("plain", "guarded")
 RENEW_SECONDS = 20.0  # the operator's default renew period (ttl 60 s)

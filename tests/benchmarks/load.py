@@ -31,8 +31,9 @@ from typing import Any
 import kubernetes
 import urllib3
 
-from tests.reliability.checker import ROOT, SIDECAR, own_controlplane
-from tests.reliability.faults import children
+from tests.support.controlplane import own_controlplane
+from tests.support.paths import ROOT, SIDECAR
+from tests.support.processes import children
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 

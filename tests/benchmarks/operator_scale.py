@@ -36,8 +36,8 @@ import urllib3
 from tests.support.controlplane import ControlPlane, started
 from tests.support.cronjobs import make_cronjob
 from tests.support.operator import OperatorProcess
+from tests.support.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 TICK = os.sysconf("SC_CLK_TCK")
 NAMESPACES = 10
 

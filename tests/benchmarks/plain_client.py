@@ -26,17 +26,18 @@ from concurrent.futures import ThreadPoolExecutor  # noqa: E402
 from typing import Any  # noqa: E402
 
 from cronlock_operator.cache import ObjectCache  # noqa: E402
+from cronlock_operator.cronjob.config import parse_config  # noqa: E402
 from cronlock_operator.injection.build import build_injection  # noqa: E402
 from cronlock_operator.injection.patching import injection_patch  # noqa: E402
 from cronlock_operator.kube.client import api_client  # noqa: E402
 from cronlock_operator.kube.writes import Kube  # noqa: E402
-from cronlock_operator.lock.config import OperatorSettings, parse_config  # noqa: E402
-from cronlock_operator.lock.ownership import new_lease  # noqa: E402
+from cronlock_operator.leases.ownership import new_lease  # noqa: E402
 from cronlock_operator.reconcile import rbac  # noqa: E402
 from cronlock_operator.reconcile.cronjobs import describe  # noqa: E402
 from cronlock_operator.reconcile.rbac import Guard  # noqa: E402
 from cronlock_operator.runtime.executor import Executor  # noqa: E402
 from cronlock_operator.runtime.reconciler import WORKERS  # noqa: E402
+from cronlock_operator.settings import OperatorSettings  # noqa: E402
 from cronlock_sidecar import contract  # noqa: E402
 
 SIDECAR_IMAGE = "ghcr.io/cronlock/cronlock-sidecar:0.1.0"

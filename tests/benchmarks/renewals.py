@@ -32,23 +32,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cronlock_operator.cronjob.config import PROBE_PERIOD_SECONDS, LockConfig, parse_config
 from cronlock_operator.injection.containers import (
     GATE_COMMAND,
     SIDECAR_COMMAND,
     gate_container,
     sidecar_container,
 )
-from cronlock_operator.lock.config import (
-    PROBE_PERIOD_SECONDS,
-    LockConfig,
-    OperatorSettings,
-    parse_config,
-)
+from cronlock_operator.settings import OperatorSettings
 from cronlock_sidecar import contract
 from cronlock_sidecar.pod.rundir import read_decision
-from tests.benchmarks import BENCH_DIR, ROOT, controlplane, machine, summary, table
-from tests.benchmarks.sidecar import SIDECAR, _free_port
+from tests.benchmarks import BENCH_DIR, controlplane, machine, summary, table
+from tests.benchmarks.sidecar import SIDECAR
 from tests.support.controlplane import ControlPlane
+from tests.support.paths import ROOT
+from tests.support.ports import free_port
 from tests.support.tools import gotool
 
 KINDS = ("sidecar", "client-go")
@@ -195,7 +193,7 @@ def start_sidecar(
     plane: ControlPlane, namespace: str, lock: str, ttl: str | None, workdir: Path
 ) -> Holder:
     pod = injected(namespace, lock, ttl)
-    port = _free_port()
+    port = free_port()
     run_dir = workdir / lock
     env = {
         **plane.env,

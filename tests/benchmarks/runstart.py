@@ -4,7 +4,7 @@ the same pod guarded and unguarded, in interleaved pairs.
     flock /tmp/cronlock-node.lock .venv/bin/python -m tests.benchmarks runstart [--pairs 20]
 
 Starts its own control plane, the real node (kubelet, containerd, runc) and the operator
-(tests/reliability/pods.py's `node_and_operator`), makes two CronJobs with the same main
+(tests/support/environment.py's `node_and_operator`), makes two CronJobs with the same main
 container (busybox `sh`, UID 65532), one annotated `cronlock.io/enabled: "true"` and
 injected, and creates a Job from each in turn (`kubectl create job --from`), alternating
 which goes first. A run's work starts when its main container connects to the work
@@ -33,11 +33,12 @@ from typing import Any
 
 import kubernetes
 
-from tests.reliability.checker import ROOT, own_controlplane
-from tests.reliability.pods import node_and_operator
+from tests.support.controlplane import own_controlplane
 from tests.support.cronjobs import job_from_cronjob, make_cronjob
+from tests.support.environment import node_and_operator
 from tests.support.kube import wait_for
 from tests.support.node import BUSYBOX_IMAGE, RealNode, WorkTracker
+from tests.support.paths import ROOT
 
 KINDS = ("plain", "guarded")
 # The stages of a guarded run, between containerd's timestamps (each a difference of two

@@ -8,7 +8,6 @@ import json
 import secrets
 import shlex
 import signal
-import socket
 import subprocess
 import tempfile
 import threading
@@ -21,8 +20,10 @@ from typing import Any
 
 import kubernetes
 
-from tests.benchmarks import BENCH_DIR, ROOT, controlplane, machine, summary, table
+from tests.benchmarks import BENCH_DIR, controlplane, machine, summary, table
 from tests.support.controlplane import ControlPlane
+from tests.support.paths import ROOT
+from tests.support.ports import free_port
 
 VENV_BIN = ROOT / ".venv" / "bin"
 SIDECAR = str(VENV_BIN / "cronlock-sidecar")
@@ -127,12 +128,6 @@ class LeaseWatch:
             return [change for change in self.changes if start <= change.arrived < end]
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 class Sidecars:
     """Starts `run` and `hold` processes on the benchmark's Lease."""
 
@@ -154,7 +149,7 @@ class Sidecars:
     def hold(self, pod: str, *flags: str) -> tuple[subprocess.Popen[bytes], str, int]:
         """The process, its identity and its HTTP port."""
         uid = secrets.token_hex(8)
-        port = _free_port()
+        port = free_port()
         run_dir = self.workdir / pod
         process = subprocess.Popen(
             [

@@ -4,6 +4,12 @@ Standard library only, so `tests/controlplane/up` works before any virtualenv ex
 The processes run in the background on loopback ports; their pids, logs, certificates
 and the admin kubeconfig live in the test environment directory
 (`$CRONLOCK_TESTENV_DIR`, default `.testenv/` at the repository root).
+
+With CRONLOCK_CONTROLPLANE_HA=1, `up` starts the control plane as production runs it: a
+3-member etcd and two API servers behind a TCP balancer (relay.py), which the kubeconfig
+names. The second API server reaches each etcd member through a relay of its own
+(`etcd-link-N`), so a test can cut that API server from etcd alone. `ha.json` names the
+ports; `components` lists what runs, in start order.
 """
 
 from __future__ import annotations
@@ -11,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import shlex
 import shutil
 import signal
@@ -64,6 +71,11 @@ NODE_LINK_HOST_IP = "198.51.100.1"
 # The host's end of the second node's link (a fleet of two, tests/controlplane/node.py).
 NODE2_LINK_HOST_IP = "198.51.100.5"
 READY_TIMEOUT = 120.0
+CLASSIC = ("etcd", "kube-apiserver", "kube-controller-manager")
+ETCD_MEMBERS = ("etcd-1", "etcd-2", "etcd-3")
+APISERVERS = ("kube-apiserver-1", "kube-apiserver-2")
+LINKS = tuple(f"etcd-link-{number}" for number in range(1, len(ETCD_MEMBERS) + 1))
+HA_COMPONENTS = (*ETCD_MEMBERS, *LINKS, *APISERVERS, "balancer", "kube-controller-manager")
 
 
 def testenv_dir() -> Path:
@@ -71,9 +83,25 @@ def testenv_dir() -> Path:
 
 
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A port free now, below the ephemeral range so no outgoing connection takes it first.
+
+    The rule of tests/support/ports.py, kept here because this script is standard library
+    only and runs outside the tests' package.
+    """
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    ports = range(max(1024, low - 10000), low)
+    for _ in range(200):
+        port = random.choice(ports)  # noqa: S311 - spreading picks, not a secret
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("0.0.0.0", port))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError(f"no free port below {low} after 200 tries")
 
 
 def build_bin_dir() -> Path:
@@ -250,11 +278,11 @@ def wait_ready(url: str, pki: Path, name: str, env_dir: Path) -> None:
     raise SystemExit(f"up: {name} not ready after {READY_TIMEOUT:.0f}s ({last})")
 
 
-def wait_etcd(port: int, env_dir: Path) -> None:
+def wait_etcd(port: int, env_dir: Path, name: str = "etcd") -> None:
     deadline = time.monotonic() + READY_TIMEOUT
     while time.monotonic() < deadline:
-        if not alive(env_dir, "etcd"):
-            raise SystemExit(f"up: etcd exited; see {env_dir / 'logs' / 'etcd.log'}")
+        if not alive(env_dir, name):
+            raise SystemExit(f"up: {name} exited; see {env_dir / 'logs' / (name + '.log')}")
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
                 if b'"true"' in r.read():
@@ -304,71 +332,21 @@ def up() -> dict[str, str]:
         "KUBECONFIG": shlex.quote(str(kubeconfig)),
         "PATH": f"{shlex.quote(str(bin_dir))}:$PATH",
     }
-    components = ("etcd", "kube-apiserver", "kube-controller-manager")
-    if kubeconfig.exists() and all(alive(env_dir, name) for name in components):
+    ha = os.environ.get("CRONLOCK_CONTROLPLANE_HA") == "1"
+    wanted = list(HA_COMPONENTS if ha else CLASSIC)
+    if (
+        kubeconfig.exists()
+        and running_components(env_dir) == wanted
+        and all(alive(env_dir, name) for name in wanted)
+    ):
         return exports
 
     down(quiet=True)
     pki = env_dir / "pki"
     make_pki(pki)
-    etcd_port, peer_port, api_port = free_port(), free_port(), free_port()
-    data = env_dir / "etcd-data"
-    shutil.rmtree(data, ignore_errors=True)
-    start(
-        "etcd",
-        [
-            str(bins["etcd"]),
-            "--data-dir",
-            str(data),
-            "--listen-client-urls",
-            f"http://127.0.0.1:{etcd_port}",
-            "--advertise-client-urls",
-            f"http://127.0.0.1:{etcd_port}",
-            "--listen-peer-urls",
-            f"http://127.0.0.1:{peer_port}",
-            "--initial-advertise-peer-urls",
-            f"http://127.0.0.1:{peer_port}",
-            "--initial-cluster",
-            f"default=http://127.0.0.1:{peer_port}",
-            "--unsafe-no-fsync",
-            "--log-level",
-            "warn",
-        ],
-        env_dir,
-    )
-    wait_etcd(etcd_port, env_dir)
-
-    server = f"https://127.0.0.1:{api_port}"
-    start(
-        "kube-apiserver",
-        [
-            str(bins["kube-apiserver"]),
-            f"--etcd-servers=http://127.0.0.1:{etcd_port}",
-            "--bind-address=127.0.0.1",
-            "--advertise-address=127.0.0.1",
-            f"--secure-port={api_port}",
-            f"--tls-cert-file={pki / 'server.crt'}",
-            f"--tls-private-key-file={pki / 'server.key'}",
-            f"--client-ca-file={pki / 'ca.crt'}",
-            "--authorization-mode=RBAC",
-            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-            f"--service-account-key-file={pki / 'sa.pub'}",
-            f"--service-account-signing-key-file={pki / 'sa.key'}",
-            f"--service-cluster-ip-range={SERVICE_CIDR}",
-            # Logs, exec and port-forward reach the real node's kubelet with this.
-            f"--kubelet-client-certificate={pki / 'admin.crt'}",
-            f"--kubelet-client-key={pki / 'admin.key'}",
-            # By address, never by the node's name (no lookup leaves this machine).
-            "--kubelet-preferred-address-types=InternalIP",
-            "--allow-privileged=true",
-            "--endpoint-reconciler-type=none",
-            f"--cert-dir={env_dir / 'apiserver-certs'}",
-            "--v=1",
-        ],
-        env_dir,
-    )
+    (env_dir / "components").write_text("\n".join(wanted) + "\n")
+    server = up_ha(env_dir, bins, pki) if ha else up_one(env_dir, bins, pki)
     write_kubeconfig(kubeconfig, server, pki, "admin")
-    wait_ready(f"{server}/readyz", pki, "kube-apiserver", env_dir)
 
     cm_kubeconfig = env_dir / "controller-manager.kubeconfig"
     write_kubeconfig(cm_kubeconfig, server, pki, "controller-manager")
@@ -394,6 +372,121 @@ def up() -> dict[str, str]:
     )
     wait_default_service_account(bins["kubectl"], kubeconfig, env_dir)
     return exports
+
+
+def running_components(env_dir: Path) -> list[str]:
+    """What `up` started in `env_dir`, in start order (the classic three if it did not say)."""
+    try:
+        return (env_dir / "components").read_text().split()
+    except OSError:
+        return list(CLASSIC)
+
+
+def start_etcd(
+    env_dir: Path, bins: dict[str, Path], name: str, client: int, peer: int, cluster: str
+) -> None:
+    data = env_dir / f"{name}-data"
+    shutil.rmtree(data, ignore_errors=True)
+    start(
+        name,
+        [
+            str(bins["etcd"]),
+            *(["--name", name] if name != "etcd" else []),
+            "--data-dir", str(data),
+            "--listen-client-urls", f"http://127.0.0.1:{client}",
+            "--advertise-client-urls", f"http://127.0.0.1:{client}",
+            "--listen-peer-urls", f"http://127.0.0.1:{peer}",
+            "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
+            "--initial-cluster", cluster,
+            "--initial-cluster-state", "new",
+            "--unsafe-no-fsync",
+            "--log-level", "warn",
+        ],
+        env_dir,
+    )  # fmt: skip
+
+
+def start_apiserver(
+    env_dir: Path, bins: dict[str, Path], pki: Path, name: str, port: int, etcd: list[int]
+) -> str:
+    """The API server `name` on `port`, on the etcd client ports `etcd`; its URL."""
+    servers = ",".join(f"http://127.0.0.1:{client}" for client in etcd)
+    start(
+        name,
+        [
+            str(bins["kube-apiserver"]),
+            f"--etcd-servers={servers}",
+            "--bind-address=127.0.0.1",
+            "--advertise-address=127.0.0.1",
+            f"--secure-port={port}",
+            f"--tls-cert-file={pki / 'server.crt'}",
+            f"--tls-private-key-file={pki / 'server.key'}",
+            f"--client-ca-file={pki / 'ca.crt'}",
+            "--authorization-mode=RBAC",
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+            f"--service-account-key-file={pki / 'sa.pub'}",
+            f"--service-account-signing-key-file={pki / 'sa.key'}",
+            f"--service-cluster-ip-range={SERVICE_CIDR}",
+            # Logs, exec and port-forward reach the real node's kubelet with this.
+            f"--kubelet-client-certificate={pki / 'admin.crt'}",
+            f"--kubelet-client-key={pki / 'admin.key'}",
+            # By address, never by the node's name (no lookup leaves this machine).
+            "--kubelet-preferred-address-types=InternalIP",
+            "--allow-privileged=true",
+            # One address for every API server here: no endpoints to reconcile.
+            "--endpoint-reconciler-type=none",
+            f"--cert-dir={env_dir / (name + '-certs')}",
+            "--v=1",
+        ],
+        env_dir,
+    )
+    return f"https://127.0.0.1:{port}"
+
+
+def up_one(env_dir: Path, bins: dict[str, Path], pki: Path) -> str:
+    """One etcd member and one API server; the API server's URL."""
+    etcd_port, peer_port = free_port(), free_port()
+    start_etcd(env_dir, bins, "etcd", etcd_port, peer_port, f"default=http://127.0.0.1:{peer_port}")
+    wait_etcd(etcd_port, env_dir)
+    server = start_apiserver(env_dir, bins, pki, "kube-apiserver", free_port(), [etcd_port])
+    wait_ready(f"{server}/readyz", pki, "kube-apiserver", env_dir)
+    return server
+
+
+def up_ha(env_dir: Path, bins: dict[str, Path], pki: Path) -> str:
+    """Three etcd members, two API servers (the second through links to etcd) and the
+    balancer in front; the balancer's URL. The ports go to ha.json."""
+    members = {name: (free_port(), free_port()) for name in ETCD_MEMBERS}
+    cluster = ",".join(f"{name}=http://127.0.0.1:{peer}" for name, (_, peer) in members.items())
+    for name, (client, peer) in members.items():
+        start_etcd(env_dir, bins, name, client, peer, cluster)
+    for name, (client, _) in members.items():
+        wait_etcd(client, env_dir, name)
+    relay = [sys.executable, str(HERE / "relay.py")]
+    links = {}
+    for link, (client, _) in zip(LINKS, members.values(), strict=True):
+        links[link] = free_port()
+        start(link, [*relay, "127.0.0.1", str(links[link]), "127.0.0.1", str(client)], env_dir)
+    direct = [client for client, _ in members.values()]
+    apiservers = {name: free_port() for name in APISERVERS}
+    first, second = APISERVERS
+    start_apiserver(env_dir, bins, pki, first, apiservers[first], direct)
+    start_apiserver(env_dir, bins, pki, second, apiservers[second], list(links.values()))
+    for name, port in apiservers.items():
+        wait_ready(f"https://127.0.0.1:{port}/readyz", pki, name, env_dir)
+    balancer = free_port()
+    targets = [word for port in apiservers.values() for word in ("127.0.0.1", str(port))]
+    start("balancer", [*relay, "127.0.0.1", str(balancer), *targets], env_dir)
+    server = f"https://127.0.0.1:{balancer}"
+    wait_ready(f"{server}/readyz", pki, "balancer", env_dir)
+    ports = {
+        "etcd": {name: client for name, (client, _) in members.items()},
+        "links": links,
+        "apiservers": apiservers,
+        "balancer": balancer,
+    }
+    (env_dir / "ha.json").write_text(json.dumps(ports, indent=2) + "\n")
+    return server
 
 
 def wait_default_service_account(kubectl: Path, kubeconfig: Path, env_dir: Path) -> None:
@@ -432,7 +525,7 @@ def wait_default_service_account(kubectl: Path, kubeconfig: Path, env_dir: Path)
 
 def down(quiet: bool = False) -> None:
     env_dir = testenv_dir()
-    for name in ("kube-controller-manager", "kube-apiserver", "etcd"):
+    for name in reversed(running_components(env_dir)):
         pid = pid_of(env_dir, name)
         if pid is None:
             continue

@@ -4,8 +4,11 @@ The real node (node.py) uses two: one for the kubelet and one for the pods, whic
 the API server (listening on 127.0.0.1 only) at the `kubernetes` Service's address.
 TLS passes through untouched, so clients verify the API server's own certificate.
 SIGSTOP on a relay cuts exactly its clients' path: connections open and then hang.
+Given several targets it balances: each connection goes to the next one in turn, and on to
+the one after when a target refuses (a TCP balancer in front of an HA control plane,
+controlplane.py's CRONLOCK_CONTROLPLANE_HA).
 
-    python3 relay.py 203.0.113.1 443 127.0.0.1 43211
+    python3 relay.py 203.0.113.1 443 127.0.0.1 43211 [127.0.0.1 43212 ...]
 """
 
 from __future__ import annotations
@@ -30,25 +33,35 @@ async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> No
         writer.close()
 
 
-async def serve(listen_host: str, listen_port: int, target_host: str, target_port: int) -> None:
+async def serve(listen_host: str, listen_port: int, targets: list[tuple[str, int]]) -> None:
+    turn = 0
+
     async def relay(client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+        nonlocal turn
         peer = client_w.get_extra_info("peername")
-        try:
-            server_r, server_w = await asyncio.open_connection(target_host, target_port)
-        except OSError as error:
-            print(f"{stamp()} {peer}: cannot connect: {error}", flush=True)
+        first, turn = turn, turn + 1
+        for attempt in range(len(targets)):
+            target_host, target_port = targets[(first + attempt) % len(targets)]
+            try:
+                server_r, server_w = await asyncio.open_connection(target_host, target_port)
+                break
+            except OSError as error:
+                print(f"{stamp()} {peer}: cannot connect to {target_port}: {error}", flush=True)
+        else:
             client_w.close()
             return
-        print(f"{stamp()} {peer}: open", flush=True)
+        print(f"{stamp()} {peer}: open to {target_port}", flush=True)
         await asyncio.gather(pipe(client_r, server_w), pipe(server_r, client_w))
         print(f"{stamp()} {peer}: closed", flush=True)
 
     server = await asyncio.start_server(relay, listen_host, listen_port, reuse_address=True)
-    print(f"relay {listen_host}:{listen_port} -> {target_host}:{target_port}", flush=True)
+    shown = ", ".join(f"{host}:{port}" for host, port in targets)
+    print(f"relay {listen_host}:{listen_port} -> {shown}", flush=True)
     async with server:
         await server.serve_forever()
 
 
 if __name__ == "__main__":
-    host, port, target, target_port = sys.argv[1:5]
-    asyncio.run(serve(host, int(port), target, int(target_port)))
+    host, port, *rest = sys.argv[1:]
+    pairs = [(rest[index], int(rest[index + 1])) for index in range(0, len(rest), 2)]
+    asyncio.run(serve(host, int(port), pairs))

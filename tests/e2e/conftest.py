@@ -14,7 +14,7 @@ from tests.e2e.scenario import Scenario
 from tests.support.controlplane import ControlPlane
 from tests.support.kube import wait_for
 from tests.support.node import PodRecorder, RealNode, WorkTracker
-from tests.support.operator import SIDECAR_IMAGE, OperatorProcess
+from tests.support.operator import NODE_OPERATOR_ARGS, OperatorProcess
 
 HERE = Path(__file__).resolve().parent
 NEEDS_OWN_PLANE = (
@@ -104,7 +104,7 @@ def node_operator(
         log,
         controlplane.env,
         [
-            *("--sidecar-image", SIDECAR_IMAGE, "--sidecar-image-pull-policy", "Never"),
+            *NODE_OPERATOR_ARGS,
             *getattr(request.module, "NODE_OPERATOR_ARGS", ()),
         ],
     )

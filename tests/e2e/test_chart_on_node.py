@@ -8,7 +8,6 @@ from __future__ import annotations
 import secrets
 import subprocess
 from collections.abc import Iterator
-from pathlib import Path
 
 import kubernetes
 import pytest
@@ -19,15 +18,15 @@ from tests.support.kube import run_tool, wait_for
 from tests.support.node import CRONLOCK_IMAGE, RealNode
 from tests.support.objects import injected, read
 from tests.support.operator import SIDECAR_IMAGE
+from tests.support.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "cronlock"
 RESTRICTED = (
     "pod-security.kubernetes.io/enforce=restricted",
     "pod-security.kubernetes.io/warn=restricted",
 )
 # Long enough for a loaded machine to start the operator; the failing case waits it out.
-TEST_WAIT = "30s"
+TEST_WAIT = "15s"
 
 
 def helm(

@@ -23,9 +23,9 @@ from typing import Any
 import pytest
 
 from tests.e2e.scenario import Scenario, seconds_to_next_minute
-from tests.reliability.faults import ControlPlaneProcesses
 from tests.support.controlplane import ControlPlane
 from tests.support.kube import holds, wait_for
+from tests.support.processes import ControlPlaneProcesses
 
 CRONLOCK = Path(sys.executable).with_name("cronlock")
 DEADLINE = 20  # startingDeadlineSeconds of every CronJob here

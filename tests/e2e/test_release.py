@@ -19,6 +19,7 @@ from typing import Any
 
 import kubernetes
 import pytest
+import yaml
 
 from tests.e2e.test_chart_on_node import RESTRICTED, TEST_WAIT, guard, helm
 from tests.support.controlplane import ControlPlane
@@ -26,9 +27,9 @@ from tests.support.cronjobs import job_from_cronjob
 from tests.support.kube import wait_for
 from tests.support.node import BUSYBOX_IMAGE, RealNode
 from tests.support.objects import read
+from tests.support.paths import ROOT
 from tests.support.tools import gotool
 
-ROOT = Path(__file__).resolve().parents[2]
 VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
 HOST_ARCH = subprocess.run(
     ["dpkg", "--print-architecture"], check=True, capture_output=True, text=True
@@ -125,6 +126,19 @@ def test_the_registry_holds_the_release_as_image_indexes_and_a_chart(
     stores_repository, stores_digest = published["images"]["sidecar-stores"].split("@")
     assert f"repository: {stores_repository}\n" in shown
     assert f'digest: "{stores_digest}"' in shown
+    # Its papers say the same: Artifact Hub's list names the three images by digest, and
+    # the README installs from a registry, not from a clone.
+    pulled = ("--version", VERSION, "--plain-http")
+    about = yaml.safe_load(
+        helm(controlplane, "show", "chart", f"oci://{registry}/charts/cronlock", *pulled).stdout
+    )
+    listed = yaml.safe_load(about["annotations"]["artifacthub.io/images"])
+    assert [image["image"] for image in listed] == [
+        published["images"][key] for key in ("operator", "sidecar", "sidecar-stores")
+    ]
+    readme = helm(controlplane, "show", "readme", f"oci://{registry}/charts/cronlock", *pulled)
+    assert f"oci://ghcr.io/cronlock/charts/cronlock --version {VERSION}" in readme.stdout
+    assert "not published" not in readme.stdout
 
 
 @pytest.mark.timeout(900)

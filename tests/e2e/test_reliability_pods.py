@@ -19,10 +19,11 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.scenario import Scenario
-from tests.reliability.faults import ControlPlaneProcesses
-from tests.reliability.pods import POD_FAULTS, PodChecker, PodSettings
+from tests.reliability.pod_work import POD_FAULTS, PodSettings
+from tests.reliability.pods import PodChecker
 from tests.support.controlplane import ControlPlane
 from tests.support.node import RealNode
+from tests.support.processes import ControlPlaneProcesses
 
 pytestmark = pytest.mark.controlplane
 

@@ -19,10 +19,10 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.scenario import Scenario
-from tests.reliability.checker import SIDECAR
 from tests.support.contract import EXIT_SKIPPED
 from tests.support.kube import wait_for
 from tests.support.node import HOST_LINK_IP, RealNode
+from tests.support.paths import SIDECAR
 from tests.support.stores import RedisServer, running
 
 # The CronJob's annotations: its lock in Redis, whose URL is in the Secret team-locks.

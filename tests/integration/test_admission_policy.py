@@ -16,9 +16,10 @@ from typing import Any
 import kubernetes
 import pytest
 
+from cronlock_operator.cronjob.config import parse_config
 from cronlock_operator.injection.build import build_injection, revert
 from cronlock_operator.injection.patching import injection_patch
-from cronlock_operator.lock.config import OperatorSettings, parse_config
+from cronlock_operator.settings import OperatorSettings
 from tests.support.controlplane import ControlPlane
 from tests.support.cronjobs import make_cronjob
 from tests.support.kube import holds

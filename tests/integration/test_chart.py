@@ -20,9 +20,9 @@ from cronlock_operator import cli as operator_cli
 from tests.support.controlplane import ControlPlane, ServiceAccountKubeconfig
 from tests.support.kube import run_tool, wait_for
 from tests.support.operator import kube_version
+from tests.support.paths import ROOT
 from tests.support.tools import gotool
 
-ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "cronlock"
 INSTALL_YAML = ROOT / "manifests" / "install.yaml"
 EXAMPLES = sorted((ROOT / "manifests" / "examples").glob("*.yaml"))
@@ -544,6 +544,7 @@ GRAFANA_VARIABLES = {
     "$__range": "6h",
     "$namespace": ".*",
     "$job": ".*",
+    "$cluster": ".*",
 }
 
 
@@ -595,7 +596,11 @@ def test_the_grafana_dashboard_renders_parses_and_names_only_exported_metrics(
     dashboard = json.loads(config_map["data"]["cronlock.json"])
     assert dashboard["uid"] == "cronlock"
     variables = {variable["name"] for variable in dashboard["templating"]["list"]}
-    assert variables == {"datasource", "namespace", "job"}
+    assert variables == {"datasource", "cluster", "namespace", "job"}
+    # Every query follows the cluster chosen (a Thanos or federated Prometheus' label).
+    for panel in dashboard["panels"]:
+        for target in panel["targets"]:
+            assert 'cluster=~"$cluster"' in target["expr"], panel["title"]
     path = dashboard_rule_file(tmp_path, dashboard)
     checked, names = metrics_named(path)
     assert checked.returncode == 0, checked.stderr
@@ -610,6 +615,9 @@ def test_the_grafana_dashboard_renders_parses_and_names_only_exported_metrics(
         "cronlock_consecutive_skips",
         "cronlock_takeovers_total",
         "cronlock_reconcile_duration_seconds_bucket",
+        "cronlock_missed_runs_total",
+        "cronlock_not_succeeding",
+        "cronlock_lock_frozen_until_timestamp_seconds",
     } <= names
     # The check can fail: a misspelt series is named as not exported.
     path.write_text(path.read_text().replace("cronlock_lease_held", "cronlock_leases_held"))
@@ -717,6 +725,183 @@ eval instant at 17m {failing}
     assert ran.stdout.startswith("PASS"), ran.stdout
     wrong = promql_eval(tmp_path, script.replace("eval instant at 9m", "eval instant at 12m", 1))
     assert wrong.returncode != 0
+
+
+def test_every_alert_about_a_namespace_keeps_it_on_prometheus_engine(
+    controlplane: ControlPlane, tmp_path: Path
+) -> None:
+    """Alertmanager routes by the namespace (and the lock): two teams' series fire apart."""
+    on = ["--set", "prometheusRule.enabled=true", "--api-versions", "monitoring.coreos.com/v1"]
+    rules = rule_file(tmp_path, render(controlplane, *on))
+    cleared = alert_expr(rules, "CronlockExpiredHoldCleared")
+    unguarded = alert_expr(rules, "CronlockCronJobsNotGuarded")
+    errors = alert_expr(rules, "CronlockReconcileErrors")
+    # As the ServiceMonitor scrapes them (honorLabels): two replicas, the leader exports.
+    job = 'job="cronlock-metrics",pod="a"'
+    script = f"""
+load 1m
+  cronlock_takeovers_total{{{job},namespace="team-a",lock="ledger",reason="expired"}} 0x10 1x20
+  cronlock_takeovers_total{{{job},namespace="team-b",lock="report",reason="expired"}} 0x30
+  cronlock_cronjobs{{{job},namespace="team-a",state="conflict"}} 0x30
+  cronlock_cronjobs{{{job},namespace="team-b",state="conflict"}} 0x5 2x25
+  cronlock_cronjobs{{{job},namespace="team-b",state="guarded"}} 3x30
+  cronlock_reconcile_errors_total{{{job},namespace="team-a",kind="cronjob"}} 0+1x30
+  cronlock_reconcile_errors_total{{{job},namespace="team-b",kind="cronjob"}} 0x30
+
+# A hold cleared in team-a at minute 11: its lock alone.
+eval instant at 12m {cleared}
+  {{namespace="team-a", lock="ledger"}} 1
+
+# Two CronJobs of team-b in conflict from minute 6; team-a's and the guarded ones quiet.
+eval instant at 8m {unguarded}
+  {{namespace="team-b", state="conflict"}} 2
+
+# team-a fails a reconcile a minute: 15 in the window, over the threshold (5).
+eval instant at 20m {errors}
+  {{namespace="team-a"}} 15
+"""
+    ran = promql_eval(tmp_path, script)
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert ran.stdout.startswith("PASS"), ran.stdout
+    wrong = promql_eval(tmp_path, script.replace('namespace="team-a", lock', "lock", 1))
+    assert wrong.returncode != 0
+
+
+def test_one_image_registry_moves_every_image_and_the_policy_follows(
+    controlplane: ControlPlane,
+) -> None:
+    """imageRegistry, for a mirror: every image the chart names (the operator's, the
+    hooks', the helm test's, the two it injects) and the operator policy's admitted images
+    are the mirror's; a digest stays."""
+    mirror = "mirror.example.com:5000/cronlock-mirror"
+    digest = "sha256:" + "ab" * 32
+    docs = render(
+        controlplane,
+        "--set", f"imageRegistry={mirror}",
+        "--set", f"sidecarStoresImage.digest={digest}",
+        "--set", "uninstall.revert=true",
+        tests=True,
+    )  # fmt: skip
+    text = yaml.safe_dump_all(docs)
+    assert "ghcr.io" not in text
+    [deployment] = [doc for doc in docs if doc["kind"] == "Deployment"]
+    [operator] = deployment["spec"]["template"]["spec"]["containers"]
+    assert operator["image"] == f"{mirror}/cronlock/cronlock:{kube_chart_version()}"
+    env = {item["name"]: item.get("value") for item in operator.get("env") or []}
+    sidecar = f"{mirror}/cronlock/cronlock-sidecar:{kube_chart_version()}"
+    stores = f"{mirror}/cronlock/cronlock-sidecar-stores@{digest}"
+    assert sidecar in env.values(), env
+    assert stores in env.values(), env
+    # The CEL of the operator's policy compares the injected images with these strings.
+    policies = [doc for doc in docs if doc["kind"] == "ValidatingAdmissionPolicy"]
+    admitted = "\n".join(strings(policies))
+    assert f'"{sidecar}"' in admitted
+    assert f'"{stores}"' in admitted
+    # A repository that names no registry gets the mirror in front.
+    bare = render(
+        controlplane, "--set", "imageRegistry=mirror.local", "--set", "image.repository=team/op"
+    )
+    [deployment] = [doc for doc in bare if doc["kind"] == "Deployment"]
+    image = deployment["spec"]["template"]["spec"]["containers"][0]["image"]
+    assert image == f"mirror.local/team/op:{kube_chart_version()}"
+    refused = helm(
+        controlplane, "template", "cronlock", str(CHART), "--set",
+        "imageRegistry=https://mirror.example.com", check=False,
+    )  # fmt: skip
+    assert refused.returncode != 0
+    assert "values don't meet the specifications of the schema" in refused.stderr
+
+
+def strings(node: Any) -> Iterator[str]:
+    """Every string in a rendered object, however deep."""
+    if isinstance(node, str):
+        yield node
+    elif isinstance(node, dict):
+        for value in node.values():
+            yield from strings(value)
+    elif isinstance(node, list):
+        for value in node:
+            yield from strings(value)
+
+
+def kube_chart_version() -> str:
+    return str(yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"])
+
+
+def test_the_pod_monitor_scrapes_the_port_the_injection_gives_every_sidecar(
+    controlplane: ControlPlane,
+) -> None:
+    from cronlock_operator.cronjob.config import parse_config
+    from cronlock_operator.injection.build import desired_cronjob
+    from cronlock_sidecar import contract
+    from tests.support.cronjobs import SETTINGS, make_cronjob
+
+    api = ["--api-versions", "monitoring.coreos.com/v1"]
+    assert "PodMonitor" not in kinds(render(controlplane, *api))
+    assert "PodMonitor" not in kinds(render(controlplane, "--set", "podMonitor.enabled=true"))
+    [monitor] = [
+        doc
+        for doc in render(controlplane, *api, "--set", "podMonitor.enabled=true")
+        if doc["kind"] == "PodMonitor"
+    ]
+    assert monitor["spec"]["namespaceSelector"] == {"any": True}
+    assert monitor["spec"]["selector"]["matchExpressions"] == [
+        {"key": "cronlock.io/lock", "operator": "Exists"}
+    ]
+    [endpoint] = monitor["spec"]["podMetricsEndpoints"]
+    # The name the injection gives the sidecar's port, on the label it gives the pods.
+    cronjob = make_cronjob()
+    template = desired_cronjob(cronjob, parse_config(cronjob, SETTINGS), SETTINGS)["spec"][
+        "jobTemplate"
+    ]["spec"]["template"]
+    assert "cronlock.io/lock" in template["metadata"]["labels"]
+    [sidecar] = [
+        container
+        for container in template["spec"]["initContainers"]
+        if container["name"] == contract.SIDECAR_CONTAINER
+    ]
+    [port] = sidecar["ports"]
+    assert (endpoint["port"], endpoint["path"]) == (port["name"], "/metrics")
+    watching = ("--set", "podMonitor.enabled=true,podMonitor.namespace=monitoring")
+    docs = render(controlplane, *api, *watching, "--set", "watchNamespaces={team-a,team-b}")
+    [watched] = [doc for doc in docs if doc["kind"] == "PodMonitor"]
+    assert watched["metadata"]["namespace"] == "monitoring"
+    assert watched["spec"]["namespaceSelector"] == {"matchNames": ["team-a", "team-b"]}
+
+
+def test_the_prometheus_rule_goes_where_it_is_asked_with_labels_and_alerts_left_out(
+    controlplane: ControlPlane, tmp_path: Path
+) -> None:
+    on = ["--set", "prometheusRule.enabled=true", "--api-versions", "monitoring.coreos.com/v1"]
+    docs = render(
+        controlplane,
+        *on,
+        "--set", "prometheusRule.namespace=monitoring",
+        "--set", "prometheusRule.alertLabels.team=platform",
+        "--set", "prometheusRule.alertLabels.cluster=prod-eu",
+        "--set", "prometheusRule.disabled.CronlockRunsMissed=true",
+        "--set", "prometheusRule.disabled.CronlockOperatorDown=true",
+    )  # fmt: skip
+    [rule] = [doc for doc in docs if doc["kind"] == "PrometheusRule"]
+    assert rule["metadata"]["namespace"] == "monitoring"
+    alerts = {alert["alert"]: alert for alert in rule["spec"]["groups"][0]["rules"]}
+    assert "CronlockRunsMissed" not in alerts
+    assert "CronlockOperatorDown" not in alerts
+    assert len(alerts) == 5
+    for name, alert in alerts.items():
+        assert alert["labels"]["team"] == "platform", name
+        assert alert["labels"]["cluster"] == "prod-eu", name
+        assert alert["labels"]["severity"], name
+    checked = rulecheck(rule_file(tmp_path, docs))
+    assert checked.returncode == 0, checked.stderr
+    assert "1 groups, 5 rules" in checked.stdout
+    # A label the alerts set themselves, or an alert that does not exist, is refused.
+    for bad in ("prometheusRule.alertLabels.namespace=x", "prometheusRule.disabled.Nope=true"):
+        refused = helm(
+            controlplane, "template", "cronlock", str(CHART), *on, "--set", bad, check=False
+        )
+        assert refused.returncode != 0, bad
+        assert "values don't meet the specifications of the schema" in refused.stderr, bad
 
 
 KUBE_JOB_FAILED = Path(__file__).resolve().parents[2] / "manifests/prometheus/kube-job-failed.yaml"

@@ -20,11 +20,11 @@ from tests.support.controlplane import ControlPlane, make_service_account_kubeco
 from tests.support.cronjobs import job_from_cronjob, make_cronjob
 from tests.support.kube import finish_pod, wait_for
 from tests.support.objects import events, wait_event
+from tests.support.paths import SIDECAR
 
 pytestmark = pytest.mark.usefixtures("operator")
 
 CRONLOCK = Path(sys.executable).with_name("cronlock")
-SIDECAR = Path(sys.executable).with_name("cronlock-sidecar")
 SKIPPED = contract.EXIT_SKIPPED
 FREEZER = "cronlock-cronlock-system-freezer"  # the chart's <clusterName>-freezer
 
@@ -214,6 +214,29 @@ def test_only_a_caller_allowed_the_freeze_verb_may_freeze_and_only_under_its_own
         freezing.unfreeze(mallory, namespace, "ledger")
     assert notes(api, namespace, "ledger")["cronlock.io/frozen-by"] == "alice"
     assert freezing.unfreeze(alice, namespace, "ledger") is True
+
+
+def test_freeze_takes_the_auth_flags_status_takes_and_acts_as_the_user_they_name(
+    api: kubernetes.client.ApiClient, controlplane: ControlPlane, namespace: str
+) -> None:
+    """`--as`, `--request-timeout` and the rest of kubectl's flags, as on `status`: an
+    admin freezes on a freezer's behalf, under the freezer's name."""
+    guarded(api, namespace, "ledger")
+    bind(api, namespace, "alice", "ClusterRole", FREEZER)
+    freeze = ("freeze", "ledger", "-n", namespace, "--for", "1h", "--reason", "upgrade")
+    refused = cli(controlplane, *freeze, "--as", "mallory")
+    assert refused.returncode == contract.EXIT_UNAVAILABLE, refused.stderr
+    assert notes(api, namespace, "ledger") == {}
+    done = cli(controlplane, *freeze, "--as", "alice", "--request-timeout", "20s")
+    assert done.returncode == 0, done.stderr
+    assert "by alice: upgrade" in done.stdout
+    assert notes(api, namespace, "ledger")["cronlock.io/frozen-by"] == "alice"
+    bad = cli(controlplane, "unfreeze", "ledger", "-n", namespace, "--as-group", "system:masters")
+    assert bad.returncode == 2
+    assert "--as-group needs --as" in bad.stderr
+    thawed = cli(controlplane, "unfreeze", "ledger", "-n", namespace, "--as", "alice")
+    assert thawed.returncode == 0, thawed.stderr
+    assert "cronlock.io/frozen-by" not in notes(api, namespace, "ledger")
 
 
 def _refused_once(api: kubernetes.client.ApiClient, namespace: str, lock: str) -> bool:

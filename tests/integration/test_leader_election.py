@@ -18,7 +18,8 @@ from tests.support.controlplane import ControlPlane
 from tests.support.cronjobs import make_cronjob
 from tests.support.kube import holds, wait_for
 from tests.support.objects import injected
-from tests.support.operator import OPERATOR_NAMESPACE, OperatorProcess, free_port, get
+from tests.support.operator import OPERATOR_NAMESPACE, OperatorProcess, get
+from tests.support.ports import free_port
 
 # Named as the operator policy admits an operator's Leases (cronlock-*).
 LEASE = "cronlock-test-leader"

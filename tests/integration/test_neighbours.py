@@ -212,8 +212,18 @@ def test_the_three_neighbours_act_on_a_pod_as_the_node_tests_expect(
             )
             answers.append(out)
             body = yaml.safe_load(out) if out.startswith("apiVersion") else None
-            inits = [c["name"] for c in (body or {}).get("spec", {}).get("initContainers", [])]
-            return body if neighbours.INJECTED in inits else None
+            return body if body is not None and all_three_marks(body) else None
+
+        def all_three_marks(body: dict[str, Any]) -> bool:
+            # The API server takes up each policy on its own; wait for every one's mark
+            # (the label, the injected container, the UID on every container).
+            spec = body.get("spec", {})
+            every = [*spec.get("initContainers", []), *spec.get("containers", [])]
+            return (
+                neighbours.LABEL in body["metadata"].get("labels", {})
+                and neighbours.INJECTED in [c["name"] for c in every]
+                and all("runAsUser" in c.get("securityContext", {}) for c in every)
+            )
 
         try:
             body = wait_for(admitted, 30, "the API server to take up the three policies")

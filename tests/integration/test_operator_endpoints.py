@@ -19,7 +19,8 @@ from tests.support.controlplane import ControlPlane
 from tests.support.cronjobs import make_cronjob
 from tests.support.flood import CONNECTIONS, HEADER_LINES, HeaderFlood, peak_rss, rss_mib
 from tests.support.kube import wait_for
-from tests.support.operator import OperatorProcess, free_port, get
+from tests.support.operator import OperatorProcess, get
+from tests.support.ports import free_port
 
 
 @pytest.fixture
@@ -79,10 +80,15 @@ def test_metrics_liveness_and_json_logs(
     # Counters exist at 0 before anything happened, and no *_created series.
     for result in ("acquired", "skipped", "lost", "released"):
         assert f'cronlock_runs_total{{result="{result}"}} ' in text, result
-    assert 'cronlock_takeovers_total{reason="expired"} 0.0' in text
+    # By namespace (and lock), so each team's alerts reach it: from the first sight at 0.
+    assert (
+        f'cronlock_takeovers_total{{lock="watched",namespace="{namespace}",reason="expired"}} 0.0'
+    ) in text
+    assert f'cronlock_cronjobs{{namespace="{namespace}",state="guarded"}} 1.0' in text
+    assert f'cronlock_cronjobs{{namespace="{namespace}",state="conflict"}} 0.0' in text
     assert "cronlock_overlaps_total 0.0" in text
     assert "cronlock_replacements_total 0.0" in text
-    assert 'cronlock_reconcile_errors_total{kind="cronjob"} ' in text
+    assert f'cronlock_reconcile_errors_total{{kind="cronjob",namespace="{namespace}"}} ' in text
     assert "_created" not in text
     assert 'cronlock_build_info{python="' in text
     assert 'version="0.1.0"} 1.0' in text

@@ -25,17 +25,17 @@ import pytest
 from hypothesis import HealthCheck, event, given, note, settings
 from hypothesis import strategies as st
 
+from cronlock_operator.cronjob.config import parse_config
 from cronlock_operator.errors import Retry
 from cronlock_operator.injection.build import revert
 from cronlock_operator.kube.writes import Kube
-from cronlock_operator.lock.config import parse_config
 from cronlock_operator.reconcile.actions import EnsureLease
 from cronlock_operator.runtime.executor import Executor
 from tests.support.contract import GATE_CONTAINER
 from tests.support.cronjobs import SETTINGS, job_from_cronjob, make_cronjob
 from tests.support.kube import wait_for
 from tests.support.operator import OperatorProcess
-from tests.unit.operator.test_properties import cronjobs, lock_annotations
+from tests.support.strategies import cronjobs, lock_annotations
 
 pytestmark = pytest.mark.controlplane
 

@@ -23,13 +23,14 @@ from tests.reliability.checker import (
     CLOCK_AHEAD,
     CONTROL_PLANE_FAULTS,
     FREEZE,
+    HA_FAULTS,
     PROCESS_FAULTS,
-    ROOT,
     STORE_FAULTS,
     Checker,
     Settings,
 )
-from tests.support.controlplane import ControlPlane
+from tests.support.controlplane import ControlPlane, own_controlplane
+from tests.support.paths import ROOT
 
 pytestmark = pytest.mark.controlplane
 
@@ -95,6 +96,24 @@ def test_at_most_one_work_unit_runs_at_a_time_under_faults(
     assert report["runs"] >= 9
     if settings.policy == "replace":
         assert report["stopped_runs"] >= 1, report  # runs were replaced, not only queued
+
+
+@pytest.mark.timeout(240)
+def test_at_most_one_work_unit_runs_at_a_time_under_ha_control_plane_faults(
+    tmp_path: Path,
+) -> None:
+    """A control plane as production runs it (3 etcd members, 2 API servers behind a
+    balancer), each of its faults once: the etcd leader killed and started again, one API
+    server restarted, one cut from etcd, one paused. The long version: docs/RELIABILITY.md."""
+    with own_controlplane(tmp_path / "ha", ha=True) as plane:
+        report = check(plane, tmp_path / "checker", HA_FAULTS, trials=2)
+    assert report["faults"] == 4
+    assert sorted(report["by_fault"]) == sorted(HA_FAULTS), report["by_fault"]
+    assert report["fault_errors"] == 0, report["by_fault"]
+    assert report["overlaps"] == 0, report
+    assert report["delayed"] == 0, report["by_fault"]
+    assert report["timed_out_trials"] == 0
+    assert report["runs"] >= 6
 
 
 @pytest.mark.timeout(90)

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from cronlock_operator.lock.schedule import next_tick, ticks_between
+from cronlock_operator.cronjob.schedule import next_tick, ticks_between
 from tests.support.tools import gotool
 
 COUNT = 60

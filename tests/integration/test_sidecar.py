@@ -6,7 +6,6 @@ import itertools
 import json
 import re
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -22,10 +21,11 @@ import pytest
 
 from tests.support.controlplane import ControlPlane, ServiceAccountKubeconfig
 from tests.support.kube import wait_for
+from tests.support.paths import SIDECAR
+from tests.support.ports import free_port
 
 pytestmark = pytest.mark.controlplane
 
-SIDECAR = Path(sys.executable).with_name("cronlock-sidecar")
 SKIPPED, UNAVAILABLE, LOST = 75, 69, 70
 MICROTIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z$")
 
@@ -102,12 +102,6 @@ def holder_column(controlplane: ControlPlane, namespace: str, name: str) -> str:
 def microtime(text: str) -> datetime:
     assert MICROTIME.match(text), text
     return datetime.strptime(text, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def held_status(port: int) -> int | None:

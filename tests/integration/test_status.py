@@ -20,9 +20,10 @@ import yaml
 from cronlock_sidecar.transport.pgstore import PostgresLeaseStore
 from cronlock_sidecar.transport.seam import LeaseRef
 from cronlock_sidecar.transport.storeurl import parse_store_url
-from tests.support.controlplane import ROOT, ControlPlane, ServiceAccountKubeconfig
+from tests.support.controlplane import ControlPlane, ServiceAccountKubeconfig
 from tests.support.cronjobs import make_cronjob
 from tests.support.leases import make_lease
+from tests.support.paths import ROOT
 
 pytestmark = pytest.mark.controlplane
 

@@ -28,8 +28,8 @@ from cronlock_sidecar.transport.pgstore import PostgresLeaseStore
 from cronlock_sidecar.transport.redisstore import RedisLeaseStore, keys
 from cronlock_sidecar.transport.seam import Conflict, Forbidden, LeaseRef, NotFound, Unavailable
 from cronlock_sidecar.transport.storeurl import parse_store_url
-from tests.reliability.checker import ROOT, SIDECAR
 from tests.support.kube import wait_for
+from tests.support.paths import ROOT, SIDECAR
 from tests.support.stores import PostgresServer, RedisServer
 
 STORES = ("redis", "postgres")

@@ -25,16 +25,12 @@ import pytest
 from cronlock_sidecar import contract
 from cronlock_sidecar.lock.model import Timing, claimed
 from cronlock_sidecar.microtime import format_microtime
-from tests.support.controlplane import (
-    ROOT,
-    ControlPlane,
-    make_service_account_kubeconfig,
-    started,
-)
+from tests.support.controlplane import ControlPlane, make_service_account_kubeconfig, started
 from tests.support.cronjobs import make_cronjob
 from tests.support.kube import run_tool, wait_for
 from tests.support.objects import wait_event
 from tests.support.operator import CHART, SIDECAR_VALUES, OperatorProcess
+from tests.support.paths import ROOT
 
 pytestmark = pytest.mark.timeout(420)
 

@@ -18,8 +18,9 @@ import kubernetes
 import pytest
 import yaml
 
+from cronlock_operator.cronjob.config import parse_config
 from cronlock_operator.injection.build import build_injection
-from cronlock_operator.lock.config import OperatorSettings, parse_config
+from cronlock_operator.settings import OperatorSettings
 from cronlock_sidecar import contract
 from tests.support.controlplane import ControlPlane, make_service_account_kubeconfig
 from tests.support.cronjobs import make_cronjob
@@ -28,11 +29,11 @@ from tests.support.objects import comparable, injected, read, wait_event
 from tests.support.operator import (
     CHART,
     OPERATOR_NAMESPACE,
-    ROOT,
     SIDECAR_IMAGE,
     OperatorProcess,
     render_chart,
 )
+from tests.support.paths import ROOT
 
 OURS = {"app.kubernetes.io/managed-by": "cronlock"}
 POD = "/spec/jobTemplate/spec/template/spec"

@@ -44,13 +44,14 @@ from urllib.parse import urlsplit
 
 import yaml
 
-from tests.reliability.faults import ControlPlaneProcesses, alive, children, signal_all, sweep
+from tests.reliability import ha_faults
+from tests.reliability.ha_faults import HA_FAULTS
 from tests.reliability.proxy import DelayingProxy
-from tests.support.controlplane import ControlPlane, started
+from tests.support.controlplane import ControlPlane, own_controlplane
+from tests.support.paths import ROOT, SIDECAR
+from tests.support.processes import ControlPlaneProcesses, alive, children, signal_all, sweep
 from tests.support.stores import running
 
-ROOT = Path(__file__).resolve().parents[2]
-SIDECAR = Path(sys.executable).with_name("cronlock-sidecar")
 MARKER = "CRONLOCK_RELIABILITY_MARK"
 TICK = 0.05
 
@@ -64,6 +65,8 @@ CONTROL_PLANE_FAULTS = (
     "slow-network",
 )
 GUARANTEED_FAULTS = PROCESS_FAULTS + CONTROL_PLANE_FAULTS
+# With --ha (3 etcd members, 2 API servers behind a balancer): tests/reliability/ha_faults.py.
+HA_GUARANTEED_FAULTS = (*PROCESS_FAULTS, *HA_FAULTS, "slow-network")
 # Outside the guarantee, overlaps are expected there; the fencing store must refuse the
 # stale holder's writes. The whole holder frozen for longer than ttl + skew, then resumed:
 FREEZE = "freeze-pod"
@@ -74,7 +77,9 @@ OUTSIDE_FAULTS = (FREEZE, CLOCK_AHEAD)
 # to it; a clock far ahead is inside the guarantee there (the store's clock judges age).
 STORE_FAULTS = ("pause-store", "restart-store", "slow-network", "cut-network")
 STORE_GUARANTEED_FAULTS = (*PROCESS_FAULTS, *STORE_FAULTS, CLOCK_AHEAD)
-ALL_FAULTS = (*GUARANTEED_FAULTS, *OUTSIDE_FAULTS, "pause-store", "restart-store", "cut-network")
+ALL_FAULTS = (
+    *GUARANTEED_FAULTS, *OUTSIDE_FAULTS, *HA_FAULTS, "pause-store", "restart-store", "cut-network"
+)  # fmt: skip
 
 
 class StoreServer(Protocol):
@@ -320,6 +325,11 @@ class Checker:
             raise ValueError(
                 "control plane faults need the local control plane (tests/controlplane)"
             )
+        ha = ha_faults.is_ha(self.components)
+        if set(self.faults) & set(HA_FAULTS) and not ha:
+            raise ValueError(f"{', '.join(HA_FAULTS)} need an HA control plane (--ha)")
+        if ha and set(self.faults) & set(CONTROL_PLANE_FAULTS) - {"slow-network"}:
+            raise ValueError(f"on an HA control plane its faults are {', '.join(HA_FAULTS)}")
         upstream = store[1].port if store is not None else api_port(cluster.kubeconfig)
         self.proxy = DelayingProxy("127.0.0.1", upstream)
         self.trials: list[Trial] = []
@@ -634,6 +644,11 @@ class Checker:
                 fault.cleared = self.store[1].restart()
                 fault.detail = f"back after {fault.cleared - fault.fired:.1f}s"
                 return
+            elif components is not None and fault.kind in HA_FAULTS:
+                fault.detail, fault.cleared = ha_faults.inject(
+                    fault.kind, components, self.random, settings.ttl
+                )
+                return
             elif components is not None and fault.kind.startswith("pause-"):
                 component = "etcd" if fault.kind == "pause-etcd" else "kube-apiserver"
                 self._for_a_while(
@@ -777,21 +792,6 @@ class _TrialState:
 
 
 # --- command line ---------------------------------------------------------------------------
-@contextmanager
-def own_controlplane(env_dir: Path, keep: bool = False) -> Iterator[ControlPlane]:
-    """Start tests/controlplane in env_dir (or reuse it if it runs), stop it unless `keep`."""
-    try:
-        context = started(env_dir, keep=keep)
-        plane = context.__enter__()
-    except RuntimeError as error:
-        raise SystemExit(str(error)) from error
-    try:
-        yield plane
-    finally:
-        ControlPlaneProcesses(env_dir, plane.env).resume_all()  # a paused one cannot stop
-        context.__exit__(None, None, None)
-
-
 def add_common_arguments(parser: argparse.ArgumentParser, env_dir: Path) -> None:
     """--seed, --env-dir, --keep-controlplane and --output, as both checkers take them."""
     parser.add_argument("--seed", type=int, default=None)
@@ -857,10 +857,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="where the lock is: the Lease (default), or Redis or PostgreSQL started here "
         f"(then the default faults are {', '.join(STORE_GUARANTEED_FAULTS)})",
     )
+    parser.add_argument(
+        "--ha",
+        action="store_true",
+        help="an HA control plane (3 etcd members, 2 API servers behind a balancer; its own "
+        f"--env-dir by default), whose default faults are {', '.join(HA_GUARANTEED_FAULTS)}",
+    )
     add_common_arguments(parser, ROOT / ".testenv" / "reliability")
     args = parser.parse_args(argv)
     if args.store != "lease" and args.faults == ",".join(GUARANTEED_FAULTS):
         args.faults = ",".join(STORE_GUARANTEED_FAULTS)
+    if args.ha:
+        if args.store != "lease":
+            parser.error("--ha: the lock is the Lease (the control plane holds no store lock)")
+        if args.faults == ",".join(GUARANTEED_FAULTS):
+            args.faults = ",".join(HA_GUARANTEED_FAULTS)
+        if args.env_dir == ROOT / ".testenv" / "reliability":
+            args.env_dir = ROOT / ".testenv" / "reliability-ha"
     faults = fault_list(args.faults)
     seed = seed_of(args.seed)
     settings = Settings(
@@ -874,7 +887,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         policy=args.policy,
     )
     with ExitStack() as stack:
-        cluster = stack.enter_context(own_controlplane(args.env_dir, args.keep_controlplane))
+        cluster = stack.enter_context(
+            own_controlplane(args.env_dir, args.keep_controlplane, ha=args.ha)
+        )
         store = None
         if args.store != "lease":
             store = (args.store, stack.enter_context(running(args.store)))

@@ -24,8 +24,9 @@ import pytest
 import yaml
 
 from tests.support.kube import run_tool
+from tests.support.paths import ROOT
+from tests.support.processes import ControlPlaneProcesses
 
-ROOT = Path(__file__).resolve().parents[2]
 CONTROLPLANE = ROOT / "tests" / "controlplane"
 
 
@@ -79,10 +80,11 @@ class ControlPlane:
 
 
 @contextmanager
-def started(env_dir: Path, *, keep: bool = False) -> Iterator[ControlPlane]:
-    """The local control plane in `env_dir`, started if it is not running; stopped after
-    unless `keep`. Raises RuntimeError naming what `up` printed when it cannot start."""
-    env = controlplane_env(env_dir)
+def started(env_dir: Path, *, keep: bool = False, ha: bool = False) -> Iterator[ControlPlane]:
+    """The local control plane in `env_dir`, started if it is not running (`ha`: 3 etcd
+    members and 2 API servers behind a balancer); stopped after unless `keep`. Raises
+    RuntimeError naming what `up` printed when it cannot start."""
+    env = controlplane_env(env_dir, ha=ha)
     plane = ControlPlane(Path(env["KUBECONFIG"]), env, env_dir)
     try:
         yield plane
@@ -92,12 +94,29 @@ def started(env_dir: Path, *, keep: bool = False) -> Iterator[ControlPlane]:
             stop_controlplane(env)
 
 
-def controlplane_env(env_dir: Path) -> dict[str, str]:
+@contextmanager
+def own_controlplane(env_dir: Path, keep: bool = False, ha: bool = False) -> Iterator[ControlPlane]:
+    """Start tests/controlplane in env_dir (or reuse it if it runs), stop it unless `keep`;
+    `ha`: as production runs it (tests/controlplane/controlplane.py)."""
+    try:
+        context = started(env_dir, keep=keep, ha=ha)
+        plane = context.__enter__()
+    except RuntimeError as error:
+        raise SystemExit(str(error)) from error
+    try:
+        yield plane
+    finally:
+        ControlPlaneProcesses(env_dir, plane.env).resume_all()  # a paused one cannot stop
+        context.__exit__(None, None, None)
+
+
+def controlplane_env(env_dir: Path, *, ha: bool = False) -> dict[str, str]:
     """Start (or find) the local control plane in `env_dir`; the environment to reach it.
 
     Runs `tests/controlplane/up` and applies the `export` lines it prints.
     """
     env = dict(os.environ, CRONLOCK_TESTENV_DIR=str(env_dir))
+    env["CRONLOCK_CONTROLPLANE_HA"] = "1" if ha else ""
     result = subprocess.run(
         [str(CONTROLPLANE / "up")], env=env, capture_output=True, text=True, check=False
     )

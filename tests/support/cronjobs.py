@@ -9,7 +9,7 @@ from typing import Any
 
 from kubernetes.client import ApiClient
 
-from cronlock_operator.lock.config import OperatorSettings
+from cronlock_operator.settings import OperatorSettings
 
 SETTINGS = OperatorSettings(sidecar_image="ghcr.io/example/cronlock:1.0.0")
 NEW_SETTINGS = OperatorSettings(

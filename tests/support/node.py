@@ -30,8 +30,8 @@ import kubernetes
 import urllib3
 
 from tests.support.contract import GATE_CONTAINER, SIDECAR_CONTAINER
-from tests.support.controlplane import ROOT
 from tests.support.kube import wait_for
+from tests.support.paths import ROOT
 
 NODE_SCRIPT = ROOT / "tests" / "controlplane" / "node"
 # The host's end of the link to node 1: pods of every node reach the tracker there.

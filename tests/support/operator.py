@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import urllib.request
@@ -17,10 +16,10 @@ from typing import Any
 import kubernetes
 import yaml
 
-from tests.support.controlplane import ROOT
 from tests.support.cronjobs import make_cronjob
 from tests.support.kube import wait_for
 from tests.support.objects import injected
+from tests.support.paths import ROOT
 from tests.support.versions import pinned
 
 CHART = ROOT / "charts" / "cronlock"
@@ -32,19 +31,15 @@ SIDECAR_IMAGE = "localhost/cronlock-sidecar:dev"
 # ... and the one with the store clients, for locks in Redis or PostgreSQL (the
 # Dockerfile's `sidecar-stores` target).
 SIDECAR_STORES_IMAGE = "localhost/cronlock-sidecar-stores:dev"
+# How an operator on the real node runs (the e2e fixture, the pod checker, the benchmarks):
+# the sidecar image built from our Dockerfile, never pulled.
+NODE_OPERATOR_ARGS = ("--sidecar-image", SIDECAR_IMAGE, "--sidecar-image-pull-policy", "Never")
 SIDECAR_VALUES = (
     f"sidecarImage.repository={SIDECAR_IMAGE.rsplit(':', 1)[0]}",
     f"sidecarImage.tag={SIDECAR_IMAGE.rsplit(':', 1)[1]}",
     f"sidecarStoresImage.repository={SIDECAR_STORES_IMAGE.rsplit(':', 1)[0]}",
     f"sidecarStoresImage.tag={SIDECAR_STORES_IMAGE.rsplit(':', 1)[1]}",
 )
-
-
-def free_port() -> int:
-    """A loopback TCP port free at the moment of asking."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def get(url: str) -> tuple[int, str]:

@@ -14,7 +14,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -25,11 +24,7 @@ from pathlib import Path
 import psycopg
 import redis
 
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+from tests.support.ports import free_port
 
 
 def _children(pid: int) -> list[int]:
@@ -131,14 +126,21 @@ class _Server(abc.ABC):
 class RedisServer(_Server):
     """redis-server with a password; every write is on disk before it is answered."""
 
-    def __init__(self, directory: Path, also_on: str | None = None) -> None:
+    def __init__(
+        self, directory: Path, also_on: str | None = None, *, password: str | None = None
+    ) -> None:
         """`also_on`: an address it listens on besides loopback (the host's end of the
         node's link, where pods reach it)."""
         self.directory = directory
         self.port = free_port()
-        self.password = secrets.token_hex(12)
+        self.password = password or secrets.token_hex(12)
         self.url = self.url_at("127.0.0.1")
         self.binds = ["127.0.0.1", *([also_on] if also_on else [])]
+        self.primary: tuple[int, str] | None = None
+
+    def replicate(self, port: int, password: str) -> None:
+        """From its start on: a replica of the primary at 127.0.0.1:`port`."""
+        self.primary = (port, password)
 
     def url_at(self, host: str) -> str:
         return f"redis://:{self.password}@{host}:{self.port}/0"
@@ -151,6 +153,9 @@ class RedisServer(_Server):
             "--dir", str(self.directory), "--save", "", "--appendonly", "yes",
             "--appendfsync", "always", "--daemonize", "no", "--logfile", "redis.log",
         ]  # fmt: skip
+        if self.primary is not None:
+            port, password = self.primary
+            argv += ["--replicaof", "127.0.0.1", str(port), "--masterauth", password]
         self.process = subprocess.Popen(argv, stdin=subprocess.DEVNULL)
 
     def ready(self) -> bool:

@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.support.paths import ROOT
 from tests.support.tools import gotool
 
-ROOT = Path(__file__).resolve().parents[2]
 OURS = ROOT / "manifests" / "argocd" / "cronjob-health.lua"
 PATCH = ROOT / "manifests" / "argocd" / "argocd-cm-patch.yaml"
 CONTROLPLANE = ROOT / "tests" / "controlplane"

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import functools
 import subprocess
-from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support.paths import ROOT
+
 CHART = ROOT / "charts" / "cronlock"
 README = CHART / "README.md"
 

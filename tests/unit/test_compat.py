@@ -9,9 +9,8 @@ from pathlib import Path
 import pytest
 
 from tests import compat
+from tests.support.paths import ROOT
 from tests.support.versions import pinned
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_every_test_of_the_slice_exists() -> None:

@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from cronlock_sidecar import contract as code
 from tests.support import contract as promised
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support.paths import ROOT
 
 
 def test_exit_codes_are_the_published_ones() -> None:

@@ -1,5 +1,6 @@
 """The layers in docs/DESIGN.md hold: `lint-imports` (pyproject.toml's contracts) passes on
-the tree as it is and fails, naming the contract, when a pure module imports the client."""
+the tree as it is and fails, naming the contract, when a pure module imports the client or
+a test ring takes a helper from another ring."""
 
 from __future__ import annotations
 
@@ -11,18 +12,22 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support.paths import ROOT
+
 LINT_IMPORTS = Path(sys.executable).parent / "lint-imports"
 OPERATOR = "operator/src/cronlock_operator"
 
 
+PACKAGES = ("operator/src", "sidecar/src", "tests")
+
+
 def lint(source_root: Path) -> subprocess.CompletedProcess[str]:
-    """lint-imports over the packages under `source_root` (operator/src, sidecar/src)."""
+    """lint-imports over the packages under `source_root` (operator/src, sidecar/src, tests)."""
     paths = [str(source_root / "operator" / "src"), str(source_root / "sidecar" / "src")]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(paths))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(source_root), *paths]))
     return subprocess.run(
         [str(LINT_IMPORTS), "--config", str(ROOT / "pyproject.toml"), "--no-cache"],
-        cwd=ROOT,
+        cwd=source_root,
         env=env,
         capture_output=True,
         text=True,
@@ -40,7 +45,7 @@ def test_the_tree_keeps_every_contract() -> None:
 @pytest.mark.parametrize(
     ("module", "line", "contract"),
     [
-        (f"{OPERATOR}/lock/config.py", "import kubernetes", "The pure core"),
+        (f"{OPERATOR}/cronjob/config.py", "import kubernetes", "The pure core"),
         (
             f"{OPERATOR}/reconcile/cronjobs.py",
             "from cronlock_operator.kube import writes",
@@ -62,6 +67,16 @@ def test_the_tree_keeps_every_contract() -> None:
             "no layer imports one above it",
         ),
         (
+            "sidecar/src/cronlock_sidecar/logline.py",
+            "from cronlock_sidecar import logformat",
+            "no layer imports one above it",
+        ),
+        (
+            f"{OPERATOR}/status/stores.py",
+            "from cronlock_sidecar.transport import pgstore",
+            "public surface",
+        ),
+        (
             f"{OPERATOR}/kube/writes.py",
             "from cronlock_operator.runtime import reconciler",
             "no package imports one above it",
@@ -76,14 +91,36 @@ def test_the_tree_keeps_every_contract() -> None:
             "from cronlock_operator.kube import client",
             "needs no cluster",
         ),
+        (
+            f"{OPERATOR}/runtime/accounting.py",
+            "import kubernetes",
+            "named commands import kubernetes",
+        ),
+        (
+            "tests/integration/test_stores.py",
+            "from tests.e2e import scenario",
+            "helpers only from tests.support",
+        ),
+        (
+            "tests/support/kube.py",
+            "from tests.reliability import checker",
+            "helpers only from tests.support",
+        ),
+        (
+            "tests/benchmarks/load.py",
+            "from tests.reliability.checker import Checker",
+            "reliability tool's own tests",
+        ),
     ],
 )
 def test_a_forbidden_import_breaks_its_contract(
     tmp_path: Path, module: str, line: str, contract: str
 ) -> None:
-    for package in ("operator/src", "sidecar/src"):
+    for package in PACKAGES:
         shutil.copytree(
-            ROOT / package, tmp_path / package, ignore=shutil.ignore_patterns("__pycache__")
+            ROOT / package,
+            tmp_path / package,
+            ignore=shutil.ignore_patterns("__pycache__", "*.go", "*.sum", "*.mod"),
         )
     target = tmp_path / module
     target.write_text(target.read_text() + f"\n{line}  # noqa\n")

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import hashlib
 import tomllib
-from pathlib import Path
 
 import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support.paths import ROOT
+
 # sha256 of apache.org's LICENSE-2.0.txt (also Debian's /usr/share/common-licenses/Apache-2.0
 # and the LICENSE of the k8s.io/kubernetes module tests/controlplane builds).
 APACHE_2_0 = "cfc7749b96f63bd31c3c42b5c471bf756814053e847c10f3eb003417bc523d30"

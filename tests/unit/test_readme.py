@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from tests.support.controlplane import ROOT
+from tests.support.paths import ROOT
 
 README = ROOT / "README.md"
 MAX_LINES = 200

@@ -10,8 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests import rings
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support.paths import ROOT
 
 
 def test_the_rings_are_exactly_the_testpaths_and_hold_every_test_file() -> None:

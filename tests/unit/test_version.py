@@ -7,14 +7,14 @@ from __future__ import annotations
 import re
 import tomllib
 from importlib import metadata
-from pathlib import Path
 from typing import Any
 
 import yaml
 
 from cronlock_operator.cli import DEFAULT_SIDECAR_IMAGE
+from cronlock_sidecar import contract
+from tests.support.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "cronlock"
 SEMVER = re.compile(r"(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)(-[0-9A-Za-z.-]+)?")
 # cronlock's two images with a version tag, as a manifest or an example names them.
@@ -67,8 +67,13 @@ def test_artifact_hub_lists_the_default_images_at_this_version() -> None:
     expected = [
         f"{values()['image']['repository']}:{version()}",
         f"{values()['sidecarImage']['repository']}:{version()}",
+        f"{values()['sidecarStoresImage']['repository']}:{version()}",
     ]
     assert [image["image"] for image in listed] == expected
+
+
+def test_what_version_says_is_this_version() -> None:
+    assert version() == contract.VERSION
 
 
 def test_the_operator_injects_the_sidecar_of_this_version_by_default() -> None:

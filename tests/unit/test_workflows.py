@@ -2,7 +2,7 @@
 actionlint does fail a workflow with a mistake of the kinds it checks; every action is
 pinned by commit, only the job behind the protected `release` environment may write, it
 publishes only a tag on main, and it builds and starts the arm64 images `make test` does
-not build."""
+not build; the test workflow runs what CI runs on every pull request."""
 
 from __future__ import annotations
 
@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.support.paths import ROOT
 from tests.support.tools import gotool
 from tests.support.versions import compatible_releases
 
-ROOT = Path(__file__).resolve().parents[2]
 WORKFLOWS = ROOT / ".github" / "workflows"
 
 
@@ -42,7 +42,7 @@ def lint(actionlint: str, *files: Path) -> subprocess.CompletedProcess[str]:
 
 def test_the_workflows_pass_actionlint(actionlint: str) -> None:
     files = sorted(WORKFLOWS.glob("*.yml"))
-    assert [f.name for f in files] == ["compat.yml", "release.yml"]
+    assert [f.name for f in files] == ["compat.yml", "release.yml", "test.yml"]
     result = lint(actionlint, *files)
     assert result.returncode == 0, result.stdout + result.stderr
 
@@ -238,3 +238,19 @@ def test_the_compatibility_workflow_runs_every_release_the_tests_pin_read_only()
     assert job["permissions"] == {"contents": "read"}
     runs = [step.get("run", "") for step in job["steps"]]
     assert any('make test-compat KUBERNETES="$KUBERNETES"' in run for run in runs)
+
+
+def test_every_pull_request_runs_the_readmes_test_command_read_only() -> None:
+    """The same `make test` as `.ci/run` (the README's command), on every pull request and
+    on main, with no right but reading the repository."""
+    workflow = yaml.safe_load((WORKFLOWS / "test.yml").read_text())
+    triggers = workflow[True]  # YAML 1.1 reads the key `on` as a boolean
+    assert triggers["pull_request"] == {}
+    assert triggers["push"] == {"branches": ["main"]}
+    assert workflow["permissions"] == {}
+    job = workflow["jobs"]["test"]
+    assert job["permissions"] == {"contents": "read"}
+    assert job["timeout-minutes"] == 90, "as long as CI gives a submission"
+    runs = [step["run"] for step in job["steps"] if "run" in step]
+    assert runs == ["sudo --preserve-env=CI make test"]
+    assert (ROOT / ".ci" / "run").read_text().rstrip().endswith("\nmake test")

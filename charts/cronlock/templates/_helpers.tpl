@@ -84,13 +84,26 @@ The ServiceAccount the operator runs as.
 
 {{/*
 Images: repository:tag, the tag defaulting to the chart's appVersion; repository@digest
-when a digest is given.
+when a digest is given. With imageRegistry, the repository's registry (its first part, when
+that names a host: a dot, a port or localhost) is that registry instead, or the registry is
+put in front: one setting for a mirror, which the operator's policy follows too, as it names
+the images through this same template.
 */}}
 {{- define "cronlock.imageRef" -}}
-{{- if .image.digest }}
-{{- printf "%s@%s" .image.repository .image.digest }}
+{{- $repository := .image.repository }}
+{{- with .root.Values.imageRegistry }}
+{{- $parts := splitn "/" 2 $repository }}
+{{- $host := $parts._0 }}
+{{- if and $parts._1 (or (contains "." $host) (contains ":" $host) (eq $host "localhost")) }}
+{{- $repository = printf "%s/%s" (trimSuffix "/" .) $parts._1 }}
 {{- else }}
-{{- printf "%s:%s" .image.repository (.image.tag | default .root.Chart.AppVersion) }}
+{{- $repository = printf "%s/%s" (trimSuffix "/" .) $repository }}
+{{- end }}
+{{- end }}
+{{- if .image.digest }}
+{{- printf "%s@%s" $repository .image.digest }}
+{{- else }}
+{{- printf "%s:%s" $repository (.image.tag | default .root.Chart.AppVersion) }}
 {{- end }}
 {{- end }}
 

@@ -16,11 +16,10 @@ import uvloop
 
 from cronlock_operator.kube.client import api_client
 from cronlock_operator.kube.writes import Kube
-from cronlock_operator.lock.config import SIDECAR_UID, ContainerResources, OperatorSettings
 from cronlock_operator.runtime import leader, liveness
-from cronlock_sidecar import contract
+from cronlock_operator.settings import SIDECAR_UID, ContainerResources, OperatorSettings
+from cronlock_sidecar import contract, logformat
 from cronlock_sidecar.lock.durations import DurationError, parse_duration
-from cronlock_sidecar.pod import logs
 
 DEFAULT_SIDECAR_IMAGE = "ghcr.io/cronlock/cronlock-sidecar:0.1.0"
 
@@ -64,6 +63,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         prog=PROGRAM,
         description="Guard CronJobs annotated cronlock.io/enabled=true with a Lease.",
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {contract.VERSION}")
     scope = parser.add_mutually_exclusive_group()
     scope.add_argument(
         "--namespace",
@@ -259,7 +259,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     kopf.configure(verbose=args.verbose, log_format=kopf.LogFormat.PLAIN)
     # kopf's handlers, our format: the sidecar's JSON schema, or its plain lines with the
     # time and level (kopf's plain format has neither).
-    formatter = logs.JsonFormatter() if args.log_format == "json" else logs.PlainFormatter(PROGRAM)
+    formatter = (
+        logformat.JsonFormatter()
+        if args.log_format == "json"
+        else logformat.PlainFormatter(PROGRAM)
+    )
     for handler in logging.getLogger().handlers:
         handler.setFormatter(formatter)
     logging.getLogger("kubernetes").setLevel(logging.WARNING)

@@ -22,6 +22,8 @@ from urllib.parse import parse_qs, urlsplit
 import kubernetes
 
 from cronlock_sidecar import contract
+from cronlock_sidecar.transport import stores
+from cronlock_sidecar.transport.seam import StoreClient
 from cronlock_sidecar.transport.storeurl import StoreUrl, StoreUrlError, parse_store_url
 
 STORE_TIMEOUT_SECONDS: Final = 5.0
@@ -86,21 +88,17 @@ def address(url: StoreUrl) -> str:
     return f"{host or '(none)'}:{port}"
 
 
-def open_store(url: StoreUrl, *, read_only: bool) -> Any:
-    """The sidecar's client for the store (a LeaseTransport with close()), taking nothing
-    of the caller's machine along (module docstring); `read_only` never creates
+def open_store(url: StoreUrl, *, read_only: bool) -> StoreClient:
+    """The sidecar's client for the store (its one door, transport/stores.py), taking
+    nothing of the caller's machine along (module docstring); `read_only` never creates
     PostgreSQL's tables. StoreAccessError when its package is missing or the URL asks
     for what cronlock does not lend."""
     try:
         if url.kind == "redis":
-            from cronlock_sidecar.transport.redisstore import RedisLeaseStore
-
             _check_redis(url)
-            return RedisLeaseStore(url, _now, STORE_TIMEOUT_SECONDS)
-        from cronlock_sidecar.transport.pgstore import PostgresLeaseStore
-
-        _check_postgres(url)
-        return PostgresLeaseStore(
+        else:
+            _check_postgres(url)
+        return stores.open_store(
             url, _now, STORE_TIMEOUT_SECONDS, create_tables=not read_only, isolated=True
         )
     except ImportError:
@@ -122,9 +120,7 @@ def _check_postgres(url: StoreUrl) -> None:
     import psycopg
     from psycopg.conninfo import conninfo_to_dict
 
-    from cronlock_sidecar.transport.pgstore import ISOLATING_LIBPQ
-
-    if psycopg.pq.version() < ISOLATING_LIBPQ:
+    if psycopg.pq.version() < stores.ISOLATING_LIBPQ:
         raise StoreAccessError(
             f"psycopg uses libpq {psycopg.pq.version()}; reading a store from here needs "
             "libpq 16 or later, to connect without your client certificate or Kerberos "

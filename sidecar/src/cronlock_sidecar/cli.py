@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import sys
 
-from cronlock_sidecar.contract import EXIT_CONFIG
+from cronlock_sidecar.contract import EXIT_CONFIG, EXIT_OK
 
 # Only what every command needs is imported here: each command imports its own modules,
 # and the gate's path stays as short as it can be (commands/gate.py).
@@ -13,23 +13,22 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
     from types import FrameType
-    from typing import Protocol
 
     from cronlock_sidecar.holding.outcomes import Clock
     from cronlock_sidecar.options import Options
-    from cronlock_sidecar.transport.seam import LeaseTransport
+    from cronlock_sidecar.transport.seam import LeaseTransport, StoreClient
     from cronlock_sidecar.transport.storeurl import StoreUrl
-
-    class StoreClient(LeaseTransport, Protocol):
-        """A store's client: a LeaseTransport the command closes when it is done."""
-
-        def close(self) -> None: ...
 
 
 def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> int:
     """Exit codes: 0 ok, 75 skipped, 69 unavailable or forbidden, 78 bad configuration, 70 lost."""
     arguments = sys.argv[1:] if argv is None else argv
     environment = os.environ if env is None else env
+    if list(arguments) == ["--version"]:
+        from cronlock_sidecar.contract import VERSION
+
+        print(f"cronlock-sidecar {VERSION}")
+        return EXIT_OK
     if list(arguments) == ["gate"]:
         # How the operator runs the gate: its settings in the environment, read without
         # the option parser; anything that parser must judge goes on below.
@@ -80,14 +79,10 @@ def _transport(options: Options, environment: Mapping[str, str], clock: Clock) -
     timeout = min(5.0, max(1.0, options.renew))
     if options.store is not None:
         _warn_if_unverified(options.store)
-        # Each store's client is imported only when it is chosen.
-        if options.store.kind == "redis":
-            from cronlock_sidecar.transport.redisstore import RedisLeaseStore
+        # Each store's client is imported only when it is chosen (transport/stores.py).
+        from cronlock_sidecar.transport.stores import open_store
 
-            return RedisLeaseStore(options.store, clock.now, timeout)
-        from cronlock_sidecar.transport.pgstore import PostgresLeaseStore
-
-        return PostgresLeaseStore(options.store, clock.now, timeout)
+        return open_store(options.store, clock.now, timeout)
     from cronlock_sidecar.pod import logs
     from cronlock_sidecar.transport.kubeapi import KubeLeaseClient
     from cronlock_sidecar.transport.kubeconfig import KubeConfigError, load_cluster

@@ -8,6 +8,10 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Final
 
+# The release: the Python package's, the chart's and the images' version (pyproject.toml's;
+# a unit test keeps the two equal). What `--version` says on every command.
+VERSION: Final = "0.1.0"
+
 # --- annotations and labels on user objects ------------------------------------
 PREFIX: Final = "cronlock.io/"
 ANNOTATION_ENABLED: Final = PREFIX + "enabled"
@@ -130,6 +134,12 @@ HOLDER_ROLE: Final = "cronlock-holder"
 def lease_name(lock: str) -> str:
     """The Lease that backs a lock."""
     return LEASE_PREFIX + lock
+
+
+def lock_of(lease: str, label: str | None = None) -> str:
+    """The lock a Lease backs: its `cronlock.io/lock` label, else lease_name's inverse (a
+    Lease made before the label existed)."""
+    return label or lease.removeprefix(LEASE_PREFIX)
 
 
 # An injected sidecar's holder identity: `<pod name>_<first 8 characters of the pod's uid>`.

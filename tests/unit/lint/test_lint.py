@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 import yaml
 
+from cronlock_operator.cronjob.config import InvalidConfig, parse_config
 from cronlock_operator.lint.checks import check
 from cronlock_operator.lint.documents import Manifest, read_stream
-from cronlock_operator.lock.config import InvalidConfig, parse_config
 from cronlock_operator.status import cli
 from tests.support.cronjobs import SETTINGS, make_cronjob
 from tests.unit.operator.test_config import BAD

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from cronlock_operator.reconcile import contention, skips
+from cronlock_operator.reconcile.keys import ContentionKey, RunsKey
 from cronlock_operator.runtime import accounting as accounting_module
 from cronlock_operator.runtime import metrics
 from cronlock_operator.runtime.reconciler import Reconciler
@@ -107,7 +108,7 @@ def test_a_skipped_job_deleted_before_it_was_counted_is_still_counted(
     del kube.jobs[(NAMESPACE, "report-1")]
     reconciler.on_job("DELETED", first)
 
-    reconciler.accounting.account_runs(NAMESPACE, "report")
+    reconciler.accounting.account_runs(RunsKey(NAMESPACE, "report"))
 
     assert skipped_events(kube) == [
         "run report-1 skipped: lock report was held by another run (1 in a row)",
@@ -123,12 +124,12 @@ def test_replayed_and_late_events_count_nothing_twice(
     reconciler, kube = setup
     job = finished_job("report-1", "2026-12-01T00:00:01Z")
     arrive(reconciler, kube, job)
-    reconciler.accounting.account_runs(NAMESPACE, "report")
+    reconciler.accounting.account_runs(RunsKey(NAMESPACE, "report"))
     # The watch has not yet shown the mark (the cache holds the unmarked Job) when the
     # next accounting runs, and then the Job's deletion arrives without the mark.
-    reconciler.accounting.account_runs(NAMESPACE, "report")
+    reconciler.accounting.account_runs(RunsKey(NAMESPACE, "report"))
     reconciler.on_job("DELETED", finished_job("report-1", "2026-12-01T00:00:01Z"))
-    reconciler.accounting.account_runs(NAMESPACE, "report")
+    reconciler.accounting.account_runs(RunsKey(NAMESPACE, "report"))
 
     assert len(skipped_events(kube)) == 1
     assert reconciler.accounting.accounted == set()
@@ -142,10 +143,10 @@ def test_a_run_whose_mark_failed_is_counted_by_the_retry(
     arrive(reconciler, kube, finished_job("report-1", "2026-12-01T00:00:01Z"))
     kube.fail_marks(1)
     with pytest.raises(OSError, match="connection reset"):
-        reconciler.accounting.account_runs(NAMESPACE, "report")
+        reconciler.accounting.account_runs(RunsKey(NAMESPACE, "report"))
     assert skipped_events(kube) == []
 
-    reconciler.accounting.account_runs(NAMESPACE, "report")
+    reconciler.accounting.account_runs(RunsKey(NAMESPACE, "report"))
     assert len(skipped_events(kube)) == 1
 
 
@@ -160,7 +161,7 @@ def test_a_success_resets_the_count_in_creation_order(
             del kube.jobs[(NAMESPACE, "report-1")]
             reconciler.on_job("DELETED", job)
 
-    reconciler.accounting.account_runs(NAMESPACE, "report")
+    reconciler.accounting.account_runs(RunsKey(NAMESPACE, "report"))
 
     assert skipped_events(kube) == [
         "run report-1 skipped: lock report was held by another run (1 in a row)",
@@ -189,7 +190,7 @@ def lease_with(holder: str, **notes: str) -> dict[str, Any]:
 
 def told(reconciler: Reconciler, kube: RecordingKube, lease: dict[str, Any]) -> None:
     reconciler.on_lease("MODIFIED", lease)
-    reconciler.accounting.tell_contention(NAMESPACE, "cronlock-report")
+    reconciler.accounting.tell_contention(ContentionKey(NAMESPACE, "cronlock-report"))
 
 
 @pytest.fixture
@@ -223,7 +224,7 @@ def test_an_overlap_is_told_once_marked_on_its_job_and_counted_like_a_skip(
     done = finished_job("report-2", "2026-12-01T00:00:02Z", skipped=False)
     done["metadata"]["annotations"] = kube.jobs[(NAMESPACE, "report-2")]["metadata"]["annotations"]
     arrive(reconciler, kube, done)
-    reconciler.accounting.account_runs(NAMESPACE, "report")
+    reconciler.accounting.account_runs(RunsKey(NAMESPACE, "report"))
     assert skips.consecutive_skips(kube.cronjob) == 1  # a success, but skip would have skipped
     assert skipped_events(kube) == []
     assert kube.deleted == []  # the run did its work: its Job stays
@@ -237,7 +238,9 @@ def test_an_overlapped_run_that_finished_before_it_was_told_still_counts(
         name = f"report-{number}"
         arrive(reconciler, kube, finished_job(name, f"2026-12-01T00:00:0{number}Z", False))
         reconciler.on_lease("MODIFIED", lease_with(OLD, overlap=f"{name}-ccccc_3333333{number}"))
-        reconciler.accounting.account_runs(NAMESPACE, "report")  # before tell_contention ran
+        reconciler.accounting.account_runs(
+            RunsKey(NAMESPACE, "report")
+        )  # before tell_contention ran
     assert skips.consecutive_skips(kube.cronjob) == 3
     [warning] = [message for reason, message in kube.said() if reason == "RepeatedSkips"]
     assert warning.startswith("3 runs in a row overlapped a run holding lock report")
@@ -270,7 +273,7 @@ def test_a_replaced_run_is_told_and_neither_counts_as_a_skip_nor_is_deleted(
         "annotations"
     ]
     arrive(reconciler, kube, failed)
-    reconciler.accounting.account_runs(NAMESPACE, "report")
+    reconciler.accounting.account_runs(RunsKey(NAMESPACE, "report"))
     assert skipped_events(kube) == []
     assert kube.deleted == []
     assert skips.consecutive_skips(kube.cronjob) == 0
@@ -302,13 +305,13 @@ def test_notes_on_another_locks_lease_tell_nothing_about_this_locks_runs(
         },
     )
     reconciler.on_lease("MODIFIED", foreign)
-    reconciler.accounting.tell_contention(NAMESPACE, "cronlock-digest")
+    reconciler.accounting.tell_contention(ContentionKey(NAMESPACE, "cronlock-digest"))
     assert kube.said() == []
     assert "annotations" not in kube.jobs[(NAMESPACE, "report-1")]["metadata"]
     assert (NAMESPACE, "report-1") not in reconciler.accounting.contended
     # Its real outcome is counted as ever: a skip.
     arrive(reconciler, kube, finished_job("report-1", "2026-12-01T00:00:01Z", skipped=True))
-    reconciler.accounting.account_runs(NAMESPACE, "report")
+    reconciler.accounting.account_runs(RunsKey(NAMESPACE, "report"))
     assert [reason for reason, _ in kube.said()] == ["Skipped"]
 
 

@@ -10,11 +10,12 @@ from typing import Any
 import pytest
 
 from cronlock_operator.reconcile import cronjobs
-from cronlock_operator.runtime import metrics
+from cronlock_operator.reconcile.keys import CronJobKey
 from cronlock_operator.runtime.reconciler import Reconciler
 from cronlock_sidecar.contract import VOLUME_NAME
 from tests.support.cronjobs import SETTINGS, make_cronjob, server_defaults
 from tests.support.fakekube import FakeKube
+from tests.support.metrics import cronjob_states
 
 Mutator = Callable[[dict[str, Any]], None]
 
@@ -77,12 +78,12 @@ def tick(reconciler: Reconciler, kube: Admitting, change: Mutator | None = None)
     if change is not None:
         change(stored)
     reconciler.on_cronjob("MODIFIED", copy.deepcopy(stored))
-    reconciler.reconcile_cronjob("team-a", "report")
+    reconciler.guarding.reconcile(CronJobKey("team-a", "report"))
 
 
 def test_added_resources_are_kept_with_one_normal_event_and_no_second_write() -> None:
     reconciler, kube = setup(cpu_limit_everywhere)
-    reconciler.reconcile_cronjob("team-a", "report")
+    reconciler.guarding.reconcile(CronJobKey("team-a", "report"))
     assert kube.patches == 1
     [(_, reason, message, warning)] = [e for e in kube.events if e[1] != "Injected"]
     assert reason == "ChangedByAdmission"
@@ -98,7 +99,7 @@ def test_added_resources_are_kept_with_one_normal_event_and_no_second_write() ->
 
 def test_a_change_by_the_user_is_injected_again_and_judged_anew() -> None:
     reconciler, kube = setup(cpu_limit_everywhere)
-    reconciler.reconcile_cronjob("team-a", "report")
+    reconciler.guarding.reconcile(CronJobKey("team-a", "report"))
 
     def new_command(cronjob: dict[str, Any]) -> None:
         spec = cronjob["spec"]["jobTemplate"]["spec"]["template"]["spec"]
@@ -112,7 +113,7 @@ def test_a_change_by_the_user_is_injected_again_and_judged_anew() -> None:
 
 def test_another_image_for_the_sidecar_is_injected_over_in_the_admitted_state() -> None:
     reconciler, kube = setup(cpu_limit_everywhere)
-    reconciler.reconcile_cronjob("team-a", "report")
+    reconciler.guarding.reconcile(CronJobKey("team-a", "report"))
 
     def fake_image(cronjob: dict[str, Any]) -> None:
         spec = cronjob["spec"]["jobTemplate"]["spec"]["template"]["spec"]
@@ -126,7 +127,7 @@ def test_another_image_for_the_sidecar_is_injected_over_in_the_admitted_state() 
 
 def test_a_changed_sidecar_command_is_a_warning_that_says_what_to_exempt() -> None:
     reconciler, kube = setup(sidecar_command_replaced)
-    reconciler.reconcile_cronjob("team-a", "report")
+    reconciler.guarding.reconcile(CronJobKey("team-a", "report"))
     [(_, reason, message, warning)] = [e for e in kube.events if e[1] != "Injected"]
     assert (reason, warning) == ("ChangedByAdmission", True)
     assert "initContainers[cronlock].command" in message
@@ -137,9 +138,9 @@ def test_a_changed_sidecar_command_is_a_warning_that_says_what_to_exempt() -> No
 
 def test_without_a_mutator_nothing_is_remembered_or_said() -> None:
     reconciler, kube = setup(lambda cronjob: None)
-    reconciler.reconcile_cronjob("team-a", "report")
+    reconciler.guarding.reconcile(CronJobKey("team-a", "report"))
     assert [e[1] for e in kube.events] == ["Injected"]
-    assert reconciler.admitted == {}
+    assert reconciler.guarding.admitted == {}
     tick(reconciler, kube)
     assert kube.patches == 1
 
@@ -185,7 +186,7 @@ def test_an_injection_admission_takes_out_is_a_warning_and_counts_as_not_guarded
     mutator: Mutator,
 ) -> None:
     reconciler, kube = setup(mutator)
-    reconciler.reconcile_cronjob("team-a", "report")
+    reconciler.guarding.reconcile(CronJobKey("team-a", "report"))
     [(_, _, message, warning)] = [e for e in kube.events if e[1] == "ChangedByAdmission"]
     assert warning
     assert "spec.template.spec.initContainers" in message
@@ -196,12 +197,9 @@ def test_an_injection_admission_takes_out_is_a_warning_and_counts_as_not_guarded
     assert states()["invalid"] + states()["conflict"] == 1
     del kube.cronjobs[("team-a", "report")]
     reconciler.on_cronjob("DELETED", {"metadata": {"namespace": "team-a", "name": "report"}})
-    reconciler.reconcile_cronjob("team-a", "report")
+    reconciler.guarding.reconcile(CronJobKey("team-a", "report"))
     assert states() == {"guarded": 0, "invalid": 0, "conflict": 0}
 
 
 def states() -> dict[str, float]:
-    return {
-        state: metrics.registry.get_sample_value("cronlock_cronjobs", {"state": state}) or 0.0
-        for state in metrics.CRONJOB_STATES
-    }
+    return cronjob_states()

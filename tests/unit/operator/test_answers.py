@@ -1,12 +1,15 @@
-"""How the operator reads the API server's refusals: which ones a retry cannot change."""
+"""How the operator reads the API server's answers: which refusals a retry cannot change,
+which it can, and a 404 as the project's own Gone."""
 
 from __future__ import annotations
 
 import json
 
 import kubernetes
+import pytest
 
-from cronlock_operator.kube.answers import policy_denial
+from cronlock_operator.errors import Gone, Retry
+from cronlock_operator.kube.answers import policy_denial, transient_errors
 
 
 def refusal(status: int, message: str) -> kubernetes.client.ApiException:
@@ -31,3 +34,16 @@ def test_rbac_refusals_and_other_answers_are_not_policy_denials() -> None:
     garbled = kubernetes.client.ApiException(status=403, reason="Forbidden")
     garbled.body = "<html>"
     assert policy_denial(garbled) == ""
+
+
+@pytest.mark.parametrize(
+    ("status", "becomes"), [(404, Gone), (409, Retry), (503, Retry), (403, Retry), (400, None)]
+)
+def test_past_the_edge_no_answer_is_a_client_exception_but_the_unforeseen(
+    status: int, becomes: type[Exception] | None
+) -> None:
+    expected = becomes or kubernetes.client.ApiException
+    with pytest.raises(expected) as raised, transient_errors("patch cronjob team-a/report"):
+        raise kubernetes.client.ApiException(status=status, reason="Because")
+    if becomes is not None:
+        assert "patch cronjob team-a/report" in str(raised.value)

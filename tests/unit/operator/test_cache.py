@@ -6,8 +6,8 @@ import json
 from typing import Any
 
 from cronlock_operator.cache import ObjectCache
+from cronlock_operator.cronjob.config import parse_config
 from cronlock_operator.injection.build import desired_cronjob
-from cronlock_operator.lock.config import parse_config
 from tests.support.cronjobs import SETTINGS, make_cronjob
 
 

@@ -7,13 +7,11 @@ from typing import Any
 
 import pytest
 
-from cronlock_operator.injection.build import build_injection
-from cronlock_operator.lock import reading as reading_module
-from cronlock_operator.lock.config import (
+from cronlock_operator.cronjob import reading as reading_module
+from cronlock_operator.cronjob.config import (
     PROBE_TOLERANCES,
     InvalidConfig,
     LockConfig,
-    OperatorSettings,
     ProbeTolerance,
     is_enabled,
     kill_grace_seconds,
@@ -21,7 +19,14 @@ from cronlock_operator.lock.config import (
     parse_config,
     probe_tolerance,
 )
-from cronlock_operator.lock.reading import ConfigReading, counting_settings, read_config
+from cronlock_operator.cronjob.reading import (
+    ConfigReading,
+    Readings,
+    counting_settings,
+    read_config,
+)
+from cronlock_operator.injection.build import build_injection
+from cronlock_operator.settings import OperatorSettings
 from tests.support.cronjobs import NEW_SETTINGS, SETTINGS, changed, make_cronjob, server_defaults
 
 PROBED = [
@@ -430,81 +435,106 @@ def parses(monkeypatch: pytest.MonkeyPatch) -> list[str]:
         return real(cronjob, settings)
 
     monkeypatch.setattr(reading_module, "parse_config", counting)
-    monkeypatch.setattr(reading_module, "_READINGS", reading_module._Readings())
     return calls
 
 
-def test_a_resource_version_is_parsed_once_and_a_new_one_again(parses: list[str]) -> None:
+@pytest.fixture
+def memo() -> Readings:
+    """The readings a runtime keeps, empty."""
+    return Readings()
+
+
+def test_a_resource_version_is_parsed_once_and_a_new_one_again(
+    parses: list[str], memo: Readings
+) -> None:
     body = stored("uid-once")
-    first = read_config(body, SETTINGS)
-    assert read_config(body, SETTINGS) is first
-    assert read_config(stored("uid-once"), SETTINGS) is first  # another copy, the same version
-    assert counting_settings(body, SETTINGS) == (3, False)
+    first = read_config(body, SETTINGS, memo)
+    assert read_config(body, SETTINGS, memo) is first
+    assert (
+        read_config(stored("uid-once"), SETTINGS, memo) is first
+    )  # another copy, the same version
+    assert counting_settings(body, SETTINGS, memo) == (3, False)
     assert parses == ["uid-once"]
 
     newer = stored("uid-once", "2")
-    assert read_config(newer, SETTINGS) is not first
-    assert read_config(newer, SETTINGS) is read_config(newer, SETTINGS)
+    assert read_config(newer, SETTINGS, memo) is not first
+    assert read_config(newer, SETTINGS, memo) is read_config(newer, SETTINGS, memo)
     assert parses == ["uid-once", "uid-once"]
     # Under other settings a version is another reading.
-    assert read_config(newer, NEW_SETTINGS) is not read_config(newer, SETTINGS)
+    assert read_config(newer, NEW_SETTINGS, memo) is not read_config(newer, SETTINGS, memo)
     assert len(parses) == 3
 
 
-def test_an_invalid_version_is_kept_too_without_its_traceback(parses: list[str]) -> None:
+def test_a_reader_given_no_readings_keeps_nothing_and_parses_each_time(
+    parses: list[str],
+) -> None:
+    """The module keeps no state of its own: the runtime owns the memo and passes it in."""
+    body = stored("uid-pure")
+    assert read_config(body, SETTINGS) == read_config(body, SETTINGS)
+    assert parses == ["uid-pure", "uid-pure"]
+    assert not any(isinstance(value, Readings) for value in vars(reading_module).values())
+
+
+def test_an_invalid_version_is_kept_too_without_its_traceback(
+    parses: list[str], memo: Readings
+) -> None:
     body = stored("uid-bad", annotations={"cronlock.io/enabled": "true", "cronlock.io/ttl": "x"})
-    reading = read_config(body, SETTINGS)
-    assert read_config(body, SETTINGS) is reading
+    reading = read_config(body, SETTINGS, memo)
+    assert read_config(body, SETTINGS, memo) is reading
     assert parses == ["uid-bad"]
     assert reading.invalid is not None
     assert reading.invalid.__traceback__ is None
     assert reading.invalid.__context__ is None
 
 
-def test_a_body_without_uid_or_version_is_parsed_each_time(parses: list[str]) -> None:
+def test_a_body_without_uid_or_version_is_parsed_each_time(
+    parses: list[str], memo: Readings
+) -> None:
     body = make_cronjob()
-    assert read_config(body, SETTINGS) == read_config(body, SETTINGS)
+    assert read_config(body, SETTINGS, memo) == read_config(body, SETTINGS, memo)
     no_version = stored("uid-x")
     del no_version["metadata"]["resourceVersion"]
-    read_config(no_version, SETTINGS)
-    read_config(no_version, SETTINGS)
+    read_config(no_version, SETTINGS, memo)
+    read_config(no_version, SETTINGS, memo)
     assert len(parses) == 4
-    assert len(reading_module._READINGS) == 0
+    assert len(memo) == 0
 
 
-def test_an_edit_is_read_under_its_new_version(parses: list[str]) -> None:
+def test_an_edit_is_read_under_its_new_version(parses: list[str], memo: Readings) -> None:
     """The API server gives every edit a new resourceVersion: that is what is read anew."""
     body = stored("uid-edited")
-    assert read_config(body, SETTINGS).config is not None
+    assert read_config(body, SETTINGS, memo).config is not None
     body["metadata"]["annotations"]["cronlock.io/ttl"] = "nonsense"
-    assert read_config(changed(body), SETTINGS).invalid is not None
+    assert read_config(changed(body), SETTINGS, memo).invalid is not None
     body["metadata"]["annotations"]["cronlock.io/ttl"] = "60s"
     body["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"] = PROBED
-    reading = read_config(changed(body), SETTINGS)
+    reading = read_config(changed(body), SETTINGS, memo)
     assert reading.config is not None
     assert reading.config.stop == "signal"
-    assert read_config(body, SETTINGS) is reading
+    assert read_config(body, SETTINGS, memo) is reading
     assert len(parses) == 3
 
 
 def test_the_memo_keeps_the_latest_version_of_a_bounded_number_of_cronjobs(
-    parses: list[str], monkeypatch: pytest.MonkeyPatch
+    parses: list[str],
 ) -> None:
-    monkeypatch.setattr(reading_module, "_READINGS", reading_module._Readings(limit=2))
+    memo = Readings(limit=2)
     a, b, c = stored("uid-a"), stored("uid-b"), stored("uid-c")
-    read_config(a, SETTINGS)
-    read_config(b, SETTINGS)
-    read_config(a, SETTINGS)  # a is used again: b goes first
-    read_config(c, SETTINGS)
-    assert len(reading_module._READINGS) == 2
-    read_config(a, SETTINGS)
-    read_config(b, SETTINGS)
+    read_config(a, SETTINGS, memo)
+    read_config(b, SETTINGS, memo)
+    read_config(a, SETTINGS, memo)  # a is used again: b goes first
+    read_config(c, SETTINGS, memo)
+    assert len(memo) == 2
+    read_config(a, SETTINGS, memo)
+    read_config(b, SETTINGS, memo)
     assert parses == ["uid-a", "uid-b", "uid-c", "uid-b"]
-    read_config(stored("uid-b", "2"), SETTINGS)  # replaces b's version 1, takes no new place
-    assert len(reading_module._READINGS) == 2
+    read_config(stored("uid-b", "2"), SETTINGS, memo)  # replaces b's version 1, takes no new place
+    assert len(memo) == 2
 
 
-def test_the_operators_worker_threads_all_get_the_one_reading(parses: list[str]) -> None:
+def test_the_operators_worker_threads_all_get_the_one_reading(
+    parses: list[str], memo: Readings
+) -> None:
     bodies = [stored(f"uid-{index}") for index in range(50)]
     seen: list[list[ConfigReading]] = [[] for _ in bodies]
     start = threading.Barrier(4)
@@ -512,7 +542,7 @@ def test_the_operators_worker_threads_all_get_the_one_reading(parses: list[str])
     def worker() -> None:
         start.wait()
         for index, body in enumerate(bodies):
-            seen[index].append(read_config(body, SETTINGS))
+            seen[index].append(read_config(body, SETTINGS, memo))
 
     threads = [threading.Thread(target=worker) for _ in range(4)]
     for thread in threads:

@@ -7,11 +7,11 @@ from typing import Any
 
 import pytest
 
-from cronlock_operator.errors import NotOurs, Retry
-from cronlock_operator.lock.config import parse_config
+from cronlock_operator.cronjob.config import parse_config
+from cronlock_operator.errors import Retry
 from cronlock_operator.reconcile import rbac
 from cronlock_operator.reconcile.actions import DropLeaseOwner, EnsureLease
-from cronlock_operator.runtime.executor import Executor
+from cronlock_operator.runtime.executor import Executor, Refused, Undecided
 from tests.support.cronjobs import SETTINGS, make_cronjob
 from tests.support.fakekube import FakeKube
 from tests.support.leases import make_lease
@@ -55,8 +55,9 @@ def test_a_new_lock_gets_its_lease_created_and_heard() -> None:
 def test_a_lease_the_cache_had_not_seen_is_judged_as_read() -> None:
     """409: the adapter hands back the Lease that exists, and consent is judged on it."""
     kube = FakeKube(leases=[lease(("export", "u-export"))])
-    with pytest.raises(NotOurs, match="lock report is already used by CronJob export"):
-        Executor(kube).run([ensure(cronjob(), None, cronjob("export", "u-export"))])
+    ran = Executor(kube).run([ensure(cronjob(), None, cronjob("export", "u-export"))])
+    assert isinstance(ran.verdict, Refused)
+    assert "lock report is already used by CronJob export" in ran.verdict.reason
     assert kube.called("merge_lease") == []
 
     consenting = cronjob("export", "u-export", **{"cronlock.io/share-lock-with": "report"})
@@ -67,17 +68,19 @@ def test_a_lease_the_cache_had_not_seen_is_judged_as_read() -> None:
 
 def test_a_foreign_lease_is_refused_and_left_as_it_was() -> None:
     kube = FakeKube(leases=[lease(labels={})])
-    with pytest.raises(NotOurs, match="exists and lacks the label"):
-        Executor(kube).run([ensure(cronjob(), None)])
+    ran = Executor(kube).run([ensure(cronjob(), None)])
+    assert isinstance(ran.verdict, Refused)
+    assert "exists and lacks the label" in ran.verdict.reason
     assert kube.leases[("team-a", "cronlock-report")]["metadata"]["labels"] == {}
 
 
-def test_an_unseen_user_is_a_retry_and_an_owned_lease_writes_nothing() -> None:
+def test_an_unseen_user_is_undecided_and_an_owned_lease_writes_nothing() -> None:
     kube = FakeKube(leases=[lease(("gone", "u-gone"))])
-    with pytest.raises(Retry, match="not \\(yet\\) seen"):
-        Executor(kube).run([ensure(cronjob(), kube.leases[("team-a", "cronlock-report")])])
+    ran = Executor(kube).run([ensure(cronjob(), kube.leases[("team-a", "cronlock-report")])])
+    assert isinstance(ran.verdict, Undecided)
+    assert "not (yet) seen" in ran.verdict.reason
     owned = lease(("report", "u-report"))
-    Executor(kube).run([ensure(cronjob(), owned)])
+    assert Executor(kube).run([ensure(cronjob(), owned)]).completed
     assert [name for name, _ in kube.calls] == []
 
 
@@ -117,9 +120,9 @@ def test_holder_rbac_writes_its_own_names_a_foreign_role_and_deletes_the_stale()
             "labels": {"app.kubernetes.io/managed-by": "cronlock"},
         }
     }
-    with pytest.raises(NotOurs) as refused:
-        Executor(kube).run(actions)
-    assert list(refused.value.names) == ["cronlock-holder-batch"]
+    ran = Executor(kube).run(actions)
+    assert isinstance(ran.verdict, Refused)
+    assert list(ran.verdict.names) == ["cronlock-holder-batch"]
     assert holder.names("Role", "team-a") == ["cronlock-holder-batch", "cronlock-holder-runner"]
     assert holder.names("RoleBinding", "team-a") == ["cronlock-holder-runner"]
     # In sync: a second write reads and writes nothing new.

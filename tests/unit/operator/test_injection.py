@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 import yaml
 
+from cronlock_operator.cronjob.config import InvalidConfig, LockConfig, parse_config
 from cronlock_operator.injection.build import (
     build_injection,
     desired_cronjob,
@@ -16,7 +17,7 @@ from cronlock_operator.injection.build import (
     revert,
 )
 from cronlock_operator.injection.patching import injection_patch, needs_patch
-from cronlock_operator.lock.config import InvalidConfig, LockConfig, OperatorSettings, parse_config
+from cronlock_operator.settings import OperatorSettings
 from tests.support.cronjobs import (
     NEW_SETTINGS,
     SETTINGS,

@@ -10,11 +10,11 @@ from unittest import mock
 import kubernetes
 import pytest
 
+from cronlock_operator.cronjob import invalid
 from cronlock_operator.kube.writes import Kube
-from cronlock_operator.lock import invalid
-from cronlock_operator.lock.config import OperatorSettings
 from cronlock_operator.reconcile.actions import PostEvent
 from cronlock_operator.reconcile.cronjobs import decide
+from cronlock_operator.settings import OperatorSettings
 
 HUGE = 200 * 1024
 

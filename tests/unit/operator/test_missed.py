@@ -6,12 +6,13 @@ import datetime
 from typing import Any
 
 from cronlock_operator.cache import ObjectCache
-from cronlock_operator.lock.config import OperatorSettings
 from cronlock_operator.reconcile import missed
 from cronlock_operator.reconcile.actions import CountMissed, PostEvent, SetRunTimes
+from cronlock_operator.reconcile.keys import MissedKey
 from cronlock_operator.runtime import metrics
 from cronlock_operator.runtime.executor import Executor
 from cronlock_operator.runtime.ticks import TickWatch
+from cronlock_operator.settings import OperatorSettings
 from tests.support.cronjobs import make_cronjob
 
 SETTINGS = OperatorSettings(sidecar_image="cronlock:test")
@@ -243,7 +244,7 @@ def test_tick_watch_judges_when_due_and_remembers_the_jobs_it_saw() -> None:
 
     ticks.cronjob_seen(("team-a", "report"), body)
     assert ticks.due() == [("team-a", "report")]
-    ticks.judge("team-a", "report")
+    ticks.judge(MissedKey("team-a", "report"))
     assert ticks.due() == []  # next: the 10:01 tick, at 10:02
     clock.now = at(1, 5)
     job = {
@@ -259,11 +260,11 @@ def test_tick_watch_judges_when_due_and_remembers_the_jobs_it_saw() -> None:
     ticks.job_seen(job)
     clock.now = at(2, 0)
     assert ticks.due() == [("team-a", "report")]
-    ticks.judge("team-a", "report")
+    ticks.judge(MissedKey("team-a", "report"))
     assert posted == []
     clock.now = at(3, 0)
     assert ticks.due() == [("team-a", "report")]
-    ticks.judge("team-a", "report")
+    ticks.judge(MissedKey("team-a", "report"))
     assert [reason for reason, _ in posted] == ["Missed"]
     assert "the tick at 2026-12-03T10:02:00Z" in posted[0][1]
     sample = metrics.registry.get_sample_value(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from cronlock_operator.lock.ownership import (
+from cronlock_operator.leases.ownership import (
     DeleteLease,
     KeepOwners,
     joining,

@@ -6,9 +6,9 @@ import dataclasses
 from datetime import UTC, datetime
 from typing import Any
 
+from cronlock_operator.cronjob.config import parse_config
+from cronlock_operator.cronjob.reading import counting_settings
 from cronlock_operator.injection.build import desired_cronjob
-from cronlock_operator.lock.config import parse_config
-from cronlock_operator.lock.reading import counting_settings
 from cronlock_operator.reconcile import cronjobs, expiry, rbac, runs
 from cronlock_operator.reconcile.actions import (
     AnnotateCronJob,
@@ -26,6 +26,7 @@ from cronlock_operator.reconcile.actions import (
 )
 from cronlock_operator.reconcile.rbac import Guard
 from cronlock_operator.runtime.executor import Executor
+from cronlock_operator.runtime.lease_expiry import Observations
 from cronlock_sidecar.lock.model import read_lease
 from tests.support.cronjobs import SETTINGS, changed, make_cronjob, server_defaults
 from tests.support.fakekube import FakeKube
@@ -409,7 +410,7 @@ def test_observing_a_new_holder_counts_an_acquired_run_and_a_cleared_one_a_relea
 
 
 def test_observations_list_overdue_only_the_held_leases_past_duration_plus_skew() -> None:
-    observations = expiry.Observations()
+    observations = Observations()
     held, _ = expiry.observe(None, read_lease(lease("a")), 100.0, LONGEST)
     free, _ = expiry.observe(None, read_lease(lease("")), 0.0, LONGEST)
     assert held is not None
@@ -448,7 +449,7 @@ def test_an_overdue_holder_is_cleared_with_a_guarded_patch_then_the_owners_are_t
         {"op": "remove", "path": "/spec/holderIdentity"},
     ]
     assert patch.patch[3]["value"]["cronlock.io/last-holder"] == "a"
-    assert actions[1:3] == [CountTakeover("expired"), CountRun("lost")]
+    assert actions[1:3] == [CountTakeover(NAMESPACE, "report", "expired"), CountRun("lost")]
     event = actions[3]
     assert isinstance(event, PostEvent)
     assert "not renewed for 40s" in event.message
@@ -474,7 +475,7 @@ def test_the_executor_drops_what_follows_a_write_whose_object_is_gone() -> None:
             PostEvent(body, "B", "b"),
         ]
     )
-    assert done is False
+    assert done.gone
     # No Event claims an injection that did not happen.
     assert [call for call, _ in kube.calls] == ["post_event", "patch_cronjob"]
 
@@ -505,7 +506,7 @@ def test_an_unrelated_invalid_annotation_keeps_the_users_counting_settings() -> 
 def test_a_hold_seen_before_its_owners_is_capped_once_their_ttl_is_known() -> None:
     """Security review L1: at start-up a day-long hold seen before its CronJob's reconcile
     was believed for a day; once the owner's ttl is known it is believed only that long."""
-    observations = expiry.Observations()
+    observations = Observations()
     squatted, _ = expiry.observe(None, read_lease(lease("x", duration=86400)), 100.0, 86400)
     assert squatted is not None
     observations.put((NAMESPACE, "cronlock-report"), squatted)

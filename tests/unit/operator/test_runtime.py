@@ -11,12 +11,16 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from cronlock_operator.errors import Rejected, RequeueAfter, Retry
+from cronlock_operator.errors import Rejected, Retry
+from cronlock_operator.reconcile.keys import CronJobKey
 from cronlock_operator.runtime import metrics
-from cronlock_operator.runtime.reconciler import CONFLICT_RECHECK, CronJobKey, Reconciler
+from cronlock_operator.runtime.guarding import CONFLICT_RECHECK
+from cronlock_operator.runtime.reconciler import Reconciler
+from cronlock_operator.runtime.workqueue import DONE, Result, WorkQueue
 from tests.support.cronjobs import SETTINGS, make_cronjob, server_defaults
 from tests.support.fakekube import FakeKube
 from tests.support.leases import make_lease
+from tests.support.metrics import cronjob_states
 
 FOREIGN_LEASE = {
     "metadata": {"name": "cronlock-report", "namespace": "team-a", "resourceVersion": "1"}
@@ -57,9 +61,16 @@ def setup(**account: str) -> tuple[Reconciler, Kube]:
     return reconciler, kube
 
 
+def reconcile(reconciler: Reconciler, namespace: str, name: str) -> Result:
+    return reconciler.guarding.reconcile(CronJobKey(namespace, name))
+
+
+RECHECK = Result(requeue_after=CONFLICT_RECHECK)
+
+
 def counted_errors() -> float:
     sample = metrics.registry.get_sample_value(
-        "cronlock_reconcile_errors_total", {"kind": CronJobKey.kind}
+        "cronlock_reconcile_errors_total", {"namespace": "team-a", "kind": CronJobKey.kind}
     )
     return sample or 0.0
 
@@ -72,34 +83,51 @@ def test_a_foreign_lease_refuses_the_cronjob_once_and_keeps_it_out_of_the_roles(
     reconciler, kube = setup(export="default")
     kube.foreign_lease()
     for _ in range(2):  # the periodic recheck finds the same conflict
-        with pytest.raises(Retry):
-            reconciler.reconcile_cronjob("team-a", "report")
+        assert reconcile(reconciler, "team-a", "report") == RECHECK
     assert reasons(kube) == ["Conflict"]
     assert kube.patches == 0
-    assert ("team-a", "report") not in reconciler.guards
+    assert ("team-a", "report") not in reconciler.guarding.guards
     kube.foreign_lease(present=False)
-    reconciler.reconcile_cronjob("team-a", "export")
+    reconcile(reconciler, "team-a", "export")
     # The refused CronJob's Lease is granted to nobody, not even as a pending guard.
-    granted = reconciler.synced_rbac["team-a"]
+    granted = reconciler.holder_rbac.synced["team-a"]
     assert {guard.lease for guard in granted} == {"cronlock-export"}
 
-    reconciler.reconcile_cronjob("team-a", "report")  # the name was freed meanwhile
+    reconcile(reconciler, "team-a", "report")  # the name was freed meanwhile
     assert kube.patches == 2
-    assert ("team-a", "report") not in reconciler.conflicted
+    assert ("team-a", "report") not in reconciler.guarding.conflicted
+
+
+def test_a_change_in_its_namespace_looks_again_at_once_at_a_cronjob_in_conflict() -> None:
+    """Consent given, a lock renamed, a CronJob deleted: a conflict may be settled by any
+    CronJob of the namespace, so the refused ones are queued then, not CONFLICT_RECHECK on."""
+    reconciler, kube = setup(export="default")
+    kube.foreign_lease()
+    assert reconcile(reconciler, "team-a", "report") == RECHECK
+    refused = CronJobKey("team-a", "report")
+    reconciler.queue = WorkQueue(reconciler.queue.work)  # what is queued from here on
+    elsewhere = server_defaults(make_cronjob(name="export", namespace="team-b"))
+    reconciler.on_cronjob("ADDED", elsewhere)
+    assert not reconciler.queue.waiting(refused)
+    body = copy.deepcopy(kube.cronjobs[("team-a", "export")])
+    body["metadata"]["annotations"]["cronlock.io/share-lock-with"] = "report"
+    body["metadata"]["resourceVersion"] = "99"
+    reconciler.on_cronjob("MODIFIED", body)
+    assert reconciler.queue.waiting(refused)
+    reconciler.queue = WorkQueue(reconciler.queue.work)
+    reconciler.on_cronjob("DELETED", body)
+    assert reconciler.queue.waiting(refused)
 
 
 def states() -> dict[str, float]:
-    return {
-        state: metrics.registry.get_sample_value("cronlock_cronjobs", {"state": state}) or 0.0
-        for state in metrics.CRONJOB_STATES
-    }
+    return cronjob_states()
 
 
 def test_cronjobs_are_counted_by_state_guarded_invalid_or_in_conflict() -> None:
     """cronlock_cronjobs{state}: an opted-in CronJob that is not guarded as asked shows."""
     reconciler, kube = setup(export="default", audit="default")
     for name in ("report", "export", "audit"):
-        reconciler.reconcile_cronjob("team-a", name)
+        reconcile(reconciler, "team-a", name)
     assert states() == {"guarded": 3, "invalid": 0, "conflict": 0}
     # A bad setting on an injected CronJob: it keeps its last injection, but not as asked.
     body = copy.deepcopy(kube.cronjobs[("team-a", "audit")])
@@ -107,25 +135,24 @@ def test_cronjobs_are_counted_by_state_guarded_invalid_or_in_conflict() -> None:
     body["metadata"]["resourceVersion"] = "99"
     kube.cronjobs[("team-a", "audit")] = copy.deepcopy(body)
     reconciler.on_cronjob("MODIFIED", body)
-    reconciler.reconcile_cronjob("team-a", "audit")
+    reconcile(reconciler, "team-a", "audit")
     assert states() == {"guarded": 2, "invalid": 1, "conflict": 0}
     assert metrics.registry.get_sample_value("cronlock_guarded_cronjobs") == 3
     # Deleted CronJobs leave every state.
     for name in ("audit", "export"):
         del kube.cronjobs[("team-a", name)]
         reconciler.on_cronjob("DELETED", reconciler.cronjobs.get(("team-a", name)))
-        reconciler.reconcile_cronjob("team-a", name)
+        reconcile(reconciler, "team-a", name)
     assert states() == {"guarded": 1, "invalid": 0, "conflict": 0}
 
 
 def test_a_conflict_is_counted_in_its_state_until_it_clears() -> None:
     reconciler, kube = setup()
     kube.foreign_lease()
-    with pytest.raises(Retry):
-        reconciler.reconcile_cronjob("team-a", "report")
+    assert reconcile(reconciler, "team-a", "report") == RECHECK
     assert states() == {"guarded": 0, "invalid": 0, "conflict": 1}
     kube.foreign_lease(present=False)
-    reconciler.reconcile_cronjob("team-a", "report")
+    reconcile(reconciler, "team-a", "report")
     assert states() == {"guarded": 1, "invalid": 0, "conflict": 0}
 
 
@@ -135,9 +162,7 @@ def test_a_conflict_rechecked_later_is_not_counted_as_a_reconcile_error() -> Non
     reconciler, kube = setup()
     kube.foreign_lease()
     before = counted_errors()
-    with pytest.raises(RequeueAfter) as requeued:
-        asyncio.run(reconciler._reconcile(CronJobKey("team-a", "report")))
-    assert requeued.value.delay == CONFLICT_RECHECK
+    assert asyncio.run(reconciler._reconcile(CronJobKey("team-a", "report"))) == RECHECK
     assert counted_errors() == before
     kube.foreign_lease(present=False)
     kube.fail["create_lease"] = Retry("create lease team-a/cronlock-report: HTTP 503")
@@ -146,12 +171,30 @@ def test_a_conflict_rechecked_later_is_not_counted_as_a_reconcile_error() -> Non
     assert counted_errors() == before + 1
 
 
+def test_a_lease_used_by_an_unseen_cronjob_is_undecided_a_counted_retry_not_a_refusal() -> None:
+    """The executor's verdict comes back as a value: consent cannot be decided while a user
+    of the lock is not seen yet, so the reconcile asks for a retry with backoff (counted as
+    an error), posts no Conflict and guards nothing."""
+    reconciler, kube = setup()
+    used = make_lease(namespace="team-a", owners=[("gone", "uid-gone")], resource_version="3")
+    kube.leases[("team-a", "cronlock-report")] = copy.deepcopy(used)
+    reconciler.on_lease("ADDED", used)
+    before = counted_errors()
+    result = asyncio.run(reconciler._reconcile(CronJobKey("team-a", "report")))
+    assert result.retry is not None
+    assert "not (yet) seen" in result.retry
+    assert result.requeue_after is None
+    assert counted_errors() == before + 1
+    assert reasons(kube) == []
+    assert kube.patches == 0
+    assert ("team-a", "report") not in reconciler.guarding.guards
+
+
 def test_a_foreign_role_holds_back_only_the_cronjobs_of_its_account() -> None:
     reconciler, kube = setup(export="exporter")
     kube.foreign_role("team-a")
-    with pytest.raises(Retry):
-        reconciler.reconcile_cronjob("team-a", "report")
-    reconciler.reconcile_cronjob("team-a", "export")
+    assert reconcile(reconciler, "team-a", "report") == RECHECK
+    assert reconcile(reconciler, "team-a", "export") == DONE
     assert reasons(kube) == ["Conflict", "Injected"]
     assert kube.patches == 1
     assert kube.rbac.names("Role", "team-a") == [
@@ -165,11 +208,11 @@ def test_a_foreign_role_holds_back_only_the_cronjobs_of_its_account() -> None:
 def test_a_refused_patch_is_one_warning_and_no_retry() -> None:
     reconciler, kube = setup()
     kube.fail["patch_cronjob"] = Rejected('CronJob.batch "report" is invalid: restartPolicy')
-    reconciler.reconcile_cronjob("team-a", "report")
-    reconciler.reconcile_cronjob("team-a", "report")
+    reconcile(reconciler, "team-a", "report")
+    reconcile(reconciler, "team-a", "report")
     assert reasons(kube) == ["ReconcileError"]
     del kube.fail["patch_cronjob"]
-    reconciler.reconcile_cronjob("team-a", "report")
+    reconcile(reconciler, "team-a", "report")
     assert reasons(kube) == ["ReconcileError", "Injected"]
 
 
@@ -188,17 +231,17 @@ def test_start_up_writes_every_namespaces_holder_rbac_once_before_the_reconciles
 
     assert sorted(kube.rbac_syncs()) == ["team-a", "team-b", "team-c"]
     for namespace in ("team-a", "team-b"):
-        granted = {guard.lease for guard in reconciler.synced_rbac[namespace]}
+        granted = {guard.lease for guard in reconciler.holder_rbac.synced[namespace]}
         assert granted == {"cronlock-report", "cronlock-export"}
-    assert "team-c" not in reconciler.synced_rbac
+    assert "team-c" not in reconciler.holder_rbac.synced
     for namespace in ("team-a", "team-b"):
         for name in ("report", "export"):
-            reconciler.reconcile_cronjob(namespace, name)
+            reconcile(reconciler, namespace, name)
     # Each CronJob found its namespace's Roles written: no more RBAC writes, only patches.
     assert sorted(kube.rbac_syncs()) == ["team-a", "team-b", "team-c"]
     assert kube.patches == 4
-    with pytest.raises(Retry):  # team-c's CronJobs are refused by their own reconcile
-        reconciler.reconcile_cronjob("team-c", "report")
+    # team-c's CronJobs are refused by their own reconcile.
+    assert reconcile(reconciler, "team-c", "report") == RECHECK
     assert reasons(kube).count("Conflict") == 1
 
 
@@ -219,7 +262,7 @@ def test_a_namespace_whose_rbac_fails_at_start_up_is_logged_and_stops_no_other(
         asyncio.run(reconciler.sync_all_rbac())
 
     assert sorted(kube.rbac_syncs()) == ["team-a", "team-c"]
-    assert "team-b" not in reconciler.synced_rbac  # its CronJob's reconcile writes it
+    assert "team-b" not in reconciler.holder_rbac.synced  # its CronJob's reconcile writes it
     assert "holder RBAC in team-b not written yet: the API server went away" in caplog.text
 
 
@@ -268,18 +311,20 @@ def test_no_annotation_on_one_cronjob_stops_another_in_its_namespace(
     hostile["metadata"]["annotations"] = {"cronlock.io/enabled": "true", **annotations}
     reconciler.on_cronjob("MODIFIED", hostile)
     with contextlib.suppress(Retry):
-        reconciler.reconcile_cronjob("team-a", "report")
-    reconciler.reconcile_cronjob("team-a", "export")
+        reconcile(reconciler, "team-a", "report")
+    reconcile(reconciler, "team-a", "export")
     assert kube.reasons()[-1] == "Injected"
-    assert ("team-a", "export") in reconciler.guards
-    assert any(guard.lease == "cronlock-export" for guard in reconciler.synced_rbac["team-a"])
+    assert ("team-a", "export") in reconciler.guarding.guards
+    assert any(
+        guard.lease == "cronlock-export" for guard in reconciler.holder_rbac.synced["team-a"]
+    )
 
 
 def test_the_watch_event_of_our_own_patch_is_not_reconciled_again() -> None:
     reconciler, kube = setup()
     key = CronJobKey("team-a", "report")
     reconciler.queue = type(reconciler.queue)(reconciler.queue.work)  # forget setup's keys
-    reconciler.reconcile_cronjob("team-a", "report")
+    reconcile(reconciler, "team-a", "report")
     assert kube.patches == 1
     body = reconciler.cronjobs.get(("team-a", "report"))
     assert body is not None
@@ -313,8 +358,8 @@ def test_a_day_long_hold_seen_at_start_up_is_believed_only_for_its_owners_ttl() 
     kube.cronjobs[("team-a", "report")] = copy.deepcopy(body)
     reconciler.on_cronjob("ADDED", body)
     now[0] += 3600
-    assert list(reconciler.observations.overdue(now[0], SETTINGS.skew_seconds)) == []
-    reconciler.reconcile_cronjob("team-a", "report")
-    assert list(reconciler.observations.overdue(now[0], SETTINGS.skew_seconds)) == [
+    assert list(reconciler.expiry.observations.overdue(now[0], SETTINGS.skew_seconds)) == []
+    reconcile(reconciler, "team-a", "report")
+    assert list(reconciler.expiry.observations.overdue(now[0], SETTINGS.skew_seconds)) == [
         ("team-a", "cronlock-report")
     ]

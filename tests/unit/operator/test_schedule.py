@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from cronlock_operator.lock.config import parse_config
-from cronlock_operator.lock.schedule import (
+from cronlock_operator.cronjob.config import parse_config
+from cronlock_operator.cronjob.schedule import (
     min_gap_seconds,
     next_tick,
     ticks_between,

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from cronlock_operator.lock.sharing import Consent, InvalidPeers, consent, parse_peers
+from cronlock_operator.leases.sharing import Consent, InvalidPeers, consent, parse_peers
 from tests.support.leases import make_lease
 
 

@@ -9,14 +9,10 @@ from typing import Any
 import pytest
 
 from cronlock_operator import cli
+from cronlock_operator.cronjob.config import parse_config
 from cronlock_operator.injection.build import build_injection, desired_cronjob, revert
 from cronlock_operator.injection.patching import injection_patch, needs_patch
-from cronlock_operator.lock.config import (
-    ContainerResources,
-    OperatorSettings,
-    parse_config,
-    parse_quantity,
-)
+from cronlock_operator.settings import ContainerResources, OperatorSettings, parse_quantity
 from tests.support.cronjobs import (
     SETTINGS,
     apply_json_patch,

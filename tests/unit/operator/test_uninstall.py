@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
+from cronlock_operator.cronjob.config import parse_config
 from cronlock_operator.injection.build import build_injection, is_injected
-from cronlock_operator.lock.config import parse_config
 from cronlock_operator.uninstall import uninstall
 from cronlock_sidecar import contract
 from tests.support.cronjobs import SETTINGS, make_cronjob

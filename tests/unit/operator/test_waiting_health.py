@@ -21,6 +21,7 @@ from cronlock_operator.runtime.liveness import Liveness
 from tests.support.flood import CONNECTIONS as FLOOD
 from tests.support.flood import HeaderFlood, Peak, peak_rss, rss_mib
 from tests.support.kube import wait_for
+from tests.support.ports import free_port
 
 SLACK = 2.0  # seconds a loaded machine may add to any bound below
 FLOOD_SECONDS = 3 * liveness.TIMEOUT  # every slot taken, freed and taken again, twice over
@@ -33,12 +34,6 @@ class Clock:
 
     def __call__(self) -> float:
         return self.now
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def healthz(port: int, source: str = "127.0.0.1") -> tuple[int, dict[str, str]]:

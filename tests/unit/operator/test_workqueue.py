@@ -1,4 +1,5 @@
-"""The work queue: each key waits once, is never worked on twice at once, and failures back off."""
+"""The work queue: each key waits once, is never worked on twice at once, failures back off,
+and a reconcile's Result asks for a look again later."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from collections.abc import Awaitable, Callable
 import pytest
 
 from cronlock_operator.errors import Retry
-from cronlock_operator.runtime.workqueue import WorkQueue
+from cronlock_operator.runtime.workqueue import DONE, Result, WorkQueue
 
 
 def run(test: Callable[[], Awaitable[None]]) -> None:
@@ -23,8 +24,9 @@ async def until(condition: Callable[[], bool]) -> None:
 def test_a_key_added_many_times_while_waiting_is_worked_on_once() -> None:
     done: list[str] = []
 
-    async def work(key: str) -> None:
+    async def work(key: str) -> Result:
         done.append(key)
+        return DONE
 
     async def scenario() -> None:
         queue: WorkQueue[str] = WorkQueue(work, workers=2)
@@ -45,7 +47,7 @@ def test_a_key_is_never_worked_on_by_two_workers_and_a_change_meanwhile_runs_it_
     runs: list[str] = []
     release = asyncio.Event()
 
-    async def work(key: str) -> None:
+    async def work(key: str) -> Result:
         if key in running:
             overlaps.append(key)
         running.add(key)
@@ -53,6 +55,7 @@ def test_a_key_is_never_worked_on_by_two_workers_and_a_change_meanwhile_runs_it_
         if len(runs) == 1:
             await release.wait()
         running.discard(key)
+        return DONE
 
     async def scenario() -> None:
         queue: WorkQueue[str] = WorkQueue(work, workers=4)
@@ -72,14 +75,19 @@ def test_a_key_is_never_worked_on_by_two_workers_and_a_change_meanwhile_runs_it_
     run(scenario)
 
 
-@pytest.mark.parametrize("error", [Retry("conflict"), RuntimeError("bug")])
-def test_a_failed_key_comes_back_after_a_backoff(error: Exception) -> None:
+@pytest.mark.parametrize(
+    "failure", [Retry("conflict"), RuntimeError("bug"), Result(retry="undecided")]
+)
+def test_a_failed_key_comes_back_after_a_backoff(failure: Exception | Result) -> None:
     attempts: list[float] = []
 
-    async def work(key: str) -> None:
+    async def work(key: str) -> Result:
         attempts.append(asyncio.get_running_loop().time())
         if len(attempts) < 3:
-            raise error
+            if isinstance(failure, Result):
+                return failure
+            raise failure
+        return DONE
 
     async def scenario() -> None:
         queue: WorkQueue[str] = WorkQueue(work, workers=1, base_delay=0.05, max_delay=1.0)
@@ -94,21 +102,22 @@ def test_a_failed_key_comes_back_after_a_backoff(error: Exception) -> None:
     run(scenario)
 
 
-def test_a_retry_can_ask_for_its_own_delay() -> None:
+def test_a_result_can_ask_for_a_look_again_after_its_own_delay() -> None:
     attempts: list[float] = []
 
-    async def work(key: str) -> None:
+    async def work(key: str) -> Result:
         attempts.append(asyncio.get_running_loop().time())
-        if len(attempts) == 1:
-            raise Retry("later", delay=0.2)
+        return Result(requeue_after=0.2) if len(attempts) == 1 else DONE
 
     async def scenario() -> None:
         queue: WorkQueue[str] = WorkQueue(work, workers=1, base_delay=0.01)
         queue.start()
         queue.add("a")
         await until(lambda: len(attempts) == 2)
+        await asyncio.sleep(0.3)
         await queue.stop()
         assert attempts[1] - attempts[0] >= 0.19
+        assert len(attempts) == 2, "done the second time: no look again"
 
     run(scenario)
 
@@ -116,9 +125,9 @@ def test_a_retry_can_ask_for_its_own_delay() -> None:
 def test_stop_cancels_pending_retries() -> None:
     attempts: list[str] = []
 
-    async def work(key: str) -> None:
+    async def work(key: str) -> Result:
         attempts.append(key)
-        raise Retry("again", delay=0.2)
+        return Result(requeue_after=0.2)
 
     async def scenario() -> None:
         queue: WorkQueue[str] = WorkQueue(work, workers=1)

@@ -16,19 +16,12 @@ from typing import Any
 
 import pytest
 
+from cronlock_operator.cronjob.config import kill_grace_seconds, minimum_ttl_seconds, parse_config
 from cronlock_operator.injection.build import build_injection
-from cronlock_operator.lock.config import kill_grace_seconds, minimum_ttl_seconds, parse_config
 from tests.reliability.checker import Counts
-from tests.reliability.pods import (
-    LONG_WORK_FAULTS,
-    POD_FAULTS,
-    SHARED_FILES,
-    WORK,
-    WORK_SCRIPT,
-    PodSettings,
+from tests.reliability.pod_checks import (
     WorkRecords,
     after_expiry,
-    guarantee_held,
     holder_pod,
     injection_problems,
     job_finished,
@@ -39,8 +32,18 @@ from tests.reliability.pods import (
     plan_faults,
     recovery_after,
     stale_settings,
+)
+from tests.reliability.pod_work import (
+    HA_POD_FAULTS,
+    LONG_WORK_FAULTS,
+    POD_FAULTS,
+    SHARED_FILES,
+    WORK,
+    WORK_SCRIPT,
+    PodSettings,
     work_command,
 )
+from tests.reliability.pods import guarantee_held
 from tests.support.cronjobs import SETTINGS, make_cronjob, pod_spec
 from tests.support.node import LeaseVersion, Work
 
@@ -73,7 +76,7 @@ def test_a_long_work_outlives_its_lease_unless_something_stops_it() -> None:
     shortest, _ = settings.long_work_seconds
     assert shortest > max(settings.ttls) + settings.skew
     assert settings.work[1] < settings.renew_deadline, "a normal work ends before any deadline"
-    assert set(POD_FAULTS) > LONG_WORK_FAULTS
+    assert set(POD_FAULTS) | set(HA_POD_FAULTS) > LONG_WORK_FAULTS
     assert {"kill-main", "delete-pod", "kill-operator"}.isdisjoint(LONG_WORK_FAULTS)
 
 

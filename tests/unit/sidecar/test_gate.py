@@ -14,9 +14,9 @@ import pytest
 from cronlock_sidecar.cli import main
 from cronlock_sidecar.commands.gate import GateSettings, from_environment, gate
 from cronlock_sidecar.lock.model import Timing
+from cronlock_sidecar.logformat import JsonFormatter, PlainFormatter
+from cronlock_sidecar.logline import PROGRAM
 from cronlock_sidecar.options import parse_options
-from cronlock_sidecar.pod import logs
-from cronlock_sidecar.pod.logline import PROGRAM
 from cronlock_sidecar.pod.rundir import write_decision
 
 TIMING = Timing.of(60, 20, 2)
@@ -134,13 +134,13 @@ def test_another_cronlock_setting_goes_to_the_option_parser_even_when_valid(
 def test_the_gates_line_is_the_sidecars_log_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], log_format: str
 ) -> None:
-    # The gate writes its line without logging (pod/logline.py); the sidecar's formatter
+    # The gate writes its line without logging (logline.py); the sidecar's formatter
     # must give the very same line for the same time and message.
     write_decision(tmp_path, "skip", None, TIMING)
     settings = GateSettings(str(tmp_path), timeout=1, log_format=log_format)
     assert gate(settings) == 75
     line = capsys.readouterr().err.rstrip("\n")
-    formatter = logs.JsonFormatter() if log_format == "json" else logs.PlainFormatter(PROGRAM)
+    formatter = JsonFormatter() if log_format == "json" else PlainFormatter(PROGRAM)
     if log_format == "json":
         created = datetime.fromisoformat(json.loads(line)["timestamp"]).timestamp()
     else:

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from tests.unit.sidecar.fakes import FakeApiServer
 
 from tests.support.leases import make_lease
+from tests.support.ports import free_port
 from tests.unit.sidecar.fakes import (
     FakeClock,
     FakeTransport,
@@ -40,12 +41,6 @@ from tests.unit.sidecar.fakes import (
 )
 
 ME = "report-29001-x7k2p_3f2a9c1e"
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 # `hold` as the pod runs it, except that its watchdog sees only the processes listed in the
@@ -121,12 +116,19 @@ def start_sidecar(sidecar_env: dict[str, str], tmp_path: Path) -> Iterator[Calla
     def start(*args: str, proc_root: Path | None = None) -> Sidecar:
         sidecar = Sidecar(sidecar_env, tmp_path / "run", *args, proc_root=proc_root)
         started.append(sidecar)
-        wait_for(lambda: sidecar.get("/healthz")[0] == 200 if _listening(sidecar) else False)
+        wait_for(lambda: _serving(sidecar))
         return sidecar
 
     yield start
     for sidecar in started:
         sidecar.kill()
+
+
+def _serving(sidecar: Sidecar) -> bool:
+    if sidecar.process.poll() is not None:
+        _, err = sidecar.process.communicate()
+        raise AssertionError(f"the sidecar exited {sidecar.process.returncode}: {err}")
+    return _listening(sidecar) and sidecar.get("/healthz")[0] == 200
 
 
 def _listening(sidecar: Sidecar) -> bool:

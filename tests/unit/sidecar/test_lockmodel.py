@@ -9,10 +9,18 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cronlock_operator.lock.config import InvalidConfig, OperatorSettings, parse_config
-from cronlock_sidecar.lock.model import Timing, TimingError, is_expired, read_lease
+from cronlock_operator.cronjob.config import InvalidConfig, parse_config
+from cronlock_operator.settings import OperatorSettings
+from cronlock_sidecar.lock.model import (
+    Timing,
+    TimingError,
+    cleared,
+    is_expired,
+    read_lease,
+    released,
+)
 from cronlock_sidecar.options import ConfigError, parse_options
-from tests.support.cronjobs import make_cronjob
+from tests.support.cronjobs import apply_json_patch, make_cronjob
 
 NOW = datetime(2026, 12, 1, 12, 0, 0, tzinfo=UTC)
 
@@ -188,3 +196,20 @@ def test_the_operator_and_the_sidecar_agree_on_renew_periods(ttl: int, renew_ms:
         assert sidecar_accepts
     elif operator_reason.annotation == "cronlock.io/renew" and renew_ms < ttl * 1000:
         assert shared_rule_refuses, operator_reason
+
+
+def test_clearing_an_expired_hold_leaves_the_lease_as_its_release_would() -> None:
+    """The operator's clearing patch (reconcile/expiry.py) is the model's: guarded by the
+    version read and the holder, and the result is the one `released` gives."""
+    held = lease(holderIdentity="report-1-xyz_5678", renewTime=stamp(90), leaseTransitions=3)
+    now = datetime(2026, 12, 4, 12, 0, tzinfo=UTC)
+    patch = cleared(held, "report-1-xyz_5678", now)
+    assert patch[:2] == [
+        {"op": "test", "path": "/metadata/resourceVersion", "value": "42"},
+        {"op": "test", "path": "/spec/holderIdentity", "value": "report-1-xyz_5678"},
+    ]
+    assert apply_json_patch(held, patch) == released(held, "report-1-xyz_5678", now)
+    record = read_lease(apply_json_patch(held, patch))
+    assert (record.holder, record.last_holder, record.transitions) == ("", "report-1-xyz_5678", 3)
+    with pytest.raises(ValueError, match="test failed"):  # another holder since: not applied
+        apply_json_patch(lease(holderIdentity="report-2-new_9abc"), patch)

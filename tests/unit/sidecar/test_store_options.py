@@ -48,6 +48,10 @@ def test_a_store_url_names_its_store_and_shows_no_password(url: str, kind: str, 
         ("redis:///0", "has no host"),
         (f"redis://:{SECRET}@host:99999/0", "has no valid port"),
         (f"redis://:{SECRET}@host/0\nextra", "contains whitespace"),
+        (f"redis://:{SECRET}@host/0?replicas=two", "replicas='two' is not a whole number"),
+        (f"redis://:{SECRET}@host/0?replicas=17", "from 0 to 16"),
+        (f"redis://:{SECRET}@host/0?replicas=-1", "replicas='-1' is not a whole number"),
+        (f"postgresql://u:{SECRET}@db/x?replicas=1", "replicas= is for a Redis URL"),
     ],
 )
 def test_a_bad_store_url_is_refused_without_its_password(url: str, expected: str) -> None:
@@ -55,6 +59,15 @@ def test_a_bad_store_url_is_refused_without_its_password(url: str, expected: str
         parse_store_url(url, "--store")
     assert expected in str(error.value)
     assert SECRET not in str(error.value)
+
+
+def test_replicas_is_taken_out_of_a_redis_url_before_the_client_sees_it() -> None:
+    url = f"redis://:{SECRET}@host:6379/0?ssl_ca_certs=/ca.pem&replicas=2"
+    store = parse_store_url(url, "--store")
+    assert store.replicas == 2
+    assert store.secret == f"redis://:{SECRET}@host:6379/0?ssl_ca_certs=%2Fca.pem"
+    assert store.shown == "redis://:***@host:6379/0"
+    assert parse_store_url(f"redis://:{SECRET}@host/0", "--store").replicas == 0
 
 
 def test_the_url_comes_from_a_file_and_must_match_the_kind_asked(tmp_path: Path) -> None:

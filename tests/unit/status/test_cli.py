@@ -19,6 +19,7 @@ import yaml
 
 from cronlock_operator.status import api
 from cronlock_operator.status import cli as status
+from cronlock_sidecar import contract
 from tests.unit.status.objects import cronjob, lease
 
 
@@ -148,6 +149,30 @@ def test_no_subcommand_prints_help_and_exits_2(capsys: pytest.CaptureFixture[str
     assert code == 2
     assert "status" in err
     assert out == ""
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["--version"], ["status", "--version"], ["lint", "--version"], ["freeze", "--version"],
+     ["unfreeze", "--version"]],
+)  # fmt: skip
+def test_every_command_says_its_version(
+    capsys: pytest.CaptureFixture[str], argv: list[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        status.main(argv)
+    assert exited.value.code == 0
+    command = " ".join(["cronlock", *argv[:-1]])
+    assert capsys.readouterr().out == f"{command} {contract.VERSION}\n"
+
+
+@pytest.mark.parametrize("program", ["cronlock-sidecar", "cronlock-operator"])
+def test_the_sidecar_and_the_operator_say_their_version(program: str) -> None:
+    done = subprocess.run(
+        [str(Path(sys.executable).parent / program), "--version"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert (done.returncode, done.stdout) == (0, f"{program} {contract.VERSION}\n"), done.stderr
 
 
 @pytest.mark.parametrize(

@@ -6,6 +6,9 @@ from datetime import timedelta
 
 import pytest
 
+from cronlock_operator.cronjob.config import parse_config
+from cronlock_operator.injection.build import desired_cronjob
+from cronlock_operator.settings import OperatorSettings
 from cronlock_operator.status.model import exit_code, human_duration, rows
 from cronlock_operator.status.render import expires_text, holder_text, renewed_text
 from tests.unit.status.objects import NOW, cronjob, lease
@@ -245,3 +248,40 @@ def test_the_policy_is_shown_as_the_operator_reads_it(annotated: str | None, sho
     [row] = rows([guarded], [lease("report", holder="")], NOW)
     assert row.policy == shown
     assert bool(row.problems) == (shown == "invalid")
+
+
+@pytest.mark.parametrize(
+    ("annotated", "shown"), [(None, "wait"), ("skip", "skip")], ids=["default", "annotated"]
+)
+def test_the_policy_is_read_under_the_defaults_the_operators_injection_shows(
+    annotated: str | None, shown: str
+) -> None:
+    """An operator run with --default-policy wait and --default-ttl 2m: status, which
+    cannot see its flags, reads them from what it injected, not from the chart's defaults."""
+    operator = OperatorSettings(
+        sidecar_image="ghcr.io/example/cronlock:1.0.0",
+        default_policy="wait",
+        default_ttl_seconds=120,
+    )
+    written = cronjob("report")
+    if annotated is not None:
+        written["metadata"]["annotations"]["cronlock.io/policy"] = annotated
+    injected = desired_cronjob(written, parse_config(written, operator), operator)
+    plain = cronjob("export")
+    [export, report] = rows([injected, plain], [lease("report", holder="")], NOW)
+    assert (report.cronjob, report.policy, report.problems) == ("report", shown, ())
+    assert (export.cronjob, export.policy) == ("export", "skip")  # nothing injected: the chart's
+
+
+def test_an_injection_whose_values_do_not_read_leaves_the_charts_defaults() -> None:
+    operator = OperatorSettings(
+        sidecar_image="ghcr.io/example/cronlock:1.0.0", default_policy="wait"
+    )
+    written = cronjob("report")
+    injected = desired_cronjob(written, parse_config(written, operator), operator)
+    [sidecar] = injected["spec"]["jobTemplate"]["spec"]["template"]["spec"]["initContainers"][:1]
+    for item in sidecar["env"]:
+        if item["name"] == "CRONLOCK_TTL":
+            item["value"] = "soon"
+    [row] = rows([injected], [lease("report", holder="")], NOW)
+    assert row.policy == "skip"

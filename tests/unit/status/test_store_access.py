@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import os
+import sys
 import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -159,6 +160,31 @@ def test_a_url_asking_for_what_is_the_callers_is_refused_before_connecting(
 )
 def test_a_url_that_names_only_its_own_things_is_opened(url: str) -> None:
     open_store(parse_store_url(url, "x"), read_only=True).close()
+
+
+@pytest.mark.parametrize(("read_only", "create_tables"), [(True, False), (False, True)])
+def test_postgres_is_opened_isolated_creating_tables_only_to_write(
+    read_only: bool, create_tables: bool
+) -> None:
+    store = open_store(parse_store_url(URL, "x"), read_only=read_only)
+    assert isinstance(store, PostgresLeaseStore)
+    assert (store.create_tables, store.isolated) == (create_tables, True)
+    store.close()
+
+
+@pytest.mark.parametrize(
+    ("url", "client"),
+    [
+        ("redis://:pw@10.0.0.7/0", "cronlock_sidecar.transport.redisstore"),
+        (URL, "cronlock_sidecar.transport.pgstore"),
+    ],
+)
+def test_a_store_whose_client_is_not_installed_says_how_to_install_it(
+    url: str, client: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, client, None)  # importing it raises ImportError
+    with pytest.raises(StoreAccessError, match=r"client is not installed \(pip install"):
+        open_store(parse_store_url(url, "x"), read_only=True)
 
 
 @pytest.mark.parametrize(

@@ -49,8 +49,9 @@ class FreezeError(Exception):
         self.code = code
 
 
-def add_parsers(commands: Any) -> None:
-    """The `freeze` and `unfreeze` subcommands of `cronlock` (`commands`: the subparsers)."""
+def add_parsers(commands: Any, connection_flags: Callable[[argparse.ArgumentParser], None]) -> None:
+    """The `freeze` and `unfreeze` subcommands of `cronlock` (`commands`: the subparsers;
+    `connection_flags` adds kubectl's flags for reaching the API server, as on `status`)."""
     freeze = commands.add_parser(
         "freeze",
         help="make every run on a lock skip until a time (maintenance)",
@@ -65,6 +66,7 @@ def add_parsers(commands: Any) -> None:
         ),
     )
     _common(freeze)
+    connection_flags(freeze)
     until = freeze.add_mutually_exclusive_group(required=True)
     until.add_argument("--for", dest="duration", help="how long, a Go duration: 2h, 90m")
     until.add_argument("--until", help="until this RFC 3339 time: 2026-12-24T18:00:00Z")
@@ -81,6 +83,7 @@ def add_parsers(commands: Any) -> None:
         description="End the freeze of LOCK now (exit codes as for freeze).",
     )
     _common(thaw)
+    connection_flags(thaw)
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -92,8 +95,6 @@ def _common(parser: argparse.ArgumentParser) -> None:
         "CronJobs name in cronlock.io/store-secret; needs get on that Secret",
     )
     parser.add_argument("-n", "--namespace", help="its namespace (default: the context's)")
-    parser.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, ...)")
-    parser.add_argument("--context", help="kubeconfig context to use")
 
 
 @dataclass(frozen=True)

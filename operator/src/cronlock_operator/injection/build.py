@@ -7,6 +7,7 @@ import re
 from collections.abc import Iterator, Mapping
 from typing import Any, Final, TypeGuard
 
+from cronlock_operator.cronjob.config import InvalidConfig, LockConfig
 from cronlock_operator.injection.containers import (
     OWN_VOLUMES,
     SKIP_RULE,
@@ -18,12 +19,8 @@ from cronlock_operator.injection.containers import (
     sidecar_container,
     store_volume,
 )
-from cronlock_operator.lock.config import (
-    InvalidConfig,
-    LockConfig,
-    OperatorSettings,
-)
 from cronlock_operator.podspec import is_cronlock_probe, pod_spec_of
+from cronlock_operator.settings import OperatorSettings
 from cronlock_sidecar import contract
 
 # Kubernetes refuses a podFailurePolicy with more rules than this; ours takes one.

@@ -7,12 +7,16 @@ and resources are the operator's settings.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
-from typing import Any, Final
+from typing import Any, Final, get_args
 
-from cronlock_operator.lock.config import PROBE_PERIOD_SECONDS, LockConfig, OperatorSettings
+from cronlock_operator.cronjob.config import PROBE_PERIOD_SECONDS, LockConfig, LockDefaults
+from cronlock_operator.cronjob.policies import Policy
+from cronlock_operator.podspec import pod_spec_of
+from cronlock_operator.settings import OperatorSettings
 from cronlock_sidecar import contract
-from cronlock_sidecar.lock.durations import format_duration
+from cronlock_sidecar.lock.durations import format_duration, parse_duration
 
 SIDECAR_COMMAND: Final = ("cronlock-sidecar", "hold")
 GATE_COMMAND: Final = ("cronlock-sidecar", "gate")
@@ -161,3 +165,47 @@ def is_skip_rule(rule: Mapping[str, Any]) -> bool:
         and exit_codes.get("operator") == "In"
         and exit_codes.get("values") == [contract.EXIT_SKIPPED]
     )
+
+
+def defaults_as_injected(cronjob: Mapping[str, Any], settings: LockDefaults) -> LockDefaults:
+    """`settings` with the lock defaults the operator's injection into this CronJob shows
+    (ttl, renew, policy, skew): a reader that did not run the operator (`cronlock status`)
+    then reads the CronJob's annotations as the operator did, whatever `--default-ttl`,
+    `--default-renew`, `--default-policy` and `--skew` it ran with. An annotation the
+    CronJob sets wins over its default either way, so taking the injected values as the
+    defaults changes only what the annotations leave out. `settings` as they are where
+    nothing is injected or the injected values do not read as the operator writes them."""
+    init_containers = pod_spec_of(cronjob).get("initContainers") or []
+    sidecar = next(
+        (
+            container
+            for container in init_containers
+            if isinstance(container, Mapping)
+            and container.get("name") == contract.SIDECAR_CONTAINER
+        ),
+        None,
+    )
+    if sidecar is None:
+        return settings
+    env = {
+        item.get("name"): item.get("value")
+        for item in sidecar.get("env") or []
+        if isinstance(item, Mapping)
+    }
+    policy = next(
+        (known for known in get_args(Policy) if known == env.get(contract.ENV_POLICY)), None
+    )
+    try:
+        ttl = parse_duration(str(env[contract.ENV_TTL]))
+        skew = parse_duration(str(env[contract.ENV_SKEW]))
+        if policy is None or not (ttl.is_integer() and skew.is_integer()):
+            return settings
+        return dataclasses.replace(
+            settings,
+            default_ttl_seconds=int(ttl),
+            default_renew_seconds=parse_duration(str(env[contract.ENV_RENEW])),
+            default_policy=policy,
+            skew_seconds=int(skew),
+        )
+    except (KeyError, ValueError):  # DurationError is a ValueError; so is a refused default
+        return settings

@@ -18,9 +18,9 @@ from cronlock_operator.injection.containers import (
     is_injected_container,
     is_skip_rule,
 )
-from cronlock_operator.lock.config import parse_quantity
 from cronlock_operator.objects import annotations_of
 from cronlock_operator.podspec import is_cronlock_probe
+from cronlock_operator.settings import parse_quantity
 from cronlock_sidecar import contract
 
 

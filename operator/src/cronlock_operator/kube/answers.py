@@ -1,6 +1,7 @@
 """How the operator reads the API server's answers: hiccups, refusals, unread bodies.
 
-`transient_errors` turns what a retry can fix into `Retry` for the work queue;
+`transient_errors` turns what a retry can fix into `Retry` for the work queue, and a 404
+no inner handler expected into `Gone` (the object or its namespace was deleted);
 `invalid_message` and `policy_denial` find the refusals no retry can change (`Rejected`);
 `raw` and `done` finish each response so its connection goes back to the pool.
 """
@@ -15,17 +16,20 @@ from typing import Any
 import kubernetes
 import urllib3
 
-from cronlock_operator.errors import Retry
+from cronlock_operator.errors import Gone, Retry
 
 _RETRIABLE = {409, 422, 429, 500, 502, 503, 504}
 
 
 @contextmanager
 def transient_errors(what: str) -> Iterator[None]:
-    """Turn API hiccups into Retry so the work queue backs off and tries again."""
+    """Turn API hiccups into Retry so the work queue backs off and tries again, and a
+    404 into Gone: past this edge nothing needs the client's exceptions."""
     try:
         yield
     except kubernetes.client.ApiException as error:
+        if error.status == 404:
+            raise Gone(f"{what}: {error.reason}") from error
         if error.status in _RETRIABLE or error.status == 403:
             # 403 too: the RBAC that is missing now may be granted in a moment.
             raise Retry(f"{what}: HTTP {error.status} {error.reason}") from error

@@ -12,6 +12,7 @@ from typing import Any
 import kubernetes
 
 from cronlock_operator.cache import ObjectCache
+from cronlock_operator.cronjob.invalid import cut
 from cronlock_operator.errors import Rejected, Retry
 from cronlock_operator.kube.answers import (
     done,
@@ -22,7 +23,6 @@ from cronlock_operator.kube.answers import (
 )
 from cronlock_operator.kube.client import FIELD_MANAGER
 from cronlock_operator.kube.rbac_writes import HolderRbac
-from cronlock_operator.lock.invalid import cut
 from cronlock_sidecar import contract
 
 logger = logging.getLogger(__name__)

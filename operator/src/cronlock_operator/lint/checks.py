@@ -4,7 +4,7 @@ consent among them, as findings with the lines they are about.
 Nothing is checked here that the operator does not check itself: each CronJob goes
 through `reconcile.cronjobs.decide` (the annotations' one reading, the injection's
 refusals, the TTL-longer-than-schedule warning), and CronJobs of one namespace naming
-the same lock go through `lock.sharing.consent` as if each joined the Lease in turn.
+the same lock go through `leases.sharing.consent` as if each joined the Lease in turn.
 """
 
 from __future__ import annotations
@@ -13,12 +13,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
+from cronlock_operator.cronjob.reading import read_config
+from cronlock_operator.leases.ownership import new_lease, owner_reference
+from cronlock_operator.leases.sharing import consent
 from cronlock_operator.lint.documents import Manifest
-from cronlock_operator.lock.config import OperatorSettings
-from cronlock_operator.lock.ownership import new_lease, owner_reference
-from cronlock_operator.lock.reading import read_config
-from cronlock_operator.lock.sharing import consent
 from cronlock_operator.reconcile.cronjobs import LEFT_AS_IT_WAS, decide
+from cronlock_operator.settings import OperatorSettings
 from cronlock_sidecar import contract
 
 Severity = Literal["error", "warning"]

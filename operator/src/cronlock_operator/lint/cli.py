@@ -11,7 +11,7 @@ from typing import Any, Final
 
 from cronlock_operator.lint.checks import Finding, check
 from cronlock_operator.lint.documents import SUFFIXES, BadYAML, Manifest, read_stream
-from cronlock_operator.lock.config import OperatorSettings
+from cronlock_operator.settings import OperatorSettings
 from cronlock_sidecar import contract
 from cronlock_sidecar.lock.durations import DurationError, parse_duration
 

@@ -12,8 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from cronlock_operator.lock.config import LockConfig
-from cronlock_operator.lock.sharing import CronJobLookup
+from cronlock_operator.cronjob.config import LockConfig
+from cronlock_operator.leases.sharing import CronJobLookup
 
 
 @dataclass(frozen=True)
@@ -101,6 +101,8 @@ class CountRun:
 
 @dataclass(frozen=True)
 class CountTakeover:
+    namespace: str
+    lock: str
     reason: str
 
 

@@ -10,10 +10,13 @@ is not there yet.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Container, Mapping
+from collections.abc import Callable, Container, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from cronlock_operator.cronjob.config import InvalidConfig, LockConfig
+from cronlock_operator.cronjob.reading import Readings, read_config
+from cronlock_operator.cronjob.schedule import ttl_longer_than_gap_warning
 from cronlock_operator.injection.build import desired_cronjob, is_injected
 from cronlock_operator.injection.patching import (
     annotations_differ,
@@ -22,10 +25,9 @@ from cronlock_operator.injection.patching import (
     job_template_differs,
     job_template_fingerprint,
 )
-from cronlock_operator.lock.config import InvalidConfig, LockConfig, OperatorSettings
-from cronlock_operator.lock.reading import read_config
-from cronlock_operator.lock.schedule import ttl_longer_than_gap_warning
-from cronlock_operator.lock.sharing import CronJobLookup
+from cronlock_operator.leases import sharing
+from cronlock_operator.leases.sharing import CronJobLookup
+from cronlock_operator.objects import Name, name_of
 from cronlock_operator.reconcile.actions import (
     Action,
     DropLeaseOwner,
@@ -34,6 +36,8 @@ from cronlock_operator.reconcile.actions import (
     PostEvent,
 )
 from cronlock_operator.reconcile.rbac import Guard
+from cronlock_operator.settings import OperatorSettings
+from cronlock_sidecar import contract
 
 logger = logging.getLogger(__name__)
 
@@ -73,7 +77,7 @@ class Admitted:
 
 ADMISSION_REASON = "ChangedByAdmission"
 # Changes that leave the lock working: amounts of resources, labels and annotations.
-_HARMLESS = (".resources.", ".resources", "metadata.labels", "metadata.annotations")
+_HARMLESS = (".resources", "metadata.labels", "metadata.annotations")
 
 
 def decide(
@@ -86,17 +90,19 @@ def decide(
     granted: Container[Guard],
     posted: Mapping[str, str],
     admitted: Admitted | None = None,
+    readings: Readings | None = None,
 ) -> CronJobDecision:
     """`previous`: the guard last recorded for it; `cached_cronjob`: the namespace's cached
     CronJobs by name (whose consent joining a used lock needs); `granted`: guards the
     holder Roles already cover; `posted`: warnings already posted on it (reason -> message);
-    `admitted`: what admission made of cronlock's last patch of it, if it changed it.
+    `admitted`: what admission made of cronlock's last patch of it, if it changed it;
+    `readings`: the runtime's kept readings of annotations (cronjob/reading.py).
 
     Bad input, the reading's `invalid` or a job template that cannot take the injection,
     is one InvalidConfig Warning and leaves the CronJob and its guard as they were."""
     metadata = body["metadata"]
     namespace, name, uid = metadata["namespace"], metadata["name"], metadata["uid"]
-    reading = read_config(body, settings)
+    reading = read_config(body, settings, readings)
     config, error = reading.config, reading.invalid
     if error is None:
         try:
@@ -135,7 +141,9 @@ def decide(
             after.extend(once(body, "TTLLongerThanSchedule", warning, posted))
             updates["TTLLongerThanSchedule"] = warning
 
-    as_admitted = admitted == Admitted(
+    # Two SHA-256 digests of a job template are only worth taking when an admission
+    # answer is on record; most CronJobs never have one.
+    as_admitted = admitted is not None and admitted == Admitted(
         job_template_fingerprint(desired), job_template_fingerprint(body)
     )
     patch = annotations_differ(body, desired) or (
@@ -203,11 +211,13 @@ def admission(
     return Judged(admitted, [event], {ADMISSION_REASON: message}, stripped)
 
 
-def pending_guard(cronjob: Mapping[str, Any], settings: OperatorSettings) -> Guard | None:
+def pending_guard(
+    cronjob: Mapping[str, Any], settings: OperatorSettings, readings: Readings | None = None
+) -> Guard | None:
     """The guard a CronJob will need once reconciled; None if it is not (validly) guarded:
     `read_config`'s rule, the one `decide` follows."""
     try:
-        config = read_config(cronjob, settings).config
+        config = read_config(cronjob, settings, readings).config
         if config is None:
             return None
         return Guard(config.lease_name, service_account(cronjob), holds=not config.shared_store)
@@ -216,6 +226,32 @@ def pending_guard(cronjob: Mapping[str, Any], settings: OperatorSettings) -> Gua
         # reports what went wrong, as a ReconcileError Event.
         logger.exception("pending guard of %s: unexpected error", _name_of(cronjob))
         return None
+
+
+def pending_guards(
+    bodies: Iterable[Mapping[str, Any]],
+    settings: OperatorSettings,
+    *,
+    refused: Container[Name],
+    cached_lease: Callable[[str], Mapping[str, Any] | None],
+    cached_cronjob: CronJobLookup,
+    readings: Readings | None = None,
+) -> set[Guard]:
+    """The guards a namespace's CronJobs, seen but maybe not reconciled yet, may be granted
+    ahead of their reconcile (so a burst writes the holder Roles once): none for a CronJob
+    refused for a conflict, and a Lease other CronJobs use only with their consent."""
+    guards: set[Guard] = set()
+    for body in bodies:
+        if name_of(body) in refused:
+            continue
+        guard = pending_guard(body, settings, readings)
+        if guard is None:
+            continue
+        lease = cached_lease(guard.lease)
+        lock = guard.lease.removeprefix(contract.LEASE_PREFIX)  # contract.lease_name's inverse
+        if lease is None or sharing.consent(lease, body, lock, cached_cronjob).granted:
+            guards.add(guard)
+    return guards
 
 
 def service_account(cronjob: Mapping[str, Any]) -> str:

@@ -8,12 +8,11 @@ cleared with a guarded patch, so the next run need not wait for the TTL itself.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from cronlock_operator.objects import Name
 from cronlock_operator.reconcile.actions import (
     Action,
     CountRun,
@@ -22,7 +21,7 @@ from cronlock_operator.reconcile.actions import (
     PostEvent,
 )
 from cronlock_sidecar import contract
-from cronlock_sidecar.lock.model import LeaseRecord, read_lease, released
+from cronlock_sidecar.lock.model import LeaseRecord, cleared, read_lease
 
 
 @dataclass(frozen=True)
@@ -38,43 +37,6 @@ class Observation:
     def overdue(self, now: float, skew_seconds: float) -> bool:
         """Held, and unchanged for longer than its duration plus the skew."""
         return bool(self.holder) and now - self.seen_at > self.duration + skew_seconds
-
-
-@dataclass
-class Observations:
-    """Each Lease's Observation as last seen, and which of them have a holder: the expiry
-    check runs every second over the held ones only (looping over every free Lease each
-    second was a measurable share of the operator's time, docs/PERFORMANCE.md)."""
-
-    _seen: dict[Name, Observation] = field(default_factory=dict)
-    _held: set[Name] = field(default_factory=set)
-
-    def get(self, key: Name) -> Observation | None:
-        return self._seen.get(key)
-
-    def put(self, key: Name, seen: Observation) -> None:
-        self._seen[key] = seen
-        if seen.holder:
-            self._held.add(key)
-        else:
-            self._held.discard(key)
-
-    def cap(self, key: Name, longest_duration: int) -> None:
-        """Believe the hold seen at `key` for at most `longest_duration` from when it was
-        seen (its owners' longest ttl, known only once they are reconciled)."""
-        seen = self._seen.get(key)
-        if seen is not None and seen.duration > longest_duration:
-            self._seen[key] = replace(seen, duration=longest_duration)
-
-    def forget(self, key: Name) -> None:
-        self._seen.pop(key, None)
-        self._held.discard(key)
-
-    def overdue(self, now: float, skew_seconds: float) -> Iterator[Name]:
-        """The Leases held and unchanged for longer than their duration plus the skew."""
-        for key in list(self._held):
-            if self._seen[key].overdue(now, skew_seconds):
-                yield key
 
 
 def observe(
@@ -121,28 +83,14 @@ def decide(
     record = read_lease(lease)
     if (record.holder, record.renew_time_text) != (seen.holder, seen.renew_time):
         return []  # it renewed (or changed hands) after all; the next event updates us
-    annotations = released(lease, seen.holder, wall_now)["metadata"]["annotations"]
     message = (
         f"lease {record.namespace}/{record.name} held by {seen.holder} was not renewed for "
         f"{now - seen.seen_at:.0f}s (duration {seen.duration}s); cleared so the next run can "
         "start"
     )
     return [
-        PatchLease(
-            record.namespace,
-            record.name,
-            [
-                {
-                    "op": "test",
-                    "path": "/metadata/resourceVersion",
-                    "value": record.resource_version,
-                },
-                {"op": "test", "path": "/spec/holderIdentity", "value": seen.holder},
-                {"op": "remove", "path": "/spec/holderIdentity"},
-                {"op": "add", "path": "/metadata/annotations", "value": annotations},
-            ],
-        ),
-        CountTakeover("expired"),
+        PatchLease(record.namespace, record.name, cleared(lease, seen.holder, wall_now)),
+        CountTakeover(record.namespace, contract.lock_of(record.name, record.lock), "expired"),
         CountRun("lost"),
         *(PostEvent(cronjob, "LeaseExpired", message, warning=True) for cronjob in owners),
     ]

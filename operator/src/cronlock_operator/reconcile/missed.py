@@ -27,9 +27,9 @@ from collections.abc import Mapping, Set
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from cronlock_operator.lock import schedule
-from cronlock_operator.lock.config import OperatorSettings
-from cronlock_operator.lock.reading import read_config
+from cronlock_operator.cronjob import schedule
+from cronlock_operator.cronjob.config import Defaults
+from cronlock_operator.cronjob.reading import Readings, read_config
 from cronlock_operator.reconcile.actions import Action, CountMissed, PostEvent, SetRunTimes
 from cronlock_sidecar import contract
 from cronlock_sidecar.microtime import read_time
@@ -64,13 +64,14 @@ def scheduled_tick(job: Mapping[str, Any]) -> datetime.datetime | None:
 
 def judge(
     cronjob: Mapping[str, Any],
-    settings: OperatorSettings,
+    settings: Defaults,
     now: datetime.datetime,
     *,
     judged_through: datetime.datetime | None,
     started: Set[datetime.datetime],
     frozen: bool,
     posted: Mapping[str, str],
+    readings: Readings | None = None,
 ) -> TickJudgment | None:
     """Judge the CronJob's ticks up to `now` minus its deadline; None when its schedule
     cannot be read here (the CronJob controller refuses such a CronJob too).
@@ -109,7 +110,7 @@ def judge(
     elif ticks:
         updates[MISSED] = None  # a tick started its run: a later suspension warns anew
     through = ticks[-1] if len(ticks) == MAX_TICKS else max(judged_through, due)
-    failing = not_succeeding(cronjob, settings, now)
+    failing = not_succeeding(cronjob, settings, now, readings)
     if failing is not None and not frozen:
         if posted.get(NOT_SUCCEEDING) != failing:
             actions.append(PostEvent(cronjob, NOT_SUCCEEDING, failing, warning=True))
@@ -135,7 +136,7 @@ def judge(
     return TickJudgment(actions, through, check_at, updates)
 
 
-def deadline_of(cronjob: Mapping[str, Any], settings: OperatorSettings) -> datetime.timedelta:
+def deadline_of(cronjob: Mapping[str, Any], settings: Defaults) -> datetime.timedelta:
     """How long after its tick a run may start: startingDeadlineSeconds (and a second),
     else the operator's tolerance."""
     starting = (cronjob.get("spec") or {}).get("startingDeadlineSeconds")
@@ -199,12 +200,16 @@ def _missed_message(
 
 
 def not_succeeding(
-    cronjob: Mapping[str, Any], settings: OperatorSettings, now: datetime.datetime
+    cronjob: Mapping[str, Any],
+    settings: Defaults,
+    now: datetime.datetime,
+    readings: Readings | None = None,
 ) -> str | None:
     """The NotSucceeding message when `alert-after-missed` ticks, each past its deadline,
     came since the last success (else since the CronJob was created); None otherwise, or
     when it is off (0)."""
-    threshold = read_config(cronjob, settings).alert_after_missed
+    reading = read_config(cronjob, settings, readings)
+    threshold = reading.alert_after_missed
     status = cronjob.get("status") or {}
     created = _created(cronjob, now)
     since = max(read_time(status.get("lastSuccessfulTime")) or created, created)
@@ -217,7 +222,7 @@ def not_succeeding(
         return None
     last = status.get("lastSuccessfulTime")
     namespace = cronjob["metadata"]["namespace"]
-    lock = read_config(cronjob, settings).lock
+    lock = reading.lock
     return (
         f"no run succeeded for {threshold} ticks of the schedule {text!r} (last success: "
         f"{last or 'never'}); its runs: kubectl get jobs -n {namespace} -l "

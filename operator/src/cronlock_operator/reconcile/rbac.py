@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple
 
-from cronlock_operator.lock.ownership import made_by_cronlock
+from cronlock_operator.leases.ownership import made_by_cronlock
 from cronlock_operator.reconcile.actions import Action, WriteHolderRbac
 from cronlock_sidecar import contract
 

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, NamedTuple
 
-from cronlock_operator.lock.config import OperatorSettings
-from cronlock_operator.lock.reading import read_config
+from cronlock_operator.cronjob.config import Defaults
+from cronlock_operator.cronjob.reading import Readings, read_config
 from cronlock_operator.reconcile import skips
 from cronlock_operator.reconcile.actions import (
     Action,
@@ -57,11 +57,12 @@ class RunsDecision:
 def decide(
     cronjob: Mapping[str, Any],
     finished: Sequence[Mapping[str, Any]],
-    settings: OperatorSettings,
+    settings: Defaults,
     gone: Set[str] = frozenset(),
     *,
     contended: Mapping[str, str] | None = None,
     frozen: Mapping[str, FrozenLock] | None = None,
+    readings: Readings | None = None,
 ) -> RunsDecision:
     """What counting `finished` (Jobs of this CronJob not yet counted) writes, oldest first.
 
@@ -74,7 +75,7 @@ def decide(
     metadata = cronjob["metadata"]
     namespace, name = str(metadata["namespace"]), str(metadata["name"])
     # alert-after and keep-skipped-jobs by `read_config`'s rule, as `cronlock status` counts.
-    reading = read_config(cronjob, settings)
+    reading = read_config(cronjob, settings, readings)
     alert_after, keep = reading.alert_after, reading.keep_skipped_jobs
     start = count = skips.consecutive_skips(cronjob)
     counted = []

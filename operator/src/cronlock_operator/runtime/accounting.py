@@ -13,11 +13,14 @@ from __future__ import annotations
 from typing import Any
 
 from cronlock_operator.cache import ObjectCache
+from cronlock_operator.cronjob.reading import Readings
 from cronlock_operator.kube.calls import KubeCalls
-from cronlock_operator.lock.config import OperatorSettings
 from cronlock_operator.objects import Name
 from cronlock_operator.reconcile import contention, runs, skips
+from cronlock_operator.reconcile.keys import ContentionKey, RunsKey
 from cronlock_operator.runtime.executor import Executor
+from cronlock_operator.runtime.workqueue import DONE, Result
+from cronlock_operator.settings import OperatorSettings
 from cronlock_sidecar import contract
 from cronlock_sidecar.lock.model import LeaseRecord
 
@@ -46,6 +49,7 @@ class RunAccounting:
         cronjobs: ObjectCache,
         jobs: ObjectCache,
         leases: ObjectCache,
+        readings: Readings | None = None,
     ) -> None:
         self.kube = kube
         self.settings = settings
@@ -53,6 +57,7 @@ class RunAccounting:
         self.cronjobs = cronjobs
         self.jobs = jobs
         self.leases = leases
+        self.readings = readings if readings is not None else Readings()
         # Finished runs deleted before they were counted (the CronJob controller keeps only
         # `failedJobsHistoryLimit` failed Jobs, 1 by default): counted from their last state.
         self.departed: dict[Name, dict[str, Any]] = {}
@@ -119,11 +124,12 @@ class RunAccounting:
         self.freezes.pop((key[0], key[1].removeprefix(contract.LEASE_PREFIX)), None)
 
     # --- work (worker threads) ------------------------------------------------------
-    def account_runs(self, namespace: str, cronjob_name: str) -> None:
+    def account_runs(self, runs_of: RunsKey) -> Result:
         """Count the finished runs of one CronJob, oldest first, each exactly once."""
+        namespace, cronjob_name = runs_of.namespace, runs_of.cronjob
         cronjob = self.kube.read_cronjob(namespace, cronjob_name)
         if cronjob is None:
-            return
+            return DONE
         # Jobs still here, and those deleted before they were counted; one entry per uid
         # (a Job deleted while this runs can be in both).
         candidates: dict[str, dict[str, Any]] = {}
@@ -156,6 +162,7 @@ class RunAccounting:
             gone,
             contended=contended,
             frozen=frozen,
+            readings=self.readings,
         )
         for run in decision.runs:
             job_key = (namespace, run.job)
@@ -172,13 +179,15 @@ class RunAccounting:
                 self.accounted.discard(run.uid)  # its deletion was already seen
             self.contended.pop(job_key, None)
         self.executor.run(decision.after)
+        return DONE
 
-    def tell_contention(self, namespace: str, name: str) -> None:
+    def tell_contention(self, lease: ContentionKey) -> Result:
         """Mark, tell and count what a Lease's new contender notes say happened."""
+        namespace, name = lease.namespace, lease.name
         key = (namespace, name)
         now = self.notes.get(key)
         if now is None:
-            return
+            return DONE
         actions = contention.decide(
             namespace,
             name,
@@ -190,6 +199,7 @@ class RunAccounting:
         )
         self.executor.run(actions)
         self.told[key] = now
+        return DONE
 
     def _lock_of(self, lease: Name) -> str:
         """The lock a cached Lease is of (its label; else its name, as Leases made before

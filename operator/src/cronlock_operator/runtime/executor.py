@@ -5,17 +5,20 @@ what the caches showed when they were decided: a Lease created meanwhile by anot
 CronJob, a Lease's users changed, a Role of the same name someone else made. For those
 the executor reads, asks the pure layer's judge (`sharing.consent`,
 `ownership.without_owner`, `rbac.write_for`), and sends what the judge returned; the
-judges decide, `Kube` only sends.
+judges decide, `Kube` only sends. A judge's refusal comes back as a value (`Ran.verdict`:
+`Refused`, `Undecided`), for the reconciler to act on; only the API server's errors are
+raised (kube/answers.py).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
-from cronlock_operator.errors import NotOurs, Retry
+from cronlock_operator.errors import Retry
 from cronlock_operator.kube.calls import KubeCalls
-from cronlock_operator.lock import ownership, sharing
+from cronlock_operator.leases import ownership, sharing
 from cronlock_operator.reconcile import rbac
 from cronlock_operator.reconcile.actions import (
     Action,
@@ -46,6 +49,42 @@ def _ignore(body: dict[str, Any]) -> None:
     pass
 
 
+@dataclass(frozen=True)
+class Refused:
+    """An object cronlock would write exists and is not cronlock's: it is left alone. The
+    reason names it and what to do; `names` maps each such object's name to its reason."""
+
+    reason: str
+    names: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Undecided:
+    """A judge cannot decide yet (a user of the lock not seen yet): try again later."""
+
+    reason: str
+
+
+Verdict = Refused | Undecided
+
+
+@dataclass(frozen=True)
+class Ran:
+    """What running a list of actions met: `gone` when one found its object gone, and
+    `verdict` when a judge refused or could not decide; either stops the rest."""
+
+    gone: bool = False
+    verdict: Verdict | None = None
+
+    @property
+    def completed(self) -> bool:
+        return not self.gone and self.verdict is None
+
+
+COMPLETED = Ran()
+GONE = Ran(gone=True)
+
+
 class Executor:
     """Carries out actions through one `Kube` (any `KubeCalls`); what it writes is what the
     actions, or the pure judges they name, decided.
@@ -67,38 +106,42 @@ class Executor:
         # By default synchronously; the operator hands Events to its EventPoster.
         self.post_event: PostEventCall = post_event or kube.post_event
 
-    def run(self, actions: Iterable[Action]) -> bool:
-        """Every action in order; False when one found its object gone and the rest was dropped."""
-        return all(self._one(action) for action in actions)  # all() stops at the first False
+    def run(self, actions: Iterable[Action]) -> Ran:
+        """Every action in order, until one finds its object gone or meets a verdict."""
+        for action in actions:
+            ran = self._one(action)
+            if not ran.completed:
+                return ran
+        return COMPLETED
 
-    def _one(self, action: Action) -> bool:
+    def _one(self, action: Action) -> Ran:
         kube = self.kube
         match action:
             case PatchCronJob(namespace, name, patch):
                 patched = kube.patch_cronjob(namespace, name, patch)
                 if patched is None:
-                    return False
+                    return GONE
                 self.cronjob_written(patched)
             case PatchLease(namespace, name, patch):
-                return kube.patch_lease(namespace, name, patch)
+                return COMPLETED if kube.patch_lease(namespace, name, patch) else GONE
             case AnnotateCronJob(namespace, name, annotations):
                 kube.annotate_cronjob(namespace, name, annotations)
             case PostEvent(involved, reason, message, warning):
                 self.post_event(involved, reason, message, warning)
             case EnsureLease():
-                self._ensure_lease(action)
+                return self._ensure_lease(action)
             case DropLeaseOwner(namespace, name, uid):
                 self._drop_lease_owner(namespace, name, uid)
             case WriteHolderRbac(namespace, roles, bindings):
-                self._write_holder_rbac(namespace, roles, bindings)
+                return self._write_holder_rbac(namespace, roles, bindings)
             case MarkJob(namespace, name, annotation, value, outcome):
                 kube.mark_job(namespace, name, annotation, value, outcome=outcome)
             case DeleteJob(namespace, name):
                 kube.delete_job(namespace, name)
             case CountRun(result):
                 metrics.runs.labels(result).inc()
-            case CountTakeover(reason):
-                metrics.takeovers.labels(reason).inc()
+            case CountTakeover(namespace, lock, reason):
+                metrics.takeovers.labels(namespace, lock, reason).inc()
             case CountContention(kind):
                 (metrics.overlaps if kind == "overlap" else metrics.replacements).inc()
             case SetConsecutiveSkips(namespace, cronjob, count):
@@ -107,9 +150,9 @@ class Executor:
                 metrics.missed_runs.labels(namespace, cronjob).inc(ticks)
             case SetRunTimes(namespace, cronjob, next_run, last_success, not_succeeding):
                 metrics.set_run_times(namespace, cronjob, next_run, last_success, not_succeeding)
-        return True
+        return COMPLETED
 
-    def _ensure_lease(self, action: EnsureLease) -> None:
+    def _ensure_lease(self, action: EnsureLease) -> Ran:
         """The Lease exists, labelled as ours (and with its lock), owned by this CronJob; a
         Lease other CronJobs use is joined only with their consent. When the cache has not
         seen it, creating is tried first, since that is what a new lock needs."""
@@ -135,16 +178,18 @@ class Executor:
                 self.lease_written(lease)
         match consent.verdict:
             case "refused":
-                raise NotOurs(consent.reason)
+                return Ran(verdict=Refused(consent.reason))
             case "undecided":
-                raise Retry(consent.reason)
+                return Ran(verdict=Undecided(consent.reason))
             case "join":
                 self.lease_written(
                     self.kube.merge_lease(namespace, name, ownership.joining(cronjob, lock))
                 )
+        return COMPLETED
 
     def _drop_lease_owner(self, namespace: str, name: str, uid: str) -> None:
-        """Forget a CronJob that no longer uses this Lease; delete it once nobody does."""
+        """Forget a CronJob that no longer uses this Lease; delete it once nobody does. A
+        Lease that changed meanwhile is a lost race, an error like a 409 (Retry)."""
         match ownership.without_owner(self.kube.read_lease(namespace, name), uid):
             case ownership.KeepOwners(patch):
                 if not self.kube.patch_lease(namespace, name, patch):
@@ -157,11 +202,11 @@ class Executor:
         namespace: str,
         roles: Sequence[dict[str, Any]],
         bindings: Sequence[dict[str, Any]],
-    ) -> None:
+    ) -> Ran:
         """Exactly these holder Roles and RoleBindings: each written if it differs, and the
         labelled ones no guarded CronJob needs any more deleted. One of the same name that
         cronlock did not make is left alone; the others are written all the same, then
-        NotOurs names the ones left alone."""
+        the verdict `Refused` names the ones left alone."""
         holder = self.kube.holder_rbac
         conflicts: dict[str, str] = {}
         for role, binding in zip(roles, bindings, strict=True):
@@ -185,4 +230,5 @@ class Executor:
             for stale in rbac.stale(holder.labelled(kind, namespace), wanted):
                 holder.delete(kind, namespace, stale)
         if conflicts:
-            raise NotOurs("; ".join(conflicts.values()), conflicts)
+            return Ran(verdict=Refused("; ".join(conflicts.values()), conflicts))
+        return COMPLETED

@@ -18,11 +18,11 @@ import kopf
 
 from cronlock_operator.kube.client import api_client
 from cronlock_operator.kube.writes import LIST_PAGE, Kube
-from cronlock_operator.lock.config import OperatorSettings
 from cronlock_operator.runtime import liveness
 from cronlock_operator.runtime.events import EventPoster
 from cronlock_operator.runtime.liveness import Liveness
 from cronlock_operator.runtime.reconciler import WORKERS, Reconciler
+from cronlock_operator.settings import OperatorSettings
 from cronlock_sidecar import contract
 
 logger = logging.getLogger(__name__)

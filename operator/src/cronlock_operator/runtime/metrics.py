@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import platform
 import typing
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from http import HTTPStatus
 
 from prometheus_client import (
@@ -16,6 +16,7 @@ from prometheus_client import (
     disable_created_metrics,
     make_wsgi_app,
 )
+from prometheus_client.core import GaugeMetricFamily
 
 from cronlock_operator.kube.client import version
 from cronlock_operator.reconcile.keys import Key
@@ -30,15 +31,41 @@ guarded_cronjobs = Gauge(
     "CronJobs whose runs cronlock guards with a Lease",
     registry=registry,
 )
-cronjobs = Gauge(
-    "cronlock_cronjobs",
-    "Opted-in CronJobs by state: guarded (as asked), invalid (latest settings refused, "
-    "InvalidConfig), conflict (something it needs is not cronlock's, or another mutating "
-    "admission controller takes its injection out: ChangedByAdmission)",
-    ["state"],
-    registry=registry,
+CRONJOBS_HELP = (
+    "Opted-in CronJobs by namespace and state: guarded (as asked), invalid (latest settings "
+    "refused, InvalidConfig), conflict (something it needs is not cronlock's, or another "
+    "mutating admission controller takes its injection out: ChangedByAdmission)"
 )
 CRONJOB_STATES = ("guarded", "invalid", "conflict")
+# (namespace, state) -> CronJobs: what the CronJob reconciler knows, counted at each scrape.
+CronJobStates = Callable[[], Mapping[tuple[str, str], int]]
+
+
+class _CronJobStates:
+    """cronlock_cronjobs{namespace,state}, counted when scraped (a gauge per namespace set
+    on every reconcile would count every guard each time: quadratic at start-up). Every
+    namespace with an opted-in CronJob has all three states, so a state that went back to
+    0 shows 0 rather than vanishing."""
+
+    def __init__(self) -> None:
+        self.source: CronJobStates = dict
+
+    def describe(self) -> Iterable[GaugeMetricFamily]:
+        yield GaugeMetricFamily("cronlock_cronjobs", CRONJOBS_HELP, labels=["namespace", "state"])
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        family = GaugeMetricFamily(
+            "cronlock_cronjobs", CRONJOBS_HELP, labels=["namespace", "state"]
+        )
+        counts = self.source()
+        for namespace in sorted({namespace for namespace, _ in counts}):
+            for state in CRONJOB_STATES:
+                family.add_metric([namespace, state], counts.get((namespace, state), 0))
+        yield family
+
+
+cronjobs = _CronJobStates()
+registry.register(cronjobs)
 runs = Counter(
     "cronlock_runs",
     "Runs seen by the operator, by result (acquired, skipped, frozen, lost, released)",
@@ -91,8 +118,8 @@ lock_frozen_until = Gauge(
 )
 takeovers = Counter(
     "cronlock_takeovers",
-    "Holders cleared by the operator, by reason",
-    ["reason"],
+    "Holders cleared by the operator, by lock and reason",
+    ["namespace", "lock", "reason"],
     registry=registry,
 )
 overlaps = Counter(
@@ -107,8 +134,8 @@ replacements = Counter(
 )
 reconcile_errors = Counter(
     "cronlock_reconcile_errors",
-    "Reconciles that failed and were retried, by kind",
-    ["kind"],
+    "Reconciles that failed and were retried, by namespace and kind",
+    ["namespace", "kind"],
     registry=registry,
 )
 
@@ -135,9 +162,33 @@ build_info = Gauge(
 build_info.labels(version(), platform.python_version()).set(1)
 
 
-def set_cronjob_states(*, guarded: int, invalid: int, conflict: int) -> None:
-    for state, count in zip(CRONJOB_STATES, (guarded, invalid, conflict), strict=True):
-        cronjobs.labels(state).set(count)
+def count_cronjobs_with(source: CronJobStates) -> None:
+    """Where cronlock_cronjobs is counted from at each scrape (the CronJob reconciler)."""
+    cronjobs.source = source
+
+
+# What namespace_seen and lock_seen made series for: every CronJob and Lease event calls
+# them (a Lease's on each renewal), and each does the work once.
+_namespaces_seen: set[str] = set()
+_locks_seen: set[tuple[str, str]] = set()
+
+
+def namespace_seen(namespace: str) -> None:
+    """Its error counters exist from the start at 0, so increase() sees the first error."""
+    if namespace in _namespaces_seen:
+        return
+    _namespaces_seen.add(namespace)
+    for kind in RECONCILE_KINDS:
+        reconcile_errors.labels(namespace, kind)
+
+
+def lock_seen(namespace: str, lock: str) -> None:
+    """Its takeover counters exist from the start at 0, so increase() sees the first one."""
+    if (namespace, lock) in _locks_seen:
+        return
+    _locks_seen.add((namespace, lock))
+    for reason in TAKEOVER_REASONS:
+        takeovers.labels(namespace, lock, reason)
 
 
 def forget_cronjob(namespace: str, name: str) -> None:
@@ -166,6 +217,9 @@ def forget_lock(namespace: str, lock: str) -> None:
     """A deleted Lease's series go with it."""
     _remove(lease_held, namespace, lock)
     _remove(lock_frozen_until, namespace, lock)
+    _locks_seen.discard((namespace, lock))
+    for reason in TAKEOVER_REASONS:
+        _remove(takeovers, namespace, lock, reason)
 
 
 def set_frozen(namespace: str, lock: str, until: float | None) -> None:
@@ -181,17 +235,14 @@ def _remove(gauge: Gauge | Counter, *labels: str) -> None:
 
 
 # Every label value a counter can take exists from the start at 0, so that rate() and
-# increase() see the first run, skip, takeover or error after a restart.
+# increase() see the first run, skip, takeover or error after a restart (those with a
+# namespace once it is seen: namespace_seen, lock_seen).
 RUN_RESULTS = ("acquired", "skipped", "frozen", "lost", "released")
 TAKEOVER_REASONS = ("expired",)
 RECONCILE_KINDS = tuple(key.kind for key in typing.get_args(Key))
-set_cronjob_states(guarded=0, invalid=0, conflict=0)
 for _result in RUN_RESULTS:
     runs.labels(_result)
-for _reason in TAKEOVER_REASONS:
-    takeovers.labels(_reason)
 for _kind in RECONCILE_KINDS:
-    reconcile_errors.labels(_kind)
     reconcile_duration.labels(_kind)
 
 

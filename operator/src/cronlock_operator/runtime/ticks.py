@@ -18,11 +18,13 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from cronlock_operator.cache import ObjectCache
-from cronlock_operator.lock.config import OperatorSettings
-from cronlock_operator.lock.reading import read_config
+from cronlock_operator.cronjob.reading import Readings, read_config
 from cronlock_operator.objects import Name, annotations_of
 from cronlock_operator.reconcile import missed, skips
+from cronlock_operator.reconcile.keys import MissedKey
 from cronlock_operator.runtime.executor import Executor
+from cronlock_operator.runtime.workqueue import DONE, Result
+from cronlock_operator.settings import OperatorSettings
 from cronlock_sidecar import contract
 
 logger = logging.getLogger(__name__)
@@ -43,12 +45,14 @@ class TickWatch:
         cronjobs: ObjectCache,
         frozen: Callable[[str, str], bool],
         now: Callable[[], datetime.datetime] = _utcnow,
+        readings: Readings | None = None,
     ) -> None:
         self.settings = settings
         self.executor = executor
         self.cronjobs = cronjobs
         self.frozen = frozen  # (namespace, lock) -> whether the lock is frozen now
         self.now = now
+        self.readings = readings if readings is not None else Readings()
         self._lock = threading.Lock()
         self._judged: dict[Name, datetime.datetime] = {}
         self._started: dict[Name, set[datetime.datetime]] = {}
@@ -62,7 +66,7 @@ class TickWatch:
     # --- watch events (event loop thread) ------------------------------------------
     def cronjob_seen(self, key: Name, body: Mapping[str, Any]) -> None:
         """A guarded CronJob new or changed in what its judgment reads: due at once."""
-        if read_config(body, self.settings).config is None:
+        if read_config(body, self.settings, self.readings).config is None:
             self.forget(key)
             return
         spec = body.get("spec") or {}
@@ -115,14 +119,15 @@ class TickWatch:
         return keys
 
     # --- work (worker threads) ------------------------------------------------------
-    def judge(self, namespace: str, name: str) -> None:
+    def judge(self, cronjob: MissedKey) -> Result:
         """Judge one CronJob's ticks due by now, carry the actions out, plan the next."""
+        namespace, name = cronjob.namespace, cronjob.cronjob
         key = (namespace, name)
         body = self.cronjobs.get(key)
-        if body is None or read_config(body, self.settings).config is None:
+        if body is None or read_config(body, self.settings, self.readings).config is None:
             self.forget(key)
-            return
-        lock = read_config(body, self.settings).lock
+            return DONE
+        lock = read_config(body, self.settings, self.readings).lock
         now = self.now()
         with self._lock:
             judged = self._judged.get(key)
@@ -136,6 +141,7 @@ class TickWatch:
             started=started,
             frozen=self.frozen(namespace, lock),
             posted=posted,
+            readings=self.readings,
         )
         if judgment is None:
             logger.warning(
@@ -144,11 +150,11 @@ class TickWatch:
                 name,
                 (body.get("spec") or {}).get("schedule"),
             )
-            return
+            return DONE
         self.executor.run(judgment.actions)
         with self._lock:
             if key not in self._seen:
-                return  # forgotten meanwhile (deleted, or no longer guarded)
+                return DONE  # forgotten meanwhile (deleted, or no longer guarded)
             self._judged[key] = judgment.judged_through
             kept = {t for t in self._started.get(key, ()) if t > judgment.judged_through}
             self._started[key] = kept
@@ -160,6 +166,7 @@ class TickWatch:
                     mine[reason] = message
             if judgment.check_at is not None:
                 self._schedule(key, judgment.check_at.timestamp())
+        return DONE
 
     def _schedule(self, key: Name, when: float) -> None:
         """Due at `when` (epoch seconds), or sooner if it already is (lock held)."""

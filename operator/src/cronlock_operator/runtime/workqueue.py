@@ -4,7 +4,9 @@ kopf tracks and retries only its change-detecting handlers, and those keep bookk
 annotations on the objects they handle, which cronlock must not leave on users'
 CronJobs. So the event handlers only enqueue keys and this queue does the rest, like
 controller-runtime's: a key waits at most once in the queue, is never worked on by two
-workers at once, and a failed key comes back after an exponential backoff.
+workers at once, and a failed key comes back after an exponential backoff. A reconcile
+returns a `Result`: done, look again after a while (not an error), or try again with
+backoff (an error, said why).
 """
 
 from __future__ import annotations
@@ -22,11 +24,25 @@ Key = TypeVar("Key", bound=Hashable)
 logger = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class Result:
+    """What a reconcile asks of the queue, as controller-runtime's `reconcile.Result`:
+    nothing (done), `requeue_after` seconds until it looks again (someone may fix what it
+    found meanwhile; not an error), or `retry`: why it must try again with backoff (an
+    error, as a raised `Retry` is)."""
+
+    requeue_after: float | None = None
+    retry: str | None = None
+
+
+DONE = Result()
+
+
 @dataclass
 class WorkQueue(Generic[Key]):
     """Keys to reconcile, each handled by `work` in one of `workers` tasks."""
 
-    work: Callable[[Key], Awaitable[None]]
+    work: Callable[[Key], Awaitable[Result]]
     workers: int = 4
     base_delay: float = 0.5
     max_delay: float = 60.0
@@ -85,27 +101,29 @@ class WorkQueue(Generic[Key]):
             self._queued.discard(key)
             self._active.add(key)
             try:
-                await self.work(key)
+                result = await self.work(key)
             except Retry as retry:
-                self._backoff(key, retry.delay, str(retry))
+                self._backoff(key, str(retry))
             except Exception:
                 logger.exception("reconcile of %s failed; retrying with backoff", key)
-                self._backoff(key, None, "unexpected error")
+                self._backoff(key, "unexpected error")
             else:
-                self._failures.pop(key, None)
+                if result.retry is not None:
+                    self._backoff(key, result.retry)
+                else:
+                    self._failures.pop(key, None)
+                    if result.requeue_after is not None:
+                        logger.debug("%s again in %.1fs", key, result.requeue_after)
+                        self.add_after(key, result.requeue_after)
             finally:
                 self._active.discard(key)
                 if key in self._dirty:
                     self._dirty.discard(key)
                     self.add(key)
 
-    def _backoff(self, key: Key, delay: float | None, reason: str) -> None:
+    def _backoff(self, key: Key, reason: str) -> None:
         failures = self._failures.get(key, 0) + 1
         self._failures[key] = failures
-        wait = (
-            delay
-            if delay is not None
-            else min(self.max_delay, self.base_delay * 2 ** (failures - 1))
-        )
+        wait = min(self.max_delay, self.base_delay * 2 ** (failures - 1))
         logger.info("retrying %s in %.1fs: %s", key, wait, reason)
         self.add_after(key, wait)

@@ -15,8 +15,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final, Literal, NamedTuple
 
+from cronlock_operator.cronjob.reading import Readings
 from cronlock_operator.freeze import commands as freezing
 from cronlock_operator.lint import cli as lint
+from cronlock_operator.status import completion
 from cronlock_operator.status.api import (
     LEASE_SELECTOR,
     Cluster,
@@ -67,6 +69,8 @@ def parser(prog: str = "cronlock") -> argparse.ArgumentParser:
         description="Inspect the Leases that keep cronlock-guarded CronJob runs from overlapping; "
         "check CronJob manifests before they ship.",
     )
+    version = f"%(prog)s {contract.VERSION}"
+    top.add_argument("--version", action="version", version=f"{prog} {contract.VERSION}")
     commands = top.add_subparsers(dest="command", metavar="COMMAND")
     status = commands.add_parser(
         "status",
@@ -101,11 +105,6 @@ def parser(prog: str = "cronlock") -> argparse.ArgumentParser:
     )
     status.add_argument("--no-headers", action="store_true", help="tables without their header")
     status.add_argument(
-        "--request-timeout",
-        default="30s",
-        help="give up on a request after this long (a duration, like kubectl's; default 30s)",
-    )
-    status.add_argument(
         "-w",
         "--watch",
         action="store_true",
@@ -119,28 +118,44 @@ def parser(prog: str = "cronlock") -> argparse.ArgumentParser:
         "reads each Secret the CronJobs name with your credentials and connects to the host "
         "its URL names (said on stderr first); without it those rows say in-store",
     )
-    status.add_argument(
+    add_connection_flags(status)
+    lint.add_parser(commands)
+    freezing.add_parsers(commands, add_connection_flags)
+    completion.add_parser(commands)
+    for command in commands.choices.values():
+        command.add_argument("--version", action="version", version=version)
+    return top
+
+
+def add_connection_flags(parser: argparse.ArgumentParser) -> None:
+    """kubectl's flags for reaching the API server, the same on every command that does."""
+    parser.add_argument(
+        "--request-timeout",
+        default="30s",
+        help="give up on a request after this long (a duration, like kubectl's; default 30s)",
+    )
+    parser.add_argument(
         "--kubeconfig",
         help="kubeconfig file (default: $KUBECONFIG, else the pod's ServiceAccount in a pod, "
         "else ~/.kube/config)",
     )
-    status.add_argument("--context", help="kubeconfig context to use")
-    status.add_argument("--cluster", help="kubeconfig cluster to use (instead of the context's)")
-    status.add_argument("--user", help="kubeconfig user to use (instead of the context's)")
-    status.add_argument(
+    parser.add_argument("--context", help="kubeconfig context to use")
+    parser.add_argument("--cluster", help="kubeconfig cluster to use (instead of the context's)")
+    parser.add_argument("--user", help="kubeconfig user to use (instead of the context's)")
+    parser.add_argument(
         "-s", "--server", help="address and port of the API server (instead of the cluster's)"
     )
-    status.add_argument(
+    parser.add_argument(
         "--token",
         help="bearer token for the API server (instead of the kubeconfig user's credentials)",
     )
-    status.add_argument(
+    parser.add_argument(
         "--as",
         dest="impersonate",
         metavar="USER",
         help="act as this user or ServiceAccount (system:serviceaccount:NS:NAME)",
     )
-    status.add_argument(
+    parser.add_argument(
         "--as-group",
         dest="impersonate_groups",
         action="append",
@@ -148,14 +163,11 @@ def parser(prog: str = "cronlock") -> argparse.ArgumentParser:
         metavar="GROUP",
         help="act as a member of this group too; repeat for more; needs --as",
     )
-    status.add_argument(
+    parser.add_argument(
         "--insecure-skip-tls-verify",
         action="store_true",
         help="do not check the server's certificate (insecure: for test clusters only)",
     )
-    lint.add_parser(commands)
-    freezing.add_parsers(commands)
-    return top
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -167,31 +179,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     if args.command == "lint":
         return lint.run(args, prog)
+    if args.command == "completion":
+        return completion.run(top, args.shell)
     if args.command in ("freeze", "unfreeze"):
         return _freeze(args, prog)
-    try:
-        timeout = parse_duration(args.request_timeout)
-        if timeout <= 0:
-            raise DurationError("must be more than 0s")
-    except DurationError as error:
-        print(
-            f"{prog}: error: --request-timeout {args.request_timeout!r}: {error}", file=sys.stderr
-        )
-        return EXIT_USAGE
     if args.read_stores and args.watch:
         print(f"{prog}: error: --read-stores: --watch never reads stores", file=sys.stderr)
         return EXIT_USAGE
     view = View(args.output, args.selector, args.no_headers, args.read_stores)
-    overrides = Overrides(
-        impersonate=args.impersonate or None,
-        impersonate_groups=tuple(args.impersonate_groups),
-        token=args.token or None,
-        server=args.server or None,
-        user=args.user or None,
-        cluster=args.cluster or None,
-        insecure_skip_tls_verify=args.insecure_skip_tls_verify,
-    )
-    cluster = _connect(prog, args.kubeconfig, args.context, timeout, overrides)
+    cluster = _connection(args, prog)
     if isinstance(cluster, int):
         return cluster
     namespace = None if args.all_namespaces else (args.namespace or cluster.namespace)
@@ -220,8 +216,31 @@ def _connect(prog: str, *how: Any) -> Cluster | int:
         return EXIT_UNAVAILABLE
 
 
+def _connection(args: argparse.Namespace, prog: str) -> Cluster | int:
+    """The cluster the connection flags name, or the exit code once it is said why not."""
+    try:
+        timeout = parse_duration(args.request_timeout)
+        if timeout <= 0:
+            raise DurationError("must be more than 0s")
+    except DurationError as error:
+        print(
+            f"{prog}: error: --request-timeout {args.request_timeout!r}: {error}", file=sys.stderr
+        )
+        return EXIT_USAGE
+    overrides = Overrides(
+        impersonate=args.impersonate or None,
+        impersonate_groups=tuple(args.impersonate_groups),
+        token=args.token or None,
+        server=args.server or None,
+        user=args.user or None,
+        cluster=args.cluster or None,
+        insecure_skip_tls_verify=args.insecure_skip_tls_verify,
+    )
+    return _connect(prog, args.kubeconfig, args.context, timeout, overrides)
+
+
 def _freeze(args: argparse.Namespace, prog: str) -> int:
-    cluster = _connect(prog, args.kubeconfig, args.context)
+    cluster = _connection(args, prog)
     if isinstance(cluster, int):
         return cluster
     try:
@@ -332,6 +351,8 @@ class _Screen:
         self.namespace = namespace
         self.view = view
         self.prog = prog
+        # Each CronJob's reading, kept between redraws (a version is read once).
+        self.readings = Readings()
         json_lines = view.output == "json"
         self.clear = "\x1b[H\x1b[2J" if sys.stdout.isatty() and not json_lines else ""
 
@@ -345,7 +366,9 @@ class _Screen:
                 return
             screen = f"{self.prog}: {mirror.failure}"
         else:
-            status_rows = rows(mirror.cronjobs(), mirror.leases(), datetime.now(UTC))
+            status_rows = rows(
+                mirror.cronjobs(), mirror.leases(), datetime.now(UTC), readings=self.readings
+            )
             screen = _render(status_rows, self.namespace, self.view, compact=True)
         stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
         header = "" if output == "json" else f"Every {WATCH_INTERVAL_SECONDS:g}s: {stamp}\n\n"

@@ -7,8 +7,9 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Final, Literal
 
-from cronlock_operator.lock.config import OperatorSettings
-from cronlock_operator.lock.reading import ConfigReading, read_config
+from cronlock_operator.cronjob.config import Defaults, LockDefaults
+from cronlock_operator.cronjob.reading import ConfigReading, Readings, read_config
+from cronlock_operator.injection.containers import defaults_as_injected
 from cronlock_operator.objects import metadata_of
 from cronlock_operator.reconcile import missed
 from cronlock_operator.reconcile.skips import consecutive_skips
@@ -85,22 +86,29 @@ def rows(
     *,
     skew_seconds: float = contract.DEFAULT_SKEW_SECONDS,
     stored: Mapping[tuple[str, str], Mapping[str, Any]] | None = None,
+    readings: Readings | None = None,
 ) -> list[StatusRow]:
     """A row per guarded CronJob (annotated enabled=true), sorted by namespace and name.
 
     `stored`: the documents of locks kept in Redis or PostgreSQL, by (namespace, lease),
-    as read from their stores (status/stores.py); a lock missing there is `in-store`."""
+    as read from their stores (status/stores.py); a lock missing there is `in-store`.
+    `readings`: the annotations' readings kept from one call to the next (`--watch`)."""
     by_name = {
         (metadata_of(lease).get("namespace", ""), metadata_of(lease).get("name", "")): lease
         for lease in leases
     }
-    # The operator's reading of the annotations, and so its rule for bad ones.
-    readings = [(cronjob, read_config(cronjob, _SETTINGS)) for cronjob in cronjobs]
-    result = [
-        _row(cronjob, reading, by_name, now, skew_seconds, stored or {})
-        for cronjob, reading in readings
-        if reading.enabled
-    ]
+    # One reading per CronJob version even in a single listing: `_row` reads it again.
+    readings = readings if readings is not None else Readings()
+    result = []
+    for cronjob in cronjobs:
+        # The operator's reading of the annotations, and so its rule for bad ones, under
+        # the defaults its injection shows.
+        settings = defaults_as_injected(cronjob, _DEFAULTS)
+        reading = read_config(cronjob, settings, readings)
+        if reading.enabled:
+            result.append(
+                _row(cronjob, reading, settings, by_name, now, skew_seconds, stored or {}, readings)
+            )
     return sorted(result, key=lambda row: (row.namespace, row.cronjob))
 
 
@@ -116,10 +124,12 @@ def stored_locks(status_rows: Sequence[StatusRow]) -> list[tuple[str, str, str, 
 def _row(
     cronjob: Mapping[str, Any],
     reading: ConfigReading,
+    settings: Defaults,
     leases: Mapping[tuple[str, str], Mapping[str, Any]],
     now: datetime,
     skew_seconds: float,
     stored: Mapping[tuple[str, str], Mapping[str, Any]],
+    readings: Readings,
 ) -> StatusRow:
     metadata = metadata_of(cronjob)
     namespace = str(metadata.get("namespace", ""))
@@ -165,7 +175,7 @@ def _row(
             f"cronjob {namespace}/{name} skipped {skips} consecutive runs "
             f"(alert-after {alert_after})"
         )
-    failing = missed.not_succeeding(cronjob, _SETTINGS, now) if reading.config else None
+    failing = missed.not_succeeding(cronjob, settings, now, readings) if reading.config else None
     if failing is not None and not record.frozen(now):
         problems.append(f"cronjob {namespace}/{name}: {failing}")
     return StatusRow(
@@ -301,5 +311,6 @@ def seconds_between(start: datetime | None, end: datetime | None) -> float | Non
 
 
 # The annotations are checked as the operator checks them; only its defaults (ttl, renew,
-# policy from its flags) can differ, and the ones here are the chart's.
-_SETTINGS: Final = OperatorSettings(sidecar_image="status", sidecar_stores_image="status")
+# policy, skew from its flags) can differ: the ones here are the chart's, and the ones an
+# injection shows replace them for its CronJob (injection.containers.defaults_as_injected).
+_DEFAULTS: Final = LockDefaults()

@@ -14,10 +14,9 @@ from __future__ import annotations
 import sys
 import time
 
-from cronlock_sidecar import contract
+from cronlock_sidecar import contract, logline
 from cronlock_sidecar.contract import EXIT_OK, EXIT_SKIPPED, EXIT_UNAVAILABLE
 from cronlock_sidecar.lock.durations import DurationError, parse_duration
-from cronlock_sidecar.pod import logline
 from cronlock_sidecar.pod.rundir import read_decision
 
 TYPE_CHECKING = False
@@ -131,7 +130,7 @@ def gate(
 
 
 class _Log:
-    """The gate's lines, in the sidecar's format (pod/logline.py), at or above its level."""
+    """The gate's lines, in the sidecar's format (logline.py), at or above its level."""
 
     def __init__(self, settings: GateSettings, out: TextIO) -> None:
         self.settings = settings

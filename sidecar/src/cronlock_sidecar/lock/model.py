@@ -349,6 +349,23 @@ def released(
     return body
 
 
+def cleared(current: Mapping[str, Any], holder: str, now: datetime) -> list[dict[str, Any]]:
+    """A JSON patch clearing `holder`'s hold of `current` (one that stopped renewing, cleared
+    by the operator): it applies only while the Lease is still the version read and still
+    held by `holder`, and leaves the Lease as `released` would on holder's behalf."""
+    annotations = released(current, holder, now)["metadata"]["annotations"]
+    return [
+        {
+            "op": "test",
+            "path": "/metadata/resourceVersion",
+            "value": read_lease(current).resource_version,
+        },
+        {"op": "test", "path": "/spec/holderIdentity", "value": holder},
+        {"op": "remove", "path": "/spec/holderIdentity"},
+        {"op": "add", "path": "/metadata/annotations", "value": annotations},
+    ]
+
+
 def noted(current: Mapping[str, Any], note: str, identity: str) -> dict[str, Any]:
     """`current` with a contender's note (`yield-to` or `overlap`) naming `identity`."""
     body = copy.deepcopy(dict(current))

@@ -55,6 +55,7 @@ from cronlock_sidecar.transport.seam import (
     NotFound,
     Unavailable,
 )
+from cronlock_sidecar.transport.stores import ISOLATING_LIBPQ as ISOLATING_LIBPQ
 from cronlock_sidecar.transport.storeurl import StoreUrl
 
 # Schema 2: schema 1's tables (created where missing), the columns and constraints added in
@@ -217,7 +218,8 @@ _EXISTS = "SELECT 1 FROM cronlock_locks WHERE namespace = %(namespace)s AND name
 # offer ~/.pgpass, the client certificate in ~/.postgresql (or one the URL names) and a
 # Kerberos ticket (GSSAPI, SSPI) to whichever host the URL names; OAuth is not offered
 # either. Only the URL's own password (or none) is ever sent. sslcertmode and require_auth
-# need libpq 16 (ISOLATING_LIBPQ); the caller checks before connecting.
+# need libpq 16 (ISOLATING_LIBPQ, in transport/stores.py); the caller checks before
+# connecting.
 ISOLATED: Final = {
     # A path no file can ever be at (/dev/null is no directory): libpq reads nothing and,
     # unlike with /dev/null itself, adds no "not a plain file" warning to its errors.
@@ -226,7 +228,6 @@ ISOLATED: Final = {
     "gssencmode": "disable",
     "require_auth": "scram-sha-256,md5,password,none",
 }
-ISOLATING_LIBPQ: Final = 160000
 # libpq reads these when a parameter is not given (its PG* variables) and always some
 # (PGSERVICEFILE, PGSYSCONFDIR, PGTZ, PGDATESTYLE, ...): all are hidden from an isolated
 # connection while it connects, one connection at a time (the environment is the process').

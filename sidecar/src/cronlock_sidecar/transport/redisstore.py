@@ -49,7 +49,7 @@ from cronlock_sidecar.transport.seam import (
     NotFound,
     Unavailable,
 )
-from cronlock_sidecar.transport.storeurl import StoreUrl
+from cronlock_sidecar.transport.storeurl import REPLICAS_DOCS, StoreUrl
 
 IDLE_EXPIRY_MS = 7 * 24 * 3600 * 1000
 LONGEST_DURATION_SECONDS = 86400  # the operator's longest ttl (MAX_TTL_SECONDS)
@@ -191,6 +191,8 @@ class RedisLeaseStore:
             decode_responses=True,
             client_name="cronlock-sidecar",
         )
+        # How long WAIT may block for the replicas: inside the socket's own timeout.
+        self._wait_ms = max(100, int(timeout * 1000) - 500)
         self._scripts: dict[str, Script] = {
             "get": self.client.register_script(_GET),
             "create": self.client.register_script(_CREATE),
@@ -243,7 +245,7 @@ class RedisLeaseStore:
             *extra,
         ]
         script = "create" if verb == "create" else "replace"
-        answer = self._call(verb, script, lease, arguments)
+        answer = self._call(verb, script, lease, arguments, replicated=True)
         if answer[0] == "missing":
             raise NotFound(verb, lease, f"no lock in {self.url}")
         if answer[0] == "conflict":
@@ -254,10 +256,25 @@ class RedisLeaseStore:
         _, _store_now, version, fence = answer
         return stamped(document, version, fence)
 
-    def _call(self, verb: str, script: str, lease: LeaseRef, arguments: list[str]) -> list[Any]:
+    def _call(
+        self,
+        verb: str,
+        script: str,
+        lease: LeaseRef,
+        arguments: list[str],
+        *,
+        replicated: bool = False,
+    ) -> list[Any]:
+        """The script's answer; for a write under `?replicas=N`, only once N replicas have
+        it (Unavailable otherwise: the write stays on the primary, unconfirmed, and counts
+        as not done, so a claim does not start the run and a renewal keeps its deadline)."""
+        acked = None
         try:
             with self._lock:
-                answer = self._scripts[script](keys=keys(lease), args=arguments)
+                if replicated and self.url.replicas:
+                    answer, acked = self._replicated(script, lease, arguments)
+                else:
+                    answer = self._scripts[script](keys=keys(lease), args=arguments)
         except (redis.AuthenticationError, redis.exceptions.NoPermissionError) as error:
             raise Forbidden(verb, lease, f"{self.url}: {error}") from None
         except redis.ReadOnlyError as error:
@@ -270,4 +287,26 @@ class RedisLeaseStore:
             raise Unavailable(verb, lease, f"{self.url}: {type(error).__name__}: {error}") from None
         if not isinstance(answer, list) or not answer:
             raise Unavailable(verb, lease, f"{self.url}: unexpected answer {answer!r}")
+        if acked is not None and acked < self.url.replicas and _wrote(answer):
+            raise Unavailable(
+                verb,
+                lease,
+                f"{self.url}: the write reached {acked} of the {self.url.replicas} replicas "
+                f"asked for (replicas={self.url.replicas}) within {self._wait_ms} ms; it "
+                f"does not count until they have it ({REPLICAS_DOCS})",
+            )
         return answer
+
+    def _replicated(self, script: str, lease: LeaseRef, arguments: list[str]) -> tuple[Any, int]:
+        """The script and WAIT in one pipeline: WAIT counts the replicas that have the
+        writes of the connection it is sent on, and a pipeline is one connection (a WAIT
+        sent after a reconnect would count none of the script's writes, and confirm)."""
+        with self.client.pipeline(transaction=False) as pipe:
+            self._scripts[script](keys=keys(lease), args=arguments, client=pipe)
+            pipe.wait(self.url.replicas, self._wait_ms)
+            answer, acked = pipe.execute()
+        return answer, int(acked)
+
+
+def _wrote(answer: object) -> bool:
+    return isinstance(answer, list) and bool(answer) and answer[0] == "ok"

@@ -61,3 +61,9 @@ class LeaseTransport(Protocol):
     def create(self, lease: LeaseRef, body: Lease, *, timeout: float | None = None) -> Lease: ...
 
     def replace(self, lease: LeaseRef, body: Lease, *, timeout: float | None = None) -> Lease: ...
+
+
+class StoreClient(LeaseTransport, Protocol):
+    """A store's client: a LeaseTransport its user closes when it is done."""
+
+    def close(self) -> None: ...

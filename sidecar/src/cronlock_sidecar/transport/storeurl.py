@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from typing import NamedTuple
-from urllib.parse import SplitResult, parse_qs, urlsplit
+from urllib.parse import SplitResult, parse_qs, parse_qsl, urlencode, urlsplit, urlunsplit
 
 # scheme -> the store it names (redis-py and libpq accept these)
 SCHEMES = {
@@ -18,6 +18,11 @@ VERIFYING_SSLMODES = ("verify-full", "verify-ca")
 FALSE_WORDS = ("0", "f", "false", "n", "no")
 DOCS = 'docs/STORES.md, "TLS to the store"'
 FORMS = "redis://[:PASSWORD@]HOST[:PORT][/DB], rediss://… (TLS) or postgresql://USER:PASSWORD@HOST[:PORT]/DB"
+# cronlock's own query parameter of a Redis URL (taken out before redis-py sees the URL):
+# how many replicas must have each lock write before it counts (Redis' WAIT).
+REPLICAS = "replicas"
+MOST_REPLICAS = 16
+REPLICAS_DOCS = 'docs/STORES.md, "Redis failover"'
 
 
 class StoreUrlError(ValueError):
@@ -28,8 +33,9 @@ class StoreUrl(NamedTuple):
     """The URL as given (`secret`, for the client only) and what may be shown of it."""
 
     kind: str  # "redis" or "postgres"
-    secret: str
+    secret: str  # without cronlock's own parameters: what the client is given
     shown: str
+    replicas: int = 0  # Redis: replicas that must have a lock write before it counts
 
     def __repr__(self) -> str:
         return f"StoreUrl({self.kind!r}, {self.shown!r})"
@@ -72,7 +78,30 @@ def parse_store_url(text: str, name: str) -> StoreUrl:
         parts.port  # noqa: B018 - urlsplit checks the port only when asked
     except ValueError:
         raise StoreUrlError(f"{name}: {shown} has no valid port; expected {FORMS}") from None
-    return StoreUrl(kind, url, shown)
+    replicas, secret = _replicas(url, parts, kind, name)
+    return StoreUrl(kind, secret, shown, replicas)
+
+
+def _replicas(url: str, parts: SplitResult, kind: str, name: str) -> tuple[int, str]:
+    """`?replicas=N` taken out of a Redis URL, checked; (0, the URL) when it has none."""
+    pairs = parse_qsl(parts.query, keep_blank_values=True)
+    asked = [value for key, value in pairs if key.lower() == REPLICAS]
+    if not asked:
+        return 0, url
+    if kind != "redis":
+        raise StoreUrlError(
+            f"{name}: {REPLICAS}= is for a Redis URL; PostgreSQL keeps a write on a standby "
+            f"by the server's synchronous replication (synchronous_commit and "
+            f"synchronous_standby_names), see {REPLICAS_DOCS}"
+        )
+    text = asked[-1]
+    if not text.isdigit() or not 0 <= int(text) <= MOST_REPLICAS:
+        raise StoreUrlError(
+            f"{name}: {REPLICAS}={text!r} is not a whole number from 0 to {MOST_REPLICAS} "
+            f"(replicas that must have each lock write, {REPLICAS_DOCS})"
+        )
+    rest = urlencode([(key, value) for key, value in pairs if key.lower() != REPLICAS])
+    return int(text), urlunsplit(parts._replace(query=rest))
 
 
 def tls_warning(url: StoreUrl) -> str | None:

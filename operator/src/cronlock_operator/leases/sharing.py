@@ -16,7 +16,7 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any, Final, Literal, NamedTuple
 
-from cronlock_operator.lock.ownership import foreign_lease, lease_is_ours
+from cronlock_operator.leases.ownership import foreign_lease, lease_is_ours
 from cronlock_sidecar import contract
 
 _NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")

@@ -10,14 +10,13 @@ import difflib
 import math
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from decimal import Decimal
-from typing import Any, Final, Literal
+from dataclasses import dataclass
+from typing import Any, Final, Literal, Protocol
 
-from cronlock_operator.lock.invalid import InvalidConfig as InvalidConfig
-from cronlock_operator.lock.invalid import duration_annotation
-from cronlock_operator.lock.policies import Policy, parse_policy, parse_wait_timeout
-from cronlock_operator.lock.sharing import InvalidPeers, parse_peers
+from cronlock_operator.cronjob.invalid import InvalidConfig as InvalidConfig
+from cronlock_operator.cronjob.invalid import duration_annotation
+from cronlock_operator.cronjob.policies import Policy, parse_policy, parse_wait_timeout
+from cronlock_operator.leases.sharing import InvalidPeers, parse_peers
 from cronlock_operator.objects import annotations_of
 from cronlock_operator.podspec import containers_with_own_liveness_probe
 from cronlock_sidecar import contract
@@ -83,159 +82,88 @@ _LOCK = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9]
 _MAX_LOCK_LENGTH: Final = 63  # the lock is also the value of the label cronlock.io/lock
 _MAX_SECRET_NAME_LENGTH: Final = 253  # a DNS subdomain, as Kubernetes names a Secret
 _INTEGER = re.compile(r"[0-9]+")
-_IMAGE_PULL_POLICIES: Final = ("Always", "IfNotPresent", "Never")
-# The injected containers' UID and GID unless set otherwise (distroless "nonroot", the
-# image's USER).
-SIDECAR_UID: Final = 65532
-# Kubernetes accepts a runAsUser/runAsGroup up to 2^31 - 1; 0 is root.
-MAX_ID: Final = 2**31 - 1
-# A Kubernetes quantity (k8s.io/apimachinery resource.Quantity): a number, then a binary
-# or decimal SI suffix or a decimal exponent.
-_QUANTITY = re.compile(
-    r"\+?(?P<number>[0-9]+(\.[0-9]*)?|\.[0-9]+)"
-    r"(?P<suffix>Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E|[eE](?P<exponent>[+-]?[0-9]{1,3}))?"
-)
-_BINARY: Final = {"Ki": 1, "Mi": 2, "Gi": 3, "Ti": 4, "Pi": 5, "Ei": 6}
-_DECIMAL: Final = {"n": -9, "u": -6, "m": -3, "k": 3, "M": 6, "G": 9, "T": 12, "P": 15, "E": 18}
 
 
-def parse_quantity(text: str) -> Decimal:
-    """The value of a Kubernetes quantity (`10m`, `64Mi`, `0.5`, `1e3`); ValueError."""
-    match = _QUANTITY.fullmatch(text)
-    if match is None:
-        raise ValueError(
-            f"{text!r} is not a Kubernetes quantity; expected for example 100m or 0.1 (CPU), "
-            "64Mi or 128M (memory)"
-        )
-    number = Decimal(match["number"])
-    suffix = match["suffix"] or ""
-    if suffix in _BINARY:
-        return number * Decimal(1024) ** _BINARY[suffix]
-    if match["exponent"] is not None:
-        return number.scaleb(int(match["exponent"]))
-    return number.scaleb(_DECIMAL.get(suffix, 0))
+class Defaults(Protocol):
+    """The operator's defaults a CronJob's annotations are read under: what its flags (and
+    so the chart) decide for every CronJob's lock. `OperatorSettings` (settings.py) is
+    one; a reader that never injects (`cronlock status`, `cronlock lint`) takes a
+    `LockDefaults` and nothing of images, UIDs or resources."""
 
+    @property
+    def default_ttl_seconds(self) -> int: ...
 
-@dataclass(frozen=True)
-class ContainerResources:
-    """The injected containers' resources; None leaves a request or limit unset."""
-
-    cpu_request: str | None = "10m"
-    memory_request: str | None = "32Mi"
-    cpu_limit: str | None = None
-    memory_limit: str | None = "64Mi"
-
-    def __post_init__(self) -> None:
-        for resource in ("cpu", "memory"):
-            request = getattr(self, f"{resource}_request")
-            limit = getattr(self, f"{resource}_limit")
-            values: dict[str, Decimal] = {}
-            for kind, text in (("request", request), ("limit", limit)):
-                if text is None:
-                    continue
-                try:
-                    values[kind] = parse_quantity(text)
-                except ValueError as error:
-                    raise ValueError(f"sidecar {resource} {kind}: {error}") from None
-                if values[kind] <= 0:
-                    raise ValueError(
-                        f"sidecar {resource} {kind}: {text!r} must be more than 0; "
-                        "leave it unset instead"
-                    )
-            if len(values) == 2 and values["limit"] < values["request"]:
-                raise ValueError(
-                    f"sidecar {resource} limit {limit} is less than its request {request}; "
-                    "Kubernetes refuses a request above the limit"
-                )
-
-    def as_spec(self) -> dict[str, dict[str, str]]:
-        """A container's `resources`, without the empty parts."""
-        spec: dict[str, dict[str, str]] = {}
-        for kind in ("request", "limit"):
-            values = {
-                resource: text
-                for resource in ("cpu", "memory")
-                if (text := getattr(self, f"{resource}_{kind}")) is not None
-            }
-            if values:
-                spec[f"{kind}s"] = values
-        return spec
-
-
-@dataclass(frozen=True)
-class OperatorSettings:
-    """What the operator's flags (and so the chart) decide for every CronJob."""
-
-    sidecar_image: str
-    sidecar_image_pull_policy: str = "IfNotPresent"
-    default_ttl_seconds: int = contract.DEFAULT_TTL_SECONDS
     # Used when a CronJob sets neither ttl nor renew; with its own ttl, renew is ttl/3.
+    @property
+    def default_renew_seconds(self) -> float | None: ...
+
+    @property
+    def default_policy(self) -> Policy: ...
+
+    @property
+    def skew_seconds(self) -> int: ...
+
+    # Ticks without a successful run before `NotSucceeding` (cronlock.io/alert-after-missed
+    # overrides it; 0: never).
+    @property
+    def default_alert_after_missed(self) -> int: ...
+
+    # How long after its tick a run may start before the tick counts as missed, for a
+    # CronJob without startingDeadlineSeconds (with one, that deadline).
+    @property
+    def missed_tolerance_seconds(self) -> int: ...
+
+    # Whether a lock may be kept in Redis or PostgreSQL: the operator has the sidecar image
+    # with their clients.
+    @property
+    def stores_allowed(self) -> bool: ...
+
+
+@dataclass(frozen=True)
+class LockDefaults:
+    """The lock defaults alone (`Defaults`), the chart's unless given."""
+
+    default_ttl_seconds: int = contract.DEFAULT_TTL_SECONDS
     default_renew_seconds: float | None = None
     default_policy: Policy = "skip"
     skew_seconds: int = contract.DEFAULT_SKEW_SECONDS
-    # None leaves runAsUser/runAsGroup unset: the platform (OpenShift's restricted-v2) or
-    # the image's numeric USER decides. Under `stop: signal` the sidecar runs as the
-    # user's UID instead, to signal its processes.
-    sidecar_run_as_user: int | None = SIDECAR_UID
-    sidecar_run_as_group: int | None = SIDECAR_UID
-    sidecar_resources: ContainerResources = field(default_factory=ContainerResources)
-    # Ticks without a successful run before `NotSucceeding` (cronlock.io/alert-after-missed
-    # overrides it; 0: never).
     default_alert_after_missed: int = contract.DEFAULT_ALERT_AFTER_MISSED
-    # How long after its tick a run may start before the tick counts as missed, for a
-    # CronJob without startingDeadlineSeconds (with one, that deadline).
     missed_tolerance_seconds: int = 60
-    # The sidecar image with the Redis and PostgreSQL clients (the Dockerfile's
-    # `sidecar-stores` target), injected instead of `sidecar_image` into CronJobs whose
-    # lock is in such a store; None: such CronJobs are refused.
-    sidecar_stores_image: str | None = None
+    stores_allowed: bool = True
 
     def __post_init__(self) -> None:
-        if not self.sidecar_image:
-            raise ValueError("the sidecar image must not be empty")
-        if self.sidecar_stores_image == "":
-            raise ValueError("the sidecar stores image must not be empty; leave it unset")
-        for name, value in (
-            ("sidecar runAsUser", self.sidecar_run_as_user),
-            ("sidecar runAsGroup", self.sidecar_run_as_group),
-        ):
-            if value is not None and not 1 <= value <= MAX_ID:
-                raise ValueError(
-                    f"{name} {value} is not a non-root id; expected 1 to {MAX_ID}, or unset "
-                    "to let the platform assign one"
-                )
-        if self.sidecar_image_pull_policy not in _IMAGE_PULL_POLICIES:
-            raise ValueError(
-                f"sidecar image pull policy {self.sidecar_image_pull_policy!r} is not one of "
-                + ", ".join(_IMAGE_PULL_POLICIES)
-            )
-        if self.default_policy not in contract.POLICIES:
-            raise ValueError(
-                f"default policy {self.default_policy!r} is not one of "
-                + ", ".join(contract.POLICIES)
-            )
-        if self.skew_seconds < 0:
-            raise ValueError(f"clock skew {self.skew_seconds}s must not be negative")
-        if not 0 <= self.default_alert_after_missed <= MAX_ALERT_AFTER_MISSED:
-            raise ValueError(
-                f"alert after missed {self.default_alert_after_missed} is not a number of "
-                f"ticks from 0 (never) to {MAX_ALERT_AFTER_MISSED}"
-            )
-        if not 1 <= self.missed_tolerance_seconds <= 86400:
-            raise ValueError(
-                f"missed tolerance {self.missed_tolerance_seconds}s is not from 1s to 24h"
-            )
-        try:
-            ttl = _check_ttl(
-                float(self.default_ttl_seconds), _format_seconds(self.default_ttl_seconds)
-            )
-            renew = self.default_renew_seconds
-            if renew is None:
-                renew = default_renew_seconds(ttl)
-            _check_renew(ttl, renew, _format_seconds(renew), self.skew_seconds)
-            kill_grace_seconds(ttl, self.skew_seconds, _format_seconds(ttl))
-        except InvalidConfig as error:
-            raise ValueError(f"operator default: {error}") from error
+        check_defaults(self)
+
+
+def check_defaults(defaults: Defaults) -> None:
+    """ValueError naming the first default no CronJob could be guarded under."""
+    if defaults.default_policy not in contract.POLICIES:
+        raise ValueError(
+            f"default policy {defaults.default_policy!r} is not one of "
+            + ", ".join(contract.POLICIES)
+        )
+    if defaults.skew_seconds < 0:
+        raise ValueError(f"clock skew {defaults.skew_seconds}s must not be negative")
+    if not 0 <= defaults.default_alert_after_missed <= MAX_ALERT_AFTER_MISSED:
+        raise ValueError(
+            f"alert after missed {defaults.default_alert_after_missed} is not a number of "
+            f"ticks from 0 (never) to {MAX_ALERT_AFTER_MISSED}"
+        )
+    if not 1 <= defaults.missed_tolerance_seconds <= 86400:
+        raise ValueError(
+            f"missed tolerance {defaults.missed_tolerance_seconds}s is not from 1s to 24h"
+        )
+    try:
+        ttl = _check_ttl(
+            float(defaults.default_ttl_seconds), _format_seconds(defaults.default_ttl_seconds)
+        )
+        renew = defaults.default_renew_seconds
+        if renew is None:
+            renew = default_renew_seconds(ttl)
+        _check_renew(ttl, renew, _format_seconds(renew), defaults.skew_seconds)
+        kill_grace_seconds(ttl, defaults.skew_seconds, _format_seconds(ttl))
+    except InvalidConfig as error:
+        raise ValueError(f"operator default: {error}") from error
 
 
 @dataclass(frozen=True)
@@ -289,7 +217,7 @@ def is_enabled(cronjob: Mapping[str, Any]) -> bool:
     raise InvalidConfig(contract.ANNOTATION_ENABLED, value, 'is neither "true" nor "false"')
 
 
-def parse_config(cronjob: Mapping[str, Any], settings: OperatorSettings) -> LockConfig:
+def parse_config(cronjob: Mapping[str, Any], settings: Defaults) -> LockConfig:
     """The CronJob's lock settings; raises InvalidConfig naming the first bad annotation."""
     annotations = annotations_of(cronjob)
     _refuse_unknown(annotations)
@@ -414,9 +342,7 @@ def _refuse_unknown(annotations: Mapping[str, str]) -> None:
             )
 
 
-def parse_store(
-    annotations: Mapping[str, str], settings: OperatorSettings
-) -> tuple[Store, str | None]:
+def parse_store(annotations: Mapping[str, str], settings: Defaults) -> tuple[Store, str | None]:
     """`cronlock.io/store` (default the Lease) and, for Redis or PostgreSQL, the Secret
     named by `cronlock.io/store-secret` that holds its URL (key `url`).
 
@@ -453,7 +379,7 @@ def parse_store(
             "is not a Secret name; expected at most 253 lowercase letters, digits, '-' and "
             "'.', starting and ending with a letter or digit",
         )
-    if settings.sidecar_stores_image is None:
+    if not settings.stores_allowed:
         raise InvalidConfig(
             contract.ANNOTATION_STORE,
             store,

@@ -12,7 +12,7 @@ import typing
 from collections.abc import Mapping
 from typing import Final, Literal, cast
 
-from cronlock_operator.lock.invalid import InvalidConfig, duration_annotation
+from cronlock_operator.cronjob.invalid import InvalidConfig, duration_annotation
 from cronlock_sidecar import contract
 from cronlock_sidecar.lock.model import Timing, replace_wait_timeout
 

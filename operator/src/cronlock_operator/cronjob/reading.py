@@ -14,17 +14,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal, cast
 
-from cronlock_operator.lock.config import (
+from cronlock_operator.cronjob.config import (
+    Defaults,
     InvalidConfig,
     LockConfig,
-    OperatorSettings,
     is_enabled,
     parse_alert_after,
     parse_alert_after_missed,
     parse_config,
     parse_flag,
 )
-from cronlock_operator.lock.policies import Policy
+from cronlock_operator.cronjob.policies import Policy
 from cronlock_operator.objects import annotations_of
 from cronlock_sidecar import contract
 
@@ -63,20 +63,20 @@ class ConfigReading:
 READINGS_KEPT: Final = 4096
 
 
-class _Readings:
+class Readings:
     """A bounded, thread-safe LRU of readings: per (uid, settings), the latest version read.
 
     An entry is used only for the same resourceVersion: on the API server a uid and a
-    resourceVersion name one content, and every edit gets a new version."""
+    resourceVersion name one content, and every edit gets a new version. The operator's
+    runtime owns one and hands it to every reader, as it hands its caches; a reader given
+    none parses each time, so this module keeps no state of its own."""
 
     def __init__(self, limit: int = READINGS_KEPT) -> None:
         self.limit = limit
         self._lock = threading.Lock()
-        self._entries: OrderedDict[tuple[str, OperatorSettings], tuple[str, ConfigReading]] = (
-            OrderedDict()
-        )
+        self._entries: OrderedDict[tuple[str, Defaults], tuple[str, ConfigReading]] = OrderedDict()
 
-    def get(self, key: tuple[str, OperatorSettings], version: str) -> ConfigReading | None:
+    def get(self, key: tuple[str, Defaults], version: str) -> ConfigReading | None:
         with self._lock:
             entry = self._entries.get(key)
             if entry is None or entry[0] != version:
@@ -84,9 +84,7 @@ class _Readings:
             self._entries.move_to_end(key)
             return entry[1]
 
-    def put(
-        self, key: tuple[str, OperatorSettings], version: str, reading: ConfigReading
-    ) -> ConfigReading:
+    def put(self, key: tuple[str, Defaults], version: str, reading: ConfigReading) -> ConfigReading:
         """The reading now kept for `key`: one another thread kept meanwhile for the same
         version (so that every reader of a version gets the same value), else `reading`."""
         with self._lock:
@@ -105,36 +103,38 @@ class _Readings:
             return len(self._entries)
 
 
-_READINGS = _Readings()
-
-
-def read_config(cronjob: Mapping[str, Any], settings: OperatorSettings) -> ConfigReading:
+def read_config(
+    cronjob: Mapping[str, Any], settings: Defaults, readings: Readings | None = None
+) -> ConfigReading:
     """The CronJob's `ConfigReading` under `settings`, the one every reader uses.
 
-    Memoized per CronJob (uid, resourceVersion, settings; the latest version of each of
-    `READINGS_KEPT` CronJobs), so each version is parsed once and every reader of it sees
-    the same value; a body without a uid or resourceVersion (a test's) is parsed each
-    time. Errors other than InvalidConfig propagate and nothing is kept.
+    Kept in `readings` per CronJob (uid, resourceVersion, settings; the latest version of
+    each of `READINGS_KEPT` CronJobs), so each version is parsed once and every reader of
+    it sees the same value; without `readings`, or for a body without a uid or
+    resourceVersion (a test's), parsed each time. Errors other than InvalidConfig
+    propagate and nothing is kept.
     """
     metadata: Mapping[str, Any] = cronjob.get("metadata") or {}
     uid, version = metadata.get("uid"), metadata.get("resourceVersion")
-    if not uid or not version:
+    if readings is None or not uid or not version:
         return _read(cronjob, settings)
     key = (str(uid), settings)
-    reading = _READINGS.get(key, str(version))
+    reading = readings.get(key, str(version))
     if reading is None:
-        reading = _READINGS.put(key, str(version), _read(cronjob, settings))
+        reading = readings.put(key, str(version), _read(cronjob, settings))
     return reading
 
 
-def counting_settings(cronjob: Mapping[str, Any], settings: OperatorSettings) -> tuple[int, bool]:
+def counting_settings(
+    cronjob: Mapping[str, Any], settings: Defaults, readings: Readings | None = None
+) -> tuple[int, bool]:
     """`alert-after` and `keep-skipped-jobs` as the run accounting applies them: those of
     `read_config` (whose docstring says the rule)."""
-    reading = read_config(cronjob, settings)
+    reading = read_config(cronjob, settings, readings)
     return reading.alert_after, reading.keep_skipped_jobs
 
 
-def _read(cronjob: Mapping[str, Any], settings: OperatorSettings) -> ConfigReading:
+def _read(cronjob: Mapping[str, Any], settings: Defaults) -> ConfigReading:
     annotations = annotations_of(cronjob)
     config: LockConfig | None = None
     invalid: InvalidConfig | None = None

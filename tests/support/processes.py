@@ -1,4 +1,6 @@
-"""Faults the checker injects: signals to a holder's processes, and a control plane that stops.
+"""Processes on this host: a holder's processes to signal, and the local control plane's
+components to pause, resume and restart (the faults the reliability checkers inject, and
+what the e2e tests and benchmarks use the same way).
 
 Every fault undoes itself (SIGCONT, restart) in a `finally`, so a failing checker never
 leaves the API server or etcd frozen for the tests that run after it.
@@ -12,9 +14,11 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 READY_TIMEOUT = 60.0
 COMPONENTS = ("kube-apiserver", "etcd")
@@ -112,8 +116,9 @@ class ControlPlaneProcesses:
         except ProcessLookupError:
             return
 
-    def restart(self, component: str) -> None:
-        """SIGKILL the component and start it again with the same argv, cwd, env and log."""
+    def restart(self, component: str, down_for: float = 0.0) -> None:
+        """SIGKILL the component and start it again with the same argv, cwd, env and log,
+        `down_for` seconds later."""
         pid = self.pid(component)
         argv = Path(f"/proc/{pid}/cmdline").read_bytes().rstrip(b"\0").split(b"\0")
         cwd = os.readlink(f"/proc/{pid}/cwd")
@@ -129,6 +134,7 @@ class ControlPlaneProcesses:
             time.sleep(0.05)
         if alive(pid):
             raise RuntimeError(f"{component} ({pid}) survived SIGKILL")
+        time.sleep(down_for)
         spec = {
             "argv": [arg.decode() for arg in argv],
             "cwd": cwd,
@@ -151,9 +157,11 @@ class ControlPlaneProcesses:
                 return
         raise RuntimeError(f"{component} does not start again; see its log in {self.env_dir}")
 
-    def ready(self) -> bool:
+    def ready(self, server: str | None = None) -> bool:
+        """Whether the API server (through the kubeconfig, or at `server`) answers /readyz."""
+        at = [f"--server={server}"] if server else []
         result = subprocess.run(
-            ["kubectl", "get", "--raw", "/readyz", "--request-timeout=2s"],
+            ["kubectl", *at, "get", "--raw", "/readyz", "--request-timeout=2s"],
             env=self.env,
             capture_output=True,
             text=True,
@@ -162,15 +170,64 @@ class ControlPlaneProcesses:
         )
         return result.returncode == 0 and result.stdout.strip() == "ok"
 
-    def wait_ready(self, timeout: float = READY_TIMEOUT) -> float:
+    def wait_ready(self, timeout: float = READY_TIMEOUT, server: str | None = None) -> float:
         """Wait until the API server answers /readyz (etcd included); the monotonic time then."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if self.ready():
+            if self.ready(server):
                 return time.monotonic()
             time.sleep(0.2)
         raise RuntimeError(f"the API server is not ready {timeout:g}s after a fault")
 
+    def components(self) -> list[str]:
+        """What tests/controlplane/up started here (its `components` file), else the two
+        the classic control plane's faults signal."""
+        try:
+            return (self.env_dir / "components").read_text().split()
+        except OSError:
+            return list(COMPONENTS)
+
     def resume_all(self) -> None:
-        for component in COMPONENTS:
-            self.resume(component)
+        for component in self.components():
+            if (self.env_dir / f"{component}.pid").exists():
+                self.resume(component)
+
+    # --- an HA control plane (CRONLOCK_CONTROLPLANE_HA) ----------------------------------
+    def ha_ports(self) -> dict[str, Any]:
+        """ha.json: the etcd members' client ports, the links, the API servers, the balancer."""
+        return dict(json.loads((self.env_dir / "ha.json").read_text()))
+
+    def apiserver_url(self, name: str) -> str:
+        return f"https://127.0.0.1:{self.ha_ports()['apiservers'][name]}"
+
+    def etcd_status(self, member: str) -> dict[str, Any]:
+        """etcd's maintenance status of `member` (its JSON gateway): its id and its leader's."""
+        port = self.ha_ports()["etcd"][member]
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{port}/v3/maintenance/status", data=b"{}", method="POST"
+        )
+        with urllib.request.urlopen(request, timeout=2) as answer:  # noqa: S310
+            return dict(json.loads(answer.read()))
+
+    def etcd_leader(self) -> str:
+        """The member that is etcd's leader now, as the members that answer agree."""
+        for member in self.ha_ports()["etcd"]:
+            try:
+                status = self.etcd_status(member)
+            except OSError:
+                continue
+            if status.get("leader") and status["leader"] == status["header"]["member_id"]:
+                return str(member)
+        raise RuntimeError("no etcd member says it leads")
+
+    def wait_etcd_member(self, member: str, timeout: float = READY_TIMEOUT) -> float:
+        """Wait until `member` answers and knows a leader; the monotonic time then."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                if self.etcd_status(member).get("leader"):
+                    return time.monotonic()
+            except OSError:
+                pass
+            time.sleep(0.2)
+        raise RuntimeError(f"{member} has no leader {timeout:g}s after a fault")

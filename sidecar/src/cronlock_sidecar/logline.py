@@ -1,9 +1,9 @@
 """One log line, plain or JSON, without the logging module.
 
-The sidecar's loggers format through these (pod/logs.py), and the gate writes its one
-line with them directly: importing `logging` would cost the gate's start more than a
-tenth of its time, and the gate is on every guarded run's way to its work
-(docs/PERFORMANCE.md). One implementation, so the two cannot drift apart.
+The loggers of the sidecar and the operator format through these (logformat.py), and
+the gate writes its one line with them directly: importing `logging` would cost the
+gate's start more than a tenth of its time, and the gate is on every guarded run's way
+to its work (docs/PERFORMANCE.md). One implementation, so the two cannot drift apart.
 """
 
 from __future__ import annotations

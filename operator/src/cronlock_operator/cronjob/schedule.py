@@ -11,7 +11,7 @@ from collections.abc import Callable, Container
 from dataclasses import dataclass
 from typing import Final
 
-from cronlock_operator.lock.config import LockConfig
+from cronlock_operator.cronjob.config import LockConfig
 from cronlock_sidecar.lock.durations import format_duration
 
 _MACROS: Final = {

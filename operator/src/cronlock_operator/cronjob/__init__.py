@@ -1,0 +1,2 @@
+"""What a CronJob asks for: its cronlock.io/* annotations parsed and checked once per
+version (config, reading, policies, invalid) and its schedule."""

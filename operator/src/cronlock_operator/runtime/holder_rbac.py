@@ -1,0 +1,103 @@
+"""The holder RBAC reconciler: per namespace, the Roles and RoleBindings that let each
+guarded CronJob's ServiceAccount get and update exactly its locks' Leases.
+
+It reads which CronJobs are guarded, and which are refused for a conflict, from the
+CronJob reconciler (which writes them), and keeps what it last wrote per namespace: the
+guards the Roles grant, and the Roles it could not write because they are not cronlock's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Mapping, Set
+from dataclasses import dataclass, field
+
+from cronlock_operator.cache import ObjectCache
+from cronlock_operator.cronjob.reading import Readings
+from cronlock_operator.objects import Name
+from cronlock_operator.reconcile import cronjobs, rbac
+from cronlock_operator.reconcile.rbac import Guard
+from cronlock_operator.runtime.executor import Executor, Refused
+from cronlock_operator.settings import OperatorSettings
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class HolderRbacReconciler:
+    """Brings one namespace's holder Roles in line with its guarded CronJobs' locks."""
+
+    settings: OperatorSettings
+    executor: Executor
+    cronjobs: ObjectCache
+    leases: ObjectCache
+    # The CronJob reconciler's: guarded as decided, and refused for a conflict (read only).
+    guards: Mapping[Name, Guard]
+    refused: Set[Name]
+    readings: Readings
+    # Per namespace: the guards the holder Roles grant.
+    synced: dict[str, frozenset[Guard]] = field(default_factory=dict)
+    # Per namespace: holder Role name -> why cronlock could not write it (not cronlock's).
+    conflicts: dict[str, dict[str, str]] = field(default_factory=dict)
+    _locks: dict[str, threading.Lock] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def granted(self, namespace: str) -> frozenset[Guard]:
+        return self.synced.get(namespace, frozenset())
+
+    def conflict(self, namespace: str, service_account: str) -> str | None:
+        """Why the holder Role of this ServiceAccount could not be written, if it could not."""
+        return self.conflicts.get(namespace, {}).get(rbac.holder_role_name(service_account))
+
+    def sync(self, namespace: str) -> None:
+        """The holder Roles of a namespace grant exactly its guarded CronJobs' Leases."""
+        with self._lock:
+            lock = self._locks.setdefault(namespace, threading.Lock())
+        with lock:
+            guards = {
+                guard for (space, _), guard in list(self.guards.items()) if space == namespace
+            }
+            # CronJobs seen but not yet reconciled join now, so a burst writes the Roles once.
+            guards |= cronjobs.pending_guards(
+                self.cronjobs.in_namespace(namespace),
+                self.settings,
+                refused=self.refused,
+                cached_lease=lambda lease: self.leases.get((namespace, lease)),
+                cached_cronjob=lambda other: self.cronjobs.get((namespace, other)),
+                readings=self.readings,
+            )
+            desired, actions = rbac.decide(namespace, guards, self.synced.get(namespace))
+            if not actions:
+                return
+            ran = self.executor.run(actions)
+            if isinstance(ran.verdict, Refused):
+                # Written where it could be; the rest waits for the next change (or recheck).
+                self.conflicts[namespace] = dict(ran.verdict.names)
+                self.synced.pop(namespace, None)
+                return
+            self.conflicts.pop(namespace, None)
+            self.synced[namespace] = desired
+            logger.info(
+                "holder RBAC in %s: %d leases for %d service accounts",
+                namespace,
+                len(desired),
+                len({guard.service_account for guard in desired}),
+            )
+
+    async def sync_all(self, workers: int) -> None:
+        """The holder Roles of every namespace with a cached CronJob, `workers` at a time
+        (in the default executor), after the start-up list: else the first CronJobs of each
+        namespace (listed namespace by namespace) wait on its Role write, one namespace
+        after the other."""
+        limit = asyncio.Semaphore(workers)
+
+        async def sync(namespace: str) -> None:
+            async with limit:
+                try:
+                    await asyncio.to_thread(self.sync, namespace)
+                except Exception as error:  # noqa: BLE001 - the CronJobs' reconciles retry
+                    logger.warning("holder RBAC in %s not written yet: %s", namespace, error)
+
+        await asyncio.gather(*(sync(namespace) for namespace in self.cronjobs.namespaces()))

@@ -1,0 +1,163 @@
+"""The Lease expiry reconciler: holds that stopped renewing, cleared; free Leases' fields
+out of range, put back.
+
+It keeps what it judges by: when each hold was last seen renewed (`Observations`), each
+guarded CronJob's lease duration (a hold is believed only for the longest its Lease's
+owners give), and the free Leases to repair. The deciders (`reconcile/expiry.py`,
+`reconcile/repair.py`) decide; the executor writes.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from cronlock_operator.cache import ObjectCache
+from cronlock_operator.cronjob.config import MAX_TTL_SECONDS
+from cronlock_operator.kube.calls import KubeCalls
+from cronlock_operator.objects import Name
+from cronlock_operator.reconcile import expiry, repair
+from cronlock_operator.reconcile.expiry import Observation
+from cronlock_operator.reconcile.keys import LeaseKey
+from cronlock_operator.runtime.executor import Executor
+from cronlock_operator.runtime.workqueue import DONE, Result
+from cronlock_operator.settings import OperatorSettings
+from cronlock_sidecar.lock.model import LeaseRecord
+
+
+@dataclass
+class Observations:
+    """Each Lease's Observation as last seen, and which of them have a holder: the expiry
+    check runs every second over the held ones only (looping over every free Lease each
+    second was a measurable share of the operator's time, docs/PERFORMANCE.md)."""
+
+    _seen: dict[Name, Observation] = field(default_factory=dict)
+    _held: set[Name] = field(default_factory=set)
+
+    def get(self, key: Name) -> Observation | None:
+        return self._seen.get(key)
+
+    def put(self, key: Name, seen: Observation) -> None:
+        self._seen[key] = seen
+        if seen.holder:
+            self._held.add(key)
+        else:
+            self._held.discard(key)
+
+    def cap(self, key: Name, longest_duration: int) -> None:
+        """Believe the hold seen at `key` for at most `longest_duration` from when it was
+        seen (its owners' longest ttl, known only once they are reconciled)."""
+        seen = self._seen.get(key)
+        if seen is not None and seen.duration > longest_duration:
+            self._seen[key] = replace(seen, duration=longest_duration)
+
+    def forget(self, key: Name) -> None:
+        self._seen.pop(key, None)
+        self._held.discard(key)
+
+    def overdue(self, now: float, skew_seconds: float) -> Iterator[Name]:
+        """The Leases held and unchanged for longer than their duration plus the skew."""
+        for key in list(self._held):
+            if self._seen[key].overdue(now, skew_seconds):
+                yield key
+
+
+@dataclass
+class LeaseExpiry:
+    """Reconciles `LeaseKey`s: clears a holder that has not renewed for longer than its
+    Lease's owners allow, and repairs a free Lease's fields."""
+
+    kube: KubeCalls
+    settings: OperatorSettings
+    executor: Executor
+    cronjobs: ObjectCache
+    leases: ObjectCache
+    clock: Callable[[], float]
+    observations: Observations = field(default_factory=Observations)
+    # Per guarded CronJob: its lock's lease duration. A hold is judged expired after the
+    # longest of its Lease's owners', whatever duration the holder wrote on the Lease.
+    lease_durations: dict[Name, int] = field(default_factory=dict)
+    # Free Leases seen with a field out of range (reconcile/repair.py), to be put back.
+    to_repair: set[Name] = field(default_factory=set)
+
+    # --- what the watches and the CronJob reconciler tell it --------------------------
+    def lease_seen(self, key: Name, body: Mapping[str, Any], record: LeaseRecord) -> bool:
+        """Note a Lease as seen now (counting a hold taken or lost); True when it has a
+        field to repair, so its key is due."""
+        seen, counts = expiry.observe(
+            self.observations.get(key), record, self.clock(), self.longest_duration(body)
+        )
+        if seen is not None:
+            self.executor.run(counts)
+            self.observations.put(key, seen)
+        if record.managed and repair.out_of_range(body):
+            self.to_repair.add(key)
+            return True
+        return False
+
+    def lease_deleted(self, key: Name) -> None:
+        self.observations.forget(key)
+        self.to_repair.discard(key)
+
+    def cronjob_deleted(self, key: Name) -> None:
+        self.lease_durations.pop(key, None)
+
+    def guarded(self, cronjob: Name, duration: int, lease: str | None) -> None:
+        """A CronJob's lock has this lease duration now. A hold of its Lease first seen
+        before its owners were reconciled was believed for up to the longest any lock may
+        have (security review L1); now that an owner's ttl is known, it is believed only
+        for the longest its owners give."""
+        self.lease_durations[cronjob] = duration
+        if lease is None:
+            return
+        key = (cronjob[0], lease)
+        cached = self.leases.get(key)
+        if cached is not None:
+            self.observations.cap(key, self.longest_duration(cached))
+
+    def longest_duration(self, lease: Mapping[str, Any]) -> int:
+        """The longest lease duration among the Lease's owners as their annotations set it
+        (the longest any lock may have while none of them is known yet)."""
+        namespace = lease["metadata"]["namespace"]
+        durations = [
+            duration
+            for owner in lease["metadata"].get("ownerReferences") or []
+            if owner.get("kind") == "CronJob"
+            and (duration := self.lease_durations.get((namespace, owner.get("name")))) is not None
+        ]
+        return max(durations, default=MAX_TTL_SECONDS)
+
+    def overdue(self) -> Iterator[Name]:
+        """Every Lease whose holder has not renewed for longer than its duration."""
+        return self.observations.overdue(self.clock(), self.settings.skew_seconds)
+
+    # --- the reconcile -----------------------------------------------------------------
+    def reconcile(self, key: LeaseKey) -> Result:
+        """Clear a holder that stopped renewing, if it still has not renewed; put a free
+        Lease's fields back in range (reconcile/repair.py)."""
+        name = (key.namespace, key.name)
+        seen = self.observations.get(name)
+        overdue = seen is not None and seen.overdue(self.clock(), self.settings.skew_seconds)
+        if not overdue and name not in self.to_repair:
+            return DONE
+        self.to_repair.discard(name)
+        lease = self.kube.read_lease(key.namespace, key.name)
+        if lease is None:
+            return DONE
+        owners = [
+            cronjob
+            for owner in lease["metadata"].get("ownerReferences") or []
+            if owner.get("kind") == "CronJob"
+            and (cronjob := self.cronjobs.get((key.namespace, owner["name"]))) is not None
+        ]
+        if overdue and seen is not None:
+            self.executor.run(
+                expiry.decide(
+                    seen, lease, owners, self.clock(), datetime.datetime.now(datetime.UTC)
+                )
+            )
+        else:
+            self.executor.run(repair.decide(lease, owners))
+        return DONE

@@ -1,0 +1,122 @@
+"""The one door to the lock stores (transport/stores.py): the client for the store a URL
+names, made without connecting, with the store's package imported only when it is chosen."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from datetime import UTC, datetime
+
+import pytest
+
+from cronlock_sidecar.transport import pgstore, stores
+from cronlock_sidecar.transport.pgstore import PostgresLeaseStore
+from cronlock_sidecar.transport.redisstore import RedisLeaseStore
+from cronlock_sidecar.transport.storeurl import parse_store_url
+
+# Closed ports on loopback: nothing is listening, and nothing must try.
+REDIS = "redis://:pw@127.0.0.1:1/0"
+POSTGRES = "postgresql://cronlock:pw@127.0.0.1:1/locks"
+
+
+def now() -> datetime:
+    return datetime.now(UTC)
+
+
+@pytest.mark.parametrize("url", [REDIS, "rediss://:pw@redis.example:6380/0"])
+def test_a_redis_url_gets_the_redis_client(url: str) -> None:
+    store = stores.open_store(parse_store_url(url, "--store"), now, 2.5)
+    try:
+        assert type(store) is RedisLeaseStore
+        assert store.url.secret == url
+        assert store.now is now
+        kwargs = store.client.connection_pool.connection_kwargs
+        assert (kwargs["socket_timeout"], kwargs["socket_connect_timeout"]) == (2.5, 2.5)
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("url", [POSTGRES, "postgres://cronlock@db.example:5433/locks"])
+def test_a_postgres_url_gets_the_postgres_client_creating_its_tables_not_isolated(
+    url: str,
+) -> None:
+    store = stores.open_store(parse_store_url(url, "--store"), now, 2.5)
+    assert type(store) is PostgresLeaseStore
+    assert (store.url.secret, store.now, store.timeout) == (url, now, 2.5)
+    assert (store.create_tables, store.isolated) == (True, False)
+    store.close()
+
+
+@pytest.mark.parametrize(
+    ("create_tables", "isolated"), [(False, True), (True, True), (False, False)]
+)
+def test_the_postgres_client_gets_create_tables_and_isolated_as_asked(
+    create_tables: bool, isolated: bool
+) -> None:
+    store = stores.open_store(
+        parse_store_url(POSTGRES, "x"), now, 5.0, create_tables=create_tables, isolated=isolated
+    )
+    assert type(store) is PostgresLeaseStore
+    assert (store.create_tables, store.isolated) == (create_tables, isolated)
+    store.close()
+
+
+def test_redis_takes_the_postgres_only_arguments_and_connects_nowhere() -> None:
+    store = stores.open_store(
+        parse_store_url(REDIS, "x"), now, 5.0, create_tables=False, isolated=True
+    )
+    assert type(store) is RedisLeaseStore
+    store.close()
+
+
+def test_the_isolating_libpq_is_the_one_pgstore_names() -> None:
+    assert stores.ISOLATING_LIBPQ == 160000
+    assert pgstore.ISOLATING_LIBPQ is stores.ISOLATING_LIBPQ
+
+
+def imported_after(code: str) -> set[str]:
+    """The modules a fresh interpreter has after running `code`."""
+    script = f"import json, sys\n{code}\nprint(json.dumps(sorted(sys.modules)))\n"
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True
+    )
+    return set(json.loads(result.stdout))
+
+
+def clients(loaded: set[str]) -> list[str]:
+    names = (
+        "redis",
+        "psycopg",
+        "cronlock_sidecar.transport.redisstore",
+        "cronlock_sidecar.transport.pgstore",
+    )
+    return sorted(m for m in loaded if any(m == n or m.startswith(n + ".") for n in names))
+
+
+OPEN = (
+    "from datetime import datetime\n"
+    "from cronlock_sidecar.transport.storeurl import parse_store_url\n"
+    "from cronlock_sidecar.transport.stores import open_store\n"
+    "open_store(parse_store_url({url!r}, 'x'), datetime.now, 1.0).close()\n"
+)
+
+
+def test_the_door_imports_no_store_client_until_one_is_chosen() -> None:
+    loaded = imported_after("import cronlock_sidecar.transport.stores")
+    assert clients(loaded) == []
+
+
+@pytest.mark.parametrize(
+    ("url", "chosen", "not_imported"),
+    [
+        (REDIS, "cronlock_sidecar.transport.redisstore", ["psycopg", "pgstore"]),
+        (POSTGRES, "cronlock_sidecar.transport.pgstore", ["redis", "redisstore"]),
+    ],
+)
+def test_opening_a_store_imports_that_stores_client_only(
+    url: str, chosen: str, not_imported: list[str]
+) -> None:
+    loaded = clients(imported_after(OPEN.format(url=url)))
+    assert chosen in loaded
+    assert not [m for m in loaded if any(part in m.split(".") for part in not_imported)]
