@@ -54,6 +54,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -575,7 +576,8 @@ def up(node: Node = FIRST) -> dict[str, str]:
         raise SystemExit("node up: needs root (network namespaces, mounts, cgroups)")
     env_dir = cp.testenv_dir()
     kubeconfig = env_dir / "kubeconfig"
-    if not kubeconfig.exists() or not cp.alive(env_dir, "kube-apiserver"):
+    apiservers = [name for name in cp.running_components(env_dir) if "apiserver" in name]
+    if not kubeconfig.exists() or not any(cp.alive(env_dir, name) for name in apiservers):
         raise SystemExit("node up: start the control plane first (tests/controlplane/up)")
     if not node.first and not all(cp.alive(state_dir(), name) for name in PROCESSES):
         raise SystemExit(f"node up: node {node.index} joins node 1's fleet; start node 1 first")
@@ -608,6 +610,7 @@ def up(node: Node = FIRST) -> dict[str, str]:
         if any(cp.alive(other, name) for name in node.processes):
             raise SystemExit(f"node up: another test node is running ({other}); stop it first")
     down(node, quiet=True)
+    clear_dead_run_dir(node)
     if node.first:
         subprocess.run([str(cp.HERE / "host-packages")], check=True)
     bins = cp.build_bin_dir()
@@ -681,12 +684,35 @@ def restart_args(state: Path, name: str) -> tuple[list[str], Path, dict[str, str
     return saved["argv"], state, saved.get("env")
 
 
+def clear_dead_run_dir(node: Node) -> None:
+    """Remove what a node whose processes are all gone left in its /run directory (a run
+    killed before `down`): its stale containerd.sock would answer "connection refused"
+    to the new containerd's first client."""
+    if not node.run_dir.exists():
+        return
+    mounts = [
+        line.split()[1]
+        for line in Path("/proc/self/mounts").read_text().splitlines()
+        if line.split()[1].startswith(f"{node.run_dir}/")
+    ]
+    for mount in sorted(mounts, key=len, reverse=True):
+        run("umount", "-l", mount, check=False)
+    shutil.rmtree(node.run_dir, ignore_errors=True)
+
+
 def wait_socket(state: Path, node: Node) -> None:
+    """Until containerd accepts a connection on its socket: the file alone may be a dead
+    one's, or be there a moment before containerd serves it."""
     sock = node.run_dir / "containerd.sock"
     deadline = time.monotonic() + 30
-    while not sock.exists() or not cp.alive(state, "containerd"):
-        if time.monotonic() > deadline or not cp.alive(state, "containerd"):
-            raise SystemExit(f"node up: containerd did not start; see {state / 'logs'}")
+    while True:
+        if not cp.alive(state, "containerd"):
+            raise SystemExit(f"node up: containerd exited; see {state / 'logs'}")
+        with contextlib.suppress(OSError), socket.socket(socket.AF_UNIX) as client:
+            client.connect(str(sock))
+            return
+        if time.monotonic() > deadline:
+            raise SystemExit(f"node up: containerd did not serve {sock}; see {state / 'logs'}")
         time.sleep(0.2)
 
 
