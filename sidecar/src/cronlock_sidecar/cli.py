@@ -56,6 +56,8 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
                 options.run_dir, options.gate_timeout, options.log_format, options.log_level
             )
         )
+    if options.command == "hold":
+        _warn_if_outside_skew(environment)
     from cronlock_sidecar.holding.outcomes import SystemClock
 
     # One clock for the hold and its store: a store shifts the times it reads onto the
@@ -93,6 +95,24 @@ def _transport(options: Options, environment: Mapping[str, str], clock: Clock) -
         logs.fatal(str(error))
         return EXIT_CONFIG
     return KubeLeaseClient(cluster, timeout=timeout)
+
+
+def _warn_if_outside_skew(environment: Mapping[str, str]) -> None:
+    """One warning at start when the operator that injected this sidecar is of a release
+    outside the supported skew (docs/UPGRADING.md); nothing when no operator says."""
+    from cronlock_sidecar.contract import ENV_OPERATOR_VERSION, VERSION, within_skew
+
+    operator = environment.get(ENV_OPERATOR_VERSION)
+    if operator and not within_skew(operator, VERSION):
+        import logging
+
+        logging.getLogger("cronlock_sidecar.version").warning(
+            "cronlock-sidecar %s was injected by cronlock %r, outside the supported skew "
+            "(one minor release either way, docs/UPGRADING.md): upgrade or roll back "
+            "one minor release at a time",
+            VERSION,
+            operator[:64],
+        )
 
 
 def _warn_if_unverified(store: StoreUrl) -> None:

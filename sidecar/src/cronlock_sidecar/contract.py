@@ -12,6 +12,28 @@ if TYPE_CHECKING:
 # a unit test keeps the two equal). What `--version` says on every command.
 VERSION: Final = "0.1.0"
 
+# The supported version skew (docs/UPGRADING.md): an operator works with the sidecars of
+# its own minor release and of the one before and after it, in the same major release.
+SKEW_MINORS: Final = 1
+# The release an injection made before injections carried ENV_OPERATOR_VERSION belongs to.
+UNSTAMPED_VERSION: Final = "0.1.0"
+
+
+def release_of(version: str) -> tuple[int, int] | None:
+    """(major, minor) of "MAJOR.MINOR[.PATCH][-PRE][+BUILD]"; None for anything else."""
+    parts = version.split("+", 1)[0].split("-", 1)[0].split(".")
+    if not 2 <= len(parts) <= 3 or not all(part.isdigit() and len(part) <= 6 for part in parts):
+        return None
+    return int(parts[0]), int(parts[1])
+
+
+def within_skew(one: str, other: str) -> bool:
+    """Whether a sidecar and an operator of these versions are supported together: the same
+    major release, at most SKEW_MINORS minor releases apart. A version that is none is not."""
+    a, b = release_of(one), release_of(other)
+    return a is not None and b is not None and a[0] == b[0] and abs(a[1] - b[1]) <= SKEW_MINORS
+
+
 # --- annotations and labels on user objects ------------------------------------
 PREFIX: Final = "cronlock.io/"
 ANNOTATION_ENABLED: Final = PREFIX + "enabled"
@@ -212,6 +234,10 @@ LOG_LEVELS: Final = ("debug", "info", "warning", "error")
 ENV_STORE: Final = "CRONLOCK_STORE"
 ENV_STORE_FILE: Final = "CRONLOCK_STORE_FILE"
 ENV_STORE_KIND: Final = "CRONLOCK_STORE_KIND"
+# Written by the operator into the sidecar's environment: the operator's own release. The
+# sidecar warns at start when its release is outside the skew with it; the operator posts
+# SidecarVersionSkew on a CronJob whose injection came from a release outside its skew.
+ENV_OPERATOR_VERSION: Final = "CRONLOCK_OPERATOR_VERSION"
 
 # Job label the Job controller puts on its pods; an earlier pod of the same Job may be
 # taken over at once (the retry pod only exists once the earlier one is terminal).

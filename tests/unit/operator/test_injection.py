@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import re
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from cronlock_operator.injection.build import (
 )
 from cronlock_operator.injection.patching import injection_patch, needs_patch
 from cronlock_operator.settings import OperatorSettings
+from cronlock_sidecar.contract import VERSION
 from tests.support.cronjobs import (
     NEW_SETTINGS,
     SETTINGS,
@@ -27,6 +29,7 @@ from tests.support.cronjobs import (
     pod_spec,
     server_defaults,
 )
+from tests.support.paths import ROOT
 
 CASES = Path(__file__).parent / "cases"
 GRACE_RECORD = "cronlock.io/original-termination-grace-period-seconds"
@@ -81,6 +84,7 @@ def test_injection_shape() -> None:
         "CRONLOCK_SKEW": "2s",
         "CRONLOCK_PORT": "8484",
         "CRONLOCK_RUN_DIR": "/var/run/cronlock",
+        "CRONLOCK_OPERATOR_VERSION": VERSION,
         "CRONLOCK_POD_NAME": {"fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.name"}},
         "CRONLOCK_POD_UID": {"fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.uid"}},
         "CRONLOCK_POD_NAMESPACE": {
@@ -743,3 +747,20 @@ def test_signal_with_a_store_is_refused_for_the_url_under_proc(
     assert parse_config(lease, STORES).stop == "signal"
     liveness = make_cronjob(annotations={**IN_POSTGRES, "cronlock.io/stop": "liveness"})
     assert parse_config(liveness, STORES).stop == "liveness"
+
+
+def test_the_operator_scope_policy_admits_every_variable_the_injection_writes() -> None:
+    """The chart's scope policy lists the variables cronlock's containers may carry; one the
+    injection writes and the list lacks would refuse every injection on a cluster."""
+    policy = (ROOT / "charts" / "cronlock" / "templates" / "_scope-policy.tpl").read_text()
+    listed = policy.split("- name: injectedEnv", 1)[1].split("- name:", 1)[0]
+    allowed = set(re.findall(r'"(CRONLOCK_[A-Z_]+)"', listed))
+    written = set()
+    for case in CASES.iterdir():
+        output = yaml.safe_load((case / "output.yaml").read_text())
+        pod = output["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+        for container in pod["initContainers"]:
+            if container["name"] in ("cronlock", "cronlock-gate"):
+                written |= {item["name"] for item in container.get("env") or []}
+    assert "CRONLOCK_OPERATOR_VERSION" in written
+    assert written <= allowed, written - allowed

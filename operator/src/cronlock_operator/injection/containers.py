@@ -72,6 +72,7 @@ def sidecar_container(
             _env(contract.ENV_SKEW, format_duration(config.skew_seconds)),
             _env(contract.ENV_PORT, str(contract.SIDECAR_PORT)),
             _env(contract.ENV_RUN_DIR, contract.RUN_DIR),
+            _env(contract.ENV_OPERATOR_VERSION, contract.VERSION),
             _field_env(contract.ENV_POD_NAME, "metadata.name"),
             _field_env(contract.ENV_POD_UID, "metadata.uid"),
             _field_env(contract.ENV_POD_NAMESPACE, "metadata.namespace"),
@@ -175,23 +176,9 @@ def defaults_as_injected(cronjob: Mapping[str, Any], settings: LockDefaults) -> 
     CronJob sets wins over its default either way, so taking the injected values as the
     defaults changes only what the annotations leave out. `settings` as they are where
     nothing is injected or the injected values do not read as the operator writes them."""
-    init_containers = pod_spec_of(cronjob).get("initContainers") or []
-    sidecar = next(
-        (
-            container
-            for container in init_containers
-            if isinstance(container, Mapping)
-            and container.get("name") == contract.SIDECAR_CONTAINER
-        ),
-        None,
-    )
-    if sidecar is None:
+    env = _injected_sidecar_env(cronjob)
+    if env is None:
         return settings
-    env = {
-        item.get("name"): item.get("value")
-        for item in sidecar.get("env") or []
-        if isinstance(item, Mapping)
-    }
     policy = next(
         (known for known in get_args(Policy) if known == env.get(contract.ENV_POLICY)), None
     )
@@ -209,3 +196,35 @@ def defaults_as_injected(cronjob: Mapping[str, Any], settings: LockDefaults) -> 
         )
     except (KeyError, ValueError):  # DurationError is a ValueError; so is a refused default
         return settings
+
+
+def injected_by(cronjob: Mapping[str, Any]) -> str | None:
+    """The release of the operator whose sidecar the job template carries (its
+    CRONLOCK_OPERATOR_VERSION; contract.UNSTAMPED_VERSION for an injection made before
+    injections carried it); None where no sidecar is injected."""
+    env = _injected_sidecar_env(cronjob)
+    if env is None:
+        return None
+    return str(env.get(contract.ENV_OPERATOR_VERSION) or contract.UNSTAMPED_VERSION)
+
+
+def _injected_sidecar_env(cronjob: Mapping[str, Any]) -> dict[Any, Any] | None:
+    """The environment (name -> value) of the job template's cronlock sidecar; None if it
+    has none."""
+    init_containers = pod_spec_of(cronjob).get("initContainers") or []
+    sidecar = next(
+        (
+            container
+            for container in init_containers
+            if isinstance(container, Mapping)
+            and container.get("name") == contract.SIDECAR_CONTAINER
+        ),
+        None,
+    )
+    if sidecar is None:
+        return None
+    return {
+        item.get("name"): item.get("value")
+        for item in sidecar.get("env") or []
+        if isinstance(item, Mapping)
+    }

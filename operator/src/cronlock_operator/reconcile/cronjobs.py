@@ -18,6 +18,7 @@ from cronlock_operator.cronjob.config import InvalidConfig, LockConfig
 from cronlock_operator.cronjob.reading import Readings, read_config
 from cronlock_operator.cronjob.schedule import ttl_longer_than_gap_warning
 from cronlock_operator.injection.build import desired_cronjob, is_injected
+from cronlock_operator.injection.containers import injected_by
 from cronlock_operator.injection.patching import (
     annotations_differ,
     injection_patch,
@@ -141,6 +142,11 @@ def decide(
             after.extend(once(body, "TTLLongerThanSchedule", warning, posted))
             updates["TTLLongerThanSchedule"] = warning
 
+    skew = version_skew_warning(body)
+    if skew:
+        after.extend(once(body, SKEW_REASON, skew, posted))
+    updates[SKEW_REASON] = skew
+
     # Two SHA-256 digests of a job template are only worth taking when an admission
     # answer is on record; most CronJobs never have one.
     as_admitted = admitted is not None and admitted == Admitted(
@@ -209,6 +215,24 @@ def admission(
         return Judged(admitted, [], {}, stripped)
     event = PostEvent(stored, ADMISSION_REASON, message, warning=not harmless)
     return Judged(admitted, [event], {ADMISSION_REASON: message}, stripped)
+
+
+SKEW_REASON = "SidecarVersionSkew"
+
+
+def version_skew_warning(cronjob: Mapping[str, Any]) -> str | None:
+    """A warning when the job template carries the sidecar of a release outside this
+    operator's supported skew (contract.within_skew, docs/UPGRADING.md); None otherwise."""
+    release = injected_by(cronjob)
+    if release is None or contract.within_skew(release, contract.VERSION):
+        return None
+    return (
+        f"the job template carries the sidecar injected by cronlock {release[:64]!r}, outside "
+        f"what cronlock {contract.VERSION} supports (sidecars of its own minor release and "
+        f"{contract.SKEW_MINORS} before or after it, docs/UPGRADING.md): cronlock injects its "
+        "own sidecar now, and runs already started keep theirs until they end; upgrade or "
+        "roll back one minor release at a time"
+    )
 
 
 def pending_guard(
