@@ -202,6 +202,25 @@ class RealNode:
         ]
         return listed
 
+    def import_image(self, archive: Path) -> None:
+        """Import an OCI archive into the node's containerd (`ctr images import`), as
+        `node up` imports the images it starts with."""
+        sock = f"/run/{self.name}/containerd.sock"
+        bins = Path(os.readlink(self.env_dir_bin("kubectl"))).parent
+        subprocess.run(
+            [
+                "nsenter",
+                f"--net=/run/netns/{self.name}",
+                "--",
+                str(bins / "ctr"),
+                *("--address", sock, "-n", "k8s.io", "images", "import", "--local"),
+                str(archive),
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+
     def _crictl(self, *args: str) -> str:
         sock = f"unix:///run/{self.name}/containerd.sock"
         bins = Path(os.readlink(self.env_dir_bin("kubectl"))).parent

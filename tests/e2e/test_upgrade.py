@@ -1,0 +1,270 @@
+"""Upgrade and roll back while runs hold (docs/UPGRADING.md), on the real node.
+
+The previous release's chart and images (tests/controlplane/previous-release: a pinned
+commit, built from its own Dockerfile) guard CronJobs whose runs hold their Leases; then
+`helm upgrade` to the tree under test while they hold, runs under the new operator beside
+the old sidecars, `helm rollback` while runs of the new sidecars hold, and runs under the
+old operator again. Every run that finds its lock held must skip (exit 75); no two works
+of one lock may run at once; no held Lease may go unrenewed for its duration.
+
+The CI version guards 4 CronJobs; the long one, `CRONLOCK_UPGRADE_CRONJOBS=20
+.venv/bin/pytest tests/e2e/test_upgrade.py -s`, prints the figures docs/RELIABILITY.md
+records.
+"""
+
+from __future__ import annotations
+
+import datetime
+import itertools
+import json
+import os
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import kubernetes
+import pytest
+
+from tests.e2e.scenario import Scenario
+from tests.support.contract import EXIT_SKIPPED, SIDECAR_CONTAINER
+from tests.support.controlplane import ControlPlane
+from tests.support.helm import (
+    CHART,
+    PREVIOUS_IMAGES,
+    helm,
+    image_values,
+    install,
+    previous_chart,
+    previous_commit,
+    previous_images,
+)
+from tests.support.kube import wait_for
+from tests.support.node import CRONLOCK_IMAGE, PodRecorder, RealNode, WorkTracker, overlapping
+from tests.support.operator import SIDECAR_IMAGE
+
+pytestmark = pytest.mark.controlplane
+
+CRONJOBS = int(os.environ.get("CRONLOCK_UPGRADE_CRONJOBS") or 4)
+TTL = 19  # the operator's shortest: a missed renewal shows within seconds
+RENEW = TTL / 3  # the sidecar's default renew interval
+# Long enough to hold from the first phase to the last; the test ends them.
+HOLD = "sleep 600"
+ENV_OPERATOR_VERSION = "CRONLOCK_OPERATOR_VERSION"
+
+
+class RenewalWatch:
+    """Every held Lease's renewTime, polled each second: the longest a holder went without
+    a renewal, and how many renewals it missed (gaps of more than two renew intervals)."""
+
+    def __init__(self, api: kubernetes.client.ApiClient, namespace: str) -> None:
+        self._leases = kubernetes.client.CoordinationV1Api(api)
+        self._namespace = namespace
+        self._seen: dict[tuple[str, str], list[float]] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def _poll(self) -> None:
+        while not self._stop.wait(1.0):
+            try:
+                leases = self._leases.list_namespaced_lease(self._namespace).items
+            except (kubernetes.client.ApiException, OSError):
+                continue  # the API server is there; a refused list is retried next second
+            for lease in leases:
+                spec = lease.spec
+                if not spec.holder_identity or spec.renew_time is None:
+                    continue
+                times = self._seen.setdefault((lease.metadata.name, spec.holder_identity), [])
+                renewed = spec.renew_time.timestamp()
+                if not times or times[-1] != renewed:
+                    times.append(renewed)
+
+    def gaps(self) -> dict[str, float]:
+        """Per holder: the longest time between two renewals seen."""
+        return {
+            f"{lease}/{holder}": max((b - a for a, b in itertools.pairwise(times)), default=0)
+            for (lease, holder), times in self._seen.items()
+        }
+
+    def missed(self) -> int:
+        return sum(
+            int((b - a) // RENEW) - 1
+            for times in self._seen.values()
+            for a, b in itertools.pairwise(times)
+            if b - a > 2 * RENEW
+        )
+
+
+@pytest.fixture(scope="module")
+def previous_release(node: RealNode) -> None:
+    """The previous release's images on the node (built by `make test` before the rings)."""
+    for archive in previous_images():
+        node.import_image(archive)
+
+
+@pytest.fixture
+def scene(
+    api: kubernetes.client.ApiClient, namespace: str, node: RealNode, tracker: WorkTracker
+) -> Iterator[Scenario]:
+    recorder = PodRecorder(api, namespace)
+    recorder.start()
+    yield Scenario(api, namespace, node, None, tracker, recorder)  # type: ignore[arg-type]
+    recorder.stop()
+
+
+def sidecar(cronjob: dict[str, Any]) -> dict[str, Any]:
+    pod = cronjob["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+    return next(c for c in pod.get("initContainers") or [] if c["name"] == SIDECAR_CONTAINER)
+
+
+def injected_with(scene: Scenario, name: str, image: str, stamped: bool) -> dict[str, Any] | None:
+    """The CronJob once its sidecar is `image`, carrying the operator's version or not."""
+    cronjob = scene.read_cronjob(name)
+    try:
+        container = sidecar(cronjob)
+    except StopIteration:
+        return None
+    names = {item["name"] for item in container.get("env") or []}
+    return (
+        cronjob
+        if container["image"] == image and (ENV_OPERATOR_VERSION in names) == stamped
+        else None
+    )
+
+
+def reinjected(scene: Scenario, names: list[str], image: str, stamped: bool) -> dict[str, int]:
+    """Wait until every CronJob carries `image`; its generation then, by name."""
+    found = {}
+    for name in names:
+        cronjob = wait_for(
+            lambda name=name: injected_with(scene, name, image, stamped),  # type: ignore[misc]
+            120,
+            f"CronJob {name} injected with {image}",
+        )
+        found[name] = int(cronjob["metadata"]["generation"])
+    return found
+
+
+def contend(scene: Scenario, names: list[str], phase: str) -> list[int]:
+    """A run of each CronJob while its lock is held: each must skip (exit 75)."""
+    for name in names:
+        scene.run(name, f"{name}-{phase}")
+    return [scene.gate_exit(f"{name}-{phase}", timeout=120) for name in names]
+
+
+def hold(scene: Scenario, names: list[str], phase: str) -> None:
+    for name in names:
+        scene.run(name, f"{name}-{phase}")
+    for name in names:
+        scene.main_running(f"{name}-{phase}", timeout=120)
+
+
+def leases_renewed_since(scene: Scenario, names: list[str], since: float) -> None:
+    """Each lock's Lease renewed after `since` (epoch seconds) by a holder."""
+
+    def renewed(name: str) -> bool:
+        spec = scene.lease(name)["spec"]
+        at = spec.get("renewTime")
+        if isinstance(at, str):
+            at = datetime.datetime.fromisoformat(at.replace("Z", "+00:00"))
+        return bool(spec.get("holderIdentity")) and at is not None and at.timestamp() > since
+
+    for name in names:
+        wait_for(lambda name=name: renewed(name), 3 * RENEW + 5, f"a renewal of {name}'s Lease")  # type: ignore[misc]
+
+
+@pytest.mark.timeout(900)
+def test_upgrade_and_rollback_while_runs_hold_skip_every_contender_and_never_overlap(
+    controlplane: ControlPlane, scene: Scenario, tmp_path: Path, previous_release: None
+) -> None:
+    namespace = scene.namespace
+    old_chart = previous_chart(tmp_path)
+    release, _ = install(
+        controlplane, namespace, chart=old_chart, images=PREVIOUS_IMAGES, restricted=False
+    )
+    watch = RenewalWatch(scene.api, namespace)
+    watch.start()
+    report: dict[str, Any] = {"previous": previous_commit()[:12], "cronjobs": CRONJOBS}
+    try:
+        names = [f"up{index}" for index in range(CRONJOBS)]
+        early, late = names[0::2], names[1::2]  # hold from the start; hold from the upgrade
+        for name in names:
+            scene.cronjob(name, HOLD, ttl=f"{TTL}s")
+        before = reinjected(scene, names, PREVIOUS_IMAGES[1], stamped=False)
+
+        # The previous release guards: runs hold, contenders skip.
+        hold(scene, early, "a")
+        skips = contend(scene, early, "b")
+
+        # Upgrade while they hold.
+        started = time.monotonic()
+        upgraded_at = time.time()
+        helm(
+            controlplane,
+            "upgrade",
+            release,
+            str(CHART),
+            "-n",
+            namespace,
+            *image_values(CRONLOCK_IMAGE, SIDECAR_IMAGE, namespace),
+            "--wait",
+            "--timeout",
+            "180s",
+        )
+        report["upgrade_s"] = round(time.monotonic() - started, 1)
+        after_upgrade = reinjected(scene, names, SIDECAR_IMAGE, stamped=True)
+        report["upgrade_writes"] = sum(after_upgrade[n] - before[n] for n in names)
+        report["reinjected_by_upgrade"] = sum(after_upgrade[n] > before[n] for n in names)
+        leases_renewed_since(scene, early, upgraded_at)  # old sidecars, new operator
+        hold(scene, late, "c")  # new sidecars
+        skips += contend(scene, early, "d")  # new sidecars against old holders
+
+        # Roll back while both hold.
+        started = time.monotonic()
+        rolled_back_at = time.time()
+        helm(controlplane, "rollback", release, "1", "-n", namespace, "--wait", "--timeout", "180s")
+        report["rollback_s"] = round(time.monotonic() - started, 1)
+        after_rollback = reinjected(scene, names, PREVIOUS_IMAGES[1], stamped=False)
+        report["rollback_writes"] = sum(after_rollback[n] - after_upgrade[n] for n in names)
+        report["reinjected_by_rollback"] = sum(after_rollback[n] > after_upgrade[n] for n in names)
+        leases_renewed_since(scene, names, rolled_back_at)  # both, under the old operator
+        skips += contend(scene, names, "e")  # old sidecars against old and new holders
+    finally:
+        watch.stop()
+        helm(controlplane, "uninstall", release, "-n", namespace, "--wait", check=False)
+
+    works = {name: scene.works(name) for name in names}
+    report["overlaps"] = sum(len(overlapping(w)) for w in works.values())
+    report["runs"] = sum(len(w) for w in works.values())
+    report["contenders"] = len(skips)
+    report["not_skipped"] = [code for code in skips if code != EXIT_SKIPPED]
+    report["holders_stopped"] = sum(not w.running for ws in works.values() for w in ws)
+    report["skew_events"] = sum(len(scene.events(name, "SidecarVersionSkew")) for name in names)
+    report["renewals_missed"] = watch.missed()
+    report["longest_renewal_gap_s"] = round(max(watch.gaps().values(), default=0), 1)
+    print("upgrade drill:", json.dumps(report))
+
+    assert report["overlaps"] == 0, works
+    # Only the holders worked: every contender skipped at its gate, under either release.
+    assert report["runs"] == len(early) + len(late), works
+    assert report["not_skipped"] == [], report
+    # No holder was stopped by either change: each still works, holding its lock.
+    assert report["holders_stopped"] == 0, works
+    # The two releases are within the supported skew: no SidecarVersionSkew Event.
+    assert report["skew_events"] == 0, report
+    # Each release re-injected every CronJob, once.
+    assert report["reinjected_by_upgrade"] == CRONJOBS, report
+    assert report["reinjected_by_rollback"] == CRONJOBS, report
+    assert report["upgrade_writes"] == CRONJOBS, report
+    assert report["rollback_writes"] == CRONJOBS, report
+    # No holder went unrenewed for its Lease's duration: none lost its lock to the change.
+    assert report["longest_renewal_gap_s"] < TTL, watch.gaps()
+    assert report["renewals_missed"] == 0, watch.gaps()
