@@ -21,9 +21,9 @@ import kubernetes
 import pytest
 import yaml
 
-from tests.e2e.test_chart_on_node import RESTRICTED, TEST_WAIT, guard, helm
 from tests.support.controlplane import ControlPlane
 from tests.support.cronjobs import job_from_cronjob
+from tests.support.helm import RESTRICTED, TEST_WAIT, guard, helm
 from tests.support.kube import wait_for
 from tests.support.node import BUSYBOX_IMAGE, RealNode
 from tests.support.objects import read
@@ -139,6 +139,10 @@ def test_the_registry_holds_the_release_as_image_indexes_and_a_chart(
     readme = helm(controlplane, "show", "readme", f"oci://{registry}/charts/cronlock", *pulled)
     assert f"oci://ghcr.io/cronlock/charts/cronlock --version {VERSION}" in readme.stdout
     assert "not published" not in readme.stdout
+    # Made for the release (hack/release runs charts/readme on the copy it packages): its
+    # values table gives the defaults the package has, the images by digest.
+    assert f'`"{operator_digest}"`' in readme.stdout, readme.stdout
+    assert f'`"{stores_digest}"`' in readme.stdout
 
 
 @pytest.mark.timeout(900)
