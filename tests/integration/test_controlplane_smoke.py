@@ -1,4 +1,8 @@
-"""The local control plane is real: Leases, RBAC and the Job and CronJob controllers work."""
+"""The local control plane is real: Leases, RBAC and the Job controller work.
+
+That its CronJob controller starts Jobs on schedule is shown where a test waits out real
+minute ticks anyway: tests/integration/test_neighbours.py (a Job of the CronJob's at each
+tick of its 5-minute window), and on the node the e2e ring's tick tests."""
 
 from __future__ import annotations
 
@@ -8,7 +12,6 @@ import kubernetes
 import pytest
 
 from tests.support.controlplane import ControlPlane, ServiceAccountKubeconfig
-from tests.support.cronjobs import make_cronjob
 from tests.support.kube import wait_for
 
 
@@ -63,33 +66,6 @@ def test_the_job_controller_creates_a_pod_for_a_job(
 
     assert pods[0].metadata.owner_references[0].kind == "Job"
     assert pods[0].metadata.owner_references[0].name == "smoke"
-
-
-@pytest.mark.timeout(150)
-def test_the_cronjob_controller_starts_a_job_on_schedule(
-    api: kubernetes.client.ApiClient, namespace: str
-) -> None:
-    kubernetes.client.BatchV1Api(api).create_namespaced_cron_job(
-        namespace,
-        make_cronjob(
-            name="every-minute",
-            namespace=None,
-            schedule="* * * * *",
-            annotations={},
-            restart_policy="Never",
-            containers=[{"name": "main", "image": "busybox", "command": ["true"]}],
-        ),
-    )
-    batch = kubernetes.client.BatchV1Api(api)
-
-    jobs = wait_for(
-        lambda: batch.list_namespaced_job(namespace).items,
-        timeout=130,
-        what="the CronJob controller to start a Job at the next minute",
-    )
-
-    assert jobs[0].metadata.owner_references[0].kind == "CronJob"
-    assert jobs[0].metadata.owner_references[0].name == "every-minute"
 
 
 def test_rbac_denies_a_service_account_what_no_role_grants(

@@ -133,6 +133,11 @@ def test_the_operator_leaves_what_a_mutating_neighbour_adds_and_writes_nothing_f
     assert patched == 0, f"{patched} PATCH requests for CronJobs in {WINDOW:.0f}s"
     ticks = [v for v in seen if v["status"].get("lastScheduleTime")]
     assert ticks, "the CronJob ticked in the window: the operator had events to react to"
+    # The CronJob controller started a Job of the CronJob's at its ticks (the control plane
+    # is real: no test waits out a minute tick for this alone).
+    jobs = kubernetes.client.BatchV1Api(api).list_namespaced_job(namespace).items
+    owners = [ref for job in jobs for ref in job.metadata.owner_references or []]
+    assert any(ref.kind == "CronJob" and ref.name == "report" for ref in owners), jobs
     assert "cronlock" in containers(read(api, namespace, "report"))
     assert len(wait_event(api, namespace, "report", REASON)) == 1
 
