@@ -690,14 +690,20 @@ def clear_dead_run_dir(node: Node) -> None:
     to the new containerd's first client."""
     if not node.run_dir.exists():
         return
+    unmount_below(node.run_dir)
+    shutil.rmtree(node.run_dir, ignore_errors=True)
+
+
+def unmount_below(*directories: Path) -> None:
+    """Unmount (lazily) every mount under these directories, deepest first."""
+    prefixes = tuple(f"{directory}/" for directory in directories)
     mounts = [
         line.split()[1]
         for line in Path("/proc/self/mounts").read_text().splitlines()
-        if line.split()[1].startswith(f"{node.run_dir}/")
+        if line.split()[1].startswith(prefixes)
     ]
     for mount in sorted(mounts, key=len, reverse=True):
         run("umount", "-l", mount, check=False)
-    shutil.rmtree(node.run_dir, ignore_errors=True)
 
 
 def wait_socket(state: Path, node: Node) -> None:
@@ -786,14 +792,7 @@ def down(node: Node = FIRST, quiet: bool = False) -> None:
     if not state.exists():
         return
     # Mounts the kubelet and containerd left (volumes, rootfs, netns files), deepest first.
-    prefixes = (f"{state}/", f"{node.run_dir}/")
-    mounts = [
-        line.split()[1]
-        for line in Path("/proc/self/mounts").read_text().splitlines()
-        if line.split()[1].startswith(prefixes)
-    ]
-    for mount in sorted(mounts, key=len, reverse=True):
-        run("umount", "-l", mount, check=False)
+    unmount_below(state, node.run_dir)
     if (state / "netns.created").exists():
         run("ip", "link", "del", node.host_link, check=False)
         run("ip", "netns", "del", node.netns, check=False)

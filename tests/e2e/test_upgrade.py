@@ -14,11 +14,9 @@ records.
 
 from __future__ import annotations
 
-import datetime
 import itertools
 import json
 import os
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -41,7 +39,15 @@ from tests.support.helm import (
     previous_images,
 )
 from tests.support.kube import wait_for
-from tests.support.node import CRONLOCK_IMAGE, PodRecorder, RealNode, WorkTracker, overlapping
+from tests.support.node import (
+    CRONLOCK_IMAGE,
+    LeaseRecorder,
+    PodRecorder,
+    RealNode,
+    WorkTracker,
+    overlapping,
+    wall_time,
+)
 from tests.support.operator import SIDECAR_IMAGE
 
 pytestmark = pytest.mark.controlplane
@@ -54,53 +60,16 @@ HOLD = "sleep 600"
 ENV_OPERATOR_VERSION = "CRONLOCK_OPERATOR_VERSION"
 
 
-class RenewalWatch:
-    """Every held Lease's renewTime, polled each second: the longest a holder went without
-    a renewal, and how many renewals it missed (gaps of more than two renew intervals)."""
-
-    def __init__(self, api: kubernetes.client.ApiClient, namespace: str) -> None:
-        self._leases = kubernetes.client.CoordinationV1Api(api)
-        self._namespace = namespace
-        self._seen: dict[tuple[str, str], list[float]] = {}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._poll, daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=10)
-
-    def _poll(self) -> None:
-        while not self._stop.wait(1.0):
-            try:
-                leases = self._leases.list_namespaced_lease(self._namespace).items
-            except (kubernetes.client.ApiException, OSError):
-                continue  # the API server is there; a refused list is retried next second
-            for lease in leases:
-                spec = lease.spec
-                if not spec.holder_identity or spec.renew_time is None:
-                    continue
-                times = self._seen.setdefault((lease.metadata.name, spec.holder_identity), [])
-                renewed = spec.renew_time.timestamp()
-                if not times or times[-1] != renewed:
-                    times.append(renewed)
-
-    def gaps(self) -> dict[str, float]:
-        """Per holder: the longest time between two renewals seen."""
-        return {
-            f"{lease}/{holder}": max((b - a for a, b in itertools.pairwise(times)), default=0)
-            for (lease, holder), times in self._seen.items()
-        }
-
-    def missed(self) -> int:
-        return sum(
-            int((b - a) // RENEW) - 1
-            for times in self._seen.values()
-            for a, b in itertools.pairwise(times)
-            if b - a > 2 * RENEW
-        )
+def renewal_gaps(recorder: LeaseRecorder) -> dict[str, list[float]]:
+    """Per Lease and holder: the times between its renewals, from every version the watch
+    saw (tests/support/node.py's LeaseRecorder)."""
+    seen: dict[str, list[float]] = {}
+    for version in recorder.versions():
+        if version.holder and version.renew_time is not None:
+            times = seen.setdefault(f"{version.name}/{version.holder}", [])
+            if not times or times[-1] != version.renew_time:
+                times.append(version.renew_time)
+    return {key: [b - a for a, b in itertools.pairwise(times)] for key, times in seen.items()}
 
 
 @pytest.fixture(scope="module")
@@ -172,10 +141,8 @@ def leases_renewed_since(scene: Scenario, names: list[str], since: float) -> Non
 
     def renewed(name: str) -> bool:
         spec = scene.lease(name)["spec"]
-        at = spec.get("renewTime")
-        if isinstance(at, str):
-            at = datetime.datetime.fromisoformat(at.replace("Z", "+00:00"))
-        return bool(spec.get("holderIdentity")) and at is not None and at.timestamp() > since
+        at = wall_time(spec.get("renewTime"))
+        return bool(spec.get("holderIdentity")) and at is not None and at > since
 
     for name in names:
         wait_for(lambda name=name: renewed(name), 3 * RENEW + 5, f"a renewal of {name}'s Lease")  # type: ignore[misc]
@@ -190,7 +157,7 @@ def test_upgrade_and_rollback_while_runs_hold_skip_every_contender_and_never_ove
     release, _ = install(
         controlplane, namespace, chart=old_chart, images=PREVIOUS_IMAGES, restricted=False
     )
-    watch = RenewalWatch(scene.api, namespace)
+    watch = LeaseRecorder(scene.api, namespace)
     watch.start()
     report: dict[str, Any] = {"previous": previous_commit()[:12], "cronjobs": CRONJOBS}
     try:
@@ -248,8 +215,13 @@ def test_upgrade_and_rollback_while_runs_hold_skip_every_contender_and_never_ove
     report["not_skipped"] = [code for code in skips if code != EXIT_SKIPPED]
     report["holders_stopped"] = sum(not w.running for ws in works.values() for w in ws)
     report["skew_events"] = sum(len(scene.events(name, "SidecarVersionSkew")) for name in names)
-    report["renewals_missed"] = watch.missed()
-    report["longest_renewal_gap_s"] = round(max(watch.gaps().values(), default=0), 1)
+    gaps = renewal_gaps(watch)
+    report["renewals_missed"] = sum(
+        int(gap // RENEW) - 1 for each in gaps.values() for gap in each if gap > 2 * RENEW
+    )
+    report["longest_renewal_gap_s"] = round(
+        max((max(g, default=0) for g in gaps.values()), default=0), 1
+    )
     print("upgrade drill:", json.dumps(report))
 
     assert report["overlaps"] == 0, works
@@ -266,5 +238,5 @@ def test_upgrade_and_rollback_while_runs_hold_skip_every_contender_and_never_ove
     assert report["upgrade_writes"] == CRONJOBS, report
     assert report["rollback_writes"] == CRONJOBS, report
     # No holder went unrenewed for its Lease's duration: none lost its lock to the change.
-    assert report["longest_renewal_gap_s"] < TTL, watch.gaps()
-    assert report["renewals_missed"] == 0, watch.gaps()
+    assert report["longest_renewal_gap_s"] < TTL, gaps
+    assert report["renewals_missed"] == 0, gaps

@@ -206,36 +206,20 @@ class RealNode:
         """Import an OCI archive into the node's containerd (`ctr images import`), as
         `node up` imports the images it starts with."""
         sock = f"/run/{self.name}/containerd.sock"
-        bins = Path(os.readlink(self.env_dir_bin("kubectl"))).parent
-        subprocess.run(
-            [
-                "nsenter",
-                f"--net=/run/netns/{self.name}",
-                "--",
-                str(bins / "ctr"),
-                *("--address", sock, "-n", "k8s.io", "images", "import", "--local"),
-                str(archive),
-            ],
-            capture_output=True,
-            text=True,
-            check=True,
+        self._in_node(
+            "ctr", "--address", sock, "-n", "k8s.io", "images", "import", "--local", str(archive)
         )
 
     def _crictl(self, *args: str) -> str:
         sock = f"unix:///run/{self.name}/containerd.sock"
+        return self._in_node("crictl", "--runtime-endpoint", sock, "--image-endpoint", sock, *args)
+
+    def _in_node(self, tool: str, *args: str) -> str:
+        """A node binary of the control plane's build run in the node's network namespace;
+        its output."""
         bins = Path(os.readlink(self.env_dir_bin("kubectl"))).parent
         result = subprocess.run(
-            [
-                "nsenter",
-                f"--net=/run/netns/{self.name}",
-                "--",
-                str(bins / "crictl"),
-                "--runtime-endpoint",
-                sock,
-                "--image-endpoint",
-                sock,
-                *args,
-            ],
+            ["nsenter", f"--net=/run/netns/{self.name}", "--", str(bins / tool), *args],
             capture_output=True,
             text=True,
             check=True,
