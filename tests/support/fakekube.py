@@ -99,6 +99,8 @@ class FakeKube(_Recorder):
     ) -> None:
         super().__init__()
         self.cronjobs: dict[Name, dict[str, Any]] = {}
+        # Namespaces labelled cronlock.io/enabled=true.
+        self.labelled: set[str] = set()
         self.leases: dict[Name, dict[str, Any]] = {}
         self.jobs: dict[Name, dict[str, Any]] = {}
         self.events: list[
@@ -142,6 +144,10 @@ class FakeKube(_Recorder):
         for (namespace, _), body in self.cronjobs.items():
             if not namespaces or namespace in namespaces:
                 into.put(copy.deepcopy(body))
+
+    def labelled_namespaces(self) -> list[str]:
+        self._call("labelled_namespaces")
+        return sorted(self.labelled)
 
     def read_cronjob(self, namespace: str, name: str) -> dict[str, Any] | None:
         self._call("read_cronjob", namespace, name)

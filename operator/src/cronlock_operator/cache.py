@@ -48,6 +48,10 @@ class ObjectCache:
     def keys(self) -> list[Key]:
         return list(self._objects)
 
+    def keys_in(self, namespace: str) -> list[Key]:
+        """The keys of the namespace's objects, sorted (nothing parsed)."""
+        return sorted(key for key in list(self._objects) if key[0] == namespace)
+
     def namespaces(self) -> list[str]:
         """The namespaces of the cached objects, sorted."""
         return sorted({namespace for namespace, _ in list(self._objects)})

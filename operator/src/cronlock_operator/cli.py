@@ -61,7 +61,8 @@ def _check_args(args: argparse.Namespace) -> tuple[str, str, float]:
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog=PROGRAM,
-        description="Guard CronJobs annotated cronlock.io/enabled=true with a Lease.",
+        description="Guard CronJobs annotated cronlock.io/enabled=true, and those of namespaces "
+        "labelled so, with a Lease.",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {contract.VERSION}")
     scope = parser.add_mutually_exclusive_group()
@@ -73,6 +74,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     scope.add_argument(
         "--all-namespaces", action="store_true", help="watch every namespace (default)"
+    )
+    parser.add_argument(
+        "--namespace-opt-in",
+        action=argparse.BooleanOptionalAction,
+        default=_env("NAMESPACE_OPT_IN", "true") != "false",
+        help="guard every CronJob of a namespace labelled cronlock.io/enabled=true unless it "
+        "is annotated cronlock.io/enabled=false; watches namespaces by that label (needs get, "
+        "list and watch on namespaces; default on; env CRONLOCK_NAMESPACE_OPT_IN)",
     )
     parser.add_argument("--sidecar-image", default=_env("SIDECAR_IMAGE", DEFAULT_SIDECAR_IMAGE))
     parser.add_argument(
@@ -280,7 +289,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return uninstall(
             Kube(api_client()), args.namespace or [], keep=keep, revert_only=args.revert_only
         )
-    import cronlock_operator.runtime.handlers  # noqa: F401 - registers the handlers with kopf
+    from cronlock_operator.runtime import handlers  # registers the handlers with kopf
+
+    if args.namespace_opt_in:
+        handlers.watch_namespaces()
     from cronlock_operator.runtime import metrics
 
     # Every replica serves /metrics from the start, a waiting one with cronlock_leader 0:
@@ -322,6 +334,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             memo=kopf.Memo(
                 settings=settings,
                 namespaces=args.namespace or [],
+                namespace_opt_in=args.namespace_opt_in,
             ),
         )
     )

@@ -147,6 +147,11 @@ LABEL_OUTCOME: Final = PREFIX + "outcome"
 LABELLED_OUTCOMES: Final = ("skipped", "replaced")
 LABEL_MANAGED_BY: Final = "app.kubernetes.io/managed-by"
 MANAGED_BY: Final = "cronlock"
+# On a Namespace: every CronJob in it is guarded unless its own cronlock.io/enabled says
+# "false" (the same key as the CronJob's annotation, as Istio's and Linkerd's injection
+# labels). Only "true" opts in.
+LABEL_NAMESPACE_ENABLED: Final = ANNOTATION_ENABLED
+NAMESPACE_SELECTOR: Final = LABEL_NAMESPACE_ENABLED + "=true"
 
 # --- Lease ---------------------------------------------------------------------
 LEASE_PREFIX: Final = "cronlock-"

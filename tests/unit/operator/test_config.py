@@ -13,9 +13,9 @@ from cronlock_operator.cronjob.config import (
     InvalidConfig,
     LockConfig,
     ProbeTolerance,
-    is_enabled,
     kill_grace_seconds,
     minimum_ttl_seconds,
+    opt_in,
     parse_config,
     probe_tolerance,
 )
@@ -93,16 +93,50 @@ def test_every_annotation_is_read() -> None:
     assert config.renew_deadline_seconds == 200.0
 
 
-@pytest.mark.parametrize(("value", "enabled"), [("true", True), ("false", False), (None, False)])
-def test_enabled_only_by_exactly_true(value: str | None, enabled: bool) -> None:
+@pytest.mark.parametrize(
+    ("value", "labelled", "rule"),
+    [
+        ("true", False, "annotation"),
+        ("true", True, "annotation"),
+        ("false", False, "opted-out"),
+        # A CronJob's own "false" keeps it out of its labelled namespace.
+        ("false", True, "opted-out"),
+        (None, False, "off"),
+        (None, True, "namespace"),
+    ],
+)
+def test_the_annotation_decides_first_then_the_namespace_label(
+    value: str | None, labelled: bool, rule: str
+) -> None:
     annotations = {} if value is None else {"cronlock.io/enabled": value}
-    assert is_enabled(make_cronjob(annotations=annotations)) is enabled
+    assert opt_in(make_cronjob(annotations=annotations), labelled) == rule
 
 
-def test_enabled_with_another_value_is_an_error_not_a_silent_no() -> None:
+@pytest.mark.parametrize("labelled", [False, True])
+def test_enabled_with_another_value_is_an_error_not_a_silent_no(labelled: bool) -> None:
     with pytest.raises(InvalidConfig) as caught:
-        is_enabled(make_cronjob(annotations={"cronlock.io/enabled": "True"}))
+        opt_in(make_cronjob(annotations={"cronlock.io/enabled": "True"}), labelled)
     assert caught.value.annotation == "cronlock.io/enabled"
+
+
+def test_a_kept_reading_follows_its_namespaces_label_at_the_same_version() -> None:
+    """The label is not part of the CronJob: labelling its namespace changes no
+    resourceVersion of it, yet its reading changes, and back."""
+    body = make_cronjob(namespace="default", annotations={"cronlock.io/ttl": "90s"})
+    body["metadata"].update(uid="u-1", resourceVersion="7")
+    readings = Readings()
+    assert read_config(body, SETTINGS, readings).opt_in == "off"
+    assert readings.set_labelled("default", True) is True
+    assert readings.set_labelled("default", True) is False, "no change, nothing to redo"
+    reading = read_config(body, SETTINGS, readings)
+    assert (reading.opt_in, reading.enabled) == ("namespace", True)
+    assert reading.config is not None
+    assert reading.config.ttl_seconds == 90
+    assert readings.labelled("other") is False
+    readings.set_labelled("default", False)
+    assert read_config(body, SETTINGS, readings).config is None
+    # A reader without the runtime's readings knows no labelled namespace.
+    assert read_config(body, SETTINGS).opt_in == "off"
 
 
 STORES_SETTINGS = OperatorSettings(
@@ -575,6 +609,7 @@ def test_the_reading_of_a_valid_cronjob_carries_its_config() -> None:
         keep_skipped_jobs=True,
         lock="shared",
         policy="observe",
+        opt_in="annotation",
     )
 
 

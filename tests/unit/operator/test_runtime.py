@@ -6,12 +6,14 @@ import asyncio
 import contextlib
 import copy
 import logging
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from cronlock_operator.errors import Rejected, Retry
+from cronlock_operator.injection.build import is_injected
 from cronlock_operator.reconcile.keys import CronJobKey
 from cronlock_operator.runtime import metrics
 from cronlock_operator.runtime.guarding import CONFLICT_RECHECK
@@ -21,6 +23,8 @@ from tests.support.cronjobs import SETTINGS, make_cronjob, server_defaults
 from tests.support.fakekube import FakeKube
 from tests.support.leases import make_lease
 from tests.support.metrics import cronjob_states
+
+ENABLED = "cronlock.io/enabled"
 
 FOREIGN_LEASE = {
     "metadata": {"name": "cronlock-report", "namespace": "team-a", "resourceVersion": "1"}
@@ -117,6 +121,56 @@ def test_a_change_in_its_namespace_looks_again_at_once_at_a_cronjob_in_conflict(
     reconciler.queue = WorkQueue(reconciler.queue.work)
     reconciler.on_cronjob("DELETED", body)
     assert reconciler.queue.waiting(refused)
+
+
+def namespace(name: str, labels: dict[str, str] | None = None) -> dict[str, Any]:
+    return {"metadata": {"name": name, "labels": labels or {}}}
+
+
+def test_a_labelled_namespace_guards_its_cronjobs_but_the_one_that_opts_out() -> None:
+    """Label added: every CronJob of the namespace is queued and injected but one annotated
+    "false"; label removed (the selector's DELETED): queued again and reverted."""
+    kube = Kube()
+    reconciler = Reconciler(kube=kube, settings=SETTINGS)
+    for name, notes in (("report", {}), ("export", {}), ("audit", {ENABLED: "false"})):
+        body = server_defaults(make_cronjob(name=name, annotations=notes))
+        body["metadata"].update(uid=f"uid-{name}", resourceVersion="1")
+        kube.cronjobs[("team-a", name)] = copy.deepcopy(body)
+        reconciler.on_cronjob("ADDED", body)
+    elsewhere = server_defaults(make_cronjob(name="other", namespace="team-b", annotations={}))
+    reconciler.on_cronjob("ADDED", elsewhere)
+    reconciler.queue = WorkQueue(reconciler.queue.work)  # what is queued from here on
+
+    def decide_all() -> dict[str, bool]:
+        for name in ("report", "export", "audit"):
+            assert reconciler.queue.waiting(CronJobKey("team-a", name))
+            reconcile(reconciler, "team-a", name)
+            reconciler.on_cronjob("MODIFIED", copy.deepcopy(kube.cronjobs[("team-a", name)]))
+        assert not reconciler.queue.waiting(CronJobKey("team-b", "other"))
+        reconciler.queue = WorkQueue(reconciler.queue.work)
+        return {
+            name: is_injected(kube.cronjobs[("team-a", name)])
+            for name in ("report", "export", "audit")
+        }
+
+    reconciler.on_namespace("ADDED", namespace("team-a", {ENABLED: "true"}))
+    assert decide_all() == {"report": True, "export": True, "audit": False}
+    # The same label seen again (a resync, another label changed): nothing queued.
+    reconciler.on_namespace("MODIFIED", namespace("team-a", {ENABLED: "true", "team": "a"}))
+    assert not reconciler.queue.waiting(CronJobKey("team-a", "report"))
+    reconciler.on_namespace("DELETED", namespace("team-a", {ENABLED: "no"}))
+    assert decide_all() == {"report": False, "export": False, "audit": False}
+    assert "Reverted" in reasons(kube)
+
+
+def test_the_labelled_namespaces_are_read_before_any_cronjob_and_only_watched_ones() -> None:
+    kube = Kube()
+    kube.labelled = {"team-a", "team-c"}
+    reconciler = Reconciler(kube=kube, settings=SETTINGS, watched_namespaces=frozenset({"team-a"}))
+    reconciler.load_labelled_namespaces()
+    assert reconciler.readings.labelled_namespaces() == {"team-a"}
+    reconciler.on_namespace("ADDED", namespace("team-b", {ENABLED: "true"}))
+    assert reconciler.readings.labelled_namespaces() == {"team-a"}
 
 
 def states() -> dict[str, float]:

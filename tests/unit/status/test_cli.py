@@ -63,6 +63,8 @@ class FakeApi(http.server.ThreadingHTTPServer):
 
     objects: dict[str, list[dict[str, Any]]]
     refuse: int | None = None
+    # Refuse only the list of namespaces, with this code.
+    refuse_namespaces: int | None = None
     page: int | None = None
     paths: list[str]
     headers: list[Message]
@@ -88,6 +90,9 @@ class Handler(http.server.BaseHTTPRequestHandler):
                 },
             )
             return
+        if path == "/api/v1/namespaces":
+            self.namespaces()
+            return
         kind = "cronjobs" if path.endswith("/cronjobs") else "leases"
         namespace = path.split("/namespaces/")[1].split("/")[0] if "/namespaces/" in path else None
         items = [
@@ -105,6 +110,21 @@ class Handler(http.server.BaseHTTPRequestHandler):
             200,
             {"kind": "List", "apiVersion": "v1", "metadata": metadata, "items": items[start:end]},
         )
+
+    def namespaces(self) -> None:
+        """The namespaces whose labels match every `key=value` of the labelSelector."""
+        if self.server.refuse_namespaces is not None:
+            code = self.server.refuse_namespaces
+            self.reply(code, {"kind": "Status", "status": "Failure", "code": code})
+            return
+        query = parse_qs(urlsplit(self.path).query)
+        wanted = dict(term.split("=", 1) for term in query["labelSelector"][0].split(","))
+        items = [
+            item
+            for item in self.server.objects.get("namespaces", [])
+            if wanted.items() <= item["metadata"].get("labels", {}).items()
+        ]
+        self.reply(200, {"kind": "NamespaceList", "metadata": {}, "items": items})
 
     def reply(self, code: int, body: dict[str, Any]) -> None:
         data = json.dumps(body).encode()
@@ -463,6 +483,53 @@ def test_lists_come_in_pages_and_only_cronlocks_leases_are_asked_for(
     assert [query["labelSelector"] for query in lease_queries] == [
         ["app.kubernetes.io/managed-by=cronlock"]
     ] * 2
+
+
+def labelled(name: str) -> dict[str, Any]:
+    labels = {"cronlock.io/enabled": "true", "kubernetes.io/metadata.name": name}
+    return {"metadata": {"name": name, "labels": labels}}
+
+
+def test_a_labelled_namespace_guards_its_unannotated_cronjobs_but_not_one_opted_out(
+    capsys: pytest.CaptureFixture[str], reachable: Path, fake_api: FakeApi
+) -> None:
+    fake_api.objects["cronjobs"] = [
+        cronjob("annotated", "team-a"),
+        cronjob("by-label", "team-a", enabled=None),
+        cronjob("opted-out", "team-a", enabled="false"),
+        cronjob("elsewhere", "team-b", enabled=None),
+    ]
+    fake_api.objects["namespaces"] = [labelled("team-a")]
+
+    code, out, _ = run(capsys, "status", "--kubeconfig", str(reachable), "-A", "-o", "json")
+
+    assert code == 0
+    guarded = [(item["cronjob"], item["guardedBy"]) for item in json.loads(out)["items"]]
+    assert guarded == [("annotated", "annotation"), ("by-label", "namespace")]
+    [selector] = [
+        parse_qs(urlsplit(path).query)["labelSelector"]
+        for path in fake_api.paths
+        if path.startswith("/api/v1/namespaces?")
+    ]
+    assert selector == ["cronlock.io/enabled=true"]
+
+
+def test_credentials_that_may_not_read_namespaces_show_the_annotated_and_say_so(
+    capsys: pytest.CaptureFixture[str], reachable: Path, fake_api: FakeApi
+) -> None:
+    fake_api.objects["cronjobs"] = [
+        cronjob("annotated", "team-a"),
+        cronjob("by-label", "team-a", enabled=None),
+    ]
+    fake_api.objects["namespaces"] = [labelled("team-a")]
+    fake_api.refuse_namespaces = 403
+
+    code, out, err = run(capsys, "status", "--kubeconfig", str(reachable), "-o", "json")
+
+    assert code == 0
+    assert [item["cronjob"] for item in json.loads(out)["items"]] == ["annotated"]
+    assert "cannot read namespaces (forbidden)" in err
+    assert "namespace's label" in err
 
 
 def test_without_guarded_cronjobs_no_lease_is_listed(

@@ -182,6 +182,7 @@ def test_wide_output_adds_state_ttl_alert_after_and_the_last_release() -> None:
         "LAST SUCCESS",
         "NEXT",
         "STATE",
+        "GUARDED BY",
         "STORE",
         "POLICY",
         "TTL",
@@ -192,7 +193,8 @@ def test_wide_output_adds_state_ttl_alert_after_and_the_last_release() -> None:
         "FROZEN",
     ]
     assert row[9:] == [
-        *("free", "lease", "skip", "30s", "3", "false", "cleanup-1-aaaaa_0001", "15m ago", "-")
+        *("free", "annotation", "lease", "skip", "30s", "3", "false", "cleanup-1-aaaaa_0001"),
+        *("15m ago", "-"),
     ]
 
 
@@ -232,6 +234,7 @@ def test_json_is_a_list_of_objects_with_iso_times_and_numeric_seconds() -> None:
         "lock": "nightly-report-export",
         "lease": "cronlock-nightly-report-export",
         "store": "lease",
+        "guardedBy": "annotation",
         "policy": "skip",
         "state": "held",
         "holder": LONG_HOLDER,

@@ -207,13 +207,23 @@ class LockConfig:
         return self.timing.renew_deadline
 
 
-def is_enabled(cronjob: Mapping[str, Any]) -> bool:
-    """Whether the CronJob opted in: `cronlock.io/enabled: "true"`; absent or "false" is off."""
+# Which rule decides whether a CronJob is guarded (`opt_in`).
+OptIn = Literal["annotation", "namespace", "opted-out", "off"]
+
+
+def opt_in(cronjob: Mapping[str, Any], namespace_labelled: bool = False) -> OptIn:
+    """The rule that guards the CronJob, or keeps it unguarded. Its own annotation decides
+    first: `cronlock.io/enabled: "true"` guards it ("annotation"), `"false"` keeps it out
+    even in a labelled namespace ("opted-out"). Without the annotation, its namespace's label
+    `cronlock.io/enabled: "true"` guards it ("namespace"); else it is "off". Any other
+    annotation value raises InvalidConfig."""
     value = annotations_of(cronjob).get(contract.ANNOTATION_ENABLED)
-    if value is None or value == "false":
-        return False
     if value == "true":
-        return True
+        return "annotation"
+    if value == "false":
+        return "opted-out"
+    if value is None:
+        return "namespace" if namespace_labelled else "off"
     raise InvalidConfig(contract.ANNOTATION_ENABLED, value, 'is neither "true" nor "false"')
 
 
@@ -221,7 +231,7 @@ def parse_config(cronjob: Mapping[str, Any], settings: Defaults) -> LockConfig:
     """The CronJob's lock settings; raises InvalidConfig naming the first bad annotation."""
     annotations = annotations_of(cronjob)
     _refuse_unknown(annotations)
-    is_enabled(cronjob)
+    opt_in(cronjob)
     store, store_secret = parse_store(annotations, settings)
 
     lock = _parse_lock(annotations, cronjob)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal, cast
 
@@ -18,12 +18,13 @@ from cronlock_operator.cronjob.config import (
     Defaults,
     InvalidConfig,
     LockConfig,
-    is_enabled,
+    OptIn,
     parse_alert_after,
     parse_alert_after_missed,
     parse_config,
     parse_flag,
 )
+from cronlock_operator.cronjob.config import opt_in as read_opt_in
 from cronlock_operator.cronjob.policies import Policy
 from cronlock_operator.objects import annotations_of
 from cronlock_sidecar import contract
@@ -40,7 +41,8 @@ class ConfigReading:
     config when it is valid, else from each annotation on its own.
     """
 
-    # cronlock.io/enabled is "true" (False also when it is neither "true" nor "false").
+    # Guarded by its annotation or its namespace's label (False also when the annotation is
+    # neither "true" nor "false").
     enabled: bool
     config: LockConfig | None  # when enabled and valid
     invalid: InvalidConfig | None  # why an enabled CronJob is not guarded (or enabled is bad)
@@ -56,6 +58,8 @@ class ConfigReading:
     # default), "invalid" when the annotation names no policy.
     lock: str
     policy: Policy | Literal["invalid"]
+    # The rule that decided `enabled` (config.opt_in), "invalid" for a bad annotation value.
+    opt_in: OptIn | Literal["invalid"] = "off"
 
 
 # CronJobs (times the settings they are read under) whose reading is kept; the one used
@@ -63,20 +67,47 @@ class ConfigReading:
 READINGS_KEPT: Final = 4096
 
 
+# What a reading depends on beyond the settings: the CronJob's resourceVersion and whether
+# its namespace is labelled cronlock.io/enabled=true.
+Version = tuple[str, bool]
+
+
 class Readings:
-    """A bounded, thread-safe LRU of readings: per (uid, settings), the latest version read.
+    """A bounded, thread-safe LRU of readings: per (uid, settings), the latest version read;
+    and the namespaces labelled `cronlock.io/enabled: "true"`, which a reading depends on.
 
-    An entry is used only for the same resourceVersion: on the API server a uid and a
-    resourceVersion name one content, and every edit gets a new version. The operator's
-    runtime owns one and hands it to every reader, as it hands its caches; a reader given
-    none parses each time, so this module keeps no state of its own."""
+    An entry is used only for the same resourceVersion and namespace label: on the API
+    server a uid and a resourceVersion name one content, and every edit gets a new version.
+    The operator's runtime owns one and hands it to every reader, as it hands its caches,
+    and tells it the labelled namespaces from its namespace watch; a reader given none
+    parses each time and knows no labelled namespace, so this module keeps no state of its
+    own."""
 
-    def __init__(self, limit: int = READINGS_KEPT) -> None:
+    def __init__(self, limit: int = READINGS_KEPT, labelled: Iterable[str] = ()) -> None:
         self.limit = limit
         self._lock = threading.Lock()
-        self._entries: OrderedDict[tuple[str, Defaults], tuple[str, ConfigReading]] = OrderedDict()
+        self._entries: OrderedDict[tuple[str, Defaults], tuple[Version, ConfigReading]] = (
+            OrderedDict()
+        )
+        self._labelled = frozenset(labelled)
 
-    def get(self, key: tuple[str, Defaults], version: str) -> ConfigReading | None:
+    def labelled(self, namespace: str) -> bool:
+        """Whether the namespace opted its CronJobs in by its label."""
+        return namespace in self._labelled
+
+    def set_labelled(self, namespace: str, labelled: bool) -> bool:
+        """Record the namespace's label; whether that changed anything."""
+        with self._lock:
+            if (namespace in self._labelled) == labelled:
+                return False
+            change = frozenset([namespace])
+            self._labelled = self._labelled | change if labelled else self._labelled - change
+            return True
+
+    def labelled_namespaces(self) -> frozenset[str]:
+        return self._labelled
+
+    def get(self, key: tuple[str, Defaults], version: Version) -> ConfigReading | None:
         with self._lock:
             entry = self._entries.get(key)
             if entry is None or entry[0] != version:
@@ -84,7 +115,9 @@ class Readings:
             self._entries.move_to_end(key)
             return entry[1]
 
-    def put(self, key: tuple[str, Defaults], version: str, reading: ConfigReading) -> ConfigReading:
+    def put(
+        self, key: tuple[str, Defaults], version: Version, reading: ConfigReading
+    ) -> ConfigReading:
         """The reading now kept for `key`: one another thread kept meanwhile for the same
         version (so that every reader of a version gets the same value), else `reading`."""
         with self._lock:
@@ -116,12 +149,15 @@ def read_config(
     """
     metadata: Mapping[str, Any] = cronjob.get("metadata") or {}
     uid, version = metadata.get("uid"), metadata.get("resourceVersion")
-    if readings is None or not uid or not version:
-        return _read(cronjob, settings)
+    if readings is None:
+        return _read(cronjob, settings, False)
+    labelled = readings.labelled(str(metadata.get("namespace", "")))
+    if not uid or not version:
+        return _read(cronjob, settings, labelled)
     key = (str(uid), settings)
-    reading = readings.get(key, str(version))
+    reading = readings.get(key, (str(version), labelled))
     if reading is None:
-        reading = readings.put(key, str(version), _read(cronjob, settings))
+        reading = readings.put(key, (str(version), labelled), _read(cronjob, settings, labelled))
     return reading
 
 
@@ -134,13 +170,15 @@ def counting_settings(
     return reading.alert_after, reading.keep_skipped_jobs
 
 
-def _read(cronjob: Mapping[str, Any], settings: Defaults) -> ConfigReading:
+def _read(cronjob: Mapping[str, Any], settings: Defaults, labelled: bool) -> ConfigReading:
     annotations = annotations_of(cronjob)
     config: LockConfig | None = None
     invalid: InvalidConfig | None = None
     enabled = False
+    rule: OptIn | Literal["invalid"] = "invalid"
     try:
-        enabled = is_enabled(cronjob)
+        rule = read_opt_in(cronjob, labelled)
+        enabled = rule in ("annotation", "namespace")
         if enabled:
             config = parse_config(cronjob, settings)
     except InvalidConfig as error:
@@ -157,6 +195,7 @@ def _read(cronjob: Mapping[str, Any], settings: Defaults) -> ConfigReading:
             alert_after_missed=config.alert_after_missed,
             lock=config.lock,
             policy=config.policy,
+            opt_in=rule,
         )
     try:
         alert_after = parse_alert_after(annotations)
@@ -181,4 +220,5 @@ def _read(cronjob: Mapping[str, Any], settings: Defaults) -> ConfigReading:
         alert_after_missed=missed,
         lock=annotations.get(contract.ANNOTATION_LOCK) or str(metadata.get("name", "")),
         policy=cast(Policy, policy) if policy in contract.POLICIES else "invalid",
+        opt_in=rule,
     )

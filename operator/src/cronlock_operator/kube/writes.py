@@ -144,6 +144,29 @@ class Kube:
                 if not token:
                     break
 
+    def labelled_namespaces(self) -> list[str]:
+        """The namespaces labelled cronlock.io/enabled=true (the API server filters);
+        a 403 is a Retry that names the grant or flag it needs."""
+        try:
+            return [
+                item["metadata"]["name"]
+                for item in self._list(
+                    "list namespaces",
+                    self.core.list_namespace,
+                    None,
+                    [],
+                    label_selector=contract.NAMESPACE_SELECTOR,
+                )
+            ]
+        except Retry as error:
+            if getattr(error.__cause__, "status", None) != 403:
+                raise
+            raise Retry(
+                "list namespaces: HTTP 403: namespace opt-in needs get, list and watch on "
+                "namespaces (the chart's namespaceOptIn grants them); or run the operator "
+                "with --no-namespace-opt-in"
+            ) from error
+
     def read_cronjob(self, namespace: str, name: str) -> dict[str, Any] | None:
         with transient_errors(f"get cronjob {namespace}/{name}"):
             try:

@@ -32,6 +32,7 @@ DUE_CHECK_SECONDS = 1.0
 # and the handlers' own `labels=` filters below stay as the same rule, applied again.
 JOB_SELECTOR = contract.LABEL_LOCK
 LEASE_SELECTOR = f"{contract.LABEL_MANAGED_BY}={contract.MANAGED_BY}"
+NAMESPACES = ("", "namespaces")
 SERVER_SIDE_SELECTORS = {
     ("batch", "jobs"): JOB_SELECTOR,
     ("coordination.k8s.io", "leases"): LEASE_SELECTOR,
@@ -87,7 +88,16 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
     )
     kube = Kube(api)
     memo.events = EventPoster(kube)
-    reconciler = Reconciler(kube, operator_settings, post_event=memo.events.post)
+    reconciler = Reconciler(
+        kube,
+        operator_settings,
+        post_event=memo.events.post,
+        watched_namespaces=frozenset(memo.namespaces),
+    )
+    if memo.namespace_opt_in:
+        # Before any CronJob is decided: its namespace's label is part of the decision.
+        # A 403 is a Retry naming the grant: kopf runs this start-up handler again.
+        await asyncio.to_thread(reconciler.load_labelled_namespaces)
     # The whole list first: the holder Roles are computed from every guarded CronJob in a
     # namespace, and a Role written from half a list would revoke live holders' access.
     await asyncio.to_thread(reconciler.kube.list_cronjobs, memo.namespaces, reconciler.cronjobs)
@@ -122,6 +132,19 @@ async def _check_due(reconciler: Reconciler, alive: Liveness = liveness.state) -
 @kopf.on.event("batch", "v1", "cronjobs")
 async def cronjob_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
     memo.reconciler.on_cronjob(event["type"], event["object"])
+
+
+def watch_namespaces() -> None:
+    """Namespace opt-in (`--namespace-opt-in`): watch the namespaces labelled
+    cronlock.io/enabled=true, the API server filtering. One that loses the label leaves the
+    selector, which the watch tells as DELETED, with the object as it is now: so no `labels=`
+    filter here, which would drop that event (on_namespace reads the label itself)."""
+    SERVER_SIDE_SELECTORS[NAMESPACES] = contract.NAMESPACE_SELECTOR
+    kopf.on.event("", "v1", "namespaces")(namespace_event)
+
+
+async def namespace_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
+    memo.reconciler.on_namespace(event["type"], event["object"])
 
 
 @kopf.on.event("batch", "v1", "jobs", labels={contract.LABEL_LOCK: kopf.PRESENT})

@@ -62,6 +62,8 @@ class Reconciler:
     kube: KubeCalls
     settings: OperatorSettings
     clock: Callable[[], float] = time.monotonic
+    # The namespaces the operator watches (empty: all).
+    watched_namespaces: frozenset[str] = frozenset()
     cronjobs: ObjectCache = field(default_factory=ObjectCache)
     jobs: ObjectCache = field(default_factory=ObjectCache)
     leases: ObjectCache = field(default_factory=ObjectCache)
@@ -155,6 +157,26 @@ class Reconciler:
             if other[0] == key[0] and other != key:
                 self.queue.add(CronJobKey(*other))
 
+    def on_namespace(self, kind: str | None, body: dict[str, Any]) -> None:
+        """A namespace labelled cronlock.io/enabled=true (the watch's selector), or one that
+        left the selector (DELETED: the label removed or changed, or the namespace gone).
+        A change re-decides every CronJob there: injected, or reverted."""
+        namespace = body["metadata"]["name"]
+        labels = body["metadata"].get("labels") or {}
+        labelled = kind != "DELETED" and labels.get(contract.LABEL_NAMESPACE_ENABLED) == "true"
+        if self.watched_namespaces and namespace not in self.watched_namespaces:
+            return  # outside the operator's namespaces: no CronJob of it is seen here
+        if not self.readings.set_labelled(namespace, labelled):
+            return
+        logger.info(
+            "namespace %s %s the label %s=true: deciding its CronJobs again",
+            namespace,
+            "has" if labelled else "no longer has",
+            contract.LABEL_NAMESPACE_ENABLED,
+        )
+        for key in self.cronjobs.keys_in(namespace):
+            self.queue.add(CronJobKey(*key))
+
     def on_job(self, kind: str | None, body: dict[str, Any]) -> None:
         key = name_of(body)
         if kind == "DELETED":
@@ -209,6 +231,14 @@ class Reconciler:
         return freeze is not None and freeze.until > datetime.datetime.now(datetime.UTC)
 
     # --- start-up ------------------------------------------------------------------
+    def load_labelled_namespaces(self) -> None:
+        """Which namespaces opt in, before the first CronJob is decided: without it, each
+        CronJob guarded by its namespace's label would be reverted at start, then injected
+        again."""
+        for namespace in self.kube.labelled_namespaces():
+            if not self.watched_namespaces or namespace in self.watched_namespaces:
+                self.readings.set_labelled(namespace, True)
+
     def load_leases(self, namespaces: Sequence[str]) -> None:
         """Fill the Lease cache before the first holder RBAC sync: a lock's users are read
         from its Lease, and an empty cache would grant every lock to whoever asks."""

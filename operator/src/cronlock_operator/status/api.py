@@ -337,20 +337,55 @@ class Collection:
         return coordination.list_namespaced_lease(self._namespace, **kwargs)
 
 
+def labelled_namespaces(cluster: Cluster, namespace: str | None) -> frozenset[str] | None:
+    """The namespaces labelled cronlock.io/enabled=true (of `namespace` alone, when given);
+    None when the credentials may not read namespaces (403): many who may read CronJobs
+    may not."""
+    selector = contract.NAMESPACE_SELECTOR
+    if namespace is not None:
+        selector += f",kubernetes.io/metadata.name={namespace}"
+    core = kubernetes.client.CoreV1Api(cluster.api)
+    try:
+        with _refusal(cluster, "list namespaces"):
+            answer = core.list_namespace(label_selector=selector, _preload_content=False)
+            items = json.loads(answer.data).get("items") or []
+    except Unavailable as error:
+        if not isinstance(error.__cause__, kubernetes.client.ApiException):
+            raise
+        if error.__cause__.status != 403:
+            raise
+        return None
+    return frozenset(str(metadata_of(item).get("name", "")) for item in items)
+
+
 def fetch(
     cluster: Cluster, namespace: str | None, selector: str = ""
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], frozenset[str] | None]:
     """The guarded CronJobs in `namespace` (None: every namespace) matching the label
-    `selector`, and cronlock's Leases there (none listed when no CronJob is guarded)."""
-    cronjobs = [
-        item
-        for item in Collection(cluster, "cronjobs", namespace, selector).list().items
-        if annotations_of(item).get(contract.ANNOTATION_ENABLED) == "true"
-    ]
+    `selector`: annotated enabled=true, or in a namespace labelled so and not annotated;
+    cronlock's Leases there (none listed when no CronJob is guarded); and the labelled
+    namespaces, read only when a CronJob without the annotation was listed (None when the
+    credentials may not read namespaces)."""
+    listed = Collection(cluster, "cronjobs", namespace, selector).list().items
+    labelled: frozenset[str] | None = frozenset()
+    if any(unannotated(item) for item in listed):
+        labelled = labelled_namespaces(cluster, namespace)
+    cronjobs = [item for item in listed if _guarded(item, labelled or frozenset())]
     if not cronjobs:
-        return [], []
+        return [], [], labelled
     leases = Collection(cluster, "leases", namespace, LEASE_SELECTOR).list().items
-    return cronjobs, leases
+    return cronjobs, leases, labelled
+
+
+def unannotated(cronjob: dict[str, Any]) -> bool:
+    """Without cronlock.io/enabled: its namespace's label decides."""
+    return contract.ANNOTATION_ENABLED not in annotations_of(cronjob)
+
+
+def _guarded(cronjob: dict[str, Any], labelled: frozenset[str]) -> bool:
+    value = annotations_of(cronjob).get(contract.ANNOTATION_ENABLED)
+    in_labelled = metadata_of(cronjob).get("namespace") in labelled
+    return value == "true" or (value is None and in_labelled)
 
 
 def follow(

@@ -29,6 +29,8 @@ from cronlock_operator.status.api import (
     connect,
     fetch,
     follow,
+    labelled_namespaces,
+    unannotated,
 )
 from cronlock_operator.status.model import (
     EXIT_OK,
@@ -76,7 +78,8 @@ def parser(prog: str = "cronlock") -> argparse.ArgumentParser:
         "status",
         help="show who holds each guarded CronJob's lock",
         description=(
-            "Show every CronJob annotated cronlock.io/enabled=true with its Lease. Exit 0 when "
+            "Show every guarded CronJob (annotated cronlock.io/enabled=true, or in a namespace "
+            "labelled so) with its Lease and the rule that guards it (-o wide). Exit 0 when "
             "all is well, 1 when a Lease is expired but still held or a CronJob reached its "
             "cronlock.io/alert-after consecutive skips, 2 on usage errors, 69 when the API "
             "server is unreachable or refuses."
@@ -301,7 +304,7 @@ def _watch(cluster: Cluster, namespace: str | None, view: View, prog: str) -> in
         except queue.Empty:
             return None
 
-    screen = _Screen(namespace, view, prog)
+    screen = _Screen(namespace, view, prog, lambda: labelled_namespaces(cluster, namespace))
     try:
         _redraw(next_change, screen.draw)
     except KeyboardInterrupt:
@@ -347,12 +350,21 @@ class _Screen:
     """One redraw of --watch: a header and the table, or the API's failure in its place;
     with -o json one List a line, and failures on stderr."""
 
-    def __init__(self, namespace: str | None, view: View, prog: str) -> None:
+    def __init__(
+        self,
+        namespace: str | None,
+        view: View,
+        prog: str,
+        labels: Callable[[], frozenset[str] | None] | None = None,
+    ) -> None:
         self.namespace = namespace
         self.view = view
         self.prog = prog
         # Each CronJob's reading, kept between redraws (a version is read once).
         self.readings = Readings()
+        # Which namespaces are labelled, read once, at the first draw that lists a CronJob
+        # without the annotation (a label changed later shows in the next `--watch`).
+        self.labels = labels
         json_lines = view.output == "json"
         self.clear = "\x1b[H\x1b[2J" if sys.stdout.isatty() and not json_lines else ""
 
@@ -366,14 +378,35 @@ class _Screen:
                 return
             screen = f"{self.prog}: {mirror.failure}"
         else:
-            status_rows = rows(
-                mirror.cronjobs(), mirror.leases(), datetime.now(UTC), readings=self.readings
-            )
+            cronjobs = mirror.cronjobs()
+            if self.labels is not None and any(unannotated(item) for item in cronjobs):
+                labels, self.labels = self.labels, None
+                try:
+                    labelled = _readable(labels(), self.prog)
+                except Unavailable as error:
+                    print(f"{self.prog}: {error}", file=sys.stderr, flush=True)
+                    labelled = frozenset()
+                self.readings = Readings(labelled=labelled)
+            status_rows = rows(cronjobs, mirror.leases(), datetime.now(UTC), readings=self.readings)
             screen = _render(status_rows, self.namespace, self.view, compact=True)
         stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
         header = "" if output == "json" else f"Every {WATCH_INTERVAL_SECONDS:g}s: {stamp}\n\n"
         sys.stdout.write(f"{self.clear}{header}{screen}\n")
         sys.stdout.flush()
+
+
+def _readable(labelled: frozenset[str] | None, prog: str) -> frozenset[str]:
+    """The namespaces that opt their CronJobs in by label; none, and one line on stderr
+    saying so, when the credentials may not read namespaces (None)."""
+    if labelled is None:
+        print(
+            f"{prog}: cannot read namespaces (forbidden): only CronJobs annotated "
+            f"{contract.ANNOTATION_ENABLED}=true are shown, not those guarded by their "
+            "namespace's label",
+            file=sys.stderr,
+        )
+        return frozenset()
+    return labelled
 
 
 def _pause(seconds: float) -> None:
@@ -390,8 +423,9 @@ def _snapshot(
     """The rows now; with `read` (--read-stores) a lock in Redis or PostgreSQL is read from
     its store where the credentials may read its Secret (status/stores.py), else noted on
     stderr. Without it such rows stay in-store and one line says how to read them."""
-    cronjobs, leases = fetch(cluster, namespace, selector)
-    status_rows = rows(cronjobs, leases, datetime.now(UTC))
+    cronjobs, leases, labelled = fetch(cluster, namespace, selector)
+    readings = Readings(labelled=_readable(labelled, prog))
+    status_rows = rows(cronjobs, leases, datetime.now(UTC), readings=readings)
     wanted = [StoredLock(*each) for each in stored_locks(status_rows)]
     if not wanted:
         return status_rows
@@ -412,7 +446,7 @@ def _snapshot(
     reading = read_stores(cluster.api, wanted, say)
     for note in reading.notes:
         print(f"{prog}: {printable(note)}", file=sys.stderr)
-    return rows(cronjobs, leases, datetime.now(UTC), stored=reading.documents)
+    return rows(cronjobs, leases, datetime.now(UTC), stored=reading.documents, readings=readings)
 
 
 def _render(
@@ -441,4 +475,7 @@ def _render(
 
 def _nothing_found(namespace: str | None) -> str:
     where = "any namespace" if namespace is None else f"namespace {namespace}"
-    return f"No guarded CronJobs (annotated {contract.ANNOTATION_ENABLED}=true) in {where}."
+    return (
+        f"No guarded CronJobs (annotated {contract.ANNOTATION_ENABLED}=true, or in a namespace "
+        f"labelled so) in {where}."
+    )

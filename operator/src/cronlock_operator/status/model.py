@@ -62,6 +62,9 @@ class StatusRow:
     # and the Secret whose key `url` reaches the store.
     store: str = "lease"
     store_secret: str | None = None
+    # The rule that guards it: "annotation" (its own cronlock.io/enabled) or "namespace"
+    # (its namespace's label cronlock.io/enabled=true).
+    guarded_by: str = "annotation"
 
     @property
     def renewed_seconds_ago(self) -> float | None:
@@ -88,7 +91,8 @@ def rows(
     stored: Mapping[tuple[str, str], Mapping[str, Any]] | None = None,
     readings: Readings | None = None,
 ) -> list[StatusRow]:
-    """A row per guarded CronJob (annotated enabled=true), sorted by namespace and name.
+    """A row per guarded CronJob (annotated enabled=true, or in a namespace `readings` knows
+    as labelled so and not annotated "false"), sorted by namespace and name.
 
     `stored`: the documents of locks kept in Redis or PostgreSQL, by (namespace, lease),
     as read from their stores (status/stores.py); a lock missing there is `in-store`.
@@ -204,6 +208,7 @@ def _row(
         next_run=missed.next_run(cronjob, now),
         store=store,
         store_secret=config.store_secret if config is not None else None,
+        guarded_by=reading.opt_in,
     )
 
 

@@ -117,6 +117,7 @@ _COLUMNS: Final = (
 _WIDE_COLUMNS: Final = (
     *_COLUMNS,
     _Column("STATE", lambda row: row.state),
+    _Column("GUARDED BY", lambda row: row.guarded_by),
     _Column("STORE", lambda row: row.store),
     _Column("POLICY", lambda row: row.policy),
     _Column(
@@ -240,6 +241,7 @@ def json_row(row: StatusRow) -> dict[str, Any]:
         "lock": row.lock,
         "lease": row.lease,
         "store": row.store,
+        "guardedBy": row.guarded_by,
         "policy": row.policy,
         "state": row.state,
         "holder": row.holder,
