@@ -172,6 +172,52 @@ def test_warnings_alone_pass_unless_strict(
     assert (code, strict_lines) == (1, lines)
 
 
+def test_a_labelled_namespace_in_the_files_guards_its_cronjobs_and_guards_says_which_rule(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A Namespace labelled cronlock.io/enabled=true among the files (or named by
+    --labelled-namespace) guards its CronJobs without the annotation: checked as the
+    operator checks them (here a bad ttl), and --guards says which rule guards each."""
+    namespace = {
+        "apiVersion": "v1",
+        "kind": "Namespace",
+        "metadata": {"name": "team-a", "labels": {"cronlock.io/enabled": "true"}},
+    }
+    bad = make_cronjob(name="bad", annotations={"cronlock.io/ttl": "soon"})
+    out = make_cronjob(name="out", annotations={"cronlock.io/enabled": "false"})
+    other = make_cronjob(name="other", namespace="team-b", annotations={"cronlock.io/ttl": "9m"})
+    path = str(write(tmp_path / "team.yaml", namespace, bad, out, other))
+
+    code, lines, _ = lint([path], capsys)
+    assert code == 1
+    assert_findings(
+        lines,
+        path,
+        [
+            (line_of(path, "cronlock.io/ttl: soon"), "error", "team-a/bad", "cronlock.io/ttl"),
+            (
+                line_of(path, "cronlock.io/ttl: 9m"),
+                "warning",
+                "team-b/other",
+                "has cronlock.io/ttl",
+            ),
+        ],
+    )
+    code, lines, _ = lint(["--guards", "--labelled-namespace", "team-b", path], capsys)
+    assert code == 1
+    info = [line.split(": info: ", 1)[1] for line in lines if ": info: " in line]
+    assert info == [
+        "CronJob team-a/bad: guarded by its namespace's label cronlock.io/enabled=true",
+        'CronJob team-a/out: not guarded: annotated cronlock.io/enabled: "false"',
+        "CronJob team-b/other: guarded by its namespace's label cronlock.io/enabled=true",
+    ]
+    # Info lines are not problems, not even under --strict.
+    fine = str(write(tmp_path / "fine.yaml", make_cronjob()))
+    code, lines, _ = lint(["--guards", "--strict", fine], capsys)
+    assert code == 0
+    assert lines[0].endswith("CronJob team-a/report: guarded by its annotation cronlock.io/enabled")
+
+
 def test_json_output(capsys: pytest.CaptureFixture[str]) -> None:
     code = cli.main(["lint", "-o", "json", str(STREAM)])
     findings = json.loads(capsys.readouterr().out)

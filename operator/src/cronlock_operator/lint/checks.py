@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
-from cronlock_operator.cronjob.reading import read_config
+from cronlock_operator.cronjob.reading import Readings, read_config
 from cronlock_operator.leases.ownership import new_lease, owner_reference
 from cronlock_operator.leases.sharing import consent
 from cronlock_operator.lint.documents import Manifest
@@ -21,7 +21,8 @@ from cronlock_operator.reconcile.cronjobs import LEFT_AS_IT_WAS, decide
 from cronlock_operator.settings import OperatorSettings
 from cronlock_sidecar import contract
 
-Severity = Literal["error", "warning"]
+# "info": what `--guards` asks for, never a problem.
+Severity = Literal["error", "warning", "info"]
 
 # The Event reason the reconciler posts for a config it refuses; any other it posts warns.
 REFUSED: Final = "InvalidConfig"
@@ -56,14 +57,51 @@ def is_cronjob(body: Mapping[str, Any]) -> bool:
     return body.get("kind") == "CronJob" and str(body.get("apiVersion", "")).startswith("batch/")
 
 
+# What `--guards` says of each CronJob, by its reading's rule (config.opt_in).
+GUARD_RULES: Final = {
+    "annotation": f"guarded by its annotation {contract.ANNOTATION_ENABLED}",
+    "namespace": f"guarded by its namespace's label {contract.LABEL_NAMESPACE_ENABLED}=true",
+    "opted-out": f'not guarded: annotated {contract.ANNOTATION_ENABLED}: "false"',
+    "off": "not guarded: neither annotated nor in a labelled namespace",
+    "invalid": f"not guarded: {contract.ANNOTATION_ENABLED} is invalid",
+}
+
+
+def is_labelled_namespace(body: Mapping[str, Any]) -> str | None:
+    """The name of a Namespace object labelled cronlock.io/enabled=true, else None."""
+    if body.get("kind") != "Namespace" or body.get("apiVersion") != "v1":
+        return None
+    metadata = body.get("metadata")
+    if not isinstance(metadata, Mapping) or not isinstance(metadata.get("labels"), Mapping):
+        return None
+    if metadata["labels"].get(contract.LABEL_NAMESPACE_ENABLED) != "true":
+        return None
+    return str(metadata.get("name") or "") or None
+
+
 def check(
-    manifests: Iterable[Manifest], settings: OperatorSettings, namespace: str = "default"
+    manifests: Iterable[Manifest],
+    settings: OperatorSettings,
+    namespace: str = "default",
+    labelled: Iterable[str] = (),
+    *,
+    guards: bool = False,
 ) -> list[Finding]:
     """Findings on every CronJob of `manifests`, in their order; objects without a
-    namespace are in `namespace`, as with `kubectl apply -n`."""
+    namespace are in `namespace`, as with `kubectl apply -n`. A CronJob without the
+    annotation is guarded in a `labelled` namespace or one whose Namespace object among
+    `manifests` is labelled cronlock.io/enabled=true; `guards` adds an info finding per
+    CronJob saying which rule guards it."""
+    manifests = list(manifests)
     findings: list[Finding] = []
     cronjobs: dict[str, dict[str, Mapping[str, Any]]] = {}  # namespace -> name -> body
     groups: dict[tuple[str, str], list[_Guarded]] = {}
+    readings = Readings(
+        labelled={
+            *labelled,
+            *(name for m in manifests if (name := is_labelled_namespace(m.body)) is not None),
+        }
+    )
     for manifest in manifests:
         if not is_cronjob(manifest.body):
             continue
@@ -79,11 +117,15 @@ def check(
                 )
             )
             continue
-        found = _check_one(manifest, body, settings)
+        found = _check_one(manifest, body, settings, readings)
         findings.extend(found)
         metadata = body["metadata"]
         cronjobs.setdefault(metadata["namespace"], {})[metadata["name"]] = body
-        config = read_config(body, settings).config
+        reading = read_config(body, settings, readings)
+        if guards:
+            rule = GUARD_RULES[reading.opt_in]
+            findings.append(_finding(manifest, contract.ANNOTATION_ENABLED, "info", rule))
+        config = reading.config
         if config is not None and not any(f.severity == "error" for f in found):
             groups.setdefault((metadata["namespace"], config.lock), []).append(
                 _Guarded(manifest, body, config.lock, config.ttl_seconds)
@@ -94,7 +136,7 @@ def check(
 
 
 def _check_one(
-    manifest: Manifest, body: Mapping[str, Any], settings: OperatorSettings
+    manifest: Manifest, body: Mapping[str, Any], settings: OperatorSettings, readings: Readings
 ) -> list[Finding]:
     annotations: Mapping[str, Any] = body["metadata"].get("annotations") or {}
     if not isinstance(annotations, Mapping):
@@ -123,6 +165,7 @@ def _check_one(
             cached_lease=lambda _: None,
             granted=(),
             posted={},
+            readings=readings,
         )
     except (KeyError, TypeError, AttributeError) as error:
         return [
@@ -145,7 +188,8 @@ def _check_one(
             findings.append(_finding(manifest, annotation, "error", text))
         else:
             findings.append(_finding(manifest, WARNING_ANNOTATIONS.get(reason), "warning", message))
-    if contract.ANNOTATION_ENABLED not in annotations:
+    in_labelled = readings.labelled(str(body["metadata"]["namespace"]))
+    if contract.ANNOTATION_ENABLED not in annotations and not in_labelled:
         settings_named = [
             key
             for key in annotations

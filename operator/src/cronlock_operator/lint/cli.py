@@ -30,7 +30,9 @@ def add_parser(commands: Any) -> None:
         "lint",
         help="check CronJob manifests with the operator's own rules, without a cluster",
         description=(
-            "Check every CronJob annotated cronlock.io/enabled=true in the files, directories "
+            "Check every CronJob annotated cronlock.io/enabled=true, or in a namespace labelled "
+            "so (a Namespace object in the files, or --labelled-namespace), in the files, "
+            "directories "
             "(*.yaml, *.yml; Helm chart templates are skipped: lint `helm template` output) "
             "or standard input (-) with the operator's own rules, and CronJobs of one "
             "namespace sharing a lock for the consent it needs. Prints FILE:LINE: SEVERITY: "
@@ -42,6 +44,20 @@ def add_parser(commands: Any) -> None:
         "paths", nargs="+", metavar="FILE|DIR|-", help="manifests; - reads standard input"
     )
     lint.add_argument("--strict", action="store_true", help="exit 1 on warnings too")
+    lint.add_argument(
+        "--labelled-namespace",
+        action="append",
+        default=[],
+        metavar="NAMESPACE",
+        help="a namespace labelled cronlock.io/enabled=true in the cluster (repeatable); "
+        "Namespace objects so labelled in the files count too",
+    )
+    lint.add_argument(
+        "--guards",
+        action="store_true",
+        help="also print, for each CronJob, the rule that guards it (its annotation or its "
+        "namespace's label) or why it is not guarded, as info lines",
+    )
     lint.add_argument(
         "-o", "--output", choices=("text", "json"), default="text", help="text or json"
     )
@@ -96,7 +112,9 @@ def run(args: argparse.Namespace, prog: str) -> int:
         except (OSError, UnicodeDecodeError) as error:
             print(f"{prog} lint: error: {path}: {_reason(error)}", file=sys.stderr)
             failed = True
-    findings.extend(check(manifests, settings, args.namespace))
+    findings.extend(
+        check(manifests, settings, args.namespace, args.labelled_namespace, guards=args.guards)
+    )
     order = {shown: index for index, shown in reversed(list(enumerate(shown_paths)))}
     findings.sort(key=lambda f: (order[f.path], f.line))
     if args.output == "json":
@@ -106,7 +124,7 @@ def run(args: argparse.Namespace, prog: str) -> int:
             print(finding)
     if failed:
         return EXIT_USAGE
-    if any(f.severity == "error" or args.strict for f in findings):
+    if any(f.severity == "error" or (args.strict and f.severity == "warning") for f in findings):
         return EXIT_PROBLEMS
     return EXIT_CLEAN
 
