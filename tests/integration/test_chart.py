@@ -54,6 +54,8 @@ GRANTED: dict[tuple[str, str], set[str]] = {
     ("", "events"): {"create"},
 }
 VERBS = ("get", "list", "watch", "create", "update", "patch", "delete", "deletecollection")
+# Cluster-wide, for namespace opt-in (values: namespaceOptIn, on by default): read only.
+NAMESPACES_GRANTED = {"get", "list", "watch"}
 # (verb, group, resource, namespaced): what a compromised operator must not be able to do.
 REFUSED = [
     ("list", "", "secrets", True),
@@ -71,7 +73,8 @@ REFUSED = [
     ("patch", "rbac.authorization.k8s.io", "rolebindings", True),
     ("create", "events.k8s.io", "events", True),
     ("update", "apps", "deployments", True),
-    ("list", "", "namespaces", False),
+    ("patch", "", "namespaces", False),
+    ("delete", "", "namespaces", False),
     ("create", "rbac.authorization.k8s.io", "clusterroles", False),
     ("create", "rbac.authorization.k8s.io", "clusterrolebindings", False),
     ("list", "apiextensions.k8s.io", "customresourcedefinitions", False),
@@ -90,6 +93,7 @@ NON_DEFAULT: dict[str, Any] = {
         "pullPolicy": "Always",
     },
     "watchNamespaces": ["team-a", "team-b"],
+    "namespaceOptIn": False,
     "defaults": {"ttl": "2m", "renew": "30s", "policy": "wait"},
     "logFormat": "json",
     "metrics": {"port": 9090},
@@ -1098,12 +1102,33 @@ def test_the_servicemonitor_is_rendered_only_when_enabled_and_its_api_is_served(
 def test_watch_namespaces_swap_the_cluster_role_binding_for_role_bindings(
     controlplane: ControlPlane,
 ) -> None:
+    """The namespaced grants; the read of namespaces (namespaceOptIn) is cluster-wide in
+    both, bound on its own, and gone with namespaceOptIn=false."""
     cluster = render(controlplane)
     scoped = render(controlplane, "--set-json", 'watchNamespaces=["team-a","team-b"]')
+    scoped_only = render(
+        controlplane,
+        "--set-json",
+        'watchNamespaces=["team-a","team-b"]',
+        "--set",
+        "namespaceOptIn=false",
+    )
 
-    assert kinds(cluster).count("ClusterRoleBinding") == 1
+    def cluster_bindings(docs: list[dict[str, Any]]) -> list[str]:
+        return sorted(d["roleRef"]["name"] for d in docs if d["kind"] == "ClusterRoleBinding")
+
+    assert cluster_bindings(cluster) == ["cronlock-default", "cronlock-default-namespaces"]
     assert "RoleBinding" not in kinds(cluster)
-    assert "ClusterRoleBinding" not in kinds(scoped)
+    assert cluster_bindings(scoped) == ["cronlock-default-namespaces"]
+    assert "ClusterRoleBinding" not in kinds(scoped_only)
+    [reads] = [
+        d
+        for d in scoped
+        if d["kind"] == "ClusterRole" and d["metadata"]["name"].endswith("-namespaces")
+    ]
+    assert reads["rules"] == [
+        {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["get", "list", "watch"]}
+    ]
     bindings = [doc for doc in scoped if doc["kind"] == "RoleBinding"]
     assert sorted(doc["metadata"]["namespace"] for doc in bindings) == ["team-a", "team-b"]
     assert {doc["roleRef"]["kind"] for doc in bindings} == {"ClusterRole"}
@@ -1435,6 +1460,8 @@ def test_the_service_account_may_do_exactly_what_the_operator_does_everywhere(
         ("coordination.k8s.io", "leases"),
     ):
         assert can(client, "watch", group, resource)
+    for verb in VERBS:
+        assert can(client, verb, "", "namespaces") == (verb in NAMESPACES_GRANTED), verb
     for verb, group, resource, namespaced in REFUSED:
         where = {"namespace": namespace} if namespaced else {}
         assert not can(client, verb, group, resource, **where), f"{verb} {group}/{resource}"
@@ -1447,8 +1474,10 @@ def test_with_watch_namespaces_the_service_account_may_act_only_there(
     extra_namespace: Callable[[], str],
     service_account_kubeconfig: ServiceAccountKubeconfig,
 ) -> None:
+    """And with namespaceOptIn off, nothing cluster-scoped at all: not even reading
+    namespaces."""
     other = extra_namespace()
-    release = install({"watchNamespaces": [namespace, other]})
+    release = install({"watchNamespaces": [namespace, other], "namespaceOptIn": False})
     client = controlplane.api_client(service_account_kubeconfig(namespace, f"{release}-cronlock"))
 
     for (group, resource), verbs in GRANTED.items():
@@ -1458,6 +1487,8 @@ def test_with_watch_namespaces_the_service_account_may_act_only_there(
                 assert allowed == (verb in verbs), f"{verb} {group}/{resource} in {space}"
             assert not can(client, verb, group, resource, namespace="unwatched")
         assert not can(client, "list", group, resource)  # cluster-wide
+    for verb in VERBS:
+        assert not can(client, verb, "", "namespaces"), verb
     for verb, group, resource, namespaced in REFUSED:
         where = {"namespace": namespace} if namespaced else {}
         assert not can(client, verb, group, resource, **where), f"{verb} {group}/{resource}"
