@@ -53,14 +53,14 @@ unit: $(STAMP)
 	$(VENV)/bin/pytest tests/unit
 
 integration: $(STAMP) builds
-	CRONLOCK_IMAGES_DIR=$(IMAGES_DIR) $(VENV)/bin/pytest tests/integration
+	CRONLOCK_IMAGES_DIR=$(IMAGES_DIR) $(VENV)/bin/pytest tests/integration tests/longwatch
 
 e2e: $(STAMP) builds
 	CRONLOCK_IMAGES_DIR=$(IMAGES_DIR) $(VENV)/bin/pytest tests/e2e
 
 # Everything CI runs: lint, types, and all three rings of tests, once everything is built;
 # the rings run side by side, each pytest process with its own control plane
-# (tests/rings.py: unit+integration beside e2e, logs in .testenv/rings/).
+# (tests/rings.py: unit+integration and longwatch beside e2e, logs in .testenv/rings/).
 # Ends with its own time in all, set-up included.
 test:
 	@start=$$(date +%s); \

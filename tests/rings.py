@@ -34,9 +34,12 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # Which testpaths share a process. unit and integration run one after the other in one
 # process (unit needs no control plane, and alone it ends in about two minutes), beside the
-# e2e ring, the longest.
+# e2e ring, the longest. The longwatch ring holds the API-server tests that mostly watch a
+# long window go by (test_neighbours' five quiet minutes): in a process of their own they
+# wait beside the others instead of in the unit+integration ring's line.
 RINGS: dict[str, tuple[str, ...]] = {
     "unit+integration": ("tests/unit", "tests/integration"),
+    "longwatch": ("tests/longwatch",),
     "e2e": ("tests/e2e",),
 }
 # Shell commands a ring runs, in its own log, before its pytest starts (a failing one fails

@@ -1,7 +1,7 @@
 """The local control plane is real: Leases, RBAC and the Job controller work.
 
 That its CronJob controller starts Jobs on schedule is shown where a test waits out real
-minute ticks anyway: tests/integration/test_neighbours.py (a Job of the CronJob's at each
+minute ticks anyway: tests/longwatch/test_neighbours.py (a Job of the CronJob's at each
 tick of its 5-minute window), and on the node the e2e ring's tick tests."""
 
 from __future__ import annotations
