@@ -9,7 +9,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-steps node-builds checks test-compat lint typecheck unit integration e2e benchmarks controlplane builds images image release up down lock chart-readme clean
+.PHONY: demo test test-steps node-builds checks test-compat lint typecheck unit integration e2e benchmarks controlplane builds images image release krew up down lock chart-readme clean
 
 $(STAMP): requirements-dev.lock pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -143,14 +143,18 @@ endif
 chart-readme:
 	charts/readme
 
-# A release: the images for amd64 and arm64 as image indexes, pushed, and the chart as
-# an OCI artifact that names them by digest (hack/release says what goes where):
+# A release: the images for amd64 and arm64 as image indexes, pushed, the chart as an
+# OCI artifact that names them by digest, and the krew plugin in dist/ (hack/krew;
+# `make krew` builds it alone) (hack/release says what goes where):
 #   make release REGISTRY=ghcr.io/cronlock [VERSION=x.y.z] [PLATFORMS=linux/amd64,linux/arm64]
 # arm64 builds under emulation (on Debian, as root: tests/controlplane/emulation arm64;
 # the release workflow: setup-qemu-action). `make test` releases the host's platform alone.
 PLATFORMS ?= linux/amd64,linux/arm64
 release:
 	PLATFORMS=$(PLATFORMS) hack/release
+
+krew: $(STAMP)
+	$(PY) hack/krew
 
 # Regenerate the hash-pinned lock files after changing dependencies in pyproject.toml.
 lock:

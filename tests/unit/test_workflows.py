@@ -122,7 +122,7 @@ def test_only_jobs_in_the_protected_release_environment_get_write_rights() -> No
                     environment = environment.get("name")
                 assert environment == "release", f"{name}: job {job_name} writes ungated"
                 publishing.append(job_name)
-    assert publishing == ["release"]
+    assert publishing == ["release", "github-release"]
 
 
 def test_the_release_builds_and_starts_arm64_which_make_test_does_not() -> None:
