@@ -127,3 +127,28 @@ def test_the_operators_token_reads_namespaces_and_writes_none(
     with pytest.raises(kubernetes.client.ApiException) as refused:
         core.delete_namespace(namespace)
     assert refused.value.status == 403
+
+
+def test_an_operator_watching_named_namespaces_follows_their_labels_alone(
+    api: kubernetes.client.ApiClient, namespace: str, operator: OperatorProcess
+) -> None:
+    """With `--namespace` (the chart's watchNamespaces) kopf watches CronJobs per
+    namespace, and namespaces, cluster-scoped, still through the one label-selected watch:
+    a labelled namespace it does not watch changes nothing."""
+    other = f"{namespace[:50]}-x"
+    kubernetes.client.CoreV1Api(api).create_namespace({"metadata": {"name": other}})
+    try:
+        operator.args = ["--namespace", namespace]
+        operator.restart()
+        create(api, namespace, "plain")
+        create(api, other, "plain")
+        label(api, namespace, "true")
+        label(api, other, "true")
+        wait_injected(api, namespace, "plain")
+        create(api, namespace, "own", **{LABEL: "true"})
+        wait_injected(api, namespace, "own")  # by now the other namespace was seen too
+        assert not has_sidecar(read(api, other, "plain"))
+    finally:
+        operator.args = []
+        operator.restart()
+        kubernetes.client.CoreV1Api(api).delete_namespace(other)
