@@ -207,8 +207,9 @@ class LockConfig:
         return self.timing.renew_deadline
 
 
-# Which rule decides whether a CronJob is guarded (`opt_in`).
+# Which rule decides whether a CronJob is guarded (`opt_in`), and the ones that guard it.
 OptIn = Literal["annotation", "namespace", "opted-out", "off"]
+GUARDING: Final[frozenset[OptIn]] = frozenset({"annotation", "namespace"})
 
 
 def opt_in(cronjob: Mapping[str, Any], namespace_labelled: bool = False) -> OptIn:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Final, Literal, cast
 
 from cronlock_operator.cronjob.config import (
+    GUARDING,
     Defaults,
     InvalidConfig,
     LockConfig,
@@ -178,7 +179,7 @@ def _read(cronjob: Mapping[str, Any], settings: Defaults, labelled: bool) -> Con
     rule: OptIn | Literal["invalid"] = "invalid"
     try:
         rule = read_opt_in(cronjob, labelled)
-        enabled = rule in ("annotation", "namespace")
+        enabled = rule in GUARDING
         if enabled:
             config = parse_config(cronjob, settings)
     except InvalidConfig as error:

@@ -15,6 +15,7 @@ import kubernetes
 import urllib3
 import yaml
 
+from cronlock_operator.cronjob.config import GUARDING, InvalidConfig, opt_in
 from cronlock_operator.kube import client
 from cronlock_operator.objects import annotations_of, metadata_of
 from cronlock_operator.status.model import Change, Kind
@@ -383,9 +384,11 @@ def unannotated(cronjob: dict[str, Any]) -> bool:
 
 
 def _guarded(cronjob: dict[str, Any], labelled: frozenset[str]) -> bool:
-    value = annotations_of(cronjob).get(contract.ANNOTATION_ENABLED)
-    in_labelled = metadata_of(cronjob).get("namespace") in labelled
-    return value == "true" or (value is None and in_labelled)
+    """The operator's rule (config.opt_in); a bad cronlock.io/enabled value guards nothing."""
+    try:
+        return opt_in(cronjob, metadata_of(cronjob).get("namespace") in labelled) in GUARDING
+    except InvalidConfig:
+        return False
 
 
 def follow(
