@@ -25,7 +25,7 @@ from cronlock_operator.cronjob.config import (
     parse_config,
     parse_flag,
 )
-from cronlock_operator.cronjob.config import opt_in as read_opt_in
+from cronlock_operator.cronjob.config import opt_in as read_opt_in  # `opt_in` is a field here
 from cronlock_operator.cronjob.policies import Policy
 from cronlock_operator.objects import annotations_of
 from cronlock_sidecar import contract

@@ -164,7 +164,7 @@ class Reconciler:
         namespace = body["metadata"]["name"]
         labels = body["metadata"].get("labels") or {}
         labelled = kind != "DELETED" and labels.get(contract.LABEL_NAMESPACE_ENABLED) == "true"
-        if self.watched_namespaces and namespace not in self.watched_namespaces:
+        if not self._watches(namespace):
             return  # outside the operator's namespaces: no CronJob of it is seen here
         if not self.readings.set_labelled(namespace, labelled):
             return
@@ -236,8 +236,11 @@ class Reconciler:
         CronJob guarded by its namespace's label would be reverted at start, then injected
         again."""
         for namespace in self.kube.labelled_namespaces():
-            if not self.watched_namespaces or namespace in self.watched_namespaces:
+            if self._watches(namespace):
                 self.readings.set_labelled(namespace, True)
+
+    def _watches(self, namespace: str) -> bool:
+        return not self.watched_namespaces or namespace in self.watched_namespaces
 
     def load_leases(self, namespaces: Sequence[str]) -> None:
         """Fill the Lease cache before the first holder RBAC sync: a lock's users are read
