@@ -36,6 +36,15 @@ HOST_ARCH = subprocess.run(
 ).stdout.strip()
 # What tests/controlplane/images --release publishes: the host's platform unless told more.
 PLATFORMS = set((os.environ.get("CRONLOCK_RELEASE_PLATFORMS") or f"linux/{HOST_ARCH}").split(","))
+# Where tests/controlplane/images --release has hack/release write its files.
+RELEASE_DIST = (
+    Path(
+        os.environ.get("CRONLOCK_CACHE_DIR")
+        or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "cronlock"
+    )
+    / "images"
+    / "dist"
+)
 # ELF e_machine of each architecture's programs.
 MACHINES = {"amd64": 0x3E, "arm64": 0xB7}
 RESTRICTED_CONTAINER = {
@@ -143,6 +152,12 @@ def test_the_registry_holds_the_release_as_image_indexes_and_a_chart(
     # values table gives the defaults the package has, the images by digest.
     assert f'`"{operator_digest}"`' in readme.stdout, readme.stdout
     assert f'`"{stores_digest}"`' in readme.stdout
+    # install.yaml for the GitHub release: the package rendered, every image by digest, so
+    # Kustomize's images: may rename them (tests/integration/test_kustomize.py).
+    install = (RELEASE_DIST / "install.yaml").read_text()
+    assert f"chart: cronlock-{VERSION}" in install
+    for ref in published["images"].values():
+        assert f'"{ref}"' in install, ref
 
 
 @pytest.mark.timeout(900)

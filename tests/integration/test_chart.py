@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from cronlock_operator import cli as operator_cli
+from cronlock_operator.settings import images_from
 from tests.support.controlplane import ControlPlane, ServiceAccountKubeconfig
 from tests.support.kube import run_tool, wait_for
 from tests.support.operator import kube_version
@@ -791,16 +792,15 @@ def test_one_image_registry_moves_every_image_and_the_policy_follows(
     [deployment] = [doc for doc in docs if doc["kind"] == "Deployment"]
     [operator] = deployment["spec"]["template"]["spec"]["containers"]
     assert operator["image"] == f"{mirror}/cronlock/cronlock:{kube_chart_version()}"
-    env = {item["name"]: item.get("value") for item in operator.get("env") or []}
     sidecar = f"{mirror}/cronlock/cronlock-sidecar:{kube_chart_version()}"
     stores = f"{mirror}/cronlock/cronlock-sidecar-stores@{digest}"
-    assert sidecar in env.values(), env
-    assert stores in env.values(), env
-    # The CEL of the operator's policy compares the injected images with these strings.
+    assert images_from(deployment) == (sidecar, stores)
+    # The CEL of the operator's policy compares the injected images with these: the one by
+    # tag exactly, the one by digest by its digest.
     policies = [doc for doc in docs if doc["kind"] == "ValidatingAdmissionPolicy"]
     admitted = "\n".join(strings(policies))
-    assert f'"{sidecar}"' in admitted
-    assert f'"{stores}"' in admitted
+    assert f'== "{sidecar}"' in admitted
+    assert f'.matches("^[^@]+@{digest}$")' in admitted
     # A repository that names no registry gets the mirror in front.
     bare = render(
         controlplane, "--set", "imageRegistry=mirror.local", "--set", "image.repository=team/op"
@@ -1117,8 +1117,16 @@ def test_watch_namespaces_swap_the_cluster_role_binding_for_role_bindings(
     def cluster_bindings(docs: list[dict[str, Any]]) -> list[str]:
         return sorted(d["roleRef"]["name"] for d in docs if d["kind"] == "ClusterRoleBinding")
 
+    def role_bindings(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+        """RoleBindings to a ClusterRole (the watch's) or to a Role (its own Deployment's)."""
+        return [d for d in docs if d["kind"] == "RoleBinding" and d["roleRef"]["kind"] == kind]
+
     assert cluster_bindings(cluster) == ["cronlock-default", "cronlock-default-namespaces"]
-    assert "RoleBinding" not in kinds(cluster)
+    assert not role_bindings(cluster, "ClusterRole")
+    # In both, the read of its own Deployment, in its own namespace.
+    for docs in (cluster, scoped):
+        [own] = role_bindings(docs, "Role")
+        assert own["roleRef"]["name"] == "cronlock-self"
     assert cluster_bindings(scoped) == ["cronlock-default-namespaces"]
     assert "ClusterRoleBinding" not in kinds(scoped_only)
     [reads] = [
@@ -1129,9 +1137,8 @@ def test_watch_namespaces_swap_the_cluster_role_binding_for_role_bindings(
     assert reads["rules"] == [
         {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["get", "list", "watch"]}
     ]
-    bindings = [doc for doc in scoped if doc["kind"] == "RoleBinding"]
+    bindings = role_bindings(scoped, "ClusterRole")
     assert sorted(doc["metadata"]["namespace"] for doc in bindings) == ["team-a", "team-b"]
-    assert {doc["roleRef"]["kind"] for doc in bindings} == {"ClusterRole"}
 
 
 def test_a_release_whose_watch_overlaps_another_is_refused_and_disjoint_ones_coexist(
@@ -1261,19 +1268,21 @@ def test_the_deployment_env_is_understood_by_the_operator_cli(
 
     parsed = cli.parse_args([])
     settings = cli.settings_from(parsed)
+    # The images to inject: the Deployment's own init containers, read at start.
+    metadata = deployment["metadata"]
+    assert parsed.sidecar_images_from == f"{metadata['namespace']}/{metadata['name']}"
+    sidecar, _ = images_from(deployment)
 
     if values is None:
         assert parsed.namespace is None
-        assert settings.sidecar_image == "ghcr.io/cronlock/cronlock-sidecar:0.1.0"
-        assert settings.sidecar_image == cli.DEFAULT_SIDECAR_IMAGE
+        assert sidecar == "ghcr.io/cronlock/cronlock-sidecar:0.1.0"
+        assert sidecar == cli.DEFAULT_SIDECAR_IMAGE
         assert (settings.default_ttl_seconds, settings.default_renew_seconds) == (60, None)
         assert (parsed.metrics_port, parsed.log_format) == (8080, "plain")
         assert parsed.liveness == "http://0.0.0.0:8081/healthz"
     else:
         assert parsed.namespace == ["team-a", "team-b"]
-        assert (
-            settings.sidecar_image == "registry.example.com/platform/cronlock-sidecar:sha-0123abc"
-        )
+        assert sidecar == "registry.example.com/platform/cronlock-sidecar:sha-0123abc"
         assert settings.sidecar_image_pull_policy == "Always"
         assert (settings.default_ttl_seconds, settings.default_renew_seconds) == (120, 30)
         assert settings.default_policy == "wait"
@@ -1377,7 +1386,11 @@ def test_install_with_default_values(
     assert deployment["spec"]["strategy"]["type"] == "Recreate"
     assert deployment["spec"]["template"]["spec"]["serviceAccountName"] == fullname
     env = deployment_env(deployment)
-    assert env["CRONLOCK_SIDECAR_IMAGE"] == "ghcr.io/cronlock/cronlock-sidecar:0.1.0"
+    assert env["CRONLOCK_SIDECAR_IMAGES_FROM"] == f"{namespace}/{fullname}"
+    assert images_from(deployment) == (
+        "ghcr.io/cronlock/cronlock-sidecar:0.1.0",
+        "ghcr.io/cronlock/cronlock-sidecar-stores:0.1.0",
+    )
     assert env["CRONLOCK_NAMESPACES"] == ""
     assert "CRONLOCK_DEFAULT_RENEW" not in env
     binding = json.loads(
@@ -1462,6 +1475,12 @@ def test_the_service_account_may_do_exactly_what_the_operator_does_everywhere(
         assert can(client, "watch", group, resource)
     for verb in VERBS:
         assert can(client, verb, "", "namespaces") == (verb in NAMESPACES_GRANTED), verb
+    # Its own Deployment, to read the images it injects from its init containers: get alone.
+    fullname = f"{release}-cronlock"
+    for verb in VERBS:
+        mine = can(client, verb, "apps", "deployments", namespace=namespace, name=fullname)
+        assert mine == (verb == "get"), verb
+    assert not can(client, "get", "apps", "deployments", namespace=namespace, name="other")
     for verb, group, resource, namespaced in REFUSED:
         where = {"namespace": namespace} if namespaced else {}
         assert not can(client, verb, group, resource, **where), f"{verb} {group}/{resource}"
@@ -1586,7 +1605,7 @@ def test_the_example_is_accepted_in_a_restricted_namespace(
         dry_run_pod(controlplane, namespace, template)
 
 
-def test_images_by_digest_run_and_are_the_only_sidecar_the_operator_policy_admits(
+def test_images_by_digest_run_and_their_digest_is_the_only_sidecar_the_policy_admits(
     controlplane: ControlPlane,
 ) -> None:
     """Security review N12: `image.digest`/`sidecarImage.digest` name the images as
@@ -1599,7 +1618,7 @@ def test_images_by_digest_run_and_are_the_only_sidecar_the_operator_policy_admit
     container = deployment["spec"]["template"]["spec"]["containers"][0]
     assert container["image"] == f"ghcr.io/cronlock/cronlock@{digest}"
     sidecar = f"ghcr.io/cronlock/cronlock-sidecar@{digest}"
-    assert deployment_env(deployment)["CRONLOCK_SIDECAR_IMAGE"] == sidecar
+    assert images_from(deployment)[0] == sidecar
     [policy] = [
         doc
         for doc in docs
@@ -1607,7 +1626,8 @@ def test_images_by_digest_run_and_are_the_only_sidecar_the_operator_policy_admit
         and doc["metadata"]["name"].endswith("-operator-scope")
     ]
     pinned = [v["expression"] for v in policy["spec"]["validations"] if "image" in v["expression"]]
-    assert any(f'== "{sidecar}"' in expression for expression in pinned)
+    # By its digest, from any repository (tests/integration/test_kustomize.py tries it).
+    assert any(f'.matches("^[^@]+@{digest}$")' in expression for expression in pinned)
     assert not any("cronlock-sidecar:0.1.0" in expression for expression in pinned)
     assert (
         "does not match"

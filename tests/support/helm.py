@@ -14,7 +14,7 @@ from tests.support.cronjobs import make_cronjob
 from tests.support.kube import run_tool, wait_for
 from tests.support.node import CRONLOCK_IMAGE
 from tests.support.objects import injected
-from tests.support.operator import SIDECAR_IMAGE
+from tests.support.operator import SIDECAR_IMAGE, SIDECAR_STORES_IMAGE
 from tests.support.paths import ROOT
 
 CHART = ROOT / "charts" / "cronlock"
@@ -49,13 +49,16 @@ def guard(api: kubernetes.client.ApiClient, namespace: str, name: str) -> None:
 
 
 def image_values(operator_image: str, sidecar_image: str, namespace: str) -> list[str]:
-    """`--set` arguments for these images, pulled never, and the release watching
-    `namespace` alone."""
+    """`--set` arguments for these images and the stores image built here (the operator's
+    pod runs all three: the sidecar images as init containers), pulled never, and the
+    release watching `namespace` alone."""
     repository, tag = operator_image.rsplit(":", 1)
     sidecar_repository, sidecar_tag = sidecar_image.rsplit(":", 1)
+    stores_repository, stores_tag = SIDECAR_STORES_IMAGE.rsplit(":", 1)
     values = [
         f"image.repository={repository},image.tag={tag},image.pullPolicy=Never",
         f"sidecarImage.repository={sidecar_repository},sidecarImage.tag={sidecar_tag}",
+        f"sidecarStoresImage.repository={stores_repository},sidecarStoresImage.tag={stores_tag}",
         f"sidecarImage.pullPolicy=Never,watchNamespaces={{{namespace}}},tests.wait={TEST_WAIT}",
     ]
     return [arg for value in values for arg in ("--set", value)]

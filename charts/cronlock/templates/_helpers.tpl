@@ -115,6 +115,21 @@ the images through this same template.
 {{- include "cronlock.imageRef" (dict "image" .Values.sidecarImage "root" .) }}
 {{- end }}
 
+{{/*
+A CEL test that `expr` (an image reference) names the given image. By digest: any
+repository serving that digest, as the content is pinned, not where it is pulled from (a
+mirror, or Kustomize's `images:` renaming install.yaml's images, keeps it; a registry
+cannot serve other content under it, as the kubelet checks it). By tag: exactly the
+reference, as a tag pins nothing but its name.
+*/}}
+{{- define "cronlock.admitsImage" -}}
+{{- if .image.digest -}}
+{{ .expr }}.matches({{ printf "^[^@]+@%s$" .image.digest | quote }})
+{{- else -}}
+{{ .expr }} == {{ include "cronlock.imageRef" (dict "image" .image "root" .root) | quote }}
+{{- end }}
+{{- end }}
+
 {{/* The stores image, or "" when its repository is empty. */}}
 {{- define "cronlock.sidecarStoresImage" -}}
 {{- if .Values.sidecarStoresImage.repository }}

@@ -288,9 +288,9 @@ validations:
   # fields.
   - expression: >-
       variables.resource != "cronjobs" || variables.newInjected.all(c,
-      (c.?image.orValue("") == {{ include "cronlock.sidecarImage" $root | quote }}
-      {{- with include "cronlock.sidecarStoresImage" $root }} ||
-      (c.name == "cronlock" && c.?image.orValue("") == {{ . | quote }} &&
+      ({{ include "cronlock.admitsImage" (dict "image" $root.Values.sidecarImage "root" $root "expr" "c.?image.orValue(\"\")") }}
+      {{- if include "cronlock.sidecarStoresImage" $root }} ||
+      (c.name == "cronlock" && {{ include "cronlock.admitsImage" (dict "image" $root.Values.sidecarStoresImage "root" $root "expr" "c.?image.orValue(\"\")") }} &&
        variables.newNotes[?"cronlock.io/store"].orValue("lease") in ["redis", "postgres"])
       {{- end }}) &&
       c.?command.orValue([]) == (c.name == "cronlock" ? ["cronlock-sidecar", "hold"] : ["cronlock-sidecar", "gate"]) &&
@@ -329,7 +329,9 @@ validations:
     message: >-
       cronlock's containers (cronlock, cronlock-gate) run only the configured sidecar image
       ({{ include "cronlock.sidecarImage" $root }}
-      {{- with include "cronlock.sidecarStoresImage" $root }}; the sidecar also {{ . }}{{ end }})
+      {{- with include "cronlock.sidecarStoresImage" $root }}; the sidecar also {{ . }}{{ end }}
+      {{- if or $root.Values.sidecarImage.digest $root.Values.sidecarStoresImage.digest }};
+      by digest from any repository{{ end }})
       with its own command, restricted security and the cronlock volume alone (the sidecar
       also the store's Secret, read-only)
     reason: Forbidden

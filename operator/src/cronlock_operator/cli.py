@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import ipaddress
 import logging
 import os
@@ -14,10 +15,16 @@ from collections.abc import Coroutine, Sequence
 import kopf
 import uvloop
 
+from cronlock_operator.errors import Gone, Retry
 from cronlock_operator.kube.client import api_client
 from cronlock_operator.kube.writes import Kube
 from cronlock_operator.runtime import leader, liveness
-from cronlock_operator.settings import SIDECAR_UID, ContainerResources, OperatorSettings
+from cronlock_operator.settings import (
+    SIDECAR_UID,
+    ContainerResources,
+    OperatorSettings,
+    images_from,
+)
 from cronlock_sidecar import contract, logformat
 from cronlock_sidecar.lock.durations import DurationError, parse_duration
 
@@ -86,6 +93,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--sidecar-image", default=_env("SIDECAR_IMAGE", DEFAULT_SIDECAR_IMAGE))
     parser.add_argument(
         "--sidecar-image-pull-policy", default=_env("SIDECAR_IMAGE_PULL_POLICY", "IfNotPresent")
+    )
+    parser.add_argument(
+        "--sidecar-images-from",
+        default=_env("SIDECAR_IMAGES_FROM", ""),
+        metavar="NAMESPACE/DEPLOYMENT",
+        help="read the sidecar and stores images from this Deployment's init containers "
+        "sidecar-image and sidecar-stores-image at start, instead of --sidecar-image and "
+        "--sidecar-stores-image (the chart's: its own Deployment, which Kustomize's images: "
+        "rewrites; needs get on it; env CRONLOCK_SIDECAR_IMAGES_FROM)",
     )
     parser.add_argument(
         "--sidecar-stores-image",
@@ -289,6 +305,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         return uninstall(
             Kube(api_client()), args.namespace or [], keep=keep, revert_only=args.revert_only
         )
+    if args.sidecar_images_from:
+        try:
+            settings = _images_from_deployment(settings, args.sidecar_images_from)
+        except ValueError as error:
+            logging.getLogger(__name__).error("%s", error)
+            return contract.EXIT_CONFIG
+        except Retry as error:
+            logging.getLogger(__name__).error(
+                "cannot read the sidecar images: %s (the chart grants get on the operator's "
+                "own Deployment)",
+                error,
+            )
+            return contract.EXIT_UNAVAILABLE
     from cronlock_operator.runtime import handlers  # registers the handlers with kopf
 
     if args.namespace_opt_in:
@@ -341,6 +370,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     if elector is not None:
         elector.release()
     return 0
+
+
+def _images_from_deployment(settings: OperatorSettings, ref: str) -> OperatorSettings:
+    """`settings` with the images that Deployment NAMESPACE/NAME's init containers name
+    (settings.images_from); ValueError for a bad reference or Deployment, Retry when it
+    cannot be read."""
+    namespace, name = _object_ref("--sidecar-images-from", ref)
+    try:
+        deployment = Kube(api_client()).read_deployment(namespace, name)
+    except Gone as error:
+        raise ValueError(f"--sidecar-images-from: {error}") from error
+    sidecar, stores = images_from(deployment)
+    logging.getLogger(__name__).info(
+        "sidecar images from deployment %s: %s%s",
+        ref,
+        sidecar,
+        f", stores {stores}" if stores else "",
+    )
+    return dataclasses.replace(settings, sidecar_image=sidecar, sidecar_stores_image=stores)
 
 
 def _run_loop(operator: Coroutine[None, None, None]) -> None:

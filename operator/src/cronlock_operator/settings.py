@@ -6,9 +6,10 @@ a CronJob's annotations are read under are checked by `cronjob.config.check_defa
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
-from typing import Final
+from typing import Any, Final
 
 from cronlock_operator.cronjob.config import check_defaults
 from cronlock_operator.cronjob.policies import Policy
@@ -146,3 +147,37 @@ class OperatorSettings:
     @property
     def stores_allowed(self) -> bool:
         return self.sidecar_stores_image is not None
+
+
+# The operator Deployment's init containers that name the images to inject (the chart's
+# deployment.yaml), read at start under --sidecar-images-from.
+SIDECAR_IMAGE_CONTAINER = "sidecar-image"
+SIDECAR_STORES_IMAGE_CONTAINER = "sidecar-stores-image"
+
+
+def images_from(deployment: Mapping[str, Any]) -> tuple[str, str | None]:
+    """The sidecar image and the stores image (None when absent) that a Deployment's init
+    containers `sidecar-image` and `sidecar-stores-image` name; ValueError says what is
+    missing. Kustomize's `images:` rewrites these as it rewrites any container's."""
+    metadata = deployment.get("metadata") or {}
+    where = f"{metadata.get('namespace', '?')}/{metadata.get('name', '?')}"
+    pod = ((deployment.get("spec") or {}).get("template") or {}).get("spec") or {}
+    images = {
+        container.get("name"): container.get("image")
+        for container in pod.get("initContainers") or []
+        if isinstance(container, Mapping)
+    }
+    sidecar = images.get(SIDECAR_IMAGE_CONTAINER)
+    if not isinstance(sidecar, str) or not sidecar.strip():
+        raise ValueError(
+            f"deployment {where} has no init container {SIDECAR_IMAGE_CONTAINER!r} with an "
+            "image: it names the sidecar image to inject (the chart renders it)"
+        )
+    if SIDECAR_STORES_IMAGE_CONTAINER not in images:
+        return sidecar, None
+    stores = images[SIDECAR_STORES_IMAGE_CONTAINER]
+    if not isinstance(stores, str) or not stores.strip():
+        raise ValueError(
+            f"deployment {where}: init container {SIDECAR_STORES_IMAGE_CONTAINER!r} has no image"
+        )
+    return sidecar, stores

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import re
 from decimal import Decimal
 from typing import Any
 
@@ -12,7 +13,12 @@ from cronlock_operator import cli
 from cronlock_operator.cronjob.config import parse_config
 from cronlock_operator.injection.build import build_injection, desired_cronjob, revert
 from cronlock_operator.injection.patching import injection_patch, needs_patch
-from cronlock_operator.settings import ContainerResources, OperatorSettings, parse_quantity
+from cronlock_operator.settings import (
+    ContainerResources,
+    OperatorSettings,
+    images_from,
+    parse_quantity,
+)
 from tests.support.cronjobs import (
     SETTINGS,
     apply_json_patch,
@@ -239,3 +245,39 @@ def test_bad_flags_stop_the_operator_with_the_reason(
 ) -> None:
     assert cli.main(argv) == 78
     assert said in capsys.readouterr().err
+
+
+def deployment(*init: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "metadata": {"namespace": "cronlock-system", "name": "cronlock"},
+        "spec": {"template": {"spec": {"initContainers": list(init), "containers": []}}},
+    }
+
+
+def test_the_images_to_inject_are_the_deployments_two_init_containers() -> None:
+    """What --sidecar-images-from reads (the chart's deployment.yaml renders them)."""
+    sidecar = {"name": "sidecar-image", "image": "mirror.example.com/s@sha256:" + "2" * 64}
+    stores = {"name": "sidecar-stores-image", "image": "mirror.example.com/t:1"}
+    assert images_from(deployment(sidecar, stores)) == (sidecar["image"], stores["image"])
+    assert images_from(deployment(stores, sidecar)) == (sidecar["image"], stores["image"])
+    # No stores image: CronJobs with a store are refused, as with --sidecar-stores-image ''.
+    assert images_from(deployment(sidecar)) == (sidecar["image"], None)
+
+
+@pytest.mark.parametrize(
+    ("body", "said"),
+    [
+        (deployment(), "deployment cronlock-system/cronlock has no init container 'sidecar-image'"),
+        ({"spec": None}, "deployment ?/? has no init container 'sidecar-image'"),
+        (deployment({"name": "sidecar-image", "image": " "}), "no init container 'sidecar-image'"),
+        (
+            deployment({"name": "sidecar-image", "image": "s:1"}, {"name": "sidecar-stores-image"}),
+            "init container 'sidecar-stores-image' has no image",
+        ),
+    ],
+)
+def test_a_deployment_that_names_no_image_is_refused_saying_what_is_missing(
+    body: dict[str, Any], said: str
+) -> None:
+    with pytest.raises(ValueError, match=re.escape(said)):
+        images_from(body)

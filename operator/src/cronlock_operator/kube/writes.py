@@ -178,6 +178,16 @@ class Kube:
                     return None
                 raise
 
+    def read_deployment(self, namespace: str, name: str) -> dict[str, Any]:
+        """One Deployment, as the API server has it (Gone on 404, Retry on hiccups and
+        403): the operator's own, whose init containers name the images it injects."""
+        with transient_errors(f"get deployment {namespace}/{name}"):
+            return raw(
+                kubernetes.client.AppsV1Api(self.api).read_namespaced_deployment(
+                    name, namespace, _preload_content=False
+                )
+            )
+
     # --- Leases --------------------------------------------------------------------
     def create_lease(self, namespace: str, body: Mapping[str, Any]) -> tuple[dict[str, Any], bool]:
         """Create a Lease; on 409 read the one that exists. Returns the Lease as the API
