@@ -188,8 +188,8 @@ def _check_one(
             findings.append(_finding(manifest, annotation, "error", text))
         else:
             findings.append(_finding(manifest, WARNING_ANNOTATIONS.get(reason), "warning", message))
-    in_labelled = readings.labelled(str(body["metadata"]["namespace"]))
-    if contract.ANNOTATION_ENABLED not in annotations and not in_labelled:
+    # Neither its annotation nor its namespace's label guards it: the one rule, read once.
+    if read_config(body, settings, readings).opt_in == "off":
         settings_named = [
             key
             for key in annotations

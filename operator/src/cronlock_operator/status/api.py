@@ -33,11 +33,17 @@ PAGE_SIZE: Final = 500
 WATCH_SECONDS: Final = 60
 RETRY_SECONDS: Final = 2.0
 _GONE: Final = 410
+_UNAUTHORIZED: Final = 401
+_FORBIDDEN: Final = 403
 _OVERRIDE_CONTEXT: Final = "cronlock-status --user/--cluster"
 
 
 class Unavailable(Exception):
     """The API server could not be reached, or refused a request; the message says which."""
+
+
+class Forbidden(Unavailable):
+    """The API server refused a request with 403: these credentials may not make it."""
 
 
 class UsageError(Exception):
@@ -350,11 +356,7 @@ def labelled_namespaces(cluster: Cluster, namespace: str | None) -> frozenset[st
         with _refusal(cluster, "list namespaces"):
             answer = core.list_namespace(label_selector=selector, _preload_content=False)
             items = json.loads(answer.data).get("items") or []
-    except Unavailable as error:
-        if not isinstance(error.__cause__, kubernetes.client.ApiException):
-            raise
-        if error.__cause__.status != 403:
-            raise
+    except Forbidden:
         return None
     return frozenset(str(metadata_of(item).get("name", "")) for item in items)
 
@@ -434,7 +436,9 @@ def _refusal(cluster: Cluster, what: str, *, gone_is_retried: bool = False) -> I
         if error.status == _GONE and gone_is_retried:
             raise Gone(_server_message(error)) from error
         reason = _server_message(error) or f"HTTP {error.status} {error.reason}"
-        verdict = {401: "unauthorized", 403: "forbidden"}.get(error.status, "refused")
+        if error.status == _FORBIDDEN:
+            raise Forbidden(f"cannot {what}: forbidden: {reason}") from error
+        verdict = "unauthorized" if error.status == _UNAUTHORIZED else "refused"
         raise Unavailable(f"cannot {what}: {verdict}: {reason}") from error
     except urllib3.exceptions.MaxRetryError as error:
         raise Unavailable(
