@@ -1432,6 +1432,16 @@ def test_install_with_non_default_values(
     assert pod["spec"]["containers"][0]["image"] == (
         "registry.example.com/platform/cronlock:0.1.0-rc.1"
     )
+    # The init containers that name the images to inject ask what the operator asks: the
+    # pod's request is unchanged, and a quota that wants limits admits them alike.
+    [operator] = pod["spec"]["containers"]
+    assert operator["resources"]["limits"]["memory"] == "128Mi"  # NON_DEFAULT's
+    inits = pod["spec"]["initContainers"]
+    assert [init["name"] for init in inits] == ["sidecar-image", "sidecar-stores-image"]
+    for init in inits:
+        assert init["resources"] == operator["resources"]
+        assert init["securityContext"] == operator["securityContext"]
+        assert init["imagePullPolicy"] == "Always"
     for space in (namespace, other):
         binding = json.loads(
             controlplane.kubectl("get", "rolebinding", fullname, "-n", space, "-o", "json")
