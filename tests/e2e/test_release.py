@@ -24,7 +24,7 @@ import yaml
 from tests.support.controlplane import ControlPlane
 from tests.support.cronjobs import job_from_cronjob
 from tests.support.helm import RESTRICTED, TEST_WAIT, guard, helm
-from tests.support.kube import wait_for
+from tests.support.kube import run_tool, wait_for
 from tests.support.node import BUSYBOX_IMAGE, RealNode
 from tests.support.objects import read
 from tests.support.paths import ROOT
@@ -197,53 +197,125 @@ def test_helm_install_from_the_registry_pulls_both_images_by_digest_and_guards_a
         assert pod.status.container_statuses[0].image_id.endswith(operator_ref.split("@")[1])
 
         # The operator injects the sidecar by the digest the chart carries; a run pulls it.
-        guard(api, namespace, "report")
-        cronjob = read(api, namespace, "report")
-        template = cronjob["spec"]["jobTemplate"]["spec"]["template"]["spec"]
-        sidecar_ref = published["images"]["sidecar"]
-        injected_images = {
-            container["image"]
-            for container in template.get("initContainers", []) + template["containers"]
-            if container["name"] != "main"
-        }
-        assert injected_images == {sidecar_ref}
-        template["restartPolicy"] = "Never"
-        (main,) = (c for c in template["containers"] if c["name"] == "main")
-        main.update(
-            image=BUSYBOX_IMAGE,
-            imagePullPolicy="Never",
-            command=["sh", "-c", "echo guarded work"],
-            securityContext=RESTRICTED_CONTAINER,
-        )
-        batch = kubernetes.client.BatchV1Api(api)
-        batch.create_namespaced_job(namespace, job_from_cronjob(cronjob, "report-1"))
-
-        def finished() -> str | None:
-            job = batch.read_namespaced_job("report-1", namespace)
-            for condition in job.status.conditions or []:
-                if condition.type in ("Complete", "Failed") and condition.status == "True":
-                    return str(condition.type)
-            return None
-
-        assert wait_for(finished, 240, "the guarded Job to finish") == "Complete"
-        (run,) = core.list_namespaced_pod(namespace, label_selector="job-name=report-1").items
-        pulled = {
-            status.name: status.image_id
-            for status in (run.status.init_container_statuses or []) + run.status.container_statuses
-        }
-        sidecar_digest = sidecar_ref.split("@")[1]
-        assert all(
-            image_id.endswith(sidecar_digest)
-            for image, image_id in pulled.items()
-            if image != "main"
-        ), pulled
-        log = core.read_namespaced_pod_log(run.metadata.name, namespace, container="main")
-        assert log == "guarded work\n"
+        guard_and_run(api, namespace, published["images"]["sidecar"])
 
         passed = helm(controlplane, "test", name, "-n", namespace, "--timeout", "120s")
         assert "Phase:          Succeeded" in passed.stdout
     finally:
         helm(controlplane, "uninstall", name, "-n", namespace, "--wait", check=False)
+
+
+def guard_and_run(api: kubernetes.client.ApiClient, namespace: str, sidecar_ref: str) -> None:
+    """A CronJob guarded by the installed operator, which injects `sidecar_ref`, and one run
+    of it on the node: it completes, every injected container pulled by that digest."""
+    guard(api, namespace, "report")
+    cronjob = read(api, namespace, "report")
+    template = cronjob["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+    injected_images = {
+        container["image"]
+        for container in template.get("initContainers", []) + template["containers"]
+        if container["name"] != "main"
+    }
+    assert injected_images == {sidecar_ref}
+    template["restartPolicy"] = "Never"
+    (main,) = (c for c in template["containers"] if c["name"] == "main")
+    main.update(
+        image=BUSYBOX_IMAGE,
+        imagePullPolicy="Never",
+        command=["sh", "-c", "echo guarded work"],
+        securityContext=RESTRICTED_CONTAINER,
+    )
+    batch = kubernetes.client.BatchV1Api(api)
+    batch.create_namespaced_job(namespace, job_from_cronjob(cronjob, "report-1"))
+
+    def finished() -> str | None:
+        job = batch.read_namespaced_job("report-1", namespace)
+        for condition in job.status.conditions or []:
+            if condition.type in ("Complete", "Failed") and condition.status == "True":
+                return str(condition.type)
+        return None
+
+    assert wait_for(finished, 240, "the guarded Job to finish") == "Complete"
+    core = kubernetes.client.CoreV1Api(api)
+    (run,) = core.list_namespaced_pod(namespace, label_selector="job-name=report-1").items
+    pulled = {
+        status.name: status.image_id
+        for status in (run.status.init_container_statuses or []) + run.status.container_statuses
+    }
+    sidecar_digest = sidecar_ref.split("@")[1]
+    assert all(
+        image_id.endswith(sidecar_digest) for image, image_id in pulled.items() if image != "main"
+    ), pulled
+    log = core.read_namespaced_pod_log(run.metadata.name, namespace, container="main")
+    assert log == "guarded work\n"
+
+
+@pytest.mark.timeout(900)
+def test_install_yaml_moved_to_a_mirror_by_kustomize_pulls_all_three_from_it_and_guards_a_run(
+    controlplane: ControlPlane,
+    api: kubernetes.client.ApiClient,
+    namespace: str,
+    node: RealNode,
+    published: dict[str, Any],
+    tmp_path: Path,
+) -> None:
+    """Issue 44 item 5 on the real node: the release's install.yaml (hack/release renders it
+    from the package) in a kustomization whose `images:` moves all three images to another
+    repository of the registry, copied there by digest as a mirror is. The operator's pod
+    pulls its image and its two init containers' from the mirror; the operator, reading
+    them there, injects the mirror's sidecar; the install's own policy admits it (pinned by
+    digest); a run pulls it from the mirror and completes."""
+    controlplane.kubectl("label", "namespace", namespace, "--overwrite", *RESTRICTED)
+    space = f"cl-kz-{secrets.token_hex(3)}"
+    mirror = f"{node.registry}/mirror"
+    moved: dict[str, str] = {}
+    for key, ref in published["images"].items():
+        repository, digest = ref.split("@")
+        name = repository.rsplit("/", 1)[1]
+        crane(controlplane, "copy", ref, f"{mirror}/{name}:{VERSION}")
+        assert crane(controlplane, "digest", f"{mirror}/{name}:{VERSION}").strip() == digest
+        moved[key] = f"{mirror}/{name}@{digest}"
+    (tmp_path / "install.yaml").write_text(
+        (RELEASE_DIST / "install.yaml").read_text().replace("cronlock-system", space)
+    )
+    env = [{"name": "CRONLOCK_NAMESPACES", "value": namespace}]
+    only_here = {  # what scopes it to this test's namespace, as --set watchNamespaces does
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "cronlock", "namespace": space},
+        "spec": {"template": {"spec": {"containers": [{"name": "operator", "env": env}]}}},
+    }
+    kustomization = {
+        "resources": ["install.yaml"],
+        "images": [
+            {"name": ref.split("@")[0], "newName": moved[key].split("@")[0]}
+            for key, ref in published["images"].items()
+        ],
+        "patches": [{"patch": yaml.safe_dump(only_here)}],
+    }
+    (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
+    built = tmp_path / "built.yaml"
+    built.write_text(controlplane.kubectl("kustomize", str(tmp_path)))
+    try:
+        controlplane.kubectl("apply", "-f", str(built))
+        rollout = ("rollout", "status", "deployment/cronlock", "-n", space, "--timeout=240s")
+        run_tool(controlplane.env, "kubectl", *rollout, timeout=300)
+        core = kubernetes.client.CoreV1Api(api)
+        (pod,) = core.list_namespaced_pod(
+            space, label_selector="app.kubernetes.io/instance=cronlock"
+        ).items
+        images = {c.name: c.image for c in pod.spec.init_containers + pod.spec.containers}
+        assert images == {
+            "sidecar-image": moved["sidecar"],
+            "sidecar-stores-image": moved["sidecar-stores"],
+            "operator": moved["operator"],
+        }
+        statuses = pod.status.init_container_statuses + pod.status.container_statuses
+        assert all(s.image_id.endswith(images[s.name].split("@")[1]) for s in statuses)
+        guard_and_run(api, namespace, moved["sidecar"])
+    finally:
+        delete = ("delete", "-f", str(built), "--ignore-not-found", "--wait", "--timeout=180s")
+        run_tool(controlplane.env, "kubectl", *delete, timeout=240, check=False)
 
 
 @pytest.mark.timeout(600)
