@@ -32,7 +32,6 @@ import secrets
 import signal
 import subprocess
 import sys
-import textwrap
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -47,6 +46,7 @@ import yaml
 from tests.reliability import ha_faults
 from tests.reliability.ha_faults import HA_FAULTS
 from tests.reliability.proxy import DelayingProxy
+from tests.reliability.work_unit import work_script
 from tests.support.controlplane import ControlPlane, own_controlplane
 from tests.support.paths import ROOT, SIDECAR
 from tests.support.processes import ControlPlaneProcesses, alive, children, signal_all, sweep
@@ -95,7 +95,7 @@ class StoreServer(Protocol):
     def restart(self) -> float: ...
 
 
-WORK = textwrap.dedent(
+WORK = work_script(
     """
     import fcntl, json, os, signal, sys, time
     lock_path, events_path, store_path, seconds = sys.argv[1:5]
@@ -110,33 +110,10 @@ WORK = textwrap.dedent(
             os.write(fd, (line + "\\n").encode())
         finally:
             os.close(fd)
-    def fenced_write(stage):
-        with open(store_path, "a+") as store:
-            fcntl.flock(store, fcntl.LOCK_EX)
-            store.seek(0)
-            highest = max([int(word) for word in store.read().split()] or [0])
-            if token < highest:
-                record("refused", stage=stage, highest=highest)
-                return
-            store.write(f"{token}\\n")
-    lock = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        # Another work unit is alive: counted, then work on as the lease holder would.
-        record("overlap")
     def on_term(signum, frame):
         record("stopped", signal=signum)
         os._exit(128 + signum)
     signal.signal(signal.SIGTERM, on_term)
-    record("start")
-    deadline = time.monotonic() + float(seconds)
-    while True:
-        fenced_write("work")
-        if time.monotonic() >= deadline:
-            break
-        time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
-    record("end")
     """
 )
 

@@ -8,7 +8,6 @@ record what a trial did. The fault kinds are named here too.
 from __future__ import annotations
 
 import shlex
-import textwrap
 from dataclasses import dataclass, field
 
 import kubernetes
@@ -19,6 +18,7 @@ from cronlock_sidecar import contract
 from cronlock_sidecar.lock.model import Timing
 from tests.reliability.checker import Counts, Fault
 from tests.reliability.ha_faults import HA_API_AWAY, HA_FAULTS
+from tests.reliability.work_unit import work_script
 from tests.support.node import HOST_LINK_IP
 
 NEVER = "0 0 1 1 *"
@@ -58,10 +58,12 @@ LONG_WORK_FAULTS = frozenset(
      *HA_FAULTS}
 )  # fmt: skip
 
-WORK = textwrap.dedent(
+WORK = work_script(
     """
     import fcntl, json, os, socket, sys, time
     shared, token_path, host, port, seconds = sys.argv[1:6]
+    lock_path = os.path.join(shared, "flock")
+    store_path = os.path.join(shared, "fencing-store")
     pod = os.environ["HOSTNAME"]
     # First the tracker: it sees this work from now until the kernel closes the connection,
     # when this process dies, however it dies.
@@ -76,29 +78,6 @@ WORK = textwrap.dedent(
             os.write(fd, (line + "\\n").encode())
         finally:
             os.close(fd)
-    def fenced_write(stage):
-        with open(os.path.join(shared, "fencing-store"), "a+") as store:
-            fcntl.flock(store, fcntl.LOCK_EX)
-            store.seek(0)
-            highest = max([int(word) for word in store.read().split()] or [0])
-            if token < highest:
-                record("refused", stage=stage, highest=highest)
-                return
-            store.write(f"{token}\\n")
-    lock = os.open(os.path.join(shared, "flock"), os.O_RDWR)
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        # Another work unit is alive: counted, then work on as the lease holder would.
-        record("overlap")
-    record("start")
-    deadline = time.monotonic() + float(seconds)
-    while True:
-        fenced_write("work")
-        if time.monotonic() >= deadline:
-            break
-        time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
-    record("end")
     """
 )
 # `sh` stays PID 1 (a command after the work keeps it from exec'ing Python): like most
