@@ -119,7 +119,7 @@ the images through this same template.
 A CEL test that `expr` (an image reference) names the given image. By digest: any
 repository serving that digest, as the content is pinned, not where it is pulled from (a
 mirror, or Kustomize's `images:` renaming install.yaml's images, keeps it; a registry
-cannot serve other content under it, as the kubelet checks it). By tag: exactly the
+cannot serve other content under it, as the container runtime checks it). By tag: exactly the
 reference, as a tag pins nothing but its name.
 */}}
 {{- define "cronlock.admitsImage" -}}
