@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
-from cronlock_operator.cronjob.reading import Readings, read_config
+from cronlock_operator.cronjob.reading import ConfigReading, Readings, read_config
 from cronlock_operator.leases.ownership import new_lease, owner_reference
 from cronlock_operator.leases.sharing import consent
 from cronlock_operator.lint.documents import Manifest
@@ -117,11 +117,12 @@ def check(
                 )
             )
             continue
-        found = _check_one(manifest, body, settings, readings)
+        # Read once (a file's CronJob has no uid for `readings` to keep it by).
+        reading = read_config(body, settings, readings)
+        found = _check_one(manifest, body, settings, readings, reading)
         findings.extend(found)
         metadata = body["metadata"]
         cronjobs.setdefault(metadata["namespace"], {})[metadata["name"]] = body
-        reading = read_config(body, settings, readings)
         if guards:
             rule = GUARD_RULES[reading.opt_in]
             findings.append(_finding(manifest, contract.ANNOTATION_ENABLED, "info", rule))
@@ -136,7 +137,11 @@ def check(
 
 
 def _check_one(
-    manifest: Manifest, body: Mapping[str, Any], settings: OperatorSettings, readings: Readings
+    manifest: Manifest,
+    body: Mapping[str, Any],
+    settings: OperatorSettings,
+    readings: Readings,
+    reading: ConfigReading,
 ) -> list[Finding]:
     annotations: Mapping[str, Any] = body["metadata"].get("annotations") or {}
     if not isinstance(annotations, Mapping):
@@ -188,8 +193,8 @@ def _check_one(
             findings.append(_finding(manifest, annotation, "error", text))
         else:
             findings.append(_finding(manifest, WARNING_ANNOTATIONS.get(reason), "warning", message))
-    # Neither its annotation nor its namespace's label guards it: the one rule, read once.
-    if read_config(body, settings, readings).opt_in == "off":
+    # Neither its annotation nor its namespace's label guards it (config.opt_in's rule).
+    if reading.opt_in == "off":
         settings_named = [
             key
             for key in annotations
