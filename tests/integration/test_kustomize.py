@@ -25,38 +25,38 @@ from tests.support.controlplane import ControlPlane, ServiceAccountKubeconfig
 from tests.support.cronjobs import make_cronjob
 from tests.support.kube import wait_for
 from tests.support.objects import batch, has_sidecar, read
-from tests.support.operator import CHART, OperatorProcess, kube_version
+from tests.support.operator import CHART, OperatorProcess
+from tests.support.paths import ROOT
 
 DIGEST = {
     "cronlock": "sha256:" + "1" * 64,
     "cronlock-sidecar": "sha256:" + "2" * 64,
     "cronlock-sidecar-stores": "sha256:" + "3" * 64,
 }
-VALUES = {"cronlock": "image", "cronlock-sidecar": "sidecarImage"}
-VALUES["cronlock-sidecar-stores"] = "sidecarStoresImage"
+VALUES = {
+    "cronlock": "image",
+    "cronlock-sidecar": "sidecarImage",
+    "cronlock-sidecar-stores": "sidecarStoresImage",
+}
 MIRROR = "mirror.example.com:5000/platform"
+RENDER = ROOT / "manifests" / "render"
 INIT_POD = "/spec/jobTemplate/spec/template/spec/initContainers"
 
 
 def release_install_yaml(controlplane: ControlPlane, space: str) -> str:
-    """install.yaml as a release renders it (manifests/render of the release's chart,
-    whose defaults name the images by digest), for namespace `space`."""
-    args = ["helm", "template", "cronlock", str(CHART), "--namespace", space, "--skip-tests"]
-    args += ["--kube-version", kube_version()]
-    for name, key in VALUES.items():
-        args += ["--set", f"{key}.digest={DIGEST[name]}"]
+    """install.yaml as a release renders it (manifests/render, its images by digest as the
+    release's chart defaults name them), for namespace `space`."""
+    digests = [
+        arg for name, key in VALUES.items() for arg in ("--set", f"{key}.digest={DIGEST[name]}")
+    ]
     rendered = subprocess.run(
-        args, env=controlplane.env, capture_output=True, text=True, check=True
+        [str(RENDER), str(CHART), *digests],
+        env=controlplane.env,
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout
-    namespace = {
-        "apiVersion": "v1",
-        "kind": "Namespace",
-        "metadata": {
-            "name": space,
-            "labels": {"pod-security.kubernetes.io/enforce": "restricted"},
-        },
-    }
-    return yaml.safe_dump(namespace) + rendered
+    return rendered.replace("cronlock-system", space)
 
 
 def kinds(docs: list[dict[str, Any]], kind: str) -> dict[str, dict[str, Any]]:
