@@ -18,12 +18,8 @@ from pathlib import Path
 import pytest
 
 from tests.support.node import RealNode
-from tests.support.paths import ROOT
+from tests.support.paths import CACHE, ROOT
 
-CACHE = Path(
-    os.environ.get("CRONLOCK_CACHE_DIR")
-    or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "cronlock"
-)
 ARCHIVES = Path(os.environ.get("CRONLOCK_IMAGES_DIR") or CACHE / "images" / "out")
 # The Dockerfile's base; tests/controlplane/images stores a stand-in under this name.
 BASE = "docker.io/library/python:3.11-slim"

@@ -27,7 +27,7 @@ from tests.support.helm import RESTRICTED, TEST_WAIT, guard, helm
 from tests.support.kube import run_tool, wait_for
 from tests.support.node import BUSYBOX_IMAGE, RealNode
 from tests.support.objects import read
-from tests.support.paths import ROOT
+from tests.support.paths import CACHE, ROOT
 from tests.support.tools import gotool
 
 VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
@@ -37,14 +37,7 @@ HOST_ARCH = subprocess.run(
 # What tests/controlplane/images --release publishes: the host's platform unless told more.
 PLATFORMS = set((os.environ.get("CRONLOCK_RELEASE_PLATFORMS") or f"linux/{HOST_ARCH}").split(","))
 # Where tests/controlplane/images --release has hack/release write its files.
-RELEASE_DIST = (
-    Path(
-        os.environ.get("CRONLOCK_CACHE_DIR")
-        or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "cronlock"
-    )
-    / "images"
-    / "dist"
-)
+RELEASE_DIST = CACHE / "images" / "dist"
 # ELF e_machine of each architecture's programs.
 MACHINES = {"amd64": 0x3E, "arm64": 0xB7}
 RESTRICTED_CONTAINER = {
