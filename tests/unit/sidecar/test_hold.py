@@ -234,6 +234,34 @@ def test_restarted_hold_whose_lease_was_taken_reports_lost_and_never_retakes_it(
     assert holder(api_server) == ""
 
 
+def test_restarted_hold_whose_lease_went_silent_past_the_deadline_fails_closed(
+    api_server: FakeApiServer, start_sidecar: Callable[..., Sidecar], tmp_path: Path
+) -> None:
+    # The Lease still names this pod, but its last renewal is an hour old: the run's work
+    # went on unguarded (the others believe a hold for ttl + skew only). The restarted
+    # sidecar does not renew it back to life; /held never answers 200.
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "decision").write_text("run\n")
+    an_hour_ago = datetime.fromtimestamp(time.time() - 3600, UTC)
+    api_server.put_lease(make_lease(ME, renewed=an_hour_ago, transitions=3))
+    sidecar = start_sidecar()
+    answers = []
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and "lost_total 1" not in sidecar.get("/metrics")[1]:
+        answers.append(sidecar.get("/held")[0])
+        time.sleep(0.05)
+    answers.append(sidecar.get("/held")[0])
+    code, err = sidecar.terminate()
+    assert "past the renew deadline" in err
+    assert "stopped, not resumed" in err
+    assert 200 not in answers
+    assert api_server.writes() == 0
+    lease = api_server.get_lease()
+    assert lease
+    assert lease["spec"]["leaseTransitions"] == 3
+    assert code == 0
+
+
 def test_restarted_hold_after_a_skip_stays_idle_without_api_calls(
     api_server: FakeApiServer, start_sidecar: Callable[..., Sidecar], tmp_path: Path
 ) -> None:

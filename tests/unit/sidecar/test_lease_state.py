@@ -488,3 +488,23 @@ def test_a_store_lock_believes_a_day_long_hold_only_for_its_own_ttl(
     if not taken:
         assert isinstance(result, Busy)
         assert result.holder == OTHER
+
+
+@pytest.mark.parametrize(
+    ("silent", "resumed"),
+    [(10, True), (39.9, True), (40.0, False), (45, False), (3600, False)],
+    ids=["fresh", "just-inside", "at-the-deadline", "past-it", "an-hour"],
+)
+def test_resume_renews_only_a_hold_renewed_within_the_renew_deadline(
+    transport: FakeTransport, make_keeper: MakeKeeper, silent: float, resumed: bool
+) -> None:
+    # ttl 60 s: the renew deadline is 40 s. A hold of ours silent for longer ended then (its
+    # run should have been stopped): a restarted sidecar fails closed instead of renewing it.
+    transport.store(make_lease(ME, renewed=START - timedelta(seconds=silent), transitions=7))
+    keeper = make_keeper()
+    result = keeper.resume()
+    assert isinstance(result, Acquired) is resumed
+    assert keeper.lost is not resumed
+    assert len(transport.writes()) == (1 if resumed else 0)
+    assert transport.lease
+    assert transport.lease["spec"]["leaseTransitions"] == 7

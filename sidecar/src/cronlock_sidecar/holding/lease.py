@@ -174,9 +174,14 @@ class LeaseKeeper:
         raise Unavailable("acquire", self.lease, f"{MAX_CONFLICTS} write conflicts in a row")
 
     def resume(self) -> Acquired | None:
-        """After a restart in the same pod: renew if the Lease still names us, else None (lost).
+        """After a restart in the same pod: renew if the Lease still names us and was renewed
+        within the renew deadline, else None (lost).
 
-        Never takes a free Lease: this pod already ran its work under an earlier acquire.
+        Never takes a free Lease: this pod already ran its work under an earlier acquire. A
+        Lease that still names us but was last renewed longer ago than the renew deadline is
+        not resumed either: past that deadline the run should already have been stopped (the
+        other runs believe it for ttl + skew only), so its work went on unguarded, and
+        renewing would make /held answer 200 for a run that was not guarded. It fails closed.
         """
         for _ in range(MAX_CONFLICTS):
             try:
@@ -199,6 +204,20 @@ class LeaseKeeper:
             asking = self._yield_request(current)
             if asking:
                 self._yield(current, asking)
+                return None
+            silent = self._silent_for(current)
+            if silent is not None:
+                with self._state_lock:
+                    self._lost = True
+                log.error(
+                    "lease %s lost by %s while restarting: last renewed %.1fs ago, past the "
+                    "renew deadline (%.1fs); the run went unguarded meanwhile, so it is "
+                    "stopped, not resumed",
+                    self.lease,
+                    self.identity,
+                    silent,
+                    self.timing.renew_deadline,
+                )
                 return None
             result = self._decide(current)
             if isinstance(result, Acquired):
@@ -224,6 +243,18 @@ class LeaseKeeper:
         except Conflict:
             return None
         return self._took(written, sent, resumed=False, reason="created")
+
+    def _silent_for(self, current: Lease) -> float | None:
+        """Seconds since the Lease's last renewal if that is past our renew deadline, else None.
+
+        Only a hold of ours renewed within the deadline is one we may renew as it is: the
+        renew deadline is when a holder gives up, so a hold silent for longer ended then.
+        """
+        renewed_at = read_lease(current).renewed_at
+        if renewed_at is None:
+            return math.inf
+        silent = (self.clock.now() - renewed_at).total_seconds()
+        return silent if silent >= self.timing.renew_deadline else None
 
     def _decide(self, current: Lease) -> Acquired | Busy | None:
         holder = holder_of(current)
