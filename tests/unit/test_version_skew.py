@@ -33,6 +33,11 @@ ANNOTATED = {"cronlock.io/enabled": "true"}
         ("", None),
         ("1.x.0", None),
         ("9" * 7 + ".1", None),
+        # Digits to str.isdigit() but not to int() (L-N7), or not ASCII: none is a version.
+        ("\u00b2.1", None),
+        ("0.\u00b2", None),
+        ("\u0661.2", None),
+        ("1.\uff12.0", None),
     ],
 )
 def test_a_release_is_major_and_minor_of_a_version(
@@ -153,3 +158,15 @@ def test_the_sidecar_warns_at_start_only_outside_the_skew(
         cli._warn_if_outside_skew({contract.ENV_OPERATOR_VERSION: f"{major}.{minor + 2}.0"})
     (record,) = caplog.records
     assert "outside the supported skew" in record.getMessage()
+
+
+@pytest.mark.parametrize("version", ["\u00b2.1", "0.\u00b2.0", "1.\u00b9"])
+def test_a_version_int_cannot_read_is_one_warning_and_a_new_injection_not_a_crash(
+    version: str,
+) -> None:
+    # A CronJob's editor may write any value into the injected sidecar's environment: one
+    # that str.isdigit() accepts and int() refuses once failed every reconcile (L-N7).
+    decision = decide(stamped(version))
+    (event,) = skew_events(decision)
+    assert repr(version) in event.message
+    assert injected_by(decision.desired) == contract.VERSION

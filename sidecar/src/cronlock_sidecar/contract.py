@@ -22,7 +22,11 @@ UNSTAMPED_VERSION: Final = "0.1.0"
 def release_of(version: str) -> tuple[int, int] | None:
     """(major, minor) of "MAJOR.MINOR[.PATCH][-PRE][+BUILD]"; None for anything else."""
     parts = version.split("+", 1)[0].split("-", 1)[0].split(".")
-    if not 2 <= len(parts) <= 3 or not all(part.isdigit() and len(part) <= 6 for part in parts):
+    # ASCII digits only: str.isdigit() also accepts "²" or "٣", which int() refuses, and a
+    # value a CronJob's editor can write must never make a reconcile or the sidecar crash.
+    if not 2 <= len(parts) <= 3 or not all(
+        part.isascii() and part.isdigit() and len(part) <= 6 for part in parts
+    ):
         return None
     return int(parts[0]), int(parts[1])
 
