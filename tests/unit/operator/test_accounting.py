@@ -8,6 +8,8 @@ from typing import Any
 
 import pytest
 
+from cronlock_operator.cronjob.config import parse_config
+from cronlock_operator.injection.build import desired_cronjob
 from cronlock_operator.reconcile import contention, skips
 from cronlock_operator.reconcile.keys import ContentionKey, RunsKey
 from cronlock_operator.runtime import accounting as accounting_module
@@ -154,8 +156,13 @@ def test_a_success_resets_the_count_in_creation_order(
     setup: tuple[Reconciler, RecordingKube],
 ) -> None:
     reconciler, kube = setup
+    # The CronJob as the operator injected it; its Jobs carry its template, as the CronJob
+    # controller copies it (the success's gate is the CronJob's own, not a forger's).
+    cronjob = kube.cronjob
+    cronjob["spec"] = desired_cronjob(cronjob, parse_config(cronjob, SETTINGS), SETTINGS)["spec"]
     for number, skipped in ((3, True), (1, True), (2, False)):
         job = finished_job(f"report-{number}", f"2026-12-01T00:00:0{number}Z", skipped)
+        job["spec"] = copy.deepcopy(cronjob["spec"]["jobTemplate"]["spec"])
         arrive(reconciler, kube, job)
         if number == 1:
             del kube.jobs[(NAMESPACE, "report-1")]

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
+
+import pytest
 
 from cronlock_operator.cronjob.config import parse_config
 from cronlock_operator.cronjob.reading import counting_settings
@@ -261,14 +265,20 @@ def test_skips_are_counted_in_creation_order_and_alert_at_alert_after() -> None:
     ]
 
 
+def made_by(body: dict[str, Any], job: dict[str, Any]) -> dict[str, Any]:
+    """`job` with the pod template the CronJob controller copies from the CronJob `body`."""
+    job["spec"] = copy.deepcopy(body["spec"]["jobTemplate"]["spec"])
+    return job
+
+
 def test_a_success_resets_the_count_and_a_failure_leaves_it() -> None:
-    body = cronjob()
+    body = injected(cronjob())
     body["metadata"]["annotations"]["cronlock.io/consecutive-skips"] = "4"
     decision = runs.decide(
         body,
         [
-            finished_job("report-1", "2026-12-01T00:00:01Z", "succeeded"),
-            finished_job("report-2", "2026-12-01T00:00:02Z", "failed"),
+            made_by(body, finished_job("report-1", "2026-12-01T00:00:01Z", "succeeded")),
+            made_by(body, finished_job("report-2", "2026-12-01T00:00:02Z", "failed")),
         ],
         SETTINGS,
     )
@@ -289,6 +299,64 @@ def test_a_forged_job_that_never_took_the_lock_does_not_end_a_run_of_skips() -> 
     forged["spec"] = {"template": {"spec": {"containers": [{"name": "w", "command": ["true"]}]}}}
     decision = runs.decide(body, [forged], SETTINGS)
     assert decision.after == [SetConsecutiveSkips(NAMESPACE, "report", 4)]
+
+
+def _gate_is_true(spec: dict[str, Any]) -> None:
+    gate = next(c for c in spec["initContainers"] if c["name"] == "cronlock-gate")
+    gate["command"] = ["true"]
+
+
+def _sidecar_runs_another_image(spec: dict[str, Any]) -> None:
+    sidecar = next(c for c in spec["initContainers"] if c["name"] == "cronlock")
+    sidecar["image"] = "busybox:1.36"
+
+
+def _run_dir_from_a_config_map(spec: dict[str, Any]) -> None:
+    # A "decision: run" file of the forger's own: the real gate would read it and exit 0.
+    for volume in spec["volumes"]:
+        if volume["name"] == "cronlock":
+            volume.clear()
+            volume.update({"name": "cronlock", "configMap": {"name": "decided-run"}})
+
+
+def _another_lock(spec: dict[str, Any]) -> None:
+    sidecar = next(c for c in spec["initContainers"] if c["name"] == "cronlock")
+    for env in sidecar["env"]:
+        if env["name"] == "CRONLOCK_LEASE":
+            env["value"] = f"{NAMESPACE}/cronlock-free-lock"
+
+
+def _only_a_gate_by_name(spec: dict[str, Any]) -> None:
+    spec["initContainers"] = [{"name": "cronlock-gate", "image": "busybox:1.36"}]
+
+
+@pytest.mark.parametrize(
+    "forge",
+    [
+        _gate_is_true,
+        _sidecar_runs_another_image,
+        _run_dir_from_a_config_map,
+        _another_lock,
+        _only_a_gate_by_name,
+    ],
+)
+def test_a_forged_job_with_a_gate_of_its_own_does_not_end_a_run_of_skips(
+    forge: Callable[[dict[str, Any]], None],
+) -> None:
+    """Security review L-N6: a container *named* cronlock-gate proved nothing. A Job owned
+    by the CronJob whose cronlock containers or their volumes differ in anything from the
+    CronJob's own completes without ending the skips in a row."""
+    body = injected(cronjob())
+    body["metadata"]["annotations"]["cronlock.io/consecutive-skips"] = "4"
+    forged = made_by(body, finished_job("report-29999999", "2026-12-01T00:00:01Z", "succeeded"))
+    forge(forged["spec"]["template"]["spec"])
+    decision = runs.decide(body, [forged], SETTINGS)
+    assert decision.after == [SetConsecutiveSkips(NAMESPACE, "report", 4)]
+    # The same Job as the CronJob controller makes it does end them.
+    real = made_by(body, finished_job("report-29999998", "2026-12-01T00:00:01Z", "succeeded"))
+    assert runs.decide(body, [real], SETTINGS).after[-1] == SetConsecutiveSkips(
+        NAMESPACE, "report", 0
+    )
 
 
 def test_kept_and_gone_skipped_jobs_are_not_deleted() -> None:

@@ -109,7 +109,7 @@ def decide(
             )
             if not keep and present:
                 actions.append(DeleteJob(namespace, job_name))
-        elif outcome == "succeeded" and skips.went_through_the_lock(job):
+        elif outcome == "succeeded" and skips.went_through_the_lock(job, cronjob):
             count = 0
         elif outcome in ("skipped", "overlapped"):
             count += 1

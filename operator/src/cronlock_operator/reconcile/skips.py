@@ -35,18 +35,54 @@ def is_skip_failure(condition: Mapping[str, Any]) -> bool:
     )
 
 
-def went_through_the_lock(job: Mapping[str, Any]) -> bool:
-    """The Job's pods pass cronlock's gate, so its success means its run held the lock.
+def went_through_the_lock(job: Mapping[str, Any], cronjob: Mapping[str, Any]) -> bool:
+    """The Job's pods pass cronlock's gate as the CronJob's runs do, so its success means
+    its run held the lock.
 
     Anyone who may create Jobs can name a CronJob as a Job's owner (uid and `controller`
     included), so a Job that never took the lock (one container `true`) could end a run of
-    skips and hide a stuck lock (security review L8). A Job with the gate could not: if the
-    lock is stuck, its gate skips too."""
-    spec = ((job.get("spec") or {}).get("template") or {}).get("spec") or {}
-    return any(
-        isinstance(container, Mapping) and container.get("name") == contract.GATE_CONTAINER
-        for container in spec.get("initContainers") or []
+    skips and hide a stuck lock (security review L8). A container merely *named*
+    `cronlock-gate` proved nothing either (L-N6): its image may be `true`, or a sidecar of
+    the Job's own may write `run` into the gate's run dir. So cronlock's containers (the
+    sidecar and the gate: image, command, environment, probes, mounts) and the volumes they
+    mount must be exactly the CronJob's own, as the CronJob controller copies them. Such a
+    Job's sidecar takes the CronJob's lock with the pod's own token; if the lock is stuck,
+    its gate skips too. (A Job made before the operator injected the CronJob anew, after an
+    upgrade or a change of its annotations, does not end a run of skips: the next does.)"""
+    ours = _cronlock_parts(_pod_spec(job))
+    return bool(ours[0]) and ours == _cronlock_parts(
+        _pod_spec(cronjob.get("spec", {}).get("jobTemplate"))
     )
+
+
+def _pod_spec(job: Mapping[str, Any] | None) -> Mapping[str, Any]:
+    template = ((job or {}).get("spec") or {}).get("template") or {}
+    spec = template.get("spec") if isinstance(template, Mapping) else None
+    return spec if isinstance(spec, Mapping) else {}
+
+
+def _cronlock_parts(spec: Mapping[str, Any]) -> tuple[list[Any], list[Any]]:
+    """cronlock's containers in the pod spec (in order, the gate first to be present) and
+    the volumes they mount."""
+    containers = [
+        container
+        for container in spec.get("initContainers") or []
+        if isinstance(container, Mapping) and container.get("name") in contract.INJECTED_CONTAINERS
+    ]
+    if not any(container.get("name") == contract.GATE_CONTAINER for container in containers):
+        return [], []
+    mounted = {
+        mount.get("name")
+        for container in containers
+        for mount in container.get("volumeMounts") or []
+        if isinstance(mount, Mapping)
+    }
+    volumes = [
+        volume
+        for volume in spec.get("volumes") or []
+        if isinstance(volume, Mapping) and volume.get("name") in mounted
+    ]
+    return containers, volumes
 
 
 def contended(job: Mapping[str, Any]) -> str | None:
