@@ -749,6 +749,30 @@ def test_signal_with_a_store_is_refused_for_the_url_under_proc(
     assert parse_config(liveness, STORES).stop == "liveness"
 
 
+def test_a_store_in_a_pod_that_shares_its_processes_is_refused() -> None:
+    """Security review L-N12: with the pod's own shareProcessNamespace: true, work running as
+    the sidecar's user (65532, distroless's "nonroot") could read the store's URL through
+    /proc/<sidecar pid>/root, whatever the stop method. Refused with a store; the same pod on
+    the Lease is guarded; an "original" annotation written by hand exempts nothing."""
+    shared = make_cronjob(annotations=dict(IN_POSTGRES), shareProcessNamespace=True)
+    with pytest.raises(InvalidConfig) as caught:
+        parse_config(shared, STORES)
+    assert caught.value.annotation == "cronlock.io/store"
+    assert "shareProcessNamespace: true" in str(caught.value)
+    assert "/proc/<sidecar pid>/root" in str(caught.value)
+    on_the_lease = make_cronjob(
+        annotations={"cronlock.io/enabled": "true"}, shareProcessNamespace=True
+    )
+    assert parse_config(on_the_lease, STORES).store == "lease"
+    claimed_original = make_cronjob(
+        annotations={**IN_POSTGRES, "cronlock.io/original-share-process-namespace": "unset"},
+        shareProcessNamespace=True,
+    )
+    with pytest.raises(InvalidConfig):
+        parse_config(claimed_original, STORES)
+    assert parse_config(make_cronjob(annotations=dict(IN_POSTGRES)), STORES).store == "postgres"
+
+
 def test_the_operator_scope_policy_admits_every_variable_the_injection_writes() -> None:
     """The chart's scope policy lists the variables cronlock's containers may carry; one the
     injection writes and the list lacks would refuse every injection on a cluster."""

@@ -18,7 +18,7 @@ from cronlock_operator.cronjob.invalid import duration_annotation
 from cronlock_operator.cronjob.policies import Policy, parse_policy, parse_wait_timeout
 from cronlock_operator.leases.sharing import InvalidPeers, parse_peers
 from cronlock_operator.objects import annotations_of
-from cronlock_operator.podspec import containers_with_own_liveness_probe
+from cronlock_operator.podspec import containers_with_own_liveness_probe, pod_spec_of
 from cronlock_sidecar import contract
 from cronlock_sidecar.lock.model import (
     Timing,
@@ -261,6 +261,8 @@ def parse_config(cronjob: Mapping[str, Any], settings: Defaults) -> LockConfig:
     stop = _parse_stop(annotations, cronjob)
     if stop == "signal" and store != "lease":
         _refuse_signal_with_store(annotations, cronjob, store)
+    if store != "lease":
+        _refuse_shared_processes_with_store(annotations, cronjob, store)
     alert_after = parse_alert_after(annotations)
     alert_after_missed = parse_alert_after_missed(annotations, settings.default_alert_after_missed)
     keep = parse_flag(annotations, contract.ANNOTATION_KEEP_SKIPPED_JOBS, default=False)
@@ -498,6 +500,28 @@ def _refuse_signal_with_store(
         "your work could read the store's URL and password through /proc/<sidecar pid>/root; "
         f'set {contract.ANNOTATION_STOP}: "liveness" (and remove your own livenessProbe, '
         "which cronlock's replaces) or keep the lock in this cluster's Lease",
+    )
+
+
+def _refuse_shared_processes_with_store(
+    annotations: Mapping[str, str], cronjob: Mapping[str, Any], store: str
+) -> None:
+    """`shareProcessNamespace: true` lets the work see the sidecar's processes; work that
+    runs as the sidecar's user (65532, the user of distroless and Chainguard images too)
+    could read the store's URL, password included, through /proc/<sidecar pid>/root
+    (security review L-N12). The store's secret stays out of such a pod. (Also when an
+    earlier `stop: signal` injection set it: the refusal reverts that injection, and the
+    reverted CronJob is guarded. A recorded original is no exemption: anyone who edits the
+    CronJob can write one.)"""
+    if pod_spec_of(cronjob).get("shareProcessNamespace") is not True:
+        return
+    raise InvalidConfig(
+        contract.ANNOTATION_STORE,
+        store,
+        "cannot be used in a pod with shareProcessNamespace: true: its containers see the "
+        "sidecar's processes, and one running as the sidecar's user could read the store's "
+        "URL and password through /proc/<sidecar pid>/root; remove shareProcessNamespace "
+        "from the job template or keep the lock in this cluster's Lease",
     )
 
 
