@@ -131,6 +131,14 @@ class NotRun:
             reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else ""
             self.left_out["skipped"].append(f"{report.nodeid} ({reason})")
 
+    def pytest_collectreport(self, report: pytest.CollectReport) -> None:
+        # A module that skips itself while collected (`pytest.skip(allow_module_level=True)`,
+        # `pytest.importorskip`) leaves out every test in it without one test report: pytest
+        # then says "1 passed, 2 skipped" and exits 0.
+        if report.skipped:
+            reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else ""
+            self.left_out["skipped"].append(f"{report.nodeid} (the whole module: {reason})")
+
     def pytest_deselected(self, items: Sequence[pytest.Item]) -> None:
         self.left_out["deselected"].extend(item.nodeid for item in items)
 

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.support.paths import ROOT
 
 TESTS = """
@@ -110,3 +112,19 @@ def test_the_tests_run_in_reverse_when_asked(tmp_path: Path) -> None:
     wrong = run(tmp_path, "test_sample.py::test_runs", order="shuffled")
     assert wrong.returncode == 4, wrong.stdout + wrong.stderr
     assert "CRONLOCK_TEST_ORDER='shuffled': expected one of collected, reverse" in wrong.stderr
+
+
+@pytest.mark.parametrize(
+    "module",
+    [
+        'import pytest\npytest.skip("no store here", allow_module_level=True)\n',
+        'import pytest\npytest.importorskip("cronlock_no_such_module")\n',
+    ],
+    ids=["skip-allow-module-level", "importorskip"],
+)
+def test_a_module_that_skips_itself_fails_the_run(tmp_path: Path, module: str) -> None:
+    (tmp_path / "test_whole.py").write_text(module + "\ndef test_never():\n    pass\n")
+    result = run(tmp_path, "test_sample.py::test_runs", "test_whole.py")
+    assert result.returncode == 1, result.stdout
+    assert "1 passed, 1 skipped" in result.stdout, result.stdout
+    assert "skipped: test_whole.py (the whole module: " in result.stdout, result.stdout
