@@ -12,6 +12,7 @@ from pathlib import Path
 import kubernetes
 import pytest
 
+from tests.support import evidence
 from tests.support.controlplane import (
     ControlPlane,
     ServiceAccountKubeconfig,
@@ -211,3 +212,29 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         )
     if order == "reverse":
         items.reverse()
+
+
+# --- Evidence of failures ---------------------------------------------------------------------
+# A test on the real node that fails keeps its pods' logs, Events, Leases' history and the
+# kubelet's lines (tests/support/evidence.py); the summary names each folder, so CI's log
+# (the rings print each ring's log whole) says where to look.
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Iterator[None] | pytest.TestReport:
+    report: pytest.TestReport = yield
+    if report.failed:
+        item.stash[evidence.FAILED_CALL] = True
+    return report
+
+
+def pytest_terminal_summary(
+    terminalreporter: pytest.TerminalReporter, config: pytest.Config
+) -> None:
+    folders = config.stash.get(evidence.EVIDENCE, [])
+    if folders:
+        terminalreporter.section("evidence of the failed tests", red=True, bold=True)
+        for folder in folders:
+            terminalreporter.write_line(f"  {folder}")

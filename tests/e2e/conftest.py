@@ -11,6 +11,7 @@ import kubernetes
 import pytest
 
 from tests.e2e.scenario import Scenario
+from tests.support import evidence
 from tests.support.controlplane import ControlPlane
 from tests.support.kube import wait_for
 from tests.support.node import PodRecorder, RealNode, WorkTracker
@@ -120,9 +121,25 @@ def cluster(
     node_operator: OperatorProcess,
     node: RealNode,
     tracker: WorkTracker,
+    request: pytest.FixtureRequest,
 ) -> Iterator[Scenario]:
-    """A namespace whose pods run on the real node, with the operator watching it."""
+    """A namespace whose pods run on the real node, with the operator watching it; a test
+    that fails leaves its evidence (tests/support/evidence.py)."""
     recorder = PodRecorder(api, namespace)
     recorder.start()
-    yield Scenario(api, namespace, node, node_operator, tracker, recorder)
+    leases = evidence.LeaseHistory(api, namespace)
+    leases.start()
+    yield Scenario(api, namespace, node, node_operator, tracker, recorder, leases)
+    leases.stop()
+    if evidence.failed(request.node):
+        folder = evidence.keep(
+            request.node.nodeid,
+            api,
+            namespace,
+            recorder,
+            leases,
+            [node],
+            operator_log=node_operator.log(),
+        )
+        evidence.kept(request.config, folder)
     recorder.stop()

@@ -16,6 +16,7 @@ import kubernetes
 
 from tests.support.contract import GATE_CONTAINER, SIDECAR_CONTAINER
 from tests.support.cronjobs import job_from_cronjob, make_cronjob
+from tests.support.evidence import LeaseHistory
 from tests.support.kube import wait_for
 from tests.support.node import (
     BUSYBOX_IMAGE,
@@ -36,6 +37,12 @@ MAIN = "main"
 NEVER = "0 0 1 1 *"
 
 
+# A work that runs until the test ends it (`Scenario.finish`): a holder that outlasts whatever
+# its contenders take to start and decide, however slowly the node starts their pods, with
+# no fixed window to outguess (a `sleep 12` once ended before a slow contender decided).
+UNTIL_FINISHED = "trap 'echo finished; exit 0' USR1; while :; do sleep 1 & wait $!; done"
+
+
 def seconds_to_next_minute() -> float:
     return 60 - time.time() % 60
 
@@ -50,6 +57,8 @@ class Scenario:
     operator: OperatorProcess
     tracker: WorkTracker
     recorder: PodRecorder
+    # Every version of the namespace's Leases, kept as evidence should the test fail.
+    history: LeaseHistory | None = None
 
     @property
     def batch(self) -> kubernetes.client.BatchV1Api:
@@ -254,6 +263,10 @@ class Scenario:
         finally:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGCONT)
+
+    def finish(self, work: Work) -> None:
+        """End a work running UNTIL_FINISHED: SIGUSR1 to its shell from the node's host."""
+        self.node.signal_container(self.pod_uid(work.pod), MAIN, signal.SIGUSR1)
 
     def operator_log(self) -> str:
         return self.operator.log()[-4000:]
