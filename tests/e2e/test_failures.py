@@ -21,6 +21,7 @@ from cronlock_operator.cronjob.config import minimum_ttl_seconds
 from cronlock_sidecar.lock.model import Timing
 from tests.e2e.scenario import (
     SIDECAR,
+    UNTIL_FINISHED,
     Scenario,
     hold_then,
     next_run_goes_ahead,
@@ -219,10 +220,16 @@ def test_a_lost_kubelet_leaves_the_run_holding_its_lock_and_nothing_overlaps(
 
 @pytest.mark.timeout(240)
 def test_wait_policy_runs_after_the_holder_on_the_real_node(cluster: Scenario) -> None:
-    cluster.cronjob("queue", "echo working; sleep 8", policy="wait", wait_timeout="60s")
+    cluster.cronjob("queue", f"echo working; {UNTIL_FINISHED}", policy="wait", wait_timeout="60s")
     cluster.run("queue", "queue-1")
     first = cluster.main_running("queue-1")
-    cluster.run("queue", "queue-2")
+    cluster.run("queue", "queue-2", "echo working; sleep 2")
+    # The path the test names: queue-2 found the lock held and waited (its own line), and
+    # queue-1 ends only then, however long queue-2's pod took to start.
+    wait_for(lambda: "; waiting up to" in cluster.sidecar_log("queue-2"), 90, "queue-2 to wait")
+    assert f"held by {first.pod}" in cluster.sidecar_log("queue-2")
+    assert first.running
+    cluster.finish(first)
     assert cluster.gate_exit("queue-2") == 0, "the waiting run went ahead once the lock was free"
     second = cluster.main_running("queue-2")
     assert first.stopped is not None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.e2e.scenario import Scenario, seconds_to_next_minute
+from tests.e2e.scenario import UNTIL_FINISHED, Scenario, seconds_to_next_minute
 from tests.support.contract import EXIT_SKIPPED
 from tests.support.kube import wait_for
 from tests.support.node import overlapping
@@ -13,7 +13,7 @@ from tests.support.node import overlapping
 def test_a_manual_run_during_a_run_is_skipped_and_the_run_after_it_goes_ahead(
     cluster: Scenario,
 ) -> None:
-    cluster.cronjob("report", "echo building; sleep 12; echo done", backoff_limit=2)
+    cluster.cronjob("report", f"echo building; {UNTIL_FINISHED}", backoff_limit=2)
 
     cluster.run("report", "report-1")
     first = cluster.main_running("report-1")
@@ -32,6 +32,7 @@ def test_a_manual_run_during_a_run_is_skipped_and_the_run_after_it_goes_ahead(
     assert len(cluster.pods("report-2")) == 1
     assert first.running, "the skip did not disturb the run in progress"
 
+    cluster.finish(first)  # only now that report-2 has decided and been accounted for
     assert cluster.main_finished("report-1", timeout=60) == 0
     wait_for(lambda: cluster.job_condition("report-1") == "Complete", 30, "report-1 complete")
     lease = cluster.lease("report")
@@ -60,14 +61,15 @@ def test_a_scheduled_tick_during_a_run_is_skipped_and_the_next_tick_runs(
     wait_for(lambda: 12 < seconds_to_next_minute() < 48, 40, "12s to 48s before a tick")
     wait_for(lambda: not cluster.lease("minutely")["spec"].get("holderIdentity"), 30, "a free lock")
     earlier = scheduled_jobs()
-    hold = round(seconds_to_next_minute()) + 10
-    cluster.run("minutely", "minutely-manual", f"echo holding; sleep {hold}")
+    cluster.run("minutely", "minutely-manual", f"echo holding; {UNTIL_FINISHED}")
     manual = cluster.main_running("minutely-manual")
 
     tick = min(wait_for(lambda: scheduled_jobs() - earlier, 75, "the CronJob's next tick"))
 
     assert cluster.gate_exit(tick) == EXIT_SKIPPED
     assert manual.running, "the tick came while the manual run worked"
+    cluster.finish(manual)  # held until the tick's run decided, however late its pod started
+    assert cluster.main_finished("minutely-manual") == 0
     (_, message), *_ = cluster.wait_event("minutely", "Skipped")
     assert message.startswith(f"run {tick} skipped")
     wait_for(lambda: cluster.job(tick) is None, 30, f"the operator to delete {tick}")

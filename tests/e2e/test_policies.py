@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from tests.e2e.scenario import SIDECAR, Scenario
+from tests.e2e.scenario import SIDECAR, UNTIL_FINISHED, Scenario
 from tests.support.contract import EXIT_SKIPPED
 from tests.support.kube import wait_for
 from tests.support.node import overlapping
@@ -91,7 +91,9 @@ def test_replace_waits_for_a_frozen_holders_lease_to_expire_and_never_overlaps(
 
 
 def test_observe_runs_every_run_and_records_each_overlap(cluster: Scenario) -> None:
-    cluster.cronjob("observed", "echo working; sleep 25", policy="observe", alert_after="2")
+    cluster.cronjob(
+        "observed", f"echo working; {UNTIL_FINISHED}", policy="observe", alert_after="2"
+    )
 
     cluster.run("observed", "observed-1")
     first = cluster.main_running("observed-1")
@@ -125,6 +127,7 @@ def test_observe_runs_every_run_and_records_each_overlap(cluster: Scenario) -> N
     assert first.running, "still: the first run was never disturbed"
 
     # The first run ends as it would without cronlock, and its success resets the count.
+    cluster.finish(first)
     assert cluster.main_finished("observed-1", timeout=60) == 0
     wait_for(lambda: cluster.consecutive_skips("observed") == 0, 30, "the success counted")
     assert len(cluster.events("observed", "Overlap")) == 2

@@ -22,6 +22,7 @@ from tests.support.controlplane import ControlPlane, ServiceAccountKubeconfig
 from tests.support.kube import run_tool, wait_for
 from tests.support.operator import kube_version
 from tests.support.paths import ROOT
+from tests.support.prometheus import alert_expr, promql_eval, rule_file
 from tests.support.tools import gotool
 
 CHART = ROOT / "charts" / "cronlock"
@@ -436,14 +437,6 @@ def test_helm_renders_without_kube_version_as_a_released_helm_does(
     assert "1 chart(s) linted, 0 chart(s) failed" in linted.stdout
 
 
-def rule_file(directory: Path, docs: list[dict[str, Any]]) -> Path:
-    """The PrometheusRule's groups as the rule file Prometheus would load."""
-    [rule] = [doc for doc in docs if doc["kind"] == "PrometheusRule"]
-    path = directory / f"rules-{secrets.token_hex(3)}.yaml"
-    path.write_text(yaml.safe_dump({"groups": rule["spec"]["groups"]}))
-    return path
-
-
 def rulecheck_binary() -> str:
     """Prometheus' own parser (rulefmt and PromQL), built from its pinned Go module."""
     return gotool("rulecheck")
@@ -640,24 +633,6 @@ def test_every_alert_names_only_exported_metrics(
     # which every replica serves, not `up`.
     assert names - exported_series() == set()
     assert {"cronlock_consecutive_skips", "cronlock_leader"} <= names
-
-
-def promql_eval(directory: Path, script: str) -> subprocess.CompletedProcess[str]:
-    """`script` (Prometheus' promqltest format) run on Prometheus' own query engine."""
-    path = directory / f"script-{secrets.token_hex(3)}.test"
-    path.write_text(script)
-    return subprocess.run(
-        [gotool("promqleval"), "-test.run", "TestScripts", "--", str(path)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-
-
-def alert_expr(rule_path: Path, alert: str) -> str:
-    groups = yaml.safe_load(rule_path.read_text())["groups"]
-    [expr] = [r["expr"] for g in groups for r in g["rules"] if r.get("alert") == alert]
-    return " ".join(str(expr).split())
 
 
 def test_the_operator_down_alert_fires_when_no_replica_leads_on_prometheus_engine(
