@@ -31,6 +31,15 @@ from tests.support.stores import PostgresServer, documented
 
 TTL_30S = Timing.of(30.0, None, 1.0)
 TTL_1S = Timing.of(1.0, None, 0.0)
+# Every lock mode that conflicts with ROW EXCLUSIVE (what an INSERT or UPDATE takes), and
+# SHARE UPDATE EXCLUSIVE (which stops autovacuum).
+MODES_THAT_STOP_WRITERS = (
+    "ACCESS EXCLUSIVE",
+    "EXCLUSIVE",
+    "SHARE ROW EXCLUSIVE",
+    "SHARE",
+    "SHARE UPDATE EXCLUSIVE",
+)
 
 
 @dataclass
@@ -299,7 +308,7 @@ def test_a_tenant_cannot_lock_the_tables_and_its_sessions_are_bounded(
         team_e.create(own, claimed(body, "e", TTL_30S, datetime.now(UTC), ""))
     with psycopg.connect(store.urls["team-e"], autocommit=True) as attacker:
         for table in ("cronlock.locks", "cronlock.fences"):
-            for mode in ("ACCESS EXCLUSIVE", "EXCLUSIVE", "SHARE", "SHARE UPDATE EXCLUSIVE"):
+            for mode in MODES_THAT_STOP_WRITERS:
                 with (
                     pytest.raises(psycopg.errors.InsufficientPrivilege, match="permission denied"),
                     attacker.transaction(),
