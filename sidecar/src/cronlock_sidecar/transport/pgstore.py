@@ -87,7 +87,7 @@ BEGIN
     -- Tables of schema 1 or 2 on the caller's search path move here with their rows,
     -- fences and sequence. A view takes their place, and one is here too (for a role
     -- named cronlock, whose "$user" is this schema), so a sidecar of schema 2 fails
-    -- ("not a table") rather than create new tables beside the moved ones.
+    -- (its ALTER TABLE of a view) rather than create new tables beside the moved ones.
     SELECT p.nspname INTO old_schema
       FROM unnest(on_path) WITH ORDINALITY AS p(nspname, i)
       JOIN pg_class c ON c.relnamespace = to_regnamespace(quote_ident(p.nspname))
