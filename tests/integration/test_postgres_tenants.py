@@ -162,6 +162,43 @@ def test_each_namespace_holds_its_own_locks_with_the_documented_grants_only(
     ]
 
 
+def test_a_namespaces_sidecar_never_makes_the_schema_and_says_who_does(
+    postgres_store: PostgresServer,
+) -> None:
+    """Before the admin ran the schema, a namespace's sidecar is refused (exit 69) with a
+    pointer to the block, and nothing is created; a reader (`cronlock status`) finds no
+    lock rather than an error."""
+    admin, database = "cronlock_admin_early", "tenants_early"
+    owner = (
+        documented("postgres-owner")
+        .replace("cronlock_admin", admin)
+        .replace("DATABASE cronlock ", f"DATABASE {database} ")
+    )
+    secret = os.urandom(8).hex()
+    with postgres_store.superuser() as superuser:
+        for statement in statements(owner):
+            superuser.execute(statement)
+        role = documented("postgres-rls-role").replace("team-a", "team-early")
+        superuser.execute(role.replace("'PASSWORD'", f"'{secret}'"))
+    url = postgres_store.url_of("team-early", secret, database)
+    lease = LeaseRef("team-early", "report")
+    with (
+        transport(url) as sidecar,
+        pytest.raises(Forbidden, match="permission denied for database") as refused,
+    ):
+        sidecar.create(lease, claimed({"metadata": {}}, "e", TTL_30S, datetime.now(UTC), ""))
+    assert 'the admin role runs the schema in docs/STORES.md, "PostgreSQL: tables"' in str(
+        refused.value
+    )
+    reader = PostgresLeaseStore(
+        parse_store_url(url, "--store"), lambda: datetime.now(UTC), create_tables=False
+    )
+    with reader, pytest.raises(NotFound, match=r'relation "cronlock\.locks" does not exist'):
+        reader.get(lease)
+    with postgres_store.superuser(database) as superuser:
+        assert superuser.execute("SELECT to_regnamespace('cronlock')").fetchone() == (None,)
+
+
 # A tenant with CREATE on public plants what the trigger (or the sidecar's own statements)
 # could resolve on a search path that has public, before or after pg_catalog: better-typed
 # overloads (make_interval(secs integer), nextval(text)), same-signature functions and

@@ -511,7 +511,7 @@ def _translated(
             else ""
         )
         return Forbidden(verb, lease, f"{url}: {text}{hint}")
-    if isinstance(error, (errors.UndefinedTable, errors.InvalidSchemaName)):
+    if isinstance(error, errors.UndefinedTable):
         # Only a reader that does not create them meets this: no lock of schema 3 here
         # (a store of an earlier schema is read once its schema was run: docs/UPGRADING.md).
         return NotFound(verb, lease, f"{url}: {text}")
