@@ -509,6 +509,12 @@ def test_schema_1_tables_are_moved_into_the_schema_with_their_locks(
             " nextval('cronlock_versions'), %s::jsonb, now(), now())",
             (old_document,),
         )
+    # Not on the URL's search path: refused, rather than new tables whose tokens start at 1.
+    with (
+        transport("postgres", url) as client,
+        pytest.raises(Unavailable, match="earlier schema are in the schema s1, not on this"),
+    ):
+        client.get(lease)
     url = f"{url}?options=-csearch_path%3Ds1"
     timing = Timing.of(1.0, None, 0.0)
     with transport("postgres", url) as client:

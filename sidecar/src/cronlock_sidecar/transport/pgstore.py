@@ -93,6 +93,18 @@ BEGIN
       JOIN pg_class c ON c.relnamespace = to_regnamespace(quote_ident(p.nspname))
      WHERE c.relname = 'cronlock_locks' AND c.relkind = 'r'
      ORDER BY p.i LIMIT 1;
+    IF old_schema IS NULL AND to_regclass('cronlock.locks') IS NULL THEN
+        SELECT n.nspname INTO old_schema
+          FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+         WHERE c.relname = 'cronlock_locks' AND c.relkind = 'r'
+         ORDER BY n.nspname LIMIT 1;
+        IF old_schema IS NOT NULL THEN  -- new tables would start the tokens again at 1
+            RAISE EXCEPTION USING ERRCODE = 'object_not_in_prerequisite_state', MESSAGE =
+                format('cronlock store: the locks of an earlier schema are in the schema %I, '
+                       'not on this search path: run the schema with search_path = %I to '
+                       'move them (docs/UPGRADING.md)', old_schema, old_schema);
+        END IF;
+    END IF;
     IF old_schema IS NOT NULL AND to_regclass('cronlock.locks') IS NULL THEN
         IF old_schema <> 'cronlock' THEN
             EXECUTE format('ALTER TABLE %I.cronlock_locks SET SCHEMA cronlock', old_schema);
