@@ -30,7 +30,7 @@ from cronlock_sidecar.transport.seam import Conflict, Forbidden, LeaseRef, NotFo
 from cronlock_sidecar.transport.storeurl import parse_store_url
 from tests.support.kube import wait_for
 from tests.support.paths import ROOT, SIDECAR
-from tests.support.stores import PostgresServer, RedisServer
+from tests.support.stores import PostgresServer, RedisServer, documented
 
 STORES = ("redis", "postgres")
 
@@ -209,7 +209,7 @@ def delete_by_hand(kind: str, url: str, lease: LeaseRef) -> None:
     else:
         with psycopg.connect(url, autocommit=True) as connection:
             deleted = connection.execute(
-                "DELETE FROM cronlock_locks WHERE namespace = %s AND name = %s",
+                "DELETE FROM cronlock.locks WHERE namespace = %s AND name = %s",
                 (lease.namespace, lease.name),
             ).rowcount
             assert deleted == 1
@@ -338,7 +338,7 @@ def write_by_hand(kind: str, url: str, lease: LeaseRef, document: str, *, at: st
     else:
         with psycopg.connect(url, autocommit=True) as connection:
             connection.execute(
-                "INSERT INTO cronlock_locks (namespace, name, holder, transitions,"
+                "INSERT INTO cronlock.locks (namespace, name, holder, transitions,"
                 " resource_version, document, writer_time, written_at)"
                 " VALUES (%s, %s, 'mallory', 0, 1000000, %s::jsonb, now(), now())",
                 (lease.namespace, lease.name, document),
@@ -393,13 +393,13 @@ def test_a_renewal_dated_in_the_future_by_hand_keeps_nothing_alive(
             write_by_hand(kind, server.url, lease, tampered_document(lease, "mallory", 30))
             with psycopg.connect(server.url, autocommit=True) as connection:
                 connection.execute(
-                    "UPDATE cronlock_locks SET written_at = '2099-01-01', renewed_at = '2099-01-01'"
+                    "UPDATE cronlock.locks SET written_at = '2099-01-01', renewed_at = '2099-01-01'"
                     " WHERE namespace = %s AND name = %s",
                     (lease.namespace, lease.name),
                 )
                 row = connection.execute(
                     "SELECT written_at <= clock_timestamp(), renewed_at <= clock_timestamp()"
-                    " FROM cronlock_locks WHERE namespace = %s AND name = %s",
+                    " FROM cronlock.locks WHERE namespace = %s AND name = %s",
                     (lease.namespace, lease.name),
                 ).fetchone()
             assert row == (True, True)
@@ -459,7 +459,7 @@ def tamper(kind: str, url: str, lease: LeaseRef, document: str) -> str:
     with psycopg.connect(url, autocommit=True) as connection:
         try:
             connection.execute(
-                "UPDATE cronlock_locks SET document = %s::jsonb, transitions = -5"
+                "UPDATE cronlock.locks SET document = %s::jsonb, transitions = -5"
                 " WHERE namespace = %s AND name = %s",
                 (document, lease.namespace, lease.name),
             )
@@ -481,18 +481,27 @@ COMMENT ON TABLE cronlock_locks IS 'cronlock locks, schema 1 (docs/STORES.md)';
 """
 
 
-def test_schema_1_tables_are_migrated_in_place_and_their_locks_kept(
+def database_of_its_own(server: PostgresServer, request: pytest.FixtureRequest) -> str:
+    """A new database owned by the tests' `cronlock` role (which may then create the
+    schema `cronlock` in it, as a single-credential set-up's role does); its URL."""
+    name = f"db_{os.getpid()}_{request.node.name[-12:].lower()}"
+    with server.superuser() as connection:
+        connection.execute(f"CREATE DATABASE {name} OWNER cronlock")
+    return server.url.rsplit("/", 1)[0] + f"/{name}"
+
+
+def test_schema_1_tables_are_moved_into_the_schema_with_their_locks(
     postgres_store: PostgresServer, request: pytest.FixtureRequest
 ) -> None:
-    """Tables and a held row as the previous version wrote them (in a schema of their own):
-    the first sidecar call migrates them, the row's hold, token and times carry over, and
-    running the schema again changes nothing."""
-    schema = f"s1_{os.getpid()}_{request.node.name[-8:].lower()}"
+    """Tables and a held row as the first version wrote them (in a schema of their own on
+    the URL's search path): the first sidecar call moves them into `cronlock`, the row's
+    hold, token and times carry over, and running the schema again changes nothing."""
+    url = database_of_its_own(postgres_store, request)
     lease = LeaseRef("tests", "migrated")
     old_document = tampered_document(lease, "a", 1)
-    with psycopg.connect(postgres_store.url, autocommit=True) as connection:
-        connection.execute(f"CREATE SCHEMA {schema}")
-        connection.execute(f"SET search_path = {schema}")
+    with psycopg.connect(url, autocommit=True) as connection:
+        connection.execute("CREATE SCHEMA s1")
+        connection.execute("SET search_path = s1")
         connection.execute(SCHEMA_1)
         connection.execute("INSERT INTO cronlock_fences VALUES ('tests', 'migrated', 7)")
         connection.execute(
@@ -500,7 +509,13 @@ def test_schema_1_tables_are_migrated_in_place_and_their_locks_kept(
             " nextval('cronlock_versions'), %s::jsonb, now(), now())",
             (old_document,),
         )
-    url = f"{postgres_store.url}?options=-csearch_path%3D{schema}"
+    # Not on the URL's search path: refused, rather than new tables whose tokens start at 1.
+    with (
+        transport("postgres", url) as client,
+        pytest.raises(Unavailable, match="earlier schema are in the schema s1, not on this"),
+    ):
+        client.get(lease)
+    url = f"{url}?options=-csearch_path%3Ds1"
     timing = Timing.of(1.0, None, 0.0)
     with transport("postgres", url) as client:
         read = read_lease(client.get(lease))
@@ -510,25 +525,74 @@ def test_schema_1_tables_are_migrated_in_place_and_their_locks_kept(
     with psycopg.connect(url, autocommit=True) as connection:
         connection.execute(pgstore.SCHEMA)  # again: idempotent
         row = connection.execute(
-            "SELECT holder, transitions, duration, obj_description('cronlock_locks'::regclass)"
-            " FROM cronlock_locks"
+            "SELECT holder, transitions, duration, obj_description('cronlock.locks'::regclass),"
+            " (SELECT relkind FROM pg_class WHERE oid = 's1.cronlock_locks'::regclass)"
+            " FROM cronlock.locks"
         ).fetchone()
     assert row is not None
     assert row[:3] == ("b", 8, 1)
-    assert str(row[3]).startswith("cronlock locks, schema 2")
+    assert str(row[3]).startswith("cronlock locks, schema 3")
+    assert row[4] == "v"  # a view where the tables were
 
 
-# --- credentials per namespace, exactly as docs/STORES.md gives them ----------------------
-STORES_MD = ROOT / "docs" / "STORES.md"
+SCHEMA_2 = (Path(__file__).parent / "pg_schema_2.sql").read_text()
 
 
-def documented(marker: str) -> str:
-    """The fenced block after `<!-- tested: MARKER -->` in docs/STORES.md."""
-    text = STORES_MD.read_text()
-    after = text.split(f"<!-- tested: {marker} -->\n", 1)[1]
-    return after.split("```", 2)[1].split("\n", 1)[1].rstrip("\n")
+def test_schema_2_in_public_is_moved_with_its_holds_and_tokens_never_go_back(
+    postgres_store: PostgresServer, request: pytest.FixtureRequest
+) -> None:
+    """Schema 2 as the previous version made it in `public`, with a live hold and the fence
+    of a lock deleted by hand: after the move the hold is still refused to another holder,
+    each token goes on from where it was, and a sidecar of schema 2 then fails where it
+    would have made new tables beside the moved ones."""
+    url = database_of_its_own(postgres_store, request)
+    held, deleted = LeaseRef("tests", "held"), LeaseRef("tests", "deleted")
+    with psycopg.connect(url, autocommit=True) as connection:
+        connection.execute(SCHEMA_2)
+        connection.execute("INSERT INTO cronlock_fences VALUES ('tests', 'deleted', 12)")
+        connection.execute(
+            "INSERT INTO cronlock_locks (namespace, name, transitions, resource_version,"
+            " document, writer_time, written_at) VALUES ('tests', 'held', 0, 0, %s::jsonb,"
+            " now(), now())",
+            (tampered_document(held, "a", 30),),
+        )
+        connection.execute(
+            "UPDATE cronlock_fences SET value = 7 WHERE namespace = 'tests' AND name = 'held'"
+        )
+    timing = Timing.of(30.0, None, 1.0)
+    body: dict[str, Any] = {"metadata": {}}
+    with transport("postgres", url) as client:
+        assert read_lease(client.get(held)).holder == "a"
+        assert take_over(client, held, "b", timing) is None  # a's 30 s, not over
+        token = read_lease(client.get(held)).transitions
+        assert token == 1  # the token written in schema 2, carried over
+        created = client.create(deleted, claimed(body, "c", timing, datetime.now(UTC), ""))
+        assert read_lease(created).transitions == 13  # past the moved fence's 12
+    with psycopg.connect(url, autocommit=True) as connection:
+        kinds = dict(
+            connection.execute(
+                "SELECT c.relname, c.relkind FROM pg_class c"
+                " WHERE c.relnamespace = 'public'::regnamespace AND c.relname LIKE 'cronlock%'"
+            ).fetchall()
+        )
+        assert kinds == {"cronlock_locks": "v"}
+        # A sidecar of schema 2 connecting: its role's "$user" schema (here `cronlock`, the
+        # tests' role's name) first, then public alone.
+        for path in ('"$user", public', "public"):
+            connection.execute("SELECT set_config('search_path', %s, false)", (path,))
+            with (
+                pytest.raises(psycopg.errors.WrongObjectType, match="cronlock_locks"),
+                connection.transaction(),
+            ):
+                connection.execute(SCHEMA_2)
+            left = connection.execute(
+                "SELECT to_regclass('public.cronlock_fences'),"
+                " to_regclass('cronlock.cronlock_fences')"
+            ).fetchone()
+            assert left == (None, None)  # rolled back: no tables beside the moved ones
 
 
+# --- docs/STORES.md's blocks, run as written (PostgreSQL's roles: test_postgres_tenants.py) --
 def test_the_documented_schema_is_the_one_the_sidecar_runs() -> None:
     assert documented("postgres-schema") == pgstore.SCHEMA.strip()
 
@@ -568,51 +632,3 @@ def test_a_redis_acl_user_per_namespace_holds_its_own_locks_only(
     with transport("redis", users["team-b"]) as team_b:
         assert read_lease(team_b.get(other)).holder == "b"
     assert read_lease(taken).transitions >= 1
-
-
-def test_postgres_row_level_security_per_namespace_holds_its_own_locks_only(
-    postgres_store: PostgresServer,
-) -> None:
-    database = f"rls_{os.getpid()}"
-    superuser = {
-        "host": str(postgres_store.directory),
-        "port": postgres_store.port,
-        "user": "postgres",
-    }
-    with psycopg.connect(**superuser, dbname="postgres", autocommit=True) as connection:
-        connection.execute(f"CREATE DATABASE {database}")
-    urls = {}
-    with psycopg.connect(**superuser, dbname=database, autocommit=True) as owner:
-        owner.execute(documented("postgres-schema"))
-        owner.execute(documented("postgres-rls-once"))
-        for namespace in ("team-a", "team-b"):
-            password = os.urandom(8).hex()
-            statements = documented("postgres-rls-namespace").replace("team-a", namespace)
-            owner.execute(statements.replace("'PASSWORD'", f"'{password}'"))
-            urls[namespace] = (
-                f"postgresql://{namespace}:{password}@127.0.0.1:{postgres_store.port}/{database}"
-            )
-    timing = Timing.of(30.0, None, 1.0)
-    own, other = LeaseRef("team-a", "rls-report"), LeaseRef("team-b", "rls-report")
-    body: dict[str, Any] = {"metadata": {}}
-    with transport("postgres", urls["team-b"]) as team_b:
-        team_b.create(other, claimed(body, "b", timing, datetime.now(UTC), ""))
-    with transport("postgres", urls["team-a"]) as team_a:
-        team_a.create(own, claimed(body, "a", timing, datetime.now(UTC), ""))
-        team_a.replace(own, renewed(team_a.get(own), timing, datetime.now(UTC)))
-        assert read_lease(team_a.get(own)).holder == "a"
-        with pytest.raises(NotFound):
-            team_a.get(other)
-        with pytest.raises(Forbidden, match="row-level security"):
-            team_a.create(other, claimed(body, "a", timing, datetime.now(UTC), ""))
-    with psycopg.connect(urls["team-a"], autocommit=True) as raw:
-        assert (
-            raw.execute(
-                "UPDATE cronlock_locks SET document = document WHERE namespace = 'team-b'"
-            ).rowcount
-            == 0
-        )
-        with pytest.raises(psycopg.errors.InsufficientPrivilege):
-            raw.execute("DELETE FROM cronlock_locks WHERE namespace = 'team-a'")
-    with transport("postgres", urls["team-b"]) as team_b:
-        assert read_lease(team_b.get(other)).holder == "b"

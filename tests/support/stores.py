@@ -20,11 +20,22 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import redis
 
+from tests.support.paths import ROOT
 from tests.support.ports import free_port
+
+STORES_MD = ROOT / "docs" / "STORES.md"
+
+
+def documented(marker: str) -> str:
+    """The fenced block after `<!-- tested: MARKER -->` in docs/STORES.md."""
+    text = STORES_MD.read_text()
+    after = text.split(f"<!-- tested: {marker} -->\n", 1)[1]
+    return after.split("```", 2)[1].split("\n", 1)[1].rstrip("\n")
 
 
 def _children(pid: int) -> list[int]:
@@ -197,6 +208,17 @@ class PostgresServer(_Server):
             ["psql", "-h", str(directory), "-p", str(self.port), "-U", "postgres", "-qc",
              "CREATE DATABASE cronlock OWNER cronlock"]
         )  # fmt: skip
+
+    def superuser(self, database: str = "postgres") -> psycopg.Connection[Any]:
+        """A superuser's autocommit connection to `database`, over the Unix socket."""
+        return psycopg.connect(
+            host=str(self.directory), port=self.port, user="postgres", dbname=database,
+            autocommit=True,
+        )  # fmt: skip
+
+    def url_of(self, user: str, password: str, database: str) -> str:
+        """The URL a role logs in with over loopback (password auth)."""
+        return f"postgresql://{user}:{password}@127.0.0.1:{self.port}/{database}"
 
     @staticmethod
     def _as_postgres(argv: list[str]) -> None:

@@ -1,4 +1,4 @@
-"""The lock in PostgreSQL: a row per lock in `cronlock_locks`, written by conditional statements.
+"""The lock in PostgreSQL: a row per lock in `cronlock.locks`, written by conditional statements.
 
 A create is an INSERT that does nothing where a row exists; a renew, a takeover and a
 release are UPDATEs of the version the writer read (`resource_version`), so each is the
@@ -6,11 +6,18 @@ one its reader judged and a stale holder's write matches no row. The lock's rule
 database's own, a trigger on every write (a raw UPDATE too): the holder changes only on a
 free, expired (on the database's clock) or same-Job hold, the duration is 1..86400 s,
 and the trigger alone sets the fencing token (`transitions`: one more than any handed out
-on a new holder, `cronlock_fences` keeping the highest, so a row deleted by hand is
+on a new holder, `cronlock.fences` keeping the highest, so a row deleted by hand is
 created again with a higher one), the version and the times. Ages are judged on the
-database's clock alone (`clock_timestamp()`, `transport.frames`). The schema is created
-or migrated in place where it is not schema 2 (docs/STORES.md has it, for a role that
-may not).
+database's clock alone (`clock_timestamp()`, `transport.frames`). The schema `cronlock`
+is created, or tables of schema 1 or 2 moved into it, where it is not schema 3
+(docs/STORES.md has it, for the admin role where a namespace's role may not).
+
+No name another role chose is ever resolved: the trigger functions pin their search path
+to pg_catalog then pg_temp and qualify every table, sequence and function, and this
+module's session pins its own the same way, once it has read where the URL's search path
+would find tables of an earlier schema. So a function, operator or `pg_temp` table that a
+role with CREATE on `public` (PostgreSQL 14's default) or any role in its own session
+makes is never what the trigger or the sidecar calls or writes.
 
 Every call has a deadline, also when the server stopped answering but its kernel still
 holds the connection open (a paused server): a timer shuts the socket down, the call fails
@@ -58,13 +65,74 @@ from cronlock_sidecar.transport.seam import (
 from cronlock_sidecar.transport.stores import ISOLATING_LIBPQ as ISOLATING_LIBPQ
 from cronlock_sidecar.transport.storeurl import StoreUrl
 
-# Schema 2: schema 1's tables (created where missing), the columns and constraints added in
-# place where missing, and the trigger that keeps the lock's rules on every write, whoever
-# writes and however (a raw UPDATE too; only the tables' owner can drop a trigger, so a
-# role that is not the owner cannot step around it). Idempotent: run again, it changes
-# nothing. docs/STORES.md shows this text (a unit test compares them).
+# Schema 3: the schema `cronlock` (tables of schema 1 or 2 on the caller's search path
+# moved into it, renamed, with a view left in their place), its tables created where
+# missing, the columns and constraints added where missing, and the trigger that keeps
+# the lock's rules on every write, whoever writes and however (a raw UPDATE too; only the
+# tables' owner can drop a trigger, so a role that is not the owner cannot step around
+# it). Idempotent: run again, it changes nothing. docs/STORES.md shows this text (a test
+# compares them).
 SCHEMA = """
-CREATE TABLE IF NOT EXISTS cronlock_locks (
+DO $move$
+DECLARE
+    on_path name[] := pg_catalog.current_schemas(false);
+    old_schema name;
+    moved text := 'cronlock locks moved to cronlock.locks (schema 3, docs/UPGRADING.md)';
+BEGIN
+    -- From here to the transaction's end, names resolve in pg_catalog alone (then pg_temp).
+    PERFORM pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true);
+    IF to_regnamespace('cronlock') IS NULL THEN
+        CREATE SCHEMA cronlock;
+    END IF;
+    -- Tables of schema 1 or 2 on the caller's search path move here with their rows,
+    -- fences and sequence. A view takes their place, and one is here too (for a role
+    -- named cronlock, whose "$user" is this schema), so a sidecar of schema 2 fails
+    -- (its ALTER TABLE of a view) rather than create new tables beside the moved ones.
+    SELECT p.nspname INTO old_schema
+      FROM unnest(on_path) WITH ORDINALITY AS p(nspname, i)
+      JOIN pg_class c ON c.relnamespace = to_regnamespace(quote_ident(p.nspname))
+     WHERE c.relname = 'cronlock_locks' AND c.relkind = 'r'
+     ORDER BY p.i LIMIT 1;
+    IF old_schema IS NULL AND to_regclass('cronlock.locks') IS NULL THEN
+        SELECT n.nspname INTO old_schema
+          FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+         WHERE c.relname = 'cronlock_locks' AND c.relkind = 'r'
+         ORDER BY n.nspname LIMIT 1;
+        IF old_schema IS NOT NULL THEN  -- new tables would start the tokens again at 1
+            RAISE EXCEPTION USING ERRCODE = 'object_not_in_prerequisite_state', MESSAGE =
+                format('cronlock store: the locks of an earlier schema are in the schema %I, '
+                       'not on this search path: run the schema with search_path = %I to '
+                       'move them (docs/UPGRADING.md)', old_schema, old_schema);
+        END IF;
+    END IF;
+    IF old_schema IS NOT NULL AND to_regclass('cronlock.locks') IS NULL THEN
+        IF old_schema <> 'cronlock' THEN
+            EXECUTE format('ALTER TABLE %I.cronlock_locks SET SCHEMA cronlock', old_schema);
+            EXECUTE format('ALTER TABLE IF EXISTS %I.cronlock_fences SET SCHEMA cronlock',
+                           old_schema);
+            EXECUTE format('ALTER SEQUENCE IF EXISTS %I.cronlock_versions SET SCHEMA cronlock',
+                           old_schema);
+            EXECUTE format('CREATE VIEW %I.cronlock_locks AS SELECT NULL::text AS moved '
+                           'WHERE false', old_schema);
+            EXECUTE format('COMMENT ON VIEW %I.cronlock_locks IS %L', old_schema, moved);
+        END IF;
+        ALTER TABLE cronlock.cronlock_locks RENAME TO locks;
+        ALTER TABLE IF EXISTS cronlock.cronlock_fences RENAME TO fences;
+        ALTER SEQUENCE IF EXISTS cronlock.cronlock_versions RENAME TO versions;
+        DROP TRIGGER IF EXISTS cronlock_keep_rules ON cronlock.locks;
+        IF to_regclass('cronlock.fences') IS NOT NULL THEN
+            DROP TRIGGER IF EXISTS cronlock_keep_fences ON cronlock.fences;
+        END IF;
+        EXECUTE format('DROP FUNCTION IF EXISTS %1$I.cronlock_keep_rules(), '
+                       '%1$I.cronlock_keep_fences()', old_schema);
+    END IF;
+    IF to_regclass('cronlock.cronlock_locks') IS NULL THEN
+        CREATE VIEW cronlock.cronlock_locks AS SELECT NULL::text AS moved WHERE false;
+        EXECUTE format('COMMENT ON VIEW cronlock.cronlock_locks IS %L', moved);
+    END IF;
+END
+$move$;
+CREATE TABLE IF NOT EXISTS cronlock.locks (
     namespace        text        NOT NULL,
     name             text        NOT NULL,
     holder           text        NOT NULL DEFAULT '',
@@ -75,23 +143,24 @@ CREATE TABLE IF NOT EXISTS cronlock_locks (
     written_at       timestamptz NOT NULL,
     PRIMARY KEY (namespace, name)
 );
-CREATE TABLE IF NOT EXISTS cronlock_fences (
+CREATE TABLE IF NOT EXISTS cronlock.fences (
     namespace text   NOT NULL,
     name      text   NOT NULL,
     value     bigint NOT NULL,
     PRIMARY KEY (namespace, name)
 );
-CREATE SEQUENCE IF NOT EXISTS cronlock_versions;
-ALTER TABLE cronlock_locks ADD COLUMN IF NOT EXISTS duration integer;
-ALTER TABLE cronlock_locks ADD COLUMN IF NOT EXISTS renewed_at timestamptz;
-ALTER TABLE cronlock_locks DROP CONSTRAINT IF EXISTS cronlock_duration;
-ALTER TABLE cronlock_locks ADD CONSTRAINT cronlock_duration
+CREATE SEQUENCE IF NOT EXISTS cronlock.versions;
+ALTER TABLE cronlock.locks ADD COLUMN IF NOT EXISTS duration integer;
+ALTER TABLE cronlock.locks ADD COLUMN IF NOT EXISTS renewed_at timestamptz;
+ALTER TABLE cronlock.locks DROP CONSTRAINT IF EXISTS cronlock_duration;
+ALTER TABLE cronlock.locks ADD CONSTRAINT cronlock_duration
     CHECK (duration BETWEEN 1 AND 86400);
-CREATE OR REPLACE FUNCTION cronlock_keep_rules() RETURNS trigger LANGUAGE plpgsql AS $rules$
+CREATE OR REPLACE FUNCTION cronlock.keep_rules() RETURNS trigger LANGUAGE plpgsql
+    SET search_path = pg_catalog, pg_temp AS $rules$
 DECLARE
     spec jsonb := NEW.document -> 'spec';
     notes jsonb := NEW.document #> '{metadata,annotations}';
-    now timestamptz := clock_timestamp();
+    now timestamptz := pg_catalog.clock_timestamp();
     holder text := coalesce(spec ->> 'holderIdentity', '');
     renewal timestamptz := now;
     old_holder text := '';
@@ -102,7 +171,7 @@ DECLARE
 BEGIN
     -- A document with no holder may have no duration (a freeze on a lock never taken).
     IF (holder <> '' OR coalesce(spec ? 'leaseDurationSeconds', false)) AND (
-       jsonb_typeof(spec -> 'leaseDurationSeconds') IS DISTINCT FROM 'number'
+       pg_catalog.jsonb_typeof(spec -> 'leaseDurationSeconds') IS DISTINCT FROM 'number'
        OR (spec ->> 'leaseDurationSeconds')::numeric NOT BETWEEN 1 AND 86400
        OR (spec ->> 'leaseDurationSeconds')::numeric % 1 <> 0) THEN
         RAISE EXCEPTION USING ERRCODE = 'check_violation', MESSAGE =
@@ -117,13 +186,13 @@ BEGIN
     NEW.duration := (spec ->> 'leaseDurationSeconds')::numeric::integer;
     NEW.holder := holder;
     NEW.written_at := now;
-    NEW.resource_version := nextval('cronlock_versions');
+    NEW.resource_version := pg_catalog.nextval('cronlock.versions'::regclass);
     IF TG_OP = 'INSERT' THEN
-        IF EXISTS (SELECT 1 FROM cronlock_locks l
+        IF EXISTS (SELECT 1 FROM cronlock.locks l
                     WHERE l.namespace = NEW.namespace AND l.name = NEW.name) THEN
             RETURN NULL;  -- a create where a lock is: no row, and no token spent on it
         END IF;
-        INSERT INTO cronlock_fences AS f (namespace, name, value)
+        INSERT INTO cronlock.fences AS f (namespace, name, value)
         VALUES (NEW.namespace, NEW.name, 1)
         ON CONFLICT (namespace, name) DO UPDATE SET value = f.value + 1
         RETURNING value INTO fence;
@@ -137,7 +206,7 @@ BEGIN
     END IF;
     old_holder := coalesce(OLD.holder, '');
     old_duration := least(greatest(coalesce(OLD.duration, CASE
-        WHEN jsonb_typeof(OLD.document #> '{spec,leaseDurationSeconds}') = 'number'
+        WHEN pg_catalog.jsonb_typeof(OLD.document #> '{spec,leaseDurationSeconds}') = 'number'
         THEN least((OLD.document #>> '{spec,leaseDurationSeconds}')::numeric, 86400)::integer
         END, 0), 0), 86400);
     old_renewed := coalesce(OLD.renewed_at, OLD.written_at);
@@ -147,18 +216,19 @@ BEGIN
     old_job := coalesce(OLD.document #>> '{metadata,annotations,cronlock.io/holder-job}', '');
     IF NOT (old_holder = '' OR holder = old_holder
             OR (holder = '' AND notes ->> 'cronlock.io/last-holder' = old_holder)
-            OR now - old_renewed > make_interval(secs => CASE WHEN holder = ''
-                THEN old_duration ELSE least(old_duration, NEW.duration) END)
+            OR now - old_renewed > pg_catalog.make_interval(secs => (CASE WHEN holder = ''
+                THEN old_duration ELSE least(old_duration, NEW.duration) END)::double precision)
             OR (old_job <> '' AND holder <> '' AND notes ->> 'cronlock.io/holder-job' = old_job
-                AND starts_with(holder, left(old_job || '-', 58)))) THEN
-        RAISE EXCEPTION USING ERRCODE = 'CLK01', MESSAGE = format(
+                AND pg_catalog.starts_with(holder,
+                                           pg_catalog."left"(old_job || '-', 58)))) THEN
+        RAISE EXCEPTION USING ERRCODE = 'CLK01', MESSAGE = pg_catalog.format(
             'cronlock holder policy: the lock is held by %s, renewed %ss ago on the store''s '
             'clock for %ss; until it expires only its holder (or a later pod of its Job) may '
             'change it', old_holder,
-            round(extract(epoch FROM now - old_renewed)::numeric, 3), old_duration);
+            pg_catalog.round(extract(epoch FROM now - old_renewed)::numeric, 3), old_duration);
     END IF;
     IF holder <> '' AND holder <> old_holder THEN
-        INSERT INTO cronlock_fences AS f (namespace, name, value)
+        INSERT INTO cronlock.fences AS f (namespace, name, value)
         VALUES (NEW.namespace, NEW.name, OLD.transitions + 1)
         ON CONFLICT (namespace, name) DO UPDATE SET value = greatest(f.value, OLD.transitions) + 1
         RETURNING value INTO fence;
@@ -172,7 +242,8 @@ BEGIN
     RETURN NEW;
 END
 $rules$;
-CREATE OR REPLACE FUNCTION cronlock_keep_fences() RETURNS trigger LANGUAGE plpgsql AS $fences$
+CREATE OR REPLACE FUNCTION cronlock.keep_fences() RETURNS trigger LANGUAGE plpgsql
+    SET search_path = pg_catalog, pg_temp AS $fences$
 BEGIN
     IF TG_OP = 'DELETE' THEN
         RAISE EXCEPTION USING ERRCODE = 'check_violation', MESSAGE =
@@ -182,38 +253,44 @@ BEGIN
     RETURN NEW;
 END
 $fences$;
-CREATE OR REPLACE TRIGGER cronlock_keep_rules BEFORE INSERT OR UPDATE ON cronlock_locks
-    FOR EACH ROW EXECUTE FUNCTION cronlock_keep_rules();
-CREATE OR REPLACE TRIGGER cronlock_keep_fences BEFORE UPDATE OR DELETE ON cronlock_fences
-    FOR EACH ROW EXECUTE FUNCTION cronlock_keep_fences();
-COMMENT ON TABLE cronlock_locks IS 'cronlock locks, schema 2 (docs/STORES.md)';
+CREATE OR REPLACE TRIGGER keep_rules BEFORE INSERT OR UPDATE ON cronlock.locks
+    FOR EACH ROW EXECUTE FUNCTION cronlock.keep_rules();
+CREATE OR REPLACE TRIGGER keep_fences BEFORE UPDATE OR DELETE ON cronlock.fences
+    FOR EACH ROW EXECUTE FUNCTION cronlock.keep_fences();
+COMMENT ON TABLE cronlock.locks IS 'cronlock locks, schema 3 (docs/STORES.md)';
 """
 _SCHEMA_PRESENT = """
-SELECT coalesce(obj_description(to_regclass('cronlock_locks'), 'pg_class'), '')
-       LIKE 'cronlock locks, schema 2 %'
+SELECT coalesce(pg_catalog.obj_description(pg_catalog.to_regclass('cronlock.locks'), 'pg_class'),
+                '') LIKE 'cronlock locks, schema 3 %'
 """
+# The session's own statements resolve names in pg_catalog alone (pg_temp last): no
+# function or operator a tenant planted in a schema on the URL's search path is ever a
+# candidate, and every relation is named with its schema.
+_SEARCH_PATH = "SELECT pg_catalog.current_setting('search_path')"
+_PINNED_PATH = "SELECT pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', false)"
 _GET = """
 SELECT document, resource_version, transitions, writer_time, written_at,
-       coalesce(renewed_at, written_at), clock_timestamp()
-  FROM cronlock_locks WHERE namespace = %(namespace)s AND name = %(name)s
+       coalesce(renewed_at, written_at), pg_catalog.clock_timestamp()
+  FROM cronlock.locks WHERE namespace = %(namespace)s AND name = %(name)s
 """
 # The trigger sets the token, the version, the times and the holder's columns; the
 # statements only say where (a create only where no row is, a replace of the version read).
 _CREATE = """
-INSERT INTO cronlock_locks AS l
+INSERT INTO cronlock.locks AS l
     (namespace, name, holder, transitions, resource_version, document, writer_time, written_at)
-VALUES (%(namespace)s, %(name)s, '', 0, 0, %(document)s::jsonb, %(writer_time)s, now())
+VALUES (%(namespace)s, %(name)s, '', 0, 0, %(document)s::jsonb, %(writer_time)s,
+        pg_catalog.now())
 ON CONFLICT (namespace, name) DO NOTHING
 RETURNING transitions, resource_version
 """
 _REPLACE = """
-UPDATE cronlock_locks AS l
+UPDATE cronlock.locks AS l
    SET document = %(document)s::jsonb, writer_time = %(writer_time)s
  WHERE l.namespace = %(namespace)s AND l.name = %(name)s
    AND l.resource_version = %(version)s
 RETURNING l.transitions, l.resource_version
 """
-_EXISTS = "SELECT 1 FROM cronlock_locks WHERE namespace = %(namespace)s AND name = %(name)s"
+_EXISTS = "SELECT 1 FROM cronlock.locks WHERE namespace = %(namespace)s AND name = %(name)s"
 # What an isolated connection overrides, whatever the URL says: libpq's defaults would
 # offer ~/.pgpass, the client certificate in ~/.postgresql (or one the URL names) and a
 # Kerberos ticket (GSSAPI, SSPI) to whichever host the URL names; OAuth is not offered
@@ -358,8 +435,10 @@ class PostgresLeaseStore:
             raise _translated(verb, lease, self.url, error) from None
         try:
             with _deadline(connection, seconds):
+                path = connection.execute(_SEARCH_PATH).fetchone()
+                connection.execute(_PINNED_PATH)
                 if self.create_tables:
-                    _ensure_schema(connection)
+                    _ensure_schema(connection, str(path[0] if path else ""))
         except psycopg.Error as error:
             connection.close()
             raise _translated(verb, lease, self.url, error, schema=True) from None
@@ -387,13 +466,17 @@ def _libpq(name: str) -> bool:
     return name.startswith(_ENVIRONMENT_PREFIX)
 
 
-def _ensure_schema(connection: psycopg.Connection[Any]) -> None:
-    """Create the tables where missing, once across all the contenders (an advisory lock)."""
+def _ensure_schema(connection: psycopg.Connection[Any], path: str) -> None:
+    """Create the tables where missing, once across all the contenders (an advisory lock);
+    `path`, the URL's own search path, is where SCHEMA looks for tables of schema 1 or 2."""
     row = connection.execute(_SCHEMA_PRESENT).fetchone()
     if row is not None and row[0]:
         return
     with connection.transaction():
-        connection.execute("SELECT pg_advisory_xact_lock(hashtext('cronlock_locks'))")
+        connection.execute(
+            "SELECT pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtext('cronlock.locks'))"
+        )
+        connection.execute("SELECT pg_catalog.set_config('search_path', %s, true)", (path,))
         connection.execute(SCHEMA)
 
 
@@ -434,20 +517,20 @@ def _translated(
         refused = True
     if refused:
         hint = (
-            ' (the tables\' owner runs the schema in docs/STORES.md, "PostgreSQL: tables", '
-            "once; or grant this role CREATE)"
+            ' (the admin role runs the schema in docs/STORES.md, "PostgreSQL: tables", once;'
+            " a namespace's role may not)"
             if schema
             else ""
         )
         return Forbidden(verb, lease, f"{url}: {text}{hint}")
     if isinstance(error, errors.UndefinedTable):
-        # Only a reader that does not create them meets this: no lock was ever taken here.
+        # Only a reader that does not create them meets this: no lock of schema 3 here
+        # (a store of an earlier schema is read once its schema was run: docs/UPGRADING.md).
         return NotFound(verb, lease, f"{url}: {text}")
     if isinstance(error, errors.UndefinedColumn):
-        # Only a reader that does not migrate them meets this: no sidecar of schema 2 ran.
-        return Unavailable(
-            verb, lease, f"{url}: {text} (schema 1: run docs/STORES.md's schema to migrate)"
-        )
+        # Only a reader that does not migrate them meets this: a `cronlock.locks` made by
+        # hand without the schema's columns.
+        return Unavailable(verb, lease, f"{url}: {text} (run docs/STORES.md's schema)")
     return Unavailable(verb, lease, f"{url}: {text}")
 
 

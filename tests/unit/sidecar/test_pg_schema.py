@@ -1,0 +1,65 @@
+"""The PostgreSQL schema's text names nothing a tenant could put first on a search path.
+
+The attacks themselves run on a real server (tests/integration/test_postgres_tenants.py);
+this keeps a later edit of the text from adding an unqualified call or table, which the
+pinned `search_path` would still resolve safely but the review asked to be exact.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from cronlock_sidecar.transport import pgstore
+
+# SQL syntax that looks like a call and is none (no search path is consulted), and the
+# keywords the pattern below meets before a parenthesis.
+SYNTAX = {"coalesce", "greatest", "least", "extract", "exists"}
+KEYWORDS = {"and", "or", "not", "if", "values", "from", "conflict", "f"}
+# What follows FROM/INTO/UPDATE and is no relation: `RETURNING value INTO fence`,
+# `extract(epoch FROM now - ...)` (variables), `DO UPDATE SET`.
+NOT_RELATIONS = {"fence", "now", "SET", "CONFLICT"}
+CALL = re.compile(r'(?<![\w."$])([A-Za-z_]\w*)\s*\(')
+RELATION = re.compile(r"\b(?:FROM|INTO|UPDATE|TABLE|ON|FUNCTION)\s+([\w.]+)")
+
+
+def code(text: str) -> str:
+    """`text` without its string literals and comments."""
+    return re.sub(r"--[^\n]*", "", re.sub(r"'(?:[^']|'')*'", "''", text))
+
+
+def functions() -> dict[str, str]:
+    bodies = re.findall(
+        r"CREATE OR REPLACE FUNCTION (cronlock\.\w+)\(\)(.*?)\$(\w+)\$(.*?)\$\3\$;",
+        pgstore.SCHEMA,
+        re.S,
+    )
+    return {name: head + body for name, head, _, body in bodies}
+
+
+def test_both_trigger_functions_are_there_with_a_pinned_search_path() -> None:
+    found = functions()
+    assert sorted(found) == ["cronlock.keep_fences", "cronlock.keep_rules"]
+    for name, text in found.items():
+        assert "SET search_path = pg_catalog, pg_temp AS" in text, name
+
+
+@pytest.mark.parametrize("name", ["cronlock.keep_fences", "cronlock.keep_rules"])
+def test_every_call_and_relation_in_a_trigger_function_is_qualified(name: str) -> None:
+    text = code(functions()[name])
+    calls = {call for call in CALL.findall(text) if call.lower() not in SYNTAX | KEYWORDS}
+    assert calls == set()
+    relations = set(RELATION.findall(text)) - NOT_RELATIONS
+    assert relations <= {"cronlock.locks", "cronlock.fences"}, relations
+    assert "make_interval(" not in text.replace("pg_catalog.make_interval(", "")
+    assert "::double precision" in text or name.endswith("keep_fences")
+
+
+@pytest.mark.parametrize("statement", ["_GET", "_CREATE", "_REPLACE", "_EXISTS"])
+def test_the_sidecars_statements_name_the_schema(statement: str) -> None:
+    text = code(getattr(pgstore, statement))
+    assert "cronlock.locks" in text
+    assert "cronlock_locks" not in text
+    calls = {call for call in CALL.findall(text) if call.lower() not in SYNTAX | KEYWORDS}
+    assert calls <= {"l"}, calls  # `cronlock.locks AS l (columns)`, an alias
