@@ -873,6 +873,66 @@ def test_the_pod_monitor_scrapes_the_port_the_injection_gives_every_sidecar(
     assert watched["spec"]["namespaceSelector"] == {"matchNames": ["team-a", "team-b"]}
 
 
+def test_the_pod_monitor_keeps_only_the_sidecars_series_within_limits(
+    controlplane: ControlPlane,
+) -> None:
+    """L-N13: the PodMonitor scrapes any pod labelled cronlock.io/lock with a port named
+    `cronlock`, which anyone who may create a pod in a watched namespace can make. A
+    sidecar's whole exposition, every family with a sample, is kept and well within the
+    limits; the operator's series the alerts read, or anything else such a pod serves, is
+    dropped (Prometheus anchors the regex: a full match), and a scrape of more samples or
+    labels than the limits is dropped whole by Prometheus."""
+    from cronlock_sidecar.pod.state import SidecarState
+
+    api = ["--api-versions", "monitoring.coreos.com/v1"]
+    docs = render(
+        controlplane, *api, "--set", "podMonitor.enabled=true,prometheusRule.enabled=true"
+    )
+    [monitor] = [doc for doc in docs if doc["kind"] == "PodMonitor"]
+    [rule] = [doc for doc in docs if doc["kind"] == "PrometheusRule"]
+    spec = monitor["spec"]
+    assert (spec["sampleLimit"], spec["labelLimit"]) == (100, 16)
+    [endpoint] = spec["podMetricsEndpoints"]
+    [keep] = endpoint["metricRelabelings"]
+    assert (keep["sourceLabels"], keep["action"]) == (["__name__"], "keep")
+    kept = re.compile(keep["regex"])
+    # The sidecar's own, after an acquire, renewals of each result, a loss and a release.
+    state = SidecarState()
+    state.update(held=True, decision="acquired", fencing_token=7)
+    for result in ("renewed", "conflict", "error"):
+        state.count_renewal(result, at=0.0)
+    state.count_lost()
+    state.count_release("released")
+    samples = [line for line in state.metrics().splitlines() if not line.startswith("#")]
+    names = {line.split("{")[0].split(" ")[0] for line in samples}
+    assert len(names) >= 6, names
+    assert all(kept.fullmatch(name) for name in names), names
+    assert len(samples) * 4 <= spec["sampleLimit"], len(samples)
+    # __name__, the sample's own labels and the six prometheus-operator gives every target
+    # (job, instance, namespace, pod, container, endpoint).
+    assert max(1 + 6 + line.count('="') for line in samples) * 2 <= spec["labelLimit"]
+    # What a labelled pod of someone else's could add: the operator's series, which the
+    # alerts read, and anything else.
+    forged = set(re.findall(r"\bcronlock_[a-z_]+", yaml.safe_dump(rule["spec"])))
+    assert {"cronlock_leader", "cronlock_takeovers_total"} <= forged
+    assert not [name for name in forged if kept.fullmatch(name)]
+    for other in ("process_cpu_seconds_total", "xcronlock_sidecar_held", "up"):
+        assert not kept.fullmatch(other), other
+    # Each is the user's to set: 0 lifts a limit; the schema refuses a negative one, or
+    # an empty keep.
+    mine = ("--set", "podMonitor.enabled=true,podMonitor.sampleLimit=0,podMonitor.labelLimit=40")
+    [lifted] = [doc for doc in render(controlplane, *api, *mine) if doc["kind"] == "PodMonitor"]
+    assert "sampleLimit" not in lifted["spec"]
+    assert lifted["spec"]["labelLimit"] == 40
+    for bad in ("podMonitor.sampleLimit=-1", "podMonitor.keepMetrics=", "podMonitor.labelLimit=x"):
+        refused = helm(
+            controlplane, "template", "cronlock", str(CHART), *api,
+            "--set", "podMonitor.enabled=true", "--set", bad, check=False,
+        )  # fmt: skip
+        assert refused.returncode != 0, bad
+        assert "podMonitor" in refused.stderr, (bad, refused.stderr)
+
+
 def test_the_prometheus_rule_goes_where_it_is_asked_with_labels_and_alerts_left_out(
     controlplane: ControlPlane, tmp_path: Path
 ) -> None:
