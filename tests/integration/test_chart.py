@@ -174,8 +174,11 @@ def label_restricted(controlplane: ControlPlane, namespace: str) -> None:
     )
 
 
-def dry_run_pod(controlplane: ControlPlane, namespace: str, template: dict[str, Any]) -> str:
-    """Create a Pod from a pod template with a server-side dry run (PodSecurity enforces)."""
+def dry_run_pod(
+    controlplane: ControlPlane, namespace: str, template: dict[str, Any], *flags: str
+) -> str:
+    """Create a Pod from a pod template with a server-side dry run (PodSecurity enforces);
+    `flags` for kubectl, e.g. `-o json` for the Pod as admitted."""
     pod = {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -187,8 +190,9 @@ def dry_run_pod(controlplane: ControlPlane, namespace: str, template: dict[str, 
         "spec": template["spec"],
     }
     return controlplane.kubectl(
-        "create", "--dry-run=server", "-n", namespace, "-f", "-", input_text=json.dumps(pod)
-    )
+        "create", "--dry-run=server", "-n", namespace, *flags, "-f", "-",
+        input_text=json.dumps(pod),
+    )  # fmt: skip
 
 
 def deployment_env(deployment: dict[str, Any]) -> dict[str, str]:
@@ -1467,6 +1471,71 @@ def test_install_with_default_values(
         (8080, "metrics")
     ]
     dry_run_pod(controlplane, namespace, deployment["spec"]["template"])
+
+
+def test_only_the_operator_container_gets_the_service_account_token(
+    controlplane: ControlPlane, namespace: str, install: Install
+) -> None:
+    """L-N8: the init containers run the sidecar images (by tag in the defaults); with the
+    pod-level automount they had the operator's token, and with it its cluster-wide read of
+    CronJobs and Jobs. The pod the ReplicaSet creates, as the API server admits it
+    (ServiceAccount admission, PodSecurity restricted): the token, the CA and the namespace
+    in the operator container alone, at the path its in-cluster config reads."""
+    from kubernetes.config import incluster_config
+
+    from cronlock_operator.kube import client
+
+    release = install()
+    deployment = json.loads(
+        controlplane.kubectl(
+            "get", "deployment", f"{release}-cronlock", "-n", namespace, "-o", "json"
+        )
+    )
+    template = deployment["spec"]["template"]
+    assert template["spec"]["automountServiceAccountToken"] is False
+    pod = json.loads(dry_run_pod(controlplane, namespace, template, "-o", "json"))
+    account = Path(incluster_config.SERVICE_TOKEN_FILENAME).parent
+    assert account / "namespace" == client._SERVICE_ACCOUNT_NAMESPACE
+
+    def secret_mounts(container: dict[str, Any]) -> list[str]:
+        return [
+            mount["mountPath"]
+            for mount in container.get("volumeMounts", [])
+            if mount["mountPath"].startswith("/var/run/secrets")
+        ]
+
+    inits = pod["spec"]["initContainers"]
+    assert [init["name"] for init in inits] == ["sidecar-image", "sidecar-stores-image"]
+    assert [secret_mounts(init) for init in inits] == [[], []]
+    [operator] = pod["spec"]["containers"]
+    assert secret_mounts(operator) == [str(account)]
+    [mount] = [m for m in operator["volumeMounts"] if m["mountPath"] == str(account)]
+    assert mount["readOnly"] is True
+    volumes = {volume["name"]: volume for volume in pod["spec"]["volumes"]}
+    assert not [name for name in volumes if name.startswith("kube-api-access-")]  # no automount
+    files: dict[str, str] = {}
+    for source in volumes[mount["name"]]["projected"]["sources"]:
+        if "serviceAccountToken" in source:
+            files[source["serviceAccountToken"]["path"]] = "token"
+            assert source["serviceAccountToken"].get("audience") is None  # the API server's
+        for item in (source.get("configMap") or {}).get("items", []):
+            files[item["path"]] = f"{source['configMap']['name']}/{item['key']}"
+        for item in (source.get("downwardAPI") or {}).get("items", []):
+            files[item["path"]] = item["fieldRef"]["fieldPath"]
+    assert files == {
+        Path(incluster_config.SERVICE_TOKEN_FILENAME).name: "token",
+        Path(incluster_config.SERVICE_CERT_FILENAME).name: "kube-root-ca.crt/ca.crt",
+        "namespace": "metadata.namespace",
+    }
+    # The template as it was (automount on the pod): the API server mounts the token into
+    # both init containers, which is what this check sees.
+    before = json.loads(json.dumps(template))
+    before["spec"]["automountServiceAccountToken"] = True
+    admitted = json.loads(dry_run_pod(controlplane, namespace, before, "-o", "json"))
+    assert [secret_mounts(init) for init in admitted["spec"]["initContainers"]] == [
+        [str(account)],
+        [str(account)],
+    ]
 
 
 def test_install_with_non_default_values(
