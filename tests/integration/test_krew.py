@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import functools
 import http.server
+import importlib.machinery
+import importlib.util
 import json
 import os
 import re
@@ -110,6 +112,8 @@ def test_krews_validation_installs_every_platform_and_each_carries_its_native_mo
         with tarfile.open(path) as archive:
             names = archive.getnames()
             assert {"kubectl-cronlock", "LICENSE"} <= set(names)
+            # pip's note of the scratch path the wheel came from would differ on every run.
+            assert not [name for name in names if name.endswith("/direct_url.json")]
             assert all(m.uid == 0 and m.gid == 0 for m in archive.getmembers())
         compiled = sorted(name for name in names if name.endswith(".so"))
         # pydantic-core's module for each Python on this platform, and nothing compiled else.
@@ -263,3 +267,25 @@ def test_a_changed_wheel_in_the_fetched_cache_is_refused_before_it_runs(tmp_path
     assert "DO NOT MATCH THE HASHES" in made.stderr, made.stderr[-3000:]
     assert not marker.exists(), "the changed backend ran"
     assert not list((tmp_path / "dist").glob("*.tar.gz"))
+
+
+def test_a_changed_compiled_module_in_the_fetched_cache_is_refused(tmp_path: Path) -> None:
+    """pydantic-core's wheels for the other platforms are unpacked by hack/krew itself, not
+    installed by pip: it checks their hashes against the lock, and that one of each is
+    there for every Python."""
+    loader = importlib.machinery.SourceFileLoader("hack_krew", str(KREW))
+    module = importlib.util.module_from_spec(importlib.util.spec_from_loader("hack_krew", loader))
+    loader.exec_module(module)
+    locked = module.lock_entries("requirements.lock")
+    wheels = tmp_path / "native" / "manylinux2014_aarch64"
+    shutil.copytree(WHEELS / "native" / "manylinux2014_aarch64", wheels)
+    module.add_native(locked, wheels, tmp_path / "lib")
+    assert len(list((tmp_path / "lib").rglob("*.so"))) == len(PYTHONS)
+    first, *_ = sorted(wheels.glob("*.whl"))
+    first.write_bytes(first.read_bytes() + b"\0")
+    with pytest.raises(SystemExit, match=r"is no wheel requirements\.lock lists for pydantic-core"):
+        module.add_native(locked, wheels, tmp_path / "changed")
+    assert not (tmp_path / "changed").exists()
+    first.unlink()
+    with pytest.raises(SystemExit, match="not one wheel of pydantic-core for each of CPython"):
+        module.add_native(locked, wheels, tmp_path / "missing")
