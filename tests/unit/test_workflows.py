@@ -336,7 +336,7 @@ def test_the_release_builds_from_the_base_image_by_digest() -> None:
     """The Dockerfile's base tag, resolved once to its index's digest before `make release`,
     which passes it to every build as BASE (hack/release: --build-arg PYTHON=)."""
     runs = _runs(_release_jobs()["release"])
-    (based,) = [i for i, run in enumerate(runs) if "skopeo inspect --raw" in run]
+    (based,) = [i for i, run in enumerate(runs) if "skopeo inspect --format" in run]
     (release,) = [i for i, run in enumerate(runs) if run.startswith("make release ")]
     assert based < release
     assert "sed -n 's/^ARG PYTHON=//p' Dockerfile" in runs[based]
