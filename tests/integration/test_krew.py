@@ -57,20 +57,27 @@ NO_INDEX = {
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+def wheels() -> Path:
+    """The hash-checked wheels hack/krew builds from: fetched before the tests (prebuild
+    --tools), so nothing to do here then; fetched now (with the index) when missing."""
+    fetched = subprocess.run(
+        [sys.executable, str(KREW), "--wheels", str(WHEELS), "--fetch-only"],
+        capture_output=True, text=True, check=False, timeout=300,
+    )  # fmt: skip
+    assert fetched.returncode == 0, fetched.stderr[-3000:]
+    return WHEELS
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory, wheels: Path) -> Iterator[dict[str, Any]]:
     """hack/krew's archives and manifest, their download URL a local HTTP server's."""
     dist = tmp_path_factory.mktemp("krew-dist")
     handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(dist))
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{server.server_address[1]}"
-    # Fetched before the tests (prebuild --tools); nothing to do then.
-    subprocess.run(
-        [sys.executable, str(KREW), "--wheels", str(WHEELS), "--fetch-only"],
-        capture_output=True, text=True, check=True, timeout=300,
-    )  # fmt: skip
     made = subprocess.run(
-        [sys.executable, str(KREW), "--wheels", str(WHEELS), "--dist", str(dist),
+        [sys.executable, str(KREW), "--wheels", str(wheels), "--dist", str(dist),
          "--base-url", url],
         env={**os.environ, **NO_INDEX}, capture_output=True, text=True, check=False,
         timeout=300,
@@ -186,7 +193,7 @@ def _evil_wheel(directory: Path, version: str, marker: Path) -> Path:
 
 
 @pytest.fixture
-def evil_index(tmp_path: Path) -> Iterator[tuple[str, Path]]:
+def evil_index(tmp_path: Path, wheels: Path) -> Iterator[tuple[str, Path]]:
     """A package index (PEP 503) on loopback that serves requirements-build.lock's wheels,
     but hatchling as an attacker's: its locked version and a newer one. Yields the index's
     URL and the file its hatchling writes when imported."""
@@ -195,8 +202,8 @@ def evil_index(tmp_path: Path) -> Iterator[tuple[str, Path]]:
     for name in ("hatchling", "packaging", "pathspec", "pluggy", "tomlkit", "trove-classifiers"):
         (simple / name).mkdir(parents=True)
     hatchling = [_evil_wheel(simple / "hatchling", v, marker) for v in ("1.33.0", "99.0.0")]
-    real = sorted((WHEELS / "build").glob("*.whl"))
-    assert len(real) == 6, "prebuild --tools fetched the build backend's wheels"
+    real = sorted((wheels / "build").glob("*.whl"))
+    assert len(real) == 6, real
     for wheel in real:
         project = re.sub(r"[-_.]+", "-", wheel.name.split("-")[0]).lower()
         if project != "hatchling":
@@ -248,18 +255,20 @@ def test_an_index_serving_another_build_backend_is_refused_before_it_runs(
     ]
 
 
-def test_a_changed_wheel_in_the_fetched_cache_is_refused_before_it_runs(tmp_path: Path) -> None:
+def test_a_changed_wheel_in_the_fetched_cache_is_refused_before_it_runs(
+    tmp_path: Path, wheels: Path
+) -> None:
     """Someone who can write the cache swaps the backend's wheel for theirs: the build,
     which reads only the cache, checks the lock's hashes again and stops."""
-    wheels = tmp_path / "wheels"
-    shutil.copytree(WHEELS / "build", wheels / "build")
-    shutil.copy(WHEELS / "fetched.json", wheels / "fetched.json")  # "fetched": no refetch
+    changed = tmp_path / "wheels"
+    shutil.copytree(wheels / "build", changed / "build")
+    shutil.copy(wheels / "fetched.json", changed / "fetched.json")  # "fetched": no refetch
     marker = tmp_path / "backend-ran"
-    [locked] = (wheels / "build").glob("hatchling-*.whl")
+    [locked] = (changed / "build").glob("hatchling-*.whl")
     locked.unlink()
-    _evil_wheel(wheels / "build", locked.name.split("-")[1], marker)
+    _evil_wheel(changed / "build", locked.name.split("-")[1], marker)
     made = subprocess.run(
-        [sys.executable, str(KREW), "--wheels", str(wheels), "--dist", str(tmp_path / "dist")],
+        [sys.executable, str(KREW), "--wheels", str(changed), "--dist", str(tmp_path / "dist")],
         env={**os.environ, **NO_INDEX}, capture_output=True, text=True, check=False,
         timeout=300,
     )  # fmt: skip
@@ -269,7 +278,9 @@ def test_a_changed_wheel_in_the_fetched_cache_is_refused_before_it_runs(tmp_path
     assert not list((tmp_path / "dist").glob("*.tar.gz"))
 
 
-def test_a_changed_compiled_module_in_the_fetched_cache_is_refused(tmp_path: Path) -> None:
+def test_a_changed_compiled_module_in_the_fetched_cache_is_refused(
+    tmp_path: Path, wheels: Path
+) -> None:
     """pydantic-core's wheels for the other platforms are unpacked by hack/krew itself, not
     installed by pip: it checks their hashes against the lock, and that one of each is
     there for every Python."""
@@ -277,15 +288,15 @@ def test_a_changed_compiled_module_in_the_fetched_cache_is_refused(tmp_path: Pat
     module = importlib.util.module_from_spec(importlib.util.spec_from_loader("hack_krew", loader))
     loader.exec_module(module)
     locked = module.lock_entries("requirements.lock")
-    wheels = tmp_path / "native" / "manylinux2014_aarch64"
-    shutil.copytree(WHEELS / "native" / "manylinux2014_aarch64", wheels)
-    module.add_native(locked, wheels, tmp_path / "lib")
+    native = tmp_path / "native" / "manylinux2014_aarch64"
+    shutil.copytree(wheels / "native" / "manylinux2014_aarch64", native)
+    module.add_native(locked, native, tmp_path / "lib")
     assert len(list((tmp_path / "lib").rglob("*.so"))) == len(PYTHONS)
-    first, *_ = sorted(wheels.glob("*.whl"))
+    first, *_ = sorted(native.glob("*.whl"))
     first.write_bytes(first.read_bytes() + b"\0")
     with pytest.raises(SystemExit, match=r"is no wheel requirements\.lock lists for pydantic-core"):
-        module.add_native(locked, wheels, tmp_path / "changed")
+        module.add_native(locked, native, tmp_path / "changed")
     assert not (tmp_path / "changed").exists()
     first.unlink()
     with pytest.raises(SystemExit, match="not one wheel of pydantic-core for each of CPython"):
-        module.add_native(locked, wheels, tmp_path / "missing")
+        module.add_native(locked, native, tmp_path / "missing")
