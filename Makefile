@@ -153,8 +153,10 @@ PLATFORMS ?= linux/amd64,linux/arm64
 release:
 	PLATFORMS=$(PLATFORMS) hack/release
 
+# The krew plugin alone, into dist/: from the hash-checked wheels in the cache, which
+# prebuild --tools fetches too (hack/krew --fetch-only); fetched here if missing.
 krew: $(STAMP)
-	$(PY) hack/krew
+	$(PY) hack/krew --wheels $(CACHE_DIR)/krew/wheels
 
 # Regenerate the hash-pinned lock files after changing dependencies in pyproject.toml.
 lock:

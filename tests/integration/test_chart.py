@@ -175,8 +175,11 @@ def label_restricted(controlplane: ControlPlane, namespace: str) -> None:
     )
 
 
-def dry_run_pod(controlplane: ControlPlane, namespace: str, template: dict[str, Any]) -> str:
-    """Create a Pod from a pod template with a server-side dry run (PodSecurity enforces)."""
+def dry_run_pod(
+    controlplane: ControlPlane, namespace: str, template: dict[str, Any], *flags: str
+) -> str:
+    """Create a Pod from a pod template with a server-side dry run (PodSecurity enforces);
+    `flags` for kubectl, e.g. `-o json` for the Pod as admitted."""
     pod = {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -188,8 +191,9 @@ def dry_run_pod(controlplane: ControlPlane, namespace: str, template: dict[str, 
         "spec": template["spec"],
     }
     return controlplane.kubectl(
-        "create", "--dry-run=server", "-n", namespace, "-f", "-", input_text=json.dumps(pod)
-    )
+        "create", "--dry-run=server", "-n", namespace, *flags, "-f", "-",
+        input_text=json.dumps(pod),
+    )  # fmt: skip
 
 
 def deployment_env(deployment: dict[str, Any]) -> dict[str, str]:
@@ -848,6 +852,66 @@ def test_the_pod_monitor_scrapes_the_port_the_injection_gives_every_sidecar(
     assert watched["spec"]["namespaceSelector"] == {"matchNames": ["team-a", "team-b"]}
 
 
+def test_the_pod_monitor_keeps_only_the_sidecars_series_within_limits(
+    controlplane: ControlPlane,
+) -> None:
+    """L-N13: the PodMonitor scrapes any pod labelled cronlock.io/lock with a port named
+    `cronlock`, which anyone who may create a pod in a watched namespace can make. A
+    sidecar's whole exposition, every family with a sample, is kept and well within the
+    limits; the operator's series the alerts read, or anything else such a pod serves, is
+    dropped (Prometheus anchors the regex: a full match), and a scrape of more samples or
+    labels than the limits is dropped whole by Prometheus."""
+    from cronlock_sidecar.pod.state import SidecarState
+
+    api = ["--api-versions", "monitoring.coreos.com/v1"]
+    docs = render(
+        controlplane, *api, "--set", "podMonitor.enabled=true,prometheusRule.enabled=true"
+    )
+    [monitor] = [doc for doc in docs if doc["kind"] == "PodMonitor"]
+    [rule] = [doc for doc in docs if doc["kind"] == "PrometheusRule"]
+    spec = monitor["spec"]
+    assert (spec["sampleLimit"], spec["labelLimit"]) == (100, 16)
+    [endpoint] = spec["podMetricsEndpoints"]
+    [keep] = endpoint["metricRelabelings"]
+    assert (keep["sourceLabels"], keep["action"]) == (["__name__"], "keep")
+    kept = re.compile(keep["regex"])
+    # The sidecar's own, after an acquire, renewals of each result, a loss and a release.
+    state = SidecarState()
+    state.update(held=True, decision="acquired", fencing_token=7)
+    for result in ("renewed", "conflict", "error"):
+        state.count_renewal(result, at=0.0)
+    state.count_lost()
+    state.count_release("released")
+    samples = [line for line in state.metrics().splitlines() if not line.startswith("#")]
+    names = {line.split("{")[0].split(" ")[0] for line in samples}
+    assert len(names) >= 6, names
+    assert all(kept.fullmatch(name) for name in names), names
+    assert len(samples) * 4 <= spec["sampleLimit"], len(samples)
+    # __name__, the sample's own labels and the six prometheus-operator gives every target
+    # (job, instance, namespace, pod, container, endpoint).
+    assert max(1 + 6 + line.count('="') for line in samples) * 2 <= spec["labelLimit"]
+    # What a labelled pod of someone else's could add: the operator's series, which the
+    # alerts read, and anything else.
+    forged = set(re.findall(r"\bcronlock_[a-z_]+", yaml.safe_dump(rule["spec"])))
+    assert {"cronlock_leader", "cronlock_takeovers_total"} <= forged
+    assert not [name for name in forged if kept.fullmatch(name)]
+    for other in ("process_cpu_seconds_total", "xcronlock_sidecar_held", "up"):
+        assert not kept.fullmatch(other), other
+    # Each is the user's to set: 0 lifts a limit; the schema refuses a negative one, or
+    # an empty keep.
+    mine = ("--set", "podMonitor.enabled=true,podMonitor.sampleLimit=0,podMonitor.labelLimit=40")
+    [lifted] = [doc for doc in render(controlplane, *api, *mine) if doc["kind"] == "PodMonitor"]
+    assert "sampleLimit" not in lifted["spec"]
+    assert lifted["spec"]["labelLimit"] == 40
+    for bad in ("podMonitor.sampleLimit=-1", "podMonitor.keepMetrics=", "podMonitor.labelLimit=x"):
+        refused = helm(
+            controlplane, "template", "cronlock", str(CHART), *api,
+            "--set", "podMonitor.enabled=true", "--set", bad, check=False,
+        )  # fmt: skip
+        assert refused.returncode != 0, bad
+        assert "podMonitor" in refused.stderr, (bad, refused.stderr)
+
+
 def test_the_prometheus_rule_goes_where_it_is_asked_with_labels_and_alerts_left_out(
     controlplane: ControlPlane, tmp_path: Path
 ) -> None:
@@ -1382,6 +1446,71 @@ def test_install_with_default_values(
         (8080, "metrics")
     ]
     dry_run_pod(controlplane, namespace, deployment["spec"]["template"])
+
+
+def test_only_the_operator_container_gets_the_service_account_token(
+    controlplane: ControlPlane, namespace: str, install: Install
+) -> None:
+    """L-N8: the init containers run the sidecar images (by tag in the defaults); with the
+    pod-level automount they had the operator's token, and with it its cluster-wide read of
+    CronJobs and Jobs. The pod the ReplicaSet creates, as the API server admits it
+    (ServiceAccount admission, PodSecurity restricted): the token, the CA and the namespace
+    in the operator container alone, at the path its in-cluster config reads."""
+    from kubernetes.config import incluster_config
+
+    from cronlock_operator.kube import client
+
+    release = install()
+    deployment = json.loads(
+        controlplane.kubectl(
+            "get", "deployment", f"{release}-cronlock", "-n", namespace, "-o", "json"
+        )
+    )
+    template = deployment["spec"]["template"]
+    assert template["spec"]["automountServiceAccountToken"] is False
+    pod = json.loads(dry_run_pod(controlplane, namespace, template, "-o", "json"))
+    account = Path(incluster_config.SERVICE_TOKEN_FILENAME).parent
+    assert account / "namespace" == client._SERVICE_ACCOUNT_NAMESPACE
+
+    def secret_mounts(container: dict[str, Any]) -> list[str]:
+        return [
+            mount["mountPath"]
+            for mount in container.get("volumeMounts", [])
+            if mount["mountPath"].startswith("/var/run/secrets")
+        ]
+
+    inits = pod["spec"]["initContainers"]
+    assert [init["name"] for init in inits] == ["sidecar-image", "sidecar-stores-image"]
+    assert [secret_mounts(init) for init in inits] == [[], []]
+    [operator] = pod["spec"]["containers"]
+    assert secret_mounts(operator) == [str(account)]
+    [mount] = [m for m in operator["volumeMounts"] if m["mountPath"] == str(account)]
+    assert mount["readOnly"] is True
+    volumes = {volume["name"]: volume for volume in pod["spec"]["volumes"]}
+    assert not [name for name in volumes if name.startswith("kube-api-access-")]  # no automount
+    files: dict[str, str] = {}
+    for source in volumes[mount["name"]]["projected"]["sources"]:
+        if "serviceAccountToken" in source:
+            files[source["serviceAccountToken"]["path"]] = "token"
+            assert source["serviceAccountToken"].get("audience") is None  # the API server's
+        for item in (source.get("configMap") or {}).get("items", []):
+            files[item["path"]] = f"{source['configMap']['name']}/{item['key']}"
+        for item in (source.get("downwardAPI") or {}).get("items", []):
+            files[item["path"]] = item["fieldRef"]["fieldPath"]
+    assert files == {
+        Path(incluster_config.SERVICE_TOKEN_FILENAME).name: "token",
+        Path(incluster_config.SERVICE_CERT_FILENAME).name: "kube-root-ca.crt/ca.crt",
+        "namespace": "metadata.namespace",
+    }
+    # The template as it was (automount on the pod): the API server mounts the token into
+    # both init containers, which is what this check sees.
+    before = json.loads(json.dumps(template))
+    before["spec"]["automountServiceAccountToken"] = True
+    admitted = json.loads(dry_run_pod(controlplane, namespace, before, "-o", "json"))
+    assert [secret_mounts(init) for init in admitted["spec"]["initContainers"]] == [
+        [str(account)],
+        [str(account)],
+    ]
 
 
 def test_install_with_non_default_values(

@@ -1,20 +1,27 @@
-"""The krew plugin as a user gets it: `hack/krew` (what `make release` runs) builds the four
-platform archives and krew's manifest; krew's own validation (`validate-krew-manifest`,
-which runs `kubectl krew install` for every platform through the real kubectl) passes; and
-the plugin krew installs here runs as `kubectl cronlock` with a Python that has nothing
-installed, against the real API server."""
+"""The krew plugin as a user gets it: `hack/krew` (what the release workflow's `krew` job
+runs) builds the four platform archives and krew's manifest with the package index
+unreachable, from the hash-checked wheels fetched before (tests/controlplane/prebuild);
+krew's own validation (`validate-krew-manifest`, which runs `kubectl krew install` for
+every platform through the real kubectl) passes; and the plugin krew installs here runs as
+`kubectl cronlock` with a Python that has nothing installed, against the real API server.
+An index that serves another build backend, or a changed wheel in the cache, is refused
+before any of its code runs (N3)."""
 
 from __future__ import annotations
 
 import functools
 import http.server
+import importlib.machinery
+import importlib.util
 import json
+import os
 import re
 import shutil
 import subprocess
 import sys
 import tarfile
 import threading
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,7 +33,7 @@ import yaml
 from cronlock_sidecar import contract
 from tests.support.controlplane import ControlPlane
 from tests.support.cronjobs import make_cronjob
-from tests.support.paths import ROOT
+from tests.support.paths import CACHE, ROOT
 from tests.support.tools import gotool
 
 pytestmark = pytest.mark.timeout(600)
@@ -37,10 +44,32 @@ PLATFORMS = {
     ("darwin", "arm64"): "darwin",
 }
 PYTHONS = ("311", "312", "313", "314")
+KREW = ROOT / "hack" / "krew"
+# Where prebuild --tools fetches hack/krew's wheels (one test run alone fetches them here).
+WHEELS = CACHE / "krew" / "wheels"
+# Nothing reachable: the discard port, and pip told to use no index at all.
+NO_INDEX = {
+    "PIP_INDEX_URL": "http://127.0.0.1:9/",
+    "PIP_NO_INDEX": "1",
+    "HTTP_PROXY": "http://127.0.0.1:9/",
+    "HTTPS_PROXY": "http://127.0.0.1:9/",
+}
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+def wheels() -> Path:
+    """The hash-checked wheels hack/krew builds from: fetched before the tests (prebuild
+    --tools), so nothing to do here then; fetched now (with the index) when missing."""
+    fetched = subprocess.run(
+        [sys.executable, str(KREW), "--wheels", str(WHEELS), "--fetch-only"],
+        capture_output=True, text=True, check=False, timeout=300,
+    )  # fmt: skip
+    assert fetched.returncode == 0, fetched.stderr[-3000:]
+    return WHEELS
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory, wheels: Path) -> Iterator[dict[str, Any]]:
     """hack/krew's archives and manifest, their download URL a local HTTP server's."""
     dist = tmp_path_factory.mktemp("krew-dist")
     handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(dist))
@@ -48,9 +77,12 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     threading.Thread(target=server.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{server.server_address[1]}"
     made = subprocess.run(
-        [sys.executable, str(ROOT / "hack" / "krew"), "--dist", str(dist), "--base-url", url],
-        capture_output=True, text=True, check=True, timeout=540,
+        [sys.executable, str(KREW), "--wheels", str(wheels), "--dist", str(dist),
+         "--base-url", url],
+        env={**os.environ, **NO_INDEX}, capture_output=True, text=True, check=False,
+        timeout=300,
     )  # fmt: skip
+    assert made.returncode == 0, made.stderr[-3000:]
     yield json.loads(made.stdout)
     server.shutdown()
     server.server_close()
@@ -87,6 +119,8 @@ def test_krews_validation_installs_every_platform_and_each_carries_its_native_mo
         with tarfile.open(path) as archive:
             names = archive.getnames()
             assert {"kubectl-cronlock", "LICENSE"} <= set(names)
+            # pip's note of the scratch path the wheel came from would differ on every run.
+            assert not [name for name in names if name.endswith("/direct_url.json")]
             assert all(m.uid == 0 and m.gid == 0 for m in archive.getmembers())
         compiled = sorted(name for name in names if name.endswith(".so"))
         # pydantic-core's module for each Python on this platform, and nothing compiled else.
@@ -137,3 +171,132 @@ def test_the_plugin_krew_installs_runs_on_a_bare_python_against_the_api_server(
     wrong = plugin("lint")
     assert wrong.returncode == 2
     assert re.search(r"^kubectl cronlock lint: error: .*required", wrong.stderr, re.M)
+
+
+def _evil_wheel(directory: Path, version: str, marker: Path) -> Path:
+    """A wheel named hatchling `version` whose import writes `marker`: what a backdoored
+    release of the build backend would run in the job that builds the plugin."""
+    wheel = directory / f"hatchling-{version}-py3-none-any.whl"
+    code = f"import pathlib\npathlib.Path({str(marker)!r}).write_text('ran')\n"
+    info = f"hatchling-{version}.dist-info"
+    files = {
+        "hatchling/__init__.py": code,
+        "hatchling/build.py": code,
+        f"{info}/METADATA": f"Metadata-Version: 2.1\nName: hatchling\nVersion: {version}\n",
+        f"{info}/WHEEL": "Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    files[f"{info}/RECORD"] = "".join(f"{name},,\n" for name in [*files, f"{info}/RECORD"])
+    with zipfile.ZipFile(wheel, "w") as archive:
+        for name, text in files.items():
+            archive.writestr(name, text)
+    return wheel
+
+
+@pytest.fixture
+def evil_index(tmp_path: Path, wheels: Path) -> Iterator[tuple[str, Path]]:
+    """A package index (PEP 503) on loopback that serves requirements-build.lock's wheels,
+    but hatchling as an attacker's: its locked version and a newer one. Yields the index's
+    URL and the file its hatchling writes when imported."""
+    marker = tmp_path / "backend-ran"
+    simple = tmp_path / "index" / "simple"
+    for name in ("hatchling", "packaging", "pathspec", "pluggy", "tomlkit", "trove-classifiers"):
+        (simple / name).mkdir(parents=True)
+    hatchling = [_evil_wheel(simple / "hatchling", v, marker) for v in ("1.33.0", "99.0.0")]
+    real = sorted((wheels / "build").glob("*.whl"))
+    assert len(real) == 6, real
+    for wheel in real:
+        project = re.sub(r"[-_.]+", "-", wheel.name.split("-")[0]).lower()
+        if project != "hatchling":
+            shutil.copy(wheel, simple / project / wheel.name)
+    for project in simple.iterdir():
+        links = "".join(f'<a href="{w.name}">{w.name}</a>\n' for w in project.glob("*.whl"))
+        (project / "index.html").write_text(f"<html><body>\n{links}</body></html>\n")
+    assert all(wheel.exists() for wheel in hatchling)
+    handler = functools.partial(
+        http.server.SimpleHTTPRequestHandler, directory=str(tmp_path / "index")
+    )
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/simple/", marker
+    server.shutdown()
+    server.server_close()
+
+
+def test_an_index_serving_another_build_backend_is_refused_before_it_runs(
+    evil_index: tuple[str, Path], tmp_path: Path
+) -> None:
+    """The release job's case: nothing fetched yet, the index compromised. The lock's
+    hashes refuse the backend before a line of it runs; with pip's build isolation (the
+    N3 finding) the newer one would be installed and imported."""
+    url, marker = evil_index
+    env = {**os.environ, "PIP_INDEX_URL": url}
+    env.pop("PIP_NO_INDEX", None)
+    env.pop("PIP_FIND_LINKS", None)
+    made = subprocess.run(
+        [sys.executable, str(KREW), "--wheels", str(tmp_path / "wheels"),
+         "--dist", str(tmp_path / "dist")],
+        env=env, capture_output=True, text=True, check=False, timeout=300,
+    )  # fmt: skip
+    assert made.returncode != 0
+    assert "DO NOT MATCH THE HASHES" in made.stderr, made.stderr[-3000:]
+    assert "hack/krew: fetching the locked wheels into" in made.stderr
+    assert not marker.exists(), "the attacker's backend ran"
+    assert not (tmp_path / "dist").exists()
+    # The same index, asked as pip's build isolation asks it (hatchling>=1.27, no hash),
+    # hands out the attacker's newest: this is what the lock's hashes keep out.
+    chosen = subprocess.run(
+        [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d",
+         str(tmp_path / "isolation"), "hatchling>=1.27"],
+        env=env, capture_output=True, text=True, check=False, timeout=120,
+    )  # fmt: skip
+    assert chosen.returncode == 0, chosen.stderr
+    assert [w.name for w in (tmp_path / "isolation").iterdir()] == [
+        "hatchling-99.0.0-py3-none-any.whl"
+    ]
+
+
+def test_a_changed_wheel_in_the_fetched_cache_is_refused_before_it_runs(
+    tmp_path: Path, wheels: Path
+) -> None:
+    """Someone who can write the cache swaps the backend's wheel for theirs: the build,
+    which reads only the cache, checks the lock's hashes again and stops."""
+    changed = tmp_path / "wheels"
+    shutil.copytree(wheels / "build", changed / "build")
+    shutil.copy(wheels / "fetched.json", changed / "fetched.json")  # "fetched": no refetch
+    marker = tmp_path / "backend-ran"
+    [locked] = (changed / "build").glob("hatchling-*.whl")
+    locked.unlink()
+    _evil_wheel(changed / "build", locked.name.split("-")[1], marker)
+    made = subprocess.run(
+        [sys.executable, str(KREW), "--wheels", str(changed), "--dist", str(tmp_path / "dist")],
+        env={**os.environ, **NO_INDEX}, capture_output=True, text=True, check=False,
+        timeout=300,
+    )  # fmt: skip
+    assert made.returncode != 0
+    assert "DO NOT MATCH THE HASHES" in made.stderr, made.stderr[-3000:]
+    assert not marker.exists(), "the changed backend ran"
+    assert not list((tmp_path / "dist").glob("*.tar.gz"))
+
+
+def test_a_changed_compiled_module_in_the_fetched_cache_is_refused(
+    tmp_path: Path, wheels: Path
+) -> None:
+    """pydantic-core's wheels for the other platforms are unpacked by hack/krew itself, not
+    installed by pip: it checks their hashes against the lock, and that one of each is
+    there for every Python."""
+    loader = importlib.machinery.SourceFileLoader("hack_krew", str(KREW))
+    module = importlib.util.module_from_spec(importlib.util.spec_from_loader("hack_krew", loader))
+    loader.exec_module(module)
+    locked = module.lock_entries("requirements.lock")
+    native = tmp_path / "native" / "manylinux2014_aarch64"
+    shutil.copytree(wheels / "native" / "manylinux2014_aarch64", native)
+    module.add_native(locked, native, tmp_path / "lib")
+    assert len(list((tmp_path / "lib").rglob("*.so"))) == len(PYTHONS)
+    first, *_ = sorted(native.glob("*.whl"))
+    first.write_bytes(first.read_bytes() + b"\0")
+    with pytest.raises(SystemExit, match=r"is no wheel requirements\.lock lists for pydantic-core"):
+        module.add_native(locked, native, tmp_path / "changed")
+    assert not (tmp_path / "changed").exists()
+    first.unlink()
+    with pytest.raises(SystemExit, match="not one wheel of pydantic-core for each of CPython"):
+        module.add_native(locked, native, tmp_path / "missing")

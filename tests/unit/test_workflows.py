@@ -2,7 +2,9 @@
 actionlint does fail a workflow with a mistake of the kinds it checks; every action is
 pinned by commit, only the job behind the protected `release` environment may write, it
 publishes only a tag on main, and it builds and starts the arm64 images `make test` does
-not build; the test workflow runs what CI runs on every pull request."""
+not build; the krew plugin is built where nothing can be signed or pushed, and everything on
+the GitHub release is signed; the images build from the base by digest; the test workflow
+runs what CI runs on every pull request."""
 
 from __future__ import annotations
 
@@ -137,8 +139,9 @@ def test_the_release_builds_and_starts_arm64_which_make_test_does_not() -> None:
     assert qemu < release
     assert steps[qemu]["with"]["platforms"] == "arm64"
     (started,) = [i for i, run in enumerate(runs) if "podman run" in run]
-    (signed,) = [i for i, run in enumerate(runs) if "cosign sign" in run]
-    assert release < started < signed
+    signed = [i for i, run in enumerate(runs) if "cosign sign" in run]
+    assert len(signed) == 2  # the images and the chart, then the GitHub release's files
+    assert release < started < min(signed)
     assert "for key in operator sidecar sidecar-stores;" in runs[started]
     assert runs[started].count("--platform linux/arm64") == 2
     assert "--help" in runs[started]
@@ -254,3 +257,89 @@ def test_every_pull_request_runs_the_readmes_test_command_read_only() -> None:
     runs = [step["run"] for step in job["steps"] if "run" in step]
     assert runs == ["sudo --preserve-env=CI make test"]
     assert (ROOT / ".ci" / "run").read_text().rstrip().endswith("\nmake test")
+
+
+def _release_jobs() -> dict[str, Any]:
+    jobs: dict[str, Any] = yaml.safe_load((WORKFLOWS / "release.yml").read_text())["jobs"]
+    return jobs
+
+
+def _runs(job: dict[str, Any]) -> list[str]:
+    return [step.get("run", "") for step in job["steps"]]
+
+
+def test_the_krew_plugin_is_built_in_a_job_that_can_neither_sign_nor_push() -> None:
+    """N3: hack/krew runs third-party Python (the build backend, pip's resolution) outside
+    any container, so only in a job with `contents: read`: no OIDC token, no registry
+    login, no environment's approval; its archives reach the signing job as an artifact."""
+    jobs = _release_jobs()
+    building = [name for name, job in jobs.items() if any("hack/krew" in r for r in _runs(job))]
+    assert building == ["krew"]
+    krew = jobs["krew"]
+    assert krew["permissions"] == {"contents": "read"}
+    assert "environment" not in krew
+    text = yaml.safe_dump(krew)
+    assert "secrets." not in text
+    assert "login" not in text
+    assert "github.token" not in text
+    checkout = krew["steps"][0]
+    assert checkout["uses"].startswith("actions/checkout@")
+    assert checkout["with"]["persist-credentials"] is False
+    [upload] = [
+        s for s in krew["steps"] if s.get("uses", "").startswith("actions/upload-artifact@")
+    ]
+    assert upload["with"]["name"] == "krew-${{ env.VERSION }}"
+    assert upload["with"]["if-no-files-found"] == "error"
+    assert upload["with"]["path"].split() == [
+        "dist/kubectl-cronlock-*.tar.gz",
+        "dist/krew/cronlock.yaml",
+    ]
+    # The release job builds no plugin of its own (KREW=0) and takes the krew job's.
+    release = jobs["release"]
+    assert "krew" in release["needs"]
+    [make] = [r for r in _runs(release) if r.startswith("make release ")]
+    assert "KREW=0" in make.split()
+    [download] = [
+        s for s in release["steps"] if s.get("uses", "").startswith("actions/download-artifact@")
+    ]
+    assert download["with"] == {"name": "krew-${{ env.VERSION }}", "path": "dist"}
+    # hack/release builds the plugin unless KREW=0; nothing else in the job runs it.
+    assert "if [[ ${KREW:-1} != 0 ]]; then" in (ROOT / "hack" / "release").read_text()
+
+
+def test_every_file_of_the_github_release_is_signed_after_the_plugin_arrives() -> None:
+    """The archives, krew's manifest and install.yaml each get a Sigstore bundle from
+    `cosign sign-blob` in the job with the OIDC token, after the krew job's artifact is
+    downloaded and before the release job uploads its own; github-release attaches each
+    file with its bundle."""
+    jobs = _release_jobs()
+    steps = jobs["release"]["steps"]
+    uses = [step.get("uses", "") for step in steps]
+    runs = _runs(jobs["release"])
+    (download,) = [i for i, u in enumerate(uses) if u.startswith("actions/download-artifact@")]
+    (upload,) = [i for i, u in enumerate(uses) if u.startswith("actions/upload-artifact@")]
+    (signed,) = [i for i, run in enumerate(runs) if "cosign sign-blob" in run]
+    assert download < signed < upload
+    signing = runs[signed]
+    files = "dist/kubectl-cronlock-*.tar.gz dist/krew/cronlock.yaml dist/install.yaml"
+    assert f"for file in {files}; do" in signing
+    assert 'cosign sign-blob --yes --bundle "$file.sigstore.json" "$file"' in signing
+    assert jobs["release"]["permissions"]["id-token"] == "write"
+    [publish] = _runs(jobs["github-release"])
+    attached = publish.split("gh release create", 1)[1].split()
+    for file in files.split():
+        assert file in attached
+        assert f"{file}.sigstore.json" in attached
+
+
+def test_the_release_builds_from_the_base_image_by_digest() -> None:
+    """The Dockerfile's base tag, resolved once to its index's digest before `make release`,
+    which passes it to every build as BASE (hack/release: --build-arg PYTHON=)."""
+    runs = _runs(_release_jobs()["release"])
+    (based,) = [i for i, run in enumerate(runs) if "skopeo inspect --format" in run]
+    (release,) = [i for i, run in enumerate(runs) if run.startswith("make release ")]
+    assert based < release
+    assert "sed -n 's/^ARG PYTHON=//p' Dockerfile" in runs[based]
+    assert 'echo "BASE=$base@$digest" >> "$GITHUB_ENV"' in runs[based]
+    assert 'BASE="$BASE"' in runs[release].split()
+    assert '${BASE:+--build-arg "PYTHON=$BASE"}' in (ROOT / "hack" / "release").read_text()
