@@ -422,8 +422,12 @@ def test_every_field_of_a_lease_has_a_writer_and_one_write_bricks_no_lock(
 
         return wrote(change)
 
-    assert "only a claim may change it, to 1" in refused(
+    assert "a claim sets it to 1" in refused(
         run, namespace, claim_by(run, RUN_JOB, spec={"leaseTransitions": 1000})
+    )
+    # L-M2 (a): a claim that keeps the transitions would hand its work the last token.
+    assert "leaseTransitions is 0; a claim sets it to 1" in refused(
+        run, namespace, claim_by(run, RUN_JOB, spec={"leaseTransitions": 0})
     )
     refused(run, namespace, claim_by(run, "report-29000001"))
     refused(run, namespace, claim_by(run, RUN_JOB, notes={"cronlock.io/replaced-jobs": future}))
@@ -455,11 +459,18 @@ def test_every_field_of_a_lease_has_a_writer_and_one_write_bricks_no_lock(
     assert notes["cronlock.io/replaced-jobs"] == RUN_JOB
     assert notes["cronlock.io/replaced-by"] == nxt.identity
 
-    # The next run claims (transitions 2) and releases plainly.
+    # The next run claims (transitions 2). Its Job's retry pod takes the hold over: a
+    # claim too, so one more transition, never the same token as the pod it follows.
     nxt.write(namespace, claim_by(nxt, "report-29000001"))
-    nxt.write(namespace, wrote(lambda lease: released(lease, nxt.identity, now())))
+    retry = make_pod(api, controlplane, namespace, "report-29000001-vwxyz", tmp_path)
+    assert "leaseTransitions is 2; a claim sets it to 3" in refused(
+        retry, namespace, claim_by(retry, "report-29000001", spec={"leaseTransitions": 2})
+    )
+    retry.write(namespace, claim_by(retry, "report-29000001"))
+    assert admin.read_namespaced_lease(LEASE, namespace).spec.holder_identity == retry.identity
+    retry.write(namespace, wrote(lambda lease: released(lease, retry.identity, now())))
     lease = admin.read_namespaced_lease(LEASE, namespace)
-    assert lease.spec.lease_transitions == 2
+    assert lease.spec.lease_transitions == 3
     assert not lease.spec.holder_identity
 
 
