@@ -506,3 +506,79 @@ def test_the_operator_puts_a_bricked_lease_back_in_range_and_says_so(
     assert any("leaseTransitions 2147483647" in text for text in message), message
     run.write(namespace, hold(run.identity, job=RUN_JOB))
     assert admin.read_namespaced_lease(LEASE, namespace).spec.lease_transitions == 1
+
+
+GARBAGE_COLLECTOR = "system:serviceaccount:kube-system:generic-garbage-collector"
+
+
+def test_an_orphaning_delete_of_a_guarded_cronjob_completes_and_the_collector_does_no_more(
+    api: kubernetes.client.ApiClient, namespace: str
+) -> None:
+    """Security review L-N9: the control plane's kube-controller-manager runs with
+    --use-service-account-credentials, so the garbage collector writes as its own account
+    with a token bound to no pod. `kubectl delete cronjob --cascade=orphan` waits for it to
+    drop the CronJob from the Lease's owners: that write goes through, and nothing else the
+    collector's name could write does."""
+    guarded_on_shared(api, namespace)
+    admin = kubernetes.client.CoordinationV1Api(api)
+    batch = kubernetes.client.BatchV1Api(api)
+    uid = batch.read_namespaced_cron_job("report", namespace).metadata.uid
+    lease = wait_for(
+        lambda: next(
+            (
+                found
+                for found in admin.list_namespaced_lease(namespace).items
+                if found.metadata.name == LEASE
+                and [owner.uid for owner in found.metadata.owner_references or []] == [uid]
+            ),
+            None,
+        ),
+        30,
+        "the Lease owned by the CronJob",
+    )
+    assert lease.metadata.labels["cronlock.io/lock"] == "report"
+
+    # Under the collector's name (an admin impersonating it), no write but dropping owners.
+    as_collector = kubernetes.client.ApiClient(api.configuration)
+    as_collector.default_headers["Impersonate-User"] = GARBAGE_COLLECTOR
+    collector = kubernetes.client.CoordinationV1Api(as_collector)
+    try:
+        for patch in (
+            {"spec": {"holderIdentity": "report-29000000-abcde_12345678"}},
+            {"metadata": {"ownerReferences": [], "annotations": {"cronlock.io/last-holder": "x"}}},
+            {"metadata": {"ownerReferences": [dict(owner_of(lease), uid="0" * 36)]}},
+        ):
+            with pytest.raises(kubernetes.client.ApiException) as denied:
+                collector.patch_namespaced_lease(
+                    LEASE, namespace, patch, _content_type="application/merge-patch+json"
+                )
+            assert denied.value.status == 403, denied.value.body
+            assert "cronlock holder policy:" in str(denied.value.body)
+    finally:
+        as_collector.close()
+
+    batch.delete_namespaced_cron_job("report", namespace, propagation_policy="Orphan")
+    wait_for(
+        lambda: (
+            not any(
+                cronjob.metadata.name == "report"
+                for cronjob in batch.list_namespaced_cron_job(namespace).items
+            )
+        ),
+        60,
+        "the orphaning delete to complete (the garbage collector's write admitted)",
+    )
+    kept = admin.read_namespaced_lease(LEASE, namespace)
+    assert not kept.metadata.owner_references
+    assert kept.metadata.labels == lease.metadata.labels
+    assert kept.spec == lease.spec
+
+
+def owner_of(lease: Any) -> dict[str, Any]:
+    [owner] = lease.metadata.owner_references
+    return {
+        "apiVersion": owner.api_version,
+        "kind": owner.kind,
+        "name": owner.name,
+        "uid": owner.uid,
+    }
