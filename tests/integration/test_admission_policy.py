@@ -252,6 +252,8 @@ def test_the_operators_token_can_write_exactly_cronlocks_injection_and_its_rever
             90,
         ),
         ({"cronlock.io/enabled": "true", "cronlock.io/stop": "signal"}, 90),
+        # A lock of its own name: CRONLOCK_LEASE names that lock's Lease.
+        ({"cronlock.io/enabled": "true", "cronlock.io/lock": "ledger"}, 90),
         ({"cronlock.io/enabled": "true", "cronlock.io/stop": "liveness"}, 90),
         # No grace written: the API server defaults it to 30, which the revert restores.
         ({"cronlock.io/enabled": "true", "cronlock.io/ttl": "5m"}, None),
@@ -581,6 +583,111 @@ def test_the_operators_token_cannot_change_what_the_injected_sidecar_is_told(
         assert "run only the configured sidecar image" in body, ops
     # What the injection itself wrote still passes, written again as it was.
     json_patch(as_operator, namespace, plain_cronjob, *set_env("CRONLOCK_POLICY", "skip"))
+
+
+def test_the_operators_token_cannot_tell_the_sidecar_another_identity_lease_or_version(
+    api: kubernetes.client.ApiClient,
+    as_operator: kubernetes.client.ApiClient,
+    namespace: str,
+    plain_cronjob: str,
+) -> None:
+    """Security review 2026-12-05, L2 residue: with a stolen operator token, the sidecar's
+    pod name, uid, namespace and Job (its holder identity: in a store, a live holder's,
+    renewed by name) come only from the pod's own fields, CRONLOCK_LEASE is only the
+    CronJob's own lock (not another lock of the namespace) and the version one the skew
+    check can read (L-N7). The operator's own injection of the same CronJob passes."""
+    settings = OperatorSettings(
+        sidecar_image=SIDECAR_IMAGE, sidecar_stores_image=SIDECAR_STORES_IMAGE
+    )
+    batch = kubernetes.client.BatchV1Api(api)
+    stored = api.sanitize_for_serialization(
+        batch.read_namespaced_cron_job(plain_cronjob, namespace)
+    )
+    stored["metadata"]["annotations"] = {
+        "cronlock.io/enabled": "true",
+        "cronlock.io/lock": "ledger",
+        "cronlock.io/store": "redis",
+        "cronlock.io/store-secret": "team-locks",
+    }
+    stored = api.sanitize_for_serialization(
+        batch.replace_namespaced_cron_job(plain_cronjob, namespace, stored)
+    )
+    desired = build_injection(stored, parse_config(stored, settings), settings)
+    kubernetes.client.BatchV1Api(as_operator).patch_namespaced_cron_job(
+        plain_cronjob,
+        namespace,
+        injection_patch(stored, desired),
+        _content_type="application/json-patch+json",
+    )
+    init = api.sanitize_for_serialization(batch.read_namespaced_cron_job(plain_cronjob, namespace))[
+        "spec"
+    ]["jobTemplate"]["spec"]["template"]["spec"]["initContainers"]
+    index = next(i for i, c in enumerate(init) if c["name"] == "cronlock")
+    env = init[index]["env"]
+    names = [e["name"] for e in env]
+    assert {"name": "CRONLOCK_LEASE", "value": f"{namespace}/cronlock-ledger"} in env
+
+    def set_env(name: str, **variable: Any) -> dict[str, Any]:
+        path = f"{POD}/initContainers/{index}/env/{names.index(name)}"
+        return {"op": "replace", "path": path, "value": {"name": name, **variable}}
+
+    def field(path: str) -> dict[str, Any]:
+        return {"valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": path}}}
+
+    live_holder = "invoices-29400001-abcde"
+    for ops in (
+        # The review's step: the live holder's name and uid, as literal values.
+        [
+            set_env("CRONLOCK_POD_NAME", value=live_holder),
+            set_env("CRONLOCK_POD_UID", value="12345678-aaaa-bbbb-cccc-000000000000"),
+        ],
+        [set_env("CRONLOCK_POD_NAME", **field("metadata.annotations['holder']"))],
+        [set_env("CRONLOCK_POD_UID", **field("metadata.name"))],
+        [set_env("CRONLOCK_POD_NAMESPACE", value=namespace)],
+        [set_env("CRONLOCK_JOB_NAME", **field("metadata.labels['job-name']"))],
+        [set_env("CRONLOCK_JOB_NAME", value="invoices-29400001")],
+        # Another lock of the same namespace: the CronJob's name is not its lock.
+        [set_env("CRONLOCK_LEASE", value=f"{namespace}/cronlock-invoices")],
+        [set_env("CRONLOCK_LEASE", value=f"{namespace}/cronlock-ledger-2")],
+        # Not literal: any other variable from a field of the pod.
+        [set_env("CRONLOCK_TTL", **field("metadata.annotations['ttl']"))],
+        # Versions the skew check cannot read (int('²') raised in the operator).
+        [set_env("CRONLOCK_OPERATOR_VERSION", value="\u00b2.1")],
+        [set_env("CRONLOCK_OPERATOR_VERSION", value="0.\u00b2")],
+        [set_env("CRONLOCK_OPERATOR_VERSION", value="0.1.0 ")],
+        [set_env("CRONLOCK_OPERATOR_VERSION", value="latest")],
+    ):
+        body = refused(lambda ops=ops: json_patch(as_operator, namespace, plain_cronjob, *ops))
+        assert "takes CRONLOCK_POD_NAME, _POD_UID, _POD_NAMESPACE and _JOB_NAME" in body, ops
+        # The same patch by an admin is valid: the policy refused it, not the API.
+        json_patch(api, namespace, plain_cronjob, *ops)
+    # The injection's own values, written again, and another version it may stamp.
+    json_patch(
+        as_operator,
+        namespace,
+        plain_cronjob,
+        set_env("CRONLOCK_POD_NAME", **field("metadata.name")),
+        set_env("CRONLOCK_LEASE", value=f"{namespace}/cronlock-ledger"),
+        set_env("CRONLOCK_OPERATOR_VERSION", value="1.22.3-rc.1+build.5"),
+    )
+    # An environment the CronJob's editor changed herself is hers: the operator may still
+    # write the annotation it keeps without being blamed for it.
+    batch.patch_namespaced_cron_job(
+        plain_cronjob,
+        namespace,
+        [set_env("CRONLOCK_POD_NAME", value=live_holder)],
+        _content_type="application/json-patch+json",
+    )
+    json_patch(
+        as_operator,
+        namespace,
+        plain_cronjob,
+        {
+            "op": "add",
+            "path": "/metadata/annotations/cronlock.io~1consecutive-skips",
+            "value": "1",
+        },
+    )
 
 
 def test_the_operators_token_reaches_no_job_or_event_outside_cronlocks_runs(

@@ -369,6 +369,48 @@ def test_a_lock_in_a_store_is_frozen_there_and_its_runs_skip_until_unfrozen(
     assert f"there is no Secret {namespace}/nope" in missing.stderr
 
 
+def test_a_store_locks_registry_lease_is_not_frozen_and_the_cli_names_the_secret(
+    api: kubernetes.client.ApiClient, controlplane: ControlPlane, namespace: str
+) -> None:
+    """Security review L-N5: a lock in Redis keeps a Lease only as its users' registry; its
+    runs read freezes from the store. A freeze without --store-secret said "frozen" and
+    changed nothing a run reads; now the operator marks the Lease and the CLI refuses,
+    naming the Secret, while a Lease lock of the same namespace is still frozen."""
+    store = {"cronlock.io/store": "redis", "cronlock.io/store-secret": "team-locks"}
+    kubernetes.client.BatchV1Api(api).create_namespaced_cron_job(
+        namespace,
+        make_cronjob(
+            name="nightly",
+            namespace=None,
+            schedule="0 0 1 1 *",
+            annotations={"cronlock.io/enabled": "true", **store},
+        ),
+    )
+    leases = kubernetes.client.CoordinationV1Api(api)
+    wait_for(
+        lambda: (
+            _exists(leases, namespace, "cronlock-nightly")
+            and (leases.read_namespaced_lease("cronlock-nightly", namespace).metadata.annotations)
+            == store
+        ),
+        30,
+        "the registry Lease, marked with its store",
+    )
+    for verb, until in (("freeze", ["--for", "2h", "--reason", "db migration"]), ("unfreeze", [])):
+        done = cli(controlplane, verb, "nightly", "-n", namespace, *until)
+        assert done.returncode == 2, (verb, done.stdout, done.stderr)
+        assert done.stdout == ""
+        assert done.stderr.count("\n") == 1, done.stderr
+        assert f"lock nightly in {namespace} is kept in redis" in done.stderr
+        assert f"{verb} it with --store-secret team-locks" in done.stderr
+    assert notes(api, namespace, "nightly") == {}
+
+    guarded(api, namespace, "daily")
+    frozen = cli(controlplane, "freeze", "daily", "-n", namespace, "--for", "1h", "--reason", "x")
+    assert frozen.returncode == 0, frozen.stderr
+    assert contract.ANNOTATION_FROZEN_UNTIL in notes(api, namespace, "daily")
+
+
 def test_a_freezer_only_freezes_cronlocks_locks_and_writes_nothing_else(
     api: kubernetes.client.ApiClient,
     controlplane: ControlPlane,

@@ -422,8 +422,12 @@ def test_every_field_of_a_lease_has_a_writer_and_one_write_bricks_no_lock(
 
         return wrote(change)
 
-    assert "only a claim may change it, to 1" in refused(
+    assert "a claim sets it to 1" in refused(
         run, namespace, claim_by(run, RUN_JOB, spec={"leaseTransitions": 1000})
+    )
+    # L-M2 (a): a claim that keeps the transitions would hand its work the last token.
+    assert "leaseTransitions is 0; a claim sets it to 1" in refused(
+        run, namespace, claim_by(run, RUN_JOB, spec={"leaseTransitions": 0})
     )
     refused(run, namespace, claim_by(run, "report-29000001"))
     refused(run, namespace, claim_by(run, RUN_JOB, notes={"cronlock.io/replaced-jobs": future}))
@@ -455,11 +459,18 @@ def test_every_field_of_a_lease_has_a_writer_and_one_write_bricks_no_lock(
     assert notes["cronlock.io/replaced-jobs"] == RUN_JOB
     assert notes["cronlock.io/replaced-by"] == nxt.identity
 
-    # The next run claims (transitions 2) and releases plainly.
+    # The next run claims (transitions 2). Its Job's retry pod takes the hold over: a
+    # claim too, so one more transition, never the same token as the pod it follows.
     nxt.write(namespace, claim_by(nxt, "report-29000001"))
-    nxt.write(namespace, wrote(lambda lease: released(lease, nxt.identity, now())))
+    retry = make_pod(api, controlplane, namespace, "report-29000001-vwxyz", tmp_path)
+    assert "leaseTransitions is 2; a claim sets it to 3" in refused(
+        retry, namespace, claim_by(retry, "report-29000001", spec={"leaseTransitions": 2})
+    )
+    retry.write(namespace, claim_by(retry, "report-29000001"))
+    assert admin.read_namespaced_lease(LEASE, namespace).spec.holder_identity == retry.identity
+    retry.write(namespace, wrote(lambda lease: released(lease, retry.identity, now())))
     lease = admin.read_namespaced_lease(LEASE, namespace)
-    assert lease.spec.lease_transitions == 2
+    assert lease.spec.lease_transitions == 3
     assert not lease.spec.holder_identity
 
 
@@ -495,3 +506,79 @@ def test_the_operator_puts_a_bricked_lease_back_in_range_and_says_so(
     assert any("leaseTransitions 2147483647" in text for text in message), message
     run.write(namespace, hold(run.identity, job=RUN_JOB))
     assert admin.read_namespaced_lease(LEASE, namespace).spec.lease_transitions == 1
+
+
+GARBAGE_COLLECTOR = "system:serviceaccount:kube-system:generic-garbage-collector"
+
+
+def test_an_orphaning_delete_of_a_guarded_cronjob_completes_and_the_collector_does_no_more(
+    api: kubernetes.client.ApiClient, namespace: str
+) -> None:
+    """Security review L-N9: the control plane's kube-controller-manager runs with
+    --use-service-account-credentials, so the garbage collector writes as its own account
+    with a token bound to no pod. `kubectl delete cronjob --cascade=orphan` waits for it to
+    drop the CronJob from the Lease's owners: that write goes through, and nothing else the
+    collector's name could write does."""
+    guarded_on_shared(api, namespace)
+    admin = kubernetes.client.CoordinationV1Api(api)
+    batch = kubernetes.client.BatchV1Api(api)
+    uid = batch.read_namespaced_cron_job("report", namespace).metadata.uid
+    lease = wait_for(
+        lambda: next(
+            (
+                found
+                for found in admin.list_namespaced_lease(namespace).items
+                if found.metadata.name == LEASE
+                and [owner.uid for owner in found.metadata.owner_references or []] == [uid]
+            ),
+            None,
+        ),
+        30,
+        "the Lease owned by the CronJob",
+    )
+    assert lease.metadata.labels["cronlock.io/lock"] == "report"
+
+    # Under the collector's name (an admin impersonating it), no write but dropping owners.
+    as_collector = kubernetes.client.ApiClient(api.configuration)
+    as_collector.default_headers["Impersonate-User"] = GARBAGE_COLLECTOR
+    collector = kubernetes.client.CoordinationV1Api(as_collector)
+    try:
+        for patch in (
+            {"spec": {"holderIdentity": "report-29000000-abcde_12345678"}},
+            {"metadata": {"ownerReferences": [], "annotations": {"cronlock.io/last-holder": "x"}}},
+            {"metadata": {"ownerReferences": [dict(owner_of(lease), uid="0" * 36)]}},
+        ):
+            with pytest.raises(kubernetes.client.ApiException) as denied:
+                collector.patch_namespaced_lease(
+                    LEASE, namespace, patch, _content_type="application/merge-patch+json"
+                )
+            assert denied.value.status == 403, denied.value.body
+            assert "cronlock holder policy:" in str(denied.value.body)
+    finally:
+        as_collector.close()
+
+    batch.delete_namespaced_cron_job("report", namespace, propagation_policy="Orphan")
+    wait_for(
+        lambda: (
+            not any(
+                cronjob.metadata.name == "report"
+                for cronjob in batch.list_namespaced_cron_job(namespace).items
+            )
+        ),
+        60,
+        "the orphaning delete to complete (the garbage collector's write admitted)",
+    )
+    kept = admin.read_namespaced_lease(LEASE, namespace)
+    assert not kept.metadata.owner_references
+    assert kept.metadata.labels == lease.metadata.labels
+    assert kept.spec == lease.spec
+
+
+def owner_of(lease: Any) -> dict[str, Any]:
+    [owner] = lease.metadata.owner_references
+    return {
+        "apiVersion": owner.api_version,
+        "kind": owner.kind,
+        "name": owner.name,
+        "uid": owner.uid,
+    }

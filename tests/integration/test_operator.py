@@ -411,8 +411,10 @@ def test_two_cronjobs_sharing_a_lock_share_one_lease_and_their_pods_may_hold_onl
     as_reports = kubernetes.client.CoordinationV1Api(controlplane.api_client(bound))
     wait_for(lambda: _can_get(as_reports, namespace, "cronlock-ledger"), 30, "the holder Role")
     mine = as_reports.read_namespaced_lease("cronlock-ledger", namespace)
+    # A claim, as the sidecar writes one: as itself, and one more transition.
     mine.spec.holder_identity = f"test-pod_{pod.metadata.uid[:8]}"
     mine.spec.renew_time = datetime.datetime.now(datetime.UTC).replace(microsecond=123456)
+    mine.spec.lease_transitions = (mine.spec.lease_transitions or 0) + 1
     as_reports.replace_namespaced_lease("cronlock-ledger", namespace, mine)
     # The job's identity may hold its locks and nothing else in the namespace.
     wait_for(lambda: _lease_with_owners(leases, namespace, "cronlock-unrelated", 1), 30, "Lease")

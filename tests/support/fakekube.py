@@ -176,11 +176,14 @@ class FakeKube(_Recorder):
         stored = self.leases.get((namespace, name))
         if stored is None:
             raise Retry(f"lease {namespace}/{name} vanished; creating it again")
-        metadata = stored["metadata"]
-        metadata["labels"] = {**(metadata.get("labels") or {}), **patch["metadata"]["labels"]}
+        metadata, wanted = stored["metadata"], patch["metadata"]
+        metadata["labels"] = {**(metadata.get("labels") or {}), **wanted.get("labels", {})}
         owners = {owner["uid"]: owner for owner in metadata.get("ownerReferences") or []}
-        owners.update({owner["uid"]: owner for owner in patch["metadata"]["ownerReferences"]})
+        owners.update({owner["uid"]: owner for owner in wanted.get("ownerReferences", [])})
         metadata["ownerReferences"] = list(owners.values())
+        # A strategic merge of annotations: null removes a key.
+        notes = {**(metadata.get("annotations") or {}), **wanted.get("annotations", {})}
+        metadata["annotations"] = {key: value for key, value in notes.items() if value is not None}
         metadata["resourceVersion"] = self._version()
         return copy.deepcopy(stored)
 

@@ -67,6 +67,13 @@ variables:
       "CRONLOCK_POD_NAMESPACE", "CRONLOCK_JOB_NAME", "CRONLOCK_STORE_FILE",
       "CRONLOCK_STORE_KIND", "CRONLOCK_LOG_FORMAT", "CRONLOCK_LOG_LEVEL",
       "CRONLOCK_OPERATOR_VERSION"]
+  # The sidecar's identity is built from these (sidecar options.py), so they are the pod's
+  # own fields, exactly as injection/containers.py writes them, never literal values.
+  - name: podFieldEnv
+    expression: >-
+      {"CRONLOCK_POD_NAME": "metadata.name", "CRONLOCK_POD_UID": "metadata.uid",
+      "CRONLOCK_POD_NAMESPACE": "metadata.namespace",
+      "CRONLOCK_JOB_NAME": "metadata.labels['batch.kubernetes.io/job-name']"}
   - name: newNotes
     expression: "object.metadata.?annotations.orValue({})"
   - name: oldNotes
@@ -105,6 +112,11 @@ variables:
       variables.oldNotes[?"cronlock.io/original-termination-grace-period-seconds"].orValue("-") == "unset" ? 30 :
       variables.oldNotes[?"cronlock.io/original-termination-grace-period-seconds"].orValue("-").matches("^[0-9]{1,10}$") ?
       int(variables.oldNotes["cronlock.io/original-termination-grace-period-seconds"]) : -1
+  # The CronJob's own lock Lease (cronjob/config.py: the lock defaults to its name).
+  - name: lease
+    expression: >-
+      request.namespace + "/cronlock-" +
+      variables.newNotes[?"cronlock.io/lock"].orValue(object.metadata.name)
   - name: newInjected
     expression: >-
       variables.newPod.?initContainers.orValue([]).filter(c, c.name in variables.injected)
@@ -334,6 +346,28 @@ validations:
       by digest from any repository{{ end }})
       with its own command, restricted security and the cronlock volume alone (the sidecar
       also the store's Secret, read-only)
+    reason: Forbidden
+  # Who the sidecar is and which Lease it holds (security review 2026-12-05, L2 residue):
+  # its identity from the pod's own fields, the CronJob's own lock, a version the skew
+  # check can read. An environment kept as it was (an injection by an earlier release,
+  # while only annotations change) is left alone: the writer added nothing to it.
+  - expression: >-
+      variables.resource != "cronjobs" || variables.newInjected.all(c,
+      variables.oldPod.?initContainers.orValue([]).exists(o, o.name == c.name &&
+        o.?env.orValue([]) == c.?env.orValue([])) || c.?env.orValue([]).all(e,
+      (e.name in variables.podFieldEnv ?
+        (!has(e.value) && has(e.valueFrom) && has(e.valueFrom.fieldRef) &&
+         e.valueFrom.fieldRef.fieldPath == variables.podFieldEnv[e.name]) :
+        !has(e.valueFrom)) &&
+      (e.name != "CRONLOCK_LEASE" || e.?value.orValue("") == variables.lease) &&
+      (e.name != "CRONLOCK_OPERATOR_VERSION" || e.?value.orValue("").matches(
+        "^[0-9]{1,6}[.][0-9]{1,6}([.][0-9]{1,6})?(-[0-9A-Za-z.-]{1,64})?([+][0-9A-Za-z.-]{1,64})?$"))))
+    message: >-
+      cronlock's sidecar takes CRONLOCK_POD_NAME, _POD_UID, _POD_NAMESPACE and _JOB_NAME
+      only from the pod's own fields (metadata.name, metadata.uid, metadata.namespace, the
+      label batch.kubernetes.io/job-name), CRONLOCK_LEASE only as the CronJob's own lock
+      Lease (<namespace>/cronlock-<cronlock.io/lock, or the CronJob's name>) and
+      CRONLOCK_OPERATOR_VERSION only as a version (MAJOR.MINOR[.PATCH][-PRE][+BUILD])
     reason: Forbidden
   # Volumes: the user's as they were; cronlock's is an emptyDir, and a store's is the one
   # key "url" of the Secret the CronJob's own cronlock.io/store-secret names.

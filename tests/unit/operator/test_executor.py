@@ -3,6 +3,8 @@ writes for a Lease created meanwhile, a Lease's users, and a Role someone else m
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 from typing import Any
 
 import pytest
@@ -82,6 +84,36 @@ def test_an_unseen_user_is_undecided_and_an_owned_lease_writes_nothing() -> None
     owned = lease(("report", "u-report"))
     assert Executor(kube).run([ensure(cronjob(), owned)]).completed
     assert [name for name, _ in kube.calls] == []
+
+
+STORE_SETTINGS = dataclasses.replace(SETTINGS, sidecar_stores_image="ghcr.io/example/stores:1.0.0")
+IN_REDIS = {"cronlock.io/store": "redis", "cronlock.io/store-secret": "team-locks"}
+
+
+def test_a_store_locks_lease_says_where_the_lock_lives() -> None:
+    """Security review L-N5: a lock in Redis or PostgreSQL keeps its Lease as a registry of
+    its users; the Lease says so (and names the Secret), so `cronlock freeze` can refuse
+    to freeze it there, where no run would read the freeze."""
+    kube = FakeKube()
+
+    def ensure_in(body: dict[str, Any], cached: dict[str, Any] | None) -> None:
+        config = parse_config(body, STORE_SETTINGS)
+        Executor(kube).run([EnsureLease("team-a", "cronlock-report", body, config, cached)])
+
+    ensure_in(cronjob(**IN_REDIS), None)
+    stored = kube.leases[("team-a", "cronlock-report")]
+    assert stored["metadata"]["annotations"] == IN_REDIS
+    # A registry Lease made before the mark existed gets it; a marked one is left alone.
+    del stored["metadata"]["annotations"]
+    ensure_in(cronjob(**IN_REDIS), copy.deepcopy(stored))
+    assert stored["metadata"]["annotations"] == IN_REDIS
+    writes = len(kube.called("merge_lease"))
+    ensure_in(cronjob(**IN_REDIS), copy.deepcopy(stored))
+    assert len(kube.called("merge_lease")) == writes
+    # The lock moved into its Lease: the marks go.
+    ensure_in(cronjob(), copy.deepcopy(stored))
+    assert "cronlock.io/store" not in stored["metadata"]["annotations"]
+    assert "cronlock.io/store-secret" not in stored["metadata"]["annotations"]
 
 
 def test_dropping_an_owner_keeps_the_others_then_deletes_with_the_last() -> None:

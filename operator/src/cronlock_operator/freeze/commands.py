@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
@@ -60,9 +60,10 @@ def add_parsers(commands: Any, connection_flags: Callable[[argparse.ArgumentPars
             "own name) in a namespace: every run that starts on it until the freeze ends "
             "skips before its work, with a line saying until when, by whom and why. Runs "
             "already working go on. The freeze ends by itself. Needs the verb 'freeze' on the "
-            "Lease (the chart's ClusterRole <release>-freezer). Exit 0 when frozen, 1 when "
-            "the lock has no Lease, 2 on usage errors, 69 when the API server refuses or is "
-            "unreachable."
+            "Lease (the chart's ClusterRole <release>-freezer). A lock in Redis or PostgreSQL "
+            "is frozen in its store: name its Secret with --store-secret. Exit 0 when frozen, "
+            "1 when the lock has no Lease, 2 on usage errors (a store's lock without "
+            "--store-secret among them), 69 when the API server refuses or is unreachable."
         ),
     )
     _common(freeze)
@@ -172,6 +173,7 @@ def freeze(
     end, why = until_from(duration, until, now()), clean_reason(reason)
     wanted = Freeze(end, caller(api), why, stop_running)
     if store_secret is None:
+        _refuse_a_registry(_read(api, namespace, lock), namespace, lock, "freeze")
         _patch(api, namespace, lock, wanted.annotations())
     else:
         _stored_notes(api, namespace, lock, store_secret, wanted.annotations(), say)
@@ -191,10 +193,34 @@ def unfreeze(
             api, namespace, lock, store_secret, dict.fromkeys(contract.FREEZE_NOTES), say
         )
     lease = _read(api, namespace, lock)
+    _refuse_a_registry(lease, namespace, lock, "unfreeze")
     if read_lease(lease).frozen_until is None:
         return False
     _patch(api, namespace, lock, dict.fromkeys(contract.FREEZE_NOTES))
     return True
+
+
+def registry_refusal(lease: Mapping[str, Any], namespace: str, lock: str, verb: str) -> str | None:
+    """Why `verb` (freeze, unfreeze) may not act on this Lease, or None. A lock in Redis or
+    PostgreSQL: its Lease only registers its users (the operator marks it so), and its runs
+    read a freeze from the store, so one on the Lease would change nothing but what status
+    shows."""
+    notes = (lease.get("metadata") or {}).get("annotations") or {}
+    store = notes.get(contract.ANNOTATION_STORE)
+    if store in (None, "lease"):
+        return None
+    secret = notes.get(contract.ANNOTATION_STORE_SECRET) or "SECRET"
+    return (
+        f"lock {lock} in {namespace} is kept in {store}, and its runs read a freeze only "
+        f"there, not on its Lease: {verb} it with --store-secret {secret} (the Secret its "
+        "CronJobs name in cronlock.io/store-secret)"
+    )
+
+
+def _refuse_a_registry(lease: Mapping[str, Any], namespace: str, lock: str, verb: str) -> None:
+    refusal = registry_refusal(lease, namespace, lock, verb)
+    if refusal is not None:
+        raise FreezeError(refusal, EXIT_USAGE)
 
 
 # Compare-and-set attempts on a stored lock whose holder renews meanwhile.

@@ -57,27 +57,59 @@ def lease_labels(lock: str) -> dict[str, str]:
     return {contract.LABEL_MANAGED_BY: contract.MANAGED_BY, contract.LABEL_LOCK: lock}
 
 
+# Where a lock lives, as its Lease says: nothing for a lock in the Lease itself; for a
+# lock in Redis or PostgreSQL (whose Lease only registers its users), the store and the
+# Secret its CronJobs name. `cronlock freeze` reads it, since a freeze written on a
+# registry Lease is one no run reads.
+StoreMarks = dict[str, str | None]
+
+
+def store_marks(store: str, secret: str | None) -> StoreMarks:
+    """The annotations a lock's Lease carries for where it lives (None: absent)."""
+    if store == "lease":
+        return dict.fromkeys((contract.ANNOTATION_STORE, contract.ANNOTATION_STORE_SECRET))
+    return {contract.ANNOTATION_STORE: store, contract.ANNOTATION_STORE_SECRET: secret or ""}
+
+
+def marks_differ(lease: Mapping[str, Any], marks: StoreMarks) -> bool:
+    notes = (lease.get("metadata") or {}).get("annotations") or {}
+    return any(notes.get(key) != value for key, value in marks.items())
+
+
 def new_lease(
-    name: str, cronjob: Mapping[str, Any], lock: str, duration_seconds: int
+    name: str,
+    cronjob: Mapping[str, Any],
+    lock: str,
+    duration_seconds: int,
+    marks: StoreMarks | None = None,
 ) -> dict[str, Any]:
     """The Lease a lock nobody uses yet starts as: labelled as cronlock's, owned by the
-    CronJob (so the garbage collector deletes it with its last user), no holder."""
-    return {
-        "metadata": {
-            "name": name,
-            "labels": lease_labels(lock),
-            "ownerReferences": [owner_reference(cronjob)],
-        },
-        "spec": {"leaseDurationSeconds": duration_seconds},
+    CronJob (so the garbage collector deletes it with its last user), no holder, and
+    marked with the store the lock lives in, if any."""
+    metadata: dict[str, Any] = {
+        "name": name,
+        "labels": lease_labels(lock),
+        "ownerReferences": [owner_reference(cronjob)],
     }
+    notes = {key: value for key, value in (marks or {}).items() if value is not None}
+    if notes:
+        metadata["annotations"] = notes
+    return {"metadata": metadata, "spec": {"leaseDurationSeconds": duration_seconds}}
 
 
-def joining(cronjob: Mapping[str, Any], lock: str) -> dict[str, Any]:
+def joining(
+    cronjob: Mapping[str, Any], lock: str, marks: StoreMarks | None = None
+) -> dict[str, Any]:
     """The strategic merge patch that adds a CronJob to a Lease's users: ownerReferences
-    merge by uid, so the other users stay."""
-    return {
-        "metadata": {"labels": lease_labels(lock), "ownerReferences": [owner_reference(cronjob)]}
+    merge by uid, so the other users stay. The store marks as the CronJob asks (every user
+    of a lock keeps it in the same place: sharing.consent)."""
+    metadata: dict[str, Any] = {
+        "labels": lease_labels(lock),
+        "ownerReferences": [owner_reference(cronjob)],
     }
+    if marks:
+        metadata["annotations"] = dict(marks)
+    return {"metadata": metadata}
 
 
 class KeepOwners(NamedTuple):

@@ -162,12 +162,15 @@ class Executor:
             action.cronjob,
             action.config.lock,
         )
+        marks = ownership.store_marks(action.config.store, action.config.store_secret)
         consent = sharing.consent(action.cached, cronjob, lock, action.users)
+        seen = action.cached
         if consent.verdict == "create":
             duration = action.config.timing.lease_duration_seconds
             lease, created = self.kube.create_lease(
-                namespace, ownership.new_lease(name, cronjob, lock, duration)
+                namespace, ownership.new_lease(name, cronjob, lock, duration, marks)
             )
+            seen = lease
             # Created, or the cache was behind (409): judged again on what exists.
             consent = (
                 sharing.Consent("owned")
@@ -183,7 +186,12 @@ class Executor:
                 return Ran(verdict=Undecided(consent.reason))
             case "join":
                 self.lease_written(
-                    self.kube.merge_lease(namespace, name, ownership.joining(cronjob, lock))
+                    self.kube.merge_lease(namespace, name, ownership.joining(cronjob, lock, marks))
+                )
+            case "owned" if seen is not None and ownership.marks_differ(seen, marks):
+                # Made before Leases were marked, or the lock moved: say where it lives now.
+                self.lease_written(
+                    self.kube.merge_lease(namespace, name, {"metadata": {"annotations": marks}})
                 )
         return COMPLETED
 
