@@ -64,7 +64,14 @@ def test_metrics_liveness_and_json_logs(
         guarded = [
             line for line in text.splitlines() if line.startswith("cronlock_guarded_cronjobs ")
         ]
-        return text if held in text and float(guarded[0].split()[1]) >= 1 else None
+        # The reconcile's duration is observed as it returns, after it set the gauges.
+        timed = [
+            line
+            for line in text.splitlines()
+            if line.startswith('cronlock_reconcile_duration_seconds_count{kind="cronjob"}')
+        ]
+        done = bool(timed) and float(timed[0].split()[1]) >= 1
+        return text if held in text and float(guarded[0].split()[1]) >= 1 and done else None
 
     text = wait_for(scraped, timeout=30, what="the CronJob and its Lease in the metrics")
     for family in (
