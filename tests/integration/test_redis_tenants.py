@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import shlex
 import subprocess
+import textwrap
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -44,6 +45,7 @@ from tests.support.paths import ROOT, SIDECAR
 from tests.support.stores import RedisServer, running
 
 STORES_MD = ROOT / "docs" / "STORES.md"
+UPGRADING_MD = ROOT / "docs" / "UPGRADING.md"
 FROZEN_UNTIL = "cronlock.io/frozen-until"
 # What docs/STORES.md granted before the function library: EVAL, a loop of which
 # stalls every tenant. Kept here to show the attack is real where it is granted.
@@ -63,11 +65,12 @@ IMPOSTOR = f"#!lua name={LIBRARY_NAME}\n" + "".join(
 )
 
 
-def documented(marker: str) -> str:
-    """The fenced block after `<!-- tested: MARKER -->` in docs/STORES.md."""
-    text = STORES_MD.read_text()
+def documented(marker: str, page: Path = STORES_MD) -> str:
+    """The fenced block after `<!-- tested: MARKER -->` in `page`, unindented."""
+    text = page.read_text()
     after = text.split(f"<!-- tested: {marker} -->\n", 1)[1]
-    return after.split("```", 2)[1].split("\n", 1)[1].rstrip("\n")
+    block = after.split("```", 2)[1].split("\n", 1)[1].rstrip(" \n")
+    return textwrap.dedent(block)
 
 
 def load_as_documented(server: RedisServer, directory: Path) -> None:
@@ -91,9 +94,10 @@ def load_as_documented(server: RedisServer, directory: Path) -> None:
     assert ran.stdout.split() == [LIBRARY_NAME, "OK"], ran.stdout
 
 
-def add_user(server: RedisServer, namespace: str, acl_line: str) -> str:
-    """The ACL line for `namespace` with a fresh password, run as the admin; its URL."""
-    password = os.urandom(8).hex()
+def add_user(server: RedisServer, namespace: str, acl_line: str, password: str = "") -> str:
+    """The ACL line for `namespace` with `password` (else a fresh one), run as the admin;
+    its URL."""
+    password = password or os.urandom(8).hex()
     line = acl_line.replace("team-a", namespace).replace(">PASSWORD", f">{password}")
     with redis.Redis.from_url(server.url) as admin:
         admin.execute_command(*shlex.split(line))
@@ -354,11 +358,15 @@ def test_a_sidecar_without_the_library_says_so_in_one_line(
     assert "RAN" not in run.stdout
     said = [line for line in run.stderr.splitlines() if "function library" in line]
     assert len(said) == 1, run.stderr
-    shown = next(
-        line for line in STORES_MD.read_text().splitlines() if "has no function library" in line
-    )
+    shown = {
+        line.strip()
+        for page in (STORES_MD, UPGRADING_MD)
+        for line in page.read_text().splitlines()
+        if "has no function library" in line
+    }
     port = f"127.0.0.1:{bare_redis.port}"
-    assert said[0].endswith(" " + shown.replace("redis:6379", port)), said[0]
+    assert len(shown) == 1
+    assert said[0].endswith(" " + shown.pop().replace("redis:6379", port)), said[0]
     with (
         client(bare_redis.url, load_library=False) as reader,
         pytest.raises(Forbidden, match=f"has no function library {LIBRARY_NAME}"),
@@ -404,3 +412,28 @@ def test_a_document_larger_than_any_lease_is_never_decoded(tenants: Tenants) -> 
         read = {key: value for key, value in team_a.get(lock).items() if key != "pad"}
         taken = team_a.replace(lock, claimed(read, "b", timing, datetime.now(UTC), ""))
     assert read_lease(taken).holder == "b"
+
+
+def test_an_install_of_before_moves_to_the_library_as_upgrading_says(
+    bare_redis: RedisServer, tmp_path: Path
+) -> None:
+    """docs/UPGRADING.md's steps on a Redis set up as before (the `+eval` ACL, no library):
+    after step 1 the new sidecar's client works and the old ones' EVAL still does; after
+    step 3 EVAL is refused and the new client still works."""
+    password = os.urandom(8).hex()
+    url = add_user(bare_redis, "team-a", EVAL_ACL, password)
+    lock, timing = LeaseRef("team-a", "nightly"), Timing.of(30.0, None, 1.0)
+    with redis.Redis.from_url(url) as raw:
+        assert raw.eval("return 1", 0) == 1  # the sidecars of before
+        load_as_documented(bare_redis, tmp_path)
+        grant = documented("redis-grant-fcall", UPGRADING_MD)
+        with redis.Redis.from_url(bare_redis.url) as admin:
+            admin.execute_command(*shlex.split(grant))
+        with client(url) as team_a:
+            team_a.create(lock, claimed({"metadata": {}}, "a", timing, datetime.now(UTC), ""))
+        assert raw.eval("return 1", 0) == 1
+        assert add_user(bare_redis, "team-a", documented("redis-acl"), password) == url
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            raw.eval("return 1", 0)
+        with client(url) as team_a:
+            assert read_lease(team_a.get(lock)).holder == "a"
