@@ -118,10 +118,13 @@ def libraries(url: str) -> dict[str, tuple[str, dict[str, list[str]]]]:
     return found
 
 
-def client(url: str, *, load_library: bool = True) -> RedisLeaseStore:
-    """team b's client, as its sidecar makes it."""
+def client(url: str, *, load_library: bool = True, timeout: float = 5.0) -> RedisLeaseStore:
+    """A namespace's client, as its sidecar makes it."""
     return RedisLeaseStore(
-        parse_store_url(url, "--store"), lambda: datetime.now(UTC), 5.0, load_library=load_library
+        parse_store_url(url, "--store"),
+        lambda: datetime.now(UTC),
+        timeout,
+        load_library=load_library,
     )
 
 
@@ -437,3 +440,17 @@ def test_an_install_of_before_moves_to_the_library_as_upgrading_says(
             raw.eval("return 1", 0)
         with client(url) as team_a:
             assert read_lease(team_a.get(lock)).holder == "a"
+
+
+def test_a_write_under_replicas_loads_the_library_in_its_pipeline(bare_redis: RedisServer) -> None:
+    """`?replicas=1`: the first write is FCALL and WAIT in one pipeline; the library missing,
+    the admin's URL loads it and sends the pipeline again, whose WAIT then counts (no
+    replica here: the write does not count, and says so)."""
+    lock = LeaseRef("reports", "replicated")
+    timing = Timing.of(30.0, None, 1.0)
+    with (
+        client(bare_redis.url + "?replicas=1", timeout=1.0) as writer,
+        pytest.raises(Unavailable, match="the write reached 0 of the 1 replicas"),
+    ):
+        writer.create(lock, claimed({"metadata": {}}, "a", timing, datetime.now(UTC), ""))
+    assert list(libraries(bare_redis.url)) == [LIBRARY_NAME]

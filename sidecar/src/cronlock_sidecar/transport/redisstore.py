@@ -306,7 +306,7 @@ class RedisLeaseStore:
                 except redis.ResponseError as error:
                     if not _no_function(error):
                         raise
-                    self._load(verb, lease, error)
+                    self._load(verb, lease)
                     answer, acked = self._send(script, lease, arguments, replicated)
         except (redis.AuthenticationError, redis.exceptions.NoPermissionError) as error:
             raise Forbidden(verb, lease, f"{self.url}: {error}") from None
@@ -346,7 +346,7 @@ class RedisLeaseStore:
             answer, acked = pipe.execute()
         return answer, int(acked)
 
-    def _load(self, verb: str, lease: LeaseRef, error: redis.ResponseError) -> None:
+    def _load(self, verb: str, lease: LeaseRef) -> None:
         """The library loaded where it was missing, when this client may and its user is
         allowed FUNCTION LOAD; Forbidden, in one line saying what an admin does, if not."""
         if self.load_library:
@@ -359,19 +359,20 @@ class RedisLeaseStore:
                 if "already exists" in str(refused):  # another sidecar loaded it meanwhile
                     return
                 raise
-        raise Forbidden(verb, lease, missing_library(str(self.url), str(error)))
+        raise Forbidden(verb, lease, missing_library(str(self.url)))
 
 
-def missing_library(url: str, error: str) -> str:
+def missing_library(url: str) -> str:
     """What a sidecar says when its Redis has no cronlock function library of its version."""
     return (
-        f"{url} has no function library {LIBRARY_NAME} ({error}); an admin loads it once "
-        f"with FUNCTION LOAD ({LIBRARY_DOCS})"
+        f"{url} has no function library {LIBRARY_NAME} (Function not found); an admin loads "
+        f"it once with FUNCTION LOAD ({LIBRARY_DOCS})"
     )
 
 
 def _no_function(error: redis.ResponseError) -> bool:
-    return "function not found" in str(error).lower()
+    """FCALL's answer for a function no library has (in a pipeline, after the command)."""
+    return str(error).endswith("Function not found")
 
 
 def _wrote(answer: object) -> bool:
