@@ -15,6 +15,7 @@ import textwrap
 import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import suppress
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -454,3 +455,44 @@ def test_a_write_under_replicas_loads_the_library_in_its_pipeline(bare_redis: Re
     ):
         writer.create(lock, claimed({"metadata": {}}, "a", timing, datetime.now(UTC), ""))
     assert list(libraries(bare_redis.url)) == [LIBRARY_NAME]
+
+
+def test_sidecars_that_find_the_library_missing_together_all_go_on(
+    bare_redis: RedisServer,
+) -> None:
+    """Eight clients of a user allowed FUNCTION LOAD read at once on a Redis without the
+    library: those whose load comes second ("already exists") call the function again.
+    Repeated, with the library deleted by the admin each time, until Redis counted such a
+    failed load; every read of every round found the lock free."""
+    lock, clients = LeaseRef("reports", "together"), 8
+    raced = 0
+    with redis.Redis.from_url(bare_redis.url, decode_responses=True) as admin:
+        for _ in range(20):
+            with suppress(redis.ResponseError):
+                admin.function_delete(LIBRARY_NAME)
+            admin.config_resetstat()
+            start = threading.Barrier(clients)
+            answers: list[str] = []
+
+            def read(start: threading.Barrier = start, answers: list[str] = answers) -> None:
+                with client(bare_redis.url) as reader:
+                    start.wait(timeout=10)
+                    try:
+                        reader.get(lock)
+                        answers.append("found")
+                    except NotFound:
+                        answers.append("free")
+                    except (Forbidden, Unavailable) as error:
+                        answers.append(str(error))
+
+            threads = [threading.Thread(target=read) for _ in range(clients)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join(timeout=30)
+            assert answers == ["free"] * clients
+            loads = admin.info("commandstats").get("cmdstat_function|load", {})
+            raced = int(loads.get("failed_calls", 0))
+            if raced:
+                break
+    assert raced >= 1, "no two clients loaded the library at once in 20 rounds"
