@@ -413,7 +413,7 @@ def test_a_renewal_dated_in_the_future_by_hand_keeps_nothing_alive(
 def test_the_store_refuses_a_tamperers_token_duration_and_takeover(
     store: tuple[str, Server], request: pytest.FixtureRequest
 ) -> None:
-    """Through the lock's own script (Redis: EVAL of its text, as anyone can send it) or a
+    """Through the lock's own function (Redis: FCALL, as any user of the URL can call it) or a
     raw statement (PostgreSQL: the trigger runs for every UPDATE): a lower token, a duration
     of 2147483647 and a takeover of a's live hold fail or change nothing."""
     kind, server = store
@@ -448,9 +448,10 @@ def tamper(kind: str, url: str, lease: LeaseRef, document: str) -> str:
             version = raw.hget(keys(lease)[0], "version")
             now = str(int(time.time() * 1_000_000))
             try:
-                answer = raw.eval(
-                    redisstore._REPLACE, 3, *keys(lease), document, now, "0", "60000", version
-                )
+                answer = raw.fcall(
+                    redisstore.FUNCTIONS["replace"], 3, *keys(lease), document, now, "0",
+                    "60000", version,
+                )  # fmt: skip
             except redis.ResponseError as error:
                 return f"refused: {error}"
             if answer[0] == "held":
@@ -602,6 +603,7 @@ def test_a_redis_acl_user_per_namespace_holds_its_own_locks_only(
 ) -> None:
     users = {}
     with redis.Redis.from_url(redis_store.url) as admin:
+        admin.function_load(redisstore.LIBRARY, replace=True)  # test_redis_tenants: as documented
         for namespace in ("team-a", "team-b"):
             password = os.urandom(8).hex()
             line = documented("redis-acl").replace("team-a", namespace)

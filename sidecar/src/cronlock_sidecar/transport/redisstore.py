@@ -4,17 +4,19 @@ Each lock is three keys sharing one hash tag (so a Redis Cluster keeps them on o
 `cronlock:{NS/NAME}:lease`, a hash with the Lease document as the sidecar writes it (on its
 writer's clock), its version, its fencing token, the writer's and the store's clock at
 the write and the store's time of the holder's last renewal; `…:version` and `…:fence`,
-counters that only grow. Every write is one Lua script, atomic on the server: a create
-only where no lock is (SET NX's rule), a replace only of the version the writer read, and
-both keep the lock's rules whatever the writer sends: the holder changes only on a free,
-expired (on Redis' clock) or same-Job hold, the duration is 1..86400 s, and the script
-alone sets the fencing token (one more than any handed out on a new holder, unchanged
-otherwise; the `fence` counter keeps the highest, so a lock deleted by hand or lost in a
-failover is created again with a higher one) and the times. Ages are judged on Redis'
+counters that only grow. Every write is one function of cronlock's Redis Function
+library (`LIBRARY`, called by FCALL), atomic on the server: a create only where no lock
+is (SET NX's rule), a replace only of the version the writer read, and both keep the
+lock's rules whatever the writer sends: the holder changes only on a free, expired (on
+Redis' clock) or same-Job hold, the duration is 1..86400 s, and the function alone sets
+the fencing token (one more than any handed out on a new holder, unchanged otherwise;
+the `fence` counter keeps the highest, so a lock deleted by hand or lost in a failover
+is created again with a higher one) and the times. Ages are judged on Redis'
 clock (`transport.frames`). An idle lock's hash expires after a week; the counters stay.
-A user allowed HSET on the keys can still write them around the script: Redis checks a
-script's commands against the caller's ACL, so nothing lets a user run it but not HSET
-(docs/STORES.md: credentials per namespace).
+A user allowed HSET on the keys can still write them around the function: Redis checks a
+function's commands against the caller's ACL, so nothing lets a user run it but not HSET
+(docs/STORES.md: credentials per namespace). Tenants need no EVAL: the library is loaded
+once, by an admin or by the first sidecar whose user may.
 
 redis-py is imported here only, and only when a CronJob or `run --store` chooses Redis.
 """
@@ -29,7 +31,6 @@ from typing import Any
 
 import redis
 from redis.backoff import NoBackoff
-from redis.commands.core import Script
 from redis.retry import Retry
 
 from cronlock_sidecar.transport.documents import (
@@ -54,18 +55,43 @@ from cronlock_sidecar.transport.storeurl import REPLICAS_DOCS, StoreUrl
 IDLE_EXPIRY_MS = 7 * 24 * 3600 * 1000
 LONGEST_DURATION_SECONDS = 86400  # the operator's longest ttl (MAX_TTL_SECONDS)
 
-# KEYS: lease, version, fence. `now`: the store's time as one string of microseconds.
-# `parsed`: the fields the rules read from a stored or written document (cjson, bundled
-# with Redis' Lua); a document that does not parse reads as free (only a raw write by
-# hand can store one).
-_COMMON = """
-local t = redis.call('TIME')
-local now = t[1] .. string.rep('0', 6 - #t[2]) .. t[2]
-local now_us = tonumber(now)
+# The scripts are one Redis Function library, loaded once (FUNCTION LOAD) by an admin or
+# by the first sidecar whose user may: tenants are granted FCALL on it and nothing that
+# runs code of their own (EVAL, FUNCTION LOAD), whose loop would stall the whole server
+# (security review N2). The version is in the library's and the functions' names, so a
+# newer cronlock's library loads beside an older one's and both fleets run during an
+# upgrade; a sidecar whose library is missing says so in one line (`missing_library`).
+LIBRARY_NAME = "cronlock_v1"
+FUNCTIONS = {name: f"{LIBRARY_NAME}_{name}" for name in ("get", "create", "replace")}
+LIBRARY_DOCS = 'docs/STORES.md, "Redis: the function library"'
+
+# Each function's KEYS: lease, version, fence. `now`: the store's time as one string of
+# microseconds. `parsed`: the fields the rules read from a stored or written document
+# (cjson, bundled with Redis' Lua); a document that does not parse, or is larger than any
+# Lease (64 KiB: decoding a huge one would stall the server), reads as free (only a raw
+# write by hand can store one). ARGV of the writes: document, writer's time (µs), how long
+# before the writer's time the document's renewTime is (µs: only ever makes the write's
+# own renewal older), idle expiry (ms), and for a replace the version read. The writer's
+# time only places the document's other moments (acquireTime, released-at) on readers'
+# clocks; every age the rules or readers judge is the store's `renewed`. A replace keeps
+# the holders' rules: it may change the holder only of a free hold, an expired one (on
+# the store's clock, for the shorter of its duration and the one the new holder writes),
+# or one of an earlier pod of the same Job; a release names the holder it releases for.
+# The token is the store's: one more than any handed out on a new holder, unchanged
+# otherwise. Missing fields (a hash of schema 1) read as: renewed = written.
+LIBRARY = """#!lua name=cronlock_v1
+-- cronlock's lock rules (docs/STORES.md); KEYS: lease, version, fence.
 local LONGEST = __LONGEST__
+local LARGEST = 65536
+local REFUSAL = '__REFUSAL__'
+local function clock()
+  local t = redis.call('TIME')
+  local now = t[1] .. string.rep('0', 6 - #t[2]) .. t[2]
+  return now, tonumber(now)
+end
 local function text(value) if type(value) == 'string' then return value end return '' end
 local function parsed(document)
-  if not document then return nil end
+  if type(document) ~= 'string' or #document > LARGEST then return nil end
   local ok, lease = pcall(cjson.decode, document)
   if not ok or type(lease) ~= 'table' then return nil end
   local spec = type(lease.spec) == 'table' and lease.spec or {}
@@ -76,92 +102,91 @@ local function parsed(document)
           last = text(notes['cronlock.io/last-holder'])}
 end
 local function digits(value) return string.format('%.0f', value) end
-""".replace("__LONGEST__", str(LONGEST_DURATION_SECONDS))
-# ARGV (writes): document, writer's time (µs), how long before the writer's time the
-# document's renewTime is (µs: only ever makes the write's own renewal older), idle
-# expiry (ms), and for a replace the version read. The writer's time only places the
-# document's other moments (acquireTime, released-at) on readers' clocks; every age the
-# rules or readers judge is the store's `renewed`.
-_CHECKED = """
-local new = parsed(ARGV[1])
-if not new then return redis.error_reply('__REFUSAL__ the document is not a JSON object') end
-local d = new.duration
--- A document with no holder may have no duration (a freeze on a lock never taken).
-if (new.holder ~= '' or d ~= nil)
-   and (type(d) ~= 'number' or d ~= math.floor(d) or d < 1 or d > LONGEST) then
-  return redis.error_reply('__REFUSAL__ leaseDurationSeconds must be a whole number from 1 to '
-                           .. LONGEST)
+-- The written document's rules; its lease and renewal time, or an error reply.
+local function checked(args, now_us)
+  local new = parsed(args[1])
+  if not new then
+    return nil, nil, redis.error_reply(REFUSAL .. ' the document is not a JSON object of at most '
+                                       .. LARGEST .. ' bytes')
+  end
+  local d = new.duration
+  -- A document with no holder may have no duration (a freeze on a lock never taken).
+  if (new.holder ~= '' or d ~= nil)
+     and (type(d) ~= 'number' or d ~= math.floor(d) or d < 1 or d > LONGEST) then
+    return nil, nil, redis.error_reply(REFUSAL .. ' leaseDurationSeconds must be a whole number'
+                                       .. ' from 1 to ' .. LONGEST)
+  end
+  local age = tonumber(args[3]) or 0
+  if age < 0 then age = 0 end
+  return new, math.max(0, now_us - age), nil
 end
-local age = tonumber(ARGV[3]) or 0
-if age < 0 then age = 0 end
-local renewal = math.max(0, now_us - age)
-""".replace("__REFUSAL__", STORE_REFUSAL)
-_GET = (
-    _COMMON
-    + """
-local v = redis.call('HMGET', KEYS[1], 'doc', 'version', 'fence', 'writer', 'written', 'renewed')
-if not v[1] then return {'missing', now} end
-return {'ok', now, v[1], v[2], v[3], v[4], v[5], v[6] or v[5]}
-"""
-)
-_CREATE = (
-    _COMMON
-    + _CHECKED
-    + """
-if redis.call('EXISTS', KEYS[1]) == 1 then return {'conflict', now} end
-local fence = redis.call('INCR', KEYS[3])
-local version = redis.call('INCR', KEYS[2])
-redis.call('HSET', KEYS[1], 'doc', ARGV[1], 'version', version, 'fence', fence,
-           'writer', ARGV[2], 'written', now, 'renewed', digits(renewal))
-redis.call('PEXPIRE', KEYS[1], ARGV[4])
-return {'ok', now, tostring(version), tostring(fence)}
-"""
-)
-# A replace keeps the holders' rules: it may change the holder only of a free hold, an
-# expired one (on the store's clock, for the shorter of its duration and the one the new
-# holder writes), or one of an earlier pod of the same Job; a release names the holder
-# it releases for. The token is the store's: one more than any handed out on a new holder,
-# unchanged otherwise. Missing fields (a hash of schema 1) read as: renewed = written.
-_REPLACE = (
-    _COMMON
-    + _CHECKED
-    + """
-local v = redis.call('HMGET', KEYS[1], 'version', 'doc', 'fence', 'renewed', 'written')
-if not v[1] then return {'missing', now} end
-if v[1] ~= ARGV[5] then return {'conflict', now} end
-local old = parsed(v[2]) or {holder = '', duration = 0, job = '', last = ''}
-local old_duration = tonumber(old.duration) or 0
-old_duration = math.min(math.max(old_duration, 0), LONGEST)
-local renewed = tonumber(v[4] or v[5] or '0') or 0
-if renewed > now_us then renewed = 0 end  -- a time the store never wrote
-local since = now_us - renewed
-local lasts = old_duration
-if new.holder ~= '' then lasts = math.min(lasts, new.duration) end
-local prefix = string.sub(old.job .. '-', 1, 58)
-local allowed = old.holder == '' or new.holder == old.holder
-  or (new.holder == '' and new.last == old.holder)
-  or since > lasts * 1000000
-  or (old.job ~= '' and new.holder ~= '' and new.job == old.job
-      and string.sub(new.holder, 1, #prefix) == prefix)
-if not allowed then
-  return {'held', now, old.holder, digits(since), digits(old_duration)}
+
+local function get(keys, args)
+  local now = clock()
+  local v = redis.call('HMGET', keys[1], 'doc', 'version', 'fence', 'writer', 'written',
+                       'renewed')
+  if not v[1] then return {'missing', now} end
+  return {'ok', now, v[1], v[2], v[3], v[4], v[5], v[6] or v[5]}
 end
-local token = tonumber(v[3]) or 0
-local fence = tonumber(redis.call('GET', KEYS[3]) or '0') or 0
-if new.holder ~= '' and new.holder ~= old.holder then
-  token = math.max(token, fence) + 1
-elseif new.holder == old.holder and new.holder ~= '' then
-  renewal = math.max(renewal, renewed)
+
+local function create(keys, args)
+  local now, now_us = clock()
+  local new, renewal, refused = checked(args, now_us)
+  if refused then return refused end
+  if redis.call('EXISTS', keys[1]) == 1 then return {'conflict', now} end
+  local fence = redis.call('INCR', keys[3])
+  local version = redis.call('INCR', keys[2])
+  redis.call('HSET', keys[1], 'doc', args[1], 'version', version, 'fence', fence,
+             'writer', args[2], 'written', now, 'renewed', digits(renewal))
+  redis.call('PEXPIRE', keys[1], args[4])
+  return {'ok', now, tostring(version), tostring(fence)}
 end
-if new.holder == '' then renewal = renewed end
-if token > fence then redis.call('SET', KEYS[3], digits(token)) end
-local version = redis.call('INCR', KEYS[2])
-redis.call('HSET', KEYS[1], 'doc', ARGV[1], 'version', version, 'fence', digits(token),
-           'writer', ARGV[2], 'written', now, 'renewed', digits(renewal))
-redis.call('PEXPIRE', KEYS[1], ARGV[4])
-return {'ok', now, tostring(version), digits(token)}
-"""
-)
+
+local function replace(keys, args)
+  local now, now_us = clock()
+  local new, renewal, refused = checked(args, now_us)
+  if refused then return refused end
+  local v = redis.call('HMGET', keys[1], 'version', 'doc', 'fence', 'renewed', 'written')
+  if not v[1] then return {'missing', now} end
+  if v[1] ~= args[5] then return {'conflict', now} end
+  local old = parsed(v[2]) or {holder = '', duration = 0, job = '', last = ''}
+  local old_duration = tonumber(old.duration) or 0
+  old_duration = math.min(math.max(old_duration, 0), LONGEST)
+  local renewed = tonumber(v[4] or v[5] or '0') or 0
+  if renewed > now_us then renewed = 0 end  -- a time the store never wrote
+  local since = now_us - renewed
+  local lasts = old_duration
+  if new.holder ~= '' then lasts = math.min(lasts, new.duration) end
+  local prefix = string.sub(old.job .. '-', 1, 58)
+  local allowed = old.holder == '' or new.holder == old.holder
+    or (new.holder == '' and new.last == old.holder)
+    or since > lasts * 1000000
+    or (old.job ~= '' and new.holder ~= '' and new.job == old.job
+        and string.sub(new.holder, 1, #prefix) == prefix)
+  if not allowed then
+    return {'held', now, old.holder, digits(since), digits(old_duration)}
+  end
+  local token = tonumber(v[3]) or 0
+  local fence = tonumber(redis.call('GET', keys[3]) or '0') or 0
+  if new.holder ~= '' and new.holder ~= old.holder then
+    token = math.max(token, fence) + 1
+  elseif new.holder == old.holder and new.holder ~= '' then
+    renewal = math.max(renewal, renewed)
+  end
+  if new.holder == '' then renewal = renewed end
+  if token > fence then redis.call('SET', keys[3], digits(token)) end
+  local version = redis.call('INCR', keys[2])
+  redis.call('HSET', keys[1], 'doc', args[1], 'version', version, 'fence', digits(token),
+             'writer', args[2], 'written', now, 'renewed', digits(renewal))
+  redis.call('PEXPIRE', keys[1], args[4])
+  return {'ok', now, tostring(version), digits(token)}
+end
+
+redis.register_function{function_name = 'cronlock_v1_get', callback = get,
+                        flags = {'no-writes'}}
+redis.register_function('cronlock_v1_create', create)
+redis.register_function('cronlock_v1_replace', replace)
+""".replace("__LONGEST__", str(LONGEST_DURATION_SECONDS)).replace("__REFUSAL__", STORE_REFUSAL)
 
 
 def keys(lease: LeaseRef) -> list[str]:
@@ -180,9 +205,19 @@ def moment(text: str) -> datetime:
 class RedisLeaseStore:
     """LeaseTransport on Redis; `now` is the sidecar's wall clock (what it writes times on)."""
 
-    def __init__(self, url: StoreUrl, now: Callable[[], datetime], timeout: float = 5.0) -> None:
+    def __init__(
+        self,
+        url: StoreUrl,
+        now: Callable[[], datetime],
+        timeout: float = 5.0,
+        *,
+        load_library: bool = True,
+    ) -> None:
+        """`load_library`: load the function library where it is missing, if the URL's user
+        may (a reader such as `cronlock status` passes False and only says it is missing)."""
         self.url = url
         self.now = now
+        self.load_library = load_library
         self.client: redis.Redis = redis.Redis.from_url(
             url.secret,
             socket_timeout=timeout,
@@ -193,11 +228,6 @@ class RedisLeaseStore:
         )
         # How long WAIT may block for the replicas: inside the socket's own timeout.
         self._wait_ms = max(100, int(timeout * 1000) - 500)
-        self._scripts: dict[str, Script] = {
-            "get": self.client.register_script(_GET),
-            "create": self.client.register_script(_CREATE),
-            "replace": self.client.register_script(_REPLACE),
-        }
         self._lock = threading.Lock()
 
     def get(self, lease: LeaseRef, *, timeout: float | None = None) -> Lease:
@@ -271,10 +301,13 @@ class RedisLeaseStore:
         acked = None
         try:
             with self._lock:
-                if replicated and self.url.replicas:
-                    answer, acked = self._replicated(script, lease, arguments)
-                else:
-                    answer = self._scripts[script](keys=keys(lease), args=arguments)
+                try:
+                    answer, acked = self._send(script, lease, arguments, replicated)
+                except redis.ResponseError as error:
+                    if not _no_function(error):
+                        raise
+                    self._load(verb, lease)
+                    answer, acked = self._send(script, lease, arguments, replicated)
         except (redis.AuthenticationError, redis.exceptions.NoPermissionError) as error:
             raise Forbidden(verb, lease, f"{self.url}: {error}") from None
         except redis.ReadOnlyError as error:
@@ -297,15 +330,49 @@ class RedisLeaseStore:
             )
         return answer
 
-    def _replicated(self, script: str, lease: LeaseRef, arguments: list[str]) -> tuple[Any, int]:
-        """The script and WAIT in one pipeline: WAIT counts the replicas that have the
+    def _send(
+        self, script: str, lease: LeaseRef, arguments: list[str], replicated: bool
+    ) -> tuple[Any, int | None]:
+        """The function's answer, and under `?replicas=N` how many replicas have the write:
+        the function and WAIT in one pipeline, since WAIT counts the replicas that have the
         writes of the connection it is sent on, and a pipeline is one connection (a WAIT
-        sent after a reconnect would count none of the script's writes, and confirm)."""
+        sent after a reconnect would count none of the function's writes, and confirm)."""
+        call = self.client.fcall_ro if script == "get" else self.client.fcall
+        if not (replicated and self.url.replicas):
+            return call(FUNCTIONS[script], 3, *keys(lease), *arguments), None
         with self.client.pipeline(transaction=False) as pipe:
-            self._scripts[script](keys=keys(lease), args=arguments, client=pipe)
+            pipe.fcall(FUNCTIONS[script], 3, *keys(lease), *arguments)
             pipe.wait(self.url.replicas, self._wait_ms)
             answer, acked = pipe.execute()
         return answer, int(acked)
+
+    def _load(self, verb: str, lease: LeaseRef) -> None:
+        """The library loaded where it was missing, when this client may and its user is
+        allowed FUNCTION LOAD; Forbidden, in one line saying what an admin does, if not."""
+        if self.load_library:
+            try:
+                self.client.function_load(LIBRARY)
+                return
+            except redis.exceptions.NoPermissionError:
+                pass
+            except redis.ResponseError as refused:
+                if "already exists" in str(refused):  # another sidecar loaded it meanwhile
+                    return
+                raise
+        raise Forbidden(verb, lease, missing_library(str(self.url)))
+
+
+def missing_library(url: str) -> str:
+    """What a sidecar says when its Redis has no cronlock function library of its version."""
+    return (
+        f"{url} has no function library {LIBRARY_NAME} (Function not found); an admin loads "
+        f"it once with FUNCTION LOAD ({LIBRARY_DOCS})"
+    )
+
+
+def _no_function(error: redis.ResponseError) -> bool:
+    """FCALL's answer for a function no library has (in a pipeline, after the command)."""
+    return str(error).endswith("Function not found")
 
 
 def _wrote(answer: object) -> bool:

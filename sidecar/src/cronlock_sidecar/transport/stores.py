@@ -33,14 +33,15 @@ def open_store(
     isolated: bool = False,
 ) -> StoreClient:
     """The client for `url`'s store, not yet connected; `now` is the clock it writes and
-    judges times on, `timeout` each call's deadline in seconds. PostgreSQL only:
-    `create_tables=False` never creates its tables (a reader), `isolated` connects with
-    the URL alone (pgstore.py); Redis has no tables and reads nothing of the caller's.
+    judges times on, `timeout` each call's deadline in seconds. `create_tables=False`
+    never creates PostgreSQL's tables nor loads Redis' function library (a reader);
+    PostgreSQL only: `isolated` connects with the URL alone (pgstore.py); Redis reads
+    nothing of the caller's.
     ImportError when the store's package is not installed."""
     if url.kind == "redis":
         from cronlock_sidecar.transport.redisstore import RedisLeaseStore
 
-        return RedisLeaseStore(url, now, timeout)
+        return RedisLeaseStore(url, now, timeout, load_library=create_tables)
     from cronlock_sidecar.transport.pgstore import PostgresLeaseStore
 
     return PostgresLeaseStore(url, now, timeout, create_tables=create_tables, isolated=isolated)
