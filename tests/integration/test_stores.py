@@ -29,6 +29,7 @@ from cronlock_sidecar.transport.redisstore import RedisLeaseStore, keys
 from cronlock_sidecar.transport.seam import Conflict, Forbidden, LeaseRef, NotFound, Unavailable
 from cronlock_sidecar.transport.storeurl import parse_store_url
 from tests.support.kube import wait_for
+from tests.support.papers import marked_block
 from tests.support.paths import ROOT, SIDECAR
 from tests.support.stores import PostgresServer, RedisServer
 
@@ -524,9 +525,7 @@ STORES_MD = ROOT / "docs" / "STORES.md"
 
 def documented(marker: str) -> str:
     """The fenced block after `<!-- tested: MARKER -->` in docs/STORES.md."""
-    text = STORES_MD.read_text()
-    after = text.split(f"<!-- tested: {marker} -->\n", 1)[1]
-    return after.split("```", 2)[1].split("\n", 1)[1].rstrip("\n")
+    return marked_block(STORES_MD, marker)
 
 
 def test_the_documented_schema_is_the_one_the_sidecar_runs() -> None:
