@@ -18,11 +18,11 @@ from typing import Any
 import kubernetes
 import pytest
 
-from tests.support.controlplane import ControlPlane, make_service_account_kubeconfig
+from tests.support.controlplane import ControlPlane
 from tests.support.cronjobs import make_cronjob
 from tests.support.kube import run_tool, wait_for
 from tests.support.objects import batch, comparable, has_sidecar, read
-from tests.support.operator import CHART, SIDECAR_VALUES, OperatorProcess
+from tests.support.operator import CHART, SIDECAR_VALUES, start_release_operator
 from tests.support.papers import marked_block
 from tests.support.paths import ROOT
 
@@ -92,7 +92,7 @@ def test_the_documented_uninstall_leaves_no_cronjob_injected(
             *(arg for value in SIDECAR_VALUES for arg in ("--set", value)),
             timeout=120, cwd=ROOT,
         )  # fmt: skip
-        operator = start_operator(api, controlplane, release_namespace, tmp_path)
+        operator = start_release_operator(api, controlplane, release_namespace, RELEASE, tmp_path)
         try:
             for space, name in ((annotated_only, "report"), (labelled, "own"), (labelled, "plain")):
                 wait_for(
@@ -141,25 +141,3 @@ def test_the_documented_uninstall_leaves_no_cronjob_injected(
             controlplane.env, "helm", "uninstall", RELEASE, "-n", release_namespace,
             check=False, timeout=120,
         )  # fmt: skip
-
-
-def start_operator(
-    api: kubernetes.client.ApiClient,
-    controlplane: ControlPlane,
-    release_namespace: str,
-    tmp_path: Path,
-) -> OperatorProcess:
-    """The release's operator: its Deployment's environment (the images read from its init
-    containers), its ServiceAccount's token."""
-    deployment = kubernetes.client.AppsV1Api(api).read_namespaced_deployment(
-        RELEASE, release_namespace
-    )
-    pod = deployment.spec.template.spec
-    [container] = [c for c in pod.containers if c.name == "operator"]
-    env = {item.name: item.value for item in container.env or [] if item.value is not None}
-    kubeconfig = make_service_account_kubeconfig(
-        controlplane, api, release_namespace, pod.service_account_name, tmp_path
-    )
-    operator = OperatorProcess(kubeconfig, tmp_path / "operator.log", {**controlplane.env, **env})
-    operator.start()
-    return operator
