@@ -14,21 +14,20 @@ import re
 import secrets
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import kubernetes
 import pytest
 
 from tests.support.controlplane import ControlPlane
-from tests.support.cronjobs import job_from_cronjob
-from tests.support.helm import RESTRICTED, guard
+from tests.support.helm import RESTRICTED
 from tests.support.kube import run_tool, wait_for
-from tests.support.node import BUSYBOX_IMAGE, RealNode
-from tests.support.objects import read
-from tests.support.papers import marked_block
+from tests.support.node import RealNode
+from tests.support.papers import IMAGE_VALUES, built_images, run_shell, source_install
 from tests.support.paths import CACHE, ROOT
+from tests.support.runs import guard_and_run
 from tests.support.tools import gotool
 
-INSTALL_MD = ROOT / "docs" / "INSTALL.md"
 ARCHIVES = Path(os.environ.get("CRONLOCK_IMAGES_DIR") or CACHE / "images" / "out")
 # What each of `make image`'s variables builds, as tests/controlplane/images archived it.
 ARCHIVE_OF = {
@@ -36,27 +35,12 @@ ARCHIVE_OF = {
     "SIDECAR_IMAGE": "cronlock-sidecar.tar",
     "SIDECAR_STORES_IMAGE": "cronlock-sidecar-stores.tar",
 }
-# The chart value that names each.
-VALUE_OF = {
-    "IMAGE": "image",
-    "SIDECAR_IMAGE": "sidecarImage",
-    "SIDECAR_STORES_IMAGE": "sidecarStoresImage",
-}
 DOCS_REGISTRY = "registry.example.com"
-RESTRICTED_CONTAINER = {
-    "runAsNonRoot": True,
-    "runAsUser": 65532,
-    "allowPrivilegeEscalation": False,
-    "capabilities": {"drop": ["ALL"]},
-    "seccompProfile": {"type": "RuntimeDefault"},
-}
 
 
-def built_images(registry: str) -> dict[str, str]:
+def on_registry(registry: str) -> dict[str, str]:
     """The images INSTALL.md's `make image` block builds, by make variable, on `registry`."""
-    block = marked_block(INSTALL_MD, "build-images")
-    assert block.startswith("make image "), block
-    named = dict(re.findall(r"\b([A-Z_]+)=(\S+)", block))
+    named = built_images()
     assert set(named) <= set(ARCHIVE_OF), f"make image sets {sorted(named)}"
     return {key: ref.replace(DOCS_REGISTRY, registry) for key, ref in named.items()}
 
@@ -82,22 +66,20 @@ def push(archive: Path, ref: str, tmp_path: Path) -> str:
 def install_as_documented(
     controlplane: ControlPlane, registry: str, space: str, watched: str
 ) -> str:
-    """INSTALL.md's `helm install` block, run as written on `registry`, into `space`, with
-    only what scopes it to this test added (the namespace it watches); helm's output."""
-    block = marked_block(INSTALL_MD, "source-install")
-    assert block.startswith("helm install cronlock charts/cronlock -n cronlock-system "), block
-    command = block.replace(DOCS_REGISTRY, registry).replace("cronlock-system", space)
-    command += f" \\\n  --set 'watchNamespaces={{{watched}}}'"
-    result = subprocess.run(
-        ["bash", "-e", "-o", "pipefail", "-c", command],
-        env=controlplane.env,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=240,
+    """INSTALL.md's `helm install` block on `registry`, into `space`, watching `watched`;
+    helm's output (the chart's NOTES)."""
+    command = source_install(space, watched).replace(DOCS_REGISTRY, registry)
+    return run_shell(command, controlplane.env, ROOT, timeout=240)
+
+
+def operator_pod(api: kubernetes.client.ApiClient, space: str) -> Any:
+    """The release's one operator pod."""
+    (pod,) = (
+        kubernetes.client.CoreV1Api(api)
+        .list_namespaced_pod(space, label_selector="app.kubernetes.io/instance=cronlock")
+        .items
     )
-    assert result.returncode == 0, f"{command}\n{result.stdout}\n{result.stderr}"
-    return result.stdout
+    return pod
 
 
 def uninstall(controlplane: ControlPlane, space: str) -> None:
@@ -118,20 +100,18 @@ def test_the_documented_source_install_starts_the_operator_and_guards_a_run(
 ) -> None:
     controlplane.kubectl("label", "namespace", namespace, "--overwrite", *RESTRICTED)
     registry = f"{node.registry}/src-{secrets.token_hex(3)}"
-    images = built_images(registry)
+    images = on_registry(registry)
     assert set(images) == set(ARCHIVE_OF), "INSTALL.md builds all three images"
     digests = {key: push(ARCHIVES / ARCHIVE_OF[key], ref, tmp_path) for key, ref in images.items()}
     space = f"cl-src-{secrets.token_hex(3)}"
     try:
         notes = install_as_documented(controlplane, registry, space, namespace)
         for key, ref in images.items():
-            assert re.search(rf"^ +{VALUE_OF[key]} +{re.escape(ref)}$", notes, re.M), notes
+            assert re.search(rf"^ +{IMAGE_VALUES[key]} +{re.escape(ref)}$", notes, re.M), notes
         rollout = ("rollout", "status", "deployment/cronlock", "-n", space, "--timeout=300s")
         run_tool(controlplane.env, "kubectl", *rollout, timeout=360)
         core = kubernetes.client.CoreV1Api(api)
-        (pod,) = core.list_namespaced_pod(
-            space, label_selector="app.kubernetes.io/instance=cronlock"
-        ).items
+        pod = operator_pod(api, space)
         pulled = {
             status.name: status.image_id
             for status in pod.status.init_container_statuses + pod.status.container_statuses
@@ -145,7 +125,7 @@ def test_the_documented_source_install_starts_the_operator_and_guards_a_run(
         assert all(pulled[name].endswith(expected[name]) for name in pulled), pulled
         log = core.read_namespaced_pod_log(pod.metadata.name, space, container="operator")
         assert f"sidecar images from deployment {space}/cronlock: {images['SIDECAR_IMAGE']}" in log
-        run_guarded(api, namespace, images["SIDECAR_IMAGE"], digests["SIDECAR_IMAGE"])
+        guard_and_run(api, namespace, images["SIDECAR_IMAGE"], digests["SIDECAR_IMAGE"])
     finally:
         uninstall(controlplane, space)
 
@@ -161,7 +141,7 @@ def test_an_image_the_install_names_but_nobody_pushed_is_named_in_one_event(
     """INSTALL.md before issue 54: two images built and pushed, the chart's default stores
     image kept (here: named on the registry, never pushed)."""
     registry = f"{node.registry}/half-{secrets.token_hex(3)}"
-    images = built_images(registry)
+    images = on_registry(registry)
     missing = images["SIDECAR_STORES_IMAGE"]
     for key in ("IMAGE", "SIDECAR_IMAGE"):
         push(ARCHIVES / ARCHIVE_OF[key], images[key], tmp_path)
@@ -182,9 +162,7 @@ def test_an_image_the_install_names_but_nobody_pushed_is_named_in_one_event(
             ]
 
         wait_for(told, 180, f"a Failed Event naming {missing}")
-        (pod,) = core.list_namespaced_pod(
-            space, label_selector="app.kubernetes.io/instance=cronlock"
-        ).items
+        pod = operator_pod(api, space)
         waiting = {
             status.name: status.state.waiting.reason if status.state.waiting else None
             for status in pod.status.init_container_statuses
@@ -193,43 +171,3 @@ def test_an_image_the_install_names_but_nobody_pushed_is_named_in_one_event(
         assert not any(status.ready for status in pod.status.container_statuses or [])
     finally:
         uninstall(controlplane, space)
-
-
-def run_guarded(
-    api: kubernetes.client.ApiClient, namespace: str, sidecar_ref: str, sidecar_digest: str
-) -> None:
-    """A CronJob guarded by the installed operator, which injects `sidecar_ref`, and one run
-    of it on the node: it completes, the sidecar pulled from the registry."""
-    guard(api, namespace, "report")
-    cronjob = read(api, namespace, "report")
-    template = cronjob["spec"]["jobTemplate"]["spec"]["template"]["spec"]
-    assert {
-        container["image"]
-        for container in template.get("initContainers", []) + template["containers"]
-        if container["name"] != "main"
-    } == {sidecar_ref}
-    template["restartPolicy"] = "Never"
-    (main,) = (c for c in template["containers"] if c["name"] == "main")
-    main.update(
-        image=BUSYBOX_IMAGE,
-        imagePullPolicy="Never",
-        command=["sh", "-c", "echo guarded work"],
-        securityContext=RESTRICTED_CONTAINER,
-    )
-    batch = kubernetes.client.BatchV1Api(api)
-    batch.create_namespaced_job(namespace, job_from_cronjob(cronjob, "report-1"))
-
-    def finished() -> str | None:
-        job = batch.read_namespaced_job("report-1", namespace)
-        for condition in job.status.conditions or []:
-            if condition.type in ("Complete", "Failed") and condition.status == "True":
-                return str(condition.type)
-        return None
-
-    assert wait_for(finished, 240, "the guarded Job to finish") == "Complete"
-    core = kubernetes.client.CoreV1Api(api)
-    (run,) = core.list_namespaced_pod(namespace, label_selector="job-name=report-1").items
-    statuses = (run.status.init_container_statuses or []) + run.status.container_statuses
-    assert all(s.image_id.endswith(sidecar_digest) for s in statuses if s.name != "main")
-    log = core.read_namespaced_pod_log(run.metadata.name, namespace, container="main")
-    assert log == "guarded work\n"

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import re
 import secrets
-import subprocess
 from pathlib import Path
 
 import kubernetes
@@ -18,12 +17,9 @@ import pytest
 from tests.support.controlplane import ControlPlane
 from tests.support.kube import run_tool
 from tests.support.operator import start_release_operator
-from tests.support.papers import marked_block
+from tests.support.papers import IMAGE_VALUES, built_images, run_shell, source_install
 from tests.support.paths import ROOT
 
-INSTALL_MD = ROOT / "docs" / "INSTALL.md"
-VALUE_OF = {"IMAGE": "image", "SIDECAR_IMAGE": "sidecarImage"}
-VALUE_OF["SIDECAR_STORES_IMAGE"] = "sidecarStoresImage"
 CONTAINER_OF = {
     "IMAGE": "operator",
     "SIDECAR_IMAGE": "sidecar-image",
@@ -38,27 +34,14 @@ def test_the_documented_install_runs_the_images_the_documented_build_makes(
     controlplane: ControlPlane,
     tmp_path: Path,
 ) -> None:
-    built = dict(re.findall(r"\b([A-Z_]+)=(\S+)", marked_block(INSTALL_MD, "build-images")))
-    assert built.keys() == VALUE_OF.keys(), f"make image builds {sorted(built)}"
-    install = marked_block(INSTALL_MD, "source-install")
-    assert install.startswith("helm install cronlock charts/cronlock -n cronlock-system "), install
+    built = built_images()
+    assert built.keys() == IMAGE_VALUES.keys(), f"make image builds {sorted(built)}"
     space = f"cl-src-{secrets.token_hex(3)}"
-    # Only what scopes it to this test: its own namespace, and the one it watches.
-    command = install.replace("cronlock-system", space)
-    command += f" \\\n  --set 'watchNamespaces={{{namespace}}}'"
     try:
-        result = subprocess.run(
-            ["bash", "-e", "-o", "pipefail", "-c", command],
-            env=controlplane.env,
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=180,
-        )
-        assert result.returncode == 0, f"{command}\n{result.stdout}\n{result.stderr}"
+        notes = run_shell(source_install(space, namespace), controlplane.env, ROOT, timeout=180)
         for key, ref in built.items():
-            line = rf"^ +{VALUE_OF[key]} +{re.escape(ref)}$"
-            assert re.search(line, result.stdout, re.M), f"NOTES lack {line}:\n{result.stdout}"
+            line = rf"^ +{IMAGE_VALUES[key]} +{re.escape(ref)}$"
+            assert re.search(line, notes, re.M), f"NOTES lack {line}:\n{notes}"
 
         pod = (
             kubernetes.client.AppsV1Api(api)

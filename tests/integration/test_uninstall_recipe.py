@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import copy
 import secrets
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +22,7 @@ from tests.support.cronjobs import make_cronjob
 from tests.support.kube import run_tool, wait_for
 from tests.support.objects import batch, comparable, has_sidecar, read
 from tests.support.operator import CHART, SIDECAR_VALUES, start_release_operator
-from tests.support.papers import marked_block
+from tests.support.papers import marked_block, run_shell
 from tests.support.paths import ROOT
 
 INSTALL_MD = ROOT / "docs" / "INSTALL.md"
@@ -105,20 +104,12 @@ def test_the_documented_uninstall_leaves_no_cronjob_injected(
                 RELEASE_NAMESPACE, release_namespace
             )
             assert recipe != marked_block(INSTALL_MD, "uninstall"), "names no namespace"
-            result = subprocess.run(
-                ["bash", "-e", "-o", "pipefail", "-c", recipe],
-                env=controlplane.env,
-                capture_output=True,
-                text=True,
-                timeout=420,
-                cwd=tmp_path,
-            )
+            output = run_shell(recipe, controlplane.env, tmp_path, timeout=420)
         finally:
             operator.stop()
 
-        shown = f"stdout:\n{result.stdout}\nstderr:\n{result.stderr}\n{operator.log()[-3000:]}"
-        assert result.returncode == 0, shown
-        assert result.stdout.rstrip().splitlines()[-1] == "0 injected CronJobs", shown
+        shown = f"{output}\n{operator.log()[-3000:]}"
+        assert output.rstrip().splitlines()[-1] == "0 injected CronJobs", shown
         assert injected_anywhere(api) == [], shown
         # Each as written, but for the annotation "true" the recipe removed; the opted-out
         # one never written to, its "false" kept for a later install.
