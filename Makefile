@@ -112,10 +112,13 @@ images: controlplane
 # The images from the Dockerfile: the operator (default target), the sidecar it injects
 # (target `sidecar`) and the sidecar with the Redis and PostgreSQL clients (target
 # `sidecar-stores`, for cronlock.io/store). With docker when there is one, else buildah (daemonless;
-# `apt-get install buildah`). Push them where your cluster pulls from and install the
-# chart with image.repository and sidecarImage.repository set (README, Install):
+# `apt-get install buildah`). Push all three where your cluster pulls from (the operator's
+# pod runs both sidecar images as init containers) and install the chart with
+# image.repository, sidecarImage.repository and sidecarStoresImage.repository set
+# (docs/INSTALL.md, "Build the images"):
 #   make image IMAGE=registry.example.com/cronlock:0.1.0 \
-#     SIDECAR_IMAGE=registry.example.com/cronlock-sidecar:0.1.0
+#     SIDECAR_IMAGE=registry.example.com/cronlock-sidecar:0.1.0 \
+#     SIDECAR_STORES_IMAGE=registry.example.com/cronlock-sidecar-stores:0.1.0
 # tests/controlplane/images builds the e2e ring's images through this target too.
 IMAGE ?= cronlock:dev
 SIDECAR_IMAGE ?= cronlock-sidecar:dev

@@ -21,12 +21,11 @@ import kubernetes
 import pytest
 import yaml
 
+from tests.support import runs
 from tests.support.controlplane import ControlPlane
-from tests.support.cronjobs import job_from_cronjob
-from tests.support.helm import RESTRICTED, TEST_WAIT, guard, helm
-from tests.support.kube import run_tool, wait_for
-from tests.support.node import BUSYBOX_IMAGE, RealNode
-from tests.support.objects import read
+from tests.support.helm import RESTRICTED, TEST_WAIT, helm
+from tests.support.kube import run_tool
+from tests.support.node import RealNode
 from tests.support.paths import CACHE, ROOT
 from tests.support.tools import gotool
 
@@ -40,13 +39,6 @@ PLATFORMS = set((os.environ.get("CRONLOCK_RELEASE_PLATFORMS") or f"linux/{HOST_A
 RELEASE_DIST = CACHE / "images" / "dist"
 # ELF e_machine of each architecture's programs.
 MACHINES = {"amd64": 0x3E, "arm64": 0xB7}
-RESTRICTED_CONTAINER = {
-    "runAsNonRoot": True,
-    "runAsUser": 65532,
-    "allowPrivilegeEscalation": False,
-    "capabilities": {"drop": ["ALL"]},
-    "seccompProfile": {"type": "RuntimeDefault"},
-}
 
 
 def crane(controlplane: ControlPlane, *args: str) -> str:
@@ -199,48 +191,8 @@ def test_helm_install_from_the_registry_pulls_both_images_by_digest_and_guards_a
 
 
 def guard_and_run(api: kubernetes.client.ApiClient, namespace: str, sidecar_ref: str) -> None:
-    """A CronJob guarded by the installed operator, which injects `sidecar_ref`, and one run
-    of it on the node: it completes, every injected container pulled by that digest."""
-    guard(api, namespace, "report")
-    cronjob = read(api, namespace, "report")
-    template = cronjob["spec"]["jobTemplate"]["spec"]["template"]["spec"]
-    injected_images = {
-        container["image"]
-        for container in template.get("initContainers", []) + template["containers"]
-        if container["name"] != "main"
-    }
-    assert injected_images == {sidecar_ref}
-    template["restartPolicy"] = "Never"
-    (main,) = (c for c in template["containers"] if c["name"] == "main")
-    main.update(
-        image=BUSYBOX_IMAGE,
-        imagePullPolicy="Never",
-        command=["sh", "-c", "echo guarded work"],
-        securityContext=RESTRICTED_CONTAINER,
-    )
-    batch = kubernetes.client.BatchV1Api(api)
-    batch.create_namespaced_job(namespace, job_from_cronjob(cronjob, "report-1"))
-
-    def finished() -> str | None:
-        job = batch.read_namespaced_job("report-1", namespace)
-        for condition in job.status.conditions or []:
-            if condition.type in ("Complete", "Failed") and condition.status == "True":
-                return str(condition.type)
-        return None
-
-    assert wait_for(finished, 240, "the guarded Job to finish") == "Complete"
-    core = kubernetes.client.CoreV1Api(api)
-    (run,) = core.list_namespaced_pod(namespace, label_selector="job-name=report-1").items
-    pulled = {
-        status.name: status.image_id
-        for status in (run.status.init_container_statuses or []) + run.status.container_statuses
-    }
-    sidecar_digest = sidecar_ref.split("@")[1]
-    assert all(
-        image_id.endswith(sidecar_digest) for image, image_id in pulled.items() if image != "main"
-    ), pulled
-    log = core.read_namespaced_pod_log(run.metadata.name, namespace, container="main")
-    assert log == "guarded work\n"
+    """A run guarded by the installed operator, which injects `sidecar_ref` (by digest)."""
+    runs.guard_and_run(api, namespace, sidecar_ref, sidecar_ref.split("@")[1])
 
 
 @pytest.mark.timeout(900)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import shlex
 import subprocess
-import textwrap
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -42,6 +41,7 @@ from cronlock_sidecar.transport.redisstore import (
 from cronlock_sidecar.transport.seam import Forbidden, LeaseRef, NotFound, Unavailable
 from cronlock_sidecar.transport.storeurl import parse_store_url
 from tests.support.kube import wait_for
+from tests.support.papers import marked_block
 from tests.support.paths import ROOT, SIDECAR
 from tests.support.stores import RedisServer, running
 
@@ -68,10 +68,7 @@ IMPOSTOR = f"#!lua name={LIBRARY_NAME}\n" + "".join(
 
 def documented(marker: str, page: Path = STORES_MD) -> str:
     """The fenced block after `<!-- tested: MARKER -->` in `page`, unindented."""
-    text = page.read_text()
-    after = text.split(f"<!-- tested: {marker} -->\n", 1)[1]
-    block = after.split("```", 2)[1].split("\n", 1)[1].rstrip(" \n")
-    return textwrap.dedent(block)
+    return marked_block(page, marker)
 
 
 def load_as_documented(server: RedisServer, directory: Path) -> None:

@@ -16,6 +16,7 @@ from typing import Any
 import kubernetes
 import yaml
 
+from tests.support.controlplane import ControlPlane, make_service_account_kubeconfig
 from tests.support.cronjobs import make_cronjob
 from tests.support.kube import wait_for
 from tests.support.objects import injected
@@ -232,3 +233,28 @@ def operator_caught_up(
 
 def env_without_kubeconfig() -> dict[str, str]:
     return {key: value for key, value in os.environ.items() if key != "KUBECONFIG"}
+
+
+def start_release_operator(
+    api: kubernetes.client.ApiClient,
+    controlplane: ControlPlane,
+    namespace: str,
+    deployment: str,
+    directory: Path,
+) -> OperatorProcess:
+    """A helm release's operator as its pod would run it, where no node runs the pod: its
+    Deployment's environment (the images read from its init containers), its
+    ServiceAccount's token; started (its log in `directory`)."""
+    spec = (
+        kubernetes.client.AppsV1Api(api)
+        .read_namespaced_deployment(deployment, namespace)
+        .spec.template.spec
+    )
+    [container] = [c for c in spec.containers if c.name == "operator"]
+    env = {item.name: item.value for item in container.env or [] if item.value is not None}
+    kubeconfig = make_service_account_kubeconfig(
+        controlplane, api, namespace, spec.service_account_name, directory
+    )
+    operator = OperatorProcess(kubeconfig, directory / "operator.log", {**controlplane.env, **env})
+    operator.start()
+    return operator

@@ -25,6 +25,7 @@ from typing import Any
 import psycopg
 import redis
 
+from tests.support.papers import marked_block
 from tests.support.paths import ROOT
 from tests.support.ports import free_port
 
@@ -33,9 +34,7 @@ STORES_MD = ROOT / "docs" / "STORES.md"
 
 def documented(marker: str) -> str:
     """The fenced block after `<!-- tested: MARKER -->` in docs/STORES.md."""
-    text = STORES_MD.read_text()
-    after = text.split(f"<!-- tested: {marker} -->\n", 1)[1]
-    return after.split("```", 2)[1].split("\n", 1)[1].rstrip("\n")
+    return marked_block(STORES_MD, marker)
 
 
 def _children(pid: int) -> list[int]:
