@@ -9,7 +9,7 @@ import signal
 import pytest
 import yaml
 
-from tests.e2e.scenario import GATE, MAIN, SIDECAR, Scenario, hold_then
+from tests.e2e.scenario import GATE, MAIN, SIDECAR, UNTIL_FINISHED, Scenario
 from tests.support import evidence
 from tests.support.kube import wait_for
 
@@ -22,19 +22,28 @@ def restarts(cluster: Scenario, pod: str, container: str) -> int:
     return 0
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(300)
 def test_a_failed_test_keeps_its_pods_logs_events_lease_history_and_kubelet_lines(
     cluster: Scenario, request: pytest.FixtureRequest
 ) -> None:
-    work, pod, _ = hold_then(cluster, "proof", ttl="19s")
-    cluster.node.signal_container(cluster.pod_uid(pod), SIDECAR, signal.SIGKILL)
-    wait_for(lambda: restarts(cluster, pod, SIDECAR) >= 1, 60, "the kubelet to restart it")
-    cluster.run("proof", "proof-2")
-    cluster.gate_exit("proof-2")
+    # A run holds; a second one waits for it (policy wait: no probe runs before its work),
+    # and its sidecar is killed while it waits, so the kubelet restarts it (a previous
+    # container's log to keep); then the first ends and the second goes ahead.
+    cluster.cronjob("proof", f"echo working; {UNTIL_FINISHED}", policy="wait", wait_timeout="240s")
+    cluster.run("proof", "proof-1")
+    first = cluster.main_running("proof-1")
+    cluster.run("proof", "proof-2", "echo second; sleep 1")
+    wait_for(lambda: "; waiting up to" in cluster.sidecar_log("proof-2"), 90, "proof-2 to wait")
+    waiting = cluster.pods("proof-2")[-1]["metadata"]["name"]
+    cluster.node.signal_container(cluster.pod_uid(waiting), SIDECAR, signal.SIGKILL)
+    wait_for(lambda: restarts(cluster, waiting, SIDECAR) >= 1, 60, "the kubelet to restart it")
+    cluster.finish(first)
+    assert cluster.gate_exit("proof-2") == 0
+    assert cluster.main_finished("proof-2") == 0
     assert cluster.history is not None
     # What the `cluster` fixture does when a test fails, done here on purpose, into a folder
-    # of this test's own (the fixture's own call is covered by the failing-test check in
-    # tests/unit/test_evidence.py).
+    # of this test's own (tests/unit/test_evidence.py runs the fixture's path: a failing test
+    # names its folder in the summary, a passing one keeps none).
     folder = evidence.keep(
         request.node.nodeid + "[on-purpose]",
         cluster.api,
@@ -44,23 +53,24 @@ def test_a_failed_test_keeps_its_pods_logs_events_lease_history_and_kubelet_line
         [cluster.node],
         operator_log=cluster.operator.log(),
     )
-    logs = folder / "pods" / pod
-    assert "acquired by" in (logs / f"{SIDECAR}.previous.log").read_text()
-    assert (logs / f"{SIDECAR}.log").read_text().strip()
-    assert (logs / f"{GATE}.log").exists()
-    assert "working" in (logs / f"{MAIN}.log").read_text()
+    restarted = folder / "pods" / waiting
+    assert "; waiting up to" in (restarted / f"{SIDECAR}.previous.log").read_text()
+    assert "acquired by" in (restarted / f"{SIDECAR}.log").read_text()
+    assert "second" in (restarted / f"{MAIN}.log").read_text()
+    assert (restarted / f"{GATE}.log").exists()
+    assert "working" in (folder / "pods" / first.pod / f"{MAIN}.log").read_text()
     pods = [p["metadata"]["name"] for p in yaml.safe_load_all((folder / "pods.yaml").read_text())]
-    assert pod in pods
-    assert any(name.startswith("proof-2-") for name in pods)
+    assert {first.pod, waiting} <= set(pods)
     events = (folder / "events.txt").read_text()
-    assert f"Pod/{pod}" in events
+    assert f"Pod/{waiting}" in events
     versions = [json.loads(line) for line in (folder / "leases.jsonl").read_text().splitlines()]
     holders = [
-        v["lease"]["spec"].get("holderIdentity") for v in versions
+        v["lease"]["spec"].get("holderIdentity") or "" for v in versions
         if v["lease"]["metadata"]["name"] == "cronlock-proof"
     ]  # fmt: skip
-    assert any(holder and holder.startswith(pod) for holder in holders)
-    assert len(holders) >= 2  # the claim and at least one renewal
-    assert pod in (folder / "kubelet.log").read_text()
+    assert any(holder.startswith(first.pod) for holder in holders)
+    assert any(holder.startswith(waiting) for holder in holders)
+    kubelet = (folder / "kubelet.log").read_text()
+    assert waiting in kubelet
+    assert first.pod in kubelet
     assert cluster.namespace in (folder / "operator.log").read_text()
-    assert work.pod == pod
