@@ -183,9 +183,16 @@ def test_a_labelled_namespace_in_the_files_guards_its_cronjobs_and_guards_says_w
         "kind": "Namespace",
         "metadata": {"name": "team-a", "labels": {"cronlock.io/enabled": "true"}},
     }
-    bad = make_cronjob(name="bad", annotations={"cronlock.io/ttl": "soon"})
+    bad = make_cronjob(
+        name="bad", annotations={"cronlock.io/ttl": "soon"}, serviceAccountName="reports"
+    )
     out = make_cronjob(name="out", annotations={"cronlock.io/enabled": "false"})
-    other = make_cronjob(name="other", namespace="team-b", annotations={"cronlock.io/ttl": "9m"})
+    other = make_cronjob(
+        name="other",
+        namespace="team-b",
+        annotations={"cronlock.io/ttl": "9m"},
+        serviceAccountName="reports",
+    )
     path = str(write(tmp_path / "team.yaml", namespace, bad, out, other))
 
     code, lines, _ = lint([path], capsys)

@@ -129,11 +129,14 @@ def namespace(name: str, labels: dict[str, str] | None = None) -> dict[str, Any]
 
 def test_a_labelled_namespace_guards_its_cronjobs_but_the_one_that_opts_out() -> None:
     """Label added: every CronJob of the namespace is queued and injected but one annotated
-    "false"; label removed (the selector's DELETED): queued again and reverted."""
+    "false" and one whose pods run as `default` (declined: one Warning, no holder Role);
+    label removed (the selector's DELETED): queued again and reverted."""
     kube = Kube()
     reconciler = Reconciler(kube=kube, settings=SETTINGS)
+    accounts = {"report": "reports", "export": "default", "audit": "reports"}
     for name, notes in (("report", {}), ("export", {}), ("audit", {ENABLED: "false"})):
-        body = server_defaults(make_cronjob(name=name, annotations=notes))
+        made = make_cronjob(name=name, annotations=notes, serviceAccountName=accounts[name])
+        body = server_defaults(made)
         body["metadata"].update(uid=f"uid-{name}", resourceVersion="1")
         kube.cronjobs[("team-a", name)] = copy.deepcopy(body)
         reconciler.on_cronjob("ADDED", body)
@@ -154,7 +157,33 @@ def test_a_labelled_namespace_guards_its_cronjobs_but_the_one_that_opts_out() ->
         }
 
     reconciler.on_namespace("ADDED", namespace("team-a", {ENABLED: "true"}))
-    assert decide_all() == {"report": True, "export": True, "audit": False}
+    assert decide_all() == {"report": True, "export": False, "audit": False}
+    declined = [event for event in kube.events if event[1] == "NotGuarded"]
+    assert [(name, warning) for name, _, _, warning in declined] == [("export", True)]
+    roles = {
+        name: body["rules"][0]["resourceNames"]
+        for (kind, _, name), body in kube.rbac.objects.items()
+        if kind == "Role"
+    }
+    assert roles == {"cronlock-holder-reports": ["cronlock-report"]}, "nothing for default"
+    # Guarded, then moved onto `default` (or guarded by an older operator): reverted as
+    # written, its grant taken back.
+    moved = kube.cronjobs[("team-a", "report")]
+    moved["spec"]["jobTemplate"]["spec"]["template"]["spec"]["serviceAccountName"] = "default"
+    moved["metadata"]["resourceVersion"] = "moved"
+    reconciler.on_cronjob("MODIFIED", copy.deepcopy(moved))
+    reconcile(reconciler, "team-a", "report")
+    reconciler.on_cronjob("MODIFIED", copy.deepcopy(kube.cronjobs[("team-a", "report")]))
+    assert not is_injected(kube.cronjobs[("team-a", "report")])
+    assert [kind for kind, _, _ in kube.rbac.objects] == [], "the grant taken back"
+    moved = kube.cronjobs[("team-a", "report")]
+    moved["spec"]["jobTemplate"]["spec"]["template"]["spec"]["serviceAccountName"] = "reports"
+    moved["metadata"]["resourceVersion"] = "back"
+    reconciler.on_cronjob("MODIFIED", copy.deepcopy(moved))
+    reconcile(reconciler, "team-a", "report")
+    reconciler.on_cronjob("MODIFIED", copy.deepcopy(kube.cronjobs[("team-a", "report")]))
+    assert is_injected(kube.cronjobs[("team-a", "report")])
+    reconciler.queue = WorkQueue(reconciler.queue.work)
     # The same label seen again (a resync, another label changed): nothing queued.
     reconciler.on_namespace("MODIFIED", namespace("team-a", {ENABLED: "true", "team": "a"}))
     assert not reconciler.queue.waiting(CronJobKey("team-a", "report"))
