@@ -6,7 +6,9 @@ created while it is there, an operator restarted while it is there (no revert at
 and what the operator's own token may do with namespaces (read, never write).
 
 Security review N4, from the attacker's side: the label alone hands no lock to `default`
-(the account of every pod that names none) and imposes no `stop: signal`."""
+(the account of every pod that names none) and imposes no `stop: signal`; and a pod on a
+granted account that is no run of the lock has its hold broken at once, with an Event,
+while a run's hold (a Job made by kubectl create job --from) is kept."""
 
 from __future__ import annotations
 
@@ -24,9 +26,10 @@ from cronlock_sidecar import contract
 from cronlock_sidecar.microtime import format_microtime
 from tests.support.controlplane import ControlPlane, make_service_account_kubeconfig
 from tests.support.cronjobs import make_cronjob
-from tests.support.kube import wait_for
+from tests.support.kube import holds, wait_for
 from tests.support.objects import batch, comparable, events, has_sidecar, read, wait_event
 from tests.support.operator import OperatorProcess
+from tests.support.runs import job_from, pod_of
 
 pytestmark = pytest.mark.usefixtures("operator")
 LABEL = "cronlock.io/enabled"
@@ -196,21 +199,26 @@ def pod_with_token(
     account: str,
     directory: Path,
     *,
-    name: str,
+    name: str | None = None,
+    job: str | None = None,
 ) -> tuple[str, kubernetes.client.CoordinationV1Api]:
     """A pod's holder identity and the Lease API as its pod-bound token (the kubelet's kind)
-    sees it: a never-started pod `name` on `account`."""
-    # `default` too may not exist yet in a new namespace (its controller makes it).
-    wait_for(lambda: _account(api, namespace, account), 30, f"ServiceAccount {account}")
-    body = {
-        "metadata": {"name": name},
-        "spec": {
-            "serviceAccountName": account,
-            "securityContext": {"runAsNonRoot": True, "runAsUser": 65532},
-            "containers": [{"name": "main", "image": "busybox:never-pulled"}],
-        },
-    }
-    pod = kubernetes.client.CoreV1Api(api).create_namespaced_pod(namespace, body)
+    sees it: a never-started pod `name` on `account`, or the pod the Job controller made for
+    `job`."""
+    if job is not None:
+        pod = pod_of(api, namespace, job)
+    else:
+        # `default` too may not exist yet in a new namespace (its controller makes it).
+        wait_for(lambda: _account(api, namespace, account), 30, f"ServiceAccount {account}")
+        body = {
+            "metadata": {"name": name},
+            "spec": {
+                "serviceAccountName": account,
+                "securityContext": {"runAsNonRoot": True, "runAsUser": 65532},
+                "containers": [{"name": "main", "image": "busybox:never-pulled"}],
+            },
+        }
+        pod = kubernetes.client.CoreV1Api(api).create_namespaced_pod(namespace, body)
     path = make_service_account_kubeconfig(
         controlplane,
         api,
@@ -228,6 +236,7 @@ def claim(
     namespace: str,
     lease: str,
     identity: str,
+    job: str = "",
 ) -> None:
     """The sidecar's claim of a free Lease, as the holders' policy admits it."""
     now = format_microtime(datetime.datetime.now(datetime.UTC))
@@ -242,6 +251,8 @@ def claim(
             "leaseTransitions": (current.spec.lease_transitions or 0) + 1,
         },
     }
+    if job:
+        patch["metadata"]["annotations"] = {contract.ANNOTATION_HOLDER_JOB: job}
     leases.patch_namespaced_lease(lease, namespace, patch)
 
 
@@ -294,8 +305,94 @@ def test_the_label_hands_no_lock_to_default_and_imposes_no_signal(
         claim(as_web, namespace, "cronlock-backup", web)
     assert refused.value.status == 403, refused.value.body
     # The same token may claim the Lease its account is granted (the annotated CronJob's):
-    # the 403 above is the grant withheld, not a token that works nowhere.
+    # the 403 above is the grant withheld, not a token that works nowhere. That hold, by
+    # a pod that is no run, is broken too.
     claim(as_web, namespace, "cronlock-asked", web)
+    [broken] = wait_event(api, namespace, "asked", "ForeignHolder")
+    assert web in broken
+
+
+def test_a_hold_by_a_pod_that_is_no_run_is_broken_and_a_runs_hold_is_kept(
+    api: kubernetes.client.ApiClient,
+    namespace: str,
+    controlplane: ControlPlane,
+    tmp_path: Path,
+) -> None:
+    """A CronJob on an account of its own (`runs`), guarded by the label. A bare pod on
+    `runs` claims the free Lease in its own name, as RBAC and the holders' policy let it:
+    the operator clears it well within one renew period (20s at the ttl of 60s) and says
+    who. `cronlock-sidecar run` outside Kubernetes holds it and runs its work; then a run
+    made as `kubectl create job --from=cronjob/report` makes it claims and renews: both
+    holds are kept."""
+    core = kubernetes.client.CoreV1Api(api)
+    core.create_namespaced_service_account(namespace, {"metadata": {"name": "runs"}})
+    label(api, namespace, "true")
+    create(api, namespace, "report")
+    wait_injected(api, namespace, "report")
+    leases = kubernetes.client.CoordinationV1Api(api)
+
+    def holder() -> str:
+        return str(
+            leases.read_namespaced_lease("cronlock-report", namespace).spec.holder_identity or ""
+        )
+
+    intruder, as_intruder = pod_with_token(
+        api, controlplane, namespace, "runs", tmp_path, name="intruder"
+    )
+    wait_for(
+        lambda: _can_get(as_intruder, namespace, "cronlock-report"), 30, "the holder Role of runs"
+    )
+    claim(as_intruder, namespace, "cronlock-report", intruder)
+    claimed = time.monotonic()
+    wait_for(lambda: holder() == "", 20, "the operator to break the intruder's hold")
+    assert time.monotonic() - claimed < 20, "within one renew period"
+    [message] = wait_event(api, namespace, "report", "ForeignHolder")
+    assert intruder in message
+    assert "owned by no Job" in message
+    assert "ServiceAccount runs" in message
+
+    # `cronlock-sidecar run` outside Kubernetes (here with the admin's credentials, which no
+    # holders' policy judges): its identity names no pod, and its hold is left alone.
+    ran = tmp_path / "ran"
+    outside = subprocess.Popen(
+        [
+            *(str(BIN / "cronlock-sidecar"), "run", "--lease", f"{namespace}/cronlock-report"),
+            *("--", "sh", "-c", f"sleep 4; touch {ran}"),
+        ],
+        env=controlplane.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    held = wait_for(holder, 15, "the hold of cronlock-sidecar run")
+    holds(lambda: holder() == held, 3, "the hold of cronlock-sidecar run")
+    _, stderr = outside.communicate(timeout=30)
+    assert outside.returncode == 0, stderr
+    assert ran.exists()
+    wait_for(lambda: holder() == "", 10, "its release")
+
+    # A run, as kubectl create job --from=cronjob/report makes it: owned by the CronJob.
+    job_from(api, namespace, "report", "report-manual")
+    run, as_run = pod_with_token(
+        api, controlplane, namespace, "runs", tmp_path, job="report-manual"
+    )
+    claim(as_run, namespace, "cronlock-report", run, job="report-manual")
+    holds(lambda: holder() == run, 4, "the run's hold")
+    now = format_microtime(datetime.datetime.now(datetime.UTC))
+    as_run.patch_namespaced_lease("cronlock-report", namespace, {"spec": {"renewTime": now}})
+    holds(lambda: holder() == run, 4, "the run's renewed hold")
+    assert len(wait_event(api, namespace, "report", "ForeignHolder")) == 1
+    assert holder() == run
+
+
+def _can_get(leases: kubernetes.client.CoordinationV1Api, namespace: str, name: str) -> bool:
+    try:
+        leases.read_namespaced_lease(name, namespace)
+    except kubernetes.client.ApiException as error:
+        if error.status == 403:
+            return False
+        raise
+    return True
 
 
 def _account(api: kubernetes.client.ApiClient, namespace: str, name: str) -> bool:
