@@ -333,3 +333,34 @@ def test_the_pre_commit_hook_runs_the_installed_command_on_yaml_files() -> None:
         True,
         False,
     ]
+
+
+def test_a_labelled_namespace_says_which_cronjobs_its_label_alone_does_not_guard(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Security review N4: the label alone guards no CronJob on `default` and imposes no
+    `stop: signal`; lint warns as the operator's NotGuarded Warning does (not an error:
+    the CronJob runs as written), and --guards says why."""
+    namespace = {
+        "apiVersion": "v1",
+        "kind": "Namespace",
+        "metadata": {"name": "team-a", "labels": {"cronlock.io/enabled": "true"}},
+    }
+    backup = make_cronjob(name="backup", annotations={})
+    own = make_cronjob(name="own", annotations={}, serviceAccountName="backups")
+    path = str(write(tmp_path / "team.yaml", namespace, backup, own))
+
+    code, lines, _ = lint(["--guards", path], capsys)
+    assert code == 0
+    warnings = [line.split(": warning: ", 1)[1] for line in lines if ": warning: " in line]
+    assert len(warnings) == 1
+    assert warnings[0].startswith("CronJob team-a/backup: not guarded although its namespace")
+    assert "ServiceAccount of its own" in warnings[0]
+    info = [line.split(": info: ", 1)[1] for line in lines if ": info: " in line]
+    assert info == [
+        "CronJob team-a/backup: not guarded: its namespace's label cronlock.io/enabled=true "
+        "alone does not guard a CronJob on the account 'default' nor impose stop: signal",
+        "CronJob team-a/own: guarded by its namespace's label cronlock.io/enabled=true",
+    ]
+    code, _, _ = lint(["--strict", path], capsys)
+    assert code == 1, "--strict fails on the warning"
