@@ -8,6 +8,7 @@ them update `cronlock-report`; the chart's policy lets each write it only as its
 from __future__ import annotations
 
 import datetime
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from tests.support.controlplane import ControlPlane, make_service_account_kubeco
 from tests.support.cronjobs import make_cronjob
 from tests.support.kube import wait_for
 from tests.support.objects import read, wait_event
+from tests.support.run_pods import job_from, pod_of
 
 pytestmark = pytest.mark.usefixtures("operator")
 
@@ -48,6 +50,12 @@ class Pod:
         self.leases.replace_namespaced_lease(LEASE, namespace, lease)
 
 
+# A run's pod, by this module's names: <Job>-<5 characters>, the Job one of `report`'s.
+_RUN_POD = re.compile(r"(report-[0-9]+)-[a-z]{5}")
+# Per namespace: the run pods already handed out.
+_TAKEN: dict[str, set[str]] = {}
+
+
 def make_pod(
     api: kubernetes.client.ApiClient,
     controlplane: ControlPlane,
@@ -55,16 +63,27 @@ def make_pod(
     name: str,
     directory: Path,
 ) -> Pod:
-    body = {
-        "metadata": {"name": name},
-        "spec": {
-            "serviceAccountName": "shared",
-            "securityContext": {"runAsNonRoot": True, "runAsUser": 65532},
-            "containers": [{"name": "main", "image": "busybox:never-pulled"}],
-        },
-    }
-    created = kubernetes.client.CoreV1Api(api).create_namespaced_pod(namespace, body)
-    uid = created.metadata.uid
+    """A never-started pod on `shared` and its pod-bound token. A name shaped as a run's
+    pod (`report-29000000-abcde`) gives a run's pod: one the Job controller made for the
+    Job `report-29000000`, owned by the CronJob `report` as `kubectl create job --from`
+    makes it (the operator breaks a hold by any other pod: reconcile/holders.py); its name
+    is the Job's and 5 random characters. Any other name gives a bare pod of that name."""
+    core = kubernetes.client.CoreV1Api(api)
+    run = _RUN_POD.fullmatch(name)
+    if run is not None:
+        job_from(api, namespace, "report", run.group(1), pods=3)
+        created = pod_of(api, namespace, run.group(1), _TAKEN.setdefault(namespace, set()))
+    else:
+        body = {
+            "metadata": {"name": name},
+            "spec": {
+                "serviceAccountName": "shared",
+                "securityContext": {"runAsNonRoot": True, "runAsUser": 65532},
+                "containers": [{"name": "main", "image": "busybox:never-pulled"}],
+            },
+        }
+        created = core.create_namespaced_pod(namespace, body)
+    name, uid = created.metadata.name, created.metadata.uid
     path = make_service_account_kubeconfig(
         controlplane, api, namespace, "shared", directory, bound_pod=(name, uid)
     )
@@ -320,7 +339,8 @@ def test_a_hold_written_for_a_day_is_cleared_after_the_locks_ttl(
     """Security review N3: the longest hold admission lets a pod write (a day) is believed
     by the operator only for its lock's ttl (19s here) plus the skew once it stops."""
     guarded_on_shared(api, namespace, {"cronlock.io/ttl": "19s"})
-    squatter = make_pod(api, controlplane, namespace, "squatter", tmp_path)
+    # A run's pod: any other pod's hold is broken at once (reconcile/holders.py).
+    squatter = make_pod(api, controlplane, namespace, f"{RUN_JOB}-abcde", tmp_path)
     wait_for(lambda: _can_read(squatter, namespace), 30, "the holder Role for `shared`")
     leases = kubernetes.client.CoordinationV1Api(api)
     squatter.write(namespace, hold(squatter.identity, duration=86400))

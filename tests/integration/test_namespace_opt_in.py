@@ -3,10 +3,16 @@ ServiceAccount with exactly the chart's RBAC: the label cronlock.io/enabled=true
 namespace guards every CronJob in it but one annotated "false"; removed, it gives each back
 exactly as written. The label added and removed while the CronJobs exist, a CronJob
 created while it is there, an operator restarted while it is there (no revert at start),
-and what the operator's own token may do with namespaces (read, never write)."""
+and what the operator's own token may do with namespaces (read, never write).
+
+Security review N4, from the attacker's side: the label alone hands no lock to `default`
+(the account of every pod that names none) and imposes no `stop: signal`; and a pod on a
+granted account that is no run of the lock has its hold broken at once, with an Event,
+while a run's hold (a Job made by kubectl create job --from) is kept."""
 
 from __future__ import annotations
 
+import datetime
 import json
 import subprocess
 import time
@@ -16,11 +22,14 @@ from typing import Any
 import kubernetes
 import pytest
 
-from tests.support.controlplane import ControlPlane
+from cronlock_sidecar import contract
+from cronlock_sidecar.microtime import format_microtime
+from tests.support.controlplane import ControlPlane, make_service_account_kubeconfig
 from tests.support.cronjobs import make_cronjob
-from tests.support.kube import wait_for
-from tests.support.objects import batch, comparable, has_sidecar, read
+from tests.support.kube import holds, wait_for
+from tests.support.objects import batch, comparable, events, has_sidecar, read, wait_event
 from tests.support.operator import OperatorProcess
+from tests.support.run_pods import job_from, pod_of
 
 pytestmark = pytest.mark.usefixtures("operator")
 LABEL = "cronlock.io/enabled"
@@ -33,9 +42,28 @@ def label(api: kubernetes.client.ApiClient, namespace: str, value: str | None) -
     )
 
 
-def create(api: kubernetes.client.ApiClient, namespace: str, name: str, **notes: str) -> None:
-    body = make_cronjob(name=name, namespace=namespace, annotations=notes, restart_policy="Never")
-    batch(api).create_namespaced_cron_job(namespace, body)
+def create(
+    api: kubernetes.client.ApiClient,
+    namespace: str,
+    name: str,
+    *,
+    account: str | None = "runs",
+    containers: list[dict[str, Any]] | None = None,
+    **notes: str,
+) -> str:
+    """The CronJob, its pods on `account` (None: no serviceAccountName, so `default`); its
+    resourceVersion as created."""
+    pod_spec = {} if account is None else {"serviceAccountName": account}
+    body = make_cronjob(
+        name=name,
+        namespace=namespace,
+        annotations=notes,
+        restart_policy="Never",
+        containers=containers,
+        **pod_spec,
+    )
+    created = batch(api).create_namespaced_cron_job(namespace, body)
+    return str(created.metadata.resource_version)
 
 
 def wait_injected(api: kubernetes.client.ApiClient, namespace: str, *names: str) -> None:
@@ -152,3 +180,226 @@ def test_an_operator_watching_named_namespaces_follows_their_labels_alone(
         operator.args = []
         operator.restart()
         kubernetes.client.CoreV1Api(api).delete_namespace(other)
+
+
+PROBED = [
+    {
+        "name": "work",
+        "image": "busybox:1.36",
+        "command": ["sh", "-c", "sleep 5"],
+        "livenessProbe": {"exec": {"command": ["true"]}, "periodSeconds": 10},
+    }
+]
+
+
+def pod_with_token(
+    api: kubernetes.client.ApiClient,
+    controlplane: ControlPlane,
+    namespace: str,
+    account: str,
+    directory: Path,
+    *,
+    name: str | None = None,
+    job: str | None = None,
+) -> tuple[str, kubernetes.client.CoordinationV1Api]:
+    """A pod's holder identity and the Lease API as its pod-bound token (the kubelet's kind)
+    sees it: a never-started pod `name` on `account`, or the pod the Job controller made for
+    `job`."""
+    if job is not None:
+        pod = pod_of(api, namespace, job)
+    else:
+        # `default` too may not exist yet in a new namespace (its controller makes it).
+        wait_for(lambda: _account(api, namespace, account), 30, f"ServiceAccount {account}")
+        body = {
+            "metadata": {"name": name},
+            "spec": {
+                "serviceAccountName": account,
+                "securityContext": {"runAsNonRoot": True, "runAsUser": 65532},
+                "containers": [{"name": "main", "image": "busybox:never-pulled"}],
+            },
+        }
+        pod = kubernetes.client.CoreV1Api(api).create_namespaced_pod(namespace, body)
+    path = make_service_account_kubeconfig(
+        controlplane,
+        api,
+        namespace,
+        account,
+        directory,
+        bound_pod=(pod.metadata.name, pod.metadata.uid),
+    )
+    identity = contract.holder_identity(pod.metadata.name, pod.metadata.uid)
+    return identity, kubernetes.client.CoordinationV1Api(controlplane.api_client(path))
+
+
+def claim(
+    leases: kubernetes.client.CoordinationV1Api,
+    namespace: str,
+    lease: str,
+    identity: str,
+    job: str = "",
+) -> None:
+    """The sidecar's claim of a free Lease, as the holders' policy admits it."""
+    now = format_microtime(datetime.datetime.now(datetime.UTC))
+    current = leases.read_namespaced_lease(lease, namespace)
+    patch: dict[str, Any] = {
+        "metadata": {"resourceVersion": current.metadata.resource_version},
+        "spec": {
+            "holderIdentity": identity,
+            "acquireTime": now,
+            "renewTime": now,
+            "leaseDurationSeconds": 60,
+            "leaseTransitions": (current.spec.lease_transitions or 0) + 1,
+        },
+    }
+    if job:
+        patch["metadata"]["annotations"] = {contract.ANNOTATION_HOLDER_JOB: job}
+    leases.patch_namespaced_lease(lease, namespace, patch)
+
+
+def test_the_label_hands_no_lock_to_default_and_imposes_no_signal(
+    api: kubernetes.client.ApiClient,
+    namespace: str,
+    controlplane: ControlPlane,
+    tmp_path: Path,
+) -> None:
+    """The review's N4 steps: a labelled namespace, an unannotated CronJob `backup` whose
+    pods run as `default`, and a web app's pod on `default` with its pod-bound token. No
+    Role grants `default` the backup's Lease, there is none, and a Warning says how to
+    guard it. An unannotated CronJob with its own livenessProbe gets no
+    shareProcessNamespace. On the same set-up a CronJob on an account of its own is
+    guarded, and one annotated on `default` is too (its author's choice)."""
+    label(api, namespace, "true")
+    created = create(api, namespace, "backup", account=None)
+    probed_version = create(api, namespace, "probed", containers=PROBED)
+    create(api, namespace, "nightly")
+    create(api, namespace, "asked", account=None, **{LABEL: "true"})
+    wait_injected(api, namespace, "nightly", "asked")
+
+    [declined] = wait_event(api, namespace, "backup", "NotGuarded")
+    assert "'default'" in declined
+    assert "give it a ServiceAccount of its own" in declined
+    assert 'annotate it cronlock.io/enabled: "true"' in declined
+    [imposed] = wait_event(api, namespace, "probed", "NotGuarded")
+    assert "work have their own livenessProbe" in imposed
+    assert "resolve to signal" in imposed
+    types = {kind for kind, reason, _ in events(api, namespace, "backup") if reason == "NotGuarded"}
+    assert types == {"Warning"}
+    # Neither was written at all: no injection, no shareProcessNamespace.
+    assert read(api, namespace, "backup")["metadata"]["resourceVersion"] == created
+    probed = read(api, namespace, "probed")
+    assert probed["metadata"]["resourceVersion"] == probed_version
+    assert "shareProcessNamespace" not in probed["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+
+    leases = kubernetes.client.CoordinationV1Api(api).list_namespaced_lease(namespace).items
+    assert {lease.metadata.name for lease in leases} == {"cronlock-nightly", "cronlock-asked"}
+    roles = kubernetes.client.RbacAuthorizationV1Api(api).list_namespaced_role(namespace).items
+    granted = {role.metadata.name: role.rules[0].resource_names for role in roles}
+    assert granted == {
+        "cronlock-holder-default": ["cronlock-asked"],
+        "cronlock-holder-runs": ["cronlock-nightly"],
+    }
+
+    # The attacker: a web app's pod on `default`, with the token the kubelet would mount.
+    web, as_web = pod_with_token(api, controlplane, namespace, "default", tmp_path, name="web-7f9c")
+    with pytest.raises(kubernetes.client.ApiException) as refused:
+        claim(as_web, namespace, "cronlock-backup", web)
+    assert refused.value.status == 403, refused.value.body
+    # The same token may claim the Lease its account is granted (the annotated CronJob's):
+    # the 403 above is the grant withheld, not a token that works nowhere. That hold, by
+    # a pod that is no run, is broken too.
+    claim(as_web, namespace, "cronlock-asked", web)
+    [broken] = wait_event(api, namespace, "asked", "ForeignHolder")
+    assert web in broken
+
+
+def test_a_hold_by_a_pod_that_is_no_run_is_broken_and_a_runs_hold_is_kept(
+    api: kubernetes.client.ApiClient,
+    namespace: str,
+    controlplane: ControlPlane,
+    tmp_path: Path,
+) -> None:
+    """A CronJob on an account of its own (`runs`), guarded by the label. A bare pod on
+    `runs` claims the free Lease in its own name, as RBAC and the holders' policy let it:
+    the operator clears it well within one renew period (20s at the ttl of 60s) and says
+    who. `cronlock-sidecar run` outside Kubernetes holds it and runs its work; then a run
+    made as `kubectl create job --from=cronjob/report` makes it claims and renews: both
+    holds are kept."""
+    core = kubernetes.client.CoreV1Api(api)
+    core.create_namespaced_service_account(namespace, {"metadata": {"name": "runs"}})
+    label(api, namespace, "true")
+    create(api, namespace, "report")
+    wait_injected(api, namespace, "report")
+    leases = kubernetes.client.CoordinationV1Api(api)
+
+    def holder() -> str:
+        return str(
+            leases.read_namespaced_lease("cronlock-report", namespace).spec.holder_identity or ""
+        )
+
+    intruder, as_intruder = pod_with_token(
+        api, controlplane, namespace, "runs", tmp_path, name="intruder"
+    )
+    wait_for(
+        lambda: _can_get(as_intruder, namespace, "cronlock-report"), 30, "the holder Role of runs"
+    )
+    claim(as_intruder, namespace, "cronlock-report", intruder)
+    claimed = time.monotonic()
+    wait_for(lambda: holder() == "", 20, "the operator to break the intruder's hold")
+    assert time.monotonic() - claimed < 20, "within one renew period"
+    [message] = wait_event(api, namespace, "report", "ForeignHolder")
+    assert intruder in message
+    assert "owned by no Job" in message
+    assert "ServiceAccount runs" in message
+
+    # `cronlock-sidecar run` outside Kubernetes (here with the admin's credentials, which no
+    # holders' policy judges): its identity names no pod, and its hold is left alone.
+    ran = tmp_path / "ran"
+    outside = subprocess.Popen(
+        [
+            *(str(BIN / "cronlock-sidecar"), "run", "--lease", f"{namespace}/cronlock-report"),
+            *("--", "sh", "-c", f"sleep 4; touch {ran}"),
+        ],
+        env=controlplane.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    held = wait_for(holder, 15, "the hold of cronlock-sidecar run")
+    holds(lambda: holder() == held, 3, "the hold of cronlock-sidecar run")
+    _, stderr = outside.communicate(timeout=30)
+    assert outside.returncode == 0, stderr
+    assert ran.exists()
+    wait_for(lambda: holder() == "", 10, "its release")
+
+    # A run, as kubectl create job --from=cronjob/report makes it: owned by the CronJob.
+    job_from(api, namespace, "report", "report-manual")
+    run, as_run = pod_with_token(
+        api, controlplane, namespace, "runs", tmp_path, job="report-manual"
+    )
+    claim(as_run, namespace, "cronlock-report", run, job="report-manual")
+    holds(lambda: holder() == run, 4, "the run's hold")
+    now = format_microtime(datetime.datetime.now(datetime.UTC))
+    as_run.patch_namespaced_lease("cronlock-report", namespace, {"spec": {"renewTime": now}})
+    holds(lambda: holder() == run, 4, "the run's renewed hold")
+    assert len(wait_event(api, namespace, "report", "ForeignHolder")) == 1
+    assert holder() == run
+
+
+def _can_get(leases: kubernetes.client.CoordinationV1Api, namespace: str, name: str) -> bool:
+    try:
+        leases.read_namespaced_lease(name, namespace)
+    except kubernetes.client.ApiException as error:
+        if error.status == 403:
+            return False
+        raise
+    return True
+
+
+def _account(api: kubernetes.client.ApiClient, namespace: str, name: str) -> bool:
+    try:
+        kubernetes.client.CoreV1Api(api).read_namespaced_service_account(name, namespace)
+    except kubernetes.client.ApiException as error:
+        if error.status == 404:
+            return False
+        raise
+    return True

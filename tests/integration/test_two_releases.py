@@ -31,6 +31,7 @@ from tests.support.kube import run_tool, wait_for
 from tests.support.objects import wait_event
 from tests.support.operator import CHART, SIDECAR_VALUES, OperatorProcess
 from tests.support.paths import ROOT
+from tests.support.run_pods import job_from, pod_of
 
 pytestmark = pytest.mark.timeout(420)
 
@@ -204,16 +205,25 @@ def _pod(
     plane: ControlPlane, api: kubernetes.client.ApiClient, namespace: str, name: str, tmp: Path
 ) -> tuple[str, Path]:
     """A never-started pod on the account `runs`: its holder identity and a kubeconfig with
-    a token bound to it, as the kubelet's."""
-    body = {
-        "metadata": {"name": name},
-        "spec": {
-            "serviceAccountName": "runs",
-            "securityContext": {"runAsNonRoot": True, "runAsUser": 65532},
-            "containers": [{"name": "main", "image": "busybox:never-pulled"}],
-        },
-    }
-    uid = kubernetes.client.CoreV1Api(api).create_namespaced_pod(namespace, body).metadata.uid
+    a token bound to it, as the kubelet's. `report-<n>-abcde` gives a run's pod (the Job
+    controller's, of a Job `report-<n>` made from the CronJob, named with 5 random
+    characters): the operator breaks a hold by any other pod (reconcile/holders.py)."""
+    if name.startswith("report-"):
+        job = name.rsplit("-", 1)[0]
+        job_from(api, namespace, "report", job)
+        pod = pod_of(api, namespace, job)
+        name, uid = pod.metadata.name, pod.metadata.uid
+    else:
+        body = {
+            "metadata": {"name": name},
+            "spec": {
+                "serviceAccountName": "runs",
+                "securityContext": {"runAsNonRoot": True, "runAsUser": 65532},
+                "containers": [{"name": "main", "image": "busybox:never-pulled"}],
+            },
+        }
+        created = kubernetes.client.CoreV1Api(api).create_namespaced_pod(namespace, body)
+        uid = created.metadata.uid
     path = make_service_account_kubeconfig(
         plane, api, namespace, "runs", tmp, bound_pod=(name, uid)
     )

@@ -103,6 +103,7 @@ class FakeKube(_Recorder):
         self.labelled: set[str] = set()
         self.leases: dict[Name, dict[str, Any]] = {}
         self.jobs: dict[Name, dict[str, Any]] = {}
+        self.pods: dict[Name, dict[str, Any]] = {}
         self.events: list[
             tuple[str, str, str, bool]
         ] = []  # (object name, reason, message, warning)
@@ -152,6 +153,15 @@ class FakeKube(_Recorder):
     def read_cronjob(self, namespace: str, name: str) -> dict[str, Any] | None:
         self._call("read_cronjob", namespace, name)
         return copy.deepcopy(self.cronjobs.get((namespace, name)))
+
+    # --- Pods (whose runs hold Leases)
+    def read_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        self._call("read_pod", namespace, name)
+        return copy.deepcopy(self.pods.get((namespace, name)))
+
+    def read_job(self, namespace: str, name: str) -> dict[str, Any] | None:
+        self._call("read_job", namespace, name)
+        return copy.deepcopy(self.jobs.get((namespace, name)))
 
     # --- Leases
     def list_leases(self, namespaces: Sequence[str]) -> Iterator[dict[str, Any]]:

@@ -29,6 +29,16 @@ def containers_with_own_liveness_probe(cronjob: Mapping[str, Any]) -> list[str]:
     ]
 
 
+# The account a pod runs as when its spec names none: every pod of the namespace that
+# names none runs as it.
+DEFAULT_SERVICE_ACCOUNT = "default"
+
+
+def service_account_of(cronjob: Mapping[str, Any]) -> str:
+    """The ServiceAccount the CronJob's runs' pods run as."""
+    return str(pod_spec_of(cronjob).get("serviceAccountName") or DEFAULT_SERVICE_ACCOUNT)
+
+
 def pod_spec_of(cronjob: Mapping[str, Any]) -> Mapping[str, Any]:
     """spec.jobTemplate.spec.template.spec, empty where the CronJob lacks it."""
     node: Mapping[str, Any] = cronjob

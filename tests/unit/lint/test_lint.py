@@ -183,9 +183,16 @@ def test_a_labelled_namespace_in_the_files_guards_its_cronjobs_and_guards_says_w
         "kind": "Namespace",
         "metadata": {"name": "team-a", "labels": {"cronlock.io/enabled": "true"}},
     }
-    bad = make_cronjob(name="bad", annotations={"cronlock.io/ttl": "soon"})
+    bad = make_cronjob(
+        name="bad", annotations={"cronlock.io/ttl": "soon"}, serviceAccountName="reports"
+    )
     out = make_cronjob(name="out", annotations={"cronlock.io/enabled": "false"})
-    other = make_cronjob(name="other", namespace="team-b", annotations={"cronlock.io/ttl": "9m"})
+    other = make_cronjob(
+        name="other",
+        namespace="team-b",
+        annotations={"cronlock.io/ttl": "9m"},
+        serviceAccountName="reports",
+    )
     path = str(write(tmp_path / "team.yaml", namespace, bad, out, other))
 
     code, lines, _ = lint([path], capsys)
@@ -326,3 +333,34 @@ def test_the_pre_commit_hook_runs_the_installed_command_on_yaml_files() -> None:
         True,
         False,
     ]
+
+
+def test_a_labelled_namespace_says_which_cronjobs_its_label_alone_does_not_guard(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Security review N4: the label alone guards no CronJob on `default` and imposes no
+    `stop: signal`; lint warns as the operator's NotGuarded Warning does (not an error:
+    the CronJob runs as written), and --guards says why."""
+    namespace = {
+        "apiVersion": "v1",
+        "kind": "Namespace",
+        "metadata": {"name": "team-a", "labels": {"cronlock.io/enabled": "true"}},
+    }
+    backup = make_cronjob(name="backup", annotations={})
+    own = make_cronjob(name="own", annotations={}, serviceAccountName="backups")
+    path = str(write(tmp_path / "team.yaml", namespace, backup, own))
+
+    code, lines, _ = lint(["--guards", path], capsys)
+    assert code == 0
+    warnings = [line.split(": warning: ", 1)[1] for line in lines if ": warning: " in line]
+    assert len(warnings) == 1
+    assert warnings[0].startswith("CronJob team-a/backup: not guarded although its namespace")
+    assert "ServiceAccount of its own" in warnings[0]
+    info = [line.split(": info: ", 1)[1] for line in lines if ": info: " in line]
+    assert info == [
+        "CronJob team-a/backup: not guarded: its namespace's label cronlock.io/enabled=true "
+        "alone does not guard a CronJob on the account 'default' nor impose stop: signal",
+        "CronJob team-a/own: guarded by its namespace's label cronlock.io/enabled=true",
+    ]
+    code, _, _ = lint(["--strict", path], capsys)
+    assert code == 1, "--strict fails on the warning"

@@ -13,6 +13,8 @@ from cronlock_operator.cronjob.config import (
     InvalidConfig,
     LockConfig,
     ProbeTolerance,
+    declined_because,
+    declined_message,
     kill_grace_seconds,
     minimum_ttl_seconds,
     opt_in,
@@ -109,7 +111,46 @@ def test_the_annotation_decides_first_then_the_namespace_label(
     value: str | None, labelled: bool, rule: str
 ) -> None:
     annotations = {} if value is None else {"cronlock.io/enabled": value}
-    assert opt_in(make_cronjob(annotations=annotations), labelled) == rule
+    cronjob = make_cronjob(annotations=annotations, serviceAccountName="reports")
+    assert opt_in(cronjob, labelled) == rule
+
+
+def test_the_label_alone_declines_the_account_default_and_an_imposed_signal() -> None:
+    """Security review N4: the label does not grant the lock to `default`, every other
+    pod's account, nor turn `auto` into `signal` for containers with their own probe.
+    The CronJob's own annotation still decides for it (its author's choice)."""
+    probe = {"exec": {"command": ["true"]}}
+    probed = [{"name": "work", "image": "busybox", "livenessProbe": probe}]
+    plain = make_cronjob(annotations={})
+    assert opt_in(plain, True) == "declined"
+    assert declined_because(plain) is not None
+    assert "'default'" in (declined_because(plain) or "")
+    named_default = make_cronjob(annotations={}, serviceAccountName="default")
+    assert opt_in(named_default, True) == "declined"
+    assert opt_in(make_cronjob(annotations={}, serviceAccountName="reports"), True) == "namespace"
+    own_probe = make_cronjob(annotations={}, serviceAccountName="reports", containers=probed)
+    assert opt_in(own_probe, True) == "declined"
+    assert "work" in (declined_because(own_probe) or "")
+    auto = make_cronjob(
+        annotations={"cronlock.io/stop": "auto"}, serviceAccountName="reports", containers=probed
+    )
+    assert opt_in(auto, True) == "declined"
+    # Asked for in so many words: the author's own choice.
+    asked = make_cronjob(
+        annotations={"cronlock.io/stop": "signal"}, serviceAccountName="reports", containers=probed
+    )
+    assert opt_in(asked, True) == "namespace"
+    assert opt_in(make_cronjob(), True) == "annotation", "annotated on default: guarded"
+    message = declined_message(plain)
+    assert 'annotate it cronlock.io/enabled: "true"' in message
+    assert "ServiceAccount of its own" in message
+    reading = read_config(plain, SETTINGS, Readings(labelled=["team-a"]))
+    assert (reading.opt_in, reading.enabled, reading.config, reading.invalid) == (
+        "declined",
+        False,
+        None,
+        None,
+    )
 
 
 @pytest.mark.parametrize("labelled", [False, True])
@@ -122,7 +163,9 @@ def test_enabled_with_another_value_is_an_error_not_a_silent_no(labelled: bool) 
 def test_a_kept_reading_follows_its_namespaces_label_at_the_same_version() -> None:
     """The label is not part of the CronJob: labelling its namespace changes no
     resourceVersion of it, yet its reading changes, and back."""
-    body = make_cronjob(namespace="default", annotations={"cronlock.io/ttl": "90s"})
+    body = make_cronjob(
+        namespace="default", annotations={"cronlock.io/ttl": "90s"}, serviceAccountName="reports"
+    )
     body["metadata"].update(uid="u-1", resourceVersion="7")
     readings = Readings()
     assert read_config(body, SETTINGS, readings).opt_in == "off"

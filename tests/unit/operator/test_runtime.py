@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from cronlock_operator.errors import Rejected, Retry
 from cronlock_operator.injection.build import is_injected
-from cronlock_operator.reconcile.keys import CronJobKey
+from cronlock_operator.reconcile.keys import CronJobKey, LeaseKey
 from cronlock_operator.runtime import metrics
 from cronlock_operator.runtime.guarding import CONFLICT_RECHECK
 from cronlock_operator.runtime.reconciler import Reconciler
@@ -129,11 +129,14 @@ def namespace(name: str, labels: dict[str, str] | None = None) -> dict[str, Any]
 
 def test_a_labelled_namespace_guards_its_cronjobs_but_the_one_that_opts_out() -> None:
     """Label added: every CronJob of the namespace is queued and injected but one annotated
-    "false"; label removed (the selector's DELETED): queued again and reverted."""
+    "false" and one whose pods run as `default` (declined: one Warning, no holder Role);
+    label removed (the selector's DELETED): queued again and reverted."""
     kube = Kube()
     reconciler = Reconciler(kube=kube, settings=SETTINGS)
+    accounts = {"report": "reports", "export": "default", "audit": "reports"}
     for name, notes in (("report", {}), ("export", {}), ("audit", {ENABLED: "false"})):
-        body = server_defaults(make_cronjob(name=name, annotations=notes))
+        made = make_cronjob(name=name, annotations=notes, serviceAccountName=accounts[name])
+        body = server_defaults(made)
         body["metadata"].update(uid=f"uid-{name}", resourceVersion="1")
         kube.cronjobs[("team-a", name)] = copy.deepcopy(body)
         reconciler.on_cronjob("ADDED", body)
@@ -154,7 +157,33 @@ def test_a_labelled_namespace_guards_its_cronjobs_but_the_one_that_opts_out() ->
         }
 
     reconciler.on_namespace("ADDED", namespace("team-a", {ENABLED: "true"}))
-    assert decide_all() == {"report": True, "export": True, "audit": False}
+    assert decide_all() == {"report": True, "export": False, "audit": False}
+    declined = [event for event in kube.events if event[1] == "NotGuarded"]
+    assert [(name, warning) for name, _, _, warning in declined] == [("export", True)]
+    roles = {
+        name: body["rules"][0]["resourceNames"]
+        for (kind, _, name), body in kube.rbac.objects.items()
+        if kind == "Role"
+    }
+    assert roles == {"cronlock-holder-reports": ["cronlock-report"]}, "nothing for default"
+    # Guarded, then moved onto `default` (or guarded by an older operator): reverted as
+    # written, its grant taken back.
+    moved = kube.cronjobs[("team-a", "report")]
+    moved["spec"]["jobTemplate"]["spec"]["template"]["spec"]["serviceAccountName"] = "default"
+    moved["metadata"]["resourceVersion"] = "moved"
+    reconciler.on_cronjob("MODIFIED", copy.deepcopy(moved))
+    reconcile(reconciler, "team-a", "report")
+    reconciler.on_cronjob("MODIFIED", copy.deepcopy(kube.cronjobs[("team-a", "report")]))
+    assert not is_injected(kube.cronjobs[("team-a", "report")])
+    assert [kind for kind, _, _ in kube.rbac.objects] == [], "the grant taken back"
+    moved = kube.cronjobs[("team-a", "report")]
+    moved["spec"]["jobTemplate"]["spec"]["template"]["spec"]["serviceAccountName"] = "reports"
+    moved["metadata"]["resourceVersion"] = "back"
+    reconciler.on_cronjob("MODIFIED", copy.deepcopy(moved))
+    reconcile(reconciler, "team-a", "report")
+    reconciler.on_cronjob("MODIFIED", copy.deepcopy(kube.cronjobs[("team-a", "report")]))
+    assert is_injected(kube.cronjobs[("team-a", "report")])
+    reconciler.queue = WorkQueue(reconciler.queue.work)
     # The same label seen again (a resync, another label changed): nothing queued.
     reconciler.on_namespace("MODIFIED", namespace("team-a", {ENABLED: "true", "team": "a"}))
     assert not reconciler.queue.waiting(CronJobKey("team-a", "report"))
@@ -417,3 +446,89 @@ def test_a_day_long_hold_seen_at_start_up_is_believed_only_for_its_owners_ttl() 
     assert list(reconciler.expiry.observations.overdue(now[0], SETTINGS.skew_seconds)) == [
         ("team-a", "cronlock-report")
     ]
+
+
+def _pod(name: str, uid: str, job: tuple[str, str] | None) -> dict[str, Any]:
+    owners = (
+        [] if job is None else [{"kind": "Job", "name": job[0], "uid": job[1], "controller": True}]
+    )
+    return {
+        "metadata": {"name": name, "namespace": "team-a", "uid": uid, "ownerReferences": owners},
+        "spec": {"serviceAccountName": "reports"},
+    }
+
+
+def _job(name: str, uid: str, cronjob_uid: str) -> dict[str, Any]:
+    owners = [{"kind": "CronJob", "name": "x", "uid": cronjob_uid, "controller": True}]
+    return {
+        "metadata": {"name": name, "namespace": "team-a", "uid": uid, "ownerReferences": owners}
+    }
+
+
+@pytest.mark.parametrize(
+    ("holder", "cleared"),
+    [
+        # A pod owned by no Job (a web app's, a bare pod) on the runs' account.
+        ("web-7f9c_aaaaaaaa", True),
+        # A Job's pod, but the Job is no run of the lock's CronJobs.
+        ("other-1-abcde_bbbbbbbb", True),
+        # A run: its Job's owner is the CronJob on the lock (scheduled or --from).
+        ("report-1-abcde_cccccccc", False),
+        # `cronlock-sidecar run` outside Kubernetes: names no pod at all.
+        ("build-host_4242_0a1b2c3d", False),
+        # A pod that is gone, or another under its name: its token died with it.
+        ("gone-abcde_dddddddd", False),
+        ("reused_eeeeeeee", False),
+    ],
+)
+def test_a_hold_by_a_pod_that_is_no_run_of_the_lock_is_cleared_with_a_warning(
+    holder: str, cleared: bool
+) -> None:
+    """Security review N4: a pod on the runs' account claims the free Lease in its own name;
+    the operator clears it as soon as it sees it, and says who. A run's hold, and a holder
+    that names no live pod, are left alone, and looked at once only."""
+    reconciler, kube = setup(report="reports")
+    reconcile(reconciler, "team-a", "report")
+    kube.pods.update(
+        {
+            ("team-a", "web-7f9c"): _pod("web-7f9c", "aaaaaaaa-1", None),
+            ("team-a", "other-1-abcde"): _pod("other-1-abcde", "bbbbbbbb-1", ("other-1", "j-o")),
+            ("team-a", "report-1-abcde"): _pod("report-1-abcde", "cccccccc-1", ("report-1", "j-r")),
+            ("team-a", "reused"): _pod("reused", "ffffffff-1", None),
+        }
+    )
+    kube.jobs.update(
+        {
+            ("team-a", "other-1"): _job("other-1", "j-o", "uid-other"),
+            ("team-a", "report-1"): _job("report-1", "j-r", "uid-report"),
+        }
+    )
+    held = make_lease(
+        holder, namespace="team-a", owners=[("report", "uid-report")], resource_version="9"
+    )
+    kube.leases[("team-a", "cronlock-report")] = copy.deepcopy(held)
+    kube.calls.clear()
+    reconciler.on_lease("MODIFIED", held)
+    key = LeaseKey("team-a", "cronlock-report")
+    assert reconciler.queue.waiting(key), "a new holder is looked at at once"
+    assert reconciler.expiry.reconcile(key) == DONE
+    patches = [args for name, args in kube.calls if name == "patch_lease"]
+    events = [event for event in kube.events if event[1] == "ForeignHolder"]
+    if cleared:
+        [(_, _, patch)] = patches
+        assert {"op": "test", "path": "/spec/holderIdentity", "value": holder} in patch
+        assert {"op": "remove", "path": "/spec/holderIdentity"} in patch
+        [(name, _, message, warning)] = events
+        assert (name, warning) == ("report", True)
+        assert holder in message
+        assert "ServiceAccount of its own" in message
+    else:
+        assert (patches, events) == ([], [])
+        # Vetted once: its renewals are not looked at again.
+        kube.calls.clear()
+        renewed = copy.deepcopy(held)
+        renewed["spec"]["renewTime"] = "2030-01-01T00:00:00.000000Z"
+        renewed["metadata"]["resourceVersion"] = "10"
+        reconciler.queue = WorkQueue(reconciler.queue.work)
+        reconciler.on_lease("MODIFIED", renewed)
+        assert not reconciler.queue.waiting(key)

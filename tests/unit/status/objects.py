@@ -29,6 +29,7 @@ def cronjob(
     skips: int | None = None,
     alert_after: str | None = None,
     last_schedule_ago: float | None = None,
+    service_account: str | None = None,
 ) -> dict[str, Any]:
     annotations = {}
     if enabled is not None:
@@ -48,6 +49,7 @@ def cronjob(
         annotations=annotations,
         restart_policy="Never",
         containers=[{"name": "main", "image": "busybox"}],
+        **({} if service_account is None else {"serviceAccountName": service_account}),
     )
     cronjob["status"] = status
     return cronjob

@@ -495,9 +495,11 @@ def test_a_labelled_namespace_guards_its_unannotated_cronjobs_but_not_one_opted_
 ) -> None:
     fake_api.objects["cronjobs"] = [
         cronjob("annotated", "team-a"),
-        cronjob("by-label", "team-a", enabled=None),
+        cronjob("by-label", "team-a", enabled=None, service_account="reports"),
+        # The label alone declines the account every other pod runs as (review N4).
+        cronjob("on-default", "team-a", enabled=None),
         cronjob("opted-out", "team-a", enabled="false"),
-        cronjob("elsewhere", "team-b", enabled=None),
+        cronjob("elsewhere", "team-b", enabled=None, service_account="reports"),
     ]
     fake_api.objects["namespaces"] = [labelled("team-a")]
 

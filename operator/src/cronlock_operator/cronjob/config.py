@@ -18,7 +18,12 @@ from cronlock_operator.cronjob.invalid import duration_annotation
 from cronlock_operator.cronjob.policies import Policy, parse_policy, parse_wait_timeout
 from cronlock_operator.leases.sharing import InvalidPeers, parse_peers
 from cronlock_operator.objects import annotations_of
-from cronlock_operator.podspec import containers_with_own_liveness_probe, pod_spec_of
+from cronlock_operator.podspec import (
+    DEFAULT_SERVICE_ACCOUNT,
+    containers_with_own_liveness_probe,
+    pod_spec_of,
+    service_account_of,
+)
 from cronlock_sidecar import contract
 from cronlock_sidecar.lock.model import (
     Timing,
@@ -208,7 +213,8 @@ class LockConfig:
 
 
 # Which rule decides whether a CronJob is guarded (`opt_in`), and the ones that guard it.
-OptIn = Literal["annotation", "namespace", "opted-out", "off"]
+# "declined": enrolled by its namespace's label alone, but not guarded (`declined_because`).
+OptIn = Literal["annotation", "namespace", "declined", "opted-out", "off"]
 GUARDING: Final[frozenset[OptIn]] = frozenset({"annotation", "namespace"})
 
 
@@ -216,16 +222,62 @@ def opt_in(cronjob: Mapping[str, Any], namespace_labelled: bool = False) -> OptI
     """The rule that guards the CronJob, or keeps it unguarded. Its own annotation decides
     first: `cronlock.io/enabled: "true"` guards it ("annotation"), `"false"` keeps it out
     even in a labelled namespace ("opted-out"). Without the annotation, its namespace's label
-    `cronlock.io/enabled: "true"` guards it ("namespace"); else it is "off". Any other
-    annotation value raises InvalidConfig."""
+    `cronlock.io/enabled: "true"` guards it ("namespace") unless `declined_because` says why
+    the label alone cannot ("declined"); else it is "off". Any other annotation value raises
+    InvalidConfig."""
     value = annotations_of(cronjob).get(contract.ANNOTATION_ENABLED)
     if value == "true":
         return "annotation"
     if value == "false":
         return "opted-out"
     if value is None:
-        return "namespace" if namespace_labelled else "off"
+        if not namespace_labelled:
+            return "off"
+        return "declined" if declined_because(cronjob) else "namespace"
     raise InvalidConfig(contract.ANNOTATION_ENABLED, value, 'is neither "true" nor "false"')
+
+
+def declined_because(cronjob: Mapping[str, Any]) -> str | None:
+    """Why the namespace's label alone does not guard this CronJob (None: it does).
+
+    The label is the namespace admin's choice, not the CronJob author's, so it guards only
+    what costs the CronJob's pods and their neighbours nothing they did not ask for:
+    - a guard grants the runs' ServiceAccount the lock's Lease. `default` is the account of
+      every pod in the namespace that names none (a web app that had no RBAC at all): any
+      of them could claim the free Lease and keep it, and every run would skip. An account
+      of the CronJob's own is granted; the operator also breaks a hold taken by a pod that
+      is no run of the lock (reconcile/holders.py), whatever its account.
+    - `stop: auto` with the containers' own livenessProbe resolves to `signal`, which
+      shares the pod's process namespace: isolation its author never gave up.
+    """
+    account = service_account_of(cronjob)
+    if account == DEFAULT_SERVICE_ACCOUNT:
+        return (
+            f"its pods run as the ServiceAccount {DEFAULT_SERVICE_ACCOUNT!r}, which every pod "
+            "of the namespace that names none runs as; guarding it would let any of them "
+            "hold its lock, so every run would skip"
+        )
+    stop = annotations_of(cronjob).get(contract.ANNOTATION_STOP, "auto")
+    probed = containers_with_own_liveness_probe(cronjob)
+    if stop == "auto" and probed:
+        return (
+            "container(s) " + ", ".join(probed) + " have their own livenessProbe, so "
+            f"{contract.ANNOTATION_STOP}: auto would resolve to signal and share the pod's "
+            "process namespace between its containers, which its author did not ask for"
+        )
+    return None
+
+
+def declined_message(cronjob: Mapping[str, Any]) -> str:
+    """The Warning for a CronJob its namespace's label does not guard: why, and what guards
+    it."""
+    why = declined_because(cronjob) or "the namespace's label alone does not guard it"
+    return (
+        f"not guarded although its namespace is labelled {contract.LABEL_NAMESPACE_ENABLED}="
+        f"true: {why}. To guard it, give it a ServiceAccount of its own (serviceAccountName, "
+        f'used by no other pod) or annotate it {contract.ANNOTATION_ENABLED}: "true" '
+        "(docs/USAGE.md, namespace opt-in); its runs go on unguarded, as written"
+    )
 
 
 def parse_config(cronjob: Mapping[str, Any], settings: Defaults) -> LockConfig:

@@ -228,6 +228,26 @@ class Kube:
                 # last owner. A bare 404 would read as "this CronJob is gone" and drop it.
                 raise Retry(f"lease {namespace}/{name} vanished; creating it again") from error
 
+    def read_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """One pod, as the API server has it (None: gone): whose run holds a Lease."""
+        with transient_errors(f"get pod {namespace}/{name}"):
+            try:
+                return raw(self.core.read_namespaced_pod(name, namespace, _preload_content=False))
+            except kubernetes.client.ApiException as error:
+                if error.status == 404:
+                    return None
+                raise
+
+    def read_job(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """One Job, as the API server has it (None: gone)."""
+        with transient_errors(f"get job {namespace}/{name}"):
+            try:
+                return raw(self.batch.read_namespaced_job(name, namespace, _preload_content=False))
+            except kubernetes.client.ApiException as error:
+                if error.status == 404:
+                    return None
+                raise
+
     def read_lease(self, namespace: str, name: str) -> dict[str, Any] | None:
         with transient_errors(f"get lease {namespace}/{name}"):
             try:

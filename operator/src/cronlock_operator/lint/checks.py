@@ -61,6 +61,10 @@ def is_cronjob(body: Mapping[str, Any]) -> bool:
 GUARD_RULES: Final = {
     "annotation": f"guarded by its annotation {contract.ANNOTATION_ENABLED}",
     "namespace": f"guarded by its namespace's label {contract.LABEL_NAMESPACE_ENABLED}=true",
+    "declined": (
+        f"not guarded: its namespace's label {contract.LABEL_NAMESPACE_ENABLED}=true alone "
+        "does not guard a CronJob on the account 'default' nor impose stop: signal"
+    ),
     "opted-out": f'not guarded: annotated {contract.ANNOTATION_ENABLED}: "false"',
     "off": "not guarded: neither annotated nor in a labelled namespace",
     "invalid": f"not guarded: {contract.ANNOTATION_ENABLED} is invalid",

@@ -14,7 +14,7 @@ from collections.abc import Callable, Container, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from cronlock_operator.cronjob.config import InvalidConfig, LockConfig
+from cronlock_operator.cronjob.config import InvalidConfig, LockConfig, declined_message
 from cronlock_operator.cronjob.reading import Readings, read_config
 from cronlock_operator.cronjob.schedule import ttl_longer_than_gap_warning
 from cronlock_operator.injection.build import desired_cronjob, is_injected
@@ -29,6 +29,7 @@ from cronlock_operator.injection.patching import (
 from cronlock_operator.leases import sharing
 from cronlock_operator.leases.sharing import CronJobLookup
 from cronlock_operator.objects import Name, name_of
+from cronlock_operator.podspec import service_account_of
 from cronlock_operator.reconcile.actions import (
     Action,
     DropLeaseOwner,
@@ -42,8 +43,9 @@ from cronlock_sidecar import contract
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_SERVICE_ACCOUNT = "default"
 LEFT_AS_IT_WAS = "; the CronJob is left as it was"
+# Enrolled by its namespace's label alone, which does not guard it (config.declined_because).
+DECLINED_REASON = "NotGuarded"
 
 
 @dataclass(frozen=True)
@@ -136,6 +138,12 @@ def decide(
     elif previous is not None:
         # Not guarded any more: its Lease is no longer its.
         before.append(DropLeaseOwner(namespace, previous.lease, uid))
+    # Enrolled by its namespace's label alone, and declined: not guarded (a guard it had is
+    # taken back above, its injection reverted below), with one Warning saying how to guard it.
+    declined = declined_message(body) if reading.opt_in == "declined" else None
+    if declined is not None:
+        after.extend(once(body, DECLINED_REASON, declined, posted))
+    updates[DECLINED_REASON] = declined
     if config is not None:
         warning = ttl_longer_than_gap_warning(config, body["spec"].get("schedule", ""))
         if warning:
@@ -279,8 +287,7 @@ def pending_guards(
 
 
 def service_account(cronjob: Mapping[str, Any]) -> str:
-    pod_spec = cronjob["spec"]["jobTemplate"]["spec"]["template"].get("spec") or {}
-    return str(pod_spec.get("serviceAccountName") or DEFAULT_SERVICE_ACCOUNT)
+    return service_account_of(cronjob)
 
 
 def describe(config: LockConfig) -> str:

@@ -1,5 +1,5 @@
-"""The Lease expiry reconciler: holds that stopped renewing, cleared; free Leases' fields
-out of range, put back.
+"""The Lease expiry reconciler: holds that stopped renewing, or taken by a pod that is no
+run of the lock, cleared; free Leases' fields out of range, put back.
 
 It keeps what it judges by: when each hold was last seen renewed (`Observations`), each
 guarded CronJob's lease duration (a hold is believed only for the longest its Lease's
@@ -10,7 +10,8 @@ owners give), and the free Leases to repair. The deciders (`reconcile/expiry.py`
 from __future__ import annotations
 
 import datetime
-from collections.abc import Callable, Iterator, Mapping
+import logging
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -18,13 +19,15 @@ from cronlock_operator.cache import ObjectCache
 from cronlock_operator.cronjob.config import MAX_TTL_SECONDS
 from cronlock_operator.kube.calls import KubeCalls
 from cronlock_operator.objects import Name
-from cronlock_operator.reconcile import expiry, repair
+from cronlock_operator.reconcile import expiry, holders, repair
 from cronlock_operator.reconcile.expiry import Observation
 from cronlock_operator.reconcile.keys import LeaseKey
 from cronlock_operator.runtime.executor import Executor
 from cronlock_operator.runtime.workqueue import DONE, Result
 from cronlock_operator.settings import OperatorSettings
-from cronlock_sidecar.lock.model import LeaseRecord
+from cronlock_sidecar.lock.model import LeaseRecord, read_lease
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -81,6 +84,9 @@ class LeaseExpiry:
     lease_durations: dict[Name, int] = field(default_factory=dict)
     # Free Leases seen with a field out of range (reconcile/repair.py), to be put back.
     to_repair: set[Name] = field(default_factory=set)
+    # Per held Lease: the holder found to be a run of its lock, or to name no pod
+    # (reconcile/holders.py). A holder not in it is looked at once, when first seen.
+    vetted: dict[Name, str] = field(default_factory=dict)
 
     # --- what the watches and the CronJob reconciler tell it --------------------------
     def lease_seen(self, key: Name, body: Mapping[str, Any], record: LeaseRecord) -> bool:
@@ -92,6 +98,10 @@ class LeaseExpiry:
         if seen is not None:
             self.executor.run(counts)
             self.observations.put(key, seen)
+        if not record.holder:
+            self.vetted.pop(key, None)
+        elif record.managed and self.vetted.get(key) != record.holder:
+            return True  # a new holder: is it a run of the lock?
         if record.managed and repair.out_of_range(body):
             self.to_repair.add(key)
             return True
@@ -100,6 +110,7 @@ class LeaseExpiry:
     def lease_deleted(self, key: Name) -> None:
         self.observations.forget(key)
         self.to_repair.discard(key)
+        self.vetted.pop(key, None)
 
     def cronjob_deleted(self, key: Name) -> None:
         self.lease_durations.pop(key, None)
@@ -140,9 +151,9 @@ class LeaseExpiry:
         name = (key.namespace, key.name)
         seen = self.observations.get(name)
         overdue = seen is not None and seen.overdue(self.clock(), self.settings.skew_seconds)
-        if not overdue and name not in self.to_repair:
+        unvetted = seen is not None and bool(seen.holder) and self.vetted.get(name) != seen.holder
+        if not overdue and not unvetted and name not in self.to_repair:
             return DONE
-        self.to_repair.discard(name)
         lease = self.kube.read_lease(key.namespace, key.name)
         if lease is None:
             return DONE
@@ -152,6 +163,9 @@ class LeaseExpiry:
             if owner.get("kind") == "CronJob"
             and (cronjob := self.cronjobs.get((key.namespace, owner["name"]))) is not None
         ]
+        if unvetted and not overdue and self._foreign_cleared(lease, owners):
+            return DONE
+        self.to_repair.discard(name)
         if overdue and seen is not None:
             self.executor.run(
                 expiry.decide(
@@ -161,3 +175,44 @@ class LeaseExpiry:
         else:
             self.executor.run(repair.decide(lease, owners))
         return DONE
+
+    def _foreign_cleared(
+        self, lease: Mapping[str, Any], owners: Sequence[Mapping[str, Any]]
+    ) -> bool:
+        """Clear the Lease's holder (as just read) if it is a pod that is no run of the lock
+        (reconcile/holders.py); True if it was. A holder found to be a run, or to name no
+        pod that exists, is remembered as vetted and not looked at again while it holds."""
+        record = read_lease(lease)
+        key = (record.namespace, record.name)
+        if not record.holder or not record.managed:
+            return False
+        named = holders.named_pod(record.holder)
+        pod = None if named is None else self.kube.read_pod(record.namespace, named[0])
+        pod_uid = str(((pod or {}).get("metadata") or {}).get("uid", ""))
+        if named is None or pod is None or not pod_uid.startswith(named[1]):
+            # Names no pod, or one gone or replaced under its name: its token died with it.
+            self.vetted[key] = record.holder
+            return False
+        job_owner = holders.controller(pod, "Job")
+        job = (
+            None
+            if job_owner is None
+            else self.kube.read_job(record.namespace, str(job_owner.get("name")))
+        )
+        why = holders.not_a_run(pod, job, lease)
+        if why is None:
+            self.vetted[key] = record.holder
+            return False
+        logger.warning(
+            "lease %s/%s held by %s, no run of its lock (%s): clearing it",
+            record.namespace,
+            record.name,
+            record.holder,
+            why,
+        )
+        self.executor.run(
+            holders.decide(
+                lease, record.holder, pod, why, owners, datetime.datetime.now(datetime.UTC)
+            )
+        )
+        return True

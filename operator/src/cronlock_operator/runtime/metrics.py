@@ -238,7 +238,7 @@ def _remove(gauge: Gauge | Counter, *labels: str) -> None:
 # increase() see the first run, skip, takeover or error after a restart (those with a
 # namespace once it is seen: namespace_seen, lock_seen).
 RUN_RESULTS = ("acquired", "skipped", "frozen", "lost", "released")
-TAKEOVER_REASONS = ("expired",)
+TAKEOVER_REASONS = ("expired", "foreign")
 RECONCILE_KINDS = tuple(key.kind for key in typing.get_args(Key))
 for _result in RUN_RESULTS:
     runs.labels(_result)
