@@ -51,6 +51,12 @@ SHORT = Settings(
 )
 
 
+def covering(trials: int, settings: Settings = SHORT, set_up: float = 60.0) -> float:
+    """A test's timeout that covers its trials at their own limit, plus its set-up: the
+    checker then reports a slow trial (`timed_out_trials`) before pytest cuts it off."""
+    return trials * settings.trial_timeout + set_up
+
+
 def seed() -> int:
     """Random per run, printed, and fixed by CRONLOCK_RELIABILITY_SEED to replay a failure."""
     fixed = os.environ.get("CRONLOCK_RELIABILITY_SEED")
@@ -77,7 +83,7 @@ def check(
 REPLACING = dataclasses.replace(SHORT, policy="replace", work=(2.5, 4.0))
 
 
-@pytest.mark.timeout(150)
+@pytest.mark.timeout(covering(3))
 @pytest.mark.parametrize("settings", [SHORT, REPLACING], ids=["wait", "replace"])
 @pytest.mark.parametrize(
     "faults", [PROCESS_FAULTS, CONTROL_PLANE_FAULTS], ids=["process-faults", "control-plane-faults"]
@@ -98,7 +104,7 @@ def test_at_most_one_work_unit_runs_at_a_time_under_faults(
         assert report["stopped_runs"] >= 1, report  # runs were replaced, not only queued
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(covering(2, set_up=120.0))  # two more API servers to start
 def test_at_most_one_work_unit_runs_at_a_time_under_ha_control_plane_faults(
     tmp_path: Path,
 ) -> None:
@@ -116,7 +122,7 @@ def test_at_most_one_work_unit_runs_at_a_time_under_ha_control_plane_faults(
     assert report["runs"] >= 6
 
 
-@pytest.mark.timeout(90)
+@pytest.mark.timeout(covering(1))
 def test_the_checker_sees_the_overlap_a_host_frozen_past_the_ttl_causes(
     controlplane: ControlPlane, tmp_path: Path
 ) -> None:
@@ -130,7 +136,7 @@ def test_the_checker_sees_the_overlap_a_host_frozen_past_the_ttl_causes(
     assert report["refused_stale_writes"] >= 1, report
 
 
-@pytest.mark.timeout(90)
+@pytest.mark.timeout(covering(1))
 def test_a_contender_whose_clock_is_ahead_beyond_the_model_takes_the_lock_from_a_live_holder(
     controlplane: ControlPlane, tmp_path: Path
 ) -> None:
@@ -146,7 +152,7 @@ def test_a_contender_whose_clock_is_ahead_beyond_the_model_takes_the_lock_from_a
     assert displaced + report["overlaps_outside_guarantee"] >= 1, report
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(covering(1))
 @pytest.mark.parametrize("kind", ["redis"])  # PostgreSQL: the long run, and test_stores.py
 def test_with_the_lock_in_a_store_its_faults_and_a_clock_far_ahead_cause_no_overlap(
     controlplane: ControlPlane, tmp_path: Path, request: pytest.FixtureRequest, kind: str
