@@ -123,8 +123,15 @@ def test_the_documented_source_install_starts_the_operator_and_guards_a_run(
             "sidecar-stores-image": digests["SIDECAR_STORES_IMAGE"],
         }
         assert all(pulled[name].endswith(expected[name]) for name in pulled), pulled
-        log = core.read_namespaced_pod_log(pod.metadata.name, space, container="operator")
-        assert f"sidecar images from deployment {space}/cronlock: {images['SIDECAR_IMAGE']}" in log
+        # Ready is not logged yet: the line may come a moment after the rollout ends.
+        said = f"sidecar images from deployment {space}/cronlock: {images['SIDECAR_IMAGE']}"
+        wait_for(
+            lambda: (
+                said in core.read_namespaced_pod_log(pod.metadata.name, space, container="operator")
+            ),
+            60,
+            "the operator to log the images it read",
+        )
         guard_and_run(api, namespace, images["SIDECAR_IMAGE"], digests["SIDECAR_IMAGE"])
     finally:
         uninstall(controlplane, space)
@@ -162,12 +169,20 @@ def test_an_image_the_install_names_but_nobody_pushed_is_named_in_one_event(
             ]
 
         wait_for(told, 180, f"a Failed Event naming {missing}")
+
+        def waiting() -> dict[str, str | None]:
+            return {
+                status.name: status.state.waiting.reason if status.state.waiting else None
+                for status in operator_pod(api, space).status.init_container_statuses
+            }
+
+        # The kubelet posts the Event before its next status sync says the same.
+        wait_for(
+            lambda: waiting()["sidecar-stores-image"] in ("ErrImagePull", "ImagePullBackOff"),
+            60,
+            "the pod's status to say the stores image cannot be pulled",
+        )
         pod = operator_pod(api, space)
-        waiting = {
-            status.name: status.state.waiting.reason if status.state.waiting else None
-            for status in pod.status.init_container_statuses
-        }
-        assert waiting["sidecar-stores-image"] in ("ErrImagePull", "ImagePullBackOff"), waiting
         assert not any(status.ready for status in pod.status.container_statuses or [])
     finally:
         uninstall(controlplane, space)
