@@ -177,8 +177,10 @@ def test_hold_acquires_writes_the_run_dir_serves_held_and_releases_on_sigterm(
     assert lease["metadata"]["annotations"]["cronlock.io/holder-job"] == "report-29001"
 
     writes_before = api_server.writes()
-    time.sleep(1.2)
-    assert api_server.writes() - writes_before >= 2  # renewing every 500ms
+    wait_for(
+        lambda: api_server.writes() - writes_before >= 2,
+        timeout=renewals_within(timing, 2),
+    )
     status, metrics = sidecar.get("/metrics")
     assert status == 200
     assert "cronlock_sidecar_held 1" in metrics
