@@ -87,9 +87,10 @@ def at_next_renewal(timing: Timing, since: str, path: str) -> Bound:
 SINCE_LAST_RENEWAL = "the last renewal the API server stored"
 
 
-def at_renew_deadline(timing: Timing, path: str) -> Bound:
+def at_renew_deadline(timing: Timing, path: str, *, since: str = SINCE_LAST_RENEWAL) -> Bound:
     """A holder whose renewals stopped reaching the store, measured from the last one the
-    API server stored: stopped at the renew deadline, and before the Lease could expire.
+    API server stored (or the holder saw succeed): stopped at the renew deadline, and
+    before the Lease could expire.
 
     Low: that last renewal may be one whose answer the holder never read (frozen while it
     was on the wire, or answered after the store broke); its deadline is then the one of the
@@ -108,7 +109,7 @@ def at_renew_deadline(timing: Timing, path: str) -> Bound:
     return Bound(
         low,
         timing.ttl,
-        SINCE_LAST_RENEWAL,
+        since,
         f"{path} at the renew deadline ({timing.renew_deadline:g}s), before the Lease "
         f"could expire (ttl {timing.ttl:g}s)",
     )
