@@ -21,7 +21,13 @@ from cronlock_sidecar.lock.model import Timing
 if TYPE_CHECKING:
     from tests.unit.sidecar.fakes import FakeApiServer
 
-from tests.support.timing import at_deadline, at_once, at_renew_deadline, earliest_renew_deadline
+from tests.support.timing import (
+    at_deadline,
+    at_once,
+    at_renew_deadline,
+    earliest_renew_deadline,
+    renewals_within,
+)
 from tests.unit.sidecar.fakes import holder, process_alive, start_run, wait_for
 
 # What `run` hands its watchdog in the tests that drive the watchdog alone: the deadline
@@ -108,6 +114,10 @@ def test_cmd_is_stopped_when_run_is_frozen(
     api_server: FakeApiServer, sidecar_env: dict[str, str], tmp_path: Path
 ) -> None:
     process, cmd_pid = start_guarded_sleep(api_server, sidecar_env, tmp_path)
+    # Frozen once its heartbeat runs, so after `run` told the watchdog CMD's group: frozen
+    # between spawning CMD and that message, `run` leaves CMD unguarded (a window at CMD's
+    # start, reported for the product; a freeze there failed this test under load).
+    wait_for(lambda: api_server.stored_writes() >= 2, timeout=renewals_within(RUN_TIMING, 1))
     os.kill(process.pid, signal.SIGSTOP)
     try:
         # No heartbeat after the freeze: CMD is stopped at the renew deadline.
