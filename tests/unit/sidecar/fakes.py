@@ -155,6 +155,9 @@ class FakeApiServer:
         self.leases: dict[tuple[str, str], Lease] = {}
         self.version = 0
         self.requests: list[tuple[str, str]] = []
+        # When each create or update from a client was stored (time.monotonic(), which the
+        # sidecar's deadlines use too): what tests/support/timing.py measures from.
+        self.stored_at: list[float] = []
         self.tokens_seen: list[str] = []
         self.forbidden: set[str] = set()
         # Seconds of Retry-After for the next requests, each answered 429 (one per entry).
@@ -247,7 +250,7 @@ class FakeApiServer:
                 name = body["metadata"]["name"]
                 if (namespace, name) in self.leases:
                     return self.status(409, "AlreadyExists", f'leases "{name}" already exists')
-                return 201, self._store(namespace, name, body)
+                return 201, self._stored(namespace, name, body)
             current = self.leases.get((namespace, name))
             if current is None:
                 return self.status(404, "NotFound", f'leases "{name}" not found')
@@ -255,7 +258,12 @@ class FakeApiServer:
                 return 200, copy.deepcopy(current)
             if body["metadata"].get("resourceVersion") != current["metadata"]["resourceVersion"]:
                 return self.status(409, "Conflict", "the object has been modified")
-            return 200, self._store(namespace, name, body)
+            return 200, self._stored(namespace, name, body)
+
+    def _stored(self, namespace: str, name: str, body: Lease) -> Lease:
+        stored = self._store(namespace, name, body)
+        self.stored_at.append(time.monotonic())
+        return stored
 
     def _store(self, namespace: str, name: str, body: Lease) -> Lease:
         self.version += 1
@@ -276,3 +284,13 @@ class FakeApiServer:
     def writes(self) -> int:
         with self.lock:
             return sum(1 for method, _ in self.requests if method in {"PUT", "POST"})
+
+    def last_write(self) -> float:
+        """When the last create or update from a client was stored (time.monotonic())."""
+        with self.lock:
+            assert self.stored_at, "the API server stored no write"
+            return self.stored_at[-1]
+
+    def stored_writes(self) -> int:
+        with self.lock:
+            return len(self.stored_at)

@@ -23,6 +23,8 @@ from typing import TYPE_CHECKING
 import pytest
 
 from cronlock_sidecar.commands.hold import Holder, RunGuard
+from cronlock_sidecar.lock.durations import format_duration
+from cronlock_sidecar.lock.model import Timing
 from cronlock_sidecar.options import parse_options
 from cronlock_sidecar.pod.state import SidecarState
 from cronlock_sidecar.transport.seam import Lease, LeaseRef
@@ -30,8 +32,17 @@ from cronlock_sidecar.transport.seam import Lease, LeaseRef
 if TYPE_CHECKING:
     from tests.unit.sidecar.fakes import FakeApiServer
 
+from tests.support.kube import holds
 from tests.support.leases import make_lease
 from tests.support.ports import free_port
+from tests.support.timing import (
+    SLACK,
+    at_next_renewal,
+    at_once,
+    at_renew_deadline,
+    earliest_renew_deadline,
+    renewals_within,
+)
 from tests.unit.sidecar.fakes import (
     FakeClock,
     FakeTransport,
@@ -41,6 +52,13 @@ from tests.unit.sidecar.fakes import (
 )
 
 ME = "report-29001-x7k2p_3f2a9c1e"
+# The real-process tests' timing: a ttl of 3 x SLACK leaves the slack between the renew
+# deadline (4s) and the ttl (tests/support/timing.py).
+TIMING = Timing.of(6, 1)
+
+
+def timing_args(timing: Timing) -> tuple[str, ...]:
+    return ("--ttl", format_duration(timing.ttl), "--renew", format_duration(timing.renew))
 
 
 # `hold` as the pod runs it, except that its watchdog sees only the processes listed in the
@@ -143,7 +161,8 @@ def test_hold_acquires_writes_the_run_dir_serves_held_and_releases_on_sigterm(
     api_server: FakeApiServer, start_sidecar: Callable[..., Sidecar]
 ) -> None:
     api_server.put_lease(make_lease(transitions=6))
-    sidecar = start_sidecar("--ttl", "3s", "--renew", "500ms")
+    timing = Timing.of(3, 0.5)
+    sidecar = start_sidecar(*timing_args(timing))
     wait_for(lambda: sidecar.decision() == "run")
     assert (sidecar.run_dir / "fencing-token").read_text() == "7\n"
     lease_file = json.loads((sidecar.run_dir / "lease.json").read_text())
@@ -158,8 +177,10 @@ def test_hold_acquires_writes_the_run_dir_serves_held_and_releases_on_sigterm(
     assert lease["metadata"]["annotations"]["cronlock.io/holder-job"] == "report-29001"
 
     writes_before = api_server.writes()
-    time.sleep(1.2)
-    assert api_server.writes() - writes_before >= 2  # renewing every 500ms
+    wait_for(
+        lambda: api_server.writes() - writes_before >= 2,
+        timeout=renewals_within(timing, 2),
+    )
     status, metrics = sidecar.get("/metrics")
     assert status == 200
     assert "cronlock_sidecar_held 1" in metrics
@@ -277,17 +298,25 @@ def test_restarted_hold_after_a_skip_stays_idle_without_api_calls(
 def test_hold_reports_loss_on_held_when_the_holder_changes(
     api_server: FakeApiServer, start_sidecar: Callable[..., Sidecar]
 ) -> None:
-    # ttl 3s: the renew deadline (2s) passes during the test, long after the takeover was
-    # seen; the renew thread and the main thread both see the loss, it counts once.
-    sidecar = start_sidecar("--ttl", "3s", "--renew", "300ms")
+    # The renew deadline passes during the test, long after the takeover was seen; the
+    # renew thread and the main thread both see the loss, it counts once.
+    timing = Timing.of(6, 0.5)
+    sidecar = start_sidecar(*timing_args(timing))
     wait_for(lambda: sidecar.get("/held")[0] == 200)
     taken_at = time.monotonic()
     api_server.put_lease(make_lease("thief", transitions=50))
-    wait_for(lambda: sidecar.get("/held")[0] == 503, timeout=3)
-    assert time.monotonic() - taken_at < 1.5, "seen at the next renew, not at the deadline"
-    wait_for(lambda: "cronlock_sidecar_lost_total 1" in sidecar.get("/metrics")[1], timeout=2)
-    time.sleep(max(0.0, taken_at + 2.5 - time.monotonic()))
-    assert "cronlock_sidecar_lost_total 1\n" in sidecar.get("/metrics")[1]
+    seen = at_next_renewal(timing, "the takeover", "/held answers 503")
+    wait_for(lambda: sidecar.get("/held")[0] == 503, timeout=seen.high)
+    seen.check(time.monotonic() - taken_at)
+    wait_for(lambda: "cronlock_sidecar_lost_total 1" in sidecar.get("/metrics")[1], timeout=SLACK)
+    # The main thread wakes at the renew deadline of the last renewal it sent.
+    past_deadline = api_server.last_write() + timing.renew_deadline + SLACK - time.monotonic()
+    holds(
+        lambda: "cronlock_sidecar_lost_total 1\n" in sidecar.get("/metrics")[1],
+        past_deadline,
+        "the loss counted once",
+        every=0.2,
+    )
     code, err = sidecar.terminate()
     assert code == 0
     assert "now held by thief" in err
@@ -297,12 +326,12 @@ def test_hold_reports_loss_on_held_when_the_holder_changes(
 def test_hold_reports_loss_when_renewals_fail_past_the_deadline(
     api_server: FakeApiServer, start_sidecar: Callable[..., Sidecar]
 ) -> None:
-    sidecar = start_sidecar("--ttl", "3s", "--renew", "500ms")
+    sidecar = start_sidecar(*timing_args(TIMING))
     wait_for(lambda: sidecar.get("/held")[0] == 200)
     api_server.broken = True
-    broken_at = time.monotonic()
-    wait_for(lambda: sidecar.get("/held")[0] == 503, timeout=5)
-    assert time.monotonic() - broken_at < 2.5  # renew deadline: 2/3 of 3s
+    lost = at_renew_deadline(TIMING, "/held answers 503")
+    wait_for(lambda: sidecar.get("/held")[0] == 503, timeout=lost.high)
+    lost.check(time.monotonic() - api_server.last_write())
     sidecar.kill()
 
 
@@ -598,7 +627,7 @@ def user_process(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], Path
     process.wait()
 
 
-SIGNAL_MODE = ("--stop", "signal", "--ttl", "3s", "--renew", "500ms", "--kill-grace", "500ms")
+SIGNAL_MODE = ("--stop", "signal", *timing_args(TIMING), "--kill-grace", "500ms")
 
 
 def test_signal_mode_a_frozen_sidecar_has_its_run_stopped_by_its_watchdog(
@@ -609,17 +638,18 @@ def test_signal_mode_a_frozen_sidecar_has_its_run_stopped_by_its_watchdog(
     user, proc_root = user_process
     sidecar = start_sidecar(*SIGNAL_MODE, proc_root=proc_root)
     wait_for(lambda: sidecar.decision() == "run")
-    time.sleep(1.0)  # renewals, each one a heartbeat
+    written = api_server.stored_writes()
+    # A renewal first: its heartbeat gives the deadline measured below.
+    wait_for(lambda: api_server.stored_writes() > written, timeout=renewals_within(TIMING, 1))
     assert user.poll() is None
     os.kill(sidecar.process.pid, signal.SIGSTOP)
     try:
-        frozen_at = time.monotonic()
-        assert user.wait(5) == -signal.SIGTERM
-        # The watchdog acts at the renew deadline (2s after the last renewal, which came
-        # before the freeze); what must hold, even on a loaded machine, is that the run is
-        # stopped before the TTL (3s) has passed since the freeze, when another run could
-        # take the lock (after TTL + skew).
-        assert time.monotonic() - frozen_at < 3.0
+        # The watchdog acts at the renew deadline of the last heartbeat; what must hold,
+        # even on a loaded machine, is that the run is stopped before the ttl has passed
+        # since the last renewal, when another run could take the lock (after ttl + skew).
+        stopped = at_renew_deadline(TIMING, "the watchdog stops the frozen sidecar's run")
+        assert user.wait(stopped.high) == -signal.SIGTERM
+        stopped.check(time.monotonic() - api_server.last_write())
         assert process_alive(sidecar.process.pid), "the frozen sidecar itself is spared"
     finally:
         os.kill(sidecar.process.pid, signal.SIGKILL)
@@ -637,8 +667,14 @@ def test_signal_mode_a_killed_sidecar_has_its_run_killed_at_once(
     wait_for(lambda: sidecar.decision() == "run")
     sidecar.process.kill()
     killed_at = time.monotonic()
-    assert user.wait(5) == -signal.SIGKILL
-    assert time.monotonic() - killed_at < 1.0
+    killed = at_once(
+        "the sidecar was killed",
+        "its watchdog saw the pipe close and killed the run",
+        instead_of=earliest_renew_deadline(TIMING),
+        alternative="the watchdog's renew deadline",
+    )
+    assert user.wait(killed.high) == -signal.SIGKILL
+    killed.check(time.monotonic() - killed_at)
     _, err = sidecar.process.communicate(timeout=10)
     assert re.search(r"watchdog: the sidecar \(pid \d+\) died", err), err
 
@@ -654,13 +690,19 @@ def test_signal_mode_a_normal_end_kills_nothing_and_does_not_wait_for_the_watchd
     started = time.monotonic()
     code, err = sidecar.terminate()
     assert code == 0, err
-    assert time.monotonic() - started < 1.5
+    at_once(
+        "SIGTERM",
+        "the sidecar released and exited",
+        instead_of=earliest_renew_deadline(TIMING),
+        alternative="waiting for the watchdog's renew deadline",
+    ).check(time.monotonic() - started)
     assert holder(api_server) == ""
     found = re.search(r"watchdog process (\d+) guards the run", err)
     assert found, err
     assert not process_alive(int(found.group(1))), "it exited on `done`"
-    time.sleep(2.5)  # past the last heartbeat's deadline (2s)
-    assert user.poll() is None, "a dismissed watchdog kills nothing"
+    # Exited, it acts at no deadline; a watchdog not dismissed would have seen its pipe
+    # close when the sidecar exited and killed at once.
+    holds(lambda: user.poll() is None, SLACK, "a dismissed watchdog kills nothing", every=0.1)
     assert "watchdog:" not in err
 
 

@@ -10,12 +10,15 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from cronlock_sidecar.contract import ANNOTATION_LAST_HOLDER
+from cronlock_sidecar.contract import ANNOTATION_LAST_HOLDER, DEFAULT_TTL_SECONDS
+from cronlock_sidecar.lock.durations import format_duration
+from cronlock_sidecar.lock.model import Timing
 
 if TYPE_CHECKING:
     from tests.unit.sidecar.fakes import FakeApiServer
 
 from tests.support.leases import make_lease
+from tests.support.timing import at_once, at_renew_deadline
 from tests.unit.sidecar.fakes import (
     finish,
     holder,
@@ -124,15 +127,19 @@ def test_run_renews_while_cmd_outlives_the_renew_deadline(
 def test_run_stops_cmd_and_exits_70_when_renewals_fail_past_the_deadline(
     api_server: FakeApiServer, sidecar_env: dict[str, str]
 ) -> None:
+    # A ttl of 3 x SLACK leaves the slack between the renew deadline (4s) and the ttl.
+    timing = Timing.of(6, 1)
     process = start_run(
-        sidecar_env, "--ttl", "3s", "--renew", "500ms", "--kill-grace", "1s", "--", "sleep", "30"
-    )
+        sidecar_env,
+        "--ttl", format_duration(timing.ttl), "--renew", format_duration(timing.renew),
+        "--kill-grace", "1s", "--", "sleep", "30",
+    )  # fmt: skip
     wait_for(lambda: holder(api_server) != "")
     api_server.broken = True
-    started = time.monotonic()
-    code, err = finish(process)
+    stopped = at_renew_deadline(timing, "run stops CMD (SIGTERM) and exits")
+    code, err = finish(process, timeout=stopped.high)
     assert code == 70, err
-    assert time.monotonic() - started < 3.5  # deadline 2s after the last good renew, then SIGTERM
+    stopped.check(time.monotonic() - api_server.last_write())
     assert "renew failed" in err
     assert "lost" in err
 
@@ -158,7 +165,12 @@ def test_sigterm_is_forwarded_to_cmd_and_the_lease_released(
     process.send_signal(signal.SIGTERM)
     code, err = finish(process, timeout=5)
     assert code == 128 + signal.SIGTERM, err
-    assert time.monotonic() - started < 2
+    at_once(
+        "SIGTERM",
+        "CMD got it and the Lease was released",
+        instead_of=DEFAULT_TTL_SECONDS,
+        alternative="the Lease left to expire",
+    ).check(time.monotonic() - started)
     assert holder(api_server) == ""
 
 
