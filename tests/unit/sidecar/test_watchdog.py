@@ -46,8 +46,11 @@ from cronlock_sidecar.pod import watchdog
 mode, deadline, grace, command = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), sys.argv[4:]
 armed = time.monotonic()
 guard = watchdog.start(armed + deadline, grace=grace)
-cmd = subprocess.Popen(command, start_new_session=True)
-guard.guard(cmd.pid)
+if mode == "mute":  # frozen between spawning CMD and saying which group: CMD says it
+    cmd = subprocess.Popen(command, start_new_session=True, preexec_fn=guard.announce_self)
+else:
+    cmd = subprocess.Popen(command, start_new_session=True)
+    guard.guard(cmd.pid)
 started = time.monotonic()
 if mode == "heartbeat":
     while time.monotonic() - started < 2.5 * deadline:
@@ -79,6 +82,15 @@ def test_fresh_heartbeats_keep_cmd_running_past_the_first_deadline() -> None:
 
 def test_cmd_is_terminated_when_heartbeats_stop() -> None:
     code, elapsed = parent("silent", "sleep", "60")
+    assert int(code) == -signal.SIGTERM
+    at_deadline(DEADLINE, "the deadline was set", "the watchdog SIGTERMs CMD").check(float(elapsed))
+
+
+def test_cmd_announces_its_own_group_so_a_parent_frozen_before_saying_it_is_covered() -> None:
+    """A `run` frozen (or killed) between spawning CMD and sending its group once left CMD
+    unwatched past its Lease: the watchdog was not armed without the group. CMD now tells
+    the watchdog itself, before its first instruction; the parent here never says it."""
+    code, elapsed = parent("mute", "sleep", "60")
     assert int(code) == -signal.SIGTERM
     at_deadline(DEADLINE, "the deadline was set", "the watchdog SIGTERMs CMD").check(float(elapsed))
 

@@ -130,15 +130,24 @@ class Runner:
             return process
         return _status(process.wait())
 
-    def _spawn(self, environment: dict[str, str]) -> subprocess.Popen[bytes] | int:
-        """CMD in its own session (so it can be stopped as a group), or the exit code."""
+    def _spawn(
+        self, environment: dict[str, str], announce: Callable[[], None] | None = None
+    ) -> subprocess.Popen[bytes] | int:
+        """CMD in its own session (so it can be stopped as a group), or the exit code;
+        `announce` runs in CMD's process before exec (the watchdog learns its group)."""
         options = self.options
+        hooks = [hook for hook in (_die_with_parent(), announce) if hook is not None]
+
+        def before_exec() -> None:
+            for hook in hooks:
+                hook()
+
         try:
             self.process = subprocess.Popen(
                 options.cmd,
                 env=environment,
                 start_new_session=True,
-                preexec_fn=_die_with_parent(),
+                preexec_fn=before_exec if hooks else None,
             )
         except FileNotFoundError as error:
             log.error("cannot run %s: %s", options.cmd[0], error)
@@ -161,10 +170,11 @@ class Runner:
         try:
             environment = dict(os.environ)
             environment[ENV_FENCING_TOKEN] = str(acquired.transitions)
-            process = self._spawn(environment)
+            announce = guard.announce_self if isinstance(guard, watchdog.Watchdog) else None
+            process = self._spawn(environment, announce)
             if isinstance(process, int):
                 return process
-            guard.guard(process.pid)
+            guard.guard(process.pid)  # said already by CMD itself: a parent's second word
             guard.valid_until(self.keeper.valid_until())
 
             def on_renew(result: RenewResult) -> None:

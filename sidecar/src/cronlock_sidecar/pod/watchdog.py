@@ -61,6 +61,19 @@ class Watchdog:
         if not self._send(f"pgid {pgid}"):
             self._gone()
 
+    def announce_self(self) -> None:
+        """In the work's own process, between fork and exec (a `preexec_fn`, after its new
+        session made its pid its group): tell the watchdog which group to guard.
+
+        The parent says so too once the spawn returns, but a parent frozen or killed in
+        between would leave the work running unwatched past its Lease: the work announces
+        itself, so the watchdog is armed before the work's first instruction. The pipe's
+        write end closes at exec (os.pipe's ends are not inheritable), so the work can
+        never write to the watchdog itself.
+        """
+        if self._fd is not None:
+            os.write(self._fd, f"pgid {os.getpid()}\n".encode())
+
     def valid_until(self, deadline: float) -> None:
         """Heartbeat: the work may go on until this monotonic time without a further heartbeat."""
         if not self._send(f"until {deadline:.6f}"):
