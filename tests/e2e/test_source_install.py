@@ -57,6 +57,18 @@ def push(archive: Path, ref: str, tmp_path: Path) -> str:
         capture_output=True,
         timeout=300,
     )
+    # An image of its own (one config label more), not the very image the other node tests
+    # run as localhost/...:dev with imagePullPolicy Never: once the kubelet has pulled an
+    # image from a registry it no longer counts as preloaded, and since Kubernetes 1.35
+    # (KubeletEnsureSecretPulledImages) a pod naming it by another reference with policy
+    # Never gets ErrImageNeverPull ("not present", seen here: every later chart install
+    # on the node failed).
+    subprocess.run(
+        [crane, "mutate", "--insecure", "--label", f"cronlock.test/pushed-as={ref}", ref],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     digest = subprocess.run(
         [crane, "digest", "--insecure", ref], check=True, capture_output=True, text=True, timeout=60
     )
