@@ -37,9 +37,13 @@ def test_a_failed_test_keeps_its_pods_logs_events_lease_history_and_kubelet_line
     waiting = cluster.pods("proof-2")[-1]["metadata"]["name"]
     cluster.node.signal_container(cluster.pod_uid(waiting), SIDECAR, signal.SIGKILL)
     wait_for(lambda: restarts(cluster, waiting, SIDECAR) >= 1, 60, "the kubelet to restart it")
-    cluster.finish(first)
-    assert cluster.gate_exit("proof-2") == 0
-    assert cluster.main_finished("proof-2") == 0
+    # Both pods still run, as when a test fails mid-way (once a pod has ended, the kubelet
+    # may have removed a restarted container's earlier instance, and its log with it).
+    wait_for(
+        lambda: "; waiting up to" in cluster.sidecar_log("proof-2"),  # the new instance's
+        60,
+        "the restarted sidecar to wait again",
+    )
     assert cluster.history is not None
     # What the `cluster` fixture does when a test fails, done here on purpose, into a folder
     # of this test's own (tests/unit/test_evidence.py runs the fixture's path: a failing test
@@ -55,10 +59,13 @@ def test_a_failed_test_keeps_its_pods_logs_events_lease_history_and_kubelet_line
     )
     restarted = folder / "pods" / waiting
     assert "; waiting up to" in (restarted / f"{SIDECAR}.previous.log").read_text()
-    assert "acquired by" in (restarted / f"{SIDECAR}.log").read_text()
-    assert "second" in (restarted / f"{MAIN}.log").read_text()
+    assert "; waiting up to" in (restarted / f"{SIDECAR}.log").read_text()
     assert (restarted / f"{GATE}.log").exists()
     assert "working" in (folder / "pods" / first.pod / f"{MAIN}.log").read_text()
+    # The holder ends, and the waiting run goes ahead as if nothing had been read.
+    cluster.finish(first)
+    assert cluster.gate_exit("proof-2") == 0
+    assert cluster.main_finished("proof-2") == 0
     pods = [p["metadata"]["name"] for p in yaml.safe_load_all((folder / "pods.yaml").read_text())]
     assert {first.pod, waiting} <= set(pods)
     events = (folder / "events.txt").read_text()
@@ -69,7 +76,6 @@ def test_a_failed_test_keeps_its_pods_logs_events_lease_history_and_kubelet_line
         if v["lease"]["metadata"]["name"] == "cronlock-proof"
     ]  # fmt: skip
     assert any(holder.startswith(first.pod) for holder in holders)
-    assert any(holder.startswith(waiting) for holder in holders)
     kubelet = (folder / "kubelet.log").read_text()
     assert waiting in kubelet
     assert first.pod in kubelet
