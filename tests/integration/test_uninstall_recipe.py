@@ -72,7 +72,15 @@ def test_the_documented_uninstall_leaves_no_cronjob_injected(
         create(annotated_only, make_cronjob(name="report", namespace=None))
         create(labelled, make_cronjob(name="own", namespace=None))
         create(labelled, make_cronjob(name="out", namespace=None, annotations={ENABLED: "false"}))
-        create(labelled, make_cronjob(name="plain", namespace=None, annotations={}))
+        # Enrolled by the label alone: with an account of its own, as the label guards no
+        # CronJob whose pods run as `default` (docs/USAGE.md, N4).
+        core.create_namespaced_service_account(labelled, {"metadata": {"name": "plain-runner"}})
+        create(
+            labelled,
+            make_cronjob(
+                name="plain", namespace=None, annotations={}, serviceAccountName="plain-runner"
+            ),
+        )
         written = {
             (space, name): comparable(read(api, space, name))
             for space, name in (
