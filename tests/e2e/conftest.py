@@ -14,7 +14,7 @@ from tests.e2e.scenario import Scenario
 from tests.support import evidence
 from tests.support.controlplane import ControlPlane
 from tests.support.kube import wait_for
-from tests.support.node import PodRecorder, RealNode, WorkTracker
+from tests.support.node import LeaseRecorder, PodRecorder, RealNode, WorkTracker
 from tests.support.operator import NODE_OPERATOR_ARGS, OperatorProcess
 
 HERE = Path(__file__).resolve().parent
@@ -127,7 +127,7 @@ def cluster(
     that fails leaves its evidence (tests/support/evidence.py)."""
     recorder = PodRecorder(api, namespace)
     recorder.start()
-    leases = evidence.LeaseHistory(api, namespace)
+    leases = LeaseRecorder(api, namespace)
     leases.start()
     yield Scenario(api, namespace, node, node_operator, tracker, recorder, leases)
     leases.stop()

@@ -16,10 +16,10 @@ import kubernetes
 
 from tests.support.contract import GATE_CONTAINER, SIDECAR_CONTAINER
 from tests.support.cronjobs import job_from_cronjob, make_cronjob
-from tests.support.evidence import LeaseHistory
 from tests.support.kube import wait_for
 from tests.support.node import (
     BUSYBOX_IMAGE,
+    LeaseRecorder,
     PodRecorder,
     RealNode,
     Work,
@@ -58,7 +58,7 @@ class Scenario:
     tracker: WorkTracker
     recorder: PodRecorder
     # Every version of the namespace's Leases, kept as evidence should the test fail.
-    history: LeaseHistory | None = None
+    history: LeaseRecorder | None = None
 
     @property
     def batch(self) -> kubernetes.client.BatchV1Api:

@@ -8,35 +8,16 @@ refused."""
 
 from __future__ import annotations
 
-import datetime
 from pathlib import Path
-from typing import Any
 
 import kubernetes
 import pytest
 
 from cronlock_sidecar import contract
-from cronlock_sidecar.microtime import format_microtime
 from tests.e2e.scenario import Scenario
 from tests.support.controlplane import ControlPlane, make_service_account_kubeconfig
 from tests.support.kube import wait_for
-
-
-def claim(leases: kubernetes.client.CoordinationV1Api, namespace: str, identity: str) -> None:
-    """A claim of the free Lease, as the holders' policy admits one (a pod, as itself)."""
-    now = format_microtime(datetime.datetime.now(datetime.UTC))
-    current = leases.read_namespaced_lease("cronlock-backup", namespace)
-    patch: dict[str, Any] = {
-        "metadata": {"resourceVersion": current.metadata.resource_version},
-        "spec": {
-            "holderIdentity": identity,
-            "acquireTime": now,
-            "renewTime": now,
-            "leaseDurationSeconds": 60,
-            "leaseTransitions": (current.spec.lease_transitions or 0) + 1,
-        },
-    }
-    leases.patch_namespaced_lease("cronlock-backup", namespace, patch)
+from tests.support.leases import claim_free_lease
 
 
 def test_a_pod_on_the_runs_account_cannot_keep_the_lock_and_the_run_goes_ahead(
@@ -76,7 +57,7 @@ def test_a_pod_on_the_runs_account_cannot_keep_the_lock_and_the_run_goes_ahead(
     as_web = kubernetes.client.CoordinationV1Api(controlplane.api_client(path))
     identity = contract.holder_identity(web.metadata.name, web.metadata.uid)
 
-    claim(as_web, namespace, identity)
+    claim_free_lease(as_web, namespace, "cronlock-backup", identity)
     wait_for(
         lambda: not cluster.lease("backup")["spec"].get("holderIdentity"),
         20,
@@ -90,7 +71,7 @@ def test_a_pod_on_the_runs_account_cannot_keep_the_lock_and_the_run_goes_ahead(
     assert cluster.gate_exit("backup-1") == 0, "the run was not skipped"
     cluster.main_running("backup-1")
     with pytest.raises(kubernetes.client.ApiException) as refused:
-        claim(as_web, namespace, identity)
+        claim_free_lease(as_web, namespace, "cronlock-backup", identity)
     assert refused.value.status == 403
     assert "the Lease is held by backup-1-" in str(refused.value.body)
     assert cluster.main_finished("backup-1", timeout=60) == 0

@@ -27,6 +27,7 @@ from cronlock_sidecar.microtime import format_microtime
 from tests.support.controlplane import ControlPlane, make_service_account_kubeconfig
 from tests.support.cronjobs import make_cronjob
 from tests.support.kube import holds, wait_for
+from tests.support.leases import claim_free_lease
 from tests.support.objects import batch, comparable, events, has_sidecar, read, wait_event
 from tests.support.operator import OperatorProcess
 from tests.support.run_pods import job_from, pod_of
@@ -231,31 +232,6 @@ def pod_with_token(
     return identity, kubernetes.client.CoordinationV1Api(controlplane.api_client(path))
 
 
-def claim(
-    leases: kubernetes.client.CoordinationV1Api,
-    namespace: str,
-    lease: str,
-    identity: str,
-    job: str = "",
-) -> None:
-    """The sidecar's claim of a free Lease, as the holders' policy admits it."""
-    now = format_microtime(datetime.datetime.now(datetime.UTC))
-    current = leases.read_namespaced_lease(lease, namespace)
-    patch: dict[str, Any] = {
-        "metadata": {"resourceVersion": current.metadata.resource_version},
-        "spec": {
-            "holderIdentity": identity,
-            "acquireTime": now,
-            "renewTime": now,
-            "leaseDurationSeconds": 60,
-            "leaseTransitions": (current.spec.lease_transitions or 0) + 1,
-        },
-    }
-    if job:
-        patch["metadata"]["annotations"] = {contract.ANNOTATION_HOLDER_JOB: job}
-    leases.patch_namespaced_lease(lease, namespace, patch)
-
-
 def test_the_label_hands_no_lock_to_default_and_imposes_no_signal(
     api: kubernetes.client.ApiClient,
     namespace: str,
@@ -302,12 +278,12 @@ def test_the_label_hands_no_lock_to_default_and_imposes_no_signal(
     # The attacker: a web app's pod on `default`, with the token the kubelet would mount.
     web, as_web = pod_with_token(api, controlplane, namespace, "default", tmp_path, name="web-7f9c")
     with pytest.raises(kubernetes.client.ApiException) as refused:
-        claim(as_web, namespace, "cronlock-backup", web)
+        claim_free_lease(as_web, namespace, "cronlock-backup", web)
     assert refused.value.status == 403, refused.value.body
     # The same token may claim the Lease its account is granted (the annotated CronJob's):
     # the 403 above is the grant withheld, not a token that works nowhere. That hold, by
     # a pod that is no run, is broken too.
-    claim(as_web, namespace, "cronlock-asked", web)
+    claim_free_lease(as_web, namespace, "cronlock-asked", web)
     [broken] = wait_event(api, namespace, "asked", "ForeignHolder")
     assert web in broken
 
@@ -342,7 +318,7 @@ def test_a_hold_by_a_pod_that_is_no_run_is_broken_and_a_runs_hold_is_kept(
     wait_for(
         lambda: _can_get(as_intruder, namespace, "cronlock-report"), 30, "the holder Role of runs"
     )
-    claim(as_intruder, namespace, "cronlock-report", intruder)
+    claim_free_lease(as_intruder, namespace, "cronlock-report", intruder)
     claimed = time.monotonic()
     wait_for(lambda: holder() == "", 20, "the operator to break the intruder's hold")
     assert time.monotonic() - claimed < 20, "within one renew period"
@@ -376,7 +352,7 @@ def test_a_hold_by_a_pod_that_is_no_run_is_broken_and_a_runs_hold_is_kept(
     run, as_run = pod_with_token(
         api, controlplane, namespace, "runs", tmp_path, job="report-manual"
     )
-    claim(as_run, namespace, "cronlock-report", run, job="report-manual")
+    claim_free_lease(as_run, namespace, "cronlock-report", run, job="report-manual")
     holds(lambda: holder() == run, 4, "the run's hold")
     now = format_microtime(datetime.datetime.now(datetime.UTC))
     as_run.patch_namespaced_lease("cronlock-report", namespace, {"spec": {"renewTime": now}})

@@ -23,8 +23,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import threading
-import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -33,7 +31,7 @@ import kubernetes
 import pytest
 import yaml
 
-from tests.support.node import PodRecorder, RealNode, follow
+from tests.support.node import LeaseRecorder, PodRecorder, RealNode
 from tests.support.paths import ROOT
 
 # Set on a test whose set-up or body failed (tests/conftest.py's report hook); the folders
@@ -42,41 +40,6 @@ FAILED_CALL = pytest.StashKey[bool]()
 EVIDENCE = pytest.StashKey[list[str]]()
 
 ROOT_DIR = Path(os.environ.get("CRONLOCK_EVIDENCE_DIR") or ROOT / ".testenv" / "evidence")
-
-
-class LeaseHistory:
-    """Every version of a namespace's Leases a watch saw, whole, with the wall time seen."""
-
-    def __init__(self, api: kubernetes.client.ApiClient, namespace: str) -> None:
-        self._coordination = kubernetes.client.CoordinationV1Api(api)
-        self._api = api
-        self._namespace = namespace
-        self._seen: list[dict[str, Any]] = []
-        self._lock = threading.Lock()
-        self._stopped = threading.Event()
-        self._thread = threading.Thread(target=self._watch, daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stopped.set()
-
-    def versions(self) -> list[dict[str, Any]]:
-        with self._lock:
-            return list(self._seen)
-
-    def _watch(self) -> None:
-        follow(self._coordination.list_namespaced_lease, self._namespace, self._stopped, self._add)
-
-    def _add(self, kind: str, raw: Any) -> None:
-        lease = self._api.sanitize_for_serialization(raw)
-        with self._lock:
-            self._seen.append({"seen": _stamp(time.time()), "event": kind, "lease": lease})
-
-
-def _stamp(wall: float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(wall)) + f".{int(wall % 1 * 1000):03d}Z"
 
 
 def failed(item: pytest.Item) -> bool:
@@ -100,7 +63,7 @@ def keep(
     api: kubernetes.client.ApiClient,
     namespace: str,
     pods: PodRecorder,
-    leases: LeaseHistory,
+    leases: LeaseRecorder,
     nodes: Iterable[RealNode],
     operator_log: str = "",
 ) -> Path:
@@ -118,7 +81,7 @@ def keep(
     _write(folder / "events.txt", lambda: _events(core, namespace))
     _write(
         folder / "leases.jsonl",
-        lambda: "".join(json.dumps(version) + "\n" for version in leases.versions()),
+        lambda: "".join(json.dumps(version) + "\n" for version in leases.documents()),
     )
     _write(folder / "kubelet.log", lambda: _kubelet_lines(nodes, [*names, *filter(None, uids)]))
     _write(

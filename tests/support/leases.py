@@ -17,6 +17,7 @@ from typing import Any
 
 from cronlock_sidecar import contract
 from cronlock_sidecar.lock import model
+from cronlock_sidecar.microtime import format_microtime
 
 # When a Lease is claimed if a test names no time; the sidecar's fake clock starts here too.
 MOMENT = datetime(2026, 11, 29, 8, 0, 0, tzinfo=UTC)
@@ -84,3 +85,24 @@ def make_lease(
         body["spec"]["leaseTransitions"] = transitions
     body["metadata"]["annotations"].update(annotations or {})
     return body
+
+
+def claim_free_lease(leases: Any, namespace: str, lease: str, identity: str, job: str = "") -> None:
+    """A claim of the free Lease `lease` as the holders' policy admits one: as `identity`
+    (the writer's own pod), one more transition, for 60 s, naming `job` if given. `leases`
+    is a CoordinationV1Api of the writer's token."""
+    now = format_microtime(datetime.now(UTC))
+    current = leases.read_namespaced_lease(lease, namespace)
+    patch: dict[str, Any] = {
+        "metadata": {"resourceVersion": current.metadata.resource_version},
+        "spec": {
+            "holderIdentity": identity,
+            "acquireTime": now,
+            "renewTime": now,
+            "leaseDurationSeconds": 60,
+            "leaseTransitions": (current.spec.lease_transitions or 0) + 1,
+        },
+    }
+    if job:
+        patch["metadata"]["annotations"] = {contract.ANNOTATION_HOLDER_JOB: job}
+    leases.patch_namespaced_lease(lease, namespace, patch)

@@ -447,6 +447,8 @@ class LeaseRecorder:
         self._api = api
         self._namespace = namespace
         self._versions: list[LeaseVersion] = []
+        # Every event as the watch saw it, whole, with the wall time seen (evidence).
+        self._documents: list[dict[str, Any]] = []
         self._lock = threading.Lock()
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._watch, daemon=True)
@@ -461,15 +463,26 @@ class LeaseRecorder:
         with self._lock:
             return [v for v in self._versions if name is None or v.name == name]
 
+    def documents(self) -> list[dict[str, Any]]:
+        """Every watch event whole: {"seen": wall time, "event": type, "lease": the Lease}."""
+        with self._lock:
+            return list(self._documents)
+
     def _watch(self) -> None:
         follow(self._coordination.list_namespaced_lease, self._namespace, self._stopped, self._seen)
 
     def _seen(self, kind: str, raw: Any) -> None:
-        offset = time.time() - time.monotonic()
-        if kind != "DELETED":
-            seen = LeaseVersion.of(self._api.sanitize_for_serialization(raw), offset)
-            with self._lock:
-                self._versions.append(seen)
+        wall = time.time()
+        offset = wall - time.monotonic()
+        lease = self._api.sanitize_for_serialization(raw)
+        with self._lock:
+            self._documents.append({"seen": _stamp(wall), "event": kind, "lease": lease})
+            if kind != "DELETED":
+                self._versions.append(LeaseVersion.of(lease, offset))
+
+
+def _stamp(wall: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(wall)) + f".{int(wall % 1 * 1000):03d}Z"
 
 
 def _epoch(stamp: Any) -> float:
