@@ -198,6 +198,9 @@ RUN_DIR: Final = "/var/run/cronlock"
 FENCING_TOKEN_FILE: Final = "fencing-token"  # noqa: S105 (a file name)
 LEASE_FILE: Final = "lease.json"
 DECISION_FILE: Final = "decision"
+# The tick this run works and the one worked before it on the lock (lock/ticks.py), as
+# `KEY=value` lines the work may source; written before the gate opens.
+TICK_FILE: Final = "tick.env"
 # The gate gives up this long after the longest the sidecar may wait to decide.
 GATE_TIMEOUT_AFTER_WAIT_SECONDS: Final = 60
 SIDECAR_PORT: Final = 8484
@@ -232,6 +235,16 @@ ENV_POD_NAME: Final = "CRONLOCK_POD_NAME"
 ENV_POD_UID: Final = "CRONLOCK_POD_UID"
 ENV_POD_NAMESPACE: Final = "CRONLOCK_POD_NAMESPACE"
 ENV_JOB_NAME: Final = "CRONLOCK_JOB_NAME"
+# Each tick at most once (lock/ticks.py): the CronJob whose ticks the run works (the
+# operator writes its name), the Job's uid (a retry pod of the same Job is the same run),
+# and the cluster's name (the chart's clusterName) that `cronlock status` names.
+ENV_CRONJOB: Final = "CRONLOCK_CRONJOB"
+ENV_JOB_UID: Final = "CRONLOCK_JOB_UID"
+ENV_CLUSTER: Final = "CRONLOCK_CLUSTER"
+# What the work reads in tick.env (or its environment under `run`).
+ENV_TICK: Final = "CRONLOCK_TICK"
+ENV_PREVIOUS_TICK: Final = "CRONLOCK_PREVIOUS_TICK"
+ENV_MANUAL: Final = "CRONLOCK_MANUAL"
 ENV_FENCING_TOKEN: Final = "CRONLOCK_FENCING_TOKEN"  # noqa: S105 (a variable name)
 ENV_LOG_FORMAT: Final = "CRONLOCK_LOG_FORMAT"
 ENV_LOG_LEVEL: Final = "CRONLOCK_LOG_LEVEL"
@@ -251,6 +264,14 @@ ENV_OPERATOR_VERSION: Final = "CRONLOCK_OPERATOR_VERSION"
 # Job label the Job controller puts on its pods; an earlier pod of the same Job may be
 # taken over at once (the retry pod only exists once the earlier one is terminal).
 JOB_NAME_LABEL: Final = "batch.kubernetes.io/job-name"
+JOB_UID_LABEL: Final = "batch.kubernetes.io/controller-uid"
+
+# --- ticks (lock/ticks.py) ------------------------------------------------------------
+# On the lock's document, one per CronJob: the last tick claimed, by which Job and run.
+ANNOTATION_TICK_PREFIX: Final = PREFIX + "tick."
+# The skip line of a run whose tick was already worked, and the Event the operator posts.
+ALREADY_RAN: Final = "already ran"
+EVENT_TICK_ALREADY_RAN: Final = "TickAlreadyRan"
 
 DEFAULT_TTL_SECONDS: Final = 60
 DEFAULT_SKEW_SECONDS: Final = 2
