@@ -114,3 +114,49 @@ def test_the_readme_installs_this_version_from_the_registry() -> None:
     found = CHART_VERSION.findall((ROOT / "README.md").read_text())
     assert len(found) >= 2, found
     assert set(found) == {version()}, found
+
+
+# Keep a Changelog 1.1.0's kinds of change, in its order.
+CHANGE_KINDS = ("Added", "Changed", "Deprecated", "Removed", "Fixed", "Security")
+
+
+def test_the_changelog_keeps_a_changelogs_form() -> None:
+    """Each version: a date (but Unreleased), only Keep a Changelog's six kinds of change, in
+    their order, none twice or empty, every entry a bullet; a new thing is Added, not Changed."""
+    text = (ROOT / "CHANGELOG.md").read_text()
+    versions = re.split(r"^## ", text, flags=re.M)[1:]
+    assert versions, "CHANGELOG.md has no versions"
+    problems = []
+    for section in versions:
+        title, _, body = section.partition("\n")
+        if title != "[Unreleased]" and not re.fullmatch(
+            r"\[\d+\.\d+\.\d+\S*\] - \d{4}-\d{2}-\d{2}", title
+        ):
+            problems.append(f"{title!r}: a version is `[X.Y.Z] - YYYY-MM-DD`")
+        kinds = re.findall(r"^### (.+)$", body, flags=re.M)
+        unknown = [kind for kind in kinds if kind not in CHANGE_KINDS]
+        if unknown:
+            problems.append(f"{title}: {unknown} are not kinds of change {CHANGE_KINDS}")
+        known = [kind for kind in kinds if kind in CHANGE_KINDS]
+        if known != sorted(set(known), key=CHANGE_KINDS.index):
+            problems.append(f"{title}: kinds {known} twice or out of order")
+        for kind, entries in re.findall(r"^### (.+)\n((?:(?!^##).*\n?)*)", body, flags=re.M):
+            lines = [line for line in entries.splitlines() if line.strip()]
+            if not lines:
+                problems.append(f"{title} {kind}: empty")
+            # A lead-in paragraph may come before the first entry; after it, only entries.
+            first = next((i for i, line in enumerate(lines) if line.startswith("- ")), len(lines))
+            stray = [line for line in lines[first:] if not line.startswith(("- ", "  "))]
+            if first == len(lines):
+                problems.append(f"{title} {kind}: no entry")
+            if stray:
+                problems.append(f"{title} {kind}: not a bullet: {stray[0]!r}")
+            if kind == "Changed":
+                new = [
+                    line
+                    for line in lines
+                    if re.match(r"- (New |An? new |Added |An opt-in |`cronlock \w+` \w+ new)", line)
+                ]
+                if new:
+                    problems.append(f"{title} Changed: a new thing belongs in Added: {new[0]!r}")
+    assert not problems, problems
