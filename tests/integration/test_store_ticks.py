@@ -372,14 +372,15 @@ def test_version_1_beside_version_2_until_the_admin_deletes_it(redis_tenant: Ten
     """During an upgrade the admin loads version 2 beside version 1 (both fleets run):
     meanwhile the tenant may call version 1, which keeps no tick rules (the control: a
     far-future tick written), which is why docs/UPGRADING.md deletes it at the end; after
-    `FUNCTION DELETE cronlock_v1` that call is refused, and version 2 refuses the write."""
+    `FUNCTION DELETE cronlock_v1` that call is refused, version 2 refuses the write, and
+    the far-future record version 1 left is nobody's: the current tick's claim replaces it."""
     lock = fresh("v1")
     future = record(whole(86400), "uid-evil", "evil")
     with redis.Redis.from_url(redis_tenant.admin_url, decode_responses=True) as admin:
         admin.function_load(LIBRARY_V1)
     try:
         with redis_tenant.client() as client:
-            body = claimed({"metadata": {}}, "evil", TTL_30S, datetime.now(UTC), "")
+            body = claimed({"metadata": {}}, "evil", TTL_1S, datetime.now(UTC), "")
             with pytest.raises(Forbidden, match="more than 60 s ahead"):
                 client.create(lock, noted(body, future))
             document = json.dumps(noted(body, future), separators=(",", ":"))
@@ -399,3 +400,11 @@ def test_version_1_beside_version_2_until_the_admin_deletes_it(redis_tenant: Ten
     ):
         raw.fcall("cronlock_v1_replace", 3, *keys(lock), document, now, "0", "60000", "1")
     assert FUNCTIONS["replace"] == f"{LIBRARY_NAME}_replace" == "cronlock_v2_replace"
+    # The far-future tick left by version 1 is nobody's: once evil's second passed, the
+    # current tick's claim replaces it.
+    time.sleep(1.2)
+    with redis_tenant.client() as client:
+        mine = record(whole(-60), "uid-1", "pod-1")
+        read = client.get(lock)
+        client.replace(lock, noted(claimed(read, "pod-1", TTL_30S, datetime.now(UTC), ""), mine))
+        assert on_lock(client, lock) == as_text(mine)
