@@ -72,8 +72,8 @@ def documented(marker: str, page: Path = STORES_MD) -> str:
 
 
 def load_as_documented(server: RedisServer, directory: Path) -> None:
-    """The admin's blocks: the library saved as cronlock_v1.lua, then the load block run."""
-    (directory / "cronlock_v1.lua").write_text(documented("redis-library") + "\n")
+    """The admin's blocks: the library saved as cronlock_v2.lua, then the load block run."""
+    (directory / f"{LIBRARY_NAME}.lua").write_text(documented("redis-library") + "\n")
     block = (
         documented("redis-library-load")
         .replace("ADMIN_PASSWORD", server.password)

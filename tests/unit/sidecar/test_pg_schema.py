@@ -16,7 +16,7 @@ from cronlock_sidecar.transport import pgstore
 # SQL syntax that looks like a call and is none (no search path is consulted), and the
 # keywords the pattern below meets before a parenthesis.
 SYNTAX = {"coalesce", "greatest", "least", "extract", "exists"}
-KEYWORDS = {"and", "or", "not", "if", "values", "from", "conflict", "f"}
+KEYWORDS = {"and", "or", "not", "if", "elsif", "values", "from", "conflict", "f"}
 # What follows FROM/INTO/UPDATE and is no relation: `RETURNING value INTO fence`,
 # `extract(epoch FROM now - ...)` (variables), `DO UPDATE SET`.
 NOT_RELATIONS = {"fence", "now", "SET", "CONFLICT"}

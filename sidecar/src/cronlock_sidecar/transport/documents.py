@@ -11,6 +11,10 @@ from cronlock_sidecar.microtime import read_time
 # How every store refusal of a write that breaks the lock's rules begins (a bad duration,
 # a document that is not one); a refused change of holder reads as the holders' policy's.
 STORE_REFUSAL = "cronlock store:"
+# How far ahead of the store's own clock a claim's tick record may be (docs/STORES.md, "Tick
+# records in a store"): a tick further ahead is refused outright, and a recorded one further
+# ahead is nobody's (a claim may replace it). Both stores keep the same bound.
+TICK_AHEAD_SECONDS = 60
 
 
 def unversioned(body: dict[str, Any]) -> dict[str, Any]:

@@ -8,9 +8,13 @@ free, expired (on the database's clock) or same-Job hold, the duration is 1..864
 and the trigger alone sets the fencing token (`transitions`: one more than any handed out
 on a new holder, `cronlock.fences` keeping the highest, so a row deleted by hand is
 created again with a higher one), the version and the times. Ages are judged on the
-database's clock alone (`clock_timestamp()`, `transport.frames`). The schema `cronlock`
-is created, or tables of schema 1 or 2 moved into it, where it is not schema 3
-(docs/STORES.md has it, for the admin role where a namespace's role may not).
+database's clock alone (`clock_timestamp()`, `transport.frames`). The same trigger keeps
+the tick records (`cronlock.io/tick.<cronjob>`, lock/ticks.py; docs/STORES.md, "Tick
+records in a store"): only a claim adds or changes one, naming its own holder, never ahead of the
+database's clock + TICK_AHEAD_SECONDS, never back to an older tick or to the same tick of
+another run; no write drops one. The schema `cronlock` is created, or tables of schema 1
+or 2 moved into it, where it is not schema 3 with the rules of version 2 (docs/STORES.md
+has it, for the admin role where a namespace's role may not).
 
 No name another role chose is ever resolved: the trigger functions pin their search path
 to pg_catalog then pg_temp and qualify every table, sequence and function, and this
@@ -48,6 +52,7 @@ from psycopg.conninfo import make_conninfo
 
 from cronlock_sidecar.transport.documents import (
     STORE_REFUSAL,
+    TICK_AHEAD_SECONDS,
     stamped,
     unversioned,
     version_read,
@@ -71,7 +76,11 @@ from cronlock_sidecar.transport.storeurl import StoreUrl
 # the lock's rules on every write, whoever writes and however (a raw UPDATE too; only the
 # tables' owner can drop a trigger, so a role that is not the owner cannot step around
 # it). Idempotent: run again, it changes nothing. docs/STORES.md shows this text (a test
-# compares them).
+# compares them). The tables are schema 3's; the trigger function's comment says which
+# rules it keeps (`cronlock rules 2`: the tick records), so a database of schema 3 whose
+# trigger predates them is run again (`_SCHEMA_PRESENT`), while a sidecar of the release
+# before, which reads the table's comment alone, still finds schema 3 and never puts its
+# own trigger back.
 SCHEMA = """
 DO $move$
 DECLARE
@@ -168,6 +177,16 @@ DECLARE
     old_renewed timestamptz := '-infinity';
     old_job text := '';
     fence bigint;
+    -- Tick records (docs/STORES.md, "Tick records in a store"): how far ahead one may be.
+    tick_ahead CONSTANT interval := '__AHEAD__ seconds';
+    old_notes jsonb := '{}';
+    claim boolean := holder <> '';
+    tick_key text;
+    fields text[];
+    parts text[];
+    ticks timestamptz[];
+    runs text[];
+    holders text[];
 BEGIN
     -- A document with no holder may have no duration (a freeze on a lock never taken).
     IF (holder <> '' OR coalesce(spec ? 'leaseDurationSeconds', false)) AND (
@@ -192,6 +211,117 @@ BEGIN
                     WHERE l.namespace = NEW.namespace AND l.name = NEW.name) THEN
             RETURN NULL;  -- a create where a lock is: no row, and no token spent on it
         END IF;
+    ELSIF (NEW.namespace, NEW.name) IS DISTINCT FROM (OLD.namespace, OLD.name) THEN
+        RAISE EXCEPTION USING ERRCODE = 'check_violation', MESSAGE =
+            'cronlock store: a lock keeps its namespace and name';
+    END IF;
+    IF TG_OP = 'UPDATE' THEN
+        old_holder := coalesce(OLD.holder, '');
+        old_duration := least(greatest(coalesce(OLD.duration, CASE
+            WHEN pg_catalog.jsonb_typeof(OLD.document #> '{spec,leaseDurationSeconds}') = 'number'
+            THEN least((OLD.document #>> '{spec,leaseDurationSeconds}')::numeric, 86400)::integer
+            END, 0), 0), 86400);
+        old_renewed := coalesce(OLD.renewed_at, OLD.written_at);
+        IF old_renewed > now THEN
+            old_renewed := '-infinity';  -- a time the database never wrote
+        END IF;
+        old_job := coalesce(OLD.document #>> '{metadata,annotations,cronlock.io/holder-job}', '');
+        IF NOT (old_holder = '' OR holder = old_holder
+                OR (holder = '' AND notes ->> 'cronlock.io/last-holder' = old_holder)
+                OR now - old_renewed > pg_catalog.make_interval(secs => (CASE WHEN holder = ''
+                    THEN old_duration ELSE least(old_duration, NEW.duration) END)::double precision)
+                OR (old_job <> '' AND holder <> '' AND notes ->> 'cronlock.io/holder-job' = old_job
+                    AND pg_catalog.starts_with(holder,
+                                               pg_catalog."left"(old_job || '-', 58)))) THEN
+            RAISE EXCEPTION USING ERRCODE = 'CLK01', MESSAGE = pg_catalog.format(
+                'cronlock holder policy: the lock is held by %s, renewed %ss ago on the store''s '
+                'clock for %ss; until it expires only its holder (or a later pod of its Job) may '
+                'change it', old_holder,
+                pg_catalog.round(extract(epoch FROM now - old_renewed)::numeric, 3), old_duration);
+        END IF;
+        -- A claim: a new holder, or a holder taking its own expired hold again.
+        claim := holder <> '' AND (holder <> old_holder
+                 OR now - old_renewed > pg_catalog.make_interval(
+                     secs => least(old_duration, NEW.duration)::double precision));
+        old_notes := OLD.document #> '{metadata,annotations}';
+    END IF;
+    -- Tick records: only a claim adds or changes one, naming its own holder, never ahead
+    -- of this clock + tick_ahead, never back to an older tick or to the same tick of
+    -- another run (unless the recorded one is ahead: nobody's); no write drops one.
+    IF pg_catalog.jsonb_typeof(notes) IS DISTINCT FROM 'object' THEN
+        notes := '{}';
+    END IF;
+    IF pg_catalog.jsonb_typeof(old_notes) IS DISTINCT FROM 'object' THEN
+        old_notes := '{}';
+    END IF;
+    FOR tick_key IN SELECT pg_catalog.jsonb_object_keys(old_notes) LOOP
+        IF pg_catalog.starts_with(tick_key, 'cronlock.io/tick.')
+           AND pg_catalog.jsonb_typeof(old_notes -> tick_key) = 'string'
+           AND pg_catalog.jsonb_typeof(notes -> tick_key) IS DISTINCT FROM 'string' THEN
+            RAISE EXCEPTION USING ERRCODE = 'check_violation', MESSAGE = pg_catalog.format(
+                'cronlock store: tick record %s: every write carries it (a claim may replace '
+                'it, none drops it)', tick_key);
+        END IF;
+    END LOOP;
+    FOR tick_key IN SELECT pg_catalog.jsonb_object_keys(notes) LOOP
+        CONTINUE WHEN NOT pg_catalog.starts_with(tick_key, 'cronlock.io/tick.')
+            OR pg_catalog.jsonb_typeof(notes -> tick_key) <> 'string'
+            OR (notes -> tick_key) = (old_notes -> tick_key);
+        IF NOT claim THEN
+            RAISE EXCEPTION USING ERRCODE = 'check_violation', MESSAGE = pg_catalog.format(
+                'cronlock store: tick record %s: only a claim (a new holder) writes one; a '
+                'renewal or a release carries each unchanged', tick_key);
+        END IF;
+        ticks := '{}';  -- [1] the written record's, [2] the recorded one's
+        runs := '{}';
+        holders := '{}';
+        FOR i IN 1..2 LOOP
+            fields := pg_catalog.regexp_match(CASE WHEN i = 1 THEN notes ->> tick_key
+                WHEN pg_catalog.jsonb_typeof(old_notes -> tick_key) = 'string'
+                THEN old_notes ->> tick_key END,
+                '^([!-~]{1,253}) ([!-~]{1,253}) ([!-~]{1,253}) ([!-~]{1,253}) ([!-~]{1,253})$');
+            parts := pg_catalog.regexp_match(fields[1],
+                '^([0-9]{4})-([0-9]{2})-([0-9]{2})T([0-9]{2}):([0-9]{2}):([0-9]{2})Z$');
+            BEGIN
+                IF parts[4]::integer <= 23 AND parts[5]::integer <= 59
+                   AND parts[6]::integer <= 59 THEN
+                    ticks[i] := pg_catalog.make_timestamptz(parts[1]::integer,
+                        parts[2]::integer, parts[3]::integer, parts[4]::integer,
+                        parts[5]::integer, parts[6]::double precision, 'UTC');
+                    runs[i] := fields[3];
+                    holders[i] := fields[4];
+                END IF;
+            EXCEPTION WHEN others THEN
+                NULL;  -- no such date: not a record
+            END;
+        END LOOP;
+        IF ticks[1] IS NULL THEN
+            RAISE EXCEPTION USING ERRCODE = 'check_violation', MESSAGE = pg_catalog.format(
+                'cronlock store: tick record %s: not <tick> <job|-> <run> <holder> <cluster|->, '
+                'the tick in RFC 3339 whole seconds (2026-12-06T12:00:00Z)', tick_key);
+        END IF;
+        IF holders[1] <> holder THEN
+            RAISE EXCEPTION USING ERRCODE = 'check_violation', MESSAGE = pg_catalog.format(
+                'cronlock store: tick record %s: it names holder %s, not the claim''s %s',
+                tick_key, holders[1], holder);
+        END IF;
+        IF ticks[1] > now + tick_ahead THEN
+            RAISE EXCEPTION USING ERRCODE = 'check_violation', MESSAGE = pg_catalog.format(
+                'cronlock store: tick record %s: its tick is more than __AHEAD__ s ahead of the '
+                'store''s clock', tick_key);
+        END IF;
+        IF ticks[2] <= now + tick_ahead AND ticks[1] < ticks[2] THEN
+            RAISE EXCEPTION USING ERRCODE = 'check_violation', MESSAGE = pg_catalog.format(
+                'cronlock store: tick record %s: its tick is older than the recorded one',
+                tick_key);
+        END IF;
+        IF ticks[2] <= now + tick_ahead AND ticks[1] = ticks[2] AND runs[1] <> runs[2] THEN
+            RAISE EXCEPTION USING ERRCODE = 'check_violation', MESSAGE = pg_catalog.format(
+                'cronlock store: tick record %s: its tick was claimed by another run (%s)',
+                tick_key, runs[2]);
+        END IF;
+    END LOOP;
+    IF TG_OP = 'INSERT' THEN
         INSERT INTO cronlock.fences AS f (namespace, name, value)
         VALUES (NEW.namespace, NEW.name, 1)
         ON CONFLICT (namespace, name) DO UPDATE SET value = f.value + 1
@@ -199,33 +329,6 @@ BEGIN
         NEW.transitions := fence;
         NEW.renewed_at := renewal;
         RETURN NEW;
-    END IF;
-    IF (NEW.namespace, NEW.name) IS DISTINCT FROM (OLD.namespace, OLD.name) THEN
-        RAISE EXCEPTION USING ERRCODE = 'check_violation', MESSAGE =
-            'cronlock store: a lock keeps its namespace and name';
-    END IF;
-    old_holder := coalesce(OLD.holder, '');
-    old_duration := least(greatest(coalesce(OLD.duration, CASE
-        WHEN pg_catalog.jsonb_typeof(OLD.document #> '{spec,leaseDurationSeconds}') = 'number'
-        THEN least((OLD.document #>> '{spec,leaseDurationSeconds}')::numeric, 86400)::integer
-        END, 0), 0), 86400);
-    old_renewed := coalesce(OLD.renewed_at, OLD.written_at);
-    IF old_renewed > now THEN
-        old_renewed := '-infinity';  -- a time the database never wrote
-    END IF;
-    old_job := coalesce(OLD.document #>> '{metadata,annotations,cronlock.io/holder-job}', '');
-    IF NOT (old_holder = '' OR holder = old_holder
-            OR (holder = '' AND notes ->> 'cronlock.io/last-holder' = old_holder)
-            OR now - old_renewed > pg_catalog.make_interval(secs => (CASE WHEN holder = ''
-                THEN old_duration ELSE least(old_duration, NEW.duration) END)::double precision)
-            OR (old_job <> '' AND holder <> '' AND notes ->> 'cronlock.io/holder-job' = old_job
-                AND pg_catalog.starts_with(holder,
-                                           pg_catalog."left"(old_job || '-', 58)))) THEN
-        RAISE EXCEPTION USING ERRCODE = 'CLK01', MESSAGE = pg_catalog.format(
-            'cronlock holder policy: the lock is held by %s, renewed %ss ago on the store''s '
-            'clock for %ss; until it expires only its holder (or a later pod of its Job) may '
-            'change it', old_holder,
-            pg_catalog.round(extract(epoch FROM now - old_renewed)::numeric, 3), old_duration);
     END IF;
     IF holder <> '' AND holder <> old_holder THEN
         INSERT INTO cronlock.fences AS f (namespace, name, value)
@@ -258,10 +361,14 @@ CREATE OR REPLACE TRIGGER keep_rules BEFORE INSERT OR UPDATE ON cronlock.locks
 CREATE OR REPLACE TRIGGER keep_fences BEFORE UPDATE OR DELETE ON cronlock.fences
     FOR EACH ROW EXECUTE FUNCTION cronlock.keep_fences();
 COMMENT ON TABLE cronlock.locks IS 'cronlock locks, schema 3 (docs/STORES.md)';
-"""
+COMMENT ON FUNCTION cronlock.keep_rules() IS 'cronlock rules 2: tick records (docs/STORES.md)';
+""".replace("__AHEAD__", str(TICK_AHEAD_SECONDS))
 _SCHEMA_PRESENT = """
 SELECT coalesce(pg_catalog.obj_description(pg_catalog.to_regclass('cronlock.locks'), 'pg_class'),
                 '') LIKE 'cronlock locks, schema 3 %'
+   AND coalesce(pg_catalog.obj_description(
+           pg_catalog.to_regprocedure('cronlock.keep_rules()'), 'pg_proc'), '')
+       LIKE 'cronlock rules 2: %'
 """
 # The session's own statements resolve names in pg_catalog alone (pg_temp last): no
 # function or operator a tenant planted in a schema on the URL's search path is ever a

@@ -35,6 +35,7 @@ from redis.retry import Retry
 
 from cronlock_sidecar.transport.documents import (
     STORE_REFUSAL,
+    TICK_AHEAD_SECONDS,
     held_refusal,
     renewal_age,
     stamped,
@@ -61,7 +62,7 @@ LONGEST_DURATION_SECONDS = 86400  # the operator's longest ttl (MAX_TTL_SECONDS)
 # (security review N2). The version is in the library's and the functions' names, so a
 # newer cronlock's library loads beside an older one's and both fleets run during an
 # upgrade; a sidecar whose library is missing says so in one line (`missing_library`).
-LIBRARY_NAME = "cronlock_v1"
+LIBRARY_NAME = "cronlock_v2"
 FUNCTIONS = {name: f"{LIBRARY_NAME}_{name}" for name in ("get", "create", "replace")}
 LIBRARY_DOCS = 'docs/STORES.md, "Redis: the function library"'
 
@@ -78,12 +79,20 @@ LIBRARY_DOCS = 'docs/STORES.md, "Redis: the function library"'
 # the store's clock, for the shorter of its duration and the one the new holder writes),
 # or one of an earlier pod of the same Job; a release names the holder it releases for.
 # The token is the store's: one more than any handed out on a new holder, unchanged
-# otherwise. Missing fields (a hash of schema 1) read as: renewed = written.
-LIBRARY = """#!lua name=cronlock_v1
+# otherwise. Missing fields (a hash of schema 1) read as: renewed = written. The tick
+# records (`cronlock.io/tick.<cronjob>`, lock/ticks.py) keep each tick at most once
+# whoever writes (`ticks`; docs/STORES.md, "Tick records in a store"): only a claim adds
+# or changes one, naming its own holder, never ahead of Redis' clock + TICK_AHEAD_SECONDS,
+# never back to an older tick or to the same tick of another run; no write drops one.
+# Version 2 of the library added them: version 1 keeps none, so it is deleted once no
+# sidecar of the release before calls it (docs/UPGRADING.md).
+LIBRARY = """#!lua name=cronlock_v2
 -- cronlock's lock rules (docs/STORES.md); KEYS: lease, version, fence.
 local LONGEST = __LONGEST__
 local LARGEST = 65536
 local REFUSAL = '__REFUSAL__'
+local TICKS = 'cronlock.io/tick.'
+local AHEAD = __AHEAD__
 local function clock()
   local t = redis.call('TIME')
   local now = t[1] .. string.rep('0', 6 - #t[2]) .. t[2]
@@ -99,9 +108,85 @@ local function parsed(document)
   local notes = type(meta.annotations) == 'table' and meta.annotations or {}
   return {holder = text(spec.holderIdentity), duration = spec.leaseDurationSeconds,
           job = text(notes['cronlock.io/holder-job']),
-          last = text(notes['cronlock.io/last-holder'])}
+          last = text(notes['cronlock.io/last-holder']), notes = notes}
 end
 local function digits(value) return string.format('%.0f', value) end
+-- Days from 1970-01-01 to a date of the proleptic Gregorian calendar.
+local function days(y, m, d)
+  if m <= 2 then y = y - 1 end
+  local era = math.floor(y / 400)
+  local yoe = y - era * 400
+  local doy = math.floor((153 * ((m + 9) % 12) + 2) / 5) + d - 1
+  return era * 146097 + yoe * 365 + math.floor(yoe / 4) - math.floor(yoe / 100) + doy - 719468
+end
+local MONTH = {31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31}
+-- A tick record `<tick> <job|-> <run> <holder> <cluster|->`: its tick (seconds since the
+-- epoch), run and holder; nil for anything else (lock/ticks.py reads the same).
+local function record(value)
+  if type(value) ~= 'string' then return nil end
+  local f = {string.match(value, '^([!-~]+) ([!-~]+) ([!-~]+) ([!-~]+) ([!-~]+)$')}
+  if #f ~= 5 then return nil end
+  for i = 1, 5 do if #f[i] > 253 then return nil end end
+  local t = {string.match(f[1], '^(%d%d%d%d)%-(%d%d)%-(%d%d)T(%d%d):(%d%d):(%d%d)Z$')}
+  if #t ~= 6 then return nil end
+  for i = 1, 6 do t[i] = tonumber(t[i]) end
+  local y, m, d = t[1], t[2], t[3]
+  local leap = y % 4 == 0 and (y % 100 ~= 0 or y % 400 == 0)
+  if y < 1 or m < 1 or m > 12 or d < 1 or d > MONTH[m] or (m == 2 and d == 29 and not leap)
+     or t[4] > 23 or t[5] > 59 or t[6] > 59 then
+    return nil
+  end
+  return {at = days(y, m, d) * 86400 + t[4] * 3600 + t[5] * 60 + t[6], run = f[3],
+          holder = f[4]}
+end
+local function tick_key(key)
+  return type(key) == 'string' and string.sub(key, 1, #TICKS) == TICKS
+end
+-- The tick records' rules: a record is added or changed only by a claim, names the claim's
+-- holder, is not ahead of the store's clock + AHEAD, and is not older than (nor the same
+-- tick of another run as) the record it replaces, unless that one is ahead (nobody's);
+-- no write drops one. An error reply, or nil.
+local function ticks(old_notes, new, claim, now_us)
+  local function refused(key, why)
+    return redis.error_reply(REFUSAL .. ' tick record ' .. key .. ': ' .. why)
+  end
+  for key, value in pairs(old_notes) do
+    if tick_key(key) and type(value) == 'string' and type(new.notes[key]) ~= 'string' then
+      return refused(key, 'every write carries it (a claim may replace it, none drops it)')
+    end
+  end
+  local latest = math.floor(now_us / 1000000) + AHEAD
+  for key, value in pairs(new.notes) do
+    if tick_key(key) and type(value) == 'string' and old_notes[key] ~= value then
+      if not claim then
+        return refused(key, 'only a claim (a new holder) writes one; a renewal or a release '
+                            .. 'carries each unchanged')
+      end
+      local mine = record(value)
+      if not mine then
+        return refused(key, 'not <tick> <job|-> <run> <holder> <cluster|->, the tick in '
+                            .. 'RFC 3339 whole seconds (2026-12-06T12:00:00Z)')
+      end
+      if mine.holder ~= new.holder then
+        return refused(key, "it names holder " .. mine.holder .. ", not the claim's "
+                            .. new.holder)
+      end
+      if mine.at > latest then
+        return refused(key, "its tick is more than " .. AHEAD .. " s ahead of the store's clock")
+      end
+      local theirs = record(old_notes[key])
+      if theirs and theirs.at <= latest then
+        if mine.at < theirs.at then
+          return refused(key, 'its tick is older than the recorded one')
+        end
+        if mine.at == theirs.at and mine.run ~= theirs.run then
+          return refused(key, 'its tick was claimed by another run (' .. theirs.run .. ')')
+        end
+      end
+    end
+  end
+  return nil
+end
 -- The written document's rules; its lease and renewal time, or an error reply.
 local function checked(args, now_us)
   local new = parsed(args[1])
@@ -134,6 +219,8 @@ local function create(keys, args)
   local new, renewal, refused = checked(args, now_us)
   if refused then return refused end
   if redis.call('EXISTS', keys[1]) == 1 then return {'conflict', now} end
+  refused = ticks({}, new, new.holder ~= '', now_us)
+  if refused then return refused end
   local fence = redis.call('INCR', keys[3])
   local version = redis.call('INCR', keys[2])
   redis.call('HSET', keys[1], 'doc', args[1], 'version', version, 'fence', fence,
@@ -149,7 +236,7 @@ local function replace(keys, args)
   local v = redis.call('HMGET', keys[1], 'version', 'doc', 'fence', 'renewed', 'written')
   if not v[1] then return {'missing', now} end
   if v[1] ~= args[5] then return {'conflict', now} end
-  local old = parsed(v[2]) or {holder = '', duration = 0, job = '', last = ''}
+  local old = parsed(v[2]) or {holder = '', duration = 0, job = '', last = '', notes = {}}
   local old_duration = tonumber(old.duration) or 0
   old_duration = math.min(math.max(old_duration, 0), LONGEST)
   local renewed = tonumber(v[4] or v[5] or '0') or 0
@@ -166,6 +253,10 @@ local function replace(keys, args)
   if not allowed then
     return {'held', now, old.holder, digits(since), digits(old_duration)}
   end
+  -- A claim: a new holder, or a holder taking its own expired hold again.
+  local claim = new.holder ~= '' and (new.holder ~= old.holder or since > lasts * 1000000)
+  refused = ticks(old.notes, new, claim, now_us)
+  if refused then return refused end
   local token = tonumber(v[3]) or 0
   local fence = tonumber(redis.call('GET', keys[3]) or '0') or 0
   if new.holder ~= '' and new.holder ~= old.holder then
@@ -182,11 +273,16 @@ local function replace(keys, args)
   return {'ok', now, tostring(version), digits(token)}
 end
 
-redis.register_function{function_name = 'cronlock_v1_get', callback = get,
+redis.register_function{function_name = 'cronlock_v2_get', callback = get,
                         flags = {'no-writes'}}
-redis.register_function('cronlock_v1_create', create)
-redis.register_function('cronlock_v1_replace', replace)
-""".replace("__LONGEST__", str(LONGEST_DURATION_SECONDS)).replace("__REFUSAL__", STORE_REFUSAL)
+redis.register_function('cronlock_v2_create', create)
+redis.register_function('cronlock_v2_replace', replace)
+"""
+LIBRARY = (
+    LIBRARY.replace("__LONGEST__", str(LONGEST_DURATION_SECONDS))
+    .replace("__REFUSAL__", STORE_REFUSAL)
+    .replace("__AHEAD__", str(TICK_AHEAD_SECONDS))
+)
 
 
 def keys(lease: LeaseRef) -> list[str]:
