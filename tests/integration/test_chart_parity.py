@@ -54,6 +54,16 @@ def values_file(directory: Path, values: dict[str, Any]) -> str:
     return str(path)
 
 
+class _UniqueKeys(yaml.SafeLoader):
+    """A YAML loader that refuses a key written twice in one mapping."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        keys = [self.construct_object(key, deep=deep) for key, _ in node.value]
+        twice = sorted({str(key) for key in keys if keys.count(key) > 1})
+        assert not twice, f"{twice} twice in one mapping, line {node.start_mark.line + 1}"
+        return super().construct_mapping(node, deep=deep)
+
+
 # --- monitoring.renderMode ---------------------------------------------------------------
 def test_skip_if_missing_renders_the_monitors_only_where_the_api_is_served(
     controlplane: ControlPlane,
@@ -181,6 +191,29 @@ def test_common_labels_are_on_every_object_hooks_and_tests_included(
     assert "team" not in deployment["spec"]["selector"]["matchLabels"]
     [service] = [doc for doc in docs if doc["kind"] == "Service"]
     assert "team" not in service["spec"]["selector"]
+
+
+def test_an_objects_own_labels_win_over_common_labels_and_each_key_is_written_once(
+    controlplane: ControlPlane, tmp_path: Path
+) -> None:
+    values = {
+        "commonLabels": {"team": "platform", "release": "none", "grafana_dashboard": "0"},
+        "podLabels": {"team": "ops"},
+        "serviceMonitor": {"enabled": True, "labels": {"release": "prometheus"}},
+    }
+    args = everything(tmp_path, **values)
+    done = template(controlplane, *args)
+    assert done.returncode == 0, done.stderr
+    # A key twice in one mapping is a duplicate that YAML readers refuse or silently drop.
+    assert [doc for doc in yaml.load_all(done.stdout, Loader=_UniqueKeys) if doc]
+    docs = render(controlplane, *args)
+    [deployment] = [doc for doc in docs if doc["kind"] == "Deployment"]
+    assert deployment["metadata"]["labels"]["team"] == "platform"
+    assert deployment["spec"]["template"]["metadata"]["labels"]["team"] == "ops"
+    [monitor] = [doc for doc in docs if doc["kind"] == "ServiceMonitor"]
+    assert monitor["metadata"]["labels"]["release"] == "prometheus"
+    [dashboard] = [doc for doc in docs if doc["kind"] == "ConfigMap"]
+    assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"  # the sidecar's
 
 
 @pytest.mark.parametrize(

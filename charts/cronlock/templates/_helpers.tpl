@@ -42,13 +42,22 @@ Chart name and version, as used by the helm.sh/chart label.
 Common labels.
 */}}
 {{- define "cronlock.labels" -}}
-helm.sh/chart: {{ include "cronlock.chart" . }}
-{{ include "cronlock.selectorLabels" . }}
-app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+{{- include "cronlock.labelsWith" (dict "root" . "extra" dict) }}
+{{- end }}
+
+{{/*
+The common labels and an object's own extra labels (podLabels, serviceMonitor.labels...),
+given (dict "root" . "extra" MAP): commonLabels under the extra ones, so that a key in both
+is written once, with the more specific value.
+*/}}
+{{- define "cronlock.labelsWith" -}}
+helm.sh/chart: {{ include "cronlock.chart" .root }}
+{{ include "cronlock.selectorLabels" .root }}
+app.kubernetes.io/version: {{ .root.Chart.AppVersion | quote }}
 app.kubernetes.io/component: operator
 app.kubernetes.io/part-of: cronlock
-app.kubernetes.io/managed-by: {{ .Release.Service }}
-{{- with .Values.commonLabels }}
+app.kubernetes.io/managed-by: {{ .root.Release.Service }}
+{{- with merge (deepCopy (.extra | default dict)) (.root.Values.commonLabels | default dict) }}
 {{ toYaml . }}
 {{- end }}
 {{- end }}
