@@ -171,6 +171,17 @@ def test_the_plugin_krew_installs_runs_on_a_bare_python_against_the_api_server(
     wrong = plugin("lint")
     assert wrong.returncode == 2
     assert re.search(r"^kubectl cronlock lint: error: .*required", wrong.stderr, re.M)
+    # `kubectl cronlock <TAB>`: the completer the manifest's caveats tell the user to write
+    # into krew's bin, run as written; kubectl then asks it (and without it, nothing).
+    caveats = yaml.safe_load(Path(built["manifest"]).read_text())["spec"]["caveats"]
+    setup = caveats.split("(krew links only kubectl-cronlock):\n", 1)[1]
+    assert "kubectl_complete-cronlock" in setup
+    ask = ["kubectl", "__complete", "cronlock", "status", "-o", "js"]
+    before = subprocess.run(ask, env=env, capture_output=True, text=True, check=True, timeout=60)
+    assert "json" not in before.stdout
+    subprocess.run(["bash", "-euc", setup], env=env, check=True, timeout=30)
+    completed = subprocess.run(ask, env=env, capture_output=True, text=True, check=True, timeout=60)
+    assert completed.stdout.splitlines() == ["json", ":4"], completed.stdout + completed.stderr
 
 
 def _evil_wheel(directory: Path, version: str, marker: Path) -> Path:

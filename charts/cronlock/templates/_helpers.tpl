@@ -42,12 +42,24 @@ Chart name and version, as used by the helm.sh/chart label.
 Common labels.
 */}}
 {{- define "cronlock.labels" -}}
-helm.sh/chart: {{ include "cronlock.chart" . }}
-{{ include "cronlock.selectorLabels" . }}
-app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+{{- include "cronlock.labelsWith" (dict "root" . "extra" dict) }}
+{{- end }}
+
+{{/*
+The common labels and an object's own extra labels (podLabels, serviceMonitor.labels...),
+given (dict "root" . "extra" MAP): commonLabels under the extra ones, so that a key in both
+is written once, with the more specific value.
+*/}}
+{{- define "cronlock.labelsWith" -}}
+helm.sh/chart: {{ include "cronlock.chart" .root }}
+{{ include "cronlock.selectorLabels" .root }}
+app.kubernetes.io/version: {{ .root.Chart.AppVersion | quote }}
 app.kubernetes.io/component: operator
 app.kubernetes.io/part-of: cronlock
-app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/managed-by: {{ .root.Release.Service }}
+{{- with merge (deepCopy (.extra | default dict)) (.root.Values.commonLabels | default dict) }}
+{{ toYaml . }}
+{{- end }}
 {{- end }}
 
 {{/*
@@ -61,6 +73,9 @@ app.kubernetes.io/instance: {{ .root.Release.Name }}
 app.kubernetes.io/component: {{ .component }}
 app.kubernetes.io/part-of: cronlock
 app.kubernetes.io/managed-by: {{ .root.Release.Service }}
+{{- with .root.Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
 {{- end }}
 
 {{/*
@@ -87,11 +102,12 @@ Images: repository:tag, the tag defaulting to the chart's appVersion; repository
 when a digest is given. With imageRegistry, the repository's registry (its first part, when
 that names a host: a dot, a port or localhost) is that registry instead, or the registry is
 put in front: one setting for a mirror, which the operator's policy follows too, as it names
-the images through this same template.
+the images through this same template. global.imageRegistry, when set, wins over
+imageRegistry, as in Bitnami's charts: a parent chart points all its subcharts at one mirror.
 */}}
 {{- define "cronlock.imageRef" -}}
 {{- $repository := .image.repository }}
-{{- with .root.Values.imageRegistry }}
+{{- with (.root.Values.global | default dict).imageRegistry | default .root.Values.imageRegistry }}
 {{- $parts := splitn "/" 2 $repository }}
 {{- $host := $parts._0 }}
 {{- if and $parts._1 (or (contains "." $host) (contains ":" $host) (eq $host "localhost")) }}
@@ -213,4 +229,42 @@ namespaceSelector:
       operator: In
       values: {{ toJson .Values.watchNamespaces }}
 {{- end }}
+{{- end }}
+
+{{/*
+The pull secrets of every pod the chart runs: global.imagePullSecrets (names or {name:}
+references, as Bitnami-style parent charts set them), then imagePullSecrets, each Secret
+once. Given the root context; "" when there are none, else a YAML list to nindent.
+*/}}
+{{- define "cronlock.imagePullSecrets" -}}
+{{- $names := list }}
+{{- range concat ((.Values.global | default dict).imagePullSecrets | default list) .Values.imagePullSecrets }}
+{{- if kindIs "string" . }}
+{{- $names = append $names . }}
+{{- else }}
+{{- $names = append $names .name }}
+{{- end }}
+{{- end }}
+{{- $refs := list }}
+{{- range $names | uniq }}
+{{- $refs = append $refs (dict "name" .) }}
+{{- end }}
+{{- with $refs }}
+{{- toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/*
+Whether the enabled prometheus-operator objects are rendered (monitoring.renderMode):
+"true" where monitoring.coreos.com/v1 is served or under alwaysRender, else "". Under
+failIfMissing, where it is not served, the render fails naming `value` (the enabled key).
+Given (dict "root" . "value" "serviceMonitor.enabled").
+*/}}
+{{- define "cronlock.renderMonitor" -}}
+{{- $mode := .root.Values.monitoring.renderMode }}
+{{- if or (eq $mode "alwaysRender") (.root.Capabilities.APIVersions.Has "monitoring.coreos.com/v1") -}}
+true
+{{- else if eq $mode "failIfMissing" -}}
+{{- fail (printf "%s is true but this cluster does not serve monitoring.coreos.com/v1 (monitoring.renderMode=failIfMissing): install the prometheus-operator CRDs first; under helm template, which sees no cluster, pass --api-versions monitoring.coreos.com/v1 or set monitoring.renderMode=alwaysRender" .value) -}}
+{{- end -}}
 {{- end }}

@@ -121,9 +121,9 @@ spec:
       restartPolicy: Never
       securityContext:
         {{- toYaml $root.Values.podSecurityContext | nindent 8 }}
-      {{- with $root.Values.imagePullSecrets }}
+      {{- with include "cronlock.imagePullSecrets" $root }}
       imagePullSecrets:
-        {{- toYaml . | nindent 8 }}
+        {{- . | nindent 8 }}
       {{- end }}
       {{- with $root.Values.priorityClassName }}
       priorityClassName: {{ . | quote }}

@@ -7,6 +7,6 @@ exit codes, the watch loop).
 
 from __future__ import annotations
 
-from cronlock_operator.status.cli import main
+from cronlock_operator.status.cli import kubectl_complete, main
 
-__all__ = ["main"]
+__all__ = ["kubectl_complete", "main"]

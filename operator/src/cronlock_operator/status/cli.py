@@ -61,6 +61,8 @@ EXIT_UNAVAILABLE: Final = contract.EXIT_UNAVAILABLE
 # is one redraw), and every 2 s in any case so that the ages move on.
 WATCH_INTERVAL_SECONDS: Final = 2.0
 WATCH_COALESCE_SECONDS: Final = 1.0
+# The hidden first word that answers as kubectl_complete-cronlock does (cobra's name for it).
+COMPLETE: Final = "__complete"
 # Piped output has no terminal to fit; kubectl does not truncate it either.
 _UNBOUNDED_WIDTH: Final = 10_000
 
@@ -174,9 +176,12 @@ def add_connection_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    words = sys.argv[1:] if argv is None else list(argv)
+    if words[:1] == [COMPLETE]:
+        return kubectl_complete(words[1:])
     prog = "kubectl cronlock" if Path(sys.argv[0]).name.startswith("kubectl-") else "cronlock"
     top = parser(prog)
-    args = top.parse_args(argv)
+    args = top.parse_args(words)
     if args.command is None:
         top.print_help(sys.stderr)
         return EXIT_USAGE
@@ -205,6 +210,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_OK
     finally:
         cluster.api.close()
+
+
+def kubectl_complete(argv: Sequence[str] | None = None) -> int:
+    """`kubectl_complete-cronlock WORD...` (or, hidden, `kubectl cronlock __complete WORD...`,
+    which a krew install's completer runs): what `kubectl cronlock <TAB>` offers. kubectl
+    (1.26 and later) runs `kubectl_complete-cronlock` from PATH with the words typed after
+    `cronlock` and reads the answer in cobra's form; it connects to nothing."""
+    words = sys.argv[1:] if argv is None else argv
+    print(completion.cobra(parser("kubectl cronlock"), words), end="")
+    return EXIT_OK
 
 
 def _connect(prog: str, *how: Any) -> Cluster | int:
