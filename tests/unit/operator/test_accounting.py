@@ -425,8 +425,12 @@ def test_a_skip_whose_gate_said_already_ran_is_told_and_not_counted_in_a_row(
     setup: tuple[Reconciler, RecordingKube],
 ) -> None:
     reconciler, kube = setup
+    cronjob = kube.cronjob
+    cronjob["spec"] = desired_cronjob(cronjob, parse_config(cronjob, SETTINGS), SETTINGS)["spec"]
     first = finished_job("report-29416320", "2026-12-01T00:00:01Z")
     second = finished_job("report-29416321", "2026-12-01T00:01:01Z")
+    for job in (first, second):  # made by the CronJob controller from the injected CronJob
+        job["spec"] = copy.deepcopy(cronjob["spec"]["jobTemplate"]["spec"])
     kube.pods[(NAMESPACE, "report-29416320-x")] = gate_said(first, ALREADY_RAN)
     kube.pods[(NAMESPACE, "report-29416321-x")] = gate_said(second, "lease is held")
     arrive(reconciler, kube, first)

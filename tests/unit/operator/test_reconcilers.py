@@ -439,11 +439,11 @@ ALREADY_RAN_LINE = (
 def test_a_skip_whose_gate_said_already_ran_is_its_own_event_and_no_skip_in_a_row() -> None:
     """Issue 56: the tick was worked by another run; no lock is stuck, so RepeatedSkips
     keeps its meaning. A skip of the lock held stays a Skipped one in the same list."""
-    body = cronjob({"cronlock.io/enabled": "true", "cronlock.io/alert-after": "2"})
+    body = injected(cronjob({"cronlock.io/enabled": "true", "cronlock.io/alert-after": "2"}))
     body["metadata"]["annotations"]["cronlock.io/consecutive-skips"] = "1"
     jobs = [
-        finished_job("report-29416320", "2026-12-01T00:00:01Z", "skipped"),
-        finished_job("report-29416321", "2026-12-01T00:01:01Z", "skipped"),
+        made_by(body, finished_job("report-29416320", "2026-12-01T00:00:01Z", "skipped")),
+        made_by(body, finished_job("report-29416321", "2026-12-01T00:01:01Z", "skipped")),
     ]
     decision = runs.decide(body, jobs, SETTINGS, already_ran={"report-29416320": ALREADY_RAN_LINE})
     first, second = (run.actions for run in decision.runs)
@@ -474,12 +474,30 @@ def test_a_skip_whose_gate_said_already_ran_is_its_own_event_and_no_skip_in_a_ro
 
 
 def test_already_ran_runs_alone_leave_the_skips_in_a_row_as_they_were() -> None:
-    body = cronjob({"cronlock.io/enabled": "true", "cronlock.io/alert-after": "1"})
+    body = injected(cronjob({"cronlock.io/enabled": "true", "cronlock.io/alert-after": "1"}))
     body["metadata"]["annotations"]["cronlock.io/consecutive-skips"] = "3"
-    job = finished_job("report-29416320", "2026-12-01T00:00:01Z", "skipped")
+    job = made_by(body, finished_job("report-29416320", "2026-12-01T00:00:01Z", "skipped"))
     decision = runs.decide(body, [job], SETTINGS, already_ran={"report-29416320": "x"})
     assert "PostEvent:RepeatedSkips" not in kinds(decision.runs[0].actions)
     assert decision.after == [SetConsecutiveSkips(NAMESPACE, "report", 3)]
+
+
+@pytest.mark.parametrize(
+    "forge",
+    [_gate_is_true, _sidecar_runs_another_image, _run_dir_from_a_config_map, _another_lock],
+)
+def test_a_forged_jobs_gate_saying_already_ran_is_a_plain_skip(
+    forge: Callable[[dict[str, Any]], None],
+) -> None:
+    """A forger's gate may print `already ran` and exit 75: its Job's cronlock containers
+    are not the CronJob's, so its word is not taken; a skip in a row, as before."""
+    body = injected(cronjob({"cronlock.io/enabled": "true", "cronlock.io/alert-after": "5"}))
+    forged = made_by(body, finished_job("report-29416320", "2026-12-01T00:00:01Z", "skipped"))
+    forge(forged["spec"]["template"]["spec"])
+    decision = runs.decide(body, [forged], SETTINGS, already_ran={"report-29416320": "x"})
+    assert "PostEvent:TickAlreadyRan" not in kinds(decision.runs[0].actions)
+    assert "PostEvent:Skipped" in kinds(decision.runs[0].actions)
+    assert decision.after[-1] == SetConsecutiveSkips(NAMESPACE, "report", 1)
 
 
 def test_a_line_for_a_job_that_did_not_skip_changes_nothing() -> None:

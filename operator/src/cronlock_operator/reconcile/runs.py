@@ -95,7 +95,13 @@ def decide(
         uid = str(job["metadata"].get("uid"))
         present = uid not in gone
         actions: list[Action] = []
-        line = (already_ran or {}).get(job_name) if outcome == "skipped" else None
+        # Only a Job whose cronlock containers are the CronJob's own can have its gate's
+        # word taken: a forger's gate may print anything (security review L-N6).
+        line = (
+            (already_ran or {}).get(job_name)
+            if outcome == "skipped" and skips.went_through_the_lock(job, cronjob)
+            else None
+        )
         if present:
             # A skipped or replaced run's Job ended Failed by cronlock's doing: labelled so
             # (an already-ran one too: it is a skip).
