@@ -251,15 +251,15 @@ def test_skips_are_counted_in_creation_order_and_alert_at_alert_after() -> None:
     assert isinstance(first[0], MarkJob)
     assert kinds(first) == [
         "MarkJob",
+        "CountTick",
         "CountRun",
         "PostEvent:Skipped",
         "PostEvent:RepeatedSkips",
         "DeleteJob",
-        "CountTick",
     ]
-    assert first[-1] == CountTick(NAMESPACE, "report", "overlap")
-    assert kinds(second)[2:4] == ["PostEvent:Skipped", "PostEvent:RepeatedSkips"]
-    skipped = second[2]
+    assert first[1] == CountTick(NAMESPACE, "report", "overlap")
+    assert kinds(second)[3:5] == ["PostEvent:Skipped", "PostEvent:RepeatedSkips"]
+    skipped = second[3]
     assert isinstance(skipped, PostEvent)
     assert skipped.message.endswith("(3 in a row)")
     assert decision.after == [
@@ -373,7 +373,7 @@ def test_kept_and_gone_skipped_jobs_are_not_deleted() -> None:
         DeleteJob(NAMESPACE, "report-1") not in runs.decide(body, [job], SETTINGS).runs[0].actions
     )
     gone = runs.decide(cronjob(), [job], SETTINGS, gone=frozenset({"uid-report-1"}))
-    assert kinds(gone.runs[0].actions) == ["CountRun", "PostEvent:Skipped", "CountTick"]
+    assert kinds(gone.runs[0].actions) == ["CountTick", "CountRun", "PostEvent:Skipped"]
 
 
 def test_only_skipped_and_replaced_jobs_are_labelled_with_their_outcome() -> None:
@@ -414,16 +414,16 @@ def test_a_skip_that_ended_while_its_lock_was_frozen_is_a_frozen_event_not_a_ski
     freeze = runs.FrozenLock(datetime(2026, 12, 1, 2, 0, tzinfo=UTC), "alice", "DB migration")
     decision = runs.decide(body, [during, after], SETTINGS, frozen={"report": freeze})
     first, second = (run.actions for run in decision.runs)
-    assert kinds(first) == ["MarkJob", "CountRun", "PostEvent:Frozen", "DeleteJob", "CountTick"]
-    assert first[-1] == CountTick(NAMESPACE, "report", "frozen")
-    frozen_event = first[2]
+    assert kinds(first) == ["MarkJob", "CountTick", "CountRun", "PostEvent:Frozen", "DeleteJob"]
+    assert first[1] == CountTick(NAMESPACE, "report", "frozen")
+    frozen_event = first[3]
     assert isinstance(frozen_event, PostEvent)
     assert frozen_event.message == (
         "run report-1 skipped: lock report frozen until 2026-12-01T02:00:00.000000Z by alice: "
         "DB migration"
     )
     # After the freeze ended, a skip is a skip again, and the first in a row.
-    assert kinds(second)[:3] == ["MarkJob", "CountRun", "PostEvent:Skipped"]
+    assert kinds(second)[:4] == ["MarkJob", "CountTick", "CountRun", "PostEvent:Skipped"]
     assert decision.after[0] == AnnotateCronJob(
         NAMESPACE, "report", {"cronlock.io/consecutive-skips": "1"}
     )
@@ -449,25 +449,25 @@ def test_a_skip_whose_gate_said_already_ran_is_its_own_event_and_no_skip_in_a_ro
     first, second = (run.actions for run in decision.runs)
     assert kinds(first) == [
         "MarkJob",
+        "CountTick",
         "CountRun",
         "PostEvent:TickAlreadyRan",
         "DeleteJob",
-        "CountTick",
     ]
     assert first[0] == MarkJob(
         NAMESPACE, "report-29416320", "cronlock.io/accounted", "already_ran", "skipped"
     )
-    assert first[1] == CountRun("already_ran")
-    event = first[2]
+    assert first[2] == CountRun("already_ran")
+    event = first[3]
     assert isinstance(event, PostEvent)
     assert not event.warning
     assert event.message == f"run report-29416320: {ALREADY_RAN_LINE}"
-    assert first[-1] == CountTick(NAMESPACE, "report", "already_ran")
+    assert first[1] == CountTick(NAMESPACE, "report", "already_ran")
     # The held-lock skip after it is the second in a row, not the third.
-    skipped = second[2]
+    skipped = second[3]
     assert isinstance(skipped, PostEvent)
     assert skipped.message.endswith("(2 in a row)")
-    assert second[-1] == CountTick(NAMESPACE, "report", "overlap")
+    assert second[1] == CountTick(NAMESPACE, "report", "overlap")
     assert decision.after[0] == AnnotateCronJob(
         NAMESPACE, "report", {"cronlock.io/consecutive-skips": "2"}
     )

@@ -114,6 +114,10 @@ def decide(
             if outcome == "skipped" and line is None
             else None
         )
+        # Right after the mark, as the run's count: what follows may fail after the mark.
+        tick = _tick_outcome(job, cronjob, outcome, line, freeze)
+        if tick is not None and ticks.tick_of_job(name, job_name) is not None:
+            actions.append(CountTick(namespace, name, tick))
         if line is not None:
             # Not a skip in a row: the tick was worked, by another run; no lock is stuck.
             actions.append(CountRun(ALREADY_RAN))
@@ -152,9 +156,6 @@ def decide(
                 actions.append(_repeated(cronjob, count, lock, outcome))
             if outcome == "skipped" and not keep and present:
                 actions.append(DeleteJob(namespace, job_name))
-        tick = _tick_outcome(job, cronjob, outcome, line, freeze)
-        if tick is not None and ticks.tick_of_job(name, job_name) is not None:
-            actions.append(CountTick(namespace, name, tick))
         counted.append(CountedRun(uid, job_name, actions))
     after: list[Action] = []
     if count != start:
@@ -177,10 +178,12 @@ def _tick_outcome(
     line: str | None,
     freeze: FrozenLock | None,
 ) -> str | None:
-    """What became of the run's tick: worked (its gate opened: it succeeded or failed
-    through the lock, or overlapped or was replaced while it worked), overlap (skipped: the
-    lock was held), already_ran, frozen; None for a run that proves nothing (a Job that
-    never took the lock)."""
+    """What became of the run's tick: worked (it succeeded or failed through the lock, or
+    overlapped or was replaced while it worked), overlap (skipped: the lock was held),
+    already_ran, frozen; None for a run that proves nothing (a Job that never took the
+    lock). A Job failed by a gate that could not reach the lock (exit 69) reads as any
+    failed Job, so it counts worked: telling it apart would take its pods, which only a
+    skip's Failed condition names."""
     if line is not None:
         return ALREADY_RAN
     if freeze is not None:
