@@ -86,7 +86,8 @@ missed_runs = Counter(
 )
 ticks = Counter(
     "cronlock_ticks",
-    "Ticks of a guarded CronJob by outcome: worked (its run's gate opened), overlap "
+    "Ticks of a guarded CronJob by outcome: worked (its run went through the lock and "
+    "succeeded or failed, or ran under observe or replace), overlap "
     "(skipped: the lock was held), already_ran (skipped: another run claimed the tick), "
     "frozen (skipped: the lock was frozen), missed (no run started within the deadline); "
     "manual runs are no ticks",
