@@ -473,8 +473,10 @@ def _run(
     *,
     gate_exit: int,
     main_exit: int = 0,
-) -> None:
-    """A manual run whose pod the test finishes the way the kubelet would report it."""
+    gate_message: str | None = None,
+) -> str:
+    """A manual run whose pod the test finishes the way the kubelet would report it; the
+    pod's name."""
     batch(api).create_namespaced_job(namespace, job_from_cronjob(cronjob_body, job))
     core = kubernetes.client.CoreV1Api(api)
     pod = wait_for(
@@ -482,7 +484,15 @@ def _run(
         timeout=30,
         what=f"the Job controller to create a pod for {job}",
     )[0]
-    finish_pod(core, namespace, pod.metadata.name, gate_exit=gate_exit, main_exit=main_exit)
+    finish_pod(
+        core,
+        namespace,
+        pod.metadata.name,
+        gate_exit=gate_exit,
+        main_exit=main_exit,
+        gate_message=gate_message,
+    )
+    return str(pod.metadata.name)
 
 
 def _skips(api: kubernetes.client.ApiClient, namespace: str, name: str) -> int:
@@ -553,6 +563,85 @@ def test_keep_skipped_jobs_keeps_the_failed_job_and_other_failures_are_not_skips
     }
     assert labels["kept-1"]["cronlock.io/outcome"] == "skipped"
     assert "cronlock.io/outcome" not in labels["kept-2"]
+
+
+def _already_ran(job: str) -> str:
+    """The gate's line for `job`'s tick, as ticks.skip_line writes it."""
+    return (
+        f"already ran: tick 2026-12-06T12:00:00Z of ticking on lock ticking was claimed by "
+        f"job {job}-other (run uid-other, holder pod-other, cluster east) for tick "
+        "2026-12-06T12:00:00Z; skipping this run"
+    )
+
+
+def _reasons(api: kubernetes.client.ApiClient, namespace: str, name: str) -> list[str]:
+    return [reason for _, reason, _ in events(api, namespace, name)]
+
+
+def test_a_skip_whose_gate_said_already_ran_is_a_tick_already_ran_event_not_a_skip(
+    api: kubernetes.client.ApiClient, namespace: str, operator: OperatorProcess
+) -> None:
+    """Issue 56: the Job's own pod's gate exited 75 saying `already ran: ...`: a Normal
+    TickAlreadyRan Event with that line, no skip in a row, the Job cleaned up as a skip's.
+    A gate that exited 75 for a held lock stays a Skipped one."""
+    body = _guarded(api, namespace, "ticking", alert_after="2")
+    line = _already_ran("ticking-29416320")
+
+    _run(api, namespace, body, "ticking-29416320", gate_exit=75, gate_message=line)
+
+    said = wait_event(api, namespace, "ticking", "TickAlreadyRan")
+    assert said[0] == f"run ticking-29416320: {line}"
+    wait_for(lambda: not _job_exists(api, namespace, "ticking-29416320"), 30, "the Job deleted")
+    assert _skips(api, namespace, "ticking") == 0
+    assert "Skipped" not in _reasons(api, namespace, "ticking")
+    normal = [
+        event.type
+        for event in kubernetes.client.CoreV1Api(api).list_namespaced_event(namespace).items
+        if event.reason == "TickAlreadyRan"
+    ]
+    assert normal == ["Normal"]
+
+    # A held lock: the gate's message says so; a skip, the first in a row.
+    _run(api, namespace, body, "ticking-29416321", gate_exit=75, gate_message="lease is held")
+    wait_for(lambda: _skips(api, namespace, "ticking") == 1, 30, "consecutive-skips 1")
+    skipped = wait_event(api, namespace, "ticking", "Skipped")
+    assert skipped[0] == (
+        "run ticking-29416321 skipped: lock ticking was held by another run (1 in a row)"
+    )
+    assert _reasons(api, namespace, "ticking").count("TickAlreadyRan") == 1
+
+
+def test_a_forged_job_whose_gate_says_already_ran_is_no_tick_already_ran(
+    api: kubernetes.client.ApiClient, namespace: str, operator: OperatorProcess
+) -> None:
+    """From the attacker's side: anyone who may create Jobs names the CronJob as their
+    Job's owner and gives it a `cronlock-gate` of their own that exits 75 saying
+    `already ran`, to pass skips off as ticks worked elsewhere. Its cronlock containers are
+    not the CronJob's (skips.went_through_the_lock): a plain skip, counted in a row, and no
+    TickAlreadyRan Event carries the forger's text. The legitimate Job on the same set-up
+    is told."""
+    body = _guarded(api, namespace, "forged", alert_after="5")
+    forged = copy.deepcopy(body)
+    spec = forged["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+    gate = next(c for c in spec["initContainers"] if c["name"] == GATE)
+    gate["command"] = ["sh", "-c", "echo 'already ran: trust me' >/dev/termination-log; exit 75"]
+
+    _run(
+        api,
+        namespace,
+        forged,
+        "forged-29416320",
+        gate_exit=75,
+        gate_message="already ran: trust me",
+    )
+    wait_for(lambda: _skips(api, namespace, "forged") == 1, 30, "the forged run counted a skip")
+    assert "TickAlreadyRan" not in _reasons(api, namespace, "forged")
+
+    line = _already_ran("forged-29416321")
+    _run(api, namespace, body, "forged-29416321", gate_exit=75, gate_message=line)
+    said = wait_event(api, namespace, "forged", "TickAlreadyRan")
+    assert said == [f"run forged-29416321: {line}"]
+    assert _skips(api, namespace, "forged") == 1
 
 
 def test_a_holder_that_stops_renewing_is_cleared_with_lease_expired(

@@ -16,11 +16,13 @@ import kubernetes
 import pytest
 
 from tests.support.controlplane import ControlPlane
-from tests.support.cronjobs import make_cronjob
+from tests.support.cronjobs import job_from_cronjob, make_cronjob
 from tests.support.flood import CONNECTIONS, HEADER_LINES, HeaderFlood, peak_rss, rss_mib
-from tests.support.kube import wait_for
+from tests.support.kube import finish_pod, wait_for
+from tests.support.objects import read
 from tests.support.operator import OperatorProcess, get
 from tests.support.ports import free_port
+from tests.support.prometheus import samples
 
 
 @pytest.fixture
@@ -139,6 +141,80 @@ def test_metrics_liveness_and_json_logs(
         return f'lock="watched",namespace="{namespace}"' not in text
 
     wait_for(series_gone, timeout=60, what="the deleted lock's series to be removed")
+
+
+def test_tick_outcomes_are_counted_by_outcome_on_metrics(
+    api: kubernetes.client.ApiClient,
+    namespace: str,
+    observed_operator: tuple[OperatorProcess, int, int],
+) -> None:
+    """Issue 56, every tick accounted for: a run skipped as already ran and one skipped
+    for a held lock are one tick each under their own outcome, a manual run is no tick,
+    and every outcome is on the page from 0, as Prometheus' parser reads it."""
+    _, metrics_port, _ = observed_operator
+    manifest = make_cronjob(
+        name="counted",
+        namespace=None,
+        schedule="0 0 1 1 *",
+        restart_policy="Never",
+        annotations={"cronlock.io/enabled": "true"},
+        job={"backoffLimit": 0},
+    )
+    batch = kubernetes.client.BatchV1Api(api)
+    batch.create_namespaced_cron_job(namespace, manifest)
+    body = wait_for(
+        lambda: (
+            c
+            if "cronlock-gate" in str((c := read(api, namespace, "counted"))["spec"]["jobTemplate"])
+            else None
+        ),
+        timeout=30,
+        what="the injection",
+    )
+    core = kubernetes.client.CoreV1Api(api)
+
+    def finished(job: str, message: str) -> None:
+        batch.create_namespaced_job(namespace, job_from_cronjob(body, job))
+        pod = wait_for(
+            lambda: core.list_namespaced_pod(namespace, label_selector=f"job-name={job}").items,
+            timeout=30,
+            what=f"a pod for {job}",
+        )[0]
+        finish_pod(core, namespace, pod.metadata.name, gate_exit=75, gate_message=message)
+
+    def ticks() -> dict[str, float]:
+        _, text = get(f"http://127.0.0.1:{metrics_port}/metrics")
+        return {
+            labels["outcome"]: value
+            for labels, value in samples(text, "cronlock_ticks_total")
+            if labels["namespace"] == namespace and labels["cronjob"] == "counted"
+        }
+
+    # From the first sight of the CronJob's schedule, every outcome at 0.
+    wait_for(lambda: len(ticks()) == 5, 30, "the tick series at 0")
+    assert ticks() == dict.fromkeys(("worked", "overlap", "already_ran", "frozen", "missed"), 0)
+
+    finished("counted-29416320", "already ran: tick 2026-12-06T12:00:00Z of counted ...")
+    finished("counted-29416321", "lease is held")
+    finished("counted-manual-1", "lease is held")  # `kubectl create job --from`: no tick
+
+    wait_for(
+        lambda: ticks()["already_ran"] == 1 and ticks()["overlap"] == 1,
+        30,
+        "both ticks counted",
+    )
+    # The manual run's skip is counted as a run (cronlock_runs_total), not as a tick.
+    wait_for(lambda: _skipped_runs(metrics_port) == 2, 30, "the manual run's skip counted")
+    assert ticks() == {"worked": 0, "overlap": 1, "already_ran": 1, "frozen": 0, "missed": 0}
+
+
+def _skipped_runs(port: int) -> float:
+    _, text = get(f"http://127.0.0.1:{port}/metrics")
+    return sum(
+        value
+        for labels, value in samples(text, "cronlock_runs_total")
+        if labels["result"] == "skipped"
+    )
 
 
 def test_metrics_listen_only_where_they_are_told(

@@ -678,3 +678,68 @@ def test_hostile_lease_strings_reach_the_terminal_escaped_and_json_exact(
     (item,) = json.loads(as_json.stdout)["items"]
     assert item["lastHolder"] == title_and_clear
     assert (item["frozen"]["by"], item["frozen"]["reason"]) == (frozen_by, "\x1b[2J")
+
+
+def test_the_last_tick_of_each_cronjob_on_a_lock_shows_in_wide_json_and_yaml(
+    controlplane: ControlPlane, api: kubernetes.client.ApiClient, namespace: str
+) -> None:
+    """Issue 56, every tick accounted for: the tick records a claim writes on the Lease
+    (`cronlock.io/tick.<cronjob>`), one per CronJob sharing the lock, with which Job, run,
+    holder and cluster worked it. A record that does not read as one (written by whoever
+    may write the Lease) is not shown and breaks nothing."""
+    leases = kubernetes.client.CoordinationV1Api(api)
+    now = datetime.datetime.now(datetime.UTC)
+    records = {
+        "cronlock.io/tick.ticked": (
+            "2026-12-06T12:00:00Z ticked-29416320 0c5e-uid ticked-29416320-x9k2p_0a1b east"
+        ),
+        "cronlock.io/tick.vm-report": "2026-12-06T11:00:00Z - vm-run-7 vm-01 -",
+        "cronlock.io/tick.hostile": "2026-12-06T12:00:00Z \x1b]0;owned\x07 a b c",
+        "cronlock.io/tick.far": "tomorrow a b c d",
+    }
+    leases.create_namespaced_lease(
+        namespace,
+        make_lease(
+            lock="ticked",
+            namespace=namespace,
+            renewed=now - datetime.timedelta(minutes=1),
+            annotations=records,
+        ),
+    )
+    kubernetes.client.BatchV1Api(api).create_namespaced_cron_job(
+        namespace, cronjob("ticked", {"cronlock.io/enabled": "true"})
+    )
+
+    wide = cronlock(controlplane, "status", "-n", namespace, "-o", "wide")
+
+    assert wide.returncode == 0, wide.stderr
+    assert "LAST TICK" in wide.stdout.splitlines()[0]
+    assert table(wide.stdout)["ticked"][-2] == (
+        "2026-12-06T12:00:00Z job ticked-29416320 (run 0c5e-uid, holder "
+        "ticked-29416320-x9k2p_0a1b, cluster east)"
+    )
+    assert "\x1b" not in wide.stdout + wide.stderr
+
+    expected = [
+        {
+            "cronjob": "ticked",
+            "tick": "2026-12-06T12:00:00Z",
+            "job": "ticked-29416320",
+            "run": "0c5e-uid",
+            "holder": "ticked-29416320-x9k2p_0a1b",
+            "cluster": "east",
+        },
+        {
+            "cronjob": "vm-report",
+            "tick": "2026-12-06T11:00:00Z",
+            "job": None,
+            "run": "vm-run-7",
+            "holder": "vm-01",
+            "cluster": None,
+        },
+    ]
+    for output, load in (("json", json.loads), ("yaml", yaml.safe_load)):
+        result = cronlock(controlplane, "status", "-n", namespace, "-o", output)
+        assert result.returncode == 0, result.stderr
+        (item,) = load(result.stdout)["items"]
+        assert item["ticks"] == expected, output

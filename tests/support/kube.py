@@ -56,18 +56,27 @@ def terminated(name: str, exit_code: int) -> dict[str, Any]:
     }
 
 
-def finish_pod(core: Any, namespace: str, pod: str, *, gate_exit: int, main_exit: int = 0) -> None:
+def finish_pod(
+    core: Any,
+    namespace: str,
+    pod: str,
+    *,
+    gate_exit: int,
+    main_exit: int = 0,
+    gate_message: str | None = None,
+) -> None:
     """Write a terminal pod status through the status subresource, as a kubelet would.
 
-    A gate that exited non-zero means the user containers never started.
+    A gate that exited non-zero means the user containers never started; `gate_message` is
+    its termination message (what it wrote to /dev/termination-log).
     """
     ran = gate_exit == 0
+    gate = terminated("cronlock-gate", gate_exit)
+    if gate_message is not None:
+        gate["state"]["terminated"]["message"] = gate_message
     status: dict[str, Any] = {
         "phase": "Succeeded" if ran and main_exit == 0 else "Failed",
-        "initContainerStatuses": [
-            terminated("cronlock", 0),
-            terminated("cronlock-gate", gate_exit),
-        ],
+        "initContainerStatuses": [terminated("cronlock", 0), gate],
         "containerStatuses": [terminated("main", main_exit)] if ran else [],
     }
     core.patch_namespaced_pod_status(

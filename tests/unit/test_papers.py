@@ -49,6 +49,11 @@ def posted_reasons(root: Path = OPERATOR) -> dict[str, str]:
                 if isinstance(argument, ast.Constant)
                 else constants.get(argument.id)
                 if isinstance(argument, ast.Name)
+                # The sidecar's contract names the reasons both sides share.
+                else getattr(contract, argument.attr, None)
+                if isinstance(argument, ast.Attribute)
+                and isinstance(argument.value, ast.Name)
+                and argument.value.id == "contract"
                 else None
             )
             if isinstance(reason, str) and re.fullmatch(r"[A-Z][A-Za-z]+", reason):

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from cronlock_operator.cronjob.config import parse_config
+from cronlock_operator.errors import Retry
 from cronlock_operator.injection.build import desired_cronjob
 from cronlock_operator.reconcile import contention, skips
 from cronlock_operator.reconcile.keys import ContentionKey, RunsKey
@@ -387,3 +388,83 @@ def test_runs_named_by_notes_are_kept_up_to_a_bound_oldest_dropped_first(
         lease = lease_with(OLD, overlap=f"report-{number}-ccccc_3333333{number}")
         accounting.lease_seen((NAMESPACE, "cronlock-report"), read_lease(lease), "report")
     assert list(accounting.contended) == [(NAMESPACE, "report-2"), (NAMESPACE, "report-3")]
+
+
+# --- already ran (issue 56): the runtime reads the skipped pod's gate ------------------
+
+ALREADY_RAN = (
+    "already ran: tick 2026-12-01T00:00:00Z of report on lock report was claimed by job "
+    "report-29416320 (run uid-a, holder pod-a, cluster east) for tick 2026-12-01T00:00:00Z; "
+    "skipping this run"
+)
+
+
+def gate_said(job: dict[str, Any], message: str) -> dict[str, Any]:
+    """The pod the Job's Failed condition names, its gate terminated 75 with `message`."""
+    name = job["metadata"]["name"]
+    return {
+        "metadata": {
+            "name": f"{name}-x",
+            "namespace": NAMESPACE,
+            "ownerReferences": [
+                {"kind": "Job", "name": name, "uid": job["metadata"]["uid"], "controller": True}
+            ],
+        },
+        "status": {
+            "initContainerStatuses": [
+                {
+                    "name": "cronlock-gate",
+                    "state": {"terminated": {"exitCode": 75, "message": message}},
+                }
+            ]
+        },
+    }
+
+
+def test_a_skip_whose_gate_said_already_ran_is_told_and_not_counted_in_a_row(
+    setup: tuple[Reconciler, RecordingKube],
+) -> None:
+    reconciler, kube = setup
+    cronjob = kube.cronjob
+    cronjob["spec"] = desired_cronjob(cronjob, parse_config(cronjob, SETTINGS), SETTINGS)["spec"]
+    first = finished_job("report-29416320", "2026-12-01T00:00:01Z")
+    second = finished_job("report-29416321", "2026-12-01T00:01:01Z")
+    for job in (first, second):  # made by the CronJob controller from the injected CronJob
+        job["spec"] = copy.deepcopy(cronjob["spec"]["jobTemplate"]["spec"])
+    kube.pods[(NAMESPACE, "report-29416320-x")] = gate_said(first, ALREADY_RAN)
+    kube.pods[(NAMESPACE, "report-29416321-x")] = gate_said(second, "lease is held")
+    arrive(reconciler, kube, first)
+    arrive(reconciler, kube, second)
+    before = metrics.registry.get_sample_value("cronlock_runs_total", {"result": "already_ran"})
+
+    reconciler.accounting.account_runs(RunsKey(NAMESPACE, "report"))
+
+    assert kube.said()[:2] == [
+        ("TickAlreadyRan", f"run report-29416320: {ALREADY_RAN}"),
+        (
+            "Skipped",
+            "run report-29416321 skipped: lock report was held by another run (1 in a row)",
+        ),
+    ]
+    assert kube.cronjob["metadata"]["annotations"]["cronlock.io/consecutive-skips"] == "1"
+    after = metrics.registry.get_sample_value("cronlock_runs_total", {"result": "already_ran"})
+    assert (after or 0) - (before or 0) == 1
+
+
+@pytest.mark.parametrize("unreadable", [False, True])
+def test_a_skip_whose_pod_is_gone_or_unreadable_is_a_skip_as_before(
+    setup: tuple[Reconciler, RecordingKube], unreadable: bool
+) -> None:
+    reconciler, kube = setup
+    job = finished_job("report-29416320", "2026-12-01T00:00:01Z")
+    if unreadable:
+        kube.pods[(NAMESPACE, "report-29416320-x")] = gate_said(job, ALREADY_RAN)
+        kube.fail["read_pod"] = Retry("get pod: HTTP 403 Forbidden")
+    arrive(reconciler, kube, job)
+
+    reconciler.accounting.account_runs(RunsKey(NAMESPACE, "report"))
+
+    assert [reason for reason, _ in kube.said()] == ["Skipped"]
+    if not unreadable:  # it asked, and the pod was gone (a failed call is not recorded)
+        assert ("read_pod", (NAMESPACE, "report-29416320-x")) in kube.calls
+    assert kube.cronjob["metadata"]["annotations"]["cronlock.io/consecutive-skips"] == "1"

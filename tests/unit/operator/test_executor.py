@@ -8,15 +8,24 @@ import dataclasses
 from typing import Any
 
 import pytest
+from prometheus_client import generate_latest
 
 from cronlock_operator.cronjob.config import parse_config
 from cronlock_operator.errors import Retry
 from cronlock_operator.reconcile import rbac
-from cronlock_operator.reconcile.actions import DropLeaseOwner, EnsureLease
+from cronlock_operator.reconcile.actions import (
+    CountMissed,
+    CountTick,
+    DropLeaseOwner,
+    EnsureLease,
+    SetRunTimes,
+)
+from cronlock_operator.runtime import metrics
 from cronlock_operator.runtime.executor import Executor, Refused, Undecided
 from tests.support.cronjobs import SETTINGS, make_cronjob
 from tests.support.fakekube import FakeKube
 from tests.support.leases import make_lease
+from tests.support.prometheus import samples
 
 OURS = {"app.kubernetes.io/managed-by": "cronlock", "cronlock.io/lock": "report"}
 
@@ -164,3 +173,39 @@ def test_holder_rbac_writes_its_own_names_a_foreign_role_and_deletes_the_stale()
     Executor(kube).run(actions)
     writes = [name for name, _ in holder.calls if name in ("create", "replace", "delete")]
     assert writes == ["create", "create"]  # the batch Role and RoleBinding, once
+
+
+def tick_counts(cronjob: str) -> dict[str, float]:
+    """cronlock_ticks_total of one CronJob by outcome, as Prometheus' parser reads /metrics."""
+    page = generate_latest(metrics.registry).decode()
+    return {
+        labels["outcome"]: value
+        for labels, value in samples(page, "cronlock_ticks_total")
+        if labels["namespace"] == "team-t" and labels["cronjob"] == cronjob
+    }
+
+
+def test_ticks_are_counted_by_outcome_from_zero_and_missed_ones_too() -> None:
+    """Every outcome exists at 0 once the CronJob's times are known (increase() sees the
+    first one); a tick's outcome and a missed tick each count; the series go with the
+    CronJob."""
+    executor = Executor(FakeKube())
+    executor.run([SetRunTimes("team-t", "ticking", 1e9, None, False)])
+    assert tick_counts("ticking") == dict.fromkeys(metrics.TICK_OUTCOMES, 0.0)
+    executor.run(
+        [
+            CountTick("team-t", "ticking", "worked"),
+            CountTick("team-t", "ticking", "already_ran"),
+            CountTick("team-t", "ticking", "already_ran"),
+            CountMissed("team-t", "ticking", 3),
+        ]
+    )
+    assert tick_counts("ticking") == {
+        "worked": 1.0,
+        "overlap": 0.0,
+        "already_ran": 2.0,
+        "frozen": 0.0,
+        "missed": 3.0,
+    }
+    metrics.forget_cronjob("team-t", "ticking")
+    assert tick_counts("ticking") == {}

@@ -18,6 +18,7 @@ from cronlock_operator.reconcile.actions import (
     AnnotateCronJob,
     CountRun,
     CountTakeover,
+    CountTick,
     DeleteJob,
     DropLeaseOwner,
     EnsureLease,
@@ -250,13 +251,15 @@ def test_skips_are_counted_in_creation_order_and_alert_at_alert_after() -> None:
     assert isinstance(first[0], MarkJob)
     assert kinds(first) == [
         "MarkJob",
+        "CountTick",
         "CountRun",
         "PostEvent:Skipped",
         "PostEvent:RepeatedSkips",
         "DeleteJob",
     ]
-    assert kinds(second)[2:4] == ["PostEvent:Skipped", "PostEvent:RepeatedSkips"]
-    skipped = second[2]
+    assert first[1] == CountTick(NAMESPACE, "report", "overlap")
+    assert kinds(second)[3:5] == ["PostEvent:Skipped", "PostEvent:RepeatedSkips"]
+    skipped = second[3]
     assert isinstance(skipped, PostEvent)
     assert skipped.message.endswith("(3 in a row)")
     assert decision.after == [
@@ -282,7 +285,11 @@ def test_a_success_resets_the_count_and_a_failure_leaves_it() -> None:
         ],
         SETTINGS,
     )
-    assert [kinds(run.actions) for run in decision.runs] == [["MarkJob"], ["MarkJob"]]
+    assert [kinds(run.actions) for run in decision.runs] == [
+        ["MarkJob", "CountTick"],
+        ["MarkJob", "CountTick"],
+    ]
+    assert {run.actions[-1] for run in decision.runs} == {CountTick(NAMESPACE, "report", "worked")}
     assert decision.after == [
         AnnotateCronJob(NAMESPACE, "report", {"cronlock.io/consecutive-skips": None}),
         SetConsecutiveSkips(NAMESPACE, "report", 0),
@@ -366,7 +373,7 @@ def test_kept_and_gone_skipped_jobs_are_not_deleted() -> None:
         DeleteJob(NAMESPACE, "report-1") not in runs.decide(body, [job], SETTINGS).runs[0].actions
     )
     gone = runs.decide(cronjob(), [job], SETTINGS, gone=frozenset({"uid-report-1"}))
-    assert kinds(gone.runs[0].actions) == ["CountRun", "PostEvent:Skipped"]
+    assert kinds(gone.runs[0].actions) == ["CountTick", "CountRun", "PostEvent:Skipped"]
 
 
 def test_only_skipped_and_replaced_jobs_are_labelled_with_their_outcome() -> None:
@@ -407,18 +414,131 @@ def test_a_skip_that_ended_while_its_lock_was_frozen_is_a_frozen_event_not_a_ski
     freeze = runs.FrozenLock(datetime(2026, 12, 1, 2, 0, tzinfo=UTC), "alice", "DB migration")
     decision = runs.decide(body, [during, after], SETTINGS, frozen={"report": freeze})
     first, second = (run.actions for run in decision.runs)
-    assert kinds(first) == ["MarkJob", "CountRun", "PostEvent:Frozen", "DeleteJob"]
-    frozen_event = first[2]
+    assert kinds(first) == ["MarkJob", "CountTick", "CountRun", "PostEvent:Frozen", "DeleteJob"]
+    assert first[1] == CountTick(NAMESPACE, "report", "frozen")
+    frozen_event = first[3]
     assert isinstance(frozen_event, PostEvent)
     assert frozen_event.message == (
         "run report-1 skipped: lock report frozen until 2026-12-01T02:00:00.000000Z by alice: "
         "DB migration"
     )
     # After the freeze ended, a skip is a skip again, and the first in a row.
-    assert kinds(second)[:3] == ["MarkJob", "CountRun", "PostEvent:Skipped"]
+    assert kinds(second)[:4] == ["MarkJob", "CountTick", "CountRun", "PostEvent:Skipped"]
     assert decision.after[0] == AnnotateCronJob(
         NAMESPACE, "report", {"cronlock.io/consecutive-skips": "1"}
     )
+
+
+ALREADY_RAN_LINE = (
+    "already ran: tick 2026-12-01T00:00:00Z of report on lock report was claimed by job "
+    "report-29416320 (run uid-a, holder pod-a, cluster east) for tick 2026-12-01T00:00:00Z; "
+    "skipping this run"
+)
+
+
+def test_a_skip_whose_gate_said_already_ran_is_its_own_event_and_no_skip_in_a_row() -> None:
+    """Issue 56: the tick was worked by another run; no lock is stuck, so RepeatedSkips
+    keeps its meaning. A skip of the lock held stays a Skipped one in the same list."""
+    body = injected(cronjob({"cronlock.io/enabled": "true", "cronlock.io/alert-after": "2"}))
+    body["metadata"]["annotations"]["cronlock.io/consecutive-skips"] = "1"
+    jobs = [
+        made_by(body, finished_job("report-29416320", "2026-12-01T00:00:01Z", "skipped")),
+        made_by(body, finished_job("report-29416321", "2026-12-01T00:01:01Z", "skipped")),
+    ]
+    decision = runs.decide(body, jobs, SETTINGS, already_ran={"report-29416320": ALREADY_RAN_LINE})
+    first, second = (run.actions for run in decision.runs)
+    assert kinds(first) == [
+        "MarkJob",
+        "CountTick",
+        "CountRun",
+        "PostEvent:TickAlreadyRan",
+        "DeleteJob",
+    ]
+    assert first[0] == MarkJob(
+        NAMESPACE, "report-29416320", "cronlock.io/accounted", "already_ran", "skipped"
+    )
+    assert first[2] == CountRun("already_ran")
+    event = first[3]
+    assert isinstance(event, PostEvent)
+    assert not event.warning
+    assert event.message == f"run report-29416320: {ALREADY_RAN_LINE}"
+    assert first[1] == CountTick(NAMESPACE, "report", "already_ran")
+    # The held-lock skip after it is the second in a row, not the third.
+    skipped = second[3]
+    assert isinstance(skipped, PostEvent)
+    assert skipped.message.endswith("(2 in a row)")
+    assert second[1] == CountTick(NAMESPACE, "report", "overlap")
+    assert decision.after[0] == AnnotateCronJob(
+        NAMESPACE, "report", {"cronlock.io/consecutive-skips": "2"}
+    )
+
+
+def test_already_ran_runs_alone_leave_the_skips_in_a_row_as_they_were() -> None:
+    body = injected(cronjob({"cronlock.io/enabled": "true", "cronlock.io/alert-after": "1"}))
+    body["metadata"]["annotations"]["cronlock.io/consecutive-skips"] = "3"
+    job = made_by(body, finished_job("report-29416320", "2026-12-01T00:00:01Z", "skipped"))
+    decision = runs.decide(body, [job], SETTINGS, already_ran={"report-29416320": "x"})
+    assert "PostEvent:RepeatedSkips" not in kinds(decision.runs[0].actions)
+    assert decision.after == [SetConsecutiveSkips(NAMESPACE, "report", 3)]
+
+
+@pytest.mark.parametrize(
+    "forge",
+    [_gate_is_true, _sidecar_runs_another_image, _run_dir_from_a_config_map, _another_lock],
+)
+def test_a_forged_jobs_gate_saying_already_ran_is_a_plain_skip(
+    forge: Callable[[dict[str, Any]], None],
+) -> None:
+    """A forger's gate may print `already ran` and exit 75: its Job's cronlock containers
+    are not the CronJob's, so its word is not taken; a skip in a row, as before."""
+    body = injected(cronjob({"cronlock.io/enabled": "true", "cronlock.io/alert-after": "5"}))
+    forged = made_by(body, finished_job("report-29416320", "2026-12-01T00:00:01Z", "skipped"))
+    forge(forged["spec"]["template"]["spec"])
+    decision = runs.decide(body, [forged], SETTINGS, already_ran={"report-29416320": "x"})
+    assert "PostEvent:TickAlreadyRan" not in kinds(decision.runs[0].actions)
+    assert "PostEvent:Skipped" in kinds(decision.runs[0].actions)
+    assert decision.after[-1] == SetConsecutiveSkips(NAMESPACE, "report", 1)
+
+
+def test_a_line_for_a_job_that_did_not_skip_changes_nothing() -> None:
+    """Only a skipped Job's gate can have said it: a line for a Job that succeeded or
+    failed is ignored (the runtime reads lines only for skipped Jobs)."""
+    body = injected(cronjob())
+    job = made_by(body, finished_job("report-29416320", "2026-12-01T00:00:01Z", "succeeded"))
+    decision = runs.decide(body, [job], SETTINGS, already_ran={"report-29416320": "x"})
+    assert kinds(decision.runs[0].actions) == ["MarkJob", "CountTick"]
+    assert decision.runs[0].actions[-1] == CountTick(NAMESPACE, "report", "worked")
+
+
+def test_ticks_count_only_runs_of_a_tick_and_only_runs_that_prove_something() -> None:
+    """A manual run (`kubectl create job --from`) is no tick; a Job that never took the
+    lock (security review L8) worked no tick; an observed overlap or a replaced run did."""
+    body = injected(cronjob())
+    manual = made_by(body, finished_job("report-manual-x1", "2026-12-01T00:00:01Z", "succeeded"))
+    manual_skip = finished_job("report-manual-x2", "2026-12-01T00:00:02Z", "skipped")
+    forged = finished_job("report-29416322", "2026-12-01T00:00:03Z", "succeeded")
+    forged["spec"] = {"template": {"spec": {"containers": [{"name": "w", "command": ["true"]}]}}}
+    observed = finished_job("report-29416323", "2026-12-01T00:00:04Z", "succeeded")
+    replaced = finished_job("report-29416324", "2026-12-01T00:00:05Z", "failed")
+    failed = made_by(body, finished_job("report-29416325", "2026-12-01T00:00:06Z", "failed"))
+    decision = runs.decide(
+        body,
+        [manual, manual_skip, forged, observed, replaced, failed],
+        SETTINGS,
+        contended={"report-29416323": "overlapped", "report-29416324": "replaced"},
+    )
+    counted = {
+        run.job: [action.outcome for action in run.actions if isinstance(action, CountTick)]
+        for run in decision.runs
+    }
+    assert counted == {
+        "report-manual-x1": [],
+        "report-manual-x2": [],
+        "report-29416322": [],
+        "report-29416323": ["worked"],
+        "report-29416324": ["worked"],
+        "report-29416325": ["worked"],
+    }
 
 
 # --- Lease expiry -----------------------------------------------------------------------

@@ -128,6 +128,17 @@ class CountMissed:
 
 
 @dataclass(frozen=True)
+class CountTick:
+    """One tick of a CronJob and what became of it: worked, overlap (skipped: the lock was
+    held), already_ran (skipped: another run claimed it), frozen. Missed ticks are
+    CountMissed's."""
+
+    namespace: str
+    cronjob: str
+    outcome: str
+
+
+@dataclass(frozen=True)
 class SetRunTimes:
     """A CronJob's next tick and last success (epoch seconds; None: none), and whether its
     runs stopped succeeding (reconcile.missed)."""
@@ -154,5 +165,6 @@ Action = (
     | CountContention
     | SetConsecutiveSkips
     | CountMissed
+    | CountTick
     | SetRunTimes
 )

@@ -4,8 +4,11 @@ Each skipped run is a `Skipped` Event and one more consecutive skip; `alert-afte
 in a row is a `RepeatedSkips` Warning; a successful run resets the count. A run that
 overlapped a held lock (observe policy) counts like a skip, since skip would have skipped
 it, but keeps its Job; a run replaced by a newer one (replace policy) neither counts nor
-resets. The decision is pure: the runtime passes the CronJob and the runs not yet
-counted, and executes the result.
+resets. A skipped run whose gate said its tick was already worked by another run
+(`already ran`, issue 56) is a `TickAlreadyRan` Event, counted apart and not a skip in a
+row: nothing is stuck. Each run of a tick (a Job named `<cronjob>-<minutes>`, not a manual
+run) is also one tick outcome (`CountTick`). The decision is pure: the runtime passes the
+CronJob, the runs not yet counted and what their gates said, and executes the result.
 """
 
 from __future__ import annotations
@@ -22,12 +25,14 @@ from cronlock_operator.reconcile.actions import (
     Action,
     AnnotateCronJob,
     CountRun,
+    CountTick,
     DeleteJob,
     MarkJob,
     PostEvent,
     SetConsecutiveSkips,
 )
 from cronlock_sidecar import contract
+from cronlock_sidecar.lock import ticks
 from cronlock_sidecar.microtime import format_microtime, read_time
 
 
@@ -63,6 +68,7 @@ def decide(
     contended: Mapping[str, str] | None = None,
     frozen: Mapping[str, FrozenLock] | None = None,
     readings: Readings | None = None,
+    already_ran: Mapping[str, str] | None = None,
 ) -> RunsDecision:
     """What counting `finished` (Jobs of this CronJob not yet counted) writes, oldest first.
 
@@ -71,6 +77,8 @@ def decide(
     "overlapped" or "replaced") is what the Leases' notes said before any mark on the Job.
     `frozen` (lock -> its freeze) turns a skip that ended while its lock was frozen into a
     `Frozen` Event that counts no skip in a row: a maintenance window is no stuck run.
+    `already_ran` (Job name -> its gate's `already ran: ...` line, skips.already_ran_line)
+    turns a skip into a `TickAlreadyRan` Event that counts no skip in a row either.
     """
     metadata = cronjob["metadata"]
     namespace, name = str(metadata["namespace"]), str(metadata["name"])
@@ -87,17 +95,38 @@ def decide(
         uid = str(job["metadata"].get("uid"))
         present = uid not in gone
         actions: list[Action] = []
+        # Only a Job whose cronlock containers are the CronJob's own can have its gate's
+        # word taken: a forger's gate may print anything (security review L-N6).
+        line = (
+            (already_ran or {}).get(job_name)
+            if outcome == "skipped" and skips.went_through_the_lock(job, cronjob)
+            else None
+        )
         if present:
-            # A skipped or replaced run's Job ended Failed by cronlock's doing: labelled so.
+            # A skipped or replaced run's Job ended Failed by cronlock's doing: labelled so
+            # (an already-ran one too: it is a skip).
             label = outcome if outcome in contract.LABELLED_OUTCOMES else None
-            actions.append(
-                MarkJob(namespace, job_name, skips.ACCOUNTED_ANNOTATION, str(outcome), label)
-            )
+            mark = ALREADY_RAN if line is not None else str(outcome)
+            actions.append(MarkJob(namespace, job_name, skips.ACCOUNTED_ANNOTATION, mark, label))
         lock = (job["metadata"].get("labels") or {}).get(contract.LABEL_LOCK, "?")
         freeze = (
-            _frozen_when_skipped(job, (frozen or {}).get(lock)) if outcome == "skipped" else None
+            _frozen_when_skipped(job, (frozen or {}).get(lock))
+            if outcome == "skipped" and line is None
+            else None
         )
-        if freeze is not None:
+        # Right after the mark, as the run's count: what follows may fail after the mark.
+        tick = _tick_outcome(job, cronjob, outcome, line, freeze)
+        if tick is not None and ticks.tick_of_job(name, job_name) is not None:
+            actions.append(CountTick(namespace, name, tick))
+        if line is not None:
+            # Not a skip in a row: the tick was worked, by another run; no lock is stuck.
+            actions.append(CountRun(ALREADY_RAN))
+            actions.append(
+                PostEvent(cronjob, contract.EVENT_TICK_ALREADY_RAN, f"run {job_name}: {line}")
+            )
+            if not keep and present:
+                actions.append(DeleteJob(namespace, job_name))
+        elif freeze is not None:
             actions.append(CountRun("frozen"))
             actions.append(
                 PostEvent(
@@ -136,6 +165,36 @@ def decide(
         )
     after.append(SetConsecutiveSkips(namespace, name, count))
     return RunsDecision(counted, after)
+
+
+# The runs' and ticks' outcome of a run skipped because its tick was already worked.
+ALREADY_RAN = "already_ran"
+
+
+def _tick_outcome(
+    job: Mapping[str, Any],
+    cronjob: Mapping[str, Any],
+    outcome: str | None,
+    line: str | None,
+    freeze: FrozenLock | None,
+) -> str | None:
+    """What became of the run's tick: worked (it succeeded or failed through the lock, or
+    overlapped or was replaced while it worked), overlap (skipped: the lock was held),
+    already_ran, frozen; None for a run that proves nothing (a Job that never took the
+    lock). A Job failed by a gate that could not reach the lock (exit 69) reads as any
+    failed Job, so it counts worked: telling it apart would take its pods, which only a
+    skip's Failed condition names."""
+    if line is not None:
+        return ALREADY_RAN
+    if freeze is not None:
+        return "frozen"
+    if outcome == "skipped":
+        return "overlap"
+    if outcome in ("overlapped", "replaced"):
+        return "worked"
+    if outcome in ("succeeded", "failed") and skips.went_through_the_lock(job, cronjob):
+        return "worked"
+    return None
 
 
 def _frozen_when_skipped(job: Mapping[str, Any], freeze: FrozenLock | None) -> FrozenLock | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -33,6 +34,68 @@ def is_skip_failure(condition: Mapping[str, Any]) -> bool:
         and f"Container {contract.GATE_CONTAINER} " in message
         and f"exit code {contract.EXIT_SKIPPED}" in message
     )
+
+
+# The Job controller's message for a pod failed by a podFailurePolicy rule:
+# "Container cronlock-gate for pod <namespace>/<pod> failed with exit code 75 matching ...".
+_SKIPPED_POD = re.compile(
+    rf"Container {re.escape(contract.GATE_CONTAINER)} for pod ([a-z0-9][-a-z0-9.]*)/"
+    rf"([a-z0-9][-a-z0-9.]*) failed with exit code {contract.EXIT_SKIPPED}\b"
+)
+# An Event's message carries at most this much of the gate's line (the kubelet keeps up to
+# 4,096 bytes of a termination message; the sidecar's line is about 250 characters).
+MAX_ALREADY_RAN_LINE = 1024
+
+
+def skipped_pod(job: Mapping[str, Any]) -> str | None:
+    """The pod the Job's Failed condition names as the one whose gate exited 75 (in the
+    Job's own namespace), or None."""
+    namespace = (job.get("metadata") or {}).get("namespace")
+    for condition in (job.get("status") or {}).get("conditions") or []:
+        if condition.get("type") != "Failed" or not is_skip_failure(condition):
+            continue
+        match = _SKIPPED_POD.search(str(condition.get("message") or ""))
+        if match is not None and match.group(1) == namespace:
+            return match.group(2)
+    return None
+
+
+def already_ran_line(job: Mapping[str, Any], pod: Mapping[str, Any] | None) -> str | None:
+    """The gate's `already ran: ...` line, when `pod` is one of `job`'s own pods whose gate
+    exited 75 saying so in its termination message; None for any other skip (the lock was
+    held), a pod of another Job, or a pod that is gone (None).
+
+    The pod must name the Job, by its uid, as its controlling owner: a Job's Failed
+    condition naming another Job's pod (anyone who may write Jobs' status can write it)
+    borrows nothing. The line is cut at its first line and MAX_ALREADY_RAN_LINE
+    characters, printable characters only: it goes into an Event."""
+    if pod is None:
+        return None
+    uid = (job.get("metadata") or {}).get("uid")
+    owners = (pod.get("metadata") or {}).get("ownerReferences") or []
+    if not uid or not any(
+        isinstance(owner, Mapping)
+        and owner.get("kind") == "Job"
+        and owner.get("uid") == uid
+        and owner.get("controller") is True
+        for owner in owners
+    ):
+        return None
+    for status in (pod.get("status") or {}).get("initContainerStatuses") or []:
+        if not isinstance(status, Mapping) or status.get("name") != contract.GATE_CONTAINER:
+            continue
+        for state in (status.get("state"), status.get("lastState")):
+            terminated = (state or {}).get("terminated") if isinstance(state, Mapping) else None
+            if not isinstance(terminated, Mapping):
+                continue
+            if terminated.get("exitCode") != contract.EXIT_SKIPPED:
+                continue
+            message = terminated.get("message")
+            if not isinstance(message, str) or not message.startswith(contract.ALREADY_RAN + ":"):
+                continue
+            line = message.splitlines()[0][:MAX_ALREADY_RAN_LINE]
+            return "".join(char if char.isprintable() else "?" for char in line).rstrip()
+    return None
 
 
 def went_through_the_lock(job: Mapping[str, Any], cronjob: Mapping[str, Any]) -> bool:

@@ -10,10 +10,13 @@ queue keys here and enqueues what these methods say is due.
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Iterable
 from typing import Any
 
 from cronlock_operator.cache import ObjectCache
 from cronlock_operator.cronjob.reading import Readings
+from cronlock_operator.errors import Retry
 from cronlock_operator.kube.calls import KubeCalls
 from cronlock_operator.objects import Name
 from cronlock_operator.reconcile import contention, runs, skips
@@ -23,6 +26,8 @@ from cronlock_operator.runtime.workqueue import DONE, Result
 from cronlock_operator.settings import OperatorSettings
 from cronlock_sidecar import contract
 from cronlock_sidecar.lock.model import LeaseRecord
+
+logger = logging.getLogger(__name__)
 
 # Runs told about by Lease notes before their Job was counted, at most (oldest go first):
 # notes are written by pods, and Jobs they name that never come must not pile up.
@@ -163,6 +168,7 @@ class RunAccounting:
             contended=contended,
             frozen=frozen,
             readings=self.readings,
+            already_ran=self._already_ran(candidates.values()),
         )
         for run in decision.runs:
             job_key = (namespace, run.job)
@@ -180,6 +186,41 @@ class RunAccounting:
             self.contended.pop(job_key, None)
         self.executor.run(decision.after)
         return DONE
+
+    def _already_ran(self, jobs: Iterable[dict[str, Any]]) -> dict[str, str]:
+        """Per skipped Job whose gate said its tick already ran: the gate's line, read from
+        the pod its Failed condition names (one GET each). A pod gone or unreadable leaves
+        the Job a skip as before issue 56 (the lock was held)."""
+        lines = {}
+        for job in jobs:
+            if skips.outcome(job) != "skipped":
+                continue
+            metadata = job["metadata"]
+            namespace, name = str(metadata.get("namespace")), str(metadata["name"])
+            pod_name = skips.skipped_pod(job)
+            if pod_name is None:
+                logger.debug("job %s/%s skipped; no pod named: counted as a skip", namespace, name)
+                continue
+            try:
+                pod = self.kube.read_pod(namespace, pod_name)
+            except Retry as error:
+                logger.debug(
+                    "job %s/%s skipped; pod %s unreadable (%s): counted as a skip",
+                    namespace,
+                    name,
+                    pod_name,
+                    error,
+                )
+                continue
+            if pod is None:
+                logger.debug(
+                    "job %s/%s skipped; pod %s gone: counted as a skip", namespace, name, pod_name
+                )
+                continue
+            line = skips.already_ran_line(job, pod)
+            if line is not None:
+                lines[name] = line
+        return lines
 
     def tell_contention(self, lease: ContentionKey) -> Result:
         """Mark, tell and count what a Lease's new contender notes say happened."""

@@ -27,6 +27,7 @@ from cronlock_operator.reconcile.actions import (
     CountMissed,
     CountRun,
     CountTakeover,
+    CountTick,
     DeleteJob,
     DropLeaseOwner,
     EnsureLease,
@@ -148,6 +149,9 @@ class Executor:
                 metrics.consecutive_skips.labels(namespace, cronjob).set(count)
             case CountMissed(namespace, cronjob, ticks):
                 metrics.missed_runs.labels(namespace, cronjob).inc(ticks)
+                metrics.ticks.labels(namespace, cronjob, "missed").inc(ticks)
+            case CountTick(namespace, cronjob, outcome):
+                metrics.ticks.labels(namespace, cronjob, outcome).inc()
             case SetRunTimes(namespace, cronjob, next_run, last_success, not_succeeding):
                 metrics.set_run_times(namespace, cronjob, next_run, last_success, not_succeeding)
         return COMPLETED

@@ -68,7 +68,7 @@ cronjobs = _CronJobStates()
 registry.register(cronjobs)
 runs = Counter(
     "cronlock_runs",
-    "Runs seen by the operator, by result (acquired, skipped, frozen, lost, released)",
+    "Runs seen by the operator, by result (acquired, skipped, already_ran, frozen, lost, released)",
     ["result"],
     registry=registry,
 )
@@ -82,6 +82,16 @@ missed_runs = Counter(
     "cronlock_missed_runs",
     "Ticks of a guarded CronJob's schedule that started no run within their deadline",
     ["namespace", "cronjob"],
+    registry=registry,
+)
+ticks = Counter(
+    "cronlock_ticks",
+    "Ticks of a guarded CronJob by outcome: worked (its run went through the lock and "
+    "succeeded or failed, or ran under observe or replace), overlap "
+    "(skipped: the lock was held), already_ran (skipped: another run claimed the tick), "
+    "frozen (skipped: the lock was frozen), missed (no run started within the deadline); "
+    "manual runs are no ticks",
+    ["namespace", "cronjob", "outcome"],
     registry=registry,
 )
 last_success = Gauge(
@@ -195,6 +205,8 @@ def forget_cronjob(namespace: str, name: str) -> None:
     """A deleted CronJob's series go with it (Prometheus would keep showing the last value)."""
     for series in (consecutive_skips, missed_runs, last_success, next_run, not_succeeding):
         _remove(series, namespace, name)
+    for outcome in TICK_OUTCOMES:
+        _remove(ticks, namespace, name, outcome)
 
 
 def set_run_times(
@@ -211,6 +223,8 @@ def set_run_times(
             gauge.labels(namespace, name).set(value)
     not_succeeding.labels(namespace, name).set(1 if failing else 0)
     missed_runs.labels(namespace, name)  # 0 from the start: increase() sees the first miss
+    for outcome in TICK_OUTCOMES:
+        ticks.labels(namespace, name, outcome)
 
 
 def forget_lock(namespace: str, lock: str) -> None:
@@ -237,7 +251,8 @@ def _remove(gauge: Gauge | Counter, *labels: str) -> None:
 # Every label value a counter can take exists from the start at 0, so that rate() and
 # increase() see the first run, skip, takeover or error after a restart (those with a
 # namespace once it is seen: namespace_seen, lock_seen).
-RUN_RESULTS = ("acquired", "skipped", "frozen", "lost", "released")
+RUN_RESULTS = ("acquired", "skipped", "already_ran", "frozen", "lost", "released")
+TICK_OUTCOMES = ("worked", "overlap", "already_ran", "frozen", "missed")
 TAKEOVER_REASONS = ("expired", "foreign")
 RECONCILE_KINDS = tuple(key.kind for key in typing.get_args(Key))
 for _result in RUN_RESULTS:

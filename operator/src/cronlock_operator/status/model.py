@@ -15,6 +15,7 @@ from cronlock_operator.reconcile import missed
 from cronlock_operator.reconcile.skips import consecutive_skips
 from cronlock_sidecar import contract
 from cronlock_sidecar.lock.model import is_expired, read_lease
+from cronlock_sidecar.lock.ticks import TickRecord, records
 from cronlock_sidecar.microtime import read_time
 
 # "in-store": the lock is in Redis or PostgreSQL (cronlock.io/store), not a Lease here.
@@ -65,6 +66,14 @@ class StatusRow:
     # The rule that guards it: "annotation" (its own cronlock.io/enabled) or "namespace"
     # (its namespace's label cronlock.io/enabled=true).
     guarded_by: str = "annotation"
+    # The lock's record of the last tick claimed, per CronJob name (issue 56): what its
+    # Lease or store document says, records that do not read as one left out.
+    ticks: tuple[TickRecord, ...] = ()
+
+    @property
+    def last_tick(self) -> TickRecord | None:
+        """The lock's record for this row's CronJob."""
+        return next((record for record in self.ticks if record.cronjob == self.cronjob), None)
 
     @property
     def renewed_seconds_ago(self) -> float | None:
@@ -209,7 +218,15 @@ def _row(
         store=store,
         store_secret=config.store_secret if config is not None else None,
         guarded_by=reading.opt_in,
+        ticks=_tick_records(lease),
     )
+
+
+def _tick_records(lock: Mapping[str, Any] | None) -> tuple[TickRecord, ...]:
+    """The tick records on a Lease or store document; none when its annotations are no
+    mapping (a store document is whatever was written to the store)."""
+    annotations = metadata_of(lock or {}).get("annotations")
+    return tuple(records(annotations)) if isinstance(annotations, Mapping) else ()
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from typing import Any, Final
 import yaml
 
 from cronlock_operator.status.model import StatusRow, human_duration, seconds_between
+from cronlock_sidecar.lock.ticks import format_tick
 
 _GAP: Final = "   "
 _NONE: Final = "-"
@@ -80,6 +81,13 @@ def next_text(row: StatusRow) -> str:
     return _NONE if seconds is None else f"in {human_duration(seconds)}"
 
 
+def tick_text(row: StatusRow) -> str:
+    """The lock's record of this CronJob's last tick: `<tick> job <job> (run <run>, holder
+    <holder>, cluster <cluster>)`, or `-`."""
+    record = row.last_tick
+    return _NONE if record is None else f"{format_tick(record.at)} {record.who()}"
+
+
 def holder_text(row: StatusRow) -> str:
     if row.state == "missing":
         return "missing"
@@ -130,6 +138,7 @@ _WIDE_COLUMNS: Final = (
     _Column("SUSPEND", lambda row: str(row.suspended).lower()),
     _Column("LAST HOLDER", lambda row: row.last_holder or _NONE),
     _Column("RELEASED", lambda row: _ago(row.released_at, row.now)),
+    _Column("LAST TICK", tick_text),
     _Column("FROZEN", frozen_text),
 )
 
@@ -262,6 +271,17 @@ def json_row(row: StatusRow) -> dict[str, Any]:
         "frozen": None
         if row.frozen_until is None
         else {"until": _iso(row.frozen_until), "by": row.frozen_by, "reason": row.frozen_reason},
+        "ticks": [
+            {
+                "cronjob": record.cronjob,
+                "tick": format_tick(record.at),
+                "job": record.job or None,
+                "run": record.run,
+                "holder": record.holder,
+                "cluster": record.cluster or None,
+            }
+            for record in row.ticks
+        ],
         "problems": list(row.problems),
     }
 
