@@ -179,13 +179,21 @@ def test_bad_tick_settings_are_refused_with_what_to_do(env: dict[str, str], mess
 class Pod:
     """`hold` in-process over the fake transport, and the run dir it shares with the gate."""
 
-    def __init__(self, tmp_path: Path, clock: FakeClock, transport: FakeTransport, job: str):
+    def __init__(
+        self,
+        tmp_path: Path,
+        clock: FakeClock,
+        transport: FakeTransport,
+        job: str,
+        policy: str = "skip",
+    ):
         self.run_dir = tmp_path / "run"
         options = parse_options(
             [
                 "hold", "--lease", "default/cronlock-report", "--identity", ME,
                 "--ttl", "3s", "--renew", "200ms", "--run-dir", str(self.run_dir),
                 "--job-name", job, "--cronjob", "report", "--job-uid", "uid-of-this-job",
+                "--policy", policy,
             ],
             {},
         )  # fmt: skip
@@ -277,3 +285,17 @@ def test_a_ticks_record_is_not_rewritten_by_renewals_or_the_release(
 def test_the_tick_of_a_job_is_minutes_since_the_epoch() -> None:
     # What the tests above build on: START is a whole minute.
     assert datetime.fromtimestamp(MINUTES * 60, UTC) == START
+
+
+@pytest.mark.parametrize("policy", ["observe", "replace", "wait"])
+def test_a_pod_of_any_policy_decides_already_ran_while_the_tick_is_held_by_its_first_job(
+    tmp_path: Path, clock: FakeClock, transport: FakeTransport, pods: list[Pod], policy: str
+) -> None:
+    # The first Job of the tick still works: observe would run anyway, replace would ask
+    # it to yield, wait would wait; a second Job of the same tick does none of these.
+    transport.store(make_lease(OTHER, annotations=recorded(START, "uid-of-the-first-job")))
+    pods.append(Pod(tmp_path, clock, transport, JOB, policy))
+    assert pods[0].file("decision") == "already-ran\n"
+    assert pods[0].file("skip-line").startswith("already ran: tick 2026-11-29T08:00:00Z")
+    assert transport.writes() == [], "no overlap noted, no yield asked"
+    assert read_lease(transport.lease or {}).holder == OTHER
