@@ -17,8 +17,13 @@ import kubernetes
 import pytest
 
 from cronlock_sidecar import contract
+from cronlock_sidecar.holding.lease import Acquired, LeaseKeeper, SystemClock
+from cronlock_sidecar.lock import ticks
 from cronlock_sidecar.lock.model import Timing, claimed, noted, released, renewed
 from cronlock_sidecar.microtime import format_microtime
+from cronlock_sidecar.transport.kubeapi import KubeLeaseClient
+from cronlock_sidecar.transport.kubeconfig import from_kubeconfig
+from cronlock_sidecar.transport.seam import LeaseRef
 from tests.support.controlplane import ControlPlane, make_service_account_kubeconfig
 from tests.support.cronjobs import make_cronjob
 from tests.support.kube import wait_for
@@ -34,8 +39,17 @@ RUN_JOB = "report-29000000"
 class Pod:
     """A pod on the shared account, and the Lease API as its token sees it."""
 
-    def __init__(self, api: kubernetes.client.ApiClient, name: str, leases: Any, uid: str):
+    def __init__(
+        self,
+        api: kubernetes.client.ApiClient,
+        name: str,
+        leases: Any,
+        uid: str,
+        kubeconfig: Path | None = None,
+    ):
         self.name = name
+        self.uid = uid
+        self.kubeconfig = kubeconfig  # the pod-bound token's, for the sidecar's own client
         # Built by the sidecar's own function: the policy must accept exactly its identities.
         self.identity = contract.holder_identity(name, uid)
         self.leases = leases
@@ -88,7 +102,7 @@ def make_pod(
         controlplane, api, namespace, "shared", directory, bound_pod=(name, uid)
     )
     leases = kubernetes.client.CoordinationV1Api(controlplane.api_client(path))
-    return Pod(api, name, leases, uid)
+    return Pod(api, name, leases, uid, path)
 
 
 def refused(pod: Pod, namespace: str, change: Callable[[dict[str, Any]], None]) -> str:
@@ -602,3 +616,147 @@ def owner_of(lease: Any) -> dict[str, Any]:
         "name": owner.name,
         "uid": owner.uid,
     }
+
+
+# --- each tick at most once: the tick records (sidecar lock/ticks.py) ------------------
+def _job_uid(api: kubernetes.client.ApiClient, namespace: str, pod: Pod) -> str:
+    labels = kubernetes.client.CoreV1Api(api).read_namespaced_pod(pod.name, namespace)
+    return str(labels.metadata.labels[contract.JOB_UID_LABEL])
+
+
+def _tick_of(job: str) -> datetime.datetime:
+    at = ticks.tick_of_job("report", job)
+    assert at is not None
+    return at
+
+
+def claim_tick(
+    pod: Pod, job: str, run: str, *, at: datetime.datetime | None = None, holder: str = ""
+) -> Callable[[dict[str, Any]], None]:
+    """A claim as the sidecar writes it (lock/model.claimed), its record as given."""
+
+    def change(lease: dict[str, Any]) -> None:
+        tick = ticks.Tick("report", at or _tick_of(job), job, run)
+        record = ticks.record_of(tick, holder or pod.identity, "east")
+        now = datetime.datetime.now(datetime.UTC)
+        lease.update(claimed(lease, pod.identity, Timing.of(60), now, job, record))
+
+    return change
+
+
+def set_tick(job: str, run: str, holder: str) -> Callable[[dict[str, Any]], None]:
+    def change(lease: dict[str, Any]) -> None:
+        record = ticks.record_of(ticks.Tick("report", _tick_of(job), job, run), holder, "")
+        annotations = lease["metadata"].setdefault("annotations", {})
+        annotations.update(ticks.with_record({}, record))
+
+    return change
+
+
+def test_a_tick_record_is_written_only_by_its_own_jobs_claim_and_a_future_one_silences_nothing(
+    api: kubernetes.client.ApiClient,
+    namespace: str,
+    controlplane: ControlPlane,
+    tmp_path: Path,
+) -> None:
+    """Attacks on cronlock.io/tick.<cronjob> from pods on the runs' account: a record in
+    another pod's, Job's or tick's name, a renewal or release that changes or drops one;
+    and a pod named as a far-future tick's Job, whose record passes but is ignored."""
+    guarded_on_shared(api, namespace)
+    run = make_pod(api, controlplane, namespace, f"{RUN_JOB}-abcde", tmp_path)
+    intruder = make_pod(api, controlplane, namespace, "intruder", tmp_path)
+    wait_for(lambda: _can_read(intruder, namespace), 30, "the holder Role for `shared`")
+    admin = kubernetes.client.CoordinationV1Api(api)
+    run_uid = _job_uid(api, namespace, run)
+    far = datetime.datetime.now(datetime.UTC) + datetime.timedelta(days=3650)
+    far_job = f"report-{int(far.timestamp()) // 60}"
+
+    # A pod that is no Job's writes no record, not even its own (no Job names it).
+    wait_for(
+        lambda: _refused_now(intruder, namespace, claim_tick(intruder, far_job, "x"), admin),
+        30,
+        "the holders' policy to be enforced",
+    )
+    message = refused(intruder, namespace, claim_tick(intruder, far_job, "x"))
+    assert "cronlock.io/tick.report" in message
+    # A run's pod claims, but not with a record naming another holder, another Job, or a
+    # tick its Job is not named for.
+    refused(run, namespace, claim_tick(run, RUN_JOB, run_uid, holder=intruder.identity))
+    refused(run, namespace, claim_tick(run, RUN_JOB, run_uid, at=far))
+
+    def other_job(lease: dict[str, Any]) -> None:
+        claim_tick(run, RUN_JOB, run_uid)(lease)
+        set_tick(far_job, run_uid, run.identity)(lease)
+
+    refused(run, namespace, other_job)
+    assert admin.read_namespaced_lease(LEASE, namespace).spec.holder_identity is None
+
+    # The legitimate claim passes, and its record is the sidecar's.
+    run.write(namespace, claim_tick(run, RUN_JOB, run_uid))
+    written = admin.read_namespaced_lease(LEASE, namespace).metadata.annotations
+    record = ticks.read_record(written, "report")
+    assert record == ticks.TickRecord(
+        "report", _tick_of(RUN_JOB), RUN_JOB, run_uid, run.identity, "east"
+    )
+
+    # Its renewals and its release carry the record; none may change or drop it.
+    def renew_to_later_tick(lease: dict[str, Any]) -> None:
+        renew(lease)
+        set_tick(far_job, run_uid, run.identity)(lease)
+
+    def release_dropping(lease: dict[str, Any]) -> None:
+        lease.update(released(lease, run.identity, datetime.datetime.now(datetime.UTC)))
+        lease["metadata"]["annotations"].pop("cronlock.io/tick.report")
+
+    refused(run, namespace, renew_to_later_tick)
+    refused(run, namespace, release_dropping)
+    refused(intruder, namespace, set_tick(RUN_JOB, "x", intruder.identity))
+    run.write(namespace, lambda lease: lease.update(renewed(lease, Timing.of(60), _now())))
+    run.write(namespace, lambda lease: lease.update(released(lease, run.identity, _now())))
+    after = admin.read_namespaced_lease(LEASE, namespace).metadata.annotations
+    assert ticks.read_record(after, "report") == record
+    # A free Lease's record is no more anyone's to change without a claim.
+    refused(intruder, namespace, set_tick(RUN_JOB, "x", intruder.identity))
+
+    # A pod that names itself as a far-future tick's Job (it can: it is on the account)
+    # writes that tick, and releases.
+    hostile = make_pod(api, controlplane, namespace, f"{far_job}-klmno", tmp_path)
+    hostile.write(namespace, claim_tick(hostile, far_job, "hostile-run"))
+    hostile.write(namespace, lambda lease: lease.update(released(lease, hostile.identity, _now())))
+    planted = ticks.read_record(
+        admin.read_namespaced_lease(LEASE, namespace).metadata.annotations, "report"
+    )
+    assert planted is not None
+    assert planted.at == far.replace(second=0, microsecond=0)
+
+    # The next real run, the sidecar's own LeaseKeeper on its pod's token, claims all the
+    # same: the future record is nobody's tick yet. (Its tick is older than the record,
+    # and the policy lets it write so: a "never older" rule would silence the CronJob.)
+    next_job = f"report-{int(_now().timestamp()) // 60}"
+    nxt = make_pod(api, controlplane, namespace, f"{next_job}-pqrst", tmp_path)
+    assert nxt.kubeconfig is not None
+    tick = ticks.Tick("report", _tick_of(next_job), next_job, _job_uid(api, namespace, nxt))
+    client = KubeLeaseClient(from_kubeconfig([nxt.kubeconfig]))
+    try:
+        keeper = LeaseKeeper(
+            client,
+            LeaseRef(namespace, LEASE),
+            nxt.identity,
+            Timing.of(60),
+            SystemClock(),
+            next_job,
+            tick=tick,
+        )
+        assert isinstance(keeper.try_acquire(), Acquired)
+        assert keeper.release()
+    finally:
+        client.close()
+    final = ticks.read_record(
+        admin.read_namespaced_lease(LEASE, namespace).metadata.annotations, "report"
+    )
+    assert final is not None
+    assert (final.job, final.holder) == (next_job, nxt.identity)
+
+
+def _now() -> datetime.datetime:
+    return datetime.datetime.now(datetime.UTC)

@@ -795,3 +795,94 @@ def test_observe_contenders_all_run_and_every_overlap_is_logged_and_noted(
     noted = lease_json(controlplane, namespace, "cronlock-export")["metadata"]["annotations"]
     assert noted["cronlock.io/overlap"] in ("second", "third")
     assert noted["cronlock.io/last-holder"] == "first"  # only the first held it
+
+
+# --- each tick at most once (lock/ticks.py) ------------------------------------------------
+def tick_hold(
+    controlplane: ControlPlane, lease: str, run_dir: Path, pod: str, job: str, job_uid: str
+) -> subprocess.Popen[str]:
+    """`hold` as the operator injects it into a pod of Job `job` of the CronJob `report`."""
+    return sidecar(
+        controlplane,
+        "hold",
+        "--lease",
+        lease,
+        "--ttl",
+        f"{HOLD_TTL}s",
+        "--run-dir",
+        str(run_dir),
+        "--port",
+        str(free_port()),
+        env={
+            "CRONLOCK_POD_NAME": pod,
+            "CRONLOCK_POD_UID": f"{job_uid[:4]}{pod[-4:]}-uid",
+            "CRONLOCK_JOB_NAME": job,
+            "CRONLOCK_CRONJOB": "report",
+            "CRONLOCK_JOB_UID": job_uid,
+            "CRONLOCK_CLUSTER": "east",
+        },
+    )
+
+
+def test_a_second_job_of_a_tick_already_worked_skips_with_75_and_says_so(
+    controlplane: ControlPlane,
+    namespace: str,
+    tmp_path: Path,
+    cleanup: list[subprocess.Popen[str]],
+) -> None:
+    lease = f"{namespace}/cronlock-ticks"
+    minutes = int(time.time()) // 60
+    job = f"report-{minutes}"
+    tick = datetime.fromtimestamp(minutes * 60, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    first_dir, retry_dir, second_dir = tmp_path / "first", tmp_path / "retry", tmp_path / "second"
+
+    # The tick's Job runs, and its work reads the tick; then it ends and releases.
+    first = tick_hold(controlplane, lease, first_dir, f"{job}-aaaaa", job, "uid-first-job")
+    cleanup.append(first)
+    assert read_when_written(first_dir / "decision") == "run"
+    assert (first_dir / "tick.env").read_text() == (
+        f"CRONLOCK_TICK={tick}\nCRONLOCK_PREVIOUS_TICK=\nCRONLOCK_MANUAL=false\n"
+    )
+    first.send_signal(signal.SIGTERM)
+    assert finish(first, timeout=10)[0] == 0
+    assert holder_column(controlplane, namespace, "cronlock-ticks") == ""
+
+    # Another Job named as the same tick (deleted and made again, or another cluster's
+    # controller on a shared lock): the lock is free, and still the run skips.
+    second = tick_hold(controlplane, lease, second_dir, f"{job}-bbbbb", job, "uid-second-job")
+    cleanup.append(second)
+    assert read_when_written(second_dir / "decision") == "already-ran"
+    termination = tmp_path / "termination-log"
+    result = subprocess.run(
+        [str(SIDECAR), "gate", "--run-dir", str(second_dir), "--termination-log", str(termination)],
+        env=controlplane.env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert result.returncode == SKIPPED, result.stderr
+    line = termination.read_text().strip()
+    assert line == (
+        f"already ran: tick {tick} of report on lock {lease} was claimed by job {job} "
+        f"(run uid-first-job, holder {job}-aaaaa_uid-aaaa, cluster east) for tick {tick}; "
+        "skipping this run"
+    )
+    assert line in result.stderr
+    assert not (second_dir / "tick.env").exists()
+    second.send_signal(signal.SIGTERM)
+    code, stderr = finish(second, timeout=10)
+    assert code == 0
+    assert line in stderr
+    assert holder_column(controlplane, namespace, "cronlock-ticks") == ""
+
+    # The first Job's retry pod is the same run: it goes on, and its work reads the same
+    # tick, the one recorded before its claim being its own Job's.
+    retry = tick_hold(controlplane, lease, retry_dir, f"{job}-ccccc", job, "uid-first-job")
+    cleanup.append(retry)
+    assert read_when_written(retry_dir / "decision") == "run"
+    assert (retry_dir / "tick.env").read_text().startswith(f"CRONLOCK_TICK={tick}\n")
+    record = lease_json(controlplane, namespace, "cronlock-ticks")["metadata"]["annotations"][
+        "cronlock.io/tick.report"
+    ]
+    assert record == f"{tick} {job} uid-first-job {job}-ccccc_uid-cccc east"

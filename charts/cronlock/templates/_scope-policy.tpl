@@ -66,14 +66,15 @@ variables:
       "CRONLOCK_PORT", "CRONLOCK_RUN_DIR", "CRONLOCK_POD_NAME", "CRONLOCK_POD_UID",
       "CRONLOCK_POD_NAMESPACE", "CRONLOCK_JOB_NAME", "CRONLOCK_STORE_FILE",
       "CRONLOCK_STORE_KIND", "CRONLOCK_LOG_FORMAT", "CRONLOCK_LOG_LEVEL",
-      "CRONLOCK_OPERATOR_VERSION"]
+      "CRONLOCK_OPERATOR_VERSION", "CRONLOCK_CRONJOB", "CRONLOCK_JOB_UID", "CRONLOCK_CLUSTER"]
   # The sidecar's identity is built from these (sidecar options.py), so they are the pod's
   # own fields, exactly as injection/containers.py writes them, never literal values.
   - name: podFieldEnv
     expression: >-
       {"CRONLOCK_POD_NAME": "metadata.name", "CRONLOCK_POD_UID": "metadata.uid",
       "CRONLOCK_POD_NAMESPACE": "metadata.namespace",
-      "CRONLOCK_JOB_NAME": "metadata.labels['batch.kubernetes.io/job-name']"}
+      "CRONLOCK_JOB_NAME": "metadata.labels['batch.kubernetes.io/job-name']",
+      "CRONLOCK_JOB_UID": "metadata.labels['batch.kubernetes.io/controller-uid']"}
   - name: newNotes
     expression: "object.metadata.?annotations.orValue({})"
   - name: oldNotes
@@ -360,6 +361,7 @@ validations:
          e.valueFrom.fieldRef.fieldPath == variables.podFieldEnv[e.name]) :
         !has(e.valueFrom)) &&
       (e.name != "CRONLOCK_LEASE" || e.?value.orValue("") == variables.lease) &&
+      (e.name != "CRONLOCK_CRONJOB" || e.?value.orValue("") == object.metadata.name) &&
       (e.name != "CRONLOCK_OPERATOR_VERSION" || e.?value.orValue("").matches(
         "^[0-9]{1,6}[.][0-9]{1,6}([.][0-9]{1,6})?(-[0-9A-Za-z.-]{1,64})?([+][0-9A-Za-z.-]{1,64})?$"))))
     message: >-

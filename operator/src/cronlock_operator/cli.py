@@ -153,6 +153,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="how long after its tick a run may start before the tick counts as missed, for "
         "a CronJob without startingDeadlineSeconds (default 60s)",
     )
+    parser.add_argument(
+        "--cluster-name",
+        default=_env("CLUSTER_NAME", ""),
+        help="this cluster's name, written by each run into its lock's tick record so that "
+        "`cronlock status` says which cluster worked a tick ('' for none; env "
+        "CRONLOCK_CLUSTER_NAME; chart value clusterName)",
+    )
     parser.add_argument("--metrics-port", type=int, default=int(_env("METRICS_PORT", "8080") or 0))
     parser.add_argument(
         "--metrics-bind-address",
@@ -259,6 +266,7 @@ def settings_from(args: argparse.Namespace) -> OperatorSettings:
         ),
         default_alert_after_missed=int(args.alert_after_missed),
         missed_tolerance_seconds=max(1, round(tolerance)),
+        cluster_name=args.cluster_name,
     )
 
 

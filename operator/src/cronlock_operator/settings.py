@@ -16,6 +16,8 @@ from cronlock_operator.cronjob.policies import Policy
 from cronlock_sidecar import contract
 
 _IMAGE_PULL_POLICIES: Final = ("Always", "IfNotPresent", "Never")
+# A tick record's field (lock/ticks.py): printable ASCII, no space.
+_CLUSTER_NAME: Final = re.compile(r"[!-~]{1,253}$")
 # The injected containers' UID and GID unless set otherwise (distroless "nonroot", the
 # image's USER).
 SIDECAR_UID: Final = 65532
@@ -122,6 +124,9 @@ class OperatorSettings:
     # `sidecar-stores` target), injected instead of `sidecar_image` into CronJobs whose
     # lock is in such a store; None: such CronJobs are refused.
     sidecar_stores_image: str | None = None
+    # This cluster's name, as the lock's tick records name it (lock/ticks.py; `cronlock
+    # status` shows which cluster worked a tick); "" leaves it unnamed.
+    cluster_name: str = ""
 
     def __post_init__(self) -> None:
         if not self.sidecar_image:
@@ -141,6 +146,11 @@ class OperatorSettings:
             raise ValueError(
                 f"sidecar image pull policy {self.sidecar_image_pull_policy!r} is not one of "
                 + ", ".join(_IMAGE_PULL_POLICIES)
+            )
+        if self.cluster_name and not _CLUSTER_NAME.match(self.cluster_name):
+            raise ValueError(
+                f"cluster name {self.cluster_name!r} is not one; expected 1-253 printable "
+                "characters without spaces (e.g. eu-west-1), or '' for none"
             )
         check_defaults(self)
 

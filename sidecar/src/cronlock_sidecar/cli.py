@@ -53,7 +53,11 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
 
         return gate(
             GateSettings(
-                options.run_dir, options.gate_timeout, options.log_format, options.log_level
+                options.run_dir,
+                options.gate_timeout,
+                options.log_format,
+                options.log_level,
+                options.termination_log,
             )
         )
     if options.command == "hold":

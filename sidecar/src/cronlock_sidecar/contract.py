@@ -201,6 +201,10 @@ DECISION_FILE: Final = "decision"
 # The tick this run works and the one worked before it on the lock (lock/ticks.py), as
 # `KEY=value` lines the work may source; written before the gate opens.
 TICK_FILE: Final = "tick.env"
+# Decision "already-ran": the sidecar's skip line, which the gate writes to its
+# termination message (TERMINATION_LOG) for the operator to read from the pod's status.
+SKIP_LINE_FILE: Final = "skip-line"
+TERMINATION_LOG: Final = "/dev/termination-log"
 # The gate gives up this long after the longest the sidecar may wait to decide.
 GATE_TIMEOUT_AFTER_WAIT_SECONDS: Final = 60
 SIDECAR_PORT: Final = 8484
@@ -245,6 +249,8 @@ ENV_CLUSTER: Final = "CRONLOCK_CLUSTER"
 ENV_TICK: Final = "CRONLOCK_TICK"
 ENV_PREVIOUS_TICK: Final = "CRONLOCK_PREVIOUS_TICK"
 ENV_MANUAL: Final = "CRONLOCK_MANUAL"
+# The gate's termination message file (default TERMINATION_LOG).
+ENV_TERMINATION_LOG: Final = "CRONLOCK_TERMINATION_LOG"
 ENV_FENCING_TOKEN: Final = "CRONLOCK_FENCING_TOKEN"  # noqa: S105 (a variable name)
 ENV_LOG_FORMAT: Final = "CRONLOCK_LOG_FORMAT"
 ENV_LOG_LEVEL: Final = "CRONLOCK_LOG_LEVEL"

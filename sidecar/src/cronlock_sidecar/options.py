@@ -48,6 +48,10 @@ ENV_TWINS: Mapping[str, str] = {
     "store": contract.ENV_STORE,
     "store_file": contract.ENV_STORE_FILE,
     "store_kind": contract.ENV_STORE_KIND,
+    "cronjob": contract.ENV_CRONJOB,
+    "job_uid": contract.ENV_JOB_UID,
+    "cluster": contract.ENV_CLUSTER,
+    "termination_log": contract.ENV_TERMINATION_LOG,
 }
 # A URL file holds one line; anything this long is not one.
 STORE_FILE_LIMIT = 64 * 1024
@@ -81,6 +85,12 @@ class Options(NamedTuple):
     cmd: tuple[str, ...]
     # None: the Lease, through the API server. Its repr and str never show the password.
     store: StoreUrl | None = None
+    # hold: the CronJob whose ticks the pod's Job works, the Job's uid, the cluster's name.
+    cronjob: str = ""
+    job_uid: str = ""
+    cluster: str = ""
+    # gate: where it writes the skip line of a run whose tick already ran.
+    termination_log: str = contract.TERMINATION_LOG
 
     @property
     def timing(self) -> Timing:
@@ -160,6 +170,20 @@ def _parser() -> _Parser:
     hold.add_argument("--pod-name", metavar="NAME", help="(CRONLOCK_POD_NAME)")
     hold.add_argument("--pod-uid", metavar="UID", help="(CRONLOCK_POD_UID)")
     hold.add_argument("--pod-namespace", metavar="NS", help="(CRONLOCK_POD_NAMESPACE)")
+    hold.add_argument(
+        "--cronjob",
+        metavar="NAME",
+        help="whose ticks this Job works (CRONLOCK_CRONJOB)",
+    )
+    hold.add_argument("--job-uid", metavar="UID", help="this pod's Job's uid (CRONLOCK_JOB_UID)")
+    hold.add_argument(
+        "--cluster", metavar="NAME", help="this cluster's name, for the record (CRONLOCK_CLUSTER)"
+    )
+    gate.add_argument(
+        "--termination-log",
+        metavar="PATH",
+        help=f"where a skip's reason goes, default {contract.TERMINATION_LOG}",
+    )
     return parser
 
 
@@ -310,6 +334,11 @@ def parse_options(argv: Sequence[str], env: Mapping[str, str]) -> Options:
         # hashlib and hmac, which a short run's start-up has no use for.
         identity = f"{socket.gethostname()}_{os.getpid()}_{os.urandom(4).hex()}"
 
+    cronjob, job_uid, cluster = _tick_identity(values, values.text("job_name"))
+    termination_log = values.text("termination_log", contract.TERMINATION_LOG)
+    if not termination_log:
+        raise ConfigError("--termination-log: empty; expected a file path")
+
     return Options(
         command=command,
         lease=lease,
@@ -331,7 +360,37 @@ def parse_options(argv: Sequence[str], env: Mapping[str, str]) -> Options:
         log_level=log_level,
         cmd=cmd,
         store=store,
+        cronjob=cronjob,
+        job_uid=job_uid,
+        cluster=cluster,
+        termination_log=termination_log,
     )
+
+
+def _tick_identity(values: _Values, job_name: str) -> tuple[str, str, str]:
+    """--cronjob, --job-uid and --cluster, checked: a tick's record names them."""
+    from cronlock_sidecar.lock.ticks import tick_of_job, valid_name
+
+    cronjob, cronjob_name = values.get("cronjob")
+    job_uid, job_uid_name = values.get("job_uid")
+    cluster, cluster_name = values.get("cluster")
+    if cronjob is not None and not valid_name(cronjob):
+        raise ConfigError(
+            f"{cronjob_name}: {cronjob!r} is not a CronJob's name; expected a DNS-1123 "
+            "subdomain of at most 52 characters"
+        )
+    for text, name in ((job_uid, job_uid_name), (cluster, cluster_name)):
+        if text is not None and not _IDENTITY.match(text):
+            raise ConfigError(
+                f"{name}: {text!r} is not valid; expected 1-253 printable characters without spaces"
+            )
+    if cronjob is not None and job_uid is None and tick_of_job(cronjob, job_name) is not None:
+        raise ConfigError(
+            f"{job_uid_name}: required: Job {job_name} works a tick of CronJob {cronjob}, and "
+            f"its uid tells its own retry pods from another Job of the same tick (set "
+            f"{contract.ENV_JOB_UID} from the label {contract.JOB_UID_LABEL})"
+        )
+    return cronjob or "", job_uid or "", cluster or ""
 
 
 def _store(values: _Values) -> StoreUrl | None:

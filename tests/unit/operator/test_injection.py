@@ -96,6 +96,14 @@ def test_injection_shape() -> None:
                 "fieldPath": "metadata.labels['batch.kubernetes.io/job-name']",
             }
         },
+        # Each tick at most once: whose ticks the Job works, and which Job's run it is.
+        "CRONLOCK_CRONJOB": "report",
+        "CRONLOCK_JOB_UID": {
+            "fieldRef": {
+                "apiVersion": "v1",
+                "fieldPath": "metadata.labels['batch.kubernetes.io/controller-uid']",
+            }
+        },
     }
     assert env_of(gate) == {"CRONLOCK_RUN_DIR": "/var/run/cronlock", "CRONLOCK_WAIT_TIMEOUT": "0s"}
     for ours in (sidecar, gate):

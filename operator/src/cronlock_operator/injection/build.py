@@ -108,7 +108,13 @@ def build_injection(
             container["livenessProbe"] = held_probe(config)
 
     pod_spec["initContainers"] = [
-        sidecar_container(namespace, config, settings, sidecar_uid),
+        sidecar_container(
+            namespace,
+            config,
+            settings,
+            sidecar_uid,
+            cronjob_name=str((result.get("metadata") or {}).get("name") or ""),
+        ),
         gate_container(config, settings),
         *pod_spec.get("initContainers", []),
     ]

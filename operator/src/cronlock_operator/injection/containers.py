@@ -17,6 +17,7 @@ from cronlock_operator.podspec import pod_spec_of
 from cronlock_operator.settings import OperatorSettings
 from cronlock_sidecar import contract
 from cronlock_sidecar.lock.durations import format_duration, parse_duration
+from cronlock_sidecar.lock.ticks import valid_name
 
 SIDECAR_COMMAND: Final = ("cronlock-sidecar", "hold")
 GATE_COMMAND: Final = ("cronlock-sidecar", "gate")
@@ -37,11 +38,28 @@ SKIP_RULE: Final[Mapping[str, Any]] = {
 
 
 def sidecar_container(
-    namespace: str, config: LockConfig, settings: OperatorSettings, uid: int | None
+    namespace: str,
+    config: LockConfig,
+    settings: OperatorSettings,
+    uid: int | None,
+    *,
+    cronjob_name: str = "",
 ) -> dict[str, Any]:
     """The `cronlock` native sidecar; `uid` is the settings' or, under `stop: signal`, the
     user's (None: unset). A lock in Redis or PostgreSQL runs the stores image, which has
-    their clients, and reads the store's URL from the Secret mounted into it alone."""
+    their clients, and reads the store's URL from the Secret mounted into it alone.
+
+    Each tick at most once (lock/ticks.py): the sidecar learns whose ticks its Job works
+    (`cronjob_name`, literal: the Job's name says which tick), the Job's uid (its retry
+    pods are the same run) and the cluster's name, for the record its claim writes."""
+    tick_env = []
+    if valid_name(cronjob_name):
+        tick_env = [
+            _env(contract.ENV_CRONJOB, cronjob_name),
+            _field_env(contract.ENV_JOB_UID, f"metadata.labels['{contract.JOB_UID_LABEL}']"),
+        ]
+    if settings.cluster_name:
+        tick_env.append(_env(contract.ENV_CLUSTER, settings.cluster_name))
     store_env, store_mounts = [], []
     image = settings.sidecar_image
     if config.shared_store:
@@ -77,6 +95,7 @@ def sidecar_container(
             _field_env(contract.ENV_POD_UID, "metadata.uid"),
             _field_env(contract.ENV_POD_NAMESPACE, "metadata.namespace"),
             _field_env(contract.ENV_JOB_NAME, f"metadata.labels['{contract.JOB_NAME_LABEL}']"),
+            *tick_env,
             *store_env,
         ],
         "resources": settings.sidecar_resources.as_spec(),

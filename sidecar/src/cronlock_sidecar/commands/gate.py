@@ -17,7 +17,7 @@ import time
 from cronlock_sidecar import contract, logline
 from cronlock_sidecar.contract import EXIT_OK, EXIT_SKIPPED, EXIT_UNAVAILABLE
 from cronlock_sidecar.lock.durations import DurationError, parse_duration
-from cronlock_sidecar.pod.rundir import read_decision
+from cronlock_sidecar.pod.rundir import read_decision, read_skip_line
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -35,6 +35,7 @@ EXIT_CODES = {
     "run": EXIT_OK,
     "overlap": EXIT_OK,
     "skip": EXIT_SKIPPED,
+    "already-ran": EXIT_SKIPPED,
     "unavailable": EXIT_UNAVAILABLE,
 }
 # The settings the gate reads from the environment; any other CRONLOCK_ variable is the
@@ -45,6 +46,7 @@ OWN_ENV = frozenset(
         contract.ENV_WAIT_TIMEOUT,
         contract.ENV_LOG_FORMAT,
         contract.ENV_LOG_LEVEL,
+        contract.ENV_TERMINATION_LOG,
     }
 )
 
@@ -53,18 +55,26 @@ class GateSettings:
     """Where the decision appears, how long to wait for it, how to log (a plain class:
     NamedTuple would import typing)."""
 
-    __slots__ = ("log_format", "log_level", "run_dir", "timeout")
+    __slots__ = ("log_format", "log_level", "run_dir", "termination_log", "timeout")
 
     def __init__(
-        self, run_dir: str, timeout: float, log_format: str = "plain", log_level: str = "info"
+        self,
+        run_dir: str,
+        timeout: float,
+        log_format: str = "plain",
+        log_level: str = "info",
+        termination_log: str = contract.TERMINATION_LOG,
     ) -> None:
         self.run_dir = run_dir
         self.timeout = timeout
         self.log_format = log_format
         self.log_level = log_level
+        # Where a run whose tick already ran says so: the container's termination
+        # message, which the operator reads from the pod's status.
+        self.termination_log = termination_log
 
-    def _fields(self) -> tuple[str, float, str, str]:
-        return (self.run_dir, self.timeout, self.log_format, self.log_level)
+    def _fields(self) -> tuple[str, float, str, str, str]:
+        return (self.run_dir, self.timeout, self.log_format, self.log_level, self.termination_log)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, GateSettings) and self._fields() == other._fields()
@@ -73,8 +83,9 @@ class GateSettings:
         return hash(self._fields())
 
     def __repr__(self) -> str:
-        return "GateSettings(run_dir={!r}, timeout={!r}, log_format={!r}, log_level={!r})".format(
-            *self._fields()
+        return (
+            "GateSettings(run_dir={!r}, timeout={!r}, log_format={!r}, log_level={!r}, "
+            "termination_log={!r})".format(*self._fields())
         )
 
 
@@ -100,6 +111,7 @@ def from_environment(env: Mapping[str, str]) -> GateSettings | None:
         timeout=wait_timeout + contract.GATE_TIMEOUT_AFTER_WAIT_SECONDS,
         log_format=log_format,
         log_level=log_level,
+        termination_log=env.get(contract.ENV_TERMINATION_LOG) or contract.TERMINATION_LOG,
     )
 
 
@@ -117,7 +129,7 @@ def gate(
     while True:
         decision = read_decision(settings.run_dir)
         if decision is not None:
-            return _report(decision, settings.run_dir, log)
+            return _report(decision, settings, log)
         now = monotonic()
         if now >= deadline:
             log(
@@ -144,8 +156,13 @@ class _Log:
         self.out.flush()
 
 
-def _report(decision: str, run_dir: str, log: Callable[[str, str], None]) -> int:
-    if decision == "run":
+def _report(decision: str, settings: GateSettings, log: Callable[[str, str], None]) -> int:
+    run_dir = settings.run_dir
+    if decision == "already-ran":
+        line = read_skip_line(run_dir) or f"{contract.ALREADY_RAN}: this run's tick was worked"
+        log("info", line)
+        _terminate_with(settings.termination_log, line, log)
+    elif decision == "run":
         log("info", "lease acquired; starting the run")
     elif decision == "overlap":
         log("warning", "another run holds the lease; observe policy: starting the run anyway")
@@ -156,3 +173,13 @@ def _report(decision: str, run_dir: str, log: Callable[[str, str], None]) -> int
     else:
         log("error", f"unknown decision {decision!r} in {run_dir}; not running (fail closed)")
     return EXIT_CODES.get(decision, EXIT_UNAVAILABLE)
+
+
+def _terminate_with(path: str, line: str, log: Callable[[str, str], None]) -> None:
+    """The skip line as the container's termination message (best effort: the exit code
+    already says skip; the line says why)."""
+    try:
+        with open(path, "w", encoding="utf-8") as file:
+            file.write(line + "\n")
+    except OSError as error:
+        log("warning", f"cannot write the termination message to {path}: {error}")

@@ -18,9 +18,10 @@ from cronlock_sidecar.holding.lease import (
     RenewResult,
 )
 from cronlock_sidecar.holding.policy import acquire, record_overlap
+from cronlock_sidecar.lock.ticks import Tick, tick_of_job
 from cronlock_sidecar.options import Options
 from cronlock_sidecar.pod.processes import PROC, terminate_then_kill, visible_pids
-from cronlock_sidecar.pod.rundir import read_decision, write_decision
+from cronlock_sidecar.pod.rundir import read_decision, tick_env, write_decision
 from cronlock_sidecar.pod.state import SidecarState
 from cronlock_sidecar.pod.watchdog import REAP_TIMEOUT, start_for_pod
 from cronlock_sidecar.transport.seam import ApiError, LeaseTransport
@@ -44,6 +45,16 @@ class RunGuard(Protocol):
 
 # (monotonic deadline, kill grace) -> a running watchdog
 StartWatchdog = Callable[[float, float], RunGuard]
+
+
+def pod_tick(options: Options) -> Tick | None:
+    """The tick this pod's run works: its Job named `<cronjob>-<minutes>` by the CronJob
+    controller, the run id the Job's uid (a retry pod of the Job is the same run); None for
+    a manual run (`kubectl create job --from`) or a sidecar the operator gave no CronJob."""
+    at = tick_of_job(options.cronjob, options.job_name)
+    if at is None:
+        return None
+    return Tick(options.cronjob, at, options.job_name, options.job_uid)
 
 
 class Holder:
@@ -83,6 +94,8 @@ class Holder:
             options.job_name,
             yields=options.policy == "replace",
             caps_holds=options.store is not None,
+            tick=pod_tick(options),
+            cluster=options.cluster,
         )
         # The renew thread and the main thread may both see the loss; it is handled once.
         self._loss_lock = threading.Lock()
@@ -93,7 +106,7 @@ class Holder:
     def run(self) -> int:
         """Until SIGTERM (the `stop` event): exit 0 after releasing what we hold."""
         previous = read_decision(self.run_dir)
-        if previous in {"skip", "unavailable", "overlap"}:
+        if previous in {"skip", "unavailable", "overlap", "already-ran"}:
             log.info("restarted after deciding %r; staying idle", previous)
             self.state.update(decision=previous)
             self._serve()
@@ -131,15 +144,32 @@ class Holder:
                 record_overlap(self.keeper, result.holder)
                 return self._write("overlap", None)
             log.info("%s", result.message())
+            if result.already_ran:
+                return self._write("already-ran", None, skip_line=result.message())
             return self._write("skip", None)
         if not self._guard_the_run("this run will not start"):
             self._release()
             return self._write("unavailable", None)
         return self._write("run", result)
 
-    def _write(self, decision: str, acquired: Acquired | None) -> Acquired | None:
+    def _write(
+        self, decision: str, acquired: Acquired | None, *, skip_line: str = ""
+    ) -> Acquired | None:
+        # The work reads its tick before it starts: tick.env is written before the gate opens.
+        tick_text = (
+            tick_env(self.keeper.tick, self.keeper.previous_tick)
+            if decision in ("run", "overlap")
+            else ""
+        )
         try:
-            write_decision(self.run_dir, decision, acquired, self.options.timing)
+            write_decision(
+                self.run_dir,
+                decision,
+                acquired,
+                self.options.timing,
+                tick_text=tick_text,
+                skip_line=skip_line,
+            )
         except OSError as error:
             log.error("--run-dir: cannot write the decision into %s: %s", self.run_dir, error)
             if acquired is not None:

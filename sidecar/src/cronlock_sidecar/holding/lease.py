@@ -8,6 +8,7 @@ import threading
 from datetime import datetime
 
 from cronlock_sidecar.contract import (
+    ALREADY_RAN,
     HOLDER_POLICY_DENIAL,
     LABEL_MANAGED_BY,
     MANAGED_BY,
@@ -27,6 +28,14 @@ from cronlock_sidecar.lock.model import (
     read_lease,
     released,
     renewed,
+)
+from cronlock_sidecar.lock.ticks import (
+    Tick,
+    TickRecord,
+    already_ran,
+    believed,
+    read_record,
+    record_of,
 )
 from cronlock_sidecar.microtime import format_microtime
 from cronlock_sidecar.transport.seam import (
@@ -66,6 +75,8 @@ class LeaseKeeper:
         yields: bool = True,
         *,
         caps_holds: bool = False,
+        tick: Tick | None = None,
+        cluster: str = "",
     ) -> None:
         self.transport = transport
         self.lease = lease
@@ -81,6 +92,11 @@ class LeaseKeeper:
         # store's rule for a takeover is the same), since whoever has the store's URL may
         # write any duration; on a Lease the holders' policy and the operator bound it.
         self.believed_at_most: float | None = timing.lease_duration_seconds if caps_holds else None
+        # Each tick at most once (lock/ticks.py): the tick this run works (None: a manual
+        # run, today's rules) and the cluster its record names.
+        self.tick = tick
+        self.cluster = cluster
+        self._previous_tick: TickRecord | None = None
         self._state_lock = threading.Lock()
         self._record: Lease | None = None
         self._last_renew_sent = -math.inf
@@ -101,6 +117,16 @@ class LeaseKeeper:
     def lost(self) -> bool:
         with self._state_lock:
             return self._lost
+
+    @property
+    def previous_tick(self) -> TickRecord | None:
+        """The believed record of our CronJob's last tick as read before our claim (None:
+        none, or a manual run): what the work gets as CRONLOCK_PREVIOUS_TICK."""
+        with self._state_lock:
+            return self._previous_tick
+
+    def _my_record(self) -> TickRecord | None:
+        return None if self.tick is None else record_of(self.tick, self.identity, self.cluster)
 
     @property
     def replaced_by(self) -> str:
@@ -236,7 +262,7 @@ class LeaseKeeper:
             },
             "spec": {},
         }
-        body = claimed(body, self.identity, self.timing, now, self.job_name)
+        body = claimed(body, self.identity, self.timing, now, self.job_name, self._my_record())
         sent = self.clock.monotonic()
         try:
             written = self.transport.create(self.lease, body)
@@ -267,7 +293,9 @@ class LeaseKeeper:
             if isinstance(reason_or_busy, Busy):
                 return reason_or_busy
             reason = reason_or_busy
-            body = claimed(current, self.identity, self.timing, now, self.job_name)
+            body = claimed(
+                current, self.identity, self.timing, now, self.job_name, self._my_record()
+            )
         sent = self.clock.monotonic()
         try:
             written = self.transport.replace(self.lease, body)
@@ -297,6 +325,21 @@ class LeaseKeeper:
         if self.job_name and self.job_name in record.replaced_jobs:
             # Our Job's run yielded to a replace run: this retry must not take it back.
             return Busy(self.lease, holder, 0.0, 0.0, why="replaced", other=record.replaced_by)
+        if self.tick is not None:
+            ran = self._tick_already_ran(current, now)
+            if ran is not None:
+                # Whatever the policy: waiting, replacing or observing cannot make a tick
+                # that another run claimed ours again.
+                return Busy(
+                    self.lease,
+                    holder,
+                    0.0,
+                    0.0,
+                    why=ALREADY_RAN,
+                    other=ran.who(),
+                    tick=self.tick,
+                    record=ran,
+                )
         if not holder:
             return "free"
         if self.job_name and record.holder_job == self.job_name:
@@ -313,6 +356,22 @@ class LeaseKeeper:
             acquired_at=record.acquire_time,
             yield_to=record.yield_to,
         )
+
+    def _tick_already_ran(self, current: Lease, now: datetime) -> TickRecord | None:
+        """The lock's record of our CronJob if it says our tick was worked by another run;
+        remembers the believed record as the previous tick meanwhile."""
+        assert self.tick is not None
+        metadata = current.get("metadata")
+        annotations = metadata.get("annotations") if isinstance(metadata, dict) else None
+        record = read_record(
+            annotations if isinstance(annotations, dict) else {}, self.tick.cronjob
+        )
+        ran = already_ran(self.tick, record, now, self.timing.skew)
+        if ran is None:
+            previous = believed(record, now, self.timing.skew)
+            with self._state_lock:
+                self._previous_tick = previous
+        return ran
 
     def _took(self, written: Lease, sent: float, *, resumed: bool, reason: str) -> Acquired:
         self._hold(written, sent)

@@ -7,6 +7,8 @@ import time
 from datetime import UTC, datetime
 from typing import NamedTuple, Protocol
 
+from cronlock_sidecar.contract import ALREADY_RAN
+from cronlock_sidecar.lock.ticks import Tick, TickRecord, skip_line
 from cronlock_sidecar.transport.seam import LeaseRef
 
 
@@ -50,7 +52,9 @@ class Busy(NamedTuple):
     than us, has a newer run asked it to yield); `why` is set once the run gives up for a
     reason of its own: "replaced" (our Job's run was replaced, this is its retry),
     "superseded" (a newer replace run came), "not yielded" (the holder did not yield in
-    time), "frozen" (`cronlock freeze`: `other` says until when, by whom and why).
+    time), "frozen" (`cronlock freeze`: `other` says until when, by whom and why),
+    "already ran" (another run claimed our tick or a later one: `tick` is ours, `record`
+    the lock's, `other` its `who()`); a `why` ends the run under every policy.
     """
 
     lease: LeaseRef
@@ -62,8 +66,16 @@ class Busy(NamedTuple):
     yield_to: str = ""
     why: str = ""
     other: str = ""  # the run `why` is about
+    tick: Tick | None = None
+    record: TickRecord | None = None
+
+    @property
+    def already_ran(self) -> bool:
+        return self.why == ALREADY_RAN and self.tick is not None and self.record is not None
 
     def message(self) -> str:
+        if self.why == ALREADY_RAN and self.tick is not None and self.record is not None:
+            return skip_line(self.tick, self.record, str(self.lease))
         if self.why == "frozen":
             return f"lock frozen: lease {self.lease} {self.other}; skipping this run"
         if self.why == "replaced":

@@ -34,6 +34,7 @@ from cronlock_sidecar.contract import (
     MANAGED_BY,
     REPLACED_JOBS_KEPT,
 )
+from cronlock_sidecar.lock.ticks import TickRecord, with_record
 from cronlock_sidecar.microtime import format_microtime, read_time
 
 # A holder that has not renewed for 2/3 of the ttl (on its own monotonic clock) gives up.
@@ -286,9 +287,15 @@ def is_expired(
 
 # --- what a holder writes ------------------------------------------------------------
 def claimed(
-    current: Mapping[str, Any], identity: str, timing: Timing, now: datetime, job_name: str
+    current: Mapping[str, Any],
+    identity: str,
+    timing: Timing,
+    now: datetime,
+    job_name: str,
+    tick: TickRecord | None = None,
 ) -> dict[str, Any]:
-    """`current` taken by `identity`: acquire and renew time now, one more transition."""
+    """`current` taken by `identity`: acquire and renew time now, one more transition, and
+    (a run of a tick) `tick` as its CronJob's record (lock/ticks.py): only a claim writes it."""
     body = copy.deepcopy(dict(current))
     spec = body.setdefault("spec", {})
     stamp = format_microtime(now)
@@ -304,6 +311,8 @@ def claimed(
     else:
         annotations.pop(ANNOTATION_HOLDER_JOB, None)
     annotations.pop(ANNOTATION_YIELD_TO, None)  # asked of the previous holder
+    if tick is not None:
+        annotations = with_record(annotations, tick)
     metadata["annotations"] = annotations
     return body
 

@@ -4,7 +4,16 @@ from __future__ import annotations
 
 import os
 
-from cronlock_sidecar.contract import DECISION_FILE, FENCING_TOKEN_FILE, LEASE_FILE
+from cronlock_sidecar.contract import (
+    DECISION_FILE,
+    ENV_MANUAL,
+    ENV_PREVIOUS_TICK,
+    ENV_TICK,
+    FENCING_TOKEN_FILE,
+    LEASE_FILE,
+    SKIP_LINE_FILE,
+    TICK_FILE,
+)
 
 # The gate imports this module to read the decision and nothing else: what only writing
 # needs (json, tempfile) is imported where it writes, the types only for the checker.
@@ -14,9 +23,11 @@ if TYPE_CHECKING:
 
     from cronlock_sidecar.holding.lease import Acquired
     from cronlock_sidecar.lock.model import Timing
+    from cronlock_sidecar.lock.ticks import Tick, TickRecord
 
-# overlap: the observe policy runs although another run holds the Lease.
-DECISIONS = ("run", "skip", "unavailable", "overlap")
+# overlap: the observe policy runs although another run holds the Lease. already-ran:
+# another run claimed this run's tick (lock/ticks.py); skipped whatever the policy.
+DECISIONS = ("run", "skip", "unavailable", "overlap", "already-ran")
 
 
 def write_atomically(path: Path, text: str) -> None:
@@ -34,13 +45,38 @@ def write_atomically(path: Path, text: str) -> None:
         raise
 
 
-def write_decision(run_dir: Path, decision: str, acquired: Acquired | None, timing: Timing) -> None:
-    """The fencing token and lease.json first, so the work finds them once `run` is visible."""
+def tick_env(tick: Tick | None, previous: TickRecord | None) -> str:
+    """tick.env: the tick the run works ("" and manual for a run that is no tick's) and the
+    tick the lock recorded before this run's claim ("" if none), as lines a shell sources."""
+    from cronlock_sidecar.lock.ticks import format_tick
+
+    return (
+        f"{ENV_TICK}={format_tick(tick.at) if tick else ''}\n"
+        f"{ENV_PREVIOUS_TICK}={format_tick(previous.at) if previous else ''}\n"
+        f"{ENV_MANUAL}={'false' if tick else 'true'}\n"
+    )
+
+
+def write_decision(
+    run_dir: Path,
+    decision: str,
+    acquired: Acquired | None,
+    timing: Timing,
+    *,
+    tick_text: str = "",
+    skip_line: str = "",
+) -> None:
+    """The fencing token, lease.json and tick.env (`tick_text`) first, so the work finds them
+    once `run` is visible; for `already-ran`, the skip line the gate reports."""
     if decision not in DECISIONS:
         raise ValueError(f"unknown decision {decision!r}")
     import json
 
     run_dir.mkdir(parents=True, exist_ok=True)
+    if tick_text:
+        write_atomically(run_dir / TICK_FILE, tick_text)
+    if skip_line:
+        write_atomically(run_dir / SKIP_LINE_FILE, skip_line + "\n")
     if acquired is not None:
         write_atomically(run_dir / FENCING_TOKEN_FILE, f"{acquired.transitions}\n")
         lease = {
@@ -62,3 +98,12 @@ def read_decision(run_dir: str | Path) -> str | None:
             return file.read().strip()
     except FileNotFoundError:
         return None
+
+
+def read_skip_line(run_dir: str) -> str:
+    """The sidecar's skip line for the gate ("" when it wrote none)."""
+    try:
+        with open(os.path.join(run_dir, SKIP_LINE_FILE), encoding="utf-8") as file:
+            return file.read(4096).strip()
+    except FileNotFoundError:
+        return ""

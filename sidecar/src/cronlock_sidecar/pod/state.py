@@ -80,7 +80,7 @@ class SidecarState:
             family("held", "gauge", "1 while this pod holds the Lease.")
             lines.append(f"{METRIC_PREFIX}held {int(self.held)}")
             family("decision", "gauge", "The decision of this run (1 for the current one).")
-            for decision in ("run", "skip", "unavailable", "overlap"):
+            for decision in ("run", "skip", "unavailable", "overlap", "already-ran"):
                 value = int(self.decision == decision)
                 lines.append(f'{METRIC_PREFIX}decision{{decision="{decision}"}} {value}')
             family("fencing_token", "gauge", "leaseTransitions after this run acquired.")
