@@ -16,6 +16,7 @@ import shlex
 import subprocess
 import sys
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -370,7 +371,12 @@ def test_freeze_a_lock_for_maintenance(
         namespace, make_cronjob(name="billing", namespace=None, schedule="0 0 1 1 *")
     )
     wait_for(lambda: injected_with_lease(api, namespace, "billing"), 60, "billing's Lease")
-    block = scoped(marked_block(USAGE, "freeze"), {"-n reports": f"-n {namespace}"})
+    block = marked_block(USAGE, "freeze")
+    # The paper's `--until` is a date a user picks, at most 31 days ahead: a day from now
+    # here, so that the block does not expire with the calendar.
+    (date,) = re.findall(r"--until (\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ) ", block)
+    later = (datetime.now(UTC) + timedelta(days=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    block = scoped(block, {"-n reports": f"-n {namespace}", date: later})
     lines = block.splitlines()
     assert len(lines) == 4, block
     until = f"{contract.PREFIX}frozen-until"
@@ -378,7 +384,7 @@ def test_freeze_a_lock_for_maintenance(
     first = lease_notes(api, namespace, "billing")
     assert first[f"{contract.PREFIX}frozen-reason"] == "billing DB migration", first
     run_shell(lines[1], env, ROOT, timeout=60)
-    assert lease_notes(api, namespace, "billing")[until].startswith("2026-12-24T18:00:00")
+    assert lease_notes(api, namespace, "billing")[until].startswith(later.removesuffix("Z"))
     run_shell(lines[2], env, ROOT, timeout=60)
     assert lease_notes(api, namespace, "billing") == {}
     shown = run_shell(lines[3], env, ROOT, timeout=60)
