@@ -5,16 +5,37 @@ no replica is left."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 
 import kubernetes
 import pytest
 
 from tests.support.controlplane import ControlPlane
+from tests.support.cronjobs import make_cronjob
 from tests.support.helm import TEST_WAIT, guard, helm, install
 from tests.support.kube import wait_for
 from tests.support.node import RealNode
 from tests.support.objects import injected, read
+from tests.support.papers import INSTALL_MD, marked_block, run_shell
+from tests.support.paths import ROOT
+
+
+def check_it_works(name: str, fullname: str, namespace: str) -> str:
+    """docs/INSTALL.md's checks for this release (`cronlock` in the paper: its fullname is
+    the release's) in this namespace, and the CronJob `report` in it for NAME/NAMESPACE."""
+    block = marked_block(INSTALL_MD, "check-it-works")
+    for old, new in (
+        ("helm test cronlock ", f"helm test {name} "),
+        ("deployment cronlock", f"deployment {fullname}"),
+        ("deployment/cronlock", f"deployment/{fullname}"),
+        ("cronlock-system", namespace),
+        ("NAMESPACE", namespace),  # before NAME, which it contains
+        ("NAME", "report"),
+    ):
+        assert old in block, f"the block no longer names {old!r}:\n{block}"
+        block = block.replace(old, new)
+    return block
 
 
 @pytest.fixture
@@ -37,10 +58,19 @@ def test_the_charts_operator_injects_and_helm_test_passes_then_fails_saying_why_
     release: tuple[str, str],
 ) -> None:
     name, fullname = release
-    passed = helm(controlplane, "test", name, "-n", namespace, "--logs", "--timeout", "120s")
-    assert f"TEST SUITE:     {fullname}-test" in passed.stdout
-    assert "Phase:          Succeeded" in passed.stdout
-    assert "/metrics: cronlock's metrics" in passed.stdout  # the check's own log line
+    # docs/INSTALL.md's "Check it works", a line at a time as a user runs it: the first
+    # three check the release, the rest guard a CronJob of theirs (here `report`).
+    lines = check_it_works(name, fullname, namespace).splitlines()
+    assert len(lines) == 6, lines
+    batch = kubernetes.client.BatchV1Api(api)
+    batch.create_namespaced_cron_job(
+        namespace, make_cronjob(name="report", namespace=None, annotations={})
+    )
+    passed = run_shell("\n".join(lines[:3]), controlplane.env, ROOT, timeout=300)
+    assert f"TEST SUITE:     {fullname}-test" in passed
+    assert "Phase:          Succeeded" in passed
+    assert "/metrics: cronlock's metrics" in passed  # the check's own log line
+    assert re.search(rf"(?m)^{fullname} +1/1 ", passed), passed  # get deployment
     # Its account went with its success; its Pod stays, Succeeded, for its log.
     left = controlplane.kubectl(
         "get", "serviceaccount,role,rolebinding", "-n", namespace, "-o", "name"
@@ -52,8 +82,22 @@ def test_the_charts_operator_injects_and_helm_test_passes_then_fails_saying_why_
     assert phase == "Succeeded"
 
     # The operator in its pod injects through the pods' path to the API server, with the
-    # chart's RBAC: the CronJob gets the sidecar and its Lease.
-    guard(api, namespace, "report")
+    # chart's RBAC: the CronJob annotated by the paper's line gets the sidecar and its Lease
+    # (a user reads them once the operator wrote them; here: waited for).
+    run_shell(lines[3], controlplane.env, ROOT, timeout=60)
+    wait_for(lambda: injected(api, namespace, "report"), 60, "the chart's operator to inject")
+    leases = kubernetes.client.CoordinationV1Api(api)
+    wait_for(
+        lambda: (
+            "cronlock-report"
+            in {x.metadata.name for x in leases.list_namespaced_lease(namespace).items}
+        ),
+        30,
+        "the Lease",
+    )
+    shown = run_shell("\n".join(lines[4:]), controlplane.env, ROOT, timeout=60)
+    assert re.search(r"(?m)^cronlock-report ", shown), shown
+    assert re.search(r"(?m)\bInjected\b.*cronjob/report\b", shown), shown
 
     # With no replica left, `helm test` fails, and its Pod's log says why.
     controlplane.kubectl("scale", "deployment", fullname, "-n", namespace, "--replicas=0")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shlex
 import subprocess
 import tomllib
 from pathlib import Path
@@ -26,6 +27,7 @@ from tests.support.controlplane import ControlPlane
 from tests.support.helm import RESTRICTED, TEST_WAIT, helm
 from tests.support.kube import run_tool
 from tests.support.node import RealNode
+from tests.support.papers import marked_block, run_shell
 from tests.support.paths import CACHE, ROOT
 from tests.support.tools import gotool
 
@@ -155,23 +157,13 @@ def test_helm_install_from_the_registry_pulls_both_images_by_digest_and_guards_a
 ) -> None:
     controlplane.kubectl("label", "namespace", namespace, "--overwrite", *RESTRICTED)
     name = f"cl-{secrets.token_hex(3)}"
-    # The README's command; only what scopes it to this test's namespace is added.
-    helm(
-        controlplane,
-        "install",
-        name,
-        f"oci://{node.registry}/cronlock/charts/cronlock",
-        "--version",
-        VERSION,
-        "--plain-http",
-        "-n",
-        namespace,
-        "--set",
-        f"watchNamespaces={{{namespace}}},tests.wait={TEST_WAIT}",
-        "--wait",
-        "--timeout",
-        "240s",
-    )
+    # The README's install of a release (`<!-- tested: readme-release -->`), from this
+    # registry standing for ghcr.io/cronlock; only what scopes it to this test is added.
+    lines = readme_release(name, namespace, node.registry).splitlines()
+    install, check = "\n".join(lines[:-1]), lines[-1]
+    assert install.startswith(f"helm install {name} "), install
+    assert check.startswith(f"helm test {name} "), check
+    run_shell(install, controlplane.env, ROOT, timeout=300)
     try:
         core = kubernetes.client.CoreV1Api(api)
         (pod,) = core.list_namespaced_pod(
@@ -184,10 +176,29 @@ def test_helm_install_from_the_registry_pulls_both_images_by_digest_and_guards_a
         # The operator injects the sidecar by the digest the chart carries; a run pulls it.
         guard_and_run(api, namespace, published["images"]["sidecar"])
 
-        passed = helm(controlplane, "test", name, "-n", namespace, "--timeout", "120s")
-        assert "Phase:          Succeeded" in passed.stdout
+        passed = run_shell(check, controlplane.env, ROOT, timeout=300)
+        assert "Phase:          Succeeded" in passed
+        assert "/metrics: cronlock's metrics" in passed  # --logs: what it scraped
     finally:
         helm(controlplane, "uninstall", name, "-n", namespace, "--wait", check=False)
+
+
+def readme_release(name: str, namespace: str, registry: str) -> str:
+    """README.md's `helm install` and `helm test` of a published release, for the release
+    `name` in `namespace` from `registry` (plain HTTP), watching `namespace` alone."""
+    block = marked_block(ROOT / "README.md", "readme-release")
+    scope = f"watchNamespaces={{{namespace}}},tests.wait={TEST_WAIT}"
+    for old, new in (
+        ("oci://ghcr.io/cronlock/", f"oci://{registry}/cronlock/"),
+        (f"--version {VERSION} ", f"--version {VERSION} --plain-http "),
+        ("helm install cronlock ", f"helm install {name} "),
+        ("helm test cronlock ", f"helm test {name} "),
+        ("cronlock-system", namespace),
+        ("--wait\n", f"--wait --timeout 240s --set {shlex.quote(scope)}\n"),
+    ):
+        assert old in block, f"the README's block no longer names {old!r}:\n{block}"
+        block = block.replace(old, new)
+    return block
 
 
 def guard_and_run(api: kubernetes.client.ApiClient, namespace: str, sidecar_ref: str) -> None:

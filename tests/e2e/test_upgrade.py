@@ -17,6 +17,8 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import re
+import shlex
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -49,8 +51,12 @@ from tests.support.node import (
     wall_time,
 )
 from tests.support.operator import SIDECAR_IMAGE
+from tests.support.papers import marked_block, run_shell
+from tests.support.paths import ROOT, SIDECAR
 
 pytestmark = pytest.mark.controlplane
+
+UPGRADING = ROOT / "docs" / "UPGRADING.md"
 
 CRONJOBS = int(os.environ.get("CRONLOCK_UPGRADE_CRONJOBS") or 4)
 TTL = 19  # the operator's shortest: a missed renewal shows within seconds
@@ -70,6 +76,39 @@ def renewal_gaps(recorder: LeaseRecorder) -> dict[str, list[float]]:
             if not times or times[-1] != version.renew_time:
                 times.append(version.renew_time)
     return {key: [b - a for a, b in itertools.pairwise(times)] for key, times in seen.items()}
+
+
+def paper_env(controlplane: ControlPlane) -> dict[str, str]:
+    """The cluster's environment with this venv's `cronlock` first on PATH, as a user has it."""
+    return dict(controlplane.env, PATH=f"{SIDECAR.parent}{os.pathsep}{controlplane.env['PATH']}")
+
+
+def upgrade_block(release: str, namespace: str) -> str:
+    """docs/UPGRADING.md's upgrade, run as written but for what stands for this test: the
+    tree's chart for the release `<N>` from the registry, this release and namespace, and
+    the images built here (the chart's defaults name published ones), pulled never."""
+    block = marked_block(UPGRADING, "upgrade-release")
+    published = "oci://ghcr.io/cronlock/charts/cronlock --version <N>"
+    reuse = "--reset-then-reuse-values --wait"
+    steps = ("helm upgrade cronlock ", published, "-n cronlock-system", reuse)
+    assert all(step in block for step in steps), block
+    images = shlex.join(image_values(CRONLOCK_IMAGE, SIDECAR_IMAGE, namespace))
+    return (
+        block.replace("helm upgrade cronlock ", f"helm upgrade {release} ")
+        .replace(published, str(CHART))
+        .replace("-n cronlock-system", f"-n {namespace}")
+        .replace(reuse, f"{reuse.split()[0]} {images} --wait --timeout 180s")
+    )
+
+
+def rollback_block(release: str, namespace: str) -> str:
+    """docs/UPGRADING.md's rollback to the install's revision, 1."""
+    block = marked_block(UPGRADING, "rollback")
+    steps = ("helm rollback cronlock <revision> -n cronlock-system --wait",)
+    assert all(step in block for step in steps), block
+    return block.replace(
+        steps[0], f"helm rollback {release} 1 -n {namespace} --wait --timeout 180s"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -174,20 +213,13 @@ def test_upgrade_and_rollback_while_runs_hold_skip_every_contender_and_never_ove
         # Upgrade while they hold.
         started = time.monotonic()
         upgraded_at = time.time()
-        helm(
-            controlplane,
-            "upgrade",
-            release,
-            str(CHART),
-            "-n",
-            namespace,
-            *image_values(CRONLOCK_IMAGE, SIDECAR_IMAGE, namespace),
-            "--wait",
-            "--timeout",
-            "180s",
-        )
+        upgraded = run_shell(upgrade_block(release, namespace), paper_env(controlplane), ROOT, 300)
         report["upgrade_s"] = round(time.monotonic() - started, 1)
         after_upgrade = reinjected(scene, names, SIDECAR_IMAGE, stamped=True)
+        # The block's own checks: each guarded CronJob's Injected Event, and its status row.
+        for name in names:
+            assert re.search(rf"(?m)\bInjected\b.*cronjob/{name}\b", upgraded), upgraded
+            assert re.search(rf"(?m)^{namespace} +{name} +{name} ", upgraded), upgraded
         report["upgrade_writes"] = sum(after_upgrade[n] - before[n] for n in names)
         report["reinjected_by_upgrade"] = sum(after_upgrade[n] > before[n] for n in names)
         leases_renewed_since(scene, early, upgraded_at)  # old sidecars, new operator
@@ -197,7 +229,7 @@ def test_upgrade_and_rollback_while_runs_hold_skip_every_contender_and_never_ove
         # Roll back while both hold.
         started = time.monotonic()
         rolled_back_at = time.time()
-        helm(controlplane, "rollback", release, "1", "-n", namespace, "--wait", "--timeout", "180s")
+        run_shell(rollback_block(release, namespace), paper_env(controlplane), ROOT, 300)
         report["rollback_s"] = round(time.monotonic() - started, 1)
         after_rollback = reinjected(scene, names, PREVIOUS_IMAGES[1], stamped=False)
         report["rollback_writes"] = sum(after_rollback[n] - after_upgrade[n] for n in names)

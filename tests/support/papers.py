@@ -1,16 +1,36 @@
 """Blocks of the papers that tests run or compare: a fenced block follows a line
-`<!-- tested: NAME -->`, so editing the block changes what the test runs."""
+`<!-- tested: NAME -->`, so editing the block changes what the test runs. A block a user
+would paste that no test can run follows `<!-- illustrative: REASON -->` instead;
+tests/unit/test_doc_blocks.py fails on a block of PAPERS that has neither."""
 
 from __future__ import annotations
 
 import re
 import subprocess
 import textwrap
+from dataclasses import dataclass
 from pathlib import Path
 
 from tests.support.paths import ROOT
 
 INSTALL_MD = ROOT / "docs" / "INSTALL.md"
+# The papers whose every block a user would paste is run by a test or marked illustrative.
+PAPERS = tuple(
+    ROOT / name
+    for name in (
+        "README.md",
+        "docs/INSTALL.md",
+        "docs/UPGRADING.md",
+        "docs/USAGE.md",
+        "docs/STORES.md",
+    )
+)
+# A fence's language that says its block is read, not pasted: a program's output, a
+# manifest or values file shown whole. Everything else (sh, console, sql, lua, a fence
+# without a language) is pasted somewhere and needs a marker.
+READ_ONLY = frozenset({"text", "yaml", "json"})
+FENCE = re.compile(r"^( *)```(\S*) *$")
+MARKER = re.compile(r"<!-- (tested|illustrative): *(.*?) *-->\Z", re.S)
 # The chart value that names the image each of `make image`'s variables builds.
 IMAGE_VALUES = {
     "IMAGE": "image",
@@ -28,6 +48,52 @@ def marked_block(paper: Path, name: str) -> str:
     after = text.split(marker, 1)[1].lstrip(" ")
     assert after.startswith("```"), f"{paper}: no fenced block right after {marker.strip()}"
     return textwrap.dedent(after.split("```", 2)[1].split("\n", 1)[1].rstrip(" \n"))
+
+
+@dataclass(frozen=True)
+class Block:
+    """A fenced block of a paper: where it starts, its fence's language, and the marker
+    comment right above it (`tested`/`illustrative` and its name or reason), if any."""
+
+    paper: Path
+    line: int
+    language: str
+    kind: str | None
+    label: str
+
+    def __str__(self) -> str:
+        where = self.paper.relative_to(ROOT) if self.paper.is_relative_to(ROOT) else self.paper
+        return f"{where}:{self.line} ({self.language or 'no language'})"
+
+
+def fenced_blocks(paper: Path) -> list[Block]:
+    """Every fenced block of `paper`, with the `<!-- ... -->` comment that ends on the line
+    above its opening fence (a comment may span lines)."""
+    lines = paper.read_text().splitlines()
+    blocks = []
+    number = 0
+    while number < len(lines):
+        opening = FENCE.match(lines[number])
+        if not opening:
+            number += 1
+            continue
+        kind, label = None, ""
+        above = lines[number - 1].strip() if number else ""
+        if above.endswith("-->"):
+            start = number - 1
+            while start > 0 and "<!--" not in lines[start]:
+                start -= 1
+            comment = " ".join(line.strip() for line in lines[start:number])
+            found = MARKER.search(comment)
+            if found:
+                kind, label = found.group(1), " ".join(found.group(2).split())
+        blocks.append(Block(paper, number + 1, opening.group(2), kind, label))
+        closing = number + 1
+        while closing < len(lines) and lines[closing].strip() != "```":
+            closing += 1
+        assert closing < len(lines), f"{paper}:{number + 1}: a fence never closed"
+        number = closing + 1
+    return blocks
 
 
 def run_shell(block: str, env: dict[str, str], cwd: Path, timeout: float) -> str:
