@@ -20,6 +20,7 @@ from cronlock_sidecar.holding.outcomes import (
     RenewResult,
     SystemClock,
 )
+from cronlock_sidecar.lock import ticks
 from cronlock_sidecar.lock.model import (
     Timing,
     claimed,
@@ -66,6 +67,8 @@ class LeaseKeeper:
         yields: bool = True,
         *,
         caps_holds: bool = False,
+        tick: ticks.Tick | None = None,
+        cluster: str = "",
     ) -> None:
         self.transport = transport
         self.lease = lease
@@ -81,6 +84,9 @@ class LeaseKeeper:
         # store's rule for a takeover is the same), since whoever has the store's URL may
         # write any duration; on a Lease the holders' policy and the operator bound it.
         self.believed_at_most: float | None = timing.lease_duration_seconds if caps_holds else None
+        # The tick this run works (None: a manual run) and the cluster it runs in ("" unnamed).
+        self.tick = tick
+        self.cluster = cluster
         self._state_lock = threading.Lock()
         self._record: Lease | None = None
         self._last_renew_sent = -math.inf
