@@ -562,3 +562,64 @@ def _parse_number(text: str) -> int:
     if _GO_INT.fullmatch(text) is None or int(text) < 0:
         raise ValueError(text)
     return int(text)
+
+
+# `run --schedule`: the longest --tick-window (a day), which also bounds the ticks stepped.
+LONGEST_TICK_WINDOW_SECONDS: Final = 24 * 3600.0
+
+
+def refusal(schedule: str, time_zone: str | None) -> str | None:
+    """Why a process outside Kubernetes cannot take its ticks from `schedule` (in
+    `time_zone`, as a CronJob's spec.timeZone), in words a user can act on; None if it can."""
+    named_in_schedule = schedule.startswith(("TZ=", "CRON_TZ="))
+    if time_zone is not None:
+        if named_in_schedule:
+            return (
+                f"{schedule!r} names its time zone already (TZ=…); give the zone one way, "
+                "--time-zone or the prefix"
+            )
+        if _load_zone(time_zone) is None:
+            return (
+                f"unknown time zone {time_zone!r}; expected an IANA name such as "
+                "Europe/Berlin or America/New_York (or UTC)"
+            )
+    parsed = _parse_for_cronjob(schedule, time_zone)
+    if parsed is None:
+        if named_in_schedule:
+            space = schedule.find(" ")
+            zone = schedule[schedule.find("=") + 1 : space if space >= 0 else None]
+            if space < 0 or _load_zone(zone) is None:
+                return (
+                    f"unknown time zone {zone!r} in {schedule!r}; expected TZ=<IANA name> "
+                    "and a space before the schedule, e.g. 'TZ=Europe/Berlin 0 3 * * *'"
+                )
+        return (
+            f"{schedule!r} is not a schedule the CronJob controller (robfig/cron) accepts; "
+            "expected five fields MINUTE HOUR DAY-OF-MONTH MONTH DAY-OF-WEEK (e.g. "
+            "'*/5 * * * *') or @yearly, @monthly, @weekly, @daily, @hourly"
+        )
+    if isinstance(parsed, _Every):
+        return (
+            f"{schedule!r}: @every counts from a CronJob's last schedule time, which a process "
+            "outside Kubernetes does not know; name the times (e.g. '*/5 * * * *') or give "
+            "--tick"
+        )
+    if _spec_next(parsed, _unix_seconds(datetime.datetime.now(_UTC))) is None:
+        return f"{schedule!r} never ticks (no time in the next five years matches it)"
+    return None
+
+
+def latest_tick(
+    schedule: str, time_zone: str | None, now: datetime.datetime, window_seconds: float
+) -> datetime.datetime | None:
+    """The latest tick T of `schedule` with now - window <= T <= now (UTC-aware), None when
+    there is none in the window or `refusal` has a reason. The tick a cron firing at T names,
+    whether its process starts at T + 0.4 s or, on a slow machine, at T + 59 s."""
+    window = datetime.timedelta(seconds=min(window_seconds, LONGEST_TICK_WINDOW_SECONDS))
+    # Five-field schedules tick at most once a minute, twice in a repeated daylight-saving hour.
+    limit = 2 * (int(window.total_seconds()) // 60) + 4
+    found = ticks_between(schedule, time_zone, now - window - _SECOND, now, limit)
+    if not found:
+        return None
+    tick = found[-1]
+    return tick if tick >= now - window else None
