@@ -179,6 +179,61 @@ def test_with_the_lock_in_a_store_its_faults_and_a_clock_far_ahead_cause_no_over
     assert report["timed_out_trials"] == 0
 
 
+# Tick mode: a tick every 2s given to two contenders started up to 0.5s apart (as two
+# clusters' pods of one tick), work shorter than the spacing, six ticks and more until each
+# fault's recovery is seen. The long version: docs/RELIABILITY.md, "Ticks".
+TICKING = dataclasses.replace(
+    SHORT, ticks=True, contenders=2, runs_per_trial=6, work=(0.3, 0.8), tick_spacing=2.0
+)
+
+
+def check_ticks(
+    controlplane: ControlPlane,
+    tmp_path: Path,
+    kind: str,
+    server: Any,
+    settings: Settings = TICKING,
+) -> dict[str, Any]:
+    faults = ["kill-holder", "cut-network"]
+    checker = Checker(
+        controlplane, tmp_path, settings, faults, seed(), log=print, store=(kind, server)
+    )
+    report = checker.run(1, faults_per_trial=2)
+    print(json.dumps(report, indent=2))
+    assert sorted(report["by_fault"]) == sorted(faults)
+    assert report["fault_errors"] == 0, report["by_fault"]
+    assert report["overlaps"] == 0, report
+    assert report["timed_out_trials"] == 0
+    assert report["ticks"]["ticks"] >= settings.runs_per_trial, report["ticks"]
+    return report
+
+
+@pytest.mark.timeout(covering(1))
+@pytest.mark.parametrize("kind", ["redis", "postgres"])
+def test_ticks_given_to_two_contenders_under_faults_are_each_worked(
+    controlplane: ControlPlane, tmp_path: Path, request: pytest.FixtureRequest, kind: str
+) -> None:
+    """Each tick to two `run --tick T --tick-of reliability` contenders, a holder killed
+    mid-tick and the network to the store cut: no tick lost while its contenders could
+    reach the store, and none worked twice."""
+    report = check_ticks(controlplane, tmp_path, kind, request.getfixturevalue(f"{kind}_store"))
+    assert report["ticks"]["worked_twice"] == 0, report["ticks"]
+    assert report["ticks"]["lost_while_healthy"] == 0, report["ticks"]
+    assert report["ticks"]["worked"] >= 1, report["ticks"]
+
+
+@pytest.mark.timeout(covering(1))
+def test_the_tick_checker_counts_a_tick_two_runs_worked(
+    controlplane: ControlPlane, tmp_path: Path, redis_store: Any
+) -> None:
+    """The proof the tick count can fail: contenders that do not share ticks (each its own
+    --tick-of, as a VM whose --tick-of is not the CronJob's name) work one tick twice, and
+    the checker counts it."""
+    settings = dataclasses.replace(TICKING, tick_of_each=True)
+    report = check_ticks(controlplane, tmp_path, "redis", redis_store, settings)
+    assert report["ticks"]["worked_twice"] >= 1, report["ticks"]
+
+
 @pytest.mark.parametrize("offset", [-20.0, 45.0])
 def test_a_skewed_contender_writes_its_own_wall_clock_into_the_lease(
     controlplane: ControlPlane, api: kubernetes.client.ApiClient, namespace: str, offset: float

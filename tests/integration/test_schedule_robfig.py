@@ -1,4 +1,5 @@
-"""The operator's schedule ticks against robfig/cron's own (tests/controlplane/go/cronnext,
+"""The schedule parser's ticks (the sidecar's, which the operator uses for missed runs and
+`run --schedule` for its tick) against robfig/cron's own (tests/controlplane/go/cronnext,
 the version Kubernetes pins, used as the CronJob controller uses it): ~50 schedules from
 start times beside daylight-saving changes, month and year ends and a leap day must give
 the same ticks, and the same refusals."""
@@ -12,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from cronlock_operator.cronjob.schedule import next_tick, ticks_between
+from cronlock_sidecar.lock.schedule import next_tick, ticks_between
 from tests.support.tools import gotool
 
 COUNT = 60

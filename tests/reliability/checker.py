@@ -20,6 +20,13 @@ holds the lock in Redis or PostgreSQL instead (`run --store`; the server from De
 started here on loopback, tests/support/stores.py), with the store's own faults (the server
 paused, killed and restarted, a slow or cut network to it) beside the process faults. There a
 contender's clock far ahead is inside the guarantee: the store's clock judges age.
+
+    .venv/bin/python -m tests.reliability.checker --ticks --store redis --contenders 2
+
+counts ticks (tests/reliability/tick_counts.py): every --tick-spacing seconds a new tick,
+each given to --contenders processes `run --tick T --tick-of reliability` started a moment
+apart, as two clusters' pods of one tick start; under the same faults, no tick may be
+worked twice and none lost while a contender of it could reach the lock.
 """
 
 from __future__ import annotations
@@ -46,6 +53,7 @@ import yaml
 from tests.reliability import ha_faults
 from tests.reliability.ha_faults import HA_FAULTS
 from tests.reliability.proxy import DelayingProxy
+from tests.reliability.tick_counts import TickCounts, count_ticks, skips_in
 from tests.reliability.work_unit import work_script
 from tests.support.controlplane import ControlPlane, own_controlplane
 from tests.support.paths import ROOT, SIDECAR
@@ -54,6 +62,8 @@ from tests.support.stores import running
 
 MARKER = "CRONLOCK_RELIABILITY_MARK"
 TICK = 0.05
+# Tick mode: whose ticks the contenders work (`run --tick-of`).
+TICKS_OF = "reliability"
 
 # Faults inside the guarantee: the checker must see 0 overlaps with any mix of them.
 PROCESS_FAULTS = ("kill-holder", "stop-holder", "kill-cmd", "stop-cmd", "kill-pod", "stop-pod")
@@ -104,7 +114,8 @@ WORK = work_script(
                 or open("/var/run/cronlock/fencing-token").read())
     def record(event, **fields):
         line = json.dumps({"event": event, "pid": os.getpid(), "run": os.getppid(),
-                           "token": token, "mono": time.monotonic(), **fields})
+                           "token": token, "mono": time.monotonic(),
+                           "tick": os.environ.get("CRONLOCK_TICK", ""), **fields})
         fd = os.open(events_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
             os.write(fd, (line + "\\n").encode())
@@ -133,6 +144,14 @@ class Settings:
     clock_spread: float = 0.0
     # wait: contenders queue up; replace: each new one has the holder stop and yield.
     policy: str = "wait"
+    # Tick mode: a new tick every tick_spacing seconds, given to `contenders` processes
+    # started within tick_stagger of each other; runs_per_trial is then ticks per trial.
+    ticks: bool = False
+    tick_spacing: float = 2.0
+    tick_stagger: float = 0.5
+    # Each contender works ticks of its own name (`--tick-of reliability-N`): the same tick
+    # then is no shared tick, and is worked twice (the tick count's negative control).
+    tick_of_each: bool = False
 
     def __post_init__(self) -> None:
         if self.policy not in ("wait", "replace"):
@@ -201,6 +220,7 @@ class Trial(Counts):
     index: int
     faults: list[Fault]
     exit_codes: dict[int, int] = field(default_factory=dict)
+    ticks: TickCounts = field(default_factory=TickCounts)
 
 
 class FaultedTrial(Protocol):
@@ -330,10 +350,16 @@ class Checker:
                 bound = self.settings.recovery_bound
                 recoveries = [fault.summary(bound)["recovery_s"] for fault in trial.faults]
                 details = [fault.detail or fault.error for fault in trial.faults]
+                ticks = (
+                    f"ticks {trial.ticks.ticks} twice {trial.ticks.worked_twice} lost "
+                    f"{trial.ticks.lost_while_healthy} "
+                    if self.settings.ticks
+                    else ""
+                )
                 self.log(
                     f"trial {index}: faults {','.join(kinds) or '-'} {details} runs {trial.runs} "
-                    f"overlaps {trial.overlaps} refused {trial.refused} recovery {recoveries} "
-                    f"{'TIMED OUT ' if trial.timed_out else ''}{trial.seconds:.1f}s"
+                    f"overlaps {trial.overlaps} refused {trial.refused} {ticks}recovery "
+                    f"{recoveries} {'TIMED OUT ' if trial.timed_out else ''}{trial.seconds:.1f}s"
                 )
         return self.report(time.monotonic() - started)
 
@@ -362,6 +388,9 @@ class Checker:
         for trial in self.trials:
             codes.update(trial.exit_codes)
         guaranteed = [t for t in self.trials if all(f.kind not in self.outside for f in t.faults)]
+        ticks = TickCounts()
+        for trial in guaranteed:
+            ticks.add(trial.ticks)
         return {
             "seed": self.seed,
             "store": self.store[0] if self.store else "lease",
@@ -383,6 +412,9 @@ class Checker:
                 [round(min(self.offsets), 2), round(max(self.offsets), 2)] if self.offsets else None
             ),
             "by_fault": by_kind,
+            # Tick mode, in the trials inside the guarantee: worked_twice and
+            # lost_while_healthy must be 0.
+            "ticks": ticks.summary() if self.settings.ticks else None,
             "seconds": round(seconds, 1),
         }
 
@@ -412,6 +444,8 @@ class Checker:
 
     # --- one trial ----------------------------------------------------------------------
     def _trial(self, index: int, kinds: list[str], kubeconfig: Path) -> Trial:
+        if self.settings.ticks:
+            return self._tick_trial(index, kinds, kubeconfig)
         directory = self.workdir / f"trial-{index:03d}"
         directory.mkdir(exist_ok=True)
         events_path = directory / "events.jsonl"
@@ -447,17 +481,7 @@ class Checker:
                         and not self._enough(state, trial, pending, threads)
                     ):
                         slots[slot] = self._contender(index, kubeconfig, directory, stderr)
-                if pending and state.running:
-                    holder = state.running[-1]
-                    if next_fault_after is None:
-                        next_fault_after = holder.start + self.random.uniform(0.2, 1.0)
-                    elif now >= next_fault_after and not any(t.is_alive() for t in threads):
-                        fault = pending.pop(0)
-                        fault.holder_cmd, fault.holder_run = holder.pid, holder.run
-                        thread = threading.Thread(target=self._inject, args=(fault,), daemon=True)
-                        thread.start()
-                        threads.append(thread)
-                        next_fault_after = None
+                next_fault_after = self._fault_on_holder(state, pending, threads, next_fault_after)
                 if self._enough(state, trial, pending, threads) and not state.running:
                     break
                 if now >= deadline:
@@ -476,6 +500,128 @@ class Checker:
         state.tally(trial, trial.faults)
         trial.seconds = time.monotonic() - started
         return trial
+
+    def _fault_on_holder(
+        self,
+        state: _TrialState,
+        pending: list[Fault],
+        threads: list[threading.Thread],
+        next_fault_after: float | None,
+    ) -> float | None:
+        """The next pending fault, on the work unit running last, a moment after its start
+        and once the fault before has ended; returns when the next may fire."""
+        if not pending or not state.running:
+            return next_fault_after
+        holder = state.running[-1]
+        if next_fault_after is None:
+            return holder.start + self.random.uniform(0.2, 1.0)
+        if time.monotonic() >= next_fault_after and not any(t.is_alive() for t in threads):
+            fault = pending.pop(0)
+            fault.holder_cmd, fault.holder_run = holder.pid, holder.run
+            thread = threading.Thread(target=self._inject, args=(fault,), daemon=True)
+            thread.start()
+            threads.append(thread)
+            return None
+        return next_fault_after
+
+    def _tick_trial(self, index: int, kinds: list[str], kubeconfig: Path) -> Trial:
+        """Tick mode: a tick every tick_spacing seconds, each given to `contenders` runs
+        started within tick_stagger; faults on the work unit running last, as above."""
+        settings = self.settings
+        directory = self.workdir / f"trial-{index:03d}"
+        directory.mkdir(exist_ok=True)
+        trial = Trial(index, [Fault(kind, index) for kind in kinds])
+        state = _TrialState(directory / "events.jsonl")
+        issued: list[str] = []
+        # (when, tick): contenders still to start; (tick, process): started, not yet ended.
+        due: list[tuple[float, str, int]] = []
+        live: list[tuple[str, subprocess.Popen[bytes]]] = []
+        exits: list[tuple[str, int]] = []
+        threads: list[threading.Thread] = []
+        pending = list(trial.faults)
+        next_fault_after: float | None = None
+        started = time.monotonic()
+        deadline = started + settings.trial_timeout
+        next_tick = started
+        log_path = directory / "contenders.log"
+        stderr = open(log_path, "ab")  # noqa: SIM115 - closed in finally
+        # A clock-ahead contender works the latest tick, beside its own contenders.
+        self._spawn = lambda offset: self._contender(
+            index, kubeconfig, directory, stderr, offset, tick=issued[-1] if issued else None
+        )
+        longest = settings.work[1]
+        self._work = (2 * longest, 3 * longest) if CLOCK_AHEAD in kinds else settings.work
+        try:
+            while True:
+                now = time.monotonic()
+                state.read()
+                state.observe(now)
+                for tick, process in list(live):
+                    if process.poll() is not None:
+                        code = process.returncode
+                        trial.exit_codes[code] = trial.exit_codes.get(code, 0) + 1
+                        exits.append((tick, code))
+                        live.remove((tick, process))
+                enough = len(issued) >= settings.runs_per_trial and self._recovered(
+                    state, trial, pending, threads
+                )
+                if now >= next_tick and not enough:
+                    # The tick is the wall clock's second, as a CronJob's is its minute.
+                    tick = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+                    if not issued or tick > issued[-1]:
+                        issued.append(tick)
+                        due += [
+                            (now + self.random.uniform(0, settings.tick_stagger), tick, number)
+                            for number in range(settings.contenders)
+                        ]
+                        next_tick = now + settings.tick_spacing
+                for when, tick, number in sorted(due):
+                    if when <= now:
+                        due.remove((when, tick, number))
+                        of = f"{TICKS_OF}-{number}" if settings.tick_of_each else TICKS_OF
+                        process = self._contender(
+                            index, kubeconfig, directory, stderr, tick=tick, tick_of=of
+                        )
+                        live.append((tick, process))
+                next_fault_after = self._fault_on_holder(state, pending, threads, next_fault_after)
+                if enough and not due and not live and not state.running:
+                    break
+                if now >= deadline:
+                    trial.timed_out = True
+                    break
+                time.sleep(TICK)
+        finally:
+            for thread in threads:
+                thread.join(timeout=90)
+            if self.components is not None:
+                self.components.resume_all()
+            self.proxy.delay = 0.0
+            self.proxy.cut = False
+            self._stop([process for _, process in live], trial)
+            stderr.close()
+        for tick, process in live:
+            exits.append((tick, process.returncode))
+        state.tally(trial, trial.faults)
+        trial.ticks = count_ticks(
+            issued,
+            [(start.tick, start.run) for start in state.starts],
+            exits,
+            skips_in(log_path.read_text(errors="replace")),
+        )
+        trial.seconds = time.monotonic() - started
+        return trial
+
+    def _recovered(
+        self,
+        state: _TrialState,
+        trial: Trial,
+        pending: list[Fault],
+        threads: list[threading.Thread],
+    ) -> bool:
+        """Every fault injected and cleared, and a run started after each."""
+        if pending or any(thread.is_alive() for thread in threads):
+            return False
+        return all(state.recovery(fault) is not None for fault in trial.faults)
 
     def _enough(
         self,
@@ -498,8 +644,11 @@ class Checker:
         directory: Path,
         stderr: Any,
         offset: float | None = None,
+        tick: str | None = None,
+        tick_of: str = TICKS_OF,
     ) -> subprocess.Popen[bytes]:
-        """A `run` contender; its wall clock `offset` seconds off (random within the spread)."""
+        """A `run` contender; its wall clock `offset` seconds off (random within the spread);
+        in tick mode working `tick` (a run id of its own: two contenders are two runs)."""
         settings = self.settings
         work = self.random.uniform(*self._work)
         if offset is None and settings.clock_spread:
@@ -525,6 +674,7 @@ class Checker:
             "--skew", f"{settings.skew:g}s",
             "--policy", settings.policy,
             "--wait-timeout", f"{settings.wait_timeout:g}s",
+            *(["--tick", tick, "--tick-of", tick_of] if tick is not None else []),
             "--",
             sys.executable, "-c", WORK,
             str(directory / "flock"), str(directory / "events.jsonl"),
@@ -539,7 +689,7 @@ class Checker:
             start_new_session=True,
         )
 
-    def _stop(self, slots: list[subprocess.Popen[bytes] | None], trial: Trial) -> None:
+    def _stop(self, slots: Sequence[subprocess.Popen[bytes] | None], trial: Trial) -> None:
         """SIGTERM the contenders (they release), then sweep everything we started."""
         live = [process for process in slots if process is not None]
         for process in live:
@@ -687,6 +837,7 @@ class _Start:
     start: float
     last_seen: float
     ended: bool = False
+    tick: str = ""
 
 
 class EventsFile:
@@ -721,7 +872,14 @@ class _TrialState:
             self.counts[event["event"]] += 1
             if event["event"] == "start":
                 self.starts.append(
-                    _Start(event["pid"], event["run"], event["token"], event["mono"], event["mono"])
+                    _Start(
+                        event["pid"],
+                        event["run"],
+                        event["token"],
+                        event["mono"],
+                        event["mono"],
+                        tick=event.get("tick", ""),
+                    )
                 )
             elif event["event"] in {"end", "stopped"}:
                 for start in self.starts:
@@ -820,7 +978,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="each contender's wall clock is off by a random amount in [-S/2, +S/2] "
         "(default 1.5; must stay under skew + ttl/3 - kill grace)",
     )
-    parser.add_argument("--runs-per-trial", type=int, default=4)
+    parser.add_argument(
+        "--runs-per-trial", type=int, default=4, help="runs per trial (with --ticks: ticks)"
+    )
+    parser.add_argument(
+        "--ticks",
+        action="store_true",
+        help="tick mode: a new tick every --tick-spacing seconds, each given to --contenders "
+        "`run --tick` processes; counts ticks worked twice and ticks lost",
+    )
+    parser.add_argument("--tick-spacing", type=float, default=1.5)
+    parser.add_argument("--tick-stagger", type=float, default=0.5)
     parser.add_argument(
         "--policy",
         choices=("wait", "replace"),
@@ -862,6 +1030,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         contenders=args.contenders,
         runs_per_trial=args.runs_per_trial,
         policy=args.policy,
+        # Tick mode: work shorter than the spacing, so that a tick's work ends before the
+        # next tick unless a fault holds the lock.
+        work=(0.3, 1.0) if args.ticks else Settings.work,
+        ticks=args.ticks,
+        tick_spacing=args.tick_spacing,
+        tick_stagger=args.tick_stagger,
     )
     with ExitStack() as stack:
         cluster = stack.enter_context(
@@ -882,6 +1056,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         report = checker.run(args.trials, args.faults_per_trial)
     publish(report, args.output)
     ok = report["overlaps"] == 0 and report["delayed"] == 0 and report["timed_out_trials"] == 0
+    if report["ticks"] is not None:
+        ok = ok and report["ticks"]["worked_twice"] == 0
+        ok = ok and report["ticks"]["lost_while_healthy"] == 0
     return 0 if ok else 1
 
 

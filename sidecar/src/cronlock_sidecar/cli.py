@@ -67,6 +67,16 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     # One clock for the hold and its store: a store shifts the times it reads onto the
     # clock the hold judges them on (transport/frames.py).
     clock = SystemClock()
+    tick = None
+    if options.command == "run":
+        from cronlock_sidecar.options import tick_of_run
+
+        try:
+            # Judged at the start: the tick is the one this process was started for.
+            tick = tick_of_run(options, clock.now())
+        except ConfigError as error:
+            logs.fatal(str(error))
+            return EXIT_CONFIG
     transport = _transport(options, environment, clock)
     if isinstance(transport, int):
         return transport
@@ -75,7 +85,7 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
             return _hold(options, transport, clock)
         from cronlock_sidecar.commands.run import Runner
 
-        return Runner(options, transport, clock).execute()
+        return Runner(options, transport, clock, tick).execute()
     finally:
         transport.close()
 

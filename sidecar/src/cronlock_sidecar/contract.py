@@ -249,6 +249,17 @@ ENV_CLUSTER: Final = "CRONLOCK_CLUSTER"
 ENV_TICK: Final = "CRONLOCK_TICK"
 ENV_PREVIOUS_TICK: Final = "CRONLOCK_PREVIOUS_TICK"
 ENV_MANUAL: Final = "CRONLOCK_MANUAL"
+# `run` outside Kubernetes names its tick itself: --schedule (and --time-zone,
+# --tick-window) or --tick, whose ticks (--tick-of) and its run id. --tick's twin is not
+# CRONLOCK_TICK: that is what the work is told, and a command run under `run` that runs
+# `cronlock-sidecar run` itself must not claim its parent's tick on another lock unasked.
+ENV_SCHEDULE: Final = "CRONLOCK_SCHEDULE"
+ENV_TIME_ZONE: Final = "CRONLOCK_TIME_ZONE"
+ENV_TICK_WINDOW: Final = "CRONLOCK_TICK_WINDOW"
+ENV_TICK_AT: Final = "CRONLOCK_TICK_AT"
+ENV_TICK_OF: Final = "CRONLOCK_TICK_OF"
+ENV_RUN_ID: Final = "CRONLOCK_RUN_ID"
+DEFAULT_TICK_WINDOW_SECONDS: Final = 60
 # The gate's termination message file (default TERMINATION_LOG).
 ENV_TERMINATION_LOG: Final = "CRONLOCK_TERMINATION_LOG"
 ENV_FENCING_TOKEN: Final = "CRONLOCK_FENCING_TOKEN"  # noqa: S105 (a variable name)

@@ -7,10 +7,17 @@ import os
 import re
 import socket
 from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime, timedelta
 from typing import NamedTuple, NoReturn
 
 from cronlock_sidecar import contract
-from cronlock_sidecar.lock.durations import DURATION_FORMS, DurationError, parse_duration
+from cronlock_sidecar.lock import ticks
+from cronlock_sidecar.lock.durations import (
+    DURATION_FORMS,
+    DurationError,
+    format_duration,
+    parse_duration,
+)
 from cronlock_sidecar.lock.model import Timing, TimingError, replace_wait_timeout
 from cronlock_sidecar.transport.seam import LeaseRef
 from cronlock_sidecar.transport.storeurl import StoreUrl, StoreUrlError, parse_store_url
@@ -48,11 +55,20 @@ ENV_TWINS: Mapping[str, str] = {
     "store": contract.ENV_STORE,
     "store_file": contract.ENV_STORE_FILE,
     "store_kind": contract.ENV_STORE_KIND,
+    "schedule": contract.ENV_SCHEDULE,
+    "time_zone": contract.ENV_TIME_ZONE,
+    "tick_window": contract.ENV_TICK_WINDOW,
+    "tick": contract.ENV_TICK_AT,
+    "tick_of": contract.ENV_TICK_OF,
+    "run_id": contract.ENV_RUN_ID,
     "cronjob": contract.ENV_CRONJOB,
     "job_uid": contract.ENV_JOB_UID,
     "cluster": contract.ENV_CLUSTER,
     "termination_log": contract.ENV_TERMINATION_LOG,
 }
+# `run`'s own tick options: meaningful only with --schedule or --tick.
+TICK_OPTIONS = ("time_zone", "tick_window", "tick_of", "run_id")
+LONGEST_TICK_WINDOW_SECONDS = 24 * 3600.0
 # A URL file holds one line; anything this long is not one.
 STORE_FILE_LIMIT = 64 * 1024
 
@@ -85,6 +101,14 @@ class Options(NamedTuple):
     cmd: tuple[str, ...]
     # None: the Lease, through the API server. Its repr and str never show the password.
     store: StoreUrl | None = None
+    # `run` outside Kubernetes: the tick from a cron schedule (in a time zone, started at
+    # most tick_window after it) or named (tick_at), whose ticks, and the run's id.
+    schedule: str = ""
+    time_zone: str = ""
+    tick_window: float = float(contract.DEFAULT_TICK_WINDOW_SECONDS)
+    tick_at: datetime | None = None
+    tick_of: str = ""
+    run_id: str = ""
     # hold: the CronJob whose ticks the pod's Job works, the Job's uid, the cluster's name.
     cronjob: str = ""
     job_uid: str = ""
@@ -165,6 +189,42 @@ def _parser() -> _Parser:
         sub.add_argument("--log-level", metavar="LEVEL", help="debug|info|warning|error")
     for sub in (hold, gate):
         sub.add_argument("--run-dir", metavar="DIR", help=f"default {contract.RUN_DIR}")
+    run.add_argument(
+        "--schedule",
+        metavar="CRON",
+        help="take the tick from this cron schedule, as the CronJob controller reads it: the "
+        "latest schedule time at or before now (CRONLOCK_SCHEDULE)",
+    )
+    run.add_argument(
+        "--time-zone",
+        metavar="TZ",
+        help="the schedule's IANA time zone, as a CronJob's spec.timeZone; default UTC "
+        "(CRONLOCK_TIME_ZONE)",
+    )
+    run.add_argument(
+        "--tick-window",
+        metavar="D",
+        help="refuse (exit 78) when started longer than D after the schedule's latest time, "
+        f"default {contract.DEFAULT_TICK_WINDOW_SECONDS}s (CRONLOCK_TICK_WINDOW)",
+    )
+    run.add_argument(
+        "--tick",
+        metavar="RFC3339",
+        help="the tick this run works, e.g. 2026-12-06T12:00:00Z; refused when ahead of now "
+        "(CRONLOCK_TICK_AT)",
+    )
+    run.add_argument(
+        "--tick-of",
+        metavar="NAME",
+        help="whose ticks: default the lock's name; the CronJob's name to share its ticks "
+        "(CRONLOCK_TICK_OF)",
+    )
+    run.add_argument(
+        "--run-id",
+        metavar="ID",
+        help="this run's id; another id's run of the same tick skips (default: the identity; "
+        "CRONLOCK_RUN_ID)",
+    )
     hold.add_argument("--stop", metavar="MODE", help="auto|liveness|signal (CRONLOCK_STOP)")
     hold.add_argument("--port", metavar="N", help=f"HTTP port, default {contract.SIDECAR_PORT}")
     hold.add_argument("--pod-name", metavar="NAME", help="(CRONLOCK_POD_NAME)")
@@ -334,6 +394,7 @@ def parse_options(argv: Sequence[str], env: Mapping[str, str]) -> Options:
         # hashlib and hmac, which a short run's start-up has no use for.
         identity = f"{socket.gethostname()}_{os.getpid()}_{os.urandom(4).hex()}"
 
+    tick = _tick_options(values, lease, identity) if command == "run" else _TickOptions()
     cronjob, job_uid, cluster = _tick_identity(values, values.text("job_name"))
     termination_log = values.text("termination_log", contract.TERMINATION_LOG)
     if not termination_log:
@@ -364,7 +425,125 @@ def parse_options(argv: Sequence[str], env: Mapping[str, str]) -> Options:
         job_uid=job_uid,
         cluster=cluster,
         termination_log=termination_log,
+        schedule=tick.schedule,
+        time_zone=tick.time_zone,
+        tick_window=tick.tick_window,
+        tick_at=tick.tick_at,
+        tick_of=tick.tick_of,
+        run_id=tick.run_id,
     )
+
+
+class _TickOptions(NamedTuple):
+    schedule: str = ""
+    time_zone: str = ""
+    tick_window: float = float(contract.DEFAULT_TICK_WINDOW_SECONDS)
+    tick_at: datetime | None = None
+    tick_of: str = ""
+    run_id: str = ""
+
+
+def _tick_options(values: _Values, lease: LeaseRef | None, identity: str) -> _TickOptions:
+    """`run`'s tick options, each checked; none of them without --schedule or --tick."""
+    schedule, schedule_name = values.get("schedule")
+    tick_text, tick_name = values.get("tick")
+    if schedule is None and tick_text is None:
+        for key in TICK_OPTIONS:
+            text, name = values.get(key)
+            if text is not None:
+                raise ConfigError(
+                    f"{name}: only meaningful with --schedule or --tick (this run has no tick: "
+                    "a manual run)"
+                )
+        return _TickOptions()
+    if schedule is not None and tick_text is not None:
+        raise ConfigError(f"{schedule_name} and {tick_name}: both set; name the tick one way")
+    zone, zone_name = values.get("time_zone")
+    window_text, window_name = values.get("tick_window")
+    tick_at: datetime | None = None
+    if tick_text is not None:
+        for text, name in ((zone, zone_name), (window_text, window_name)):
+            if text is not None:
+                raise ConfigError(f"{name}: only meaningful with --schedule, not {tick_name}")
+        tick_at = parse_tick_option(tick_text, tick_name)
+    window = values.duration("tick_window", float(contract.DEFAULT_TICK_WINDOW_SECONDS))
+    if not 1 <= window <= LONGEST_TICK_WINDOW_SECONDS:
+        raise ConfigError(
+            f"{window_name}: {format_duration(window)} is out of range; expected 1s to 24h"
+        )
+    if schedule is not None:
+        # The parser only when asked for: it is off a short run's start-up path.
+        from cronlock_sidecar.lock.schedule import refusal
+
+        reason = refusal(schedule, zone)
+        if reason is not None:
+            about_zone = zone is not None and reason.startswith(f"unknown time zone {zone!r}")
+            raise ConfigError(f"{zone_name if about_zone else schedule_name}: {reason}")
+    tick_of, tick_of_name = values.get("tick_of")
+    if tick_of is None:
+        default = lease.name if lease is not None else ""
+        if not ticks.valid_name(default):
+            raise ConfigError(
+                f"--tick-of: not set, and the lock's name {default!r} is no CronJob name "
+                f"(lowercase letters, digits, '-' and '.', at most {ticks.LONGEST_NAME}); give "
+                "--tick-of NAME (the CronJob's name, to share a CronJob's ticks)"
+            )
+        tick_of = default
+    elif not ticks.valid_name(tick_of):
+        raise ConfigError(
+            f"{tick_of_name}: {tick_of!r} is not a CronJob's name; expected lowercase letters, "
+            f"digits, '-' and '.', at most {ticks.LONGEST_NAME}, starting and ending "
+            "alphanumeric (the CronJob's metadata.name, to share its ticks)"
+        )
+    run_id, run_id_name = values.get("run_id")
+    if run_id is not None and not _IDENTITY.match(run_id):
+        raise ConfigError(
+            f"{run_id_name}: {run_id!r} is not a run id; expected 1-253 printable characters "
+            "without spaces"
+        )
+    return _TickOptions(schedule or "", zone or "", window, tick_at, tick_of, run_id or identity)
+
+
+def parse_tick_option(text: str, name: str) -> datetime:
+    """An RFC 3339 time with its offset, in whole seconds, as UTC."""
+    forms = "expected RFC 3339 with an offset in whole seconds, e.g. 2026-12-06T12:00:00Z"
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise ConfigError(f"{name}: {text!r} is not a time; {forms}") from None
+    if "T" not in text.upper() or moment.tzinfo is None:
+        raise ConfigError(f"{name}: {text!r} has no date and time with an offset; {forms}")
+    if moment.microsecond:
+        raise ConfigError(f"{name}: {text!r} has a fraction of a second; a tick is whole; {forms}")
+    return moment.astimezone(UTC)
+
+
+def tick_of_run(options: Options, now: datetime) -> ticks.Tick | None:
+    """The tick `run` works, judged at its start (`now`, UTC); None without --schedule or
+    --tick (a manual run). ConfigError (exit 78) when now is not within --tick-window of a
+    schedule time, or --tick is ahead of now plus the skew."""
+    if options.tick_at is not None:
+        if options.tick_at > now + timedelta(seconds=options.skew):
+            raise ConfigError(
+                f"--tick: {ticks.format_tick(options.tick_at)} is ahead of now "
+                f"({ticks.format_tick(now)}) by more than the skew "
+                f"{format_duration(options.skew)}; a tick names a time that has come"
+            )
+        return ticks.Tick(options.tick_of, options.tick_at, "", options.run_id)
+    if not options.schedule:
+        return None
+    from cronlock_sidecar.lock.schedule import latest_tick
+
+    at = latest_tick(options.schedule, options.time_zone or None, now, options.tick_window)
+    if at is None:
+        zone = f" ({options.time_zone})" if options.time_zone else ""
+        raise ConfigError(
+            f"--schedule: no time of {options.schedule!r}{zone} within --tick-window "
+            f"{format_duration(options.tick_window)} before now ({ticks.format_tick(now)}): this "
+            "run did not start at a tick of its schedule; start it from cron at the schedule's "
+            "times, name the tick with --tick, or widen --tick-window"
+        )
+    return ticks.Tick(options.tick_of, at, "", options.run_id)
 
 
 def _tick_identity(values: _Values, job_name: str) -> tuple[str, str, str]:

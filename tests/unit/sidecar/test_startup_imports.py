@@ -67,6 +67,8 @@ NOT_ON_THE_RUN_PATH = {
     "yaml": "a JSON kubeconfig is read without it; YAML is parsed only when met",
     "redis": "redis-py is imported only when `--store redis://…` chooses Redis",
     "psycopg": "psycopg is imported only when `--store postgresql://…` chooses PostgreSQL",
+    "cronlock_sidecar.lock.schedule": "the cron parser is imported only when `--schedule` is given",
+    "zoneinfo": "a time zone is read only for `--schedule` (came with the parser, ~3 ms)",
 }
 
 

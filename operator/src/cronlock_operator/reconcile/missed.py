@@ -27,11 +27,11 @@ from collections.abc import Mapping, Set
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from cronlock_operator.cronjob import schedule
 from cronlock_operator.cronjob.config import Defaults
 from cronlock_operator.cronjob.reading import Readings, read_config
 from cronlock_operator.reconcile.actions import Action, CountMissed, PostEvent, SetRunTimes
 from cronlock_sidecar import contract
+from cronlock_sidecar.lock import schedule
 from cronlock_sidecar.microtime import read_time
 
 # The CronJob controller's annotation on the Jobs it creates: the tick the Job is for.

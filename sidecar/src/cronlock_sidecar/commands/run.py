@@ -13,6 +13,9 @@ from types import FrameType
 
 from cronlock_sidecar.contract import (
     ENV_FENCING_TOKEN,
+    ENV_MANUAL,
+    ENV_PREVIOUS_TICK,
+    ENV_TICK,
     EXIT_SKIPPED,
     EXIT_SOFTWARE_LOST,
     EXIT_UNAVAILABLE,
@@ -20,11 +23,12 @@ from cronlock_sidecar.contract import (
 from cronlock_sidecar.holding.heartbeat import Heartbeat
 from cronlock_sidecar.holding.lease import Acquired, Clock, LeaseKeeper, RenewOutcome, RenewResult
 from cronlock_sidecar.holding.policy import acquire, record_overlap
+from cronlock_sidecar.lock import ticks
 from cronlock_sidecar.options import Options
 from cronlock_sidecar.pod import watchdog
 from cronlock_sidecar.pod.processes import stop_group
 from cronlock_sidecar.pod.stopping import StopPipe
-from cronlock_sidecar.transport.seam import ApiError, LeaseTransport
+from cronlock_sidecar.transport.seam import ApiError, Lease, LeaseRef, LeaseTransport, NotFound
 
 log = logging.getLogger("cronlock_sidecar.run")
 
@@ -51,15 +55,49 @@ def _die_with_parent() -> Callable[[], None] | None:
     return hook
 
 
+class _LastRead:
+    """The lock's transport, remembering the document it read last: after an acquire, the
+    one the claim replaced (None when the claim created it), whose tick record came before."""
+
+    def __init__(self, transport: LeaseTransport) -> None:
+        self.transport = transport
+        self.last: Lease | None = None
+
+    def get(self, lease: LeaseRef, *, timeout: float | None = None) -> Lease:
+        try:
+            body = self.transport.get(lease, timeout=timeout)
+        except NotFound:
+            self.last = None
+            raise
+        self.last = body
+        return body
+
+    def create(self, lease: LeaseRef, body: Lease, *, timeout: float | None = None) -> Lease:
+        return self.transport.create(lease, body, timeout=timeout)
+
+    def replace(self, lease: LeaseRef, body: Lease, *, timeout: float | None = None) -> Lease:
+        return self.transport.replace(lease, body, timeout=timeout)
+
+
 class Runner:
     """One guarded execution of CMD."""
 
-    def __init__(self, options: Options, transport: LeaseTransport, clock: Clock) -> None:
+    def __init__(
+        self,
+        options: Options,
+        transport: LeaseTransport,
+        clock: Clock,
+        tick: ticks.Tick | None = None,
+    ) -> None:
         if options.lease is None:
             raise ValueError("run needs a lease")
         self.options = options
+        self.tick = tick
+        self._reads = _LastRead(transport)
+        # The tick recorded on the lock before this run's claim (CRONLOCK_PREVIOUS_TICK).
+        self.previous: ticks.TickRecord | None = None
         self.keeper = LeaseKeeper(
-            transport,
+            self._reads,
             options.lease,
             options.identity,
             options.timing,
@@ -67,6 +105,7 @@ class Runner:
             options.job_name,
             yields=options.policy == "replace",
             caps_holds=options.store is not None,
+            tick=tick,
         )
         self.stop = threading.Event()
         self._stop_pipe = StopPipe(self.stop)
@@ -116,6 +155,15 @@ class Runner:
                 return self._unguarded()
             log.info("%s", result.message())
             return EXIT_SKIPPED
+        self.previous = self._previous_record()
+        if self.tick is not None:
+            log.info(
+                "run works tick %s of %s (run %s; previous tick on the lock: %s)",
+                ticks.format_tick(self.tick.at),
+                self.tick.cronjob,
+                self.tick.run,
+                "none" if self.previous is None else ticks.format_tick(self.previous.at),
+            )
         try:
             if self.signals:
                 return 128 + self.signals[0]
@@ -123,9 +171,30 @@ class Runner:
         finally:
             self.keeper.release()
 
+    def _previous_record(self) -> ticks.TickRecord | None:
+        """The believed record of this run's CronJob on the document the claim replaced."""
+        body = self._reads.last
+        cronjob = self.tick.cronjob if self.tick is not None else self.options.tick_of
+        if body is None or not cronjob:
+            return None
+        metadata = body.get("metadata")
+        annotations = metadata.get("annotations") if isinstance(metadata, dict) else None
+        if not isinstance(annotations, dict):
+            return None
+        record = ticks.read_record(annotations, cronjob)
+        return ticks.believed(record, self.keeper.clock.now(), self.options.skew)
+
+    def _tick_environment(self) -> dict[str, str]:
+        """What CMD is told of its tick, as the work is in a pod (tick.env)."""
+        return {
+            ENV_TICK: "" if self.tick is None else ticks.format_tick(self.tick.at),
+            ENV_PREVIOUS_TICK: "" if self.previous is None else ticks.format_tick(self.previous.at),
+            ENV_MANUAL: "true" if self.tick is None else "false",
+        }
+
     def _unguarded(self) -> int:
         """Observe policy without the Lease: CMD runs as it would without cronlock."""
-        process = self._spawn(dict(os.environ))
+        process = self._spawn({**os.environ, **self._tick_environment()})
         if isinstance(process, int):
             return process
         return _status(process.wait())
@@ -168,7 +237,7 @@ class Runner:
         )
         heartbeat: Heartbeat | None = None
         try:
-            environment = dict(os.environ)
+            environment = {**os.environ, **self._tick_environment()}
             environment[ENV_FENCING_TOKEN] = str(acquired.transitions)
             announce = guard.announce_self if isinstance(guard, watchdog.Watchdog) else None
             process = self._spawn(environment, announce)

@@ -1,5 +1,4 @@
-"""Schedule ticks as the CronJob controller finds them; the shortest gap between two, and the
-warning when the TTL outlasts it."""
+"""Schedule ticks as the CronJob controller finds them, and the shortest gap between two."""
 
 from __future__ import annotations
 
@@ -8,14 +7,7 @@ import time
 
 import pytest
 
-from cronlock_operator.cronjob.config import parse_config
-from cronlock_operator.cronjob.schedule import (
-    min_gap_seconds,
-    next_tick,
-    ticks_between,
-    ttl_longer_than_gap_warning,
-)
-from tests.support.cronjobs import SETTINGS, make_cronjob
+from cronlock_sidecar.lock.schedule import min_gap_seconds, next_tick, ticks_between
 
 MINUTE = 60.0
 HOUR = 3600.0
@@ -85,21 +77,6 @@ def test_shortest_gap(schedule: str, gap: float) -> None:
 )
 def test_unparsable_or_never_ticking_schedule_has_no_gap(schedule: str) -> None:
     assert min_gap_seconds(schedule) is None
-
-
-def test_warning_when_ttl_outlasts_the_gap() -> None:
-    config = parse_config(
-        make_cronjob(annotations={"cronlock.io/enabled": "true", "cronlock.io/ttl": "10m"}),
-        SETTINGS,
-    )
-    warning = ttl_longer_than_gap_warning(config, "*/5 * * * *")
-    assert warning is not None
-    assert "10m" in warning
-    assert "5m" in warning
-    assert "more than one" in warning
-    assert ttl_longer_than_gap_warning(config, "*/10 * * * *") is None
-    assert ttl_longer_than_gap_warning(config, "@hourly") is None
-    assert ttl_longer_than_gap_warning(config, "garbage") is None
 
 
 def utc(text: str) -> datetime.datetime:
