@@ -32,12 +32,28 @@ Node 2's pods reach the pod relay (the Service IP) and the host's end of node 1'
 server (tests/support/node.py) by pausing its relay and blackholing the Service range in
 its namespace; the path to the tracker stays, so the test still sees when work stops.
 
+Nodes 3 and 4 are each a cluster of their own (`node up --index 3 --cluster DIR`, DIR a
+control plane's test environment): the only node of that control plane, with its own
+kube-scheduler, and its pods' `kubernetes` Service address on lo in its namespace, where
+its own pod relay forwards it through its link to that control plane alone (node 1's
+holds the address on the host, for another control plane). Nothing is routed through
+the host but its link: its pods reach the host's end of it, and no other node's.
+
+    198.51.100.9  cl-host3 <--- veth ---> cl-node3 198.51.100.10  cn0 198.51.100.65/27
+      :6443 node 3's relay -> DIR's api     (pods .66-.94); 203.0.113.1/32 on lo: its pod
+    route 198.51.100.64/27 via .10          relay -> 198.51.100.9:6443
+    198.51.100.13 cl-host4 ... cl-node4 .14  cn0 198.51.100.97/27 (pods .98-.126)
+
+`--pod-start-delay S` makes every pod of a node start S seconds late (a CNI plugin
+chained after the bridge waits on each ADD).
+
 Also started here, on the host's loopback: kube-scheduler. The node-lifecycle
 controller runs in the control plane's kube-controller-manager.
 
     tests/controlplane/node up      # after tests/controlplane/up; prints `export` lines
     tests/controlplane/node up --index 2    # a second node (node 1 first)
     tests/controlplane/node down [--index 2]  # stops it and puts the host back as it was
+    tests/controlplane/node up --index 3 --cluster DIR [--pod-start-delay 15]
 
 State, logs and pids: `$CRONLOCK_TESTENV_DIR/node/`. Sockets: /run/cronlock-node/.
 The host changes the kubelet and containerd make (sysctls, /var/log/containers,
