@@ -9,7 +9,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-steps node-builds checks test-compat lint typecheck unit integration e2e benchmarks controlplane builds images image release krew up down lock chart-readme clean
+.PHONY: demo test test-steps node-builds checks test-compat lint typecheck unit integration e2e clusters benchmarks controlplane builds images image release krew up down lock chart-readme clean
 
 $(STAMP): requirements-dev.lock pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -58,9 +58,14 @@ integration: $(STAMP) builds
 e2e: $(STAMP) builds
 	CRONLOCK_IMAGES_DIR=$(IMAGES_DIR) $(VENV)/bin/pytest tests/e2e
 
-# Everything CI runs: lint, types, and all three rings of tests, once everything is built;
+# Two real clusters (each its control plane and node) on one store lock (docs/E2E.md).
+clusters: $(STAMP) builds
+	CRONLOCK_IMAGES_DIR=$(IMAGES_DIR) $(VENV)/bin/pytest tests/clusters
+
+# Everything CI runs: lint, types, and all the rings of tests, once everything is built;
 # the rings run side by side, each pytest process with its own control plane
-# (tests/rings.py: unit+integration and longwatch beside e2e, logs in .testenv/rings/).
+# (tests/rings.py: unit+integration, longwatch and clusters beside e2e, logs in
+# .testenv/rings/).
 # Ends with its own time in all, set-up included.
 test:
 	@start=$$(date +%s); \

@@ -5,9 +5,11 @@
 The suite spends most of its time waiting on real parts (a lease to expire, a minute tick, a
 pod to stop), not computing, so rings that share nothing run at once: each process starts
 its own control plane (on free ports, in its own `.testenv/pytest-PID`), and only the e2e
-ring starts the real node, whose kubelet and containerd own host paths (/var/lib/kubelet,
-/run/containerd) and so run once per machine. The rings together are exactly pyproject's
-`testpaths`: a ring missing one, or naming one twice, is refused before anything starts.
+ring starts the real node 1 (and 2), whose kubelet and containerd own host paths
+(/var/lib/kubelet, /run/containerd) and so run once per machine; the clusters ring's
+nodes 3 and 4, each its own control plane's, share them with it as node 2 does. The
+rings together are exactly pyproject's `testpaths`: a ring missing one, or naming one
+twice, is refused before anything starts.
 
 A ring may first run shell commands in its process (BEFORE: the builds only it needs, while
 the others already run). Each process writes to `.testenv/rings/NAME.log`; a line every
@@ -37,10 +39,13 @@ ROOT = Path(__file__).resolve().parent.parent
 # e2e ring, the longest. The longwatch ring holds the API-server tests that mostly watch a
 # long window go by (test_neighbours' five quiet minutes): in a process of their own they
 # wait beside the others instead of in the unit+integration ring's line.
+# The clusters ring (two clusters of their own, nodes 3 and 4, never node 1 or 2) mostly
+# waits out its minutely ticks, beside the others.
 RINGS: dict[str, tuple[str, ...]] = {
     "unit+integration": ("tests/unit", "tests/integration"),
     "longwatch": ("tests/longwatch",),
     "e2e": ("tests/e2e",),
+    "clusters": ("tests/clusters",),
 }
 # Shell commands a ring runs, in its own log, before its pytest starts (a failing one fails
 # the ring). `make test` builds only what the e2e ring needs before the rings start; the

@@ -70,6 +70,9 @@ KUBERNETES_SERVICE_IP = "203.0.113.1"
 NODE_LINK_HOST_IP = "198.51.100.1"
 # The host's end of the second node's link (a fleet of two, tests/controlplane/node.py).
 NODE2_LINK_HOST_IP = "198.51.100.5"
+# ... and of nodes 3 and 4, each a control plane's own (`node up --cluster`, two clusters).
+NODE3_LINK_HOST_IP = "198.51.100.9"
+NODE4_LINK_HOST_IP = "198.51.100.13"
 READY_TIMEOUT = 120.0
 CLASSIC = ("etcd", "kube-apiserver", "kube-controller-manager")
 ETCD_MEMBERS = ("etcd-1", "etcd-2", "etcd-3")
@@ -156,7 +159,8 @@ def make_pki(pki: Path) -> None:
     ext.write_text(
         "subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:kubernetes,"
         "DNS:kubernetes.default,DNS:kubernetes.default.svc,"
-        f"IP:{KUBERNETES_SERVICE_IP},IP:{NODE_LINK_HOST_IP},IP:{NODE2_LINK_HOST_IP}\n"
+        f"IP:{KUBERNETES_SERVICE_IP},IP:{NODE_LINK_HOST_IP},IP:{NODE2_LINK_HOST_IP},"
+        f"IP:{NODE3_LINK_HOST_IP},IP:{NODE4_LINK_HOST_IP}\n"
         "extendedKeyUsage=serverAuth\n"
     )
     for name, subject, extfile in (

@@ -32,12 +32,28 @@ Node 2's pods reach the pod relay (the Service IP) and the host's end of node 1'
 server (tests/support/node.py) by pausing its relay and blackholing the Service range in
 its namespace; the path to the tracker stays, so the test still sees when work stops.
 
+Nodes 3 and 4 are each a cluster of their own (`node up --index 3 --cluster DIR`, DIR a
+control plane's test environment): the only node of that control plane, with its own
+kube-scheduler, and its pods' `kubernetes` Service address on lo in its namespace, where
+its own pod relay forwards it through its link to that control plane alone (node 1's
+holds the address on the host, for another control plane). Nothing is routed through
+the host but its link: its pods reach the host's end of it, and no other node's.
+
+    198.51.100.9  cl-host3 <--- veth ---> cl-node3 198.51.100.10  cn0 198.51.100.65/27
+      :6443 node 3's relay -> DIR's api     (pods .66-.94); 203.0.113.1/32 on lo: its pod
+    route 198.51.100.64/27 via .10          relay -> 198.51.100.9:6443
+    198.51.100.13 cl-host4 ... cl-node4 .14  cn0 198.51.100.97/27 (pods .98-.126)
+
+`--pod-start-delay S` makes every pod of a node start S seconds late (a CNI plugin
+chained after the bridge waits on each ADD).
+
 Also started here, on the host's loopback: kube-scheduler. The node-lifecycle
 controller runs in the control plane's kube-controller-manager.
 
     tests/controlplane/node up      # after tests/controlplane/up; prints `export` lines
     tests/controlplane/node up --index 2    # a second node (node 1 first)
     tests/controlplane/node down [--index 2]  # stops it and puts the host back as it was
+    tests/controlplane/node up --index 3 --cluster DIR [--pod-start-delay 15]
 
 State, logs and pids: `$CRONLOCK_TESTENV_DIR/node/`. Sockets: /run/cronlock-node/.
 The host changes the kubelet and containerd make (sysctls, /var/log/containers,
@@ -49,6 +65,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import ipaddress
 import json
 import os
@@ -87,6 +104,12 @@ class Node:
     pod_range: tuple[str, str]
     bridge_mac: str  # locally administered, fixed (see network_up)
     reserved: tuple[str, ...]  # what its network uses; the host must not route it already
+    # `node up --cluster DIR`: the only node of the control plane in DIR, which runs that
+    # cluster's kube-scheduler and its pods' relay itself (`leads`), apart from node 1's.
+    own_cluster: bool = False
+    # `node up --pod-start-delay S`: its network plugin takes S seconds more to set up each
+    # pod (a chained CNI plugin that waits), so every pod there starts that much later.
+    pod_start_delay: float = 0.0
 
     @property
     def netns(self) -> str:
@@ -106,9 +129,19 @@ class Node:
         return self.index == 1
 
     @property
+    def leads(self) -> bool:
+        """Whether it runs its control plane's scheduler and pod relay: node 1, or a node
+        of a cluster of its own."""
+        return self.first or self.own_cluster
+
+    @property
     def processes(self) -> tuple[str, ...]:
         # Stop order: the kubelet first (so it restarts nothing), containerd after the pods.
-        return PROCESSES if self.first else ("kubelet", "containerd", "node-relay")
+        if self.first:
+            return PROCESSES
+        if self.own_cluster:
+            return ("kubelet", "containerd", "kube-scheduler", "pod-relay", "node-relay")
+        return ("kubelet", "containerd", "node-relay")
 
 
 NODES = {
@@ -123,6 +156,20 @@ NODES = {
         "198.51.100.4/30", "203.0.113.129", "203.0.113.128/25",
         ("203.0.113.130", "203.0.113.254"), "02:00:c6:33:64:41",
         ("198.51.100.4/30", "203.0.113.128/25"),
+    ),
+    # Nodes 3 and 4 (meant for clusters of their own, `--cluster`): the next links, and
+    # TEST-NET-2's free middle for their pods (29 each).
+    3: Node(
+        3, "cronlock-node-3", "cl-host3", "cl-node3", cp.NODE3_LINK_HOST_IP, "198.51.100.10",
+        "198.51.100.8/30", "198.51.100.65", "198.51.100.64/27",
+        ("198.51.100.66", "198.51.100.94"), "02:00:c6:33:64:03",
+        ("198.51.100.8/30", "198.51.100.64/27"),
+    ),
+    4: Node(
+        4, "cronlock-node-4", "cl-host4", "cl-node4", cp.NODE4_LINK_HOST_IP, "198.51.100.14",
+        "198.51.100.12/30", "198.51.100.97", "198.51.100.96/27",
+        ("198.51.100.98", "198.51.100.126"), "02:00:c6:33:64:04",
+        ("198.51.100.12/30", "198.51.100.96/27"),
     ),
 }  # fmt: skip
 FIRST = NODES[1]
@@ -284,30 +331,69 @@ def network_up(state: Path, node: Node) -> None:
     run(*netns("ip", "link", "set", BRIDGE, "up"))
     for destination in upstream(node):
         run(*netns("ip", "route", "replace", destination, "via", node.host_link_ip))
+    if node.own_cluster:
+        # Its pods' `kubernetes` Service address is its own pod relay's, in this
+        # namespace: not node 1's on the host, which is another control plane's.
+        address = f"{cp.KUBERNETES_SERVICE_IP}/32"
+        run(*netns("ip", "addr", "replace", address, "dev", "lo"))
     # The node's namespace routes between the pods' bridge and the host link only.
     run(*netns("sysctl", "-q", "-w", "net.ipv4.ip_forward=1"))
 
 
 def upstream(node: Node) -> tuple[str, ...]:
     """What the node's namespace and pods reach through the host: the Service range (the
-    pod relay) and, from another node, node 1's link (the work tracker, the registry)."""
+    pod relay) and, from another node, node 1's link (the work tracker, the registry).
+    A node of a cluster of its own reaches nothing there but its own link's host end."""
+    if node.own_cluster:
+        return ()
     return (cp.SERVICE_CIDR,) if node.first else (cp.SERVICE_CIDR, FIRST.link_net)
 
 
+def pod_routes(node: Node) -> tuple[str, ...]:
+    """The pods' routes (all via the bridge): their host's end of the link, what the
+    namespace reaches upstream, and a cluster of its own's Service range (its relay)."""
+    own = (cp.SERVICE_CIDR,) if node.own_cluster else ()
+    return (node.link_net, *upstream(node), *own)
+
+
+def other_leaders(state: Path) -> list[Path]:
+    """The state directories of the other nodes that lead a cluster and whose kubelet
+    runs (node 1, or a node of another control plane): they saved the host as it was."""
+    found = []
+    for owner in sorted(Path("/run").glob("cronlock-node*/owner")):
+        with contextlib.suppress(OSError):
+            other = Path(owner.read_text())
+            if other != state and (other / "sysctl.saved").exists() and cp.alive(other, "kubelet"):
+                found.append(other)
+    return found
+
+
 def save_host_state(state: Path) -> None:
+    """What the kubelet changes on the host, as it was before any of ours ran: a leader
+    started while another runs takes that one's record (the host has its kubelet's values
+    now), so whichever stops last puts the host back as it was."""
+    before = other_leaders(state)
     saved = state / "sysctl.saved"
     if not saved.exists():
         saved.write_text(
-            "".join(f"{key}={run('sysctl', '-n', key).stdout.strip()}\n" for key in SYSCTLS)
+            (before[0] / "sysctl.saved").read_text()
+            if before
+            else "".join(f"{key}={run('sysctl', '-n', key).stdout.strip()}\n" for key in SYSCTLS)
         )
     created = state / "host-paths.created"
     if not created.exists():
-        created.write_text("".join(f"{path}\n" for path in HOST_PATHS if not Path(path).exists()))
+        earlier = before[0] / "host-paths.created" if before else None
+        created.write_text(
+            earlier.read_text()
+            if earlier is not None and earlier.exists()
+            else "".join(f"{path}\n" for path in HOST_PATHS if not Path(path).exists())
+        )
 
 
 def restore_host_state(state: Path, node: Node) -> None:
-    """Node 1 put the sysctls and host paths there, and takes them back; every node its
-    own log links and cgroups."""
+    """A leading node (node 1, a cluster's own) saved the sysctls and host paths, and puts
+    them back (the host paths once no other leader runs); every node its own log links and
+    cgroups."""
     saved = state / "sysctl.saved"
     if saved.exists():
         for line in saved.read_text().splitlines():
@@ -318,12 +404,14 @@ def restore_host_state(state: Path, node: Node) -> None:
         for link in logs.iterdir():
             if link.is_symlink() and os.readlink(link).startswith(str(state)):
                 link.unlink()
-    if node.first:
+    alone = not other_leaders(state)
+    if node.leads and alone:  # every kubelet's (a shared path); the last one takes it away
         Path("/var/lib/kubelet/device-plugins/kubelet.sock").unlink(missing_ok=True)
     created = state / "host-paths.created"
     if created.exists():
-        for path in created.read_text().split():
-            remove_empty_dirs(Path(path))
+        if alone:
+            for path in created.read_text().split():
+                remove_empty_dirs(Path(path))
         created.unlink()
     for hierarchy in Path("/sys/fs/cgroup").iterdir():
         remove_empty_dirs(hierarchy / node.cgroup_root.lstrip("/"))
@@ -364,7 +452,7 @@ def write_containerd_config(state: Path, bins: Path, node: Node) -> Path:
                             # work tracker, the relays) and the Service range, nothing else.
                             "routes": [
                                 {"dst": destination, "gw": node.node_ip}
-                                for destination in (node.link_net, *upstream(node))
+                                for destination in pod_routes(node)
                             ],
                             "ranges": [
                                 [
@@ -377,7 +465,8 @@ def write_containerd_config(state: Path, bins: Path, node: Node) -> Path:
                                 ]
                             ],
                         },
-                    }
+                    },
+                    *slow_start(state, node),
                 ],
             },
             indent=2,
@@ -421,7 +510,7 @@ imports = []
           Root = '{node.run_dir / "runc"}'
           SystemdCgroup = false
     [plugins.'io.containerd.cri.v1.runtime'.cni]
-      bin_dirs = ['{cni_bin}']
+      bin_dirs = ['{cni_bin}', '{state / "cni" / "bin"}']
       conf_dir = '{cni_conf}'
       max_conf_num = 1
   [plugins.'io.containerd.grpc.v1.cri']
@@ -430,6 +519,32 @@ imports = []
 """)
     del bins
     return config
+
+
+SLOW_START_PLUGIN = "cronlock-slow-start"
+
+
+def slow_start(state: Path, node: Node) -> list[dict[str, object]]:
+    """The CNI plugin chained after the bridge that makes every pod start late
+    (`--pod-start-delay`), as a slow network plugin would: on ADD it waits, then passes
+    the bridge's result on; nothing else. Empty (no plugin) without a delay."""
+    plugins = state / "cni" / "bin"
+    plugins.mkdir(parents=True, exist_ok=True)
+    if not node.pod_start_delay:
+        return []
+    plugin = plugins / SLOW_START_PLUGIN
+    plugin.write_text(f"""#!{sys.executable}
+import json, os, sys, time
+config = json.load(sys.stdin)
+command = os.environ.get("CNI_COMMAND")
+if command == "VERSION":
+    print(json.dumps({{"cniVersion": "1.0.0", "supportedVersions": ["0.4.0", "1.0.0"]}}))
+elif command == "ADD":
+    time.sleep(float(config["seconds"]))
+    print(json.dumps(config["prevResult"]))
+""")
+    plugin.chmod(0o755)
+    return [{"type": SLOW_START_PLUGIN, "seconds": node.pod_start_delay}]
 
 
 def write_registry_hosts(state: Path) -> Path:
@@ -579,7 +694,7 @@ def up(node: Node = FIRST) -> dict[str, str]:
     apiservers = [name for name in cp.running_components(env_dir) if "apiserver" in name]
     if not kubeconfig.exists() or not any(cp.alive(env_dir, name) for name in apiservers):
         raise SystemExit("node up: start the control plane first (tests/controlplane/up)")
-    if not node.first and not all(cp.alive(state_dir(), name) for name in PROCESSES):
+    if not node.leads and not all(cp.alive(state_dir(), name) for name in PROCESSES):
         raise SystemExit(f"node up: node {node.index} joins node 1's fleet; start node 1 first")
     state = state_dir(node)
     exports = {
@@ -611,7 +726,7 @@ def up(node: Node = FIRST) -> dict[str, str]:
             raise SystemExit(f"node up: another test node is running ({other}); stop it first")
     down(node, quiet=True)
     clear_dead_run_dir(node)
-    if node.first:
+    if node.leads:
         subprocess.run([str(cp.HERE / "host-packages")], check=True)
     bins = cp.build_bin_dir()
     state.mkdir(parents=True, exist_ok=True)
@@ -621,7 +736,7 @@ def up(node: Node = FIRST) -> dict[str, str]:
     api = json.loads(kubeconfig.read_text())["clusters"][0]["cluster"]["server"]
     api_port = api.rsplit(":", 1)[1]
 
-    if node.first:
+    if node.leads:
         save_host_state(state)
     network_up(state, node)
     relay = [sys.executable, str(cp.HERE / "relay.py")]
@@ -641,8 +756,8 @@ def up(node: Node = FIRST) -> dict[str, str]:
         "kubelet",
         cert_dir=certs,
     )
-    if node.first:
-        start_shared(state, bins, pki, api, api_port, certs)
+    if node.leads:
+        start_shared(state, bins, pki, api, api_port, certs, node)
 
     containerd_config = write_containerd_config(state, bins, node)
     env = {**os.environ, "PATH": f"{bins}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
@@ -722,16 +837,33 @@ def wait_socket(state: Path, node: Node) -> None:
         time.sleep(0.2)
 
 
-def start_shared(state: Path, bins: Path, pki: Path, api: str, api_port: str, certs: Path) -> None:
+def start_shared(
+    state: Path, bins: Path, pki: Path, api: str, api_port: str, certs: Path, node: Node
+) -> None:
     """What node 1 runs for the whole fleet: the pod relay (the `kubernetes` Service's
-    ClusterIP), the registry, kube-scheduler, and the node group's RBAC."""
+    ClusterIP), the registry, kube-scheduler, and the node group's RBAC. A node of a
+    cluster of its own runs the same but the registry, its pod relay in its namespace
+    (to its control plane through its node relay), since node 1's owns the address on
+    the host."""
     relay = [sys.executable, str(cp.HERE / "relay.py")]
-    cp.start(
-        "pod-relay",
-        [*relay, cp.KUBERNETES_SERVICE_IP, str(SERVICE_PORT), "127.0.0.1", api_port],
-        state,
-    )
-    start_registry(state)
+    if node.own_cluster:
+        cp.start(
+            "pod-relay",
+            in_netns(
+                *relay,
+                *(cp.KUBERNETES_SERVICE_IP, str(SERVICE_PORT)),
+                *(node.host_link_ip, str(NODE_RELAY_PORT)),
+                node=node,
+            ),
+            state,
+        )
+    else:
+        cp.start(
+            "pod-relay",
+            [*relay, cp.KUBERNETES_SERVICE_IP, str(SERVICE_PORT), "127.0.0.1", api_port],
+            state,
+        )
+        start_registry(state)
     sign(pki, certs, "kube-scheduler", "/CN=system:kube-scheduler")
     cp.write_kubeconfig(
         state / "kube-scheduler.kubeconfig", api, pki, "kube-scheduler", cert_dir=certs
@@ -785,7 +917,8 @@ def down(node: Node = FIRST, quiet: bool = False) -> None:
             if not other.first and state_dir(other).exists():
                 down(other, quiet=True)
     state = state_dir(node)
-    for name in node.processes:
+    # Every process a node may run, whatever this one was started as (all in stop order).
+    for name in PROCESSES:
         if name == "containerd" and cp.alive(state, name):
             remove_pods(node)
         stop(name, state, grace=20 if name in ("kubelet", "containerd") else 5)
@@ -799,7 +932,11 @@ def down(node: Node = FIRST, quiet: bool = False) -> None:
         (state / "netns.created").unlink()
     restore_host_state(state, node)
     if not node.first:  # the control plane forgets it, as a deleted cloud node goes
-        kubectl("delete", "node", node.name, "--ignore-not-found", "--wait=false", check=False)
+        kubectl(
+            *("delete", "node", node.name, "--ignore-not-found", "--wait=false"),
+            "--request-timeout=10s",  # its control plane may be gone (a cluster of its own)
+            check=False,
+        )
     owner = node.run_dir / "owner"
     if owner.exists() and owner.read_text() == str(state):
         shutil.rmtree(node.run_dir, ignore_errors=True)
@@ -829,10 +966,39 @@ def main() -> None:
         type=int,
         choices=sorted(NODES),
         default=1,
-        help="which node of the fleet (default 1; node 2 needs node 1 up)",
+        help="which node (default 1; without --cluster, another joins node 1's fleet and "
+        "needs node 1 up)",
+    )
+    parser.add_argument(
+        "--cluster",
+        type=Path,
+        metavar="DIR",
+        help="join the control plane whose test environment is DIR (tests/controlplane/up "
+        "with CRONLOCK_TESTENV_DIR=DIR) as its only node, with a kube-scheduler and pod relay "
+        "of its own (not node 1's); --index 2 or more",
+    )
+    parser.add_argument(
+        "--pod-start-delay",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="with up: set up each pod's network SECONDS late (every pod starts that late)",
     )
     args = parser.parse_args()
     node = NODES[args.index]
+    if args.cluster is not None:
+        if node.first:
+            raise SystemExit("node: --cluster needs --index 2 or more (node 1 is the default's)")
+        if not (args.cluster / "kubeconfig").exists():
+            raise SystemExit(
+                f"node: {args.cluster} holds no control plane; start one there first "
+                f"(CRONLOCK_TESTENV_DIR={args.cluster} tests/controlplane/up)"
+            )
+        os.environ["CRONLOCK_TESTENV_DIR"] = str(args.cluster.resolve())
+        node = dataclasses.replace(node, own_cluster=True)
+    if not 0 <= args.pod_start_delay <= 120:
+        raise SystemExit(f"node: --pod-start-delay {args.pod_start_delay}: 0 to 120 seconds")
+    node = dataclasses.replace(node, pod_start_delay=args.pod_start_delay)
     if args.action == "down":
         down(node)
         return

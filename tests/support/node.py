@@ -38,6 +38,9 @@ NODE_SCRIPT = ROOT / "tests" / "controlplane" / "node"
 HOST_LINK_IP = "198.51.100.1"
 # The host's end of node 2's link, where its kubelet's relay listens.
 NODE2_HOST_LINK_IP = "198.51.100.5"
+# ... and of nodes 3 and 4's, each a cluster's own (`cluster`): their pods reach the host
+# there, and nowhere else.
+HOST_LINK_IPS = {1: HOST_LINK_IP, 2: NODE2_HOST_LINK_IP, 3: "198.51.100.9", 4: "198.51.100.13"}
 # The Service range: the pods' path to the API server (tests/controlplane/node.py).
 SERVICE_CIDR = "203.0.113.0/25"
 CRONLOCK_IMAGE = "localhost/cronlock:dev"
@@ -51,10 +54,14 @@ WATCH_ERRORS = (kubernetes.client.ApiException, urllib3.exceptions.HTTPError, OS
 @dataclass
 class RealNode:
     """A node started for this test session (node 1, or another of the fleet: `index`),
-    and the faults a test can inject on it."""
+    and the faults a test can inject on it. With `cluster` (a control plane's test
+    environment directory) it is that control plane's only node, with its own scheduler and
+    pods' relay (`node up --cluster`); `pod_start_delay`: its pods start that late."""
 
     env: dict[str, str]
     index: int = 1
+    cluster: Path | None = None
+    pod_start_delay: float = 0.0
     state: Path = field(init=False)
     name: str = field(init=False)
     # The OCI registry on the node's network, host:port (tests/controlplane/node).
@@ -62,7 +69,12 @@ class RealNode:
 
     @property
     def _index_args(self) -> list[str]:
-        return ["--index", str(self.index)]
+        args = ["--index", str(self.index)]
+        if self.cluster is not None:
+            args += ["--cluster", str(self.cluster)]
+        if self.pod_start_delay:
+            args += ["--pod-start-delay", str(self.pod_start_delay)]
+        return args
 
     def start(self) -> None:
         result = subprocess.run(
@@ -132,7 +144,7 @@ class RealNode:
 
     @property
     def host_link_ip(self) -> str:
-        return {1: HOST_LINK_IP, 2: NODE2_HOST_LINK_IP}[self.index]
+        return HOST_LINK_IPS[self.index]
 
     def stop_kubelet(self) -> None:
         """SIGKILL the kubelet: the node is lost; its containers keep running under containerd."""

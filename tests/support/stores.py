@@ -17,7 +17,7 @@ import signal
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
@@ -137,15 +137,19 @@ class RedisServer(_Server):
     """redis-server with a password; every write is on disk before it is answered."""
 
     def __init__(
-        self, directory: Path, also_on: str | None = None, *, password: str | None = None
+        self,
+        directory: Path,
+        also_on: str | Sequence[str] | None = None,
+        *,
+        password: str | None = None,
     ) -> None:
-        """`also_on`: an address it listens on besides loopback (the host's end of the
+        """`also_on`: the addresses it listens on besides loopback (the host's end of a
         node's link, where pods reach it)."""
         self.directory = directory
         self.port = free_port()
         self.password = password or secrets.token_hex(12)
         self.url = self.url_at("127.0.0.1")
-        self.binds = ["127.0.0.1", *([also_on] if also_on else [])]
+        self.binds = ["127.0.0.1", *addresses(also_on)]
         self.primary: tuple[int, str] | None = None
 
     def replicate(self, port: int, password: str) -> None:
@@ -177,12 +181,14 @@ class RedisServer(_Server):
 
 
 class PostgresServer(_Server):
-    """PostgreSQL with a `cronlock` role and database, password (scram) auth on loopback."""
+    """PostgreSQL with a `cronlock` role and database, password (scram) auth on loopback
+    and on the addresses `also_on` (the host's end of a node's link, where pods reach it)."""
 
     BIN = Path("/usr/lib/postgresql/15/bin")
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, also_on: str | Sequence[str] | None = None) -> None:
         self.directory = directory
+        self.listen = ",".join(["127.0.0.1", *addresses(also_on)])
         self.data = directory / "data"
         self.port = free_port()
         self.password = secrets.token_hex(12)
@@ -197,6 +203,11 @@ class PostgresServer(_Server):
              "--auth-local=trust", "--auth-host=scram-sha-256",
              f"--pwfile={password_file}"]
         )  # fmt: skip
+        if also_on:
+            # Pods connect from their nodes' pod ranges: a password is what lets them in,
+            # on the addresses it listens on (no other network reaches those).
+            with (self.data / "pg_hba.conf").open("a") as rules:
+                rules.write("host all all 0.0.0.0/0 scram-sha-256\n")
         self._start()
         self.wait_ready(check=self._superuser_ready)
         self._as_postgres(
@@ -215,6 +226,9 @@ class PostgresServer(_Server):
             autocommit=True,
         )  # fmt: skip
 
+    def url_at(self, host: str) -> str:
+        return f"postgresql://cronlock:{self.password}@{host}:{self.port}/cronlock"
+
     def url_of(self, user: str, password: str, database: str) -> str:
         """The URL a role logs in with over loopback (password auth)."""
         return f"postgresql://{user}:{password}@127.0.0.1:{self.port}/{database}"
@@ -232,7 +246,7 @@ class PostgresServer(_Server):
         argv = [
             "runuser", "-u", "postgres", "--", str(self.BIN / "postgres"), "-D", str(self.data),
             "-p", str(self.port), "-k", str(self.directory),
-            "-c", "listen_addresses=127.0.0.1", "-c", "fsync=on",
+            "-c", f"listen_addresses={self.listen}", "-c", "fsync=on",
         ]  # fmt: skip
         log = open(self.directory.parent / "postgres.log", "ab")  # noqa: SIM115 - the child's
         self.process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
@@ -256,16 +270,27 @@ class PostgresServer(_Server):
             return False
 
 
+def addresses(also_on: str | Sequence[str] | None) -> list[str]:
+    if also_on is None:
+        return []
+    return [also_on] if isinstance(also_on, str) else list(also_on)
+
+
 @contextmanager
-def running(kind: str, also_on: str | None = None) -> Iterator[RedisServer | PostgresServer]:
+def running(
+    kind: str, also_on: str | Sequence[str] | None = None
+) -> Iterator[RedisServer | PostgresServer]:
     """A started server of `kind` ("redis" or "postgres"), stopped and removed afterwards;
-    Redis listens `also_on` that address too."""
+    it listens `also_on` those addresses too."""
     top = Path(tempfile.mkdtemp(prefix=f"cronlock-{kind}-"))
     top.chmod(0o755)
     directory = top / "server"
     directory.mkdir()
     server: RedisServer | PostgresServer
-    server = RedisServer(directory, also_on) if kind == "redis" else PostgresServer(directory)
+    if kind == "redis":
+        server = RedisServer(directory, also_on)
+    else:
+        server = PostgresServer(directory, also_on)
     try:
         if kind == "redis":
             server.start()

@@ -107,6 +107,6 @@ def test_steps_for_a_ring_that_does_not_exist_are_refused() -> None:
     with pytest.raises(SystemExit, match="steps before nowhere, which is no ring"):
         rings.run(
             [],
-            {"a": ("tests/unit", "tests/integration", "tests/longwatch", "tests/e2e")},
+            {"a": tuple(rings.configured_testpaths())},
             before={"nowhere": ("true",)},
         )
