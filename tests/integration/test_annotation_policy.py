@@ -24,7 +24,7 @@ from tests.support.annotation_cases import BAD
 from tests.support.controlplane import ControlPlane
 from tests.support.cronjobs import make_cronjob
 from tests.support.kube import run_tool, wait_for
-from tests.support.operator import CHART, render_chart
+from tests.support.operator import CHART, OPERATOR_NAMESPACE, render_chart
 from tests.support.papers import INSTALL_MD, marked_block
 
 # As `cronlock lint` reads under the chart's defaults: both sidecar images given.
@@ -194,6 +194,37 @@ def test_kubectl_apply_prints_cronlocks_warning(
         "kubectl", "patch", "cronjob", "report", "-n", namespace, "-p", '{"spec":{"suspend":true}}',
     )  # fmt: skip
     assert warned not in patched.stderr, patched.stderr
+
+
+@pytest.mark.timeout(120)
+def test_cronlocks_own_accounts_are_not_judged_even_under_deny(
+    controlplane: ControlPlane, namespace: str, denied: str
+) -> None:
+    """The operator (injection, revert) and the release's hooks (revert): the chart's
+    policy is rendered for release cronlock in cronlock-system (render_chart)."""
+    body = json.dumps(cronjob("report", {"cronlock.io/ttl": "5s"}))
+    for account in ("cronlock", "cronlock-narrowed", "cronlock-uninstall"):
+        written = run_tool(
+            controlplane.env,
+            "kubectl", "apply", "--dry-run=server", "-n", namespace, "-f", "-",
+            f"--as=system:serviceaccount:{OPERATOR_NAMESPACE}:{account}",
+            "--as-group=system:masters",
+            input_text=body,
+            check=False,
+        )  # fmt: skip
+        assert written.returncode == 0, written.stderr
+        assert denied not in written.stderr
+    # Another account of that namespace is judged like anyone.
+    refused = run_tool(
+        controlplane.env,
+        "kubectl", "apply", "--dry-run=server", "-n", namespace, "-f", "-",
+        f"--as=system:serviceaccount:{OPERATOR_NAMESPACE}:deployer",
+        "--as-group=system:masters",
+        input_text=body,
+        check=False,
+    )  # fmt: skip
+    assert refused.returncode != 0
+    assert f"'{denied}'" in refused.stderr, refused.stderr
 
 
 @pytest.mark.timeout(120)

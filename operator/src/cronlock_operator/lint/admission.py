@@ -288,10 +288,14 @@ def render() -> str:
         '        operations: ["CREATE", "UPDATE"]',
         '        resources: ["cronjobs"]',
         "  matchConditions:",
-        "    - name: not-the-operator",
+        # The release's operator injects and reverts, its hooks revert (accounts named
+        # <fullname>-…): cronlock's own writes are never judged, nor refused under Deny.
+        "    - name: not-the-operator-or-its-hooks",
         "      expression: >-",
         '        request.userInfo.username != "system:serviceaccount:{{ .Release.Namespace }}:'
-        '{{ include "cronlock.serviceAccountName" . }}"',
+        '{{ include "cronlock.serviceAccountName" . }}" &&',
+        '        !request.userInfo.username.startsWith("system:serviceaccount:'
+        '{{ .Release.Namespace }}:{{ include "cronlock.fullname" . }}-")',
         "    - name: not-opted-out",
         "      expression: >-",
         f'        object.metadata.?annotations.orValue({{}})[?"{contract.ANNOTATION_ENABLED}"]'
