@@ -5,7 +5,8 @@ or upgrade fails, naming the other release, when an operator Deployment of anoth
 cronlock release in the cluster watches a namespace this one would watch. Each operator
 Deployment records its watch in the annotation cronlock.io/watch-namespaces ("*" = every
 namespace). `lookup` sees the cluster only in `helm install`/`upgrade`; `helm template`
-and `--dry-run=client` check nothing.
+and `--dry-run=client` check nothing here, and the release's one-operator policy
+(one-operator-policy.yaml) refuses the overlapping Deployment at the API server instead.
 */}}
 {{- define "cronlock.watchAnnotation" -}}
 {{- if .Values.watchNamespaces }}{{ join "," .Values.watchNamespaces }}{{ else }}*{{ end }}

@@ -95,14 +95,22 @@ class Kube:
 
     def list_cronjobs(self, namespaces: Sequence[str], into: ObjectCache) -> None:
         """Every CronJob in the watched namespaces (all when empty), into the cache page
-        by page (a whole parsed list of 10,000 CronJobs would be the operator's peak)."""
-        for item in self._list(
-            "list cronjobs",
-            self.batch.list_cron_job_for_all_namespaces,
-            self.batch.list_namespaced_cron_job,
-            namespaces,
-        ):
-            into.put(item)
+        by page (a whole parsed list of 10,000 CronJobs would be the operator's peak).
+        A 403 in a watched namespace is a Retry saying what is most likely missing."""
+        scopes: list[str | None] = [*namespaces] or [None]
+        for namespace in scopes:
+            try:
+                for item in self._list(
+                    f"list cronjobs in namespace {namespace}" if namespace else "list cronjobs",
+                    self.batch.list_cron_job_for_all_namespaces,
+                    self.batch.list_namespaced_cron_job,
+                    [namespace] if namespace else [],
+                ):
+                    into.put(item)
+            except Retry as error:
+                if namespace is None or getattr(error.__cause__, "status", None) != 403:
+                    raise
+                raise Retry(f"{error}: {not_granted_in(namespace)}") from error.__cause__
 
     def list_leases(self, namespaces: Sequence[str]) -> Iterator[dict[str, Any]]:
         """Every Lease labelled as cronlock's in the watched namespaces (all when empty)."""
@@ -404,3 +412,16 @@ class Kube:
             done(response)
         level = logging.WARNING if warning else logging.INFO
         logger.log(level, "%s %s/%s: %s", reason, metadata["namespace"], metadata["name"], message)
+
+
+def not_granted_in(namespace: str) -> str:
+    """Why a watched namespace refuses the operator, and what to do: the chart grants it
+    there by a RoleBinding made at install, which fails while the namespace does not
+    exist. Helm's install refuses such a watchNamespaces entry by itself (lookup), but
+    Argo CD and `helm template | kubectl apply` cannot ask the cluster (docs/FLEET.md)."""
+    return (
+        f"this operator has no RoleBinding in namespace {namespace}. If {namespace} did not "
+        "exist when the release was installed or synced, its RoleBinding there could not be "
+        f"made: create namespace {namespace} and sync (or helm upgrade) the release again, "
+        "or remove it from watchNamespaces"
+    )
