@@ -38,9 +38,15 @@ NODE_SCRIPT = ROOT / "tests" / "controlplane" / "node"
 HOST_LINK_IP = "198.51.100.1"
 # The host's end of node 2's link, where its kubelet's relay listens.
 NODE2_HOST_LINK_IP = "198.51.100.5"
-# ... and of nodes 3 and 4's, each a cluster's own (`cluster`): their pods reach the host
-# there, and nowhere else.
-HOST_LINK_IPS = {1: HOST_LINK_IP, 2: NODE2_HOST_LINK_IP, 3: "198.51.100.9", 4: "198.51.100.13"}
+# ... and of nodes 3, 4 and 5's, each a cluster's own (`cluster`): their pods reach the
+# host there, and nowhere else.
+HOST_LINK_IPS = {
+    1: HOST_LINK_IP,
+    2: NODE2_HOST_LINK_IP,
+    3: "198.51.100.9",
+    4: "198.51.100.13",
+    5: "198.51.100.17",
+}
 # The Service range: the pods' path to the API server (tests/controlplane/node.py).
 SERVICE_CIDR = "203.0.113.0/25"
 CRONLOCK_IMAGE = "localhost/cronlock:dev"
@@ -256,10 +262,13 @@ class Work:
 
 
 class WorkTracker:
-    """A TCP server the main containers keep a connection to while their work runs."""
+    """A TCP server the main containers keep a connection to while their work runs, on
+    `host` (the host's end of node 1's link by default: every fleet node's pods reach it;
+    a cluster node's pods reach only their own link's)."""
 
-    def __init__(self) -> None:
-        self._server = socket.create_server((HOST_LINK_IP, 0))
+    def __init__(self, host: str = HOST_LINK_IP) -> None:
+        self.host = host
+        self._server = socket.create_server((host, 0))
         self.port = int(self._server.getsockname()[1])
         self._lock = threading.Lock()
         self._works: list[Work] = []
@@ -277,7 +286,7 @@ class WorkTracker:
         The connection belongs to the container's processes: it closes when the script
         ends (PID 1 exits and the kernel ends the rest) or when anything kills them.
         """
-        return f"(echo $HOSTNAME; exec sleep 2147483647) | nc {HOST_LINK_IP} {self.port} & "
+        return f"(echo $HOSTNAME; exec sleep 2147483647) | nc {self.host} {self.port} & "
 
     def works(self, prefix: str = "") -> list[Work]:
         with self._lock:
