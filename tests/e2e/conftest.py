@@ -19,7 +19,13 @@ from tests.e2e.scenario import Scenario
 from tests.support import evidence
 from tests.support.controlplane import ControlPlane
 from tests.support.kube import wait_for
-from tests.support.node import LeaseRecorder, PodRecorder, RealNode, WorkTracker
+from tests.support.node import (
+    LeaseRecorder,
+    PodRecorder,
+    RealNode,
+    WorkTracker,
+    e2e_node_index,
+)
 from tests.support.operator import NODE_OPERATOR_ARGS, OperatorProcess
 
 HERE = Path(__file__).resolve().parent
@@ -29,25 +35,11 @@ NEEDS_OWN_PLANE = (
     "CRONLOCK_TEST_KUBECONFIG, or run only tests/unit and tests/integration against that "
     "cluster"
 )
-# Which node the session runs its pods on: 1 (the default, with node 2 and the registry)
-# or 5 (a cluster of its own: tests/rings.py's second e2e ring).
-NODE_ENV = "CRONLOCK_E2E_NODE"
-CLUSTER_NODES = (5,)
+# CRONLOCK_E2E_NODE (tests/support/node.py e2e_node_index) names a node of its own cluster.
 NODE1_ONLY = (
     "{what} is node 1's (CRONLOCK_E2E_NODE={index} runs node {index}, the only node of its "
     'own cluster): run this test in the e2e ring on node 1 (tests/rings.py RINGS["e2e"])'
 )
-
-
-def e2e_node_index(environ: dict[str, str] | None = None) -> int:
-    """CRONLOCK_E2E_NODE: 1 (unset or empty) or a cluster node's index; else a clear error."""
-    value = (os.environ if environ is None else environ).get(NODE_ENV, "").strip()
-    if value in ("", "1"):
-        return 1
-    if value.isdigit() and int(value) in CLUSTER_NODES:
-        return int(value)
-    allowed = ", ".join(str(index) for index in (1, *CLUSTER_NODES))
-    raise pytest.UsageError(f"{NODE_ENV}={value!r}: the e2e node is one of {allowed}")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -56,7 +48,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if external and any(item.path.is_relative_to(HERE) for item in items):
         raise pytest.UsageError(NEEDS_OWN_PLANE.format(external))
     if any(item.path.is_relative_to(HERE) for item in items):
-        e2e_node_index()  # a bad CRONLOCK_E2E_NODE is refused before anything starts
+        try:  # a bad CRONLOCK_E2E_NODE is refused before anything starts
+            e2e_node_index()
+        except ValueError as error:
+            raise pytest.UsageError(str(error)) from None
 
 
 @pytest.fixture(scope="session")

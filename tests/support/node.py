@@ -20,7 +20,7 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,6 +55,23 @@ CRONLOCK_IMAGE = "localhost/cronlock:dev"
 BUSYBOX_IMAGE = "localhost/busybox:cronlock"
 # What a watch may raise while the API server is away (a paused one times reads out).
 WATCH_ERRORS = (kubernetes.client.ApiException, urllib3.exceptions.HTTPError, OSError, ValueError)
+
+
+# Which node an e2e session runs its pods on (tests/e2e/conftest.py): 1 (the default, with
+# node 2 and the registry) or 5 (a cluster of its own: tests/rings.py's second e2e ring).
+E2E_NODE_ENV = "CRONLOCK_E2E_NODE"
+E2E_CLUSTER_NODES = (5,)
+
+
+def e2e_node_index(environ: Mapping[str, str] | None = None) -> int:
+    """CRONLOCK_E2E_NODE: 1 (unset or empty) or a cluster node's index; else a clear error."""
+    value = (os.environ if environ is None else environ).get(E2E_NODE_ENV, "").strip()
+    if value in ("", "1"):
+        return 1
+    if value.isdigit() and int(value) in E2E_CLUSTER_NODES:
+        return int(value)
+    allowed = ", ".join(str(index) for index in (1, *E2E_CLUSTER_NODES))
+    raise ValueError(f"{E2E_NODE_ENV}={value!r}: the e2e node is one of {allowed}")
 
 
 @dataclass

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests import rings
+from tests.support.node import e2e_node_index
 from tests.support.paths import ROOT
 
 
@@ -219,3 +220,15 @@ def test_a_testpath_split_between_rings_runs_each_test_once_each_with_its_rings_
 def test_environment_for_a_ring_that_does_not_exist_is_refused() -> None:
     with pytest.raises(SystemExit, match="environment for nowhere, which is no ring"):
         rings.run([], {"a": tuple(rings.configured_testpaths())}, before={}, env={"nowhere": {}})
+
+
+@pytest.mark.parametrize(("value", "index"), [(None, 1), ("", 1), ("1", 1), ("5", 5), (" 5 ", 5)])
+def test_the_e2e_node_is_node_1_unless_the_ring_names_node_5(value: str | None, index: int) -> None:
+    assert e2e_node_index({} if value is None else {"CRONLOCK_E2E_NODE": value}) == index
+
+
+@pytest.mark.parametrize("value", ["2", "3", "0", "five", "-5"])
+def test_an_e2e_node_that_is_no_cluster_node_of_ours_is_refused(value: str) -> None:
+    # Node 2 joins node 1's fleet, nodes 3 and 4 are the clusters ring's.
+    with pytest.raises(ValueError, match="the e2e node is one of 1, 5"):
+        e2e_node_index({"CRONLOCK_E2E_NODE": value})
