@@ -9,18 +9,22 @@ ring starts the real node 1 (and 2), whose kubelet and containerd own host paths
 (/var/lib/kubelet, /run/containerd) and so run once per machine; the clusters ring's
 nodes 3 and 4, each its own control plane's, share them with it as node 2 does. The
 rings together are exactly pyproject's `testpaths`: a ring missing one, or naming one
-twice, is refused before anything starts.
+twice, is refused before anything starts. A ring may also take files (or folders) out of
+a testpath another ring runs (the e2e tests are two rings, on node 1 and on node 5): that
+ring runs them, the other `--ignore`s them.
 
 A ring may first run shell commands in its process (BEFORE: the builds only it needs, while
 the others already run). Each process writes to `.testenv/rings/NAME.log`; a line every
 minute says how far each has got, and each log is printed whole when its ring ends, so
 CI's log keeps everything.
+At the end, the rings' times and which ring was the critical path, and by how much.
 The exit status is the first failing ring's (0 when all pass). Ctrl-C (or a SIGTERM) is
 passed to every ring as SIGINT, so each tears its control plane down.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import subprocess
@@ -28,8 +32,8 @@ import sys
 import time
 import tomllib
 from collections.abc import Sequence
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
 from types import FrameType
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -41,12 +45,26 @@ ROOT = Path(__file__).resolve().parent.parent
 # wait beside the others instead of in the unit+integration ring's line.
 # The clusters ring (two clusters of their own, nodes 3 and 4, never node 1 or 2) mostly
 # waits out its minutely ticks, beside the others.
+# The e2e tests are two rings, each its own control plane and node, split by their
+# measured times (docs/DEVELOPMENT.md): "e2e" on node 1, with everything that needs node 2
+# (the fleet, the pod checker), the registry (release, source install) or node 1's link
+# (stores on the node); "e2e-b" (ENV: CRONLOCK_E2E_NODE=5) on node 5, a cluster of its own,
+# the files below, which need only the node their pods run on. "e2e" runs the rest of
+# tests/e2e: a new e2e test file lands there.
 RINGS: dict[str, tuple[str, ...]] = {
     "unit+integration": ("tests/unit", "tests/integration"),
     "longwatch": ("tests/longwatch",),
     "e2e": ("tests/e2e",),
+    "e2e-b": (
+        "tests/e2e/test_failures.py",
+        "tests/e2e/test_missed_runs.py",
+        "tests/e2e/test_overlap.py",
+        "tests/e2e/test_policies.py",
+    ),
     "clusters": ("tests/clusters",),
 }
+# Environment variables a ring's process gets on top of `make test`'s.
+ENV: dict[str, dict[str, str]] = {"e2e-b": {"CRONLOCK_E2E_NODE": "5"}}
 # Shell commands a ring runs, in its own log, before its pytest starts (a failing one fails
 # the ring). `make test` builds only what the e2e ring needs before the rings start; the
 # unit+integration ring, which ends long before the e2e ring, builds the other Go test tools
@@ -68,19 +86,70 @@ def configured_testpaths(root: Path = ROOT) -> list[str]:
         return list(tomllib.load(file)["tool"]["pytest"]["ini_options"]["testpaths"])
 
 
-def check_rings(rings: dict[str, tuple[str, ...]], paths: Sequence[str]) -> None:
-    """Every testpath in exactly one ring, and nothing else: raises SystemExit saying which."""
+def within(part: str, whole: str) -> bool:
+    """Whether `part` is a file or folder inside `whole` (not `whole` itself)."""
+    return part != whole and PurePosixPath(part).is_relative_to(PurePosixPath(whole))
+
+
+def check_rings(
+    rings: dict[str, tuple[str, ...]], paths: Sequence[str], root: Path | None = None
+) -> None:
+    """Every testpath in exactly one ring, and nothing else: raises SystemExit saying which.
+
+    A ring may name a part of a testpath (a file or folder in it) that another ring names
+    whole: that ring runs the part, the other ignores it (`ignored`). With `root`, each
+    part must exist there."""
     named = [path for ring in rings.values() for path in ring]
     twice = sorted({path for path in named if named.count(path) > 1})
     missing = sorted(set(paths) - set(named))
-    extra = sorted(set(named) - set(paths))
+    parts = sorted({path for path in named if path not in paths})
+    extra = [path for path in parts if not any(within(path, whole) for whole in paths)]
+    absent = [
+        path
+        for path in parts
+        if path not in extra and root is not None and not (root / path).exists()
+    ]
+    beside = sorted(
+        f"{part} is in the same ring as {whole}, which holds it"
+        for ring in rings.values()
+        for part in ring
+        for whole in ring
+        if within(part, whole)
+    )
     problems = [
         *(f"{path} is in more than one ring" for path in twice),
         *(f"{path} is a testpath in no ring: its tests would never run" for path in missing),
         *(f"{path} is in a ring but not in pyproject's testpaths" for path in extra),
+        *(f"{path} is in a ring but does not exist: a ring would run nothing" for path in absent),
+        *beside,
     ]
     if problems:
         raise SystemExit("rings: " + "; ".join(problems) + " (tests/rings.py RINGS)")
+
+
+def ignored(rings: dict[str, tuple[str, ...]], name: str) -> tuple[str, ...]:
+    """What ring `name` leaves out of its paths: the parts of them other rings run."""
+    return tuple(
+        part
+        for other, theirs in rings.items()
+        if other != name
+        for part in theirs
+        for whole in rings[name]
+        if within(part, whole)
+    )
+
+
+def critical_path(times: dict[str, float]) -> str:
+    """Which ring took longest (`make test` waits for it), and by how much over the next."""
+    ordered = sorted(times.items(), key=lambda item: item[1], reverse=True)
+    (slowest, longest), rest = ordered[0], ordered[1:]
+    if not rest:
+        return f"rings: the critical path is {slowest} ({clock(longest)}), the only ring"
+    after, next_time = rest[0]
+    return (
+        f"rings: the critical path is {slowest} ({clock(longest)}), "
+        f"{clock(longest - next_time)} longer than {after} ({clock(next_time)})"
+    )
 
 
 @dataclass
@@ -89,6 +158,8 @@ class Ring:
     paths: tuple[str, ...]
     root: Path
     before: tuple[str, ...] = ()
+    ignore: tuple[str, ...] = ()
+    env: dict[str, str] = field(default_factory=dict)
     process: subprocess.Popen[bytes] | None = None
     started: float = 0.0
     ended: float | None = None
@@ -102,11 +173,13 @@ class Ring:
     def start(self, args: Sequence[str]) -> None:
         self.log.parent.mkdir(parents=True, exist_ok=True)
         with self.log.open("wb") as out:
-            pytest = [sys.executable, "-m", "pytest", *args, *self.paths]
+            skip = [f"--ignore={path}" for path in self.ignore]
+            pytest = [sys.executable, "-m", "pytest", *args, *skip, *self.paths]
             script = "set -e; " + "".join(f"{command}; " for command in self.before)
             self.process = subprocess.Popen(
                 ["bash", "-c", script + 'exec "$@"', self.name, *pytest] if self.before else pytest,
                 cwd=self.root,
+                env={**os.environ, **self.env},
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,
@@ -152,13 +225,28 @@ def run(
     rings: dict[str, tuple[str, ...]] = RINGS,
     root: Path = ROOT,
     before: dict[str, tuple[str, ...]] | None = None,
+    env: dict[str, dict[str, str]] | None = None,
 ) -> int:
-    check_rings(rings, configured_testpaths(root))
+    check_rings(rings, configured_testpaths(root), root)
     steps = BEFORE if before is None else before
     unknown = sorted(set(steps) - set(rings))
     if unknown:
         raise SystemExit(f"rings: steps before {', '.join(unknown)}, which is no ring")
-    running = [Ring(name, paths, root, steps.get(name, ())) for name, paths in rings.items()]
+    environments = ENV if env is None else env
+    unknown = sorted(set(environments) - set(rings))
+    if unknown:
+        raise SystemExit(f"rings: environment for {', '.join(unknown)}, which is no ring")
+    running = [
+        Ring(
+            name,
+            paths,
+            root,
+            steps.get(name, ()),
+            ignored(rings, name),
+            environments.get(name, {}),
+        )
+        for name, paths in rings.items()
+    ]
     stopping: list[float] = []  # when a stop was asked for
     killed = False
 
@@ -198,6 +286,7 @@ def run(
     print(f"\nrings: all ended in {clock(time.monotonic() - start)}", flush=True)
     for ring in running:
         print(f"  {ring.name:<18} exit {ring.code}  {clock(ring.elapsed()):>6}  {ring.summary()}")
+    print(critical_path({ring.name: ring.elapsed() for ring in running}), flush=True)
     failed = [ring.code for ring in running if ring.code]
     return failed[0] if failed else (130 if stopping else 0)
 

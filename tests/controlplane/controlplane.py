@@ -73,6 +73,8 @@ NODE2_LINK_HOST_IP = "198.51.100.5"
 # ... and of nodes 3 and 4, each a control plane's own (`node up --cluster`, two clusters).
 NODE3_LINK_HOST_IP = "198.51.100.9"
 NODE4_LINK_HOST_IP = "198.51.100.13"
+# ... and of node 5, the second e2e ring's own cluster (tests/rings.py "e2e-b").
+NODE5_LINK_HOST_IP = "198.51.100.17"
 READY_TIMEOUT = 120.0
 CLASSIC = ("etcd", "kube-apiserver", "kube-controller-manager")
 ETCD_MEMBERS = ("etcd-1", "etcd-2", "etcd-3")
@@ -160,7 +162,7 @@ def make_pki(pki: Path) -> None:
         "subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:kubernetes,"
         "DNS:kubernetes.default,DNS:kubernetes.default.svc,"
         f"IP:{KUBERNETES_SERVICE_IP},IP:{NODE_LINK_HOST_IP},IP:{NODE2_LINK_HOST_IP},"
-        f"IP:{NODE3_LINK_HOST_IP},IP:{NODE4_LINK_HOST_IP}\n"
+        f"IP:{NODE3_LINK_HOST_IP},IP:{NODE4_LINK_HOST_IP},IP:{NODE5_LINK_HOST_IP}\n"
         "extendedKeyUsage=serverAuth\n"
     )
     for name, subject, extfile in (

@@ -43,6 +43,9 @@ the host but its link: its pods reach the host's end of it, and no other node's.
       :6443 node 3's relay -> DIR's api     (pods .66-.94); 203.0.113.1/32 on lo: its pod
     route 198.51.100.64/27 via .10          relay -> 198.51.100.9:6443
     198.51.100.13 cl-host4 ... cl-node4 .14  cn0 198.51.100.97/27 (pods .98-.126)
+    198.51.100.17 cl-host5 ... cl-node5 .18  cn0 198.51.100.33/27 (pods .34-.62)
+
+Node 5 is the same, for the second e2e ring (tests/rings.py "e2e-b", CRONLOCK_E2E_NODE=5).
 
 `--pod-start-delay S` makes every pod of a node start S seconds late (a CNI plugin
 chained after the bridge waits on each ADD).
@@ -170,6 +173,14 @@ NODES = {
         "198.51.100.12/30", "198.51.100.97", "198.51.100.96/27",
         ("198.51.100.98", "198.51.100.126"), "02:00:c6:33:64:04",
         ("198.51.100.12/30", "198.51.100.96/27"),
+    ),
+    # Node 5 (the second e2e ring's cluster of its own, tests/rings.py): the link after
+    # node 4's, and the rest of TEST-NET-2's free middle for its pods (29).
+    5: Node(
+        5, "cronlock-node-5", "cl-host5", "cl-node5", cp.NODE5_LINK_HOST_IP, "198.51.100.18",
+        "198.51.100.16/30", "198.51.100.33", "198.51.100.32/27",
+        ("198.51.100.34", "198.51.100.62"), "02:00:c6:33:64:05",
+        ("198.51.100.16/30", "198.51.100.32/27"),
     ),
 }  # fmt: skip
 FIRST = NODES[1]

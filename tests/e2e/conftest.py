@@ -1,5 +1,10 @@
 """Fixtures of the end-to-end ring: the real node, the operator injecting our image, and a
-namespace whose pods run there (`Scenario`, in tests/e2e/scenario.py)."""
+namespace whose pods run there (`Scenario`, in tests/e2e/scenario.py).
+
+The node is node 1 (with node 2 of its fleet and the registry), or, with
+CRONLOCK_E2E_NODE=5, node 5 as the only node of this session's control plane (`node up
+--cluster`): `make test` runs the e2e tests as two rings side by side, "e2e" on node 1 and
+"e2e-b" on node 5 (tests/rings.py). A test that needs node 2 or the registry is in "e2e"."""
 
 from __future__ import annotations
 
@@ -14,7 +19,13 @@ from tests.e2e.scenario import Scenario
 from tests.support import evidence
 from tests.support.controlplane import ControlPlane
 from tests.support.kube import wait_for
-from tests.support.node import LeaseRecorder, PodRecorder, RealNode, WorkTracker
+from tests.support.node import (
+    LeaseRecorder,
+    PodRecorder,
+    RealNode,
+    WorkTracker,
+    e2e_node_index,
+)
 from tests.support.operator import NODE_OPERATOR_ARGS, OperatorProcess
 
 HERE = Path(__file__).resolve().parent
@@ -24,6 +35,11 @@ NEEDS_OWN_PLANE = (
     "CRONLOCK_TEST_KUBECONFIG, or run only tests/unit and tests/integration against that "
     "cluster"
 )
+# CRONLOCK_E2E_NODE (tests/support/node.py e2e_node_index) names a node of its own cluster.
+NODE1_ONLY = (
+    "{what} is node 1's (CRONLOCK_E2E_NODE={index} runs node {index}, the only node of its "
+    'own cluster): run this test in the e2e ring on node 1 (tests/rings.py RINGS["e2e"])'
+)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -31,15 +47,22 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     external = os.environ.get("CRONLOCK_TEST_KUBECONFIG")
     if external and any(item.path.is_relative_to(HERE) for item in items):
         raise pytest.UsageError(NEEDS_OWN_PLANE.format(external))
+    if any(item.path.is_relative_to(HERE) for item in items):
+        try:  # a bad CRONLOCK_E2E_NODE is refused before anything starts
+            e2e_node_index()
+        except ValueError as error:
+            raise pytest.UsageError(str(error)) from None
 
 
 @pytest.fixture(scope="session")
 def node(controlplane: ControlPlane) -> Iterator[RealNode]:
-    """The real node, one per session, started after the control plane and stopped before it."""
+    """The real node, one per session, started after the control plane and stopped before it:
+    node 1, or (CRONLOCK_E2E_NODE) a node that is this control plane's only one."""
     if controlplane.env_dir is None:
         pytest.fail(NEEDS_OWN_PLANE.format(controlplane.kubeconfig), pytrace=False)
     env = dict(controlplane.env, CRONLOCK_TESTENV_DIR=str(controlplane.env_dir))
-    real = RealNode(env)
+    index = e2e_node_index()
+    real = RealNode(env) if index == 1 else RealNode(env, index, cluster=controlplane.env_dir)
     real.start()
     yield real
     real.stop()
@@ -49,6 +72,8 @@ def node(controlplane: ControlPlane) -> Iterator[RealNode]:
 def fleet_node(node: RealNode) -> Iterator[RealNode]:
     """Node 2 of the fleet, started once per session when a module first asks for it
     (`second_node`): each start also runs the image script and waits for its kubelet."""
+    if node.cluster is not None:
+        pytest.fail(NODE1_ONLY.format(what="Node 2", index=node.index), pytrace=False)
     other = RealNode(node.env, index=2)
     other.start()
     yield other
@@ -83,7 +108,9 @@ def schedulable(api: kubernetes.client.ApiClient, name: str, on: bool) -> None:
 
 @pytest.fixture(scope="session")
 def tracker(node: RealNode) -> Iterator[WorkTracker]:
-    works = WorkTracker()
+    """On the host's end of the node's link: node 1's (node 2's pods reach it too), or a
+    cluster node's own, the only host address its pods reach."""
+    works = WorkTracker(node.host_link_ip)
     works.start()
     yield works
     works.close()

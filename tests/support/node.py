@@ -20,7 +20,7 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,9 +38,15 @@ NODE_SCRIPT = ROOT / "tests" / "controlplane" / "node"
 HOST_LINK_IP = "198.51.100.1"
 # The host's end of node 2's link, where its kubelet's relay listens.
 NODE2_HOST_LINK_IP = "198.51.100.5"
-# ... and of nodes 3 and 4's, each a cluster's own (`cluster`): their pods reach the host
-# there, and nowhere else.
-HOST_LINK_IPS = {1: HOST_LINK_IP, 2: NODE2_HOST_LINK_IP, 3: "198.51.100.9", 4: "198.51.100.13"}
+# ... and of nodes 3, 4 and 5's, each a cluster's own (`cluster`): their pods reach the
+# host there, and nowhere else.
+HOST_LINK_IPS = {
+    1: HOST_LINK_IP,
+    2: NODE2_HOST_LINK_IP,
+    3: "198.51.100.9",
+    4: "198.51.100.13",
+    5: "198.51.100.17",
+}
 # The Service range: the pods' path to the API server (tests/controlplane/node.py).
 SERVICE_CIDR = "203.0.113.0/25"
 CRONLOCK_IMAGE = "localhost/cronlock:dev"
@@ -49,6 +55,23 @@ CRONLOCK_IMAGE = "localhost/cronlock:dev"
 BUSYBOX_IMAGE = "localhost/busybox:cronlock"
 # What a watch may raise while the API server is away (a paused one times reads out).
 WATCH_ERRORS = (kubernetes.client.ApiException, urllib3.exceptions.HTTPError, OSError, ValueError)
+
+
+# Which node an e2e session runs its pods on (tests/e2e/conftest.py): 1 (the default, with
+# node 2 and the registry) or 5 (a cluster of its own: tests/rings.py's second e2e ring).
+E2E_NODE_ENV = "CRONLOCK_E2E_NODE"
+E2E_CLUSTER_NODES = (5,)
+
+
+def e2e_node_index(environ: Mapping[str, str] | None = None) -> int:
+    """CRONLOCK_E2E_NODE: 1 (unset or empty) or a cluster node's index; else a clear error."""
+    value = (os.environ if environ is None else environ).get(E2E_NODE_ENV, "").strip()
+    if value in ("", "1"):
+        return 1
+    if value.isdigit() and int(value) in E2E_CLUSTER_NODES:
+        return int(value)
+    allowed = ", ".join(str(index) for index in (1, *E2E_CLUSTER_NODES))
+    raise ValueError(f"{E2E_NODE_ENV}={value!r}: the e2e node is one of {allowed}")
 
 
 @dataclass
@@ -256,10 +279,13 @@ class Work:
 
 
 class WorkTracker:
-    """A TCP server the main containers keep a connection to while their work runs."""
+    """A TCP server the main containers keep a connection to while their work runs, on
+    `host` (the host's end of node 1's link by default: every fleet node's pods reach it;
+    a cluster node's pods reach only their own link's)."""
 
-    def __init__(self) -> None:
-        self._server = socket.create_server((HOST_LINK_IP, 0))
+    def __init__(self, host: str = HOST_LINK_IP) -> None:
+        self.host = host
+        self._server = socket.create_server((host, 0))
         self.port = int(self._server.getsockname()[1])
         self._lock = threading.Lock()
         self._works: list[Work] = []
@@ -277,7 +303,7 @@ class WorkTracker:
         The connection belongs to the container's processes: it closes when the script
         ends (PID 1 exits and the kernel ends the rest) or when anything kills them.
         """
-        return f"(echo $HOSTNAME; exec sleep 2147483647) | nc {HOST_LINK_IP} {self.port} & "
+        return f"(echo $HOSTNAME; exec sleep 2147483647) | nc {self.host} {self.port} & "
 
     def works(self, prefix: str = "") -> list[Work]:
         with self._lock:

@@ -39,7 +39,7 @@ def node_py() -> Iterator[ModuleType]:
 def test_a_cluster_nodes_pods_reach_their_link_and_their_own_relay_only(
     node_py: ModuleType,
 ) -> None:
-    for index in (3, 4):
+    for index in (3, 4, 5):
         node = dataclasses.replace(node_py.NODES[index], own_cluster=True)
         assert node.leads
         assert not node.first

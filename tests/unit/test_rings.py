@@ -3,6 +3,7 @@ pyproject's testpaths, every test file lies in one, and a failing ring fails the
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -10,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests import rings
+from tests.support.node import e2e_node_index
 from tests.support.paths import ROOT
 
 
@@ -22,12 +24,29 @@ def test_the_rings_are_exactly_the_testpaths_and_hold_every_test_file() -> None:
         if not any(found.is_relative_to(ROOT / path) for path in paths)
     ]
     assert outside == [], "test files no ring runs; add their folder to testpaths and RINGS"
-    # The e2e ring starts the node, which owns host paths: it runs alone in its process,
-    # and at once (what it needs is built before the rings start).
+    # The e2e rings start their nodes, which own host paths: each runs alone in its
+    # process, and at once (what they need is built before the rings start).
     assert "tests/e2e" in paths
-    assert ("tests/e2e",) in rings.RINGS.values()
+    assert rings.RINGS["e2e"] == ("tests/e2e",)
     assert set(rings.BEFORE) <= set(rings.RINGS)
     assert "e2e" not in rings.BEFORE
+    assert "e2e-b" not in rings.BEFORE
+    assert set(rings.ENV) <= set(rings.RINGS)
+
+
+def test_the_second_e2e_ring_runs_its_files_on_node_5_and_the_first_ignores_them() -> None:
+    split = rings.RINGS["e2e-b"]
+    assert split, "the second e2e ring runs nothing"
+    assert all(path.startswith("tests/e2e/test_") for path in split), split
+    assert rings.ENV["e2e-b"] == {"CRONLOCK_E2E_NODE": "5"}
+    assert rings.ignored(rings.RINGS, "e2e") == split
+    assert rings.ignored(rings.RINGS, "e2e-b") == ()
+    # Node 5 is a cluster of its own: no node 2, no registry, and its pods reach only its
+    # own link, not node 1's. A file that needs any of them belongs in the "e2e" ring.
+    for path in split:
+        text = (ROOT / path).read_text()
+        for needs in ("second_node", "fleet_node", "registry", "HOST_LINK_IP"):
+            assert needs not in text, f"{path} uses {needs}: node 1's; move it to the e2e ring"
 
 
 @pytest.mark.parametrize(
@@ -45,8 +64,67 @@ def test_a_ring_layout_that_loses_or_repeats_tests_is_refused(
         rings.check_rings(given, ["tests/unit", "tests/e2e"])
 
 
+@pytest.mark.parametrize(
+    ("given", "said"),
+    [
+        (
+            {"a": ("tests/unit", "tests/e2e"), "b": ("tests/more/test_x.py",)},
+            "tests/more/test_x.py is in a ring but not in pyproject's testpaths",
+        ),
+        (
+            {"a": ("tests/unit", "tests/e2e", "tests/e2e/test_rings.py")},
+            "tests/e2e/test_rings.py is in the same ring as tests/e2e, which holds it",
+        ),
+        (
+            {
+                "a": ("tests/unit", "tests/e2e"),
+                "b": ("tests/e2e/test_rings.py",),
+                "c": ("tests/e2e/test_rings.py",),
+            },
+            "tests/e2e/test_rings.py is in more than one ring",
+        ),
+        (
+            {"a": ("tests/unit", "tests/e2e"), "b": ("tests/e2e/test_gone.py",)},
+            "tests/e2e/test_gone.py is in a ring but does not exist",
+        ),
+        (
+            {"a": ("tests/unit",), "b": ("tests/e2e/test_rings.py",)},
+            "tests/e2e is a testpath in no ring",
+        ),
+    ],
+)
+def test_a_split_of_a_testpath_that_loses_or_repeats_tests_is_refused(
+    given: dict[str, tuple[str, ...]], said: str, tmp_path: Path
+) -> None:
+    (tmp_path / "tests" / "e2e").mkdir(parents=True)
+    (tmp_path / "tests" / "e2e" / "test_rings.py").write_text("")
+    with pytest.raises(SystemExit, match=said):
+        rings.check_rings(given, ["tests/unit", "tests/e2e"], tmp_path)
+
+
+def test_a_split_of_a_testpath_is_accepted_and_each_part_left_out_of_the_whole() -> None:
+    given = {"a": ("tests/unit", "tests/e2e"), "b": ("tests/e2e/test_x.py", "tests/e2e/y")}
+    rings.check_rings(given, ["tests/unit", "tests/e2e"])
+    assert rings.ignored(given, "a") == ("tests/e2e/test_x.py", "tests/e2e/y")
+    assert rings.ignored(given, "b") == ()
+    # A name that merely starts like a testpath is not in it.
+    with pytest.raises(SystemExit, match="tests/e2e-other is in a ring but not in"):
+        rings.check_rings({**given, "c": ("tests/e2e-other",)}, ["tests/unit", "tests/e2e"])
+
+
+def test_the_critical_path_is_the_longest_ring_and_by_how_much() -> None:
+    said = rings.critical_path({"unit": 600.0, "e2e": 950.5, "e2e-b": 905.0, "x": 10.0})
+    assert said == "rings: the critical path is e2e (15:50), 0:45 longer than e2e-b (15:05)"
+    assert rings.critical_path({"only": 61.0}) == (
+        "rings: the critical path is only (1:01), the only ring"
+    )
+
+
 def run_rings(
-    project: Path, rings_: dict[str, tuple[str, ...]], before: dict[str, tuple[str, ...]]
+    project: Path,
+    rings_: dict[str, tuple[str, ...]],
+    before: dict[str, tuple[str, ...]],
+    env: dict[str, dict[str, str]] | None = None,
 ) -> subprocess.CompletedProcess[str]:
     """`rings.run` on a small project, in its own process as `make test` runs it."""
     script = (
@@ -54,7 +132,7 @@ def run_rings(
         "from pathlib import Path\n"
         "from tests import rings\n"
         f"sys.exit(rings.run(['-p', 'no:cacheprovider'], {rings_!r}, Path({str(project)!r}),"
-        f" {before!r}))\n"
+        f" {before!r}, {env or {}!r}))\n"
     )
     return subprocess.run(
         [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60
@@ -85,6 +163,10 @@ def test_the_rings_run_at_once_and_one_failing_fails_the_run(tmp_path: Path) -> 
     assert "1 failed, 1 passed" in out
     assert "fast               exit 1" in out
     assert "slow               exit 0" in out
+    # The slow ring ended last (it sleeps; the fast one ended first, above).
+    assert re.search(
+        r"rings: the critical path is slow \(\d+:\d\d\), \d+:\d\d longer than fast", out
+    ), out
     assert (project / ".testenv" / "rings" / "slow.log").read_text().count("test_slow.py .") == 1
     # The fast ring's steps ran first, in its process and log, before its pytest.
     fast_log = (project / ".testenv" / "rings" / "fast.log").read_text()
@@ -110,3 +192,46 @@ def test_steps_for_a_ring_that_does_not_exist_are_refused() -> None:
             {"a": tuple(rings.configured_testpaths())},
             before={"nowhere": ("true",)},
         )
+
+
+def test_a_testpath_split_between_rings_runs_each_test_once_each_with_its_rings_env(
+    tmp_path: Path,
+) -> None:
+    project = tmp_path / "project"
+    (project / "e2e").mkdir(parents=True)
+    for name, which in (("a", None), ("b", "5"), ("c", None)):
+        (project / "e2e" / f"test_{name}.py").write_text(
+            f"import os\n\ndef test_{name}():\n"
+            f"    assert os.environ.get('WHICH_NODE') == {which!r}\n"
+        )
+    (project / "pyproject.toml").write_text('[tool.pytest.ini_options]\ntestpaths = ["e2e"]\n')
+    done = run_rings(
+        project,
+        {"one": ("e2e",), "two": ("e2e/test_b.py",)},
+        {},
+        {"two": {"WHICH_NODE": "5"}},
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    logs = project / ".testenv" / "rings"
+    one, two = (logs / "one.log").read_text(), (logs / "two.log").read_text()
+    assert "2 passed" in one, one
+    assert "test_b.py" not in one, one
+    assert "1 passed" in two, two
+    assert "test_a.py" not in two, two
+
+
+def test_environment_for_a_ring_that_does_not_exist_is_refused() -> None:
+    with pytest.raises(SystemExit, match="environment for nowhere, which is no ring"):
+        rings.run([], {"a": tuple(rings.configured_testpaths())}, before={}, env={"nowhere": {}})
+
+
+@pytest.mark.parametrize(("value", "index"), [(None, 1), ("", 1), ("1", 1), ("5", 5), (" 5 ", 5)])
+def test_the_e2e_node_is_node_1_unless_the_ring_names_node_5(value: str | None, index: int) -> None:
+    assert e2e_node_index({} if value is None else {"CRONLOCK_E2E_NODE": value}) == index
+
+
+@pytest.mark.parametrize("value", ["2", "3", "0", "five", "-5"])
+def test_an_e2e_node_that_is_no_cluster_node_of_ours_is_refused(value: str) -> None:
+    # Node 2 joins node 1's fleet, nodes 3 and 4 are the clusters ring's.
+    with pytest.raises(ValueError, match="the e2e node is one of 1, 5"):
+        e2e_node_index({"CRONLOCK_E2E_NODE": value})
