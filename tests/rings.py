@@ -57,9 +57,13 @@ RINGS: dict[str, tuple[str, ...]] = {
     "e2e": ("tests/e2e",),
     "e2e-b": (
         "tests/e2e/test_failures.py",
+        "tests/e2e/test_flood.py",
         "tests/e2e/test_missed_runs.py",
+        "tests/e2e/test_neighbours_on_node.py",
         "tests/e2e/test_overlap.py",
         "tests/e2e/test_policies.py",
+        "tests/e2e/test_repeated_skips.py",
+        "tests/e2e/test_shared_lock.py",
     ),
     "clusters": ("tests/clusters",),
 }
