@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tests.e2e.scenario import Scenario
+from tests.e2e.scenario import UNTIL_FINISHED, Scenario
 from tests.support.contract import EXIT_SKIPPED
 from tests.support.kube import wait_for
 from tests.support.node import overlapping
@@ -13,23 +13,44 @@ RUNS = 10
 def test_two_cronjobs_sharing_a_lock_never_overlap_over_many_runs(cluster: Scenario) -> None:
     for name in ("export-a", "export-b"):
         # Each names the other: whichever is guarded first, the second may join its lock.
+        # A work holds until the test ends it, once every run racing it has decided.
         cluster.cronjob(
-            name, "echo exporting; sleep 2", lock="exports", share_lock_with="export-a,export-b"
+            name,
+            f"echo exporting; {UNTIL_FINISHED}",
+            lock="exports",
+            share_lock_with="export-a,export-b",
         )
     jobs = [f"export-{'ab'[i % 2]}-{i}" for i in range(RUNS)]
 
-    # Four at once (their sidecars race for the Lease), then one after each decision.
+    def decide_then_finish(batch: list[str]) -> None:
+        """Wait until every run of `batch` has decided, then end the works of those that
+        ran and wait for the lock to be given back."""
+        codes = {job: cluster.gate_exit(job, timeout=90) for job in batch}
+        for job, code in codes.items():
+            if code == 0:
+                cluster.finish(cluster.main_running(job))
+        wait_for(
+            lambda: not cluster.lease("exports")["spec"].get("holderIdentity"),
+            60,
+            "the lock given back",
+        )
+
+    # Four at once (their sidecars race for the Lease; the winner holds until all four
+    # decided, so the others find it held), then one at a time on the free lock.
     for job in jobs[:4]:
         cluster.run(job.rsplit("-", 1)[0], job)
+    decide_then_finish(jobs[:4])
     for job in jobs[4:]:
-        cluster.gate_exit(jobs[jobs.index(job) - 1], timeout=90)
         cluster.run(job.rsplit("-", 1)[0], job)
+        decide_then_finish([job])
 
     decisions = {job: cluster.gate_exit(job, timeout=90) for job in jobs}
     ran = [job for job, code in decisions.items() if code == 0]
     assert set(decisions.values()) <= {0, EXIT_SKIPPED}, decisions
-    assert len(ran) >= 2, decisions
-    assert len([code for code in decisions.values() if code == EXIT_SKIPPED]) >= 1, decisions
+    # The first four raced: exactly one won and held until the other three had decided.
+    assert [decisions[job] for job in jobs[:4]].count(0) == 1, decisions
+    # Each later run started on the lock its predecessor had given back.
+    assert all(decisions[job] == 0 for job in jobs[4:]), decisions
     for job in ran:
         assert cluster.main_finished(job, timeout=90) == 0
     works = cluster.namespace_works()
