@@ -126,12 +126,23 @@ def apply(
     return Applied(result.returncode, warnings, said, result.stderr, result.stdout)
 
 
-def install_policy(controlplane: ControlPlane, namespace: str, action: str) -> Iterator[str]:
+# The release's name for its accounts in the Deny policy (fullnameOverride): accounts no
+# other test's policy confines (the session's operator-scope policy confines `cronlock`'s,
+# and refuses the operator's account any CronJob create).
+OWN = "annot-own"
+
+
+def install_policy(
+    controlplane: ControlPlane, namespace: str, action: str, *values: str
+) -> Iterator[str]:
     """The chart's annotation policy and binding, for this namespace alone (watchNamespaces),
     under a release of its own, named as the policy; removed afterwards."""
     release = f"warn-{secrets.token_hex(3)}"
     docs = policy_objects(
-        controlplane, f"watchNamespaces={{{namespace}}}", f"admissionPolicy.annotations={action}"
+        controlplane,
+        f"watchNamespaces={{{namespace}}}",
+        f"admissionPolicy.annotations={action}",
+        *values,
     )
     assert [doc["kind"] for doc in docs] == [
         "ValidatingAdmissionPolicy",
@@ -160,7 +171,7 @@ def warned(controlplane: ControlPlane, namespace: str) -> Iterator[str]:
 
 @pytest.fixture
 def denied(controlplane: ControlPlane, namespace: str) -> Iterator[str]:
-    yield from install_policy(controlplane, namespace, "Deny")
+    yield from install_policy(controlplane, namespace, "Deny", f"fullnameOverride={OWN}")
 
 
 @pytest.mark.timeout(120)
@@ -201,9 +212,10 @@ def test_cronlocks_own_accounts_are_not_judged_even_under_deny(
     controlplane: ControlPlane, namespace: str, denied: str
 ) -> None:
     """The operator (injection, revert) and the release's hooks (revert): the chart's
-    policy is rendered for release cronlock in cronlock-system (render_chart)."""
+    policy is rendered for release cronlock in cronlock-system (render_chart), its accounts
+    named `OWN`."""
     body = json.dumps(cronjob("report", {"cronlock.io/ttl": "5s"}))
-    for account in ("cronlock", "cronlock-narrowed", "cronlock-uninstall"):
+    for account in (OWN, f"{OWN}-narrowed", f"{OWN}-uninstall"):
         written = run_tool(
             controlplane.env,
             "kubectl", "apply", "--dry-run=server", "-n", namespace, "-f", "-",

@@ -31,6 +31,7 @@ def rendered(
     """`helm template` of a release, as Argo CD renders it (no cluster, no lookup)."""
     args = ["helm", "template", release, str(CHART), "--namespace", namespace]
     args += ["--kube-version", kube_version(), "--skip-tests"]
+    args += ["--set", "admissionPolicy.oneOperator=true"]
     for value in values:
         args += ["--set", value]
     if watch:
