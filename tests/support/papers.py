@@ -14,17 +14,9 @@ from pathlib import Path
 from tests.support.paths import ROOT
 
 INSTALL_MD = ROOT / "docs" / "INSTALL.md"
-# The papers whose every block a user would paste is run by a test or marked illustrative.
-PAPERS = tuple(
-    ROOT / name
-    for name in (
-        "README.md",
-        "docs/INSTALL.md",
-        "docs/UPGRADING.md",
-        "docs/USAGE.md",
-        "docs/STORES.md",
-    )
-)
+# Every paper a user reads, the README and all of docs/: a block a user would paste in any
+# of them is run by a test or marked illustrative with the reason.
+PAPERS = (ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")))
 # A fence's language that says its block is read, not pasted: a program's output, a
 # manifest or values file shown whole. Everything else (sh, console, sql, lua, a fence
 # without a language) is pasted somewhere and needs a marker.

@@ -1,5 +1,5 @@
-"""Docs that run: every block a user would paste from README.md, docs/INSTALL.md,
-docs/UPGRADING.md, docs/USAGE.md and docs/STORES.md is run by a test (`<!-- tested: NAME
+"""Docs that run: every block a user would paste from README.md and docs/*.md
+(tests.support.papers.PAPERS) is run by a test (`<!-- tested: NAME
 -->` above it, and a test reads NAME through `marked_block`) or says why none can
 (`<!-- illustrative: REASON -->`). A new block without either, or a marker no test reads,
 fails here; a marked block that changes is what its test runs next (issue 54, item 1)."""
