@@ -64,7 +64,7 @@ clusters: $(STAMP) builds
 
 # Everything CI runs: lint, types, and all the rings of tests, once everything is built;
 # the rings run side by side, each pytest process with its own control plane
-# (tests/rings.py: unit+integration, longwatch and clusters beside the two e2e rings,
+# (tests/rings.py: unit+integration, integration-b, longwatch and clusters beside the two e2e rings,
 # on nodes 1 and 5; logs in .testenv/rings/).
 # Ends with its own time in all, set-up included.
 test:

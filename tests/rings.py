@@ -51,6 +51,11 @@ ROOT = Path(__file__).resolve().parent.parent
 # (stores on the node); "e2e-b" (ENV: CRONLOCK_E2E_NODE=5) on node 5, a cluster of its own,
 # the files below, which need only the node their pods run on. "e2e" runs the rest of
 # tests/e2e: a new e2e test file lands there.
+# The integration tests are two rings too, split by their measured times (docs/DEVELOPMENT.md:
+# 20:37 in one process, the critical path at 22:18 with the unit tests before them):
+# "integration-b" runs the reliability checker's trials, the stores' and the papers' files
+# below, which build no Go test tool; "unit+integration" builds the tools first and runs the
+# rest, and a new integration test file lands there.
 RINGS: dict[str, tuple[str, ...]] = {
     "unit+integration": ("tests/unit", "tests/integration"),
     "longwatch": ("tests/longwatch",),
@@ -66,13 +71,26 @@ RINGS: dict[str, tuple[str, ...]] = {
         "tests/e2e/test_shared_lock.py",
     ),
     "clusters": ("tests/clusters",),
+    "integration-b": (
+        "tests/integration/test_papers_run.py",
+        "tests/integration/test_postgres_tenants.py",
+        "tests/integration/test_redis_failover.py",
+        "tests/integration/test_redis_tenants.py",
+        "tests/integration/test_reliability.py",
+        "tests/integration/test_sidecar.py",
+        "tests/integration/test_status.py",
+        "tests/integration/test_store_ticks.py",
+        "tests/integration/test_stores.py",
+        "tests/integration/test_two_releases.py",
+    ),
 }
 # Environment variables a ring's process gets on top of `make test`'s.
 ENV: dict[str, dict[str, str]] = {"e2e-b": {"CRONLOCK_E2E_NODE": "5"}}
 # Shell commands a ring runs, in its own log, before its pytest starts (a failing one fails
 # the ring). `make test` builds only what the e2e ring needs before the rings start; the
-# unit+integration ring, which ends long before the e2e ring, builds the other Go test tools
-# here, while the e2e ring already runs, and lints the workflows with one of them.
+# unit+integration ring builds the other Go test tools here, while the other rings already
+# run, and lints the workflows with one of them. The integration-b ring's files build no
+# tool (a test that asks for one it needs waits on gotool's lock: built once).
 BEFORE: dict[str, tuple[str, ...]] = {
     "unit+integration": (
         "tests/controlplane/prebuild --tools",

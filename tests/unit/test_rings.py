@@ -49,6 +49,22 @@ def test_the_second_e2e_ring_runs_its_files_on_node_5_and_the_first_ignores_them
             assert needs not in text, f"{path} uses {needs}: node 1's; move it to the e2e ring"
 
 
+def test_the_second_integration_ring_runs_its_files_and_the_first_ignores_them() -> None:
+    split = rings.RINGS["integration-b"]
+    assert split, "the second integration ring runs nothing"
+    assert all(path.startswith("tests/integration/test_") for path in split), split
+    assert rings.ignored(rings.RINGS, "unit+integration") == split
+    assert rings.ignored(rings.RINGS, "integration-b") == ()
+    assert "integration-b" not in rings.BEFORE
+    assert "integration-b" not in rings.ENV
+    # Its files build no Go test tool: the unit+integration ring builds them before its
+    # tests, beside this ring's; a file that needs one belongs there.
+    for path in split:
+        text = (ROOT / path).read_text()
+        for needs in ("gotool", "support.tools", "support.prometheus", "krew"):
+            assert needs not in text, f"{path} uses {needs}: move it to unit+integration"
+
+
 @pytest.mark.parametrize(
     ("given", "said"),
     [
