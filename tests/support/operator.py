@@ -62,7 +62,7 @@ RBAC_KINDS = {
 
 # The chart's policies that judge users' writes, not the operator's: this session's test
 # operator has no Deployment, and tests install releases of their own beside it
-# (test_chart.py) and try bad annotations on purpose. Their own tests install them
+# (tests/integration/chart/) and try bad annotations on purpose. Their own tests install them
 # (test_annotation_policy.py, test_one_operator.py).
 NOT_CONFINING = ("-annotations", "-one-operator")
 
