@@ -26,7 +26,7 @@ def lookup(*bodies: dict[str, Any]) -> Any:
 
 
 def test_a_lock_nobody_uses_and_one_the_cronjob_already_uses_are_its_own() -> None:
-    me = gen.cronjob("report", gen.not_opted_in(), gen.with_uid("u-report"))
+    me = gen.cronjob("report", gen.with_uid("u-report"))
     assert consent(None, me, "ledger", lookup()) == Consent("create")
     assert consent(lease(), me, "ledger", lookup()) == Consent("join")
     assert consent(lease(("report", "u-report")), me, "ledger", lookup()) == Consent("owned")
@@ -38,7 +38,7 @@ def test_a_lock_nobody_uses_and_one_the_cronjob_already_uses_are_its_own() -> No
 
 
 def test_a_lease_cronlock_did_not_make_or_made_for_another_lock_is_refused() -> None:
-    me = gen.cronjob("report", gen.not_opted_in(), gen.with_uid("u-report"))
+    me = gen.cronjob("report", gen.with_uid("u-report"))
     foreign = consent(lease(("report", "u-report"), labels={}), me, "ledger", lookup())
     assert foreign.verdict == "refused"
     assert "lease ns/cronlock-ledger exists and lacks the label" in foreign.reason
@@ -49,16 +49,10 @@ def test_a_lease_cronlock_did_not_make_or_made_for_another_lock_is_refused() -> 
 
 
 def test_joining_a_used_lock_needs_a_user_naming_the_joiner() -> None:
-    me = gen.cronjob(
-        "squat", gen.with_uid("u-squat"), sharing_with("invoices,squat")
-    )  # her own consent counts for nothing
+    # Her own consent counts for nothing.
+    me = gen.cronjob("squat", gen.with_uid("u-squat"), sharing_with("invoices,squat"))
     used = lease(("invoices", "u-inv"))
-    refused = consent(
-        used,
-        me,
-        "ledger",
-        lookup(gen.cronjob("invoices", gen.not_opted_in(), gen.with_uid("u-inv"))),
-    )
+    refused = consent(used, me, "ledger", lookup(gen.cronjob("invoices", gen.with_uid("u-inv"))))
     assert refused.verdict == "refused"
     assert refused.reason.startswith("lock ledger is already used by CronJob invoices")
     named = lookup(gen.cronjob("invoices", gen.with_uid("u-inv"), sharing_with("report, squat")))
@@ -67,37 +61,25 @@ def test_joining_a_used_lock_needs_a_user_naming_the_joiner() -> None:
 
 def test_a_user_not_seen_or_replaced_under_its_name_gives_no_consent_and_no_verdict_yet() -> None:
     """Most likely deleted, its reference not yet dropped by the garbage collector."""
-    me = gen.cronjob("squat", gen.not_opted_in(), gen.with_uid("u-squat"))
+    me = gen.cronjob("squat", gen.with_uid("u-squat"))
     used = lease(("invoices", "u-old"))
-    replaced = consent(
-        used,
-        me,
-        "ledger",
-        lookup(gen.cronjob("invoices", gen.with_uid("u-new"), sharing_with("squat"))),
-    )
+    renamed = lookup(gen.cronjob("invoices", gen.with_uid("u-new"), sharing_with("squat")))
+    replaced = consent(used, me, "ledger", renamed)
     assert replaced.verdict == "undecided"
     assert "names CronJob invoices, not (yet) seen" in replaced.reason
     assert consent(used, me, "ledger", lookup()).verdict == "undecided"
     assert not replaced.granted
     # One that is seen and consents is enough, whoever else is unseen.
     both = lease(("invoices", "u-inv"), ("gone", "u-gone"))
-    assert consent(
-        both,
-        me,
-        "ledger",
-        lookup(gen.cronjob("invoices", gen.with_uid("u-inv"), sharing_with("squat"))),
-    ).granted
+    seen = lookup(gen.cronjob("invoices", gen.with_uid("u-inv"), sharing_with("squat")))
+    assert consent(both, me, "ledger", seen).granted
 
 
 def test_a_malformed_share_list_consents_to_nobody() -> None:
-    me = gen.cronjob("squat", gen.not_opted_in(), gen.with_uid("u-squat"))
+    me = gen.cronjob("squat", gen.with_uid("u-squat"))
     used = lease(("invoices", "u-inv"))
-    verdict = consent(
-        used,
-        me,
-        "ledger",
-        lookup(gen.cronjob("invoices", gen.with_uid("u-inv"), sharing_with("squat,X"))),
-    )
+    malformed = lookup(gen.cronjob("invoices", gen.with_uid("u-inv"), sharing_with("squat,X")))
+    verdict = consent(used, me, "ledger", malformed)
     assert verdict.verdict == "refused"
 
 
@@ -121,7 +103,7 @@ def test_one_lock_name_is_never_kept_in_two_places() -> None:
     each other (security review H1)."""
     used = lease(("invoices", "u-inv"))
     inv = gen.cronjob("invoices", gen.with_uid("u-inv"), sharing_with("squat"))
-    me = gen.cronjob("squat", gen.not_opted_in(), gen.with_uid("u-squat"))
+    me = gen.cronjob("squat", gen.with_uid("u-squat"))
     me["metadata"]["annotations"].update(
         {"cronlock.io/store": "redis", "cronlock.io/store-secret": "team-locks"}
     )
