@@ -394,16 +394,7 @@ def test_two_cronjobs_sharing_a_lock_share_one_lease_and_their_pods_may_hold_onl
     assert lease.metadata.labels["app.kubernetes.io/managed-by"] == "cronlock"
     # A pod on the account, with a token bound to it as the kubelet's are (the holders'
     # policy refuses any other token of the account).
-    pod = core.create_namespaced_pod(
-        namespace,
-        {
-            "metadata": {"name": "test-pod"},
-            "spec": {
-                "serviceAccountName": "reports",
-                "containers": [{"name": "main", "image": "busybox:never-pulled"}],
-            },
-        },
-    )
+    pod = core.create_namespaced_pod(namespace, gen.pod("test-pod", "reports"))
     bound = make_service_account_kubeconfig(
         controlplane, api, namespace, "reports", tmp_path, bound_pod=("test-pod", pod.metadata.uid)
     )

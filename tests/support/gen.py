@@ -267,6 +267,86 @@ def on_the_node(image: str, script: str, *env: Mapping[str, Any]) -> Modifier:
     return modify
 
 
+def job(name: str, *modifiers: Modifier) -> dict[str, Any]:
+    """A Job `name` as the API server returns it (uid `uid-<name>`), a pod template with no
+    containers said, then each modifier in turn (`in_namespace`, `with_uid`, `labelled`,
+    `with_metadata` apply to it as to a CronJob)."""
+    body: dict[str, Any] = {
+        "metadata": {"name": name, "uid": f"uid-{name}"},
+        "spec": {"template": {"spec": {}}},
+    }
+    for modify in modifiers:
+        modify(body)
+    return body
+
+
+def of_lock(lock: str) -> Modifier:
+    """Labelled with its lock, as the injection labels a guarded CronJob's Jobs."""
+    return labelled({"cronlock.io/lock": lock})
+
+
+def created_at(stamp: str) -> Modifier:
+    return with_metadata(creationTimestamp=stamp)
+
+
+def owned_by(cronjob: str, uid: str) -> Modifier:
+    """Made by the CronJob `cronjob` (uid `uid`)."""
+    return with_metadata(
+        ownerReferences=[{"apiVersion": "batch/v1", "kind": "CronJob", "name": cronjob, "uid": uid}]
+    )
+
+
+def gated() -> Modifier:
+    """Made from an injected CronJob: its pods pass cronlock's gate first."""
+
+    def modify(body: dict[str, Any]) -> None:
+        body["spec"]["template"]["spec"]["initContainers"] = [{"name": "cronlock-gate"}]
+
+    return modify
+
+
+def skipped(namespace: str) -> Modifier:
+    """Failed as a skip does: its gate exited 75 and the pod failure policy failed the Job
+    (the pod `<job>-x` in `namespace`)."""
+
+    def modify(body: dict[str, Any]) -> None:
+        pod_name = f"{namespace}/{body['metadata']['name']}-x"
+        condition = {
+            "type": "Failed",
+            "status": "True",
+            "reason": "PodFailurePolicy",
+            "message": f"Container cronlock-gate for pod {pod_name} failed with exit code 75 "
+            "matching FailJob rule at index 0",
+        }
+        body["status"] = {"conditions": [condition]}
+
+    return modify
+
+
+def failed() -> Modifier:
+    """Failed after its retries."""
+    return with_status(
+        {"conditions": [{"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded"}]}
+    )
+
+
+def succeeded() -> Modifier:
+    return with_status({"conditions": [{"type": "Complete", "status": "True"}]})
+
+
+def pod(name: str, service_account: str) -> dict[str, Any]:
+    """A bare pod `name` on `service_account` that never starts (its image is never pulled,
+    it runs as UID 65532): a holder identity to bind a token to."""
+    return {
+        "metadata": {"name": name},
+        "spec": {
+            "serviceAccountName": service_account,
+            "securityContext": {"runAsNonRoot": True, "runAsUser": 65532},
+            "containers": [{"name": "main", "image": "busybox:never-pulled"}],
+        },
+    }
+
+
 # What most integration tests create through the API: no namespace in the body (the call
 # names it), never due of itself, pods that are not restarted: a test makes its Jobs.
 BY_HAND: tuple[Modifier, ...] = (in_namespace(None), never_due(), restart_policy("Never"))
