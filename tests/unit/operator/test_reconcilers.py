@@ -219,28 +219,15 @@ def test_a_long_account_name_gives_a_valid_role_name() -> None:
 
 
 def finished_job(name: str, created: str, outcome: str) -> dict[str, Any]:
-    conditions = {
-        "skipped": {
-            "type": "Failed",
-            "status": "True",
-            "reason": "PodFailurePolicy",
-            "message": f"Container cronlock-gate for pod {NAMESPACE}/{name}-x failed with exit "
-            "code 75 matching FailJob rule at index 0",
-        },
-        "failed": {"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded"},
-        "succeeded": {"type": "Complete", "status": "True"},
+    """A Job of lock report made from the injected CronJob, ended as `outcome`."""
+    ended = {
+        "skipped": gen.skipped(NAMESPACE),
+        "failed": gen.failed(),
+        "succeeded": gen.succeeded(),
     }
-    return {
-        "metadata": {
-            "name": name,
-            "uid": f"uid-{name}",
-            "creationTimestamp": created,
-            "labels": {"cronlock.io/lock": "report"},
-        },
-        # Made from the injected CronJob: its pods pass the gate.
-        "spec": {"template": {"spec": {"initContainers": [{"name": "cronlock-gate"}]}}},
-        "status": {"conditions": [conditions[outcome]]},
-    }
+    return gen.job(
+        name, gen.created_at(created), gen.of_lock("report"), gen.gated(), ended[outcome]
+    )
 
 
 def test_skips_are_counted_in_creation_order_and_alert_at_alert_after() -> None:

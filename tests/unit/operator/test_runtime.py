@@ -19,7 +19,8 @@ from cronlock_operator.runtime import metrics
 from cronlock_operator.runtime.guarding import CONFLICT_RECHECK
 from cronlock_operator.runtime.reconciler import Reconciler
 from cronlock_operator.runtime.workqueue import DONE, Result, WorkQueue
-from tests.support.cronjobs import SETTINGS, make_cronjob, server_defaults
+from tests.support import gen
+from tests.support.cronjobs import SETTINGS, server_defaults
 from tests.support.fakekube import FakeKube
 from tests.support.leases import make_lease
 from tests.support.metrics import cronjob_states
@@ -58,7 +59,7 @@ def setup(**account: str) -> tuple[Reconciler, Kube]:
     kube = Kube()
     reconciler = Reconciler(kube=kube, settings=SETTINGS)
     for name, service_account in {"report": "default", **account}.items():
-        body = server_defaults(make_cronjob(name=name, serviceAccountName=service_account))
+        body = server_defaults(gen.cronjob(name, gen.service_account(service_account)))
         body["metadata"]["uid"] = f"uid-{name}"
         kube.cronjobs[("team-a", name)] = copy.deepcopy(body)
         reconciler.on_cronjob("ADDED", body)
@@ -110,7 +111,7 @@ def test_a_change_in_its_namespace_looks_again_at_once_at_a_cronjob_in_conflict(
     assert reconcile(reconciler, "team-a", "report") == RECHECK
     refused = CronJobKey("team-a", "report")
     reconciler.queue = WorkQueue(reconciler.queue.work)  # what is queued from here on
-    elsewhere = server_defaults(make_cronjob(name="export", namespace="team-b"))
+    elsewhere = server_defaults(gen.cronjob("export", gen.in_namespace("team-b")))
     reconciler.on_cronjob("ADDED", elsewhere)
     assert not reconciler.queue.waiting(refused)
     body = copy.deepcopy(kube.cronjobs[("team-a", "export")])
@@ -135,12 +136,14 @@ def test_a_labelled_namespace_guards_its_cronjobs_but_the_one_that_opts_out() ->
     reconciler = Reconciler(kube=kube, settings=SETTINGS)
     accounts = {"report": "reports", "export": "default", "audit": "reports"}
     for name, notes in (("report", {}), ("export", {}), ("audit", {ENABLED: "false"})):
-        made = make_cronjob(name=name, annotations=notes, serviceAccountName=accounts[name])
+        made = gen.cronjob(name, gen.with_annotations(notes), gen.service_account(accounts[name]))
         body = server_defaults(made)
         body["metadata"].update(uid=f"uid-{name}", resourceVersion="1")
         kube.cronjobs[("team-a", name)] = copy.deepcopy(body)
         reconciler.on_cronjob("ADDED", body)
-    elsewhere = server_defaults(make_cronjob(name="other", namespace="team-b", annotations={}))
+    elsewhere = server_defaults(
+        gen.cronjob("other", gen.in_namespace("team-b"), gen.not_opted_in())
+    )
     reconciler.on_cronjob("ADDED", elsewhere)
     reconciler.queue = WorkQueue(reconciler.queue.work)  # what is queued from here on
 
@@ -305,7 +308,7 @@ def test_start_up_writes_every_namespaces_holder_rbac_once_before_the_reconciles
     reconciler = Reconciler(kube=kube, settings=SETTINGS)
     for namespace in ("team-a", "team-b", "team-c"):
         for name in ("report", "export"):
-            body = server_defaults(make_cronjob(name=name, namespace=namespace))
+            body = server_defaults(gen.cronjob(name, gen.in_namespace(namespace)))
             body["metadata"]["uid"] = f"uid-{namespace}-{name}"
             kube.cronjobs[(namespace, name)] = copy.deepcopy(body)
             reconciler.cronjobs.put(body)  # as the start-up list fills the cache
@@ -337,7 +340,7 @@ def test_a_namespace_whose_rbac_fails_at_start_up_is_logged_and_stops_no_other(
     )
     reconciler = Reconciler(kube=kube, settings=SETTINGS)
     for namespace in ("team-a", "team-b", "team-c"):
-        body = server_defaults(make_cronjob(name="report", namespace=namespace))
+        body = server_defaults(gen.cronjob("report", gen.in_namespace(namespace)))
         body["metadata"]["uid"] = f"uid-{namespace}"
         reconciler.cronjobs.put(body)
 
@@ -436,7 +439,7 @@ def test_a_day_long_hold_seen_at_start_up_is_believed_only_for_its_owners_ttl() 
     )
     kube.leases[("team-a", "cronlock-report")] = copy.deepcopy(squatted)
     reconciler.on_lease("ADDED", squatted)
-    body = server_defaults(make_cronjob(name="report"))
+    body = server_defaults(gen.cronjob("report"))
     body["metadata"]["uid"] = "uid-report"
     kube.cronjobs[("team-a", "report")] = copy.deepcopy(body)
     reconciler.on_cronjob("ADDED", body)

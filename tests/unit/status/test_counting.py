@@ -32,25 +32,12 @@ def counted(annotations: dict[str, str], *, skips: int = 0, stored: bool = True)
 
 
 def skipped_job(name: str = "report-1") -> dict[str, Any]:
-    return {
-        "metadata": {
-            "name": name,
-            "uid": f"uid-{name}",
-            "creationTimestamp": "2026-12-01T00:00:01Z",
-            "labels": {"cronlock.io/lock": "report"},
-        },
-        "status": {
-            "conditions": [
-                {
-                    "type": "Failed",
-                    "status": "True",
-                    "reason": "PodFailurePolicy",
-                    "message": f"Container cronlock-gate for pod {NAMESPACE}/{name}-x failed "
-                    "with exit code 75 matching FailJob rule at index 0",
-                }
-            ]
-        },
-    }
+    return gen.job(
+        name,
+        gen.created_at("2026-12-01T00:00:01Z"),
+        gen.of_lock("report"),
+        gen.skipped(NAMESPACE),
+    )
 
 
 def reasons(actions: list[Any]) -> list[str]:
