@@ -337,7 +337,8 @@ def test_the_pod_monitor_scrapes_the_port_the_injection_gives_every_sidecar(
     from cronlock_operator.cronjob.config import parse_config
     from cronlock_operator.injection.build import desired_cronjob
     from cronlock_sidecar import contract
-    from tests.support.cronjobs import SETTINGS, make_cronjob
+    from tests.support import gen
+    from tests.support.cronjobs import SETTINGS
 
     api = ["--api-versions", "monitoring.coreos.com/v1"]
     assert "PodMonitor" not in kinds(render(controlplane, *api))
@@ -353,7 +354,7 @@ def test_the_pod_monitor_scrapes_the_port_the_injection_gives_every_sidecar(
     ]
     [endpoint] = monitor["spec"]["podMetricsEndpoints"]
     # The name the injection gives the sidecar's port, on the label it gives the pods.
-    cronjob = make_cronjob()
+    cronjob = gen.cronjob("report")
     template = desired_cronjob(cronjob, parse_config(cronjob, SETTINGS), SETTINGS)["spec"][
         "jobTemplate"
     ]["spec"]["template"]
