@@ -1,4 +1,5 @@
-"""CronJobs as users write them, what the API server does to them, and the Jobs made from them."""
+"""What the API server does to CronJobs and the Jobs made from them (tests.support.gen builds
+them), and the operator settings tests inject with."""
 
 from __future__ import annotations
 
@@ -15,50 +16,6 @@ SETTINGS = OperatorSettings(sidecar_image="ghcr.io/example/cronlock:1.0.0")
 NEW_SETTINGS = OperatorSettings(
     sidecar_image="ghcr.io/example/cronlock:1.1.0", sidecar_image_pull_policy="Always"
 )
-
-
-def make_cronjob(
-    *,
-    name: str = "report",
-    namespace: str | None = "team-a",
-    schedule: str = "*/5 * * * *",
-    annotations: dict[str, str] | None = None,
-    labels: dict[str, str] | None = None,
-    restart_policy: str = "OnFailure",
-    containers: list[dict[str, Any]] | None = None,
-    job: dict[str, Any] | None = None,
-    job_labels: dict[str, str] | None = None,
-    cronjob_spec: dict[str, Any] | None = None,
-    **pod_spec: Any,
-) -> dict[str, Any]:
-    """A CronJob as a user would write it (enabled unless annotations say otherwise): the
-    keyword form of `gen.cronjob`, which builds it.
-
-    `namespace=None` leaves the namespace out, for a CronJob created through the API.
-    `job` adds fields to the Job's spec (`backoffLimit`, `podFailurePolicy`), `job_labels`
-    labels the Job template, `cronjob_spec` adds fields to the CronJob's own spec
-    (`suspend`, `concurrencyPolicy`), and any other keyword goes into the pod's spec.
-    """
-    modifiers: list[gen.Modifier] = [
-        gen.in_namespace(namespace),
-        gen.with_schedule(schedule),
-        gen.restart_policy(restart_policy),
-    ]
-    if annotations is not None:
-        modifiers.append(gen.with_annotations(annotations))
-    if labels is not None:
-        modifiers.append(gen.labelled(labels))
-    if containers is not None:
-        modifiers.append(gen.containers(*containers))
-    if pod_spec:
-        modifiers.append(gen.with_pod(**pod_spec))
-    if job:
-        modifiers.append(gen.with_job(**job))
-    if job_labels is not None:
-        modifiers.append(gen.with_job_labels(job_labels))
-    if cronjob_spec:
-        modifiers.append(gen.with_spec(**cronjob_spec))
-    return gen.cronjob(name, *modifiers)
 
 
 def changed(body: dict[str, Any]) -> dict[str, Any]:
