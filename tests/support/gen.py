@@ -334,10 +334,11 @@ def succeeded() -> Modifier:
     return with_status({"conditions": [{"type": "Complete", "status": "True"}]})
 
 
-def pod(name: str, service_account: str) -> dict[str, Any]:
+def pod(name: str, service_account: str, *modifiers: Modifier) -> dict[str, Any]:
     """A bare pod `name` on `service_account` that never starts (its image is never pulled,
-    it runs as UID 65532): a holder identity to bind a token to."""
-    return {
+    it runs as UID 65532): a holder identity to bind a token to; then each modifier
+    (`in_namespace`, `with_uid`, `controlled_by`)."""
+    body: dict[str, Any] = {
         "metadata": {"name": name},
         "spec": {
             "serviceAccountName": service_account,
@@ -345,6 +346,16 @@ def pod(name: str, service_account: str) -> dict[str, Any]:
             "containers": [{"name": "main", "image": "busybox:never-pulled"}],
         },
     }
+    for modify in modifiers:
+        modify(body)
+    return body
+
+
+def controlled_by(kind: str, name: str, uid: str) -> Modifier:
+    """Its controller: the Job of a run's pod, the CronJob of a Job."""
+    group = "batch/v1" if kind in ("Job", "CronJob") else "v1"
+    reference = {"apiVersion": group, "kind": kind, "name": name, "uid": uid, "controller": True}
+    return with_metadata(ownerReferences=[reference])
 
 
 # What most integration tests create through the API: no namespace in the body (the call

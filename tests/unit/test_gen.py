@@ -49,7 +49,14 @@ def test_a_job_and_a_pod_are_what_the_api_defines_too() -> None:
         gen.skipped("team-a"),
     )
     job["spec"]["template"]["spec"]["containers"] = [{"name": "main", "image": "x"}]
-    for body, kind in ((job, "V1Job"), (gen.pod("holder", "reports"), "V1Pod")):
+    holder = gen.pod(
+        "report-1-abcde",
+        "reports",
+        gen.in_namespace("team-a"),
+        gen.with_uid("u-pod"),
+        gen.controlled_by("Job", "report-1", "uid-report-1"),
+    )
+    for body, kind in ((job, "V1Job"), (holder, "V1Pod")):
         model = client.deserialize(json.dumps(body), kind, "application/json")
         assert client.sanitize_for_serialization(model) == body  # type: ignore[no-untyped-call]
 

@@ -451,21 +451,7 @@ def test_a_day_long_hold_seen_at_start_up_is_believed_only_for_its_owners_ttl() 
     ]
 
 
-def _pod(name: str, uid: str, job: tuple[str, str] | None) -> dict[str, Any]:
-    owners = (
-        [] if job is None else [{"kind": "Job", "name": job[0], "uid": job[1], "controller": True}]
-    )
-    return {
-        "metadata": {"name": name, "namespace": "team-a", "uid": uid, "ownerReferences": owners},
-        "spec": {"serviceAccountName": "reports"},
-    }
-
-
-def _job(name: str, uid: str, cronjob_uid: str) -> dict[str, Any]:
-    owners = [{"kind": "CronJob", "name": "x", "uid": cronjob_uid, "controller": True}]
-    return {
-        "metadata": {"name": name, "namespace": "team-a", "uid": uid, "ownerReferences": owners}
-    }
+IN_TEAM_A = (gen.in_namespace("team-a"),)
 
 
 @pytest.mark.parametrize(
@@ -494,16 +480,42 @@ def test_a_hold_by_a_pod_that_is_no_run_of_the_lock_is_cleared_with_a_warning(
     reconcile(reconciler, "team-a", "report")
     kube.pods.update(
         {
-            ("team-a", "web-7f9c"): _pod("web-7f9c", "aaaaaaaa-1", None),
-            ("team-a", "other-1-abcde"): _pod("other-1-abcde", "bbbbbbbb-1", ("other-1", "j-o")),
-            ("team-a", "report-1-abcde"): _pod("report-1-abcde", "cccccccc-1", ("report-1", "j-r")),
-            ("team-a", "reused"): _pod("reused", "ffffffff-1", None),
+            ("team-a", "web-7f9c"): gen.pod(
+                "web-7f9c", "reports", *IN_TEAM_A, gen.with_uid("aaaaaaaa-1")
+            ),
+            ("team-a", "other-1-abcde"): gen.pod(
+                "other-1-abcde",
+                "reports",
+                *IN_TEAM_A,
+                gen.with_uid("bbbbbbbb-1"),
+                gen.controlled_by("Job", "other-1", "j-o"),
+            ),
+            ("team-a", "report-1-abcde"): gen.pod(
+                "report-1-abcde",
+                "reports",
+                *IN_TEAM_A,
+                gen.with_uid("cccccccc-1"),
+                gen.controlled_by("Job", "report-1", "j-r"),
+            ),
+            ("team-a", "reused"): gen.pod(
+                "reused", "reports", *IN_TEAM_A, gen.with_uid("ffffffff-1")
+            ),
         }
     )
     kube.jobs.update(
         {
-            ("team-a", "other-1"): _job("other-1", "j-o", "uid-other"),
-            ("team-a", "report-1"): _job("report-1", "j-r", "uid-report"),
+            ("team-a", "other-1"): gen.job(
+                "other-1",
+                *IN_TEAM_A,
+                gen.with_uid("j-o"),
+                gen.controlled_by("CronJob", "x", "uid-other"),
+            ),
+            ("team-a", "report-1"): gen.job(
+                "report-1",
+                *IN_TEAM_A,
+                gen.with_uid("j-r"),
+                gen.controlled_by("CronJob", "x", "uid-report"),
+            ),
         }
     )
     held = make_lease(
