@@ -33,24 +33,13 @@ from typing import Any
 import kubernetes
 import urllib3
 
+from tests.support import gen
 from tests.support.controlplane import ControlPlane, started
-from tests.support.cronjobs import make_cronjob
 from tests.support.operator import OperatorProcess
 from tests.support.paths import ROOT
 
 TICK = os.sysconf("SC_CLK_TCK")
 NAMESPACES = 10
-
-
-def cronjob(name: str, annotated: bool) -> dict[str, Any]:
-    return make_cronjob(
-        name=name,
-        namespace=None,
-        schedule="0 0 1 1 *",
-        annotations={"cronlock.io/enabled": "true"} if annotated else {},
-        restart_policy="Never",
-        containers=[{"name": "main", "image": "busybox:1.37", "command": ["true"]}],
-    )
 
 
 def create_many(
@@ -63,7 +52,15 @@ def create_many(
         core.create_namespace({"metadata": {"name": namespace}})
 
     def create(item: tuple[str, str]) -> None:
-        batch.create_namespaced_cron_job(item[0], cronjob(item[1], annotated))
+        batch.create_namespaced_cron_job(
+            item[0],
+            gen.cronjob(
+                item[1],
+                *gen.BY_HAND,
+                *([] if annotated else [gen.not_opted_in()]),
+                gen.containers({"name": "main", "image": "busybox:1.37", "command": ["true"]}),
+            ),
+        )
 
     with ThreadPoolExecutor(8) as pool:
         list(pool.map(create, names))

@@ -44,6 +44,7 @@ from cronlock_sidecar import contract
 from cronlock_sidecar.pod.rundir import read_decision
 from tests.benchmarks import BENCH_DIR, controlplane, machine, summary, table
 from tests.benchmarks.sidecar import SIDECAR
+from tests.support import gen
 from tests.support.controlplane import ControlPlane
 from tests.support.paths import ROOT
 from tests.support.ports import free_port
@@ -70,14 +71,12 @@ def injected(namespace: str, lock: str, ttl: str | None) -> Injected:
     annotations = {contract.ANNOTATION_ENABLED: "true"}
     if ttl is not None:
         annotations[contract.ANNOTATION_TTL] = ttl
-    cronjob = {
-        "metadata": {"name": lock, "namespace": namespace, "annotations": annotations},
-        "spec": {
-            "jobTemplate": {
-                "spec": {"template": {"spec": {"containers": [{"name": "work", "image": "x"}]}}}
-            }
-        },
-    }
+    cronjob = gen.cronjob(
+        lock,
+        gen.in_namespace(namespace),
+        gen.with_annotations(annotations),
+        gen.containers({"name": "work", "image": "x"}),
+    )
     settings = OperatorSettings(sidecar_image="cronlock-sidecar")
     config = parse_config(cronjob, settings)
     pod = f"{lock}-{secrets.token_hex(3)}-{secrets.token_hex(3)}"

@@ -33,8 +33,9 @@ from typing import Any
 
 import kubernetes
 
+from tests.support import gen
 from tests.support.controlplane import own_controlplane
-from tests.support.cronjobs import job_from_cronjob, make_cronjob
+from tests.support.cronjobs import job_from_cronjob
 from tests.support.environment import node_and_operator
 from tests.support.kube import wait_for
 from tests.support.node import BUSYBOX_IMAGE, RealNode, WorkTracker
@@ -58,23 +59,11 @@ def cronjob(
     name: str, tracker: WorkTracker, guarded: bool, work: str = "sleep 0.5"
 ) -> dict[str, Any]:
     """Busybox as UID 65532 reporting to the tracker, then `work`; annotated if `guarded`."""
-    annotations = {"cronlock.io/enabled": "true"} if guarded else {}
-    return make_cronjob(
-        name=name,
-        namespace=None,
-        schedule="0 0 1 1 *",
-        annotations=annotations,
-        restart_policy="Never",
-        job={"backoffLimit": 0},
-        securityContext={"runAsNonRoot": True, "runAsUser": 65532},
-        containers=[
-            {
-                "name": "main",
-                "image": BUSYBOX_IMAGE,
-                "imagePullPolicy": "Never",
-                "command": ["sh", "-c", tracker.shell_prefix() + work],
-            }
-        ],
+    return gen.cronjob(
+        name,
+        *([] if guarded else [gen.not_opted_in()]),
+        *gen.BY_HAND,
+        gen.on_the_node(BUSYBOX_IMAGE, tracker.shell_prefix() + work),
     )
 
 

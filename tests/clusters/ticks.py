@@ -9,7 +9,7 @@ import functools
 import time
 
 from tests.clusters.conftest import Cluster, Watched
-from tests.support.cronjobs import make_cronjob
+from tests.support import gen
 from tests.support.kube import wait_for
 from tests.support.ledger import Tally, TickLedger, job_name_env
 from tests.support.node import BUSYBOX_IMAGE, container_state, job_of
@@ -51,28 +51,15 @@ def cronjob(cluster: Cluster, namespace: str, store: str, ledger: TickLedger) ->
     """The CronJob, as a user writes it for both clusters, its lock in `store`; its work
     tells the ledger the tick it works, then works 2 s."""
     secret = {"redis": "locks-redis", "postgres": "locks-pg"}[store]
-    body = make_cronjob(
-        name=CRONJOBS[store],
-        namespace=None,
-        schedule="* * * * *",
-        annotations={
-            "cronlock.io/enabled": "true",
-            "cronlock.io/ttl": "19s",
-            "cronlock.io/store": store,
-            "cronlock.io/store-secret": secret,
-        },
-        restart_policy="Never",
-        job={"backoffLimit": 0},
-        securityContext={"runAsNonRoot": True, "runAsUser": 65532},
-        containers=[
-            {
-                "name": "main",
-                "image": BUSYBOX_IMAGE,
-                "imagePullPolicy": "Never",
-                "env": [job_name_env()],
-                "command": ["sh", "-c", ledger.script(cluster.link, cluster.name, WORK)],
-            }
-        ],
+    body = gen.cronjob(
+        CRONJOBS[store],
+        gen.in_namespace(None),
+        gen.with_schedule("* * * * *"),
+        gen.annotated({"cronlock.io/ttl": "19s"}),
+        gen.in_store(store, secret),
+        gen.on_the_node(
+            BUSYBOX_IMAGE, ledger.script(cluster.link, cluster.name, WORK), job_name_env()
+        ),
     )
     cluster.batch.create_namespaced_cron_job(namespace, body)
 

@@ -14,8 +14,9 @@ from typing import Any
 
 import kubernetes
 
+from tests.support import gen
 from tests.support.contract import GATE_CONTAINER, SIDECAR_CONTAINER
-from tests.support.cronjobs import job_from_cronjob, make_cronjob
+from tests.support.cronjobs import job_from_cronjob
 from tests.support.kube import wait_for
 from tests.support.node import (
     BUSYBOX_IMAGE,
@@ -92,16 +93,13 @@ class Scenario:
             main_security = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
         annotations = {"cronlock.io/enabled": "true", "cronlock.io/ttl": "19s"}
         annotations.update({f"cronlock.io/{k.replace('_', '-')}": v for k, v in settings.items()})
-        body = make_cronjob(
-            name=name,
-            namespace=None,
-            schedule=schedule,
-            annotations=annotations,
-            restart_policy="Never",
-            job={"backoffLimit": backoff_limit},
-            securityContext=pod_security,
-            **placement,
-            containers=[
+        body = gen.cronjob(
+            name,
+            gen.in_namespace(None),
+            gen.with_schedule(schedule),
+            gen.restart_policy("Never"),
+            gen.with_annotations(annotations),
+            gen.containers(
                 {
                     "name": MAIN,
                     "image": BUSYBOX_IMAGE,
@@ -109,7 +107,9 @@ class Scenario:
                     "command": ["sh", "-c", self.work(script)],
                     **({"securityContext": main_security} if main_security else {}),
                 }
-            ],
+            ),
+            gen.with_pod(securityContext=pod_security, **placement),
+            gen.with_job(backoffLimit=backoff_limit),
         )
         self.batch.create_namespaced_cron_job(self.namespace, body)
         return wait_for(

@@ -11,8 +11,8 @@ from collections.abc import Iterator
 import kubernetes
 import pytest
 
+from tests.support import gen
 from tests.support.controlplane import ControlPlane
-from tests.support.cronjobs import make_cronjob
 from tests.support.helm import TEST_WAIT, guard, helm, install
 from tests.support.kube import wait_for
 from tests.support.node import RealNode
@@ -64,7 +64,7 @@ def test_the_charts_operator_injects_and_helm_test_passes_then_fails_saying_why_
     assert len(lines) == 6, lines
     batch = kubernetes.client.BatchV1Api(api)
     batch.create_namespaced_cron_job(
-        namespace, make_cronjob(name="report", namespace=None, annotations={})
+        namespace, gen.cronjob("report", gen.in_namespace(None), gen.not_opted_in())
     )
     passed = run_shell("\n".join(lines[:3]), controlplane.env, ROOT, timeout=300)
     assert f"TEST SUITE:     {fullname}-test" in passed
@@ -139,6 +139,6 @@ def test_helm_uninstall_with_revert_runs_its_hook_on_the_node_and_puts_the_cronj
     cronjob = read(api, namespace, "report")
     assert cronjob["spec"]["jobTemplate"]["spec"]["template"]["spec"]["restartPolicy"] == (
         "OnFailure"
-    )  # as make_cronjob wrote it
+    )  # as gen.cronjob wrote it
     leases = kubernetes.client.CoordinationV1Api(api).list_namespaced_lease(namespace).items
     assert [lease.metadata.name for lease in leases] == []

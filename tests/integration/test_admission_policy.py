@@ -20,8 +20,8 @@ from cronlock_operator.cronjob.config import parse_config
 from cronlock_operator.injection.build import build_injection, revert
 from cronlock_operator.injection.patching import injection_patch
 from cronlock_operator.settings import OperatorSettings
+from tests.support import gen
 from tests.support.controlplane import ControlPlane
-from tests.support.cronjobs import make_cronjob
 from tests.support.kube import holds
 from tests.support.objects import comparable, events, has_sidecar, read, wait_event
 from tests.support.operator import (
@@ -162,13 +162,7 @@ def test_the_operators_cronjob_patches_can_neither_switch_account_nor_image_nor_
     batch = kubernetes.client.BatchV1Api(as_operator)
     kubernetes.client.BatchV1Api(api).create_namespaced_cron_job(
         namespace,
-        make_cronjob(
-            name="plain",
-            namespace=None,
-            schedule="0 0 1 1 *",
-            annotations={},
-            restart_policy="Never",
-        ),
+        gen.cronjob("plain", *gen.BY_HAND, gen.not_opted_in()),
     )
     pod = "/spec/jobTemplate/spec/template/spec"
 
@@ -208,13 +202,7 @@ POD = "/spec/jobTemplate/spec/template/spec"
 @pytest.fixture
 def plain_cronjob(api: kubernetes.client.ApiClient, namespace: str) -> str:
     """A CronJob as a user wrote it (not opted in: no operator acts on it here)."""
-    body = make_cronjob(
-        name="invoices",
-        namespace=None,
-        schedule="0 0 1 1 *",
-        annotations={},
-        restart_policy="OnFailure",
-    )
+    body = gen.cronjob("invoices", gen.in_namespace(None), gen.never_due(), gen.not_opted_in())
     body["spec"]["jobTemplate"]["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = 90
     kubernetes.client.BatchV1Api(api).create_namespaced_cron_job(namespace, body)
     return "invoices"
@@ -845,7 +833,7 @@ def test_an_operator_started_with_another_sidecar_image_is_refused_with_one_warn
         ["--sidecar-image", "registry.example.com/not-cronlock:1"],
     )
     kubernetes.client.BatchV1Api(api).create_namespaced_cron_job(
-        namespace, make_cronjob(name="report", namespace=None, schedule="0 0 1 1 *")
+        namespace, gen.cronjob("report", gen.in_namespace(None), gen.never_due())
     )
     before = comparable(read(api, namespace, "report"))
     rogue.start()

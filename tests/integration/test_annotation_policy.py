@@ -20,9 +20,9 @@ from cronlock_operator.lint.admission import MESSAGE_PREFIX
 from cronlock_operator.lint.checks import check
 from cronlock_operator.lint.documents import Manifest
 from cronlock_operator.settings import OperatorSettings
+from tests.support import gen
 from tests.support.annotation_cases import BAD
 from tests.support.controlplane import ControlPlane
-from tests.support.cronjobs import make_cronjob
 from tests.support.kube import run_tool, wait_for
 from tests.support.operator import CHART, OPERATOR_NAMESPACE, render_chart
 from tests.support.papers import INSTALL_MD, marked_block
@@ -82,11 +82,6 @@ MORE_BAD: list[dict[str, str]] = [
 # The operator's own table of bad annotations (tests/unit/operator/test_config.py) that
 # need nothing of the pod: the policy judges annotations, and leaves containers to lint.
 BAD_ANNOTATIONS = [annotations for annotations, extra, _, _ in BAD if not extra] + MORE_BAD
-
-
-def cronjob(name: str, annotations: dict[str, str], **pod: Any) -> dict[str, Any]:
-    notes = {"cronlock.io/enabled": "true", **annotations}
-    return make_cronjob(name=name, namespace=None, annotations=notes, **pod)
 
 
 def lint_errors(body: dict[str, Any], namespace: str) -> list[str]:
@@ -154,7 +149,7 @@ def install_policy(
     text = yaml.safe_dump_all(docs)
     controlplane.kubectl("apply", "-f", "-", input_text=text)
     name = docs[0]["metadata"]["name"]
-    probe = cronjob("probe", {"cronlock.io/ttl": "5"})
+    probe = gen.cronjob("probe", gen.in_namespace(None), gen.annotated({"cronlock.io/ttl": "5"}))
     wait_for(
         lambda: apply(controlplane, namespace, probe, name, dry_run=True).warnings,
         timeout=30,
@@ -178,7 +173,12 @@ def denied(controlplane: ControlPlane, namespace: str) -> Iterator[str]:
 def test_kubectl_apply_prints_cronlocks_warning(
     controlplane: ControlPlane, namespace: str, warned: str
 ) -> None:
-    applied = apply(controlplane, namespace, cronjob("report", {"cronlock.io/ttl": "5"}), warned)
+    applied = apply(
+        controlplane,
+        namespace,
+        gen.cronjob("report", gen.in_namespace(None), gen.annotated({"cronlock.io/ttl": "5"})),
+        warned,
+    )
     # What docs/INSTALL.md shows, word for word, but for the policy's name (this test's
     # release; the docs' is release cronlock in cronlock-system).
     shown = marked_block(INSTALL_MD, "annotation-warning").splitlines()
@@ -189,7 +189,12 @@ def test_kubectl_apply_prints_cronlocks_warning(
     assert printed + applied.stdout.splitlines() == shown[1:], applied.stderr
     # Written all the same: Warn only tells.
     controlplane.kubectl("get", "cronjob", "report", "-n", namespace)
-    applied = apply(controlplane, namespace, cronjob("report", {"cronlock.io/ttl": "5s"}), warned)
+    applied = apply(
+        controlplane,
+        namespace,
+        gen.cronjob("report", gen.in_namespace(None), gen.annotated({"cronlock.io/ttl": "5s"})),
+        warned,
+    )
     assert applied.code == 0, applied.stderr
     assert applied.warnings == [
         'cronlock.io/ttl: "5s" is too short to stop a run that lost its lease before another '
@@ -197,7 +202,12 @@ def test_kubectl_apply_prints_cronlocks_warning(
         "the ttl); use a ttl of at least 19s"
     ], applied.stderr
     # A valid CronJob, and an update that leaves the annotations as they are, say nothing.
-    applied = apply(controlplane, namespace, cronjob("fine", {"cronlock.io/ttl": "60s"}), warned)
+    applied = apply(
+        controlplane,
+        namespace,
+        gen.cronjob("fine", gen.in_namespace(None), gen.annotated({"cronlock.io/ttl": "60s"})),
+        warned,
+    )
     assert applied.code == 0, applied.stderr
     assert applied.said == [], applied.stderr
     patched = run_tool(
@@ -214,7 +224,9 @@ def test_cronlocks_own_accounts_are_not_judged_even_under_deny(
     """The operator (injection, revert) and the release's hooks (revert): the chart's
     policy is rendered for release cronlock in cronlock-system (render_chart), its accounts
     named `OWN`."""
-    body = json.dumps(cronjob("report", {"cronlock.io/ttl": "5s"}))
+    body = json.dumps(
+        gen.cronjob("report", gen.in_namespace(None), gen.annotated({"cronlock.io/ttl": "5s"}))
+    )
     for account in (OWN, f"{OWN}-narrowed", f"{OWN}-uninstall"):
         written = run_tool(
             controlplane.env,
@@ -243,12 +255,22 @@ def test_cronlocks_own_accounts_are_not_judged_even_under_deny(
 def test_deny_refuses_the_write_and_admits_a_valid_cronjob(
     controlplane: ControlPlane, namespace: str, denied: str
 ) -> None:
-    applied = apply(controlplane, namespace, cronjob("report", {"cronlock.io/ttl": "5s"}), denied)
+    applied = apply(
+        controlplane,
+        namespace,
+        gen.cronjob("report", gen.in_namespace(None), gen.annotated({"cronlock.io/ttl": "5s"})),
+        denied,
+    )
     assert applied.code != 0
     assert applied.said[0].startswith('The cronjobs "report" is invalid: ')
     assert 'denied request: cronlock: cronlock.io/ttl: "5s" is too short' in applied.said[0]
     assert "report" not in controlplane.kubectl("get", "cronjobs", "-n", namespace, "-o", "name")
-    applied = apply(controlplane, namespace, cronjob("report", {"cronlock.io/ttl": "60s"}), denied)
+    applied = apply(
+        controlplane,
+        namespace,
+        gen.cronjob("report", gen.in_namespace(None), gen.annotated({"cronlock.io/ttl": "60s"})),
+        denied,
+    )
     assert applied.code == 0, applied.stderr
     assert applied.said == [], applied.stderr
 
@@ -263,7 +285,12 @@ def test_the_policy_warns_where_lint_finds_an_error(
 
     def verdicts(case: tuple[dict[str, str], bool]) -> tuple[list[str], Applied]:
         annotations, _ = case
-        body = cronjob("corpus", annotations, serviceAccountName="reports")
+        body = gen.cronjob(
+            "corpus",
+            gen.in_namespace(None),
+            gen.annotated(annotations),
+            gen.service_account("reports"),
+        )
         applied = apply(controlplane, namespace, body, warned, dry_run=True)
         assert applied.code == 0, applied.stderr
         return lint_errors(body, namespace), applied
@@ -289,18 +316,20 @@ def test_the_policy_warns_where_lint_finds_an_error(
 def test_a_cronjob_the_operator_would_not_guard_is_not_judged(
     controlplane: ControlPlane, namespace: str, warned: str
 ) -> None:
-    unguarded = make_cronjob(name="plain", namespace=None, annotations={"cronlock.io/ttl": "5"})
+    unguarded = gen.cronjob(
+        "plain", gen.in_namespace(None), gen.with_annotations({"cronlock.io/ttl": "5"})
+    )
     applied = apply(controlplane, namespace, unguarded, warned, dry_run=True)
     assert applied.code == 0, applied.stderr
     assert applied.said == [], applied.stderr
     assert not lint_errors(unguarded, namespace)
     # In a namespace labelled for opt-in it is guarded, and judged.
     controlplane.kubectl("label", "namespace", namespace, "cronlock.io/enabled=true")
-    own_account = make_cronjob(
-        name="plain",
-        namespace=None,
-        annotations={"cronlock.io/ttl": "5"},
-        serviceAccountName="reports",
+    own_account = gen.cronjob(
+        "plain",
+        gen.in_namespace(None),
+        gen.with_annotations({"cronlock.io/ttl": "5"}),
+        gen.service_account("reports"),
     )
     warnings = wait_for(
         lambda: apply(controlplane, namespace, own_account, warned, dry_run=True).warnings,

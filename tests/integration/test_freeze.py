@@ -16,8 +16,9 @@ import pytest
 from cronlock_operator.freeze import commands as freezing
 from cronlock_sidecar import contract
 from cronlock_sidecar.microtime import parse_microtime
+from tests.support import gen
 from tests.support.controlplane import ControlPlane, make_service_account_kubeconfig
-from tests.support.cronjobs import job_from_cronjob, make_cronjob
+from tests.support.cronjobs import job_from_cronjob
 from tests.support.kube import finish_pod, wait_for
 from tests.support.objects import events, wait_event
 from tests.support.paths import SIDECAR
@@ -32,7 +33,7 @@ FREEZER = "cronlock-cronlock-system-freezer"  # the chart's <clusterName>-freeze
 def guarded(api: kubernetes.client.ApiClient, namespace: str, name: str) -> None:
     """A guarded CronJob; the operator makes its Lease."""
     kubernetes.client.BatchV1Api(api).create_namespaced_cron_job(
-        namespace, make_cronjob(name=name, namespace=None, schedule="0 0 1 1 *")
+        namespace, gen.cronjob(name, gen.in_namespace(None), gen.never_due())
     )
     leases = kubernetes.client.CoordinationV1Api(api)
     wait_for(lambda: _exists(leases, namespace, contract.lease_name(name)), 30, f"lease of {name}")
@@ -379,12 +380,7 @@ def test_a_store_locks_registry_lease_is_not_frozen_and_the_cli_names_the_secret
     store = {"cronlock.io/store": "redis", "cronlock.io/store-secret": "team-locks"}
     kubernetes.client.BatchV1Api(api).create_namespaced_cron_job(
         namespace,
-        make_cronjob(
-            name="nightly",
-            namespace=None,
-            schedule="0 0 1 1 *",
-            annotations={"cronlock.io/enabled": "true", **store},
-        ),
+        gen.cronjob("nightly", gen.in_namespace(None), gen.never_due(), gen.annotated(store)),
     )
     leases = kubernetes.client.CoordinationV1Api(api)
     wait_for(

@@ -14,8 +14,8 @@ import kubernetes
 import pytest
 import yaml
 
+from tests.support import gen
 from tests.support.controlplane import ControlPlane
-from tests.support.cronjobs import make_cronjob
 from tests.support.kube import run_tool, wait_for
 from tests.support.objects import Versions, read
 from tests.support.operator import kube_version
@@ -32,8 +32,8 @@ def injected(body: dict[str, Any]) -> bool:
 
 
 def manifest(namespace: str, restart_policy: str) -> str:
-    body = make_cronjob(
-        name="report", namespace=namespace, schedule="0 0 1 1 *", restart_policy=restart_policy
+    body = gen.cronjob(
+        "report", gen.in_namespace(namespace), gen.never_due(), gen.restart_policy(restart_policy)
     )
     return yaml.safe_dump(body)
 
@@ -179,7 +179,7 @@ def test_the_mutating_policy_leaves_a_cronjob_cronlock_did_not_inject_as_written
     mutating_policy: str,
 ) -> None:
     """Not injected (not annotated): its OnFailure is the user's, and stays."""
-    body = make_cronjob(name="plain", namespace=namespace, schedule="0 0 1 1 *", annotations={})
+    body = gen.cronjob("plain", gen.in_namespace(namespace), gen.never_due(), gen.not_opted_in())
     controlplane.kubectl("apply", "-f", "-", input_text=yaml.safe_dump(body))
     stored = read(api, namespace, "plain")
     assert stored["spec"]["jobTemplate"]["spec"]["template"]["spec"]["restartPolicy"] == (

@@ -24,8 +24,8 @@ from cronlock_sidecar.microtime import format_microtime
 from cronlock_sidecar.transport.kubeapi import KubeLeaseClient
 from cronlock_sidecar.transport.kubeconfig import from_kubeconfig
 from cronlock_sidecar.transport.seam import LeaseRef
+from tests.support import gen
 from tests.support.controlplane import ControlPlane, make_service_account_kubeconfig
-from tests.support.cronjobs import make_cronjob
 from tests.support.kube import wait_for
 from tests.support.objects import read, wait_event
 from tests.support.run_pods import job_from, pod_of
@@ -88,15 +88,7 @@ def make_pod(
         job_from(api, namespace, "report", run.group(1), pods=3)
         created = pod_of(api, namespace, run.group(1), _TAKEN.setdefault(namespace, set()))
     else:
-        body = {
-            "metadata": {"name": name},
-            "spec": {
-                "serviceAccountName": "shared",
-                "securityContext": {"runAsNonRoot": True, "runAsUser": 65532},
-                "containers": [{"name": "main", "image": "busybox:never-pulled"}],
-            },
-        }
-        created = core.create_namespaced_pod(namespace, body)
+        created = core.create_namespaced_pod(namespace, gen.pod(name, "shared"))
     name, uid = created.metadata.name, created.metadata.uid
     path = make_service_account_kubeconfig(
         controlplane, api, namespace, "shared", directory, bound_pod=(name, uid)
@@ -145,14 +137,9 @@ def guarded_on_shared(
     """The CronJob `report` on the account `shared`, injected (its Lease made first)."""
     core = kubernetes.client.CoreV1Api(api)
     core.create_namespaced_service_account(namespace, {"metadata": {"name": "shared"}})
-    cronjob = make_cronjob(
-        name="report",
-        namespace=None,
-        schedule="0 0 1 1 *",
-        annotations={"cronlock.io/enabled": "true", **(annotations or {})},
-        restart_policy="Never",
+    cronjob = gen.cronjob(
+        "report", *gen.BY_HAND, gen.annotated(annotations or {}), gen.service_account("shared")
     )
-    cronjob["spec"]["jobTemplate"]["spec"]["template"]["spec"]["serviceAccountName"] = "shared"
     kubernetes.client.BatchV1Api(api).create_namespaced_cron_job(namespace, cronjob)
     wait_for(
         lambda: any(

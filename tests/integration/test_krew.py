@@ -31,8 +31,8 @@ import pytest
 import yaml
 
 from cronlock_sidecar import contract
+from tests.support import gen
 from tests.support.controlplane import ControlPlane
-from tests.support.cronjobs import make_cronjob
 from tests.support.paths import CACHE, ROOT
 from tests.support.tools import gotool
 
@@ -158,7 +158,7 @@ def test_the_plugin_krew_installs_runs_on_a_bare_python_against_the_api_server(
 
     shown = plugin("--version")
     assert (shown.returncode, shown.stdout.strip()) == (0, f"kubectl cronlock {contract.VERSION}")
-    body = make_cronjob(name="report", namespace=namespace, restart_policy="Never")
+    body = gen.cronjob("report", gen.in_namespace(namespace), gen.restart_policy("Never"))
     kubernetes.client.BatchV1Api(api).create_namespaced_cron_job(namespace, body)
     status = plugin(
         "status", "-n", namespace, "-o", "json", "--kubeconfig", str(controlplane.kubeconfig)

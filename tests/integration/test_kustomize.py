@@ -21,8 +21,8 @@ import pytest
 import yaml
 
 from cronlock_operator.settings import images_from
+from tests.support import gen
 from tests.support.controlplane import ControlPlane, ServiceAccountKubeconfig
-from tests.support.cronjobs import make_cronjob
 from tests.support.kube import wait_for
 from tests.support.objects import batch, has_sidecar, read
 from tests.support.operator import CHART, OperatorProcess
@@ -143,12 +143,7 @@ def test_kustomize_images_move_every_image_and_the_operator_and_its_policy_follo
         operator.start()
         assert f"sidecar images from deployment {space}/cronlock: {sidecar}, " in operator.log()
 
-        body = make_cronjob(
-            name="report",
-            namespace=namespace,
-            annotations={"cronlock.io/enabled": "true"},
-            restart_policy="Never",
-        )
+        body = gen.cronjob("report", gen.in_namespace(namespace), gen.restart_policy("Never"))
         batch(api).create_namespaced_cron_job(namespace, body)
         wait_for(lambda: has_sidecar(read(api, namespace, "report")), 30, "report injected")
         pod = read(api, namespace, "report")["spec"]["jobTemplate"]["spec"]["template"]["spec"]

@@ -15,8 +15,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from cronlock_operator.runtime import leader
+from tests.support import gen
 from tests.support.controlplane import ControlPlane
-from tests.support.cronjobs import make_cronjob
 from tests.support.kube import holds, wait_for
 from tests.support.objects import injected
 from tests.support.operator import OPERATOR_NAMESPACE, OperatorProcess, get
@@ -31,7 +31,7 @@ WRITES = re.compile(r"Injected|lease \S+ created|holder RBAC in")
 
 def create(api: kubernetes.client.ApiClient, namespace: str, name: str) -> None:
     kubernetes.client.BatchV1Api(api).create_namespaced_cron_job(
-        namespace, make_cronjob(name=name, namespace=None, schedule="0 0 1 1 *")
+        namespace, gen.cronjob(name, gen.in_namespace(None), gen.never_due())
     )
 
 

@@ -13,25 +13,16 @@ from typing import Any
 import kubernetes
 import pytest
 
+from tests.support import gen
 from tests.support.controlplane import ControlPlane
-from tests.support.cronjobs import make_cronjob
 from tests.support.kube import holds, wait_for
 from tests.support.objects import annotate, cronjob_editor, injected, wait_event
 from tests.support.operator import OperatorProcess, operator_caught_up
 
 pytestmark = pytest.mark.usefixtures("operator")
 
-
-def cronjob(name: str, account: str, **annotations: str) -> dict[str, Any]:
-    body = make_cronjob(
-        name=name,
-        namespace=None,
-        schedule="0 0 1 1 *",
-        annotations={"cronlock.io/enabled": "true", **annotations},
-        restart_policy="Never",
-    )
-    body["spec"]["jobTemplate"]["spec"]["template"]["spec"]["serviceAccountName"] = account
-    return body
+ON_LEDGER = gen.annotated({"cronlock.io/lock": "ledger"})
+IN_REDIS = gen.in_store("redis", "team-locks")
 
 
 def granted(api: kubernetes.client.ApiClient, namespace: str, account: str) -> set[str]:
@@ -66,7 +57,7 @@ def test_a_cronjob_editor_cannot_join_another_teams_lock_until_that_team_names_h
         core.create_namespaced_service_account(namespace, {"metadata": {"name": account}})
     batch = kubernetes.client.BatchV1Api(api)
     batch.create_namespaced_cron_job(
-        namespace, cronjob("invoices", "billing", **{"cronlock.io/lock": "ledger"})
+        namespace, gen.cronjob("invoices", *gen.BY_HAND, gen.service_account("billing"), ON_LEDGER)
     )
     wait_for(lambda: injected(api, namespace, "invoices"), 30, "the team's CronJob injected")
     wait_for(lambda: "cronlock-ledger" in granted(api, namespace, "billing"), 30, "its Role")
@@ -75,10 +66,12 @@ def test_a_cronjob_editor_cannot_join_another_teams_lock_until_that_team_names_h
     # Her own CronJob on the team's lock, run as her account, even naming itself as a peer.
     as_mallory.create_namespaced_cron_job(
         namespace,
-        cronjob(
+        gen.cronjob(
             "squat",
-            "ci",
-            **{"cronlock.io/lock": "ledger", "cronlock.io/share-lock-with": "squat,invoices"},
+            *gen.BY_HAND,
+            gen.service_account("ci"),
+            ON_LEDGER,
+            gen.annotated({"cronlock.io/share-lock-with": "squat,invoices"}),
         ),
     )
 
@@ -121,7 +114,12 @@ def test_a_malformed_share_list_is_invalid_config_and_changes_nothing(
 ) -> None:
     kubernetes.client.BatchV1Api(api).create_namespaced_cron_job(
         namespace,
-        cronjob("report", "default", **{"cronlock.io/share-lock-with": "export, Not_A_Name"}),
+        gen.cronjob(
+            "report",
+            *gen.BY_HAND,
+            gen.service_account("default"),
+            gen.annotated({"cronlock.io/share-lock-with": "export, Not_A_Name"}),
+        ),
     )
 
     [message] = wait_event(api, namespace, "report", "InvalidConfig")
@@ -160,12 +158,12 @@ def test_an_operator_restart_grants_no_lock_nobody_consented_to(
     for account in ("billing", "ci"):
         core.create_namespaced_service_account(namespace, {"metadata": {"name": account}})
     kubernetes.client.BatchV1Api(api).create_namespaced_cron_job(
-        namespace, cronjob("invoices", "billing", **{"cronlock.io/lock": "ledger"})
+        namespace, gen.cronjob("invoices", *gen.BY_HAND, gen.service_account("billing"), ON_LEDGER)
     )
     wait_for(lambda: "cronlock-ledger" in granted(api, namespace, "billing"), 30, "its Role")
     as_mallory = cronjob_editor(api, namespace, service_account_kubeconfig, controlplane, "squat")
     as_mallory.create_namespaced_cron_job(
-        namespace, cronjob("squat", "ci", **{"cronlock.io/lock": "ledger"})
+        namespace, gen.cronjob("squat", *gen.BY_HAND, gen.service_account("ci"), ON_LEDGER)
     )
     wait_event(api, namespace, "squat", "Conflict")
 
@@ -195,17 +193,18 @@ def test_a_cronjob_editor_cannot_join_a_teams_lock_in_a_store_without_its_consen
     core = kubernetes.client.CoreV1Api(api)
     for account in ("billing", "ci"):
         core.create_namespaced_service_account(namespace, {"metadata": {"name": account}})
-    store = {"cronlock.io/store": "redis", "cronlock.io/store-secret": "team-locks"}
     batch = kubernetes.client.BatchV1Api(api)
     batch.create_namespaced_cron_job(
-        namespace, cronjob("invoices", "billing", **{"cronlock.io/lock": "ledger", **store})
+        namespace,
+        gen.cronjob("invoices", *gen.BY_HAND, gen.service_account("billing"), ON_LEDGER, IN_REDIS),
     )
     wait_for(lambda: injected(api, namespace, "invoices"), 30, "the team's CronJob injected")
     assert owners(api, namespace, "cronlock-ledger") == ["invoices"]
     as_mallory = cronjob_editor(api, namespace, service_account_kubeconfig, controlplane, "squat")
 
     as_mallory.create_namespaced_cron_job(
-        namespace, cronjob("squat", "ci", **{"cronlock.io/lock": "ledger", **store})
+        namespace,
+        gen.cronjob("squat", *gen.BY_HAND, gen.service_account("ci"), ON_LEDGER, IN_REDIS),
     )
     [message] = wait_event(api, namespace, "squat", "Conflict")
     assert "lock ledger is already used by CronJob invoices" in message
@@ -220,7 +219,7 @@ def test_a_cronjob_editor_cannot_join_a_teams_lock_in_a_store_without_its_consen
     wait_for(lambda: injected(api, namespace, "squat"), 15, "squat injected with consent")
     assert owners(api, namespace, "cronlock-ledger") == ["invoices", "squat"]
     batch.create_namespaced_cron_job(
-        namespace, cronjob("inlease", "ci", **{"cronlock.io/lock": "ledger"})
+        namespace, gen.cronjob("inlease", *gen.BY_HAND, gen.service_account("ci"), ON_LEDGER)
     )
     [mixed] = wait_event(api, namespace, "inlease", "Conflict")
     assert "lock ledger is kept in redis (Secret team-locks) by CronJob" in mixed

@@ -24,8 +24,8 @@ import pytest
 
 from cronlock_sidecar import contract
 from cronlock_sidecar.microtime import format_microtime
+from tests.support import gen
 from tests.support.controlplane import ControlPlane, make_service_account_kubeconfig
-from tests.support.cronjobs import make_cronjob
 from tests.support.kube import holds, wait_for
 from tests.support.leases import claim_free_lease
 from tests.support.objects import batch, comparable, events, has_sidecar, read, wait_event
@@ -54,14 +54,13 @@ def create(
 ) -> str:
     """The CronJob, its pods on `account` (None: no serviceAccountName, so `default`); its
     resourceVersion as created."""
-    pod_spec = {} if account is None else {"serviceAccountName": account}
-    body = make_cronjob(
-        name=name,
-        namespace=namespace,
-        annotations=notes,
-        restart_policy="Never",
-        containers=containers,
-        **pod_spec,
+    body = gen.cronjob(
+        name,
+        gen.in_namespace(namespace),
+        gen.with_annotations(notes),
+        gen.restart_policy("Never"),
+        *([] if containers is None else [gen.containers(*containers)]),
+        *([] if account is None else [gen.service_account(account)]),
     )
     created = batch(api).create_namespaced_cron_job(namespace, body)
     return str(created.metadata.resource_version)
@@ -216,15 +215,9 @@ def pod_with_token(
     else:
         # `default` too may not exist yet in a new namespace (its controller makes it).
         wait_for(lambda: _account(api, namespace, account), 30, f"ServiceAccount {account}")
-        body = {
-            "metadata": {"name": name},
-            "spec": {
-                "serviceAccountName": account,
-                "securityContext": {"runAsNonRoot": True, "runAsUser": 65532},
-                "containers": [{"name": "main", "image": "busybox:never-pulled"}],
-            },
-        }
-        pod = kubernetes.client.CoreV1Api(api).create_namespaced_pod(namespace, body)
+        pod = kubernetes.client.CoreV1Api(api).create_namespaced_pod(
+            namespace, gen.pod(name, account)
+        )
     path = make_service_account_kubeconfig(
         controlplane,
         api,

@@ -11,9 +11,10 @@ import kubernetes
 import pytest
 import yaml
 
+from tests.support import gen
 from tests.support.contract import EXIT_SKIPPED, GATE_CONTAINER
 from tests.support.controlplane import ControlPlane, make_service_account_kubeconfig
-from tests.support.cronjobs import job_from_cronjob, make_cronjob
+from tests.support.cronjobs import job_from_cronjob
 from tests.support.kube import finish_pod, holds, wait_for
 from tests.support.objects import annotate, batch, comparable, events, read, wait_event
 from tests.support.operator import SIDECAR_STORES_IMAGE, OperatorProcess, operator_caught_up
@@ -21,38 +22,35 @@ from tests.support.operator import SIDECAR_STORES_IMAGE, OperatorProcess, operat
 GATE = GATE_CONTAINER
 
 
-def cronjob(name: str, **options: Any) -> dict[str, Any]:
-    """A CronJob that never runs, not yet opted in, with a two-retry Job."""
-    options.setdefault("restart_policy", "Never")
-    options.setdefault(
-        "containers", [{"name": "main", "image": "busybox:1.37", "command": ["sleep", "5"]}]
-    )
-    return make_cronjob(
-        name=name,
-        namespace=None,
-        schedule="0 0 1 1 *",
-        annotations={},
-        job={"backoffLimit": 2, **options.pop("job", {})},
-        **options,
-    )
-
+# Created through the API and never due, not yet opted in, with a two-retry Job whose pod
+# sleeps 5 s and is not restarted.
+UNGUARDED = (
+    *gen.BY_HAND,
+    gen.not_opted_in(),
+    gen.with_job(backoffLimit=2),
+    gen.containers({"name": "main", "image": "busybox:1.37", "command": ["sleep", "5"]}),
+)
 
 VARIANTS: dict[str, dict[str, Any]] = {
-    "on-failure": cronjob("on-failure", restart_policy="OnFailure"),
-    "init-and-failure-policy": cronjob(
+    "on-failure": gen.cronjob("on-failure", *UNGUARDED, gen.restart_policy("OnFailure")),
+    "init-and-failure-policy": gen.cronjob(
         "init-and-failure-policy",
-        initContainers=[{"name": "prepare", "image": "busybox:1.37", "command": ["true"]}],
-        job={
-            "podFailurePolicy": {
+        *UNGUARDED,
+        gen.with_pod(
+            initContainers=[{"name": "prepare", "image": "busybox:1.37", "command": ["true"]}]
+        ),
+        gen.with_job(
+            podFailurePolicy={
                 "rules": [{"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]}]
             }
-        },
+        ),
     ),
-    "several-containers": cronjob(
+    "several-containers": gen.cronjob(
         "several-containers",
-        labels={"team": "billing"},
-        job_labels={"tier": "batch"},
-        containers=[
+        *UNGUARDED,
+        gen.labelled({"team": "billing"}),
+        gen.with_job_labels({"tier": "batch"}),
+        gen.containers(
             {"name": "a", "image": "busybox:1.37", "command": ["true"]},
             {
                 "name": "b",
@@ -60,20 +58,21 @@ VARIANTS: dict[str, dict[str, Any]] = {
                 "command": ["true"],
                 "volumeMounts": [{"name": "scratch", "mountPath": "/scratch"}],
             },
-        ],
-        volumes=[{"name": "scratch", "emptyDir": {}}],
+        ),
+        gen.with_pod(volumes=[{"name": "scratch", "emptyDir": {}}]),
     ),
-    "own-liveness-probe": cronjob(
+    "own-liveness-probe": gen.cronjob(
         "own-liveness-probe",
-        securityContext={"runAsUser": 1000, "runAsNonRoot": True},
-        containers=[
+        *UNGUARDED,
+        gen.with_pod(securityContext={"runAsUser": 1000, "runAsNonRoot": True}),
+        gen.containers(
             {
                 "name": "main",
                 "image": "busybox:1.37",
                 "command": ["true"],
                 "livenessProbe": {"exec": {"command": ["true"]}, "periodSeconds": 5},
             }
-        ],
+        ),
     ),
 }
 
@@ -147,7 +146,7 @@ def test_annotating_injects_and_removing_the_annotation_restores_the_stored_cron
 def test_an_operator_restart_neither_rewrites_nor_double_injects(
     api: kubernetes.client.ApiClient, namespace: str, operator: OperatorProcess
 ) -> None:
-    manifest = cronjob("steady")
+    manifest = gen.cronjob("steady", *UNGUARDED)
     manifest["metadata"]["annotations"] = {"cronlock.io/enabled": "true"}
     batch(api).create_namespaced_cron_job(namespace, manifest)
     injected = wait_for(
@@ -171,7 +170,7 @@ def test_an_operator_restart_neither_rewrites_nor_double_injects(
 def test_changing_a_setting_while_the_operator_is_down_updates_the_injection_once(
     api: kubernetes.client.ApiClient, namespace: str, operator: OperatorProcess
 ) -> None:
-    manifest = cronjob("retuned")
+    manifest = gen.cronjob("retuned", *UNGUARDED)
     manifest["metadata"]["annotations"] = {"cronlock.io/enabled": "true", "cronlock.io/ttl": "30s"}
     batch(api).create_namespaced_cron_job(namespace, manifest)
     wait_for(lambda: "cronlock" in init_names(read(api, namespace, "retuned")), 30, "injection")
@@ -198,7 +197,7 @@ def test_kubectl_apply_of_the_original_manifest_keeps_the_injection(
     namespace: str,
     operator: OperatorProcess,
 ) -> None:
-    manifest = cronjob("applied")
+    manifest = gen.cronjob("applied", *UNGUARDED)
     manifest["metadata"]["annotations"] = {"cronlock.io/enabled": "true"}
     text = yaml.safe_dump(manifest)
     controlplane.kubectl("apply", "-n", namespace, "-f", "-", input_text=text)
@@ -234,7 +233,7 @@ def test_bad_settings_post_invalid_config_and_keep_the_last_valid_injection(
     key: str,
     value: str,
 ) -> None:
-    manifest = cronjob("guarded")
+    manifest = gen.cronjob("guarded", *UNGUARDED)
     manifest["metadata"]["annotations"] = {"cronlock.io/enabled": "true", "cronlock.io/ttl": "30s"}
     batch(api).create_namespaced_cron_job(namespace, manifest)
     good = wait_for(
@@ -254,7 +253,7 @@ def test_bad_settings_post_invalid_config_and_keep_the_last_valid_injection(
 def test_a_new_cronjob_with_bad_settings_is_left_untouched(
     api: kubernetes.client.ApiClient, namespace: str, operator: OperatorProcess
 ) -> None:
-    manifest = cronjob("never-valid")
+    manifest = gen.cronjob("never-valid", *UNGUARDED)
     manifest["metadata"]["annotations"] = {"cronlock.io/enabled": "yes"}
     batch(api).create_namespaced_cron_job(namespace, manifest)
     stored = read(api, namespace, "never-valid")
@@ -275,7 +274,7 @@ def test_a_lock_in_redis_gets_the_stores_sidecar_and_its_secret_and_no_holder_ro
     URL from the named Secret, mounted into it alone; its Lease is a registry of users that
     no holder Role grants; through the chart's operator policy. Switching to the Lease and
     back swaps them."""
-    manifest = cronjob("ledger-sync")
+    manifest = gen.cronjob("ledger-sync", *UNGUARDED)
     batch(api).create_namespaced_cron_job(namespace, manifest)
     before = comparable(read(api, namespace, "ledger-sync"))
     annotate(
@@ -372,14 +371,14 @@ def test_two_cronjobs_sharing_a_lock_share_one_lease_and_their_pods_may_hold_onl
     for account in ("reports", "exports"):
         core.create_namespaced_service_account(namespace, {"metadata": {"name": account}})
     for name, account in (("daily-report", "reports"), ("daily-export", "exports")):
-        manifest = cronjob(name, serviceAccountName=account)
+        manifest = gen.cronjob(name, *UNGUARDED, gen.service_account(account))
         manifest["metadata"]["annotations"] = {
             "cronlock.io/enabled": "true",
             "cronlock.io/lock": "ledger",
             "cronlock.io/share-lock-with": "daily-report,daily-export",
         }
         batch(api).create_namespaced_cron_job(namespace, manifest)
-    unrelated = cronjob("unrelated")
+    unrelated = gen.cronjob("unrelated", *UNGUARDED)
     unrelated["metadata"]["annotations"] = {"cronlock.io/enabled": "true"}
     batch(api).create_namespaced_cron_job(namespace, unrelated)
     leases = kubernetes.client.CoordinationV1Api(api)
@@ -395,16 +394,7 @@ def test_two_cronjobs_sharing_a_lock_share_one_lease_and_their_pods_may_hold_onl
     assert lease.metadata.labels["app.kubernetes.io/managed-by"] == "cronlock"
     # A pod on the account, with a token bound to it as the kubelet's are (the holders'
     # policy refuses any other token of the account).
-    pod = core.create_namespaced_pod(
-        namespace,
-        {
-            "metadata": {"name": "test-pod"},
-            "spec": {
-                "serviceAccountName": "reports",
-                "containers": [{"name": "main", "image": "busybox:never-pulled"}],
-            },
-        },
-    )
+    pod = core.create_namespaced_pod(namespace, gen.pod("test-pod", "reports"))
     bound = make_service_account_kubeconfig(
         controlplane, api, namespace, "reports", tmp_path, bound_pod=("test-pod", pod.metadata.uid)
     )
@@ -452,7 +442,7 @@ def _can_get(leases: Any, namespace: str, name: str) -> bool:
 def _guarded(
     api: kubernetes.client.ApiClient, namespace: str, name: str, **settings: str
 ) -> dict[str, Any]:
-    manifest = cronjob(name)
+    manifest = gen.cronjob(name, *UNGUARDED)
     manifest["metadata"]["annotations"] = {
         "cronlock.io/enabled": "true",
         **{f"cronlock.io/{key.replace('_', '-')}": value for key, value in settings.items()},
@@ -674,7 +664,7 @@ def test_an_operator_killed_mid_burst_leaves_nothing_half_done(
     names = [f"burst-{index}" for index in range(40)]
     try:
         for name in names:
-            manifest = cronjob(name)
+            manifest = gen.cronjob(name, *UNGUARDED)
             manifest["metadata"]["annotations"] = {"cronlock.io/enabled": "true"}
             batch(api).create_namespaced_cron_job(namespace, manifest)
         operator.start()

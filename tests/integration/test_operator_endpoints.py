@@ -15,8 +15,9 @@ from pathlib import Path
 import kubernetes
 import pytest
 
+from tests.support import gen
 from tests.support.controlplane import ControlPlane
-from tests.support.cronjobs import job_from_cronjob, make_cronjob
+from tests.support.cronjobs import job_from_cronjob
 from tests.support.flood import CONNECTIONS, HEADER_LINES, HeaderFlood, peak_rss, rss_mib
 from tests.support.kube import finish_pod, wait_for
 from tests.support.objects import read
@@ -56,7 +57,7 @@ def test_metrics_liveness_and_json_logs(
     process, metrics_port, liveness_port = observed_operator
     kubernetes.client.BatchV1Api(api).create_namespaced_cron_job(
         namespace,
-        make_cronjob(name="watched", namespace=None, schedule="0 0 1 1 *", restart_policy="Never"),
+        gen.cronjob("watched", *gen.BY_HAND),
     )
 
     held = f'cronlock_lease_held{{lock="watched",namespace="{namespace}"}} 0.0'
@@ -152,14 +153,7 @@ def test_tick_outcomes_are_counted_by_outcome_on_metrics(
     for a held lock are one tick each under their own outcome, a manual run is no tick,
     and every outcome is on the page from 0, as Prometheus' parser reads it."""
     _, metrics_port, _ = observed_operator
-    manifest = make_cronjob(
-        name="counted",
-        namespace=None,
-        schedule="0 0 1 1 *",
-        restart_policy="Never",
-        annotations={"cronlock.io/enabled": "true"},
-        job={"backoffLimit": 0},
-    )
+    manifest = gen.cronjob("counted", *gen.BY_HAND, gen.with_job(backoffLimit=0))
     batch = kubernetes.client.BatchV1Api(api)
     batch.create_namespaced_cron_job(namespace, manifest)
     body = wait_for(

@@ -9,22 +9,12 @@ from typing import Any
 import kubernetes
 import pytest
 
-from tests.support.cronjobs import make_cronjob
+from tests.support import gen
 from tests.support.kube import holds, wait_for
 from tests.support.objects import annotate, events, injected, wait_event
 from tests.support.operator import OperatorProcess, operator_caught_up
 
 pytestmark = pytest.mark.usefixtures("operator")
-
-
-def cronjob(name: str, **annotations: str) -> dict[str, Any]:
-    return make_cronjob(
-        name=name,
-        namespace=None,
-        schedule="0 0 1 1 *",
-        annotations={"cronlock.io/enabled": "true", **annotations},
-        restart_policy="Never",
-    )
 
 
 def stored(raw: Any, api: kubernetes.client.ApiClient) -> dict[str, Any]:
@@ -47,7 +37,8 @@ def test_a_foreign_lease_with_the_locks_name_is_neither_adopted_nor_changed(
     )
     before = stored(foreign, api)
     batch.create_namespaced_cron_job(
-        namespace, cronjob("report", **{"cronlock.io/lock": "billing"})
+        namespace,
+        gen.cronjob("report", *gen.BY_HAND, gen.annotated({"cronlock.io/lock": "billing"})),
     )
 
     [message] = wait_event(api, namespace, "report", "Conflict")
@@ -93,9 +84,8 @@ def test_an_admins_role_with_the_holder_roles_name_is_left_alone_and_only_its_ac
         },
     )
     before = stored(admins, api)
-    batch.create_namespaced_cron_job(namespace, cronjob("report"))
-    other = cronjob("export")
-    other["spec"]["jobTemplate"]["spec"]["template"]["spec"]["serviceAccountName"] = "exporter"
+    batch.create_namespaced_cron_job(namespace, gen.cronjob("report", *gen.BY_HAND))
+    other = gen.cronjob("export", *gen.BY_HAND, gen.service_account("exporter"))
     kubernetes.client.CoreV1Api(api).create_namespaced_service_account(
         namespace, {"metadata": {"name": "exporter"}}
     )
@@ -129,7 +119,7 @@ def test_a_change_the_api_server_refuses_is_one_warning_not_an_endless_retry(
     api: kubernetes.client.ApiClient, namespace: str
 ) -> None:
     batch = kubernetes.client.BatchV1Api(api)
-    batch.create_namespaced_cron_job(namespace, cronjob("report"))
+    batch.create_namespaced_cron_job(namespace, gen.cronjob("report", *gen.BY_HAND))
     wait_for(lambda: injected(api, namespace, "report"), 30, "the CronJob to be injected")
     # A record cronlock never writes on this CronJob: reverting it would set a restartPolicy
     # no Job may have.

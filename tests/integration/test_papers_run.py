@@ -26,8 +26,8 @@ import redis
 import yaml
 
 from cronlock_sidecar import contract
+from tests.support import gen
 from tests.support.controlplane import ControlPlane
-from tests.support.cronjobs import make_cronjob
 from tests.support.kube import run_tool, wait_for
 from tests.support.objects import batch, injected, read
 from tests.support.operator import SIDECAR_STORES_IMAGE, SIDECAR_VALUES
@@ -288,7 +288,7 @@ def lock_in_a_store(
     """The store's Secret and annotations, as `block` writes them onto CronJob nightly: the
     operator injects the sidecar with the store clients."""
     batch(api).create_namespaced_cron_job(
-        namespace, make_cronjob(name="nightly", namespace=None, annotations={})
+        namespace, gen.cronjob("nightly", gen.in_namespace(None), gen.not_opted_in())
     )
     block = scoped(block, {"-n reports ": f"-n {namespace} "})
     run_shell(block, env, ROOT, timeout=60)
@@ -331,7 +331,9 @@ def test_a_namespace_opted_in_then_out(
     for name in ("nightly", "adhoc"):
         batch(api).create_namespaced_cron_job(
             namespace,
-            make_cronjob(name=name, namespace=None, annotations={}, serviceAccountName="runner"),
+            gen.cronjob(
+                name, gen.in_namespace(None), gen.not_opted_in(), gen.service_account("runner")
+            ),
         )
     block = scoped(marked_block(USAGE, "namespace-opt-in"), {"team-a": namespace})
     lines = block.splitlines()
@@ -368,7 +370,7 @@ def test_freeze_a_lock_for_maintenance(
     api: kubernetes.client.ApiClient, env: dict[str, str], namespace: str
 ) -> None:
     batch(api).create_namespaced_cron_job(
-        namespace, make_cronjob(name="billing", namespace=None, schedule="0 0 1 1 *")
+        namespace, gen.cronjob("billing", gen.in_namespace(None), gen.never_due())
     )
     wait_for(lambda: injected_with_lease(api, namespace, "billing"), 60, "billing's Lease")
     block = marked_block(USAGE, "freeze")
@@ -446,7 +448,7 @@ def test_what_you_then_see(
     namespace: str,
     tmp_path: Path,
 ) -> None:
-    batch(api).create_namespaced_cron_job(namespace, make_cronjob(name="report", namespace=None))
+    batch(api).create_namespaced_cron_job(namespace, gen.cronjob("report", gen.in_namespace(None)))
     wait_for(lambda: injected_with_lease(api, namespace, "report"), 60, "report's Lease")
     # The paper's reader works in the namespace `reports`: a kubeconfig whose context is in
     # this test's, for the command that names none.

@@ -31,8 +31,9 @@ from cronlock_operator.injection.build import revert
 from cronlock_operator.kube.writes import Kube
 from cronlock_operator.reconcile.actions import EnsureLease
 from cronlock_operator.runtime.executor import Executor
+from tests.support import gen
 from tests.support.contract import GATE_CONTAINER
-from tests.support.cronjobs import SETTINGS, job_from_cronjob, make_cronjob
+from tests.support.cronjobs import SETTINGS, job_from_cronjob
 from tests.support.kube import wait_for
 from tests.support.operator import OperatorProcess
 from tests.support.strategies import cronjobs, lock_annotations
@@ -210,14 +211,12 @@ def test_a_lease_deleted_behind_the_operators_cache_is_retried_not_dropped(
     CronJob is gone": the new CronJob was never reconciled again. A 404 there must be
     retried (the next attempt creates the Lease).
     """
-    user = make_cronjob(
-        name="behind-the-cache",
-        namespace=None,
-        schedule="0 0 1 1 *",
-        annotations={},
-        restart_policy="Never",
-        containers=[{"name": "main", "image": "busybox:1.37"}],
-        cronjob_spec={"suspend": True},
+    user = gen.cronjob(
+        "behind-the-cache",
+        *gen.BY_HAND,
+        gen.not_opted_in(),
+        gen.containers({"name": "main", "image": "busybox:1.37"}),
+        gen.with_spec(suspend=True),
     )
     cronjob: dict[str, Any] = api.sanitize_for_serialization(
         batch(api).create_namespaced_cron_job(property_namespace, user)

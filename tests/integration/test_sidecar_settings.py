@@ -17,8 +17,9 @@ from cronlock_operator.cronjob.config import parse_config
 from cronlock_operator.injection.build import build_injection
 from cronlock_operator.injection.patching import injection_patch
 from cronlock_operator.settings import OperatorSettings
+from tests.support import gen
 from tests.support.controlplane import ControlPlane
-from tests.support.cronjobs import make_cronjob, pod_spec
+from tests.support.cronjobs import pod_spec
 from tests.support.kube import holds, wait_for
 from tests.support.objects import annotate, comparable, read
 from tests.support.operator import SIDECAR_IMAGE, OperatorProcess, operator_caught_up
@@ -144,12 +145,11 @@ def test_unset_uid_and_a_cpu_limit_are_injected_and_admitted_then_reverted(
     namespace = guarded_namespace
     kubernetes.client.BatchV1Api(api).create_namespaced_cron_job(
         namespace,
-        make_cronjob(
-            namespace=None,
-            schedule="0 0 1 1 *",
-            restart_policy="Never",
-            containers=[copy.deepcopy(RESTRICTED_CONTAINER)],
-            terminationGracePeriodSeconds=5,
+        gen.cronjob(
+            "report",
+            *gen.BY_HAND,
+            gen.containers(copy.deepcopy(RESTRICTED_CONTAINER)),
+            gen.with_pod(terminationGracePeriodSeconds=5),
         ),
     )
     written = comparable(read(api, namespace, "report"))
@@ -232,9 +232,7 @@ def test_the_policy_still_refuses_a_root_or_privileged_injection(
     """The policy admits the unset ids (above); with the operator's token, an injection that
     sets root or privilege in cronlock's own containers is refused as before."""
     batch = kubernetes.client.BatchV1Api(api)
-    batch.create_namespaced_cron_job(
-        namespace, make_cronjob(namespace=None, schedule="0 0 1 1 *", restart_policy="Never")
-    )
+    batch.create_namespaced_cron_job(namespace, gen.cronjob("report", *gen.BY_HAND))
     stored = read(api, namespace, "report")
     settings = OperatorSettings(
         sidecar_image=SIDECAR_IMAGE, sidecar_run_as_user=None, sidecar_run_as_group=None

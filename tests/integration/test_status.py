@@ -20,8 +20,8 @@ import yaml
 from cronlock_sidecar.transport.pgstore import PostgresLeaseStore
 from cronlock_sidecar.transport.seam import LeaseRef
 from cronlock_sidecar.transport.storeurl import parse_store_url
+from tests.support import gen
 from tests.support.controlplane import ControlPlane, ServiceAccountKubeconfig
-from tests.support.cronjobs import make_cronjob
 from tests.support.leases import make_lease
 from tests.support.paths import ROOT
 
@@ -32,8 +32,8 @@ HOLDER = "fresh-29123456-x7k2p_4f0e9a1c"
 STALE_HOLDER = "stuck-29000000-q1w2e_77aa0bb1"
 
 
-def cronjob(name: str, annotations: dict[str, str]) -> dict[str, Any]:
-    return make_cronjob(name=name, namespace=None, annotations=annotations, restart_policy="Never")
+# Created through the API, due every five minutes (status reads its schedule).
+EVERY_FIVE_MINUTES = (gen.in_namespace(None), gen.restart_policy("Never"))
 
 
 @pytest.fixture
@@ -41,14 +41,18 @@ def guarded(api: kubernetes.client.ApiClient, namespace: str) -> str:
     """fresh (held now), idle (free), stuck (held, expired an hour ago), new (no Lease),
     two CronJobs sharing the lock `shared`, and one CronJob that did not opt in."""
     batch = kubernetes.client.BatchV1Api(api)
-    on = {"cronlock.io/enabled": "true"}
-    batch.create_namespaced_cron_job(namespace, cronjob("fresh", on))
-    batch.create_namespaced_cron_job(namespace, cronjob("idle", on))
+    batch.create_namespaced_cron_job(namespace, gen.cronjob("fresh", *EVERY_FIVE_MINUTES))
+    batch.create_namespaced_cron_job(namespace, gen.cronjob("idle", *EVERY_FIVE_MINUTES))
     batch.create_namespaced_cron_job(
-        namespace, cronjob("stuck", {**on, "cronlock.io/consecutive-skips": "2"})
+        namespace,
+        gen.cronjob(
+            "stuck", *EVERY_FIVE_MINUTES, gen.annotated({"cronlock.io/consecutive-skips": "2"})
+        ),
     )
-    batch.create_namespaced_cron_job(namespace, cronjob("new", on))
-    batch.create_namespaced_cron_job(namespace, cronjob("plain", {}))
+    batch.create_namespaced_cron_job(namespace, gen.cronjob("new", *EVERY_FIVE_MINUTES))
+    batch.create_namespaced_cron_job(
+        namespace, gen.cronjob("plain", *EVERY_FIVE_MINUTES, gen.not_opted_in())
+    )
     now = datetime.datetime.now(datetime.UTC)
     leases = kubernetes.client.CoordinationV1Api(api)
     # MicroTime strings (make_lease writes them as the sidecar does), never datetimes: the
@@ -444,7 +448,9 @@ def test_a_lock_in_redis_shows_its_holder_to_whoever_may_read_its_secret(
         "cronlock.io/store": "redis",
         "cronlock.io/store-secret": "team-locks",
     }
-    batch.create_namespaced_cron_job(namespace, cronjob("ledger", annotations))
+    batch.create_namespaced_cron_job(
+        namespace, gen.cronjob("ledger", *EVERY_FIVE_MINUTES, gen.with_annotations(annotations))
+    )
     kubernetes.client.CoreV1Api(api).create_namespaced_secret(
         namespace, {"metadata": {"name": "team-locks"}, "stringData": {"url": redis_store.url}}
     )
@@ -544,13 +550,16 @@ def test_status_never_lends_the_callers_postgres_password_to_the_secrets_host(
     ):
         batch.create_namespaced_cron_job(
             namespace,
-            cronjob(
+            gen.cronjob(
                 name,
-                {
-                    "cronlock.io/enabled": "true",
-                    "cronlock.io/store": "postgres",
-                    "cronlock.io/store-secret": secret,
-                },
+                *EVERY_FIVE_MINUTES,
+                gen.with_annotations(
+                    {
+                        "cronlock.io/enabled": "true",
+                        "cronlock.io/store": "postgres",
+                        "cronlock.io/store-secret": secret,
+                    }
+                ),
             ),
         )
         core.create_namespaced_secret(
@@ -659,7 +668,7 @@ def test_hostile_lease_strings_reach_the_terminal_escaped_and_json_exact(
         ),
     )
     kubernetes.client.BatchV1Api(api).create_namespaced_cron_job(
-        namespace, cronjob("victim", {"cronlock.io/enabled": "true"})
+        namespace, gen.cronjob("victim", *EVERY_FIVE_MINUTES)
     )
     stored = leases.read_namespaced_lease("cronlock-victim", namespace).metadata.annotations
     assert {key: stored[key] for key in hostile} == hostile
@@ -707,7 +716,7 @@ def test_the_last_tick_of_each_cronjob_on_a_lock_shows_in_wide_json_and_yaml(
         ),
     )
     kubernetes.client.BatchV1Api(api).create_namespaced_cron_job(
-        namespace, cronjob("ticked", {"cronlock.io/enabled": "true"})
+        namespace, gen.cronjob("ticked", *EVERY_FIVE_MINUTES)
     )
 
     wide = cronlock(controlplane, "status", "-n", namespace, "-o", "wide")

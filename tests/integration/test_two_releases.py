@@ -25,8 +25,8 @@ import pytest
 from cronlock_sidecar import contract
 from cronlock_sidecar.lock.model import Timing, claimed
 from cronlock_sidecar.microtime import format_microtime
+from tests.support import gen
 from tests.support.controlplane import ControlPlane, make_service_account_kubeconfig, started
-from tests.support.cronjobs import make_cronjob
 from tests.support.kube import run_tool, wait_for
 from tests.support.objects import wait_event
 from tests.support.operator import CHART, SIDECAR_VALUES, OperatorProcess
@@ -68,13 +68,11 @@ def operator_env(api: kubernetes.client.ApiClient, release: str) -> dict[str, st
 def guarded(api: kubernetes.client.ApiClient, namespace: str) -> None:
     core = kubernetes.client.CoreV1Api(api)
     core.create_namespaced_service_account(namespace, {"metadata": {"name": "runs"}})
-    cronjob = make_cronjob(
-        name="report",
-        namespace=None,
-        schedule="0 0 1 1 *",
-        annotations={"cronlock.io/enabled": "true", "cronlock.io/ttl": "19s"},
-        restart_policy="Never",
-        serviceAccountName="runs",
+    cronjob = gen.cronjob(
+        "report",
+        *gen.BY_HAND,
+        gen.annotated({"cronlock.io/ttl": "19s"}),
+        gen.service_account("runs"),
     )
     kubernetes.client.BatchV1Api(api).create_namespaced_cron_job(namespace, cronjob)
 
@@ -214,15 +212,9 @@ def _pod(
         pod = pod_of(api, namespace, job)
         name, uid = pod.metadata.name, pod.metadata.uid
     else:
-        body = {
-            "metadata": {"name": name},
-            "spec": {
-                "serviceAccountName": "runs",
-                "securityContext": {"runAsNonRoot": True, "runAsUser": 65532},
-                "containers": [{"name": "main", "image": "busybox:never-pulled"}],
-            },
-        }
-        created = kubernetes.client.CoreV1Api(api).create_namespaced_pod(namespace, body)
+        created = kubernetes.client.CoreV1Api(api).create_namespaced_pod(
+            namespace, gen.pod(name, "runs")
+        )
         uid = created.metadata.uid
     path = make_service_account_kubeconfig(
         plane, api, namespace, "runs", tmp, bound_pod=(name, uid)

@@ -22,8 +22,8 @@ from cronlock_operator.cronjob.config import parse_config
 from cronlock_operator.injection.build import build_injection
 from cronlock_operator.settings import OperatorSettings
 from cronlock_sidecar import contract
+from tests.support import gen
 from tests.support.controlplane import ControlPlane, make_service_account_kubeconfig
-from tests.support.cronjobs import make_cronjob
 from tests.support.kube import run_tool, wait_for
 from tests.support.objects import comparable, injected, read, wait_event
 from tests.support.operator import (
@@ -95,10 +95,10 @@ def test_uninstall_reverts_every_cronjob_exactly_and_deletes_only_what_cronlock_
     rbac = kubernetes.client.RbacAuthorizationV1Api(api)
     for name in ("report", "export"):
         batch.create_namespaced_cron_job(
-            namespace, make_cronjob(name=name, namespace=None, schedule="0 0 1 1 *")
+            namespace, gen.cronjob(name, gen.in_namespace(None), gen.never_due())
         )
     batch.create_namespaced_cron_job(
-        namespace, make_cronjob(name="plain", namespace=None, annotations={})
+        namespace, gen.cronjob("plain", gen.in_namespace(None), gen.not_opted_in())
     )
     before = {
         name: comparable(read(api, namespace, name)) for name in ("report", "export", "plain")
@@ -161,7 +161,7 @@ def test_the_hooks_account_is_confined_and_an_odd_cronjob_stops_no_other_revert(
     batch = kubernetes.client.BatchV1Api(api)
     settings = OperatorSettings(sidecar_image=SIDECAR_IMAGE)
     for name in ("report", "squat"):
-        body = make_cronjob(name=name, namespace=namespace, schedule="0 0 1 1 *")
+        body = gen.cronjob(name, gen.in_namespace(namespace), gen.never_due())
         body["spec"]["jobTemplate"]["spec"]["template"]["spec"]["restartPolicy"] = "OnFailure"
         injected_body = build_injection(body, parse_config(body, settings), settings)
         if name == "squat":
@@ -263,7 +263,7 @@ def test_an_upgrade_that_narrows_the_watch_reverts_the_cronjobs_it_stopped_watch
     try:
         for space in (kept, dropped):
             batch.create_namespaced_cron_job(
-                space, make_cronjob(name="report", namespace=None, schedule="0 0 1 1 *")
+                space, gen.cronjob("report", gen.in_namespace(None), gen.never_due())
             )
         before = comparable(read(api, dropped, "report"))
         name = release(f"watchNamespaces={json.dumps([kept, dropped])}")

@@ -17,8 +17,8 @@ from typing import Any
 import kubernetes
 import pytest
 
+from tests.support import gen
 from tests.support.controlplane import ControlPlane
-from tests.support.cronjobs import make_cronjob
 from tests.support.kube import run_tool, wait_for
 from tests.support.objects import batch, comparable, has_sidecar, read
 from tests.support.operator import CHART, SIDECAR_VALUES, start_release_operator
@@ -69,16 +69,22 @@ def test_the_documented_uninstall_leaves_no_cronjob_injected(
         # the recipe's cluster-wide check: wait until this test's are the only ones.
         wait_for(lambda: not injected_anywhere(api), 120, "no injected CronJob in the cluster yet")
         create = batch(api).create_namespaced_cron_job
-        create(annotated_only, make_cronjob(name="report", namespace=None))
-        create(labelled, make_cronjob(name="own", namespace=None))
-        create(labelled, make_cronjob(name="out", namespace=None, annotations={ENABLED: "false"}))
+        create(annotated_only, gen.cronjob("report", gen.in_namespace(None)))
+        create(labelled, gen.cronjob("own", gen.in_namespace(None)))
+        create(
+            labelled,
+            gen.cronjob("out", gen.in_namespace(None), gen.with_annotations({ENABLED: "false"})),
+        )
         # Enrolled by the label alone: with an account of its own, as the label guards no
         # CronJob whose pods run as `default` (docs/USAGE.md, N4).
         core.create_namespaced_service_account(labelled, {"metadata": {"name": "plain-runner"}})
         create(
             labelled,
-            make_cronjob(
-                name="plain", namespace=None, annotations={}, serviceAccountName="plain-runner"
+            gen.cronjob(
+                "plain",
+                gen.in_namespace(None),
+                gen.not_opted_in(),
+                gen.service_account("plain-runner"),
             ),
         )
         written = {

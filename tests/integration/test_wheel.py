@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from cronlock_sidecar import contract
-from tests.support.cronjobs import make_cronjob
+from tests.support import gen
 from tests.support.paths import ROOT
 from tests.support.ports import free_port
 
@@ -67,7 +67,7 @@ def test_the_cli_installs_without_the_operators_packages(installed: Path) -> Non
 
 def test_the_cli_works_and_the_operator_says_what_it_needs(installed: Path, tmp_path: Path) -> None:
     manifest = tmp_path / "cronjob.yaml"
-    bad = make_cronjob(annotations={"cronlock.io/enabled": "true", "cronlock.io/ttl": "soon"})
+    bad = gen.cronjob("report", gen.annotated({"cronlock.io/ttl": "soon"}))
     manifest.write_text(yaml.safe_dump(bad))
     linted = run(installed, "cronlock", "lint", str(manifest))
     assert linted.returncode == 1, linted.stdout + linted.stderr

@@ -16,9 +16,8 @@ import kubernetes
 import pytest
 import yaml
 
-from tests.support import neighbours
+from tests.support import gen, neighbours
 from tests.support.controlplane import ControlPlane
-from tests.support.cronjobs import make_cronjob
 from tests.support.kube import wait_for
 from tests.support.objects import (
     Versions,
@@ -39,12 +38,11 @@ WINDOW = 300.0
 
 def guarded(namespace: str, schedule: str) -> dict[str, Any]:
     """CronJob `report`, opted in, as its user writes it."""
-    return make_cronjob(
-        name="report",
-        namespace=namespace,
-        schedule=schedule,
-        annotations={"cronlock.io/enabled": "true"},
-        restart_policy="Never",
+    return gen.cronjob(
+        "report",
+        gen.in_namespace(namespace),
+        gen.with_schedule(schedule),
+        gen.restart_policy("Never"),
     )
 
 
@@ -63,7 +61,7 @@ def defaults_policy(controlplane: ControlPlane, namespace: str) -> Iterator[str]
     """The Kyverno-like policy, bound to the test's namespace; deleted afterwards."""
     text = yaml.safe_dump_all(neighbours.defaults(namespace))
     controlplane.kubectl("apply", "-f", "-", input_text=text)
-    probe = yaml.safe_dump(make_cronjob(name="probe", namespace=namespace, schedule="0 0 1 1 *"))
+    probe = yaml.safe_dump(gen.cronjob("probe", gen.in_namespace(namespace), gen.never_due()))
 
     def taken_up() -> bool:
         out = controlplane.kubectl(

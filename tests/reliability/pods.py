@@ -99,8 +99,9 @@ from tests.reliability.pod_work import (
     PodTrial,
     work_command,
 )
+from tests.support import gen
 from tests.support.controlplane import own_controlplane
-from tests.support.cronjobs import job_from_cronjob, make_cronjob
+from tests.support.cronjobs import job_from_cronjob
 from tests.support.environment import node_and_operator
 from tests.support.node import (
     CRONLOCK_IMAGE,
@@ -447,26 +448,21 @@ class PodChecker:
 
     def _create_cronjob(self, name: str, directory: Path) -> None:
         settings = self.settings
-        body = make_cronjob(
-            name=name,
-            namespace=None,
-            schedule=NEVER,
-            annotations={
-                contract.ANNOTATION_ENABLED: "true",
-                contract.ANNOTATION_TTL: f"{settings.ttl}s",
-                contract.ANNOTATION_RENEW: f"{settings.renew}s",
-                contract.ANNOTATION_POLICY: "wait",
-                contract.ANNOTATION_WAIT_TIMEOUT: f"{settings.wait_timeout}s",
-            },
-            restart_policy="Never",
-            job={"backoffLimit": 0},
-            securityContext={
-                "runAsNonRoot": True,
-                "runAsUser": POD_USER,
-                "runAsGroup": POD_USER,
-                "seccompProfile": {"type": "RuntimeDefault"},
-            },
-            containers=[
+        body = gen.cronjob(
+            name,
+            gen.in_namespace(None),
+            gen.with_schedule(NEVER),
+            gen.restart_policy("Never"),
+            gen.with_annotations(
+                {
+                    contract.ANNOTATION_ENABLED: "true",
+                    contract.ANNOTATION_TTL: f"{settings.ttl}s",
+                    contract.ANNOTATION_RENEW: f"{settings.renew}s",
+                    contract.ANNOTATION_POLICY: "wait",
+                    contract.ANNOTATION_WAIT_TIMEOUT: f"{settings.wait_timeout}s",
+                }
+            ),
+            gen.containers(
                 {
                     "name": MAIN,
                     "image": CRONLOCK_IMAGE,
@@ -479,13 +475,22 @@ class PodChecker:
                         "readOnlyRootFilesystem": True,
                     },
                 }
-            ],
-            volumes=[
-                {
-                    "name": SHARED_VOLUME,
-                    "hostPath": {"path": str(directory), "type": "DirectoryOrCreate"},
-                }
-            ],
+            ),
+            gen.with_pod(
+                securityContext={
+                    "runAsNonRoot": True,
+                    "runAsUser": POD_USER,
+                    "runAsGroup": POD_USER,
+                    "seccompProfile": {"type": "RuntimeDefault"},
+                },
+                volumes=[
+                    {
+                        "name": SHARED_VOLUME,
+                        "hostPath": {"path": str(directory), "type": "DirectoryOrCreate"},
+                    }
+                ],
+            ),
+            gen.with_job(backoffLimit=0),
         )
         self.batch.create_namespaced_cron_job(self.namespace, body, _request_timeout=30)
         deadline = time.monotonic() + self.settings.settle_timeout

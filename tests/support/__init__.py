@@ -10,8 +10,11 @@ share; each of them imports its helpers from here, never from another ring.
 - `kube`: small helpers for a real cluster (`wait_for`, `run_tool`, `finish_pod`).
 - `fakekube`: an in-memory API server for the operator runtime's unit tests (`FakeKube`).
 - `objects`: reading and nudging CronJobs on a real API server.
-- `cronjobs` and `leases`: the objects tests build, CronJobs as users write them and
-  Leases written by the code's own lock model (`make_cronjob`, `make_lease`).
+- `gen` and `leases`: the objects tests build, one builder per kind: CronJobs as users
+  write them, Jobs and pods (`gen.cronjob(name, *modifiers)`, `gen.job`, `gen.pod`), and
+  Leases written by the code's own lock model (`make_lease`).
+- `cronjobs`: what the API server does to a CronJob (`server_defaults`), the Jobs made
+  from one, and the operator settings tests inject with.
 - `contract`: the published names and exit codes as literals, for assertions.
 - `tools`: the Go tools built from pinned modules (`gotool`).
 """

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import kubernetes
 
+from tests.support import gen
 from tests.support.controlplane import ControlPlane
-from tests.support.cronjobs import make_cronjob
 from tests.support.kube import run_tool, wait_for
 from tests.support.node import CRONLOCK_IMAGE
 from tests.support.objects import injected
@@ -35,7 +35,7 @@ def helm(
 def guard(api: kubernetes.client.ApiClient, namespace: str, name: str) -> None:
     """A CronJob opted in, injected by the chart's operator with its Lease."""
     batch = kubernetes.client.BatchV1Api(api)
-    batch.create_namespaced_cron_job(namespace, make_cronjob(name=name, namespace=None))
+    batch.create_namespaced_cron_job(namespace, gen.cronjob(name, gen.in_namespace(None)))
     wait_for(lambda: injected(api, namespace, name), 60, "the chart's operator to inject")
     leases = kubernetes.client.CoordinationV1Api(api)
     wait_for(

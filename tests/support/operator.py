@@ -16,8 +16,8 @@ from typing import Any
 import kubernetes
 import yaml
 
+from tests.support import gen
 from tests.support.controlplane import ControlPlane, make_service_account_kubeconfig
-from tests.support.cronjobs import make_cronjob
 from tests.support.kube import wait_for
 from tests.support.objects import injected
 from tests.support.paths import ROOT
@@ -62,7 +62,7 @@ RBAC_KINDS = {
 
 # The chart's policies that judge users' writes, not the operator's: this session's test
 # operator has no Deployment, and tests install releases of their own beside it
-# (test_chart.py) and try bad annotations on purpose. Their own tests install them
+# (tests/integration/chart/) and try bad annotations on purpose. Their own tests install them
 # (test_annotation_policy.py, test_one_operator.py).
 NOT_CONFINING = ("-annotations", "-one-operator")
 
@@ -221,13 +221,7 @@ def operator_caught_up(
         {"metadata": {"name": name, "labels": {"cronlock.test/namespace": "true"}}}
     )
     try:
-        body = make_cronjob(
-            name="marker",
-            namespace=None,
-            schedule="0 0 1 1 *",
-            annotations={"cronlock.io/enabled": "true"},
-            restart_policy="Never",
-        )
+        body = gen.cronjob("marker", *gen.BY_HAND)
         kubernetes.client.BatchV1Api(api).create_namespaced_cron_job(name, body)
         wait_for(
             lambda: (handled or injected)(api, name, "marker"),

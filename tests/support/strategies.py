@@ -8,7 +8,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from tests.support.cronjobs import make_cronjob
+from tests.support import gen
 
 names = st.from_regex(r"[a-z]([a-z0-9-]{0,20}[a-z0-9])?", fullmatch=True)
 probes = st.sampled_from(
@@ -125,13 +125,13 @@ def cronjobs(draw: st.DrawFn) -> dict[str, Any]:
     if grace is not None:
         pod["terminationGracePeriodSeconds"] = grace
 
-    cronjob = make_cronjob(
-        name=draw(names),
-        namespace=draw(st.sampled_from(["default", "team-a", "billing"])),
-        annotations={**draw(user_annotations), **draw(lock_annotations())},
-        restart_policy=restart_policy,
-        containers=draw(containers(container_names, volume_names)),
-        **pod,
+    cronjob = gen.cronjob(
+        draw(names),
+        gen.in_namespace(draw(st.sampled_from(["default", "team-a", "billing"]))),
+        gen.restart_policy(restart_policy),
+        gen.with_annotations({**draw(user_annotations), **draw(lock_annotations())}),
+        gen.containers(*draw(containers(container_names, volume_names))),
+        gen.with_pod(**pod),
     )
     job_template = cronjob["spec"]["jobTemplate"]
     if draw(st.booleans()):

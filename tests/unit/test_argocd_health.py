@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.support import gen
 from tests.support.paths import ROOT
 from tests.support.tools import gotool
 
@@ -60,16 +61,16 @@ def skipped(skips: int, alert_after: str | None = None) -> dict[str, Any]:
     annotations = {"cronlock.io/enabled": "true", "cronlock.io/consecutive-skips": str(skips)}
     if alert_after is not None:
         annotations["cronlock.io/alert-after"] = alert_after
-    return {
-        "apiVersion": "batch/v1",
-        "kind": "CronJob",
-        "metadata": {"name": "report", "namespace": "team-a", "annotations": annotations},
-        "spec": {"schedule": "*/5 * * * *", "jobTemplate": {"spec": {}}},
-        "status": {
-            "lastScheduleTime": "2026-12-02T10:15:00Z",
-            "lastSuccessfulTime": "2026-12-02T10:05:41Z",
-        },
-    }
+    return gen.cronjob(
+        "report",
+        gen.with_annotations(annotations),
+        gen.with_status(
+            {
+                "lastScheduleTime": "2026-12-02T10:15:00Z",
+                "lastSuccessfulTime": "2026-12-02T10:05:41Z",
+            }
+        ),
+    )
 
 
 def test_the_harness_gives_argo_cds_own_expected_results(

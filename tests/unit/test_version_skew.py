@@ -15,7 +15,8 @@ from cronlock_operator.injection.containers import injected_by
 from cronlock_operator.reconcile import cronjobs
 from cronlock_operator.reconcile.actions import PatchCronJob, PostEvent
 from cronlock_sidecar import cli, contract
-from tests.support.cronjobs import SETTINGS, make_cronjob, server_defaults
+from tests.support import gen
+from tests.support.cronjobs import SETTINGS
 
 ANNOTATED = {"cronlock.io/enabled": "true"}
 
@@ -65,14 +66,10 @@ def test_the_skew_is_one_minor_release_either_way_in_one_major(
     assert contract.within_skew(operator, sidecar) is supported
 
 
-def cronjob() -> dict[str, Any]:
-    body = server_defaults(make_cronjob(namespace="team-a", annotations=dict(ANNOTATED)))
-    body["metadata"]["uid"] = "uid-skew"
-    return body
-
-
 def injected() -> dict[str, Any]:
-    body = cronjob()
+    body = gen.cronjob(
+        "report", gen.with_annotations(ANNOTATED), gen.with_uid("uid-skew"), gen.as_stored()
+    )
     return desired_cronjob(body, parse_config(body, SETTINGS), SETTINGS)
 
 
@@ -108,7 +105,14 @@ def skew_events(decision: Any) -> list[PostEvent]:
 
 def test_an_injection_records_the_release_of_the_operator_that_made_it() -> None:
     assert injected_by(injected()) == contract.VERSION
-    assert injected_by(cronjob()) is None
+    assert (
+        injected_by(
+            gen.cronjob(
+                "report", gen.with_annotations(ANNOTATED), gen.with_uid("uid-skew"), gen.as_stored()
+            )
+        )
+        is None
+    )
     assert injected_by(stamped(None)) == contract.UNSTAMPED_VERSION
 
 

@@ -17,7 +17,8 @@ from cronlock_operator.cronjob.config import InvalidConfig, parse_config
 from cronlock_operator.lint.checks import check
 from cronlock_operator.lint.documents import Manifest, read_stream
 from cronlock_operator.status import cli
-from tests.support.cronjobs import SETTINGS, make_cronjob
+from tests.support import gen
+from tests.support.cronjobs import SETTINGS
 from tests.unit.operator.test_config import BAD
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -116,8 +117,8 @@ def test_consent_of_either_side_lets_them_share_in_any_order(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], reverse: bool
 ) -> None:
     lock = {"cronlock.io/enabled": "true", "cronlock.io/lock": "db"}
-    first = make_cronjob(name="a", annotations={**lock, "cronlock.io/share-lock-with": "b"})
-    second = make_cronjob(name="b", annotations=lock)
+    first = gen.cronjob("a", gen.with_annotations({**lock, "cronlock.io/share-lock-with": "b"}))
+    second = gen.cronjob("b", gen.with_annotations(lock))
     documents = [second, first] if reverse else [first, second]
     assert lint([str(write(tmp_path / "jobs.yaml", *documents))], capsys) == (0, [], "")
 
@@ -125,7 +126,7 @@ def test_consent_of_either_side_lets_them_share_in_any_order(
 def test_the_same_cronjob_in_two_files_is_one_user_of_its_lock(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    job = make_cronjob(annotations={"cronlock.io/enabled": "true", "cronlock.io/lock": "db"})
+    job = gen.cronjob("report", gen.annotated({"cronlock.io/lock": "db"}))
     paths = [str(write(tmp_path / name, job)) for name in ("base.yaml", "overlay.yaml")]
     assert lint(paths, capsys) == (0, [], "")
 
@@ -160,8 +161,8 @@ def test_helm_template_output_on_standard_input() -> None:
 def test_warnings_alone_pass_unless_strict(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    gap = make_cronjob(
-        schedule="*/2 * * * *", annotations={"cronlock.io/enabled": "true", "cronlock.io/ttl": "5m"}
+    gap = gen.cronjob(
+        "report", gen.with_schedule("*/2 * * * *"), gen.annotated({"cronlock.io/ttl": "5m"})
     )
     path = str(write(tmp_path / "gap.yaml", gap))
     code, lines, _ = lint([path], capsys)
@@ -183,15 +184,15 @@ def test_a_labelled_namespace_in_the_files_guards_its_cronjobs_and_guards_says_w
         "kind": "Namespace",
         "metadata": {"name": "team-a", "labels": {"cronlock.io/enabled": "true"}},
     }
-    bad = make_cronjob(
-        name="bad", annotations={"cronlock.io/ttl": "soon"}, serviceAccountName="reports"
+    bad = gen.cronjob(
+        "bad", gen.with_annotations({"cronlock.io/ttl": "soon"}), gen.service_account("reports")
     )
-    out = make_cronjob(name="out", annotations={"cronlock.io/enabled": "false"})
-    other = make_cronjob(
-        name="other",
-        namespace="team-b",
-        annotations={"cronlock.io/ttl": "9m"},
-        serviceAccountName="reports",
+    out = gen.cronjob("out", gen.with_annotations({"cronlock.io/enabled": "false"}))
+    other = gen.cronjob(
+        "other",
+        gen.in_namespace("team-b"),
+        gen.with_annotations({"cronlock.io/ttl": "9m"}),
+        gen.service_account("reports"),
     )
     path = str(write(tmp_path / "team.yaml", namespace, bad, out, other))
 
@@ -219,7 +220,7 @@ def test_a_labelled_namespace_in_the_files_guards_its_cronjobs_and_guards_says_w
         "CronJob team-b/other: guarded by its namespace's label cronlock.io/enabled=true",
     ]
     # Info lines are not problems, not even under --strict.
-    fine = str(write(tmp_path / "fine.yaml", make_cronjob()))
+    fine = str(write(tmp_path / "fine.yaml", gen.cronjob("report")))
     code, lines, _ = lint(["--guards", "--strict", fine], capsys)
     assert code == 0
     assert lines[0].endswith("CronJob team-a/report: guarded by its annotation cronlock.io/enabled")
@@ -243,7 +244,7 @@ def test_json_output(capsys: pytest.CaptureFixture[str]) -> None:
 def test_directories_are_read_recursively_and_chart_templates_skipped(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    bad = make_cronjob(annotations={"cronlock.io/enabled": "true", "cronlock.io/ttl": "1 hour"})
+    bad = gen.cronjob("report", gen.annotated({"cronlock.io/ttl": "1 hour"}))
     (tmp_path / "apps" / "nightly").mkdir(parents=True)
     found = write(tmp_path / "apps" / "nightly" / "job.yml", bad)
     write(tmp_path / "apps" / "notes.txt", bad)
@@ -287,14 +288,14 @@ GOOD = [
 
 @pytest.mark.parametrize(
     ("annotations", "cronjob"),
-    [(case[0], case[1]) for case in BAD] + [(good, {}) for good in GOOD],
+    [(case[0], case[1]) for case in BAD] + [(good, ()) for good in GOOD],
 )
 def test_lint_refuses_exactly_what_the_operator_refuses(
-    tmp_path: Path, annotations: dict[str, str], cronjob: dict[str, Any]
+    tmp_path: Path, annotations: dict[str, str], cronjob: tuple[gen.Modifier, ...]
 ) -> None:
     """The operator's own parse decides; lint reports its error, on that annotation's line."""
-    body = make_cronjob(
-        schedule="0 * * * *", annotations={"cronlock.io/enabled": "true", **annotations}, **cronjob
+    body = gen.cronjob(
+        "report", gen.with_schedule("0 * * * *"), gen.annotated(annotations), *cronjob
     )
     path = write(tmp_path / "job.yaml", body)
     manifests = [
@@ -346,8 +347,8 @@ def test_a_labelled_namespace_says_which_cronjobs_its_label_alone_does_not_guard
         "kind": "Namespace",
         "metadata": {"name": "team-a", "labels": {"cronlock.io/enabled": "true"}},
     }
-    backup = make_cronjob(name="backup", annotations={})
-    own = make_cronjob(name="own", annotations={}, serviceAccountName="backups")
+    backup = gen.cronjob("backup", gen.not_opted_in())
+    own = gen.cronjob("own", gen.not_opted_in(), gen.service_account("backups"))
     path = str(write(tmp_path / "team.yaml", namespace, backup, own))
 
     code, lines, _ = lint(["--guards", path], capsys)

@@ -17,7 +17,8 @@ from cronlock_operator.runtime import accounting as accounting_module
 from cronlock_operator.runtime import metrics
 from cronlock_operator.runtime.reconciler import Reconciler
 from cronlock_sidecar.lock.model import read_lease
-from tests.support.cronjobs import SETTINGS, make_cronjob
+from tests.support import gen
+from tests.support.cronjobs import SETTINGS
 from tests.support.fakekube import FakeKube
 from tests.support.leases import MOMENT, make_lease
 
@@ -54,38 +55,21 @@ class RecordingKube(FakeKube):
 
 
 def finished_job(name: str, created: str, skipped: bool = True) -> dict[str, Any]:
-    condition = (
-        {
-            "type": "Failed",
-            "status": "True",
-            "reason": "PodFailurePolicy",
-            "message": f"Container cronlock-gate for pod {NAMESPACE}/{name}-x failed with "
-            "exit code 75 matching FailJob rule at index 0",
-        }
-        if skipped
-        else {"type": "Complete", "status": "True"}
+    """A Job of CronJob report (lock report) made injected, skipped or else succeeded."""
+    return gen.job(
+        name,
+        gen.in_namespace(NAMESPACE),
+        gen.created_at(created),
+        gen.of_lock("report"),
+        gen.owned_by("report", "cj"),
+        gen.gated(),
+        gen.skipped(NAMESPACE) if skipped else gen.succeeded(),
     )
-    return {
-        "metadata": {
-            "name": name,
-            "namespace": NAMESPACE,
-            "uid": f"uid-{name}",
-            "creationTimestamp": created,
-            "labels": {"cronlock.io/lock": "report"},
-            "ownerReferences": [
-                {"apiVersion": "batch/v1", "kind": "CronJob", "name": "report", "uid": "cj"}
-            ],
-        },
-        # Made from the injected CronJob: its pods pass the gate.
-        "spec": {"template": {"spec": {"initContainers": [{"name": "cronlock-gate"}]}}},
-        "status": {"conditions": [condition]},
-    }
 
 
 @pytest.fixture
 def setup() -> tuple[Reconciler, RecordingKube]:
-    cronjob = make_cronjob(namespace=NAMESPACE)
-    cronjob["metadata"]["uid"] = "cj"
+    cronjob = gen.cronjob("report", gen.in_namespace(NAMESPACE), gen.with_uid("cj"))
     kube = RecordingKube(cronjob)
     return Reconciler(kube=kube, settings=SETTINGS), kube
 

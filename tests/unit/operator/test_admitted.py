@@ -13,7 +13,8 @@ from cronlock_operator.reconcile import cronjobs
 from cronlock_operator.reconcile.keys import CronJobKey
 from cronlock_operator.runtime.reconciler import Reconciler
 from cronlock_sidecar.contract import VOLUME_NAME
-from tests.support.cronjobs import SETTINGS, make_cronjob, server_defaults
+from tests.support import gen
+from tests.support.cronjobs import SETTINGS, server_defaults
 from tests.support.fakekube import FakeKube
 from tests.support.metrics import cronjob_states
 
@@ -62,7 +63,7 @@ class Admitting(FakeKube):
 def setup(mutator: Mutator) -> tuple[Reconciler, Admitting]:
     kube = Admitting(mutator)
     reconciler = Reconciler(kube=kube, settings=SETTINGS)
-    body = server_defaults(make_cronjob(name="report", restart_policy="Never"))
+    body = server_defaults(gen.cronjob("report", gen.restart_policy("Never")))
     body["metadata"]["uid"] = "uid-report"
     mutator(body)  # the user's create passed through admission too
     kube.cronjobs[("team-a", "report")] = copy.deepcopy(body)
@@ -146,7 +147,7 @@ def test_without_a_mutator_nothing_is_remembered_or_said() -> None:
 
 
 def test_admission_judges_the_answer_against_what_was_asked() -> None:
-    body = server_defaults(make_cronjob(name="report", restart_policy="Never"))
+    body = server_defaults(gen.cronjob("report", gen.restart_policy("Never")))
     desired = cronjobs.desired_cronjob(body, cronjobs.read_config(body, SETTINGS).config, SETTINGS)
     answer = copy.deepcopy(desired)
     unchanged = cronjobs.admission(answer, desired, {})

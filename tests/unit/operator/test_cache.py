@@ -8,12 +8,13 @@ from typing import Any
 from cronlock_operator.cache import ObjectCache
 from cronlock_operator.cronjob.config import parse_config
 from cronlock_operator.injection.build import desired_cronjob
-from tests.support.cronjobs import SETTINGS, make_cronjob
+from tests.support import gen
+from tests.support.cronjobs import SETTINGS
 
 
-def cronjob(namespace: str, name: str) -> dict[str, Any]:
+def injected_cronjob(namespace: str, name: str) -> dict[str, Any]:
     """An injected CronJob, with managedFields as the API server adds them."""
-    user = make_cronjob(namespace=namespace, name=name)
+    user = gen.cronjob(name, gen.in_namespace(namespace))
     body = desired_cronjob(user, parse_config(user, SETTINGS), SETTINGS)
     body["metadata"]["managedFields"] = [{"manager": "kubectl", "operation": "Apply"}]
     return body
@@ -21,7 +22,7 @@ def cronjob(namespace: str, name: str) -> dict[str, Any]:
 
 def test_an_object_comes_back_as_it_went_in_without_managed_fields() -> None:
     cache = ObjectCache()
-    body = cronjob("ops", "report")
+    body = injected_cronjob("ops", "report")
     assert cache.put(body) == ("ops", "report")
     expected = json.loads(json.dumps(body))
     del expected["metadata"]["managedFields"]
@@ -33,7 +34,7 @@ def test_an_object_comes_back_as_it_went_in_without_managed_fields() -> None:
 def test_in_namespace_pop_and_len() -> None:
     cache = ObjectCache()
     for namespace, name in [("a", "x"), ("a", "y"), ("b", "x")]:
-        cache.put(cronjob(namespace, name))
+        cache.put(injected_cronjob(namespace, name))
     assert sorted(body["metadata"]["name"] for body in cache.in_namespace("a")) == ["x", "y"]
     cache.pop(("a", "x"))
     cache.pop(("a", "missing"))
@@ -43,7 +44,7 @@ def test_in_namespace_pop_and_len() -> None:
 
 def test_stored_objects_take_less_than_their_compact_json() -> None:
     cache = ObjectCache()
-    body = cronjob("ops", "report")
+    body = injected_cronjob("ops", "report")
     cache.put(body)
     compact = json.dumps(body, separators=(",", ":")).encode()
     stored = cache._objects[("ops", "report")]  # the representation is what this checks

@@ -29,15 +29,13 @@ from cronlock_operator.cronjob.reading import (
 )
 from cronlock_operator.injection.build import build_injection
 from cronlock_operator.settings import OperatorSettings
+from tests.support import gen
 from tests.support.annotation_cases import BAD, PROBED
-from tests.support.cronjobs import NEW_SETTINGS, SETTINGS, changed, make_cronjob, server_defaults
+from tests.support.cronjobs import NEW_SETTINGS, SETTINGS, changed
 
 
-def config_of(annotations: dict[str, str], **cronjob: Any) -> LockConfig:
-    return parse_config(
-        make_cronjob(annotations={"cronlock.io/enabled": "true", **annotations}, **cronjob),
-        SETTINGS,
-    )
+def config_of(annotations: dict[str, str], *modifiers: gen.Modifier) -> LockConfig:
+    return parse_config(gen.cronjob("report", gen.annotated(annotations), *modifiers), SETTINGS)
 
 
 def test_defaults_follow_the_design() -> None:
@@ -104,7 +102,9 @@ def test_the_annotation_decides_first_then_the_namespace_label(
     value: str | None, labelled: bool, rule: str
 ) -> None:
     annotations = {} if value is None else {"cronlock.io/enabled": value}
-    cronjob = make_cronjob(annotations=annotations, serviceAccountName="reports")
+    cronjob = gen.cronjob(
+        "report", gen.with_annotations(annotations), gen.service_account("reports")
+    )
     assert opt_in(cronjob, labelled) == rule
 
 
@@ -114,26 +114,37 @@ def test_the_label_alone_declines_the_account_default_and_an_imposed_signal() ->
     The CronJob's own annotation still decides for it (its author's choice)."""
     probe = {"exec": {"command": ["true"]}}
     probed = [{"name": "work", "image": "busybox", "livenessProbe": probe}]
-    plain = make_cronjob(annotations={})
+    plain = gen.cronjob("report", gen.not_opted_in())
     assert opt_in(plain, True) == "declined"
     assert declined_because(plain) is not None
     assert "'default'" in (declined_because(plain) or "")
-    named_default = make_cronjob(annotations={}, serviceAccountName="default")
+    named_default = gen.cronjob("report", gen.not_opted_in(), gen.service_account("default"))
     assert opt_in(named_default, True) == "declined"
-    assert opt_in(make_cronjob(annotations={}, serviceAccountName="reports"), True) == "namespace"
-    own_probe = make_cronjob(annotations={}, serviceAccountName="reports", containers=probed)
+    assert (
+        opt_in(gen.cronjob("report", gen.not_opted_in(), gen.service_account("reports")), True)
+        == "namespace"
+    )
+    own_probe = gen.cronjob(
+        "report", gen.not_opted_in(), gen.containers(*probed), gen.service_account("reports")
+    )
     assert opt_in(own_probe, True) == "declined"
     assert "work" in (declined_because(own_probe) or "")
-    auto = make_cronjob(
-        annotations={"cronlock.io/stop": "auto"}, serviceAccountName="reports", containers=probed
+    auto = gen.cronjob(
+        "report",
+        gen.with_annotations({"cronlock.io/stop": "auto"}),
+        gen.containers(*probed),
+        gen.service_account("reports"),
     )
     assert opt_in(auto, True) == "declined"
     # Asked for in so many words: the author's own choice.
-    asked = make_cronjob(
-        annotations={"cronlock.io/stop": "signal"}, serviceAccountName="reports", containers=probed
+    asked = gen.cronjob(
+        "report",
+        gen.with_annotations({"cronlock.io/stop": "signal"}),
+        gen.containers(*probed),
+        gen.service_account("reports"),
     )
     assert opt_in(asked, True) == "namespace"
-    assert opt_in(make_cronjob(), True) == "annotation", "annotated on default: guarded"
+    assert opt_in(gen.cronjob("report"), True) == "annotation", "annotated on default: guarded"
     message = declined_message(plain)
     assert 'annotate it cronlock.io/enabled: "true"' in message
     assert "ServiceAccount of its own" in message
@@ -149,15 +160,20 @@ def test_the_label_alone_declines_the_account_default_and_an_imposed_signal() ->
 @pytest.mark.parametrize("labelled", [False, True])
 def test_enabled_with_another_value_is_an_error_not_a_silent_no(labelled: bool) -> None:
     with pytest.raises(InvalidConfig) as caught:
-        opt_in(make_cronjob(annotations={"cronlock.io/enabled": "True"}), labelled)
+        opt_in(
+            gen.cronjob("report", gen.with_annotations({"cronlock.io/enabled": "True"})), labelled
+        )
     assert caught.value.annotation == "cronlock.io/enabled"
 
 
 def test_a_kept_reading_follows_its_namespaces_label_at_the_same_version() -> None:
     """The label is not part of the CronJob: labelling its namespace changes no
     resourceVersion of it, yet its reading changes, and back."""
-    body = make_cronjob(
-        namespace="default", annotations={"cronlock.io/ttl": "90s"}, serviceAccountName="reports"
+    body = gen.cronjob(
+        "report",
+        gen.in_namespace("default"),
+        gen.with_annotations({"cronlock.io/ttl": "90s"}),
+        gen.service_account("reports"),
     )
     body["metadata"].update(uid="u-1", resourceVersion="7")
     readings = Readings()
@@ -208,7 +224,7 @@ STORES_SETTINGS = OperatorSettings(
     ],
 )
 def test_store_annotations_are_checked(annotations: dict[str, str], expected: str) -> None:
-    cronjob = make_cronjob(annotations={"cronlock.io/enabled": "true", **annotations})
+    cronjob = gen.cronjob("report", gen.annotated(annotations))
     with pytest.raises(InvalidConfig) as caught:
         parse_config(cronjob, STORES_SETTINGS)
     assert str(caught.value).startswith(expected)
@@ -230,12 +246,9 @@ def test_a_shared_store_without_the_stores_image_is_refused_not_quietly_a_lease(
 
 @pytest.mark.parametrize("store", ["redis", "postgres"])
 def test_a_shared_store_is_parsed(store: str) -> None:
-    cronjob = make_cronjob(
-        annotations={
-            "cronlock.io/enabled": "true",
-            "cronlock.io/store": store,
-            "cronlock.io/store-secret": "team-locks",
-        }
+    cronjob = gen.cronjob(
+        "report",
+        gen.annotated({"cronlock.io/store": store, "cronlock.io/store-secret": "team-locks"}),
     )
     config = parse_config(cronjob, STORES_SETTINGS)
     assert (config.store, config.store_secret, config.shared_store) == (store, "team-locks", True)
@@ -256,12 +269,12 @@ def test_error_message_names_annotation_value_and_accepted_form() -> None:
 
 def test_auto_stop_uses_liveness_unless_the_user_has_a_liveness_probe() -> None:
     assert config_of({}).stop == "liveness"
-    assert config_of({}, containers=PROBED).stop == "signal"
+    assert config_of({}, gen.containers(*PROBED)).stop == "signal"
     assert config_of({"cronlock.io/stop": "signal"}).stop == "signal"
 
 
 def test_auto_stop_sees_through_cronlocks_own_probe() -> None:
-    cronjob = make_cronjob()
+    cronjob = gen.cronjob("report")
     injected = build_injection(cronjob, parse_config(cronjob, SETTINGS), SETTINGS)
     assert parse_config(injected, SETTINGS) == parse_config(cronjob, SETTINGS)
 
@@ -309,7 +322,9 @@ def test_the_probe_forgives_as_much_as_the_ttl_has_room_for(
     config = config_of({"cronlock.io/ttl": f"{ttl}s"})
     assert config.probe == ProbeTolerance(timeout, threshold)
     probe = build_injection(
-        make_cronjob(annotations={"cronlock.io/ttl": f"{ttl}s"}), config, SETTINGS
+        gen.cronjob("report", gen.with_annotations({"cronlock.io/ttl": f"{ttl}s"})),
+        config,
+        SETTINGS,
     )["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0]["livenessProbe"]
     assert (probe["timeoutSeconds"], probe["failureThreshold"]) == (timeout, threshold)
 
@@ -348,7 +363,7 @@ def test_settings_defaults_apply_and_a_users_ttl_brings_its_own_renew() -> None:
         default_renew_seconds=15,
         default_policy="wait",
     )
-    cronjob = make_cronjob()
+    cronjob = gen.cronjob("report")
     assert parse_config(cronjob, settings).ttl_seconds == 120
     assert parse_config(cronjob, settings).renew_seconds == 15
     assert parse_config(cronjob, settings).policy == "wait"
@@ -380,10 +395,10 @@ def test_bad_operator_settings_fail_at_startup(changes: dict[str, Any]) -> None:
     ],
 )
 def test_bad_annotation_is_refused_by_name(
-    annotations: dict[str, str], cronjob: dict[str, Any], annotation: str, reason: str
+    annotations: dict[str, str], cronjob: tuple[gen.Modifier, ...], annotation: str, reason: str
 ) -> None:
     with pytest.raises(InvalidConfig) as caught:
-        config_of(annotations, **cronjob)
+        config_of(annotations, *cronjob)
     assert caught.value.annotation == annotation
     assert str(caught.value).startswith(annotation)
     assert reason in str(caught.value)
@@ -391,7 +406,7 @@ def test_bad_annotation_is_refused_by_name(
 
 def test_a_cronjob_name_that_is_no_lock_name_is_refused_on_the_lock_annotation() -> None:
     with pytest.raises(InvalidConfig) as caught:
-        parse_config(make_cronjob(name="x" * 64), SETTINGS)
+        parse_config(gen.cronjob("x" * 64), SETTINGS)
     assert caught.value.annotation == "cronlock.io/lock"
     assert "the CronJob's name" in str(caught.value)
 
@@ -414,10 +429,13 @@ def test_replace_waits_for_the_holder_ttl_plus_skew_plus_renew_unless_told() -> 
 
 def stored(uid: str, version: str = "1", annotations: dict[str, str] | None = None) -> Any:
     """A CronJob as the API server (and so the operator's cache) has it: uid and version."""
-    body = server_defaults(make_cronjob(annotations=annotations))
-    body["metadata"]["uid"] = uid
-    body["metadata"]["resourceVersion"] = version
-    return body
+    return gen.cronjob(
+        "report",
+        *([] if annotations is None else [gen.with_annotations(annotations)]),
+        gen.with_uid(uid),
+        gen.with_metadata(resourceVersion=version),
+        gen.as_stored(),
+    )
 
 
 @pytest.fixture
@@ -486,7 +504,7 @@ def test_an_invalid_version_is_kept_too_without_its_traceback(
 def test_a_body_without_uid_or_version_is_parsed_each_time(
     parses: list[str], memo: Readings
 ) -> None:
-    body = make_cronjob()
+    body = gen.cronjob("report")
     assert read_config(body, SETTINGS, memo) == read_config(body, SETTINGS, memo)
     no_version = stored("uid-x")
     del no_version["metadata"]["resourceVersion"]
@@ -551,14 +569,16 @@ def test_the_operators_worker_threads_all_get_the_one_reading(
 
 
 def test_the_reading_of_a_valid_cronjob_carries_its_config() -> None:
-    body = make_cronjob(
-        annotations={
-            "cronlock.io/enabled": "true",
-            "cronlock.io/lock": "shared",
-            "cronlock.io/policy": "observe",
-            "cronlock.io/alert-after": "5",
-            "cronlock.io/keep-skipped-jobs": "true",
-        }
+    body = gen.cronjob(
+        "report",
+        gen.annotated(
+            {
+                "cronlock.io/lock": "shared",
+                "cronlock.io/policy": "observe",
+                "cronlock.io/alert-after": "5",
+                "cronlock.io/keep-skipped-jobs": "true",
+            }
+        ),
     )
     reading = read_config(body, SETTINGS)
     assert reading.config == parse_config(body, SETTINGS)
@@ -590,7 +610,7 @@ def test_one_rule_for_a_cronjob_that_is_not_guarded(
 ) -> None:
     """Guarded only when opted in and valid; else `invalid` says why, or is None when it
     did not opt in (the other annotations of an unguarded CronJob are not checked)."""
-    reading = read_config(make_cronjob(annotations=annotations), SETTINGS)
+    reading = read_config(gen.cronjob("report", gen.with_annotations(annotations)), SETTINGS)
     assert reading.config is None
     assert reading.enabled is enabled
     assert (reading.invalid.annotation if reading.invalid else None) == invalid
@@ -615,9 +635,7 @@ def test_one_rule_for_a_cronjob_that_is_not_guarded(
 def test_an_invalid_config_is_counted_and_shown_by_each_annotation_on_its_own(
     annotations: dict[str, str], alert_after: int, keep: bool, policy: str, lock: str
 ) -> None:
-    cronjob = make_cronjob(
-        annotations={"cronlock.io/enabled": "true", "cronlock.io/ttl": "nonsense", **annotations}
-    )
+    cronjob = gen.cronjob("report", gen.annotated({"cronlock.io/ttl": "nonsense", **annotations}))
     reading = read_config(cronjob, SETTINGS)
     assert reading.invalid is not None
     assert (reading.alert_after, reading.keep_skipped_jobs) == (alert_after, keep)

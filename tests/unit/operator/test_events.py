@@ -14,6 +14,7 @@ from cronlock_operator.errors import Retry
 from cronlock_operator.kube.writes import Kube
 from cronlock_operator.runtime import events
 from cronlock_operator.runtime.events import EventPoster
+from tests.support import gen
 from tests.support.fakekube import FakeKube
 
 CRONJOB = {"metadata": {"name": "report", "namespace": "reports", "uid": "u-1"}}
@@ -88,17 +89,17 @@ class RecordingKube(FakeKube):
             )
 
 
-def cronjob(name: str) -> dict[str, Any]:
-    return {"metadata": {"name": name, "namespace": "reports", "uid": f"u-{name}"}}
-
-
 def test_each_cronjobs_events_are_posted_in_order_by_one_thread_and_all_threads_work() -> None:
     kube = RecordingKube()
     poster = EventPoster(kube, posters=2)
     names = [f"job-{index}" for index in range(40)]
     for step in ("Skipped", "RepeatedSkips", "Injected"):
         for name in names:
-            poster.post(cronjob(name), step, f"{step} {name}")
+            poster.post(
+                gen.cronjob(name, gen.in_namespace("reports"), gen.with_uid(f"u-{name}")),
+                step,
+                f"{step} {name}",
+            )
     poster.stop(timeout=10)
 
     assert len(kube.posted) == 3 * len(names)
@@ -113,7 +114,15 @@ def test_a_hiccup_is_retried_in_place_so_the_order_holds(monkeypatch: pytest.Mon
     monkeypatch.setattr(events, "FIRST_DELAY", 0.01)
     kube = RecordingKube(flaky="report", failures=2)
     poster = EventPoster(kube, posters=2)
-    poster.post(cronjob("report"), "Skipped", "first")
-    poster.post(cronjob("report"), "RepeatedSkips", "second")
+    poster.post(
+        gen.cronjob("report", gen.in_namespace("reports"), gen.with_uid("u-report")),
+        "Skipped",
+        "first",
+    )
+    poster.post(
+        gen.cronjob("report", gen.in_namespace("reports"), gen.with_uid("u-report")),
+        "RepeatedSkips",
+        "second",
+    )
     poster.stop(timeout=10)
     assert [reason for _, reason, _ in kube.posted] == ["Skipped", "RepeatedSkips"]

@@ -22,7 +22,8 @@ from cronlock_operator.reconcile.actions import (
 )
 from cronlock_operator.runtime import metrics
 from cronlock_operator.runtime.executor import Executor, Refused, Undecided
-from tests.support.cronjobs import SETTINGS, make_cronjob
+from tests.support import gen
+from tests.support.cronjobs import SETTINGS
 from tests.support.fakekube import FakeKube
 from tests.support.leases import make_lease
 from tests.support.prometheus import samples
@@ -30,13 +31,8 @@ from tests.support.prometheus import samples
 OURS = {"app.kubernetes.io/managed-by": "cronlock", "cronlock.io/lock": "report"}
 
 
-def cronjob(name: str = "report", uid: str = "u-report", **annotations: str) -> dict[str, Any]:
-    body = make_cronjob(
-        name=name,
-        annotations={"cronlock.io/enabled": "true", "cronlock.io/lock": "report", **annotations},
-    )
-    body["metadata"]["uid"] = uid
-    return body
+# A CronJob of lock report.
+REPORTS = gen.annotated({"cronlock.io/lock": "report"})
 
 
 def lease(*owners: tuple[str, str], labels: dict[str, str] | None = None) -> dict[str, Any]:
@@ -56,7 +52,9 @@ def ensure(
 
 def test_a_new_lock_gets_its_lease_created_and_heard() -> None:
     kube, heard = FakeKube(), []
-    Executor(kube, lease_written=heard.append).run([ensure(cronjob(), None)])
+    Executor(kube, lease_written=heard.append).run(
+        [ensure(gen.cronjob("report", REPORTS, gen.with_uid("u-report")), None)]
+    )
     stored = kube.leases[("team-a", "cronlock-report")]
     assert stored["metadata"]["labels"] == OURS
     assert [owner["uid"] for owner in stored["metadata"]["ownerReferences"]] == ["u-report"]
@@ -66,20 +64,37 @@ def test_a_new_lock_gets_its_lease_created_and_heard() -> None:
 def test_a_lease_the_cache_had_not_seen_is_judged_as_read() -> None:
     """409: the adapter hands back the Lease that exists, and consent is judged on it."""
     kube = FakeKube(leases=[lease(("export", "u-export"))])
-    ran = Executor(kube).run([ensure(cronjob(), None, cronjob("export", "u-export"))])
+    ran = Executor(kube).run(
+        [
+            ensure(
+                gen.cronjob("report", REPORTS, gen.with_uid("u-report")),
+                None,
+                gen.cronjob("export", REPORTS, gen.with_uid("u-export")),
+            )
+        ]
+    )
     assert isinstance(ran.verdict, Refused)
     assert "lock report is already used by CronJob export" in ran.verdict.reason
     assert kube.called("merge_lease") == []
 
-    consenting = cronjob("export", "u-export", **{"cronlock.io/share-lock-with": "report"})
-    Executor(kube).run([ensure(cronjob(), None, consenting)])
+    consenting = gen.cronjob(
+        "export",
+        REPORTS,
+        gen.with_uid("u-export"),
+        gen.annotated({"cronlock.io/share-lock-with": "report"}),
+    )
+    Executor(kube).run(
+        [ensure(gen.cronjob("report", REPORTS, gen.with_uid("u-report")), None, consenting)]
+    )
     owners = kube.leases[("team-a", "cronlock-report")]["metadata"]["ownerReferences"]
     assert sorted(owner["name"] for owner in owners) == ["export", "report"]
 
 
 def test_a_foreign_lease_is_refused_and_left_as_it_was() -> None:
     kube = FakeKube(leases=[lease(labels={})])
-    ran = Executor(kube).run([ensure(cronjob(), None)])
+    ran = Executor(kube).run(
+        [ensure(gen.cronjob("report", REPORTS, gen.with_uid("u-report")), None)]
+    )
     assert isinstance(ran.verdict, Refused)
     assert "exists and lacks the label" in ran.verdict.reason
     assert kube.leases[("team-a", "cronlock-report")]["metadata"]["labels"] == {}
@@ -87,11 +102,22 @@ def test_a_foreign_lease_is_refused_and_left_as_it_was() -> None:
 
 def test_an_unseen_user_is_undecided_and_an_owned_lease_writes_nothing() -> None:
     kube = FakeKube(leases=[lease(("gone", "u-gone"))])
-    ran = Executor(kube).run([ensure(cronjob(), kube.leases[("team-a", "cronlock-report")])])
+    ran = Executor(kube).run(
+        [
+            ensure(
+                gen.cronjob("report", REPORTS, gen.with_uid("u-report")),
+                kube.leases[("team-a", "cronlock-report")],
+            )
+        ]
+    )
     assert isinstance(ran.verdict, Undecided)
     assert "not (yet) seen" in ran.verdict.reason
     owned = lease(("report", "u-report"))
-    assert Executor(kube).run([ensure(cronjob(), owned)]).completed
+    assert (
+        Executor(kube)
+        .run([ensure(gen.cronjob("report", REPORTS, gen.with_uid("u-report")), owned)])
+        .completed
+    )
     assert [name for name, _ in kube.calls] == []
 
 
@@ -109,18 +135,26 @@ def test_a_store_locks_lease_says_where_the_lock_lives() -> None:
         config = parse_config(body, STORE_SETTINGS)
         Executor(kube).run([EnsureLease("team-a", "cronlock-report", body, config, cached)])
 
-    ensure_in(cronjob(**IN_REDIS), None)
+    ensure_in(
+        gen.cronjob("report", REPORTS, gen.with_uid("u-report"), gen.annotated(IN_REDIS)), None
+    )
     stored = kube.leases[("team-a", "cronlock-report")]
     assert stored["metadata"]["annotations"] == IN_REDIS
     # A registry Lease made before the mark existed gets it; a marked one is left alone.
     del stored["metadata"]["annotations"]
-    ensure_in(cronjob(**IN_REDIS), copy.deepcopy(stored))
+    ensure_in(
+        gen.cronjob("report", REPORTS, gen.with_uid("u-report"), gen.annotated(IN_REDIS)),
+        copy.deepcopy(stored),
+    )
     assert stored["metadata"]["annotations"] == IN_REDIS
     writes = len(kube.called("merge_lease"))
-    ensure_in(cronjob(**IN_REDIS), copy.deepcopy(stored))
+    ensure_in(
+        gen.cronjob("report", REPORTS, gen.with_uid("u-report"), gen.annotated(IN_REDIS)),
+        copy.deepcopy(stored),
+    )
     assert len(kube.called("merge_lease")) == writes
     # The lock moved into its Lease: the marks go.
-    ensure_in(cronjob(), copy.deepcopy(stored))
+    ensure_in(gen.cronjob("report", REPORTS, gen.with_uid("u-report")), copy.deepcopy(stored))
     assert "cronlock.io/store" not in stored["metadata"]["annotations"]
     assert "cronlock.io/store-secret" not in stored["metadata"]["annotations"]
 

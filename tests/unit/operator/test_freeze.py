@@ -6,11 +6,11 @@ from typing import Any
 
 from cronlock_operator.freeze.commands import registry_refusal
 from cronlock_operator.leases.ownership import new_lease, store_marks
-from tests.support.cronjobs import make_cronjob
+from tests.support import gen
 
 
 def lease(store: str, secret: str | None = None) -> dict[str, Any]:
-    cronjob = make_cronjob(name="nightly")
+    cronjob = gen.cronjob("nightly")
     cronjob["metadata"]["uid"] = "u-nightly"
     return new_lease("cronlock-nightly", cronjob, "nightly", 60, store_marks(store, secret))
 

@@ -20,12 +20,12 @@ from cronlock_operator.injection.build import (
 from cronlock_operator.injection.patching import injection_patch, needs_patch
 from cronlock_operator.settings import OperatorSettings
 from cronlock_sidecar.contract import VERSION
+from tests.support import gen
 from tests.support.cronjobs import (
     NEW_SETTINGS,
     SETTINGS,
     apply_json_patch,
     as_kubernetes_models_see_it,
-    make_cronjob,
     pod_spec,
     server_defaults,
 )
@@ -60,9 +60,12 @@ def test_case(case: str) -> None:
 
 
 def test_injection_shape() -> None:
-    user = make_cronjob(
-        initContainers=[{"name": "migrate", "image": "migrate:1"}],
-        volumes=[{"name": "data", "emptyDir": {}}],
+    user = gen.cronjob(
+        "report",
+        gen.with_pod(
+            initContainers=[{"name": "migrate", "image": "migrate:1"}],
+            volumes=[{"name": "data", "emptyDir": {}}],
+        ),
     )
     injected = inject(user)
     spec = pod_spec(injected)
@@ -159,7 +162,7 @@ def test_injection_shape() -> None:
 
 
 def test_injection_leaves_its_argument_alone() -> None:
-    user = make_cronjob()
+    user = gen.cronjob("report")
     before = copy.deepcopy(user)
     injected = inject(user)
     assert user == before
@@ -169,7 +172,9 @@ def test_injection_leaves_its_argument_alone() -> None:
 
 
 def test_never_restart_policy_and_a_grace_within_the_kill_grace_record_nothing() -> None:
-    user = make_cronjob(restart_policy="Never", terminationGracePeriodSeconds=10)
+    user = gen.cronjob(
+        "report", gen.restart_policy("Never"), gen.with_pod(terminationGracePeriodSeconds=10)
+    )
     injected = inject(user)
     assert injected["metadata"]["annotations"] == {"cronlock.io/enabled": "true"}
     assert pod_spec(injected)["terminationGracePeriodSeconds"] == 10
@@ -198,15 +203,11 @@ def test_the_pods_grace_is_capped_at_the_kill_grace(
 ) -> None:
     """A liveness failure with restartPolicy Never kills the whole pod with the pod's grace."""
     extra = {} if users_grace is ABSENT else {"terminationGracePeriodSeconds": users_grace}
-    user = make_cronjob(
-        annotations={
-            "cronlock.io/enabled": "true",
-            "cronlock.io/ttl": ttl,
-            "cronlock.io/stop": stop,
-        },
-        restart_policy="Never",
-        shareProcessNamespace=True,
-        **extra,
+    user = gen.cronjob(
+        "report",
+        gen.restart_policy("Never"),
+        gen.annotated({"cronlock.io/ttl": ttl, "cronlock.io/stop": stop}),
+        gen.with_pod(shareProcessNamespace=True, **extra),
     )
     config = parse_config(user, SETTINGS)
     injected = inject(user)
@@ -220,7 +221,9 @@ def test_the_pods_grace_is_capped_at_the_kill_grace(
 
 @pytest.mark.parametrize("odd", ["30", 30.0, 12.5, None, True, [30], {"seconds": 30}])
 def test_a_grace_that_is_not_a_whole_number_is_left_to_the_api_server(odd: object) -> None:
-    user = make_cronjob(restart_policy="Never", terminationGracePeriodSeconds=odd)
+    user = gen.cronjob(
+        "report", gen.restart_policy("Never"), gen.with_pod(terminationGracePeriodSeconds=odd)
+    )
     injected = inject(user)
     assert pod_spec(injected)["terminationGracePeriodSeconds"] == odd
     assert GRACE_RECORD not in injected["metadata"]["annotations"]
@@ -229,7 +232,7 @@ def test_a_grace_that_is_not_a_whole_number_is_left_to_the_api_server(odd: objec
 
 
 def test_the_grace_the_api_server_defaulted_is_recorded_and_put_back() -> None:
-    stored = server_defaults(make_cronjob(restart_policy="Never"))
+    stored = server_defaults(gen.cronjob("report", gen.restart_policy("Never")))
     assert pod_spec(stored)["terminationGracePeriodSeconds"] == 30
     desired = inject(stored)
     assert pod_spec(desired)["terminationGracePeriodSeconds"] == 10
@@ -245,9 +248,10 @@ def test_the_grace_the_api_server_defaulted_is_recorded_and_put_back() -> None:
 
 
 def test_a_new_ttl_recaps_the_grace_and_keeps_the_users_original() -> None:
-    user = make_cronjob(
-        annotations={"cronlock.io/enabled": "true", "cronlock.io/ttl": "30s"},
-        terminationGracePeriodSeconds=8,
+    user = gen.cronjob(
+        "report",
+        gen.annotated({"cronlock.io/ttl": "30s"}),
+        gen.with_pod(terminationGracePeriodSeconds=8),
     )
     short = inject(user)
     assert pod_spec(short)["terminationGracePeriodSeconds"] == 5
@@ -263,7 +267,7 @@ def test_a_new_ttl_recaps_the_grace_and_keeps_the_users_original() -> None:
 
 @pytest.mark.parametrize("record", ["", "ten", "-5", "1.5", " 30", "9" * 5000])
 def test_a_grace_record_cronlock_never_writes_is_refused_not_guessed(record: str) -> None:
-    injected = inject(make_cronjob())
+    injected = inject(gen.cronjob("report"))
     injected["metadata"]["annotations"][GRACE_RECORD] = record
     before = copy.deepcopy(injected)
     for config in (None, parse_config(injected, SETTINGS)):
@@ -283,11 +287,11 @@ FORGED_RECORDS = {
 
 def test_original_annotations_on_a_never_injected_cronjob_change_nothing() -> None:
     """Issue 13: only cronlock's own record of an injection may rewrite the pod spec."""
-    user = make_cronjob(
-        annotations={"cronlock.io/enabled": "false", **FORGED_RECORDS},
-        restart_policy="Never",
-        shareProcessNamespace=True,
-        terminationGracePeriodSeconds=45,
+    user = gen.cronjob(
+        "report",
+        gen.restart_policy("Never"),
+        gen.with_annotations({"cronlock.io/enabled": "false", **FORGED_RECORDS}),
+        gen.with_pod(shareProcessNamespace=True, terminationGracePeriodSeconds=45),
     )
     assert not is_injected(user)
     assert revert(user) == user
@@ -297,7 +301,7 @@ def test_original_annotations_on_a_never_injected_cronjob_change_nothing() -> No
 
 def test_a_half_removed_injection_is_still_reverted_through_its_skip_rule() -> None:
     """Someone took out cronlock's containers; its podFailurePolicy rule still marks it."""
-    user = make_cronjob(terminationGracePeriodSeconds=120)
+    user = gen.cronjob("report", gen.with_pod(terminationGracePeriodSeconds=120))
     half = inject(user)
     del pod_spec(half)["initContainers"]
     assert not is_injected(half)
@@ -310,14 +314,14 @@ def test_a_half_removed_injection_is_still_reverted_through_its_skip_rule() -> N
 
 def test_records_without_any_trace_of_injection_are_left_alone() -> None:
     """Containers and skip rule both gone: the records are no longer evidence of anything."""
-    half = inject(make_cronjob(terminationGracePeriodSeconds=120))
+    half = inject(gen.cronjob("report", gen.with_pod(terminationGracePeriodSeconds=120)))
     del pod_spec(half)["initContainers"]
     del half["spec"]["jobTemplate"]["spec"]["podFailurePolicy"]
     assert revert(half) == half
 
 
 def test_user_pod_failure_rules_come_after_ours_and_survive_revert() -> None:
-    user = make_cronjob(restart_policy="Never")
+    user = gen.cronjob("report", gen.restart_policy("Never"))
     user_rules = [{"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]}]
     user["spec"]["jobTemplate"]["spec"]["podFailurePolicy"] = {"rules": user_rules}
     injected = inject(user)
@@ -328,9 +332,10 @@ def test_user_pod_failure_rules_come_after_ours_and_survive_revert() -> None:
 
 
 def test_signal_runs_the_sidecar_as_the_users_uid() -> None:
-    user = make_cronjob(
-        annotations={"cronlock.io/enabled": "true", "cronlock.io/stop": "signal"},
-        containers=[{"name": "main", "image": "app", "securityContext": {"runAsUser": 4242}}],
+    user = gen.cronjob(
+        "report",
+        gen.annotated({"cronlock.io/stop": "signal"}),
+        gen.containers({"name": "main", "image": "app", "securityContext": {"runAsUser": 4242}}),
     )
     injected = inject(user)
     spec = pod_spec(injected)
@@ -346,9 +351,10 @@ def test_signal_runs_the_sidecar_as_the_users_uid() -> None:
 
 
 def test_signal_keeps_a_users_own_share_process_namespace() -> None:
-    user = make_cronjob(
-        annotations={"cronlock.io/enabled": "true", "cronlock.io/stop": "signal"},
-        shareProcessNamespace=True,
+    user = gen.cronjob(
+        "report",
+        gen.annotated({"cronlock.io/stop": "signal"}),
+        gen.with_pod(shareProcessNamespace=True),
     )
     injected = inject(user)
     assert "cronlock.io/original-share-process-namespace" not in injected["metadata"]["annotations"]
@@ -356,7 +362,7 @@ def test_signal_keeps_a_users_own_share_process_namespace() -> None:
 
 
 def test_changing_stop_from_liveness_to_signal_moves_the_wiring() -> None:
-    user = make_cronjob()
+    user = gen.cronjob("report")
     liveness = inject(user)
     user_signal = copy.deepcopy(user)
     user_signal["metadata"]["annotations"]["cronlock.io/stop"] = "signal"
@@ -367,7 +373,7 @@ def test_changing_stop_from_liveness_to_signal_moves_the_wiring() -> None:
 
 
 def test_disabling_reverts_to_what_the_user_wrote() -> None:
-    user = make_cronjob()
+    user = gen.cronjob("report")
     injected = inject(user)
     injected["metadata"]["annotations"]["cronlock.io/enabled"] = "false"
     expected = copy.deepcopy(user)
@@ -377,9 +383,10 @@ def test_disabling_reverts_to_what_the_user_wrote() -> None:
 
 
 def test_revert_keeps_a_never_injected_cronjobs_own_cronlock_container() -> None:
-    user = make_cronjob(
-        annotations={},
-        initContainers=[{"name": "cronlock", "image": "mine", "command": ["./lock"]}],
+    user = gen.cronjob(
+        "report",
+        gen.not_opted_in(),
+        gen.with_pod(initContainers=[{"name": "cronlock", "image": "mine", "command": ["./lock"]}]),
     )
     assert not is_injected(user)
     assert revert(user) == user
@@ -387,7 +394,9 @@ def test_revert_keeps_a_never_injected_cronjobs_own_cronlock_container() -> None
 
 def test_kubectl_apply_of_the_original_is_put_right() -> None:
     """Re-applying the user's manifest resets restartPolicy and reorders init containers."""
-    user = make_cronjob(initContainers=[{"name": "migrate", "image": "migrate:1"}])
+    user = gen.cronjob(
+        "report", gen.with_pod(initContainers=[{"name": "migrate", "image": "migrate:1"}])
+    )
     injected = inject(user)
     applied = copy.deepcopy(injected)
     spec = pod_spec(applied)
@@ -398,7 +407,7 @@ def test_kubectl_apply_of_the_original_is_put_right() -> None:
 
 
 def test_desired_with_new_settings_replaces_the_old_injection() -> None:
-    user = make_cronjob()
+    user = gen.cronjob("report")
     old = inject(user)
     config = parse_config(old, NEW_SETTINGS)
     desired = desired_cronjob(old, config, NEW_SETTINGS)
@@ -408,7 +417,7 @@ def test_desired_with_new_settings_replaces_the_old_injection() -> None:
 
 
 def test_server_defaults_in_our_pieces_do_not_cause_a_patch() -> None:
-    user = make_cronjob(annotations={"cronlock.io/enabled": "true", "cronlock.io/lock": "x"})
+    user = gen.cronjob("report", gen.annotated({"cronlock.io/lock": "x"}))
     stored = server_defaults(inject(server_defaults(user)))
     desired = desired_cronjob(stored, parse_config(stored, SETTINGS), SETTINGS)
     assert desired != stored
@@ -416,7 +425,7 @@ def test_server_defaults_in_our_pieces_do_not_cause_a_patch() -> None:
 
 
 def test_a_changed_value_inside_our_pieces_is_a_difference() -> None:
-    stored = server_defaults(inject(make_cronjob()))
+    stored = server_defaults(inject(gen.cronjob("report")))
     desired = inject(stored)
     tampered = copy.deepcopy(stored)
     pod_spec(tampered)["containers"][0]["livenessProbe"]["periodSeconds"] = 30
@@ -430,7 +439,7 @@ def test_a_changed_value_inside_our_pieces_is_a_difference() -> None:
 
 
 def test_patch_turns_the_stored_cronjob_into_the_desired_one() -> None:
-    written = make_cronjob()
+    written = gen.cronjob("report")
     written["metadata"]["resourceVersion"] = "1"
     stored = server_defaults(written)
     desired = inject(stored)
@@ -461,7 +470,7 @@ def test_patch_turns_the_stored_cronjob_into_the_desired_one() -> None:
 
 
 def test_patch_adds_the_annotations_map_when_there_is_none() -> None:
-    stored = make_cronjob()
+    stored = gen.cronjob("report")
     config = parse_config(stored, SETTINGS)
     del stored["metadata"]["annotations"]
     desired = build_injection(stored, config, SETTINGS)
@@ -478,7 +487,7 @@ def test_patch_adds_the_annotations_map_when_there_is_none() -> None:
 
 
 def test_a_lost_race_fails_the_patch() -> None:
-    stored = server_defaults(make_cronjob())
+    stored = server_defaults(gen.cronjob("report"))
     patch = injection_patch(stored, inject(stored))
     moved_on = copy.deepcopy(stored)
     moved_on["metadata"]["resourceVersion"] = "2"
@@ -487,7 +496,7 @@ def test_a_lost_race_fails_the_patch() -> None:
 
 
 def with_pod(**changes: Any) -> dict[str, Any]:
-    cronjob = make_cronjob()
+    cronjob = gen.cronjob("report")
     pod_spec(cronjob).update(changes)
     return cronjob
 
@@ -498,14 +507,14 @@ def signal(cronjob: dict[str, Any]) -> dict[str, Any]:
 
 
 def with_rules(count: int) -> dict[str, Any]:
-    cronjob = make_cronjob(restart_policy="Never")
+    cronjob = gen.cronjob("report", gen.restart_policy("Never"))
     rule = {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]}
     cronjob["spec"]["jobTemplate"]["spec"]["podFailurePolicy"] = {"rules": [rule] * count}
     return cronjob
 
 
 def with_template_label() -> dict[str, Any]:
-    cronjob = make_cronjob()
+    cronjob = gen.cronjob("report")
     cronjob["spec"]["jobTemplate"]["metadata"] = {"labels": {"cronlock.io/lock": "mine"}}
     return cronjob
 
@@ -576,11 +585,12 @@ def test_nineteen_pod_failure_rules_still_fit() -> None:
     [
         (
             signal(
-                make_cronjob(
-                    containers=[
+                gen.cronjob(
+                    "report",
+                    gen.containers(
                         {"name": "a", "image": "x", "securityContext": {"runAsUser": 1000}},
                         {"name": "b", "image": "x", "securityContext": {"runAsUser": 2000}},
-                    ]
+                    ),
                 )
             ),
             "different users",
@@ -601,7 +611,7 @@ def test_signal_that_could_not_reach_the_processes_is_refused(
 
 
 def test_a_cronjob_without_namespace_is_a_programming_error() -> None:
-    cronjob = make_cronjob()
+    cronjob = gen.cronjob("report")
     del cronjob["metadata"]["namespace"]
     config: LockConfig = parse_config(cronjob, SETTINGS)
     with pytest.raises(ValueError, match="namespace"):
@@ -618,14 +628,14 @@ def test_a_cronjob_without_namespace_is_a_programming_error() -> None:
 )
 def test_a_job_of_more_than_one_pod_is_refused(job_spec: dict[str, Any], said: str) -> None:
     """Two pods of one Job would take the Lease from each other (security review N13)."""
-    cronjob = make_cronjob(annotations={"cronlock.io/enabled": "true"})
+    cronjob = gen.cronjob("report")
     cronjob["spec"]["jobTemplate"]["spec"].update(job_spec)
     with pytest.raises(InvalidConfig, match=said):
         build_injection(cronjob, parse_config(cronjob, SETTINGS), SETTINGS)
 
 
 def test_a_pod_without_its_token_is_refused() -> None:
-    cronjob = make_cronjob(annotations={"cronlock.io/enabled": "true"})
+    cronjob = gen.cronjob("report")
     cronjob["spec"]["jobTemplate"]["spec"]["template"]["spec"]["automountServiceAccountToken"] = (
         False
     )
@@ -636,9 +646,7 @@ def test_a_pod_without_its_token_is_refused() -> None:
 def test_signal_runs_the_sidecar_as_the_uid_the_work_really_has() -> None:
     """Pod-level root overridden by the container: the sidecar takes the container's 1000,
     not the old `0 or 65532` (security review N13)."""
-    cronjob = make_cronjob(
-        annotations={"cronlock.io/enabled": "true", "cronlock.io/stop": "signal"}
-    )
+    cronjob = gen.cronjob("report", gen.annotated({"cronlock.io/stop": "signal"}))
     pod = cronjob["spec"]["jobTemplate"]["spec"]["template"]["spec"]
     pod["securityContext"] = {"runAsUser": 0}
     pod["containers"][0]["securityContext"] = {"runAsUser": 1000}
@@ -659,7 +667,7 @@ IN_POSTGRES = {
 
 
 def test_a_lock_in_a_store_mounts_its_secret_into_the_sidecar_alone() -> None:
-    user = make_cronjob(annotations=IN_POSTGRES)
+    user = gen.cronjob("report", gen.with_annotations(IN_POSTGRES))
     injected = build_injection(user, parse_config(user, STORES), STORES)
     spec = pod_spec(injected)
     sidecar, gate = spec["initContainers"]
@@ -692,14 +700,18 @@ def test_a_lock_in_a_store_mounts_its_secret_into_the_sidecar_alone() -> None:
 
 def test_a_lock_in_a_store_needs_no_service_account_token() -> None:
     """The sidecar talks to Redis or PostgreSQL, not the API server."""
-    user = make_cronjob(annotations=IN_POSTGRES, automountServiceAccountToken=False)
+    user = gen.cronjob(
+        "report",
+        gen.with_annotations(IN_POSTGRES),
+        gen.with_pod(automountServiceAccountToken=False),
+    )
     build_injection(user, parse_config(user, STORES), STORES)
     with pytest.raises(InvalidConfig, match="automountServiceAccountToken: false"):
-        inject(make_cronjob(automountServiceAccountToken=False))
+        inject(gen.cronjob("report", gen.with_pod(automountServiceAccountToken=False)))
 
 
 def test_the_store_volume_name_is_reserved() -> None:
-    user = make_cronjob(volumes=[{"name": "cronlock-store", "emptyDir": {}}])
+    user = gen.cronjob("report", gen.with_pod(volumes=[{"name": "cronlock-store", "emptyDir": {}}]))
     with pytest.raises(InvalidConfig, match="the volume name cronlock-store is reserved"):
         inject(user)
 
@@ -707,7 +719,7 @@ def test_the_store_volume_name_is_reserved() -> None:
 def test_a_cronjob_injected_with_the_old_strict_probe_is_brought_to_the_new_one() -> None:
     # Before the probe's tolerance came from the ttl, every CronJob had 1 s x 1; at the
     # default ttl the operator now wants 3 s x 2, and patches a stored old injection to it.
-    stored = server_defaults(inject(make_cronjob()))
+    stored = server_defaults(inject(gen.cronjob("report")))
     old = copy.deepcopy(stored)
     probe = pod_spec(old)["containers"][0]["livenessProbe"]
     probe["timeoutSeconds"], probe["failureThreshold"] = 1, 1
@@ -737,8 +749,10 @@ def test_signal_with_a_store_is_refused_for_the_url_under_proc(
     containers = [{"name": "work", "image": "busybox:1.37"}]
     if probe:
         containers[0]["livenessProbe"] = {"exec": {"command": ["true"]}}
-    user = make_cronjob(
-        annotations={**IN_POSTGRES, "cronlock.io/stop": stop}, containers=containers
+    user = gen.cronjob(
+        "report",
+        gen.with_annotations({**IN_POSTGRES, "cronlock.io/stop": stop}),
+        gen.containers(*containers),
     )
     with pytest.raises(InvalidConfig) as caught:
         parse_config(user, STORES)
@@ -748,12 +762,13 @@ def test_signal_with_a_store_is_refused_for_the_url_under_proc(
     assert "/proc/<sidecar pid>/root" in message
     assert 'set cronlock.io/stop: "liveness"' in message
     # The same CronJob on the Lease, or with liveness, is still guarded.
-    lease = make_cronjob(
-        annotations={"cronlock.io/enabled": "true", "cronlock.io/stop": stop},
-        containers=containers,
+    lease = gen.cronjob(
+        "report", gen.annotated({"cronlock.io/stop": stop}), gen.containers(*containers)
     )
     assert parse_config(lease, STORES).stop == "signal"
-    liveness = make_cronjob(annotations={**IN_POSTGRES, "cronlock.io/stop": "liveness"})
+    liveness = gen.cronjob(
+        "report", gen.with_annotations({**IN_POSTGRES, "cronlock.io/stop": "liveness"})
+    )
     assert parse_config(liveness, STORES).stop == "liveness"
 
 
@@ -762,23 +777,29 @@ def test_a_store_in_a_pod_that_shares_its_processes_is_refused() -> None:
     the sidecar's user (65532, distroless's "nonroot") could read the store's URL through
     /proc/<sidecar pid>/root, whatever the stop method. Refused with a store; the same pod on
     the Lease is guarded; an "original" annotation written by hand exempts nothing."""
-    shared = make_cronjob(annotations=dict(IN_POSTGRES), shareProcessNamespace=True)
+    shared = gen.cronjob(
+        "report", gen.with_annotations(dict(IN_POSTGRES)), gen.with_pod(shareProcessNamespace=True)
+    )
     with pytest.raises(InvalidConfig) as caught:
         parse_config(shared, STORES)
     assert caught.value.annotation == "cronlock.io/store"
     assert "shareProcessNamespace: true" in str(caught.value)
     assert "/proc/<sidecar pid>/root" in str(caught.value)
-    on_the_lease = make_cronjob(
-        annotations={"cronlock.io/enabled": "true"}, shareProcessNamespace=True
-    )
+    on_the_lease = gen.cronjob("report", gen.with_pod(shareProcessNamespace=True))
     assert parse_config(on_the_lease, STORES).store == "lease"
-    claimed_original = make_cronjob(
-        annotations={**IN_POSTGRES, "cronlock.io/original-share-process-namespace": "unset"},
-        shareProcessNamespace=True,
+    claimed_original = gen.cronjob(
+        "report",
+        gen.with_annotations(
+            {**IN_POSTGRES, "cronlock.io/original-share-process-namespace": "unset"}
+        ),
+        gen.with_pod(shareProcessNamespace=True),
     )
     with pytest.raises(InvalidConfig):
         parse_config(claimed_original, STORES)
-    assert parse_config(make_cronjob(annotations=dict(IN_POSTGRES)), STORES).store == "postgres"
+    assert (
+        parse_config(gen.cronjob("report", gen.with_annotations(dict(IN_POSTGRES))), STORES).store
+        == "postgres"
+    )
 
 
 def test_the_operator_scope_policy_admits_every_variable_the_injection_writes() -> None:

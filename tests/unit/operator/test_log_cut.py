@@ -15,6 +15,7 @@ from cronlock_operator.kube.writes import Kube
 from cronlock_operator.reconcile.actions import PostEvent
 from cronlock_operator.reconcile.cronjobs import decide
 from cronlock_operator.settings import OperatorSettings
+from tests.support import gen
 
 HUGE = 200 * 1024
 
@@ -31,30 +32,7 @@ def posting_kube(posted: list[dict[str, Any]]) -> Kube:
     return kube
 
 
-def cronjob(annotations: dict[str, str]) -> dict[str, Any]:
-    return {
-        "apiVersion": "batch/v1",
-        "kind": "CronJob",
-        "metadata": {
-            "name": "report",
-            "namespace": "reports",
-            "uid": "u-1",
-            "annotations": {"cronlock.io/enabled": "true", **annotations},
-        },
-        "spec": {
-            "schedule": "*/5 * * * *",
-            "jobTemplate": {
-                "spec": {
-                    "template": {
-                        "spec": {
-                            "restartPolicy": "Never",
-                            "containers": [{"name": "report", "image": "busybox"}],
-                        }
-                    }
-                }
-            },
-        },
-    }
+REPORT = (gen.in_namespace("reports"), gen.with_uid("u-1"))
 
 
 def logged_messages(caplog: pytest.LogCaptureFixture) -> list[str]:
@@ -64,7 +42,7 @@ def logged_messages(caplog: pytest.LogCaptureFixture) -> list[str]:
 def test_a_200_kib_lock_is_cut_in_its_event_and_its_log_and_the_reason_stays(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    body = cronjob({"cronlock.io/lock": "x" * HUGE})
+    body = gen.cronjob("report", *REPORT, gen.annotated({"cronlock.io/lock": "x" * HUGE}))
     decision = decide(
         body,
         OperatorSettings(sidecar_image="img"),
@@ -97,7 +75,9 @@ def test_any_event_message_is_logged_cut_as_it_is_posted(
     posted: list[dict[str, Any]] = []
     huge = "cronlock could not reconcile this CronJob (" + "y" * HUGE + ")"
     with caplog.at_level(logging.INFO):
-        posting_kube(posted).post_event(cronjob({}), "ReconcileError", huge, warning=True)
+        posting_kube(posted).post_event(
+            gen.cronjob("report", *REPORT), "ReconcileError", huge, warning=True
+        )
 
     [event] = posted
     [line] = logged_messages(caplog)

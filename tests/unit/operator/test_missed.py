@@ -13,7 +13,7 @@ from cronlock_operator.runtime import metrics
 from cronlock_operator.runtime.executor import Executor
 from cronlock_operator.runtime.ticks import TickWatch
 from cronlock_operator.settings import OperatorSettings
-from tests.support.cronjobs import make_cronjob
+from tests.support import gen
 
 SETTINGS = OperatorSettings(sidecar_image="cronlock:test")
 UTC = datetime.UTC
@@ -27,22 +27,13 @@ def stamp(moment: datetime.datetime) -> str:
     return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def cronjob(
-    schedule: str = "* * * * *",
-    *,
-    annotations: dict[str, str] | None = None,
-    status: dict[str, Any] | None = None,
-    **spec: Any,
-) -> dict[str, Any]:
-    body = make_cronjob(
-        name="report",
-        schedule=schedule,
-        annotations={"cronlock.io/enabled": "true", **(annotations or {})},
-        cronjob_spec=spec,
-    )
-    body["metadata"].update(uid="uid-1", creationTimestamp=stamp(at(0, 30)))
-    body["status"] = status or {}
-    return body
+# Every minute, created at 10:00:30, not yet run.
+EVERY_MINUTE = (
+    gen.with_schedule("* * * * *"),
+    gen.with_uid("uid-1"),
+    gen.with_metadata(creationTimestamp=stamp(at(0, 30))),
+    gen.with_status({}),
+)
 
 
 def judge(body: dict[str, Any], now: datetime.datetime, **kwargs: Any) -> missed.TickJudgment:
@@ -63,7 +54,7 @@ def events(judgment: missed.TickJudgment) -> list[PostEvent]:
 
 
 def test_every_tick_that_started_a_run_is_no_miss() -> None:
-    judgment = judge(cronjob(), at(3, 30), started={at(1), at(2)})
+    judgment = judge(gen.cronjob("report", *EVERY_MINUTE), at(3, 30), started={at(1), at(2)})
 
     assert events(judgment) == []
     assert not [a for a in judgment.actions if isinstance(a, CountMissed)]
@@ -75,7 +66,7 @@ def test_every_tick_that_started_a_run_is_no_miss() -> None:
 
 
 def test_ticks_without_a_run_are_missed_in_one_warning() -> None:
-    judgment = judge(cronjob(), at(3, 30))
+    judgment = judge(gen.cronjob("report", *EVERY_MINUTE), at(3, 30))
 
     assert CountMissed("team-a", "report", 2) in judgment.actions
     (event,) = events(judgment)
@@ -86,7 +77,7 @@ def test_ticks_without_a_run_are_missed_in_one_warning() -> None:
 
 
 def test_the_last_schedule_time_started_a_run_even_when_its_job_is_gone() -> None:
-    body = cronjob(status={"lastScheduleTime": stamp(at(2))})
+    body = gen.cronjob("report", *EVERY_MINUTE, gen.with_status({"lastScheduleTime": stamp(at(2))}))
 
     judgment = judge(body, at(3, 30), judged_through=at(0, 30))
 
@@ -95,7 +86,7 @@ def test_the_last_schedule_time_started_a_run_even_when_its_job_is_gone() -> Non
 
 
 def test_a_cronjob_seen_first_is_judged_from_its_last_schedule() -> None:
-    body = cronjob(status={"lastScheduleTime": stamp(at(2))})
+    body = gen.cronjob("report", *EVERY_MINUTE, gen.with_status({"lastScheduleTime": stamp(at(2))}))
 
     judgment = judge(body, at(3, 30))
 
@@ -104,7 +95,7 @@ def test_a_cronjob_seen_first_is_judged_from_its_last_schedule() -> None:
 
 
 def test_starting_deadline_seconds_is_the_deadline() -> None:
-    body = cronjob(startingDeadlineSeconds=15)
+    body = gen.cronjob("report", *EVERY_MINUTE, gen.with_spec(startingDeadlineSeconds=15))
 
     judgment = judge(body, at(1, 20))
 
@@ -114,7 +105,7 @@ def test_starting_deadline_seconds_is_the_deadline() -> None:
 
 
 def test_a_suspended_cronjob_warns_once_while_it_stays_suspended() -> None:
-    body = cronjob(suspend=True)
+    body = gen.cronjob("report", *EVERY_MINUTE, gen.with_spec(suspend=True))
 
     first = judge(body, at(3, 30))
     (event,) = events(first)
@@ -129,10 +120,10 @@ def test_a_suspended_cronjob_warns_once_while_it_stays_suspended() -> None:
 
 
 def test_a_run_after_misses_ends_the_episode() -> None:
-    first = judge(cronjob(), at(3, 30))
+    first = judge(gen.cronjob("report", *EVERY_MINUTE), at(3, 30))
 
     later = judge(
-        cronjob(),
+        gen.cronjob("report", *EVERY_MINUTE),
         at(4, 30),
         judged_through=first.judged_through,
         started={at(3)},
@@ -144,7 +135,9 @@ def test_a_run_after_misses_ends_the_episode() -> None:
 
 
 def test_not_succeeding_after_alert_after_missed_ticks() -> None:
-    body = cronjob(annotations={"cronlock.io/alert-after-missed": "2"})
+    body = gen.cronjob(
+        "report", *EVERY_MINUTE, gen.annotated({"cronlock.io/alert-after-missed": "2"})
+    )
 
     judgment = judge(body, at(3, 30), started={at(1), at(2)})
 
@@ -167,13 +160,27 @@ def test_not_succeeding_after_alert_after_missed_ticks() -> None:
 
 def test_a_success_or_a_freeze_or_zero_means_no_not_succeeding() -> None:
     failing = {"cronlock.io/alert-after-missed": "2"}
-    succeeded = cronjob(annotations=failing, status={"lastSuccessfulTime": stamp(at(2, 10))})
+    succeeded = gen.cronjob(
+        "report",
+        *EVERY_MINUTE,
+        gen.annotated(failing),
+        gen.with_status({"lastSuccessfulTime": stamp(at(2, 10))}),
+    )
     assert events(judge(succeeded, at(3, 30), started={at(1), at(2)})) == []
     assert (
-        events(judge(cronjob(annotations=failing), at(3, 30), frozen=True, started={at(1), at(2)}))
+        events(
+            judge(
+                gen.cronjob("report", *EVERY_MINUTE, gen.annotated(failing)),
+                at(3, 30),
+                frozen=True,
+                started={at(1), at(2)},
+            )
+        )
         == []
     )
-    off = cronjob(annotations={"cronlock.io/alert-after-missed": "0"})
+    off = gen.cronjob(
+        "report", *EVERY_MINUTE, gen.annotated({"cronlock.io/alert-after-missed": "0"})
+    )
     assert events(judge(off, at(9, 30), started={at(m) for m in range(1, 9)})) == []
     recovered = judge(
         succeeded, at(3, 30), started={at(1), at(2)}, posted={"NotSucceeding": "earlier"}
@@ -182,7 +189,7 @@ def test_a_success_or_a_freeze_or_zero_means_no_not_succeeding() -> None:
 
 
 def test_a_long_outage_is_judged_in_slices() -> None:
-    body = cronjob()
+    body = gen.cronjob("report", *EVERY_MINUTE)
     body["metadata"]["creationTimestamp"] = "2026-11-01T00:00:00Z"
 
     judgment = judge(body, at(0))
@@ -195,7 +202,7 @@ def test_a_long_outage_is_judged_in_slices() -> None:
 def test_a_schedule_not_understood_is_none() -> None:
     assert (
         missed.judge(
-            cronjob("61 * * * *"),
+            gen.cronjob("report", *EVERY_MINUTE, gen.with_schedule("61 * * * *")),
             SETTINGS,
             at(3, 30),
             judged_through=None,
@@ -208,7 +215,7 @@ def test_a_schedule_not_understood_is_none() -> None:
 
 
 def test_next_run_and_not_succeeding_for_status() -> None:
-    body = cronjob("*/5 * * * *")
+    body = gen.cronjob("report", *EVERY_MINUTE, gen.with_schedule("*/5 * * * *"))
     assert missed.next_run(body, at(3, 30)) == at(5)
     assert missed.not_succeeding(body, SETTINGS, at(3, 30)) is None
 
@@ -239,7 +246,7 @@ def test_tick_watch_judges_when_due_and_remembers_the_jobs_it_saw() -> None:
     clock = Clock(at(0, 40))
     posted: list[tuple[str, str]] = []
     ticks, cronjobs = watch(clock, posted)
-    body = cronjob()
+    body = gen.cronjob("report", *EVERY_MINUTE)
     cronjobs.put(body)
 
     ticks.cronjob_seen(("team-a", "report"), body)
@@ -277,7 +284,7 @@ def test_tick_watch_judges_when_due_and_remembers_the_jobs_it_saw() -> None:
 def test_tick_watch_forgets_a_cronjob_no_longer_guarded() -> None:
     clock = Clock(at(0, 40))
     ticks, cronjobs = watch(clock, [])
-    body = cronjob(annotations={"cronlock.io/enabled": "false"})
+    body = gen.cronjob("report", *EVERY_MINUTE, gen.annotated({"cronlock.io/enabled": "false"}))
     cronjobs.put(body)
 
     ticks.cronjob_seen(("team-a", "report"), body)

@@ -33,17 +33,16 @@ from cronlock_operator.reconcile.rbac import Guard
 from cronlock_operator.runtime.executor import Executor
 from cronlock_operator.runtime.lease_expiry import Observations
 from cronlock_sidecar.lock.model import read_lease
-from tests.support.cronjobs import SETTINGS, changed, make_cronjob, server_defaults
+from tests.support import gen
+from tests.support.cronjobs import SETTINGS, changed
 from tests.support.fakekube import FakeKube
 from tests.support.leases import make_lease
 
 NAMESPACE = "team-a"
 
 
-def cronjob(annotations: dict[str, str] | None = None, **pod_spec: Any) -> dict[str, Any]:
-    body = server_defaults(make_cronjob(namespace=NAMESPACE, annotations=annotations, **pod_spec))
-    body["metadata"]["uid"] = "uid-report"
-    return body
+# Report as the API server stores it.
+STORED = (gen.with_uid("uid-report"), gen.as_stored())
 
 
 def injected(body: dict[str, Any]) -> dict[str, Any]:
@@ -74,7 +73,7 @@ def kinds(actions: list[Any]) -> list[str]:
 
 
 def test_a_new_guarded_cronjob_gets_its_lease_and_rbac_before_the_patch() -> None:
-    decision = decide(cronjob())
+    decision = decide(gen.cronjob("report", *STORED))
     assert decision.guard == Guard("cronlock-report", "default")
     assert kinds(decision.before) == ["EnsureLease"]
     assert decision.sync_rbac
@@ -87,12 +86,16 @@ def test_a_new_guarded_cronjob_gets_its_lease_and_rbac_before_the_patch() -> Non
 def test_a_lock_in_a_store_gets_its_lease_as_a_registry_that_no_role_grants() -> None:
     """Security review H1: who uses a store lock, and with whose consent, is kept on a
     Lease as for any lock; its pods never write it, so no holder Role names it."""
-    body = cronjob(
-        {
-            "cronlock.io/enabled": "true",
-            "cronlock.io/store": "redis",
-            "cronlock.io/store-secret": "team-locks",
-        }
+    body = gen.cronjob(
+        "report",
+        gen.annotated(
+            {
+                "cronlock.io/enabled": "true",
+                "cronlock.io/store": "redis",
+                "cronlock.io/store-secret": "team-locks",
+            }
+        ),
+        *STORED,
     )
     settings = dataclasses.replace(SETTINGS, sidecar_stores_image="ghcr.io/example/s:1.0.0")
     decision = cronjobs.decide(
@@ -111,7 +114,7 @@ def test_a_lock_in_a_store_gets_its_lease_as_a_registry_that_no_role_grants() ->
 
 
 def test_an_injected_cronjob_whose_rbac_is_granted_needs_no_write_but_the_lease_check() -> None:
-    body = injected(cronjob())
+    body = injected(gen.cronjob("report", *STORED))
     guard = Guard("cronlock-report", "default")
     decision = decide(body, previous=guard, granted=frozenset({guard}))
     assert decision.after == []
@@ -121,7 +124,7 @@ def test_an_injected_cronjob_whose_rbac_is_granted_needs_no_write_but_the_lease_
 
 
 def test_changing_the_lock_moves_the_owner_reference() -> None:
-    body = injected(cronjob())
+    body = injected(gen.cronjob("report", *STORED))
     body["metadata"]["annotations"]["cronlock.io/lock"] = "exports"
     decision = decide(body, previous=Guard("cronlock-report", "default"))
     assert kinds(decision.before) == ["EnsureLease", "DropLeaseOwner"]
@@ -132,7 +135,7 @@ def test_changing_the_lock_moves_the_owner_reference() -> None:
 
 
 def test_opting_out_reverts_releases_the_lease_and_syncs_rbac() -> None:
-    body = injected(cronjob())
+    body = injected(gen.cronjob("report", *STORED))
     body["metadata"]["annotations"]["cronlock.io/enabled"] = "false"
     decision = decide(body, previous=Guard("cronlock-report", "default"))
     assert decision.guard is None
@@ -142,7 +145,7 @@ def test_opting_out_reverts_releases_the_lease_and_syncs_rbac() -> None:
 
 
 def test_bad_input_is_one_warning_that_changes_nothing_and_is_not_repeated() -> None:
-    body = injected(cronjob())
+    body = injected(gen.cronjob("report", *STORED))
     body["metadata"]["annotations"]["cronlock.io/policy"] = "replce"
     decision = decide(body, previous=Guard("cronlock-report", "default"))
     assert decision.keep_guard
@@ -157,11 +160,13 @@ def test_bad_input_is_one_warning_that_changes_nothing_and_is_not_repeated() -> 
 
 
 def test_a_valid_config_forgets_the_earlier_warning() -> None:
-    assert decide(cronjob()).posted["InvalidConfig"] is None
+    assert decide(gen.cronjob("report", *STORED)).posted["InvalidConfig"] is None
 
 
 def test_a_ttl_longer_than_the_schedule_gap_is_warned_once() -> None:
-    body = cronjob({"cronlock.io/enabled": "true", "cronlock.io/ttl": "10m"})
+    body = gen.cronjob(
+        "report", gen.annotated({"cronlock.io/enabled": "true", "cronlock.io/ttl": "10m"}), *STORED
+    )
     first = decide(body)
     assert "PostEvent:TTLLongerThanSchedule" in kinds(first.after)
     warning = first.posted["TTLLongerThanSchedule"]
@@ -171,7 +176,7 @@ def test_a_ttl_longer_than_the_schedule_gap_is_warned_once() -> None:
 
 
 def test_the_pending_guard_names_the_account_the_runs_use() -> None:
-    body = cronjob(serviceAccountName="exporter")
+    body = gen.cronjob("report", gen.service_account("exporter"), *STORED)
     assert cronjobs.pending_guard(body, SETTINGS) == Guard("cronlock-report", "exporter")
     body["metadata"]["annotations"]["cronlock.io/ttl"] = "soon"
     assert cronjobs.pending_guard(changed(body), SETTINGS) is None
@@ -214,32 +219,23 @@ def test_a_long_account_name_gives_a_valid_role_name() -> None:
 
 
 def finished_job(name: str, created: str, outcome: str) -> dict[str, Any]:
-    conditions = {
-        "skipped": {
-            "type": "Failed",
-            "status": "True",
-            "reason": "PodFailurePolicy",
-            "message": f"Container cronlock-gate for pod {NAMESPACE}/{name}-x failed with exit "
-            "code 75 matching FailJob rule at index 0",
-        },
-        "failed": {"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded"},
-        "succeeded": {"type": "Complete", "status": "True"},
+    """A Job of lock report made from the injected CronJob, ended as `outcome`."""
+    ended = {
+        "skipped": gen.skipped(NAMESPACE),
+        "failed": gen.failed(),
+        "succeeded": gen.succeeded(),
     }
-    return {
-        "metadata": {
-            "name": name,
-            "uid": f"uid-{name}",
-            "creationTimestamp": created,
-            "labels": {"cronlock.io/lock": "report"},
-        },
-        # Made from the injected CronJob: its pods pass the gate.
-        "spec": {"template": {"spec": {"initContainers": [{"name": "cronlock-gate"}]}}},
-        "status": {"conditions": [conditions[outcome]]},
-    }
+    return gen.job(
+        name, gen.created_at(created), gen.of_lock("report"), gen.gated(), ended[outcome]
+    )
 
 
 def test_skips_are_counted_in_creation_order_and_alert_at_alert_after() -> None:
-    body = cronjob({"cronlock.io/enabled": "true", "cronlock.io/alert-after": "2"})
+    body = gen.cronjob(
+        "report",
+        gen.annotated({"cronlock.io/enabled": "true", "cronlock.io/alert-after": "2"}),
+        *STORED,
+    )
     body["metadata"]["annotations"]["cronlock.io/consecutive-skips"] = "1"
     jobs = [
         finished_job("report-3", "2026-12-01T00:00:03Z", "skipped"),
@@ -275,7 +271,7 @@ def made_by(body: dict[str, Any], job: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_a_success_resets_the_count_and_a_failure_leaves_it() -> None:
-    body = injected(cronjob())
+    body = injected(gen.cronjob("report", *STORED))
     body["metadata"]["annotations"]["cronlock.io/consecutive-skips"] = "4"
     decision = runs.decide(
         body,
@@ -300,7 +296,7 @@ def test_a_forged_job_that_never_took_the_lock_does_not_end_a_run_of_skips() -> 
     """Security review L8: a Job naming the CronJob as its owner, created by anyone who may
     create Jobs, without cronlock's gate (one container `true`) completes: the skips in a
     row stay, so a stuck lock's RepeatedSkips is not hidden."""
-    body = cronjob()
+    body = gen.cronjob("report", *STORED)
     body["metadata"]["annotations"]["cronlock.io/consecutive-skips"] = "4"
     forged = finished_job("report-29999999", "2026-12-01T00:00:01Z", "succeeded")
     forged["spec"] = {"template": {"spec": {"containers": [{"name": "w", "command": ["true"]}]}}}
@@ -353,7 +349,7 @@ def test_a_forged_job_with_a_gate_of_its_own_does_not_end_a_run_of_skips(
     """Security review L-N6: a container *named* cronlock-gate proved nothing. A Job owned
     by the CronJob whose cronlock containers or their volumes differ in anything from the
     CronJob's own completes without ending the skips in a row."""
-    body = injected(cronjob())
+    body = injected(gen.cronjob("report", *STORED))
     body["metadata"]["annotations"]["cronlock.io/consecutive-skips"] = "4"
     forged = made_by(body, finished_job("report-29999999", "2026-12-01T00:00:01Z", "succeeded"))
     forge(forged["spec"]["template"]["spec"])
@@ -367,18 +363,28 @@ def test_a_forged_job_with_a_gate_of_its_own_does_not_end_a_run_of_skips(
 
 
 def test_kept_and_gone_skipped_jobs_are_not_deleted() -> None:
-    body = cronjob({"cronlock.io/enabled": "true", "cronlock.io/keep-skipped-jobs": "true"})
+    body = gen.cronjob(
+        "report",
+        gen.annotated({"cronlock.io/enabled": "true", "cronlock.io/keep-skipped-jobs": "true"}),
+        *STORED,
+    )
     job = finished_job("report-1", "2026-12-01T00:00:01Z", "skipped")
     assert (
         DeleteJob(NAMESPACE, "report-1") not in runs.decide(body, [job], SETTINGS).runs[0].actions
     )
-    gone = runs.decide(cronjob(), [job], SETTINGS, gone=frozenset({"uid-report-1"}))
+    gone = runs.decide(
+        gen.cronjob("report", *STORED), [job], SETTINGS, gone=frozenset({"uid-report-1"})
+    )
     assert kinds(gone.runs[0].actions) == ["CountTick", "CountRun", "PostEvent:Skipped"]
 
 
 def test_only_skipped_and_replaced_jobs_are_labelled_with_their_outcome() -> None:
     """What KubeJobFailed's exclusion reads: the Failed Jobs that are cronlock's doing."""
-    body = cronjob({"cronlock.io/enabled": "true", "cronlock.io/keep-skipped-jobs": "true"})
+    body = gen.cronjob(
+        "report",
+        gen.annotated({"cronlock.io/enabled": "true", "cronlock.io/keep-skipped-jobs": "true"}),
+        *STORED,
+    )
     jobs = [
         finished_job("report-1", "2026-12-01T00:00:01Z", "skipped"),
         finished_job("report-2", "2026-12-01T00:00:02Z", "failed"),
@@ -406,7 +412,11 @@ def test_only_skipped_and_replaced_jobs_are_labelled_with_their_outcome() -> Non
 
 
 def test_a_skip_that_ended_while_its_lock_was_frozen_is_a_frozen_event_not_a_skip() -> None:
-    body = cronjob({"cronlock.io/enabled": "true", "cronlock.io/alert-after": "1"})
+    body = gen.cronjob(
+        "report",
+        gen.annotated({"cronlock.io/enabled": "true", "cronlock.io/alert-after": "1"}),
+        *STORED,
+    )
     during = finished_job("report-1", "2026-12-01T00:00:01Z", "skipped")
     during["status"]["conditions"][0]["lastTransitionTime"] = "2026-12-01T00:00:05Z"
     after = finished_job("report-2", "2026-12-01T03:00:01Z", "skipped")
@@ -439,7 +449,13 @@ ALREADY_RAN_LINE = (
 def test_a_skip_whose_gate_said_already_ran_is_its_own_event_and_no_skip_in_a_row() -> None:
     """Issue 56: the tick was worked by another run; no lock is stuck, so RepeatedSkips
     keeps its meaning. A skip of the lock held stays a Skipped one in the same list."""
-    body = injected(cronjob({"cronlock.io/enabled": "true", "cronlock.io/alert-after": "2"}))
+    body = injected(
+        gen.cronjob(
+            "report",
+            gen.annotated({"cronlock.io/enabled": "true", "cronlock.io/alert-after": "2"}),
+            *STORED,
+        )
+    )
     body["metadata"]["annotations"]["cronlock.io/consecutive-skips"] = "1"
     jobs = [
         made_by(body, finished_job("report-29416320", "2026-12-01T00:00:01Z", "skipped")),
@@ -474,7 +490,13 @@ def test_a_skip_whose_gate_said_already_ran_is_its_own_event_and_no_skip_in_a_ro
 
 
 def test_already_ran_runs_alone_leave_the_skips_in_a_row_as_they_were() -> None:
-    body = injected(cronjob({"cronlock.io/enabled": "true", "cronlock.io/alert-after": "1"}))
+    body = injected(
+        gen.cronjob(
+            "report",
+            gen.annotated({"cronlock.io/enabled": "true", "cronlock.io/alert-after": "1"}),
+            *STORED,
+        )
+    )
     body["metadata"]["annotations"]["cronlock.io/consecutive-skips"] = "3"
     job = made_by(body, finished_job("report-29416320", "2026-12-01T00:00:01Z", "skipped"))
     decision = runs.decide(body, [job], SETTINGS, already_ran={"report-29416320": "x"})
@@ -491,7 +513,13 @@ def test_a_forged_jobs_gate_saying_already_ran_is_a_plain_skip(
 ) -> None:
     """A forger's gate may print `already ran` and exit 75: its Job's cronlock containers
     are not the CronJob's, so its word is not taken; a skip in a row, as before."""
-    body = injected(cronjob({"cronlock.io/enabled": "true", "cronlock.io/alert-after": "5"}))
+    body = injected(
+        gen.cronjob(
+            "report",
+            gen.annotated({"cronlock.io/enabled": "true", "cronlock.io/alert-after": "5"}),
+            *STORED,
+        )
+    )
     forged = made_by(body, finished_job("report-29416320", "2026-12-01T00:00:01Z", "skipped"))
     forge(forged["spec"]["template"]["spec"])
     decision = runs.decide(body, [forged], SETTINGS, already_ran={"report-29416320": "x"})
@@ -503,7 +531,7 @@ def test_a_forged_jobs_gate_saying_already_ran_is_a_plain_skip(
 def test_a_line_for_a_job_that_did_not_skip_changes_nothing() -> None:
     """Only a skipped Job's gate can have said it: a line for a Job that succeeded or
     failed is ignored (the runtime reads lines only for skipped Jobs)."""
-    body = injected(cronjob())
+    body = injected(gen.cronjob("report", *STORED))
     job = made_by(body, finished_job("report-29416320", "2026-12-01T00:00:01Z", "succeeded"))
     decision = runs.decide(body, [job], SETTINGS, already_ran={"report-29416320": "x"})
     assert kinds(decision.runs[0].actions) == ["MarkJob", "CountTick"]
@@ -513,7 +541,7 @@ def test_a_line_for_a_job_that_did_not_skip_changes_nothing() -> None:
 def test_ticks_count_only_runs_of_a_tick_and_only_runs_that_prove_something() -> None:
     """A manual run (`kubectl create job --from`) is no tick; a Job that never took the
     lock (security review L8) worked no tick; an observed overlap or a replaced run did."""
-    body = injected(cronjob())
+    body = injected(gen.cronjob("report", *STORED))
     manual = made_by(body, finished_job("report-manual-x1", "2026-12-01T00:00:01Z", "succeeded"))
     manual_skip = finished_job("report-manual-x2", "2026-12-01T00:00:02Z", "skipped")
     forged = finished_job("report-29416322", "2026-12-01T00:00:03Z", "succeeded")
@@ -625,7 +653,7 @@ def test_a_holder_is_overdue_only_past_its_duration_plus_the_skew() -> None:
 def test_an_overdue_holder_is_cleared_with_a_guarded_patch_then_the_owners_are_told() -> None:
     seen, _ = expiry.observe(None, read_lease(lease("a")), 100.0, LONGEST)
     assert seen is not None
-    owner = cronjob()
+    owner = gen.cronjob("report", *STORED)
     wall = datetime(2026, 12, 1, 12, 1, 0, tzinfo=UTC)
     actions = expiry.decide(seen, lease("a"), [owner], 140.0, wall)
     assert kinds(actions) == ["PatchLease", "CountTakeover", "CountRun", "PostEvent:LeaseExpired"]
@@ -655,7 +683,7 @@ def test_a_holder_that_renewed_meanwhile_is_left_alone() -> None:
 def test_the_executor_drops_what_follows_a_write_whose_object_is_gone() -> None:
     kube = FakeKube()  # holds no CronJob: the patch answers "gone"
     executor = Executor(kube)
-    body = cronjob()
+    body = gen.cronjob("report", *STORED)
     done = executor.run(
         [
             PostEvent(body, "A", "a"),
@@ -671,13 +699,17 @@ def test_the_executor_drops_what_follows_a_write_whose_object_is_gone() -> None:
 def test_an_unrelated_invalid_annotation_keeps_the_users_counting_settings() -> None:
     """keep-skipped-jobs and alert-after hold even when another annotation is invalid (the
     operator deleted the Jobs the user asked to keep, and alerted after 3 instead of 2)."""
-    body = cronjob(
-        {
-            "cronlock.io/enabled": "true",
-            "cronlock.io/keep-skipped-jobs": "true",
-            "cronlock.io/alert-after": "2",
-            "cronlock.io/ttl": "soon",  # invalid: the CronJob is left as it was
-        }
+    body = gen.cronjob(
+        "report",
+        gen.annotated(
+            {
+                "cronlock.io/enabled": "true",
+                "cronlock.io/keep-skipped-jobs": "true",
+                "cronlock.io/alert-after": "2",
+                "cronlock.io/ttl": "soon",  # invalid: the CronJob is left as it was
+            }
+        ),
+        *STORED,
     )
     changed(body)["metadata"]["annotations"]["cronlock.io/consecutive-skips"] = "1"
     job = finished_job("report-2", "2026-12-01T00:00:02Z", "skipped")

@@ -7,10 +7,10 @@ from typing import Any
 from cronlock_operator.reconcile import repair
 from cronlock_operator.reconcile.actions import PatchLease, PostEvent
 from cronlock_sidecar import contract
-from tests.support.cronjobs import make_cronjob
+from tests.support import gen
 from tests.support.leases import make_lease
 
-OWNER = make_cronjob(name="report", namespace="default")
+OWNER = gen.cronjob("report", gen.in_namespace("default"))
 JOBS = contract.ANNOTATION_REPLACED_JOBS
 JOBS_PATH = "/metadata/annotations/cronlock.io~1replaced-jobs"
 

@@ -19,7 +19,8 @@ from cronlock_operator.runtime import metrics
 from cronlock_operator.runtime.guarding import CONFLICT_RECHECK
 from cronlock_operator.runtime.reconciler import Reconciler
 from cronlock_operator.runtime.workqueue import DONE, Result, WorkQueue
-from tests.support.cronjobs import SETTINGS, make_cronjob, server_defaults
+from tests.support import gen
+from tests.support.cronjobs import SETTINGS, server_defaults
 from tests.support.fakekube import FakeKube
 from tests.support.leases import make_lease
 from tests.support.metrics import cronjob_states
@@ -58,7 +59,7 @@ def setup(**account: str) -> tuple[Reconciler, Kube]:
     kube = Kube()
     reconciler = Reconciler(kube=kube, settings=SETTINGS)
     for name, service_account in {"report": "default", **account}.items():
-        body = server_defaults(make_cronjob(name=name, serviceAccountName=service_account))
+        body = server_defaults(gen.cronjob(name, gen.service_account(service_account)))
         body["metadata"]["uid"] = f"uid-{name}"
         kube.cronjobs[("team-a", name)] = copy.deepcopy(body)
         reconciler.on_cronjob("ADDED", body)
@@ -110,7 +111,7 @@ def test_a_change_in_its_namespace_looks_again_at_once_at_a_cronjob_in_conflict(
     assert reconcile(reconciler, "team-a", "report") == RECHECK
     refused = CronJobKey("team-a", "report")
     reconciler.queue = WorkQueue(reconciler.queue.work)  # what is queued from here on
-    elsewhere = server_defaults(make_cronjob(name="export", namespace="team-b"))
+    elsewhere = server_defaults(gen.cronjob("export", gen.in_namespace("team-b")))
     reconciler.on_cronjob("ADDED", elsewhere)
     assert not reconciler.queue.waiting(refused)
     body = copy.deepcopy(kube.cronjobs[("team-a", "export")])
@@ -135,12 +136,14 @@ def test_a_labelled_namespace_guards_its_cronjobs_but_the_one_that_opts_out() ->
     reconciler = Reconciler(kube=kube, settings=SETTINGS)
     accounts = {"report": "reports", "export": "default", "audit": "reports"}
     for name, notes in (("report", {}), ("export", {}), ("audit", {ENABLED: "false"})):
-        made = make_cronjob(name=name, annotations=notes, serviceAccountName=accounts[name])
+        made = gen.cronjob(name, gen.with_annotations(notes), gen.service_account(accounts[name]))
         body = server_defaults(made)
         body["metadata"].update(uid=f"uid-{name}", resourceVersion="1")
         kube.cronjobs[("team-a", name)] = copy.deepcopy(body)
         reconciler.on_cronjob("ADDED", body)
-    elsewhere = server_defaults(make_cronjob(name="other", namespace="team-b", annotations={}))
+    elsewhere = server_defaults(
+        gen.cronjob("other", gen.in_namespace("team-b"), gen.not_opted_in())
+    )
     reconciler.on_cronjob("ADDED", elsewhere)
     reconciler.queue = WorkQueue(reconciler.queue.work)  # what is queued from here on
 
@@ -305,7 +308,7 @@ def test_start_up_writes_every_namespaces_holder_rbac_once_before_the_reconciles
     reconciler = Reconciler(kube=kube, settings=SETTINGS)
     for namespace in ("team-a", "team-b", "team-c"):
         for name in ("report", "export"):
-            body = server_defaults(make_cronjob(name=name, namespace=namespace))
+            body = server_defaults(gen.cronjob(name, gen.in_namespace(namespace)))
             body["metadata"]["uid"] = f"uid-{namespace}-{name}"
             kube.cronjobs[(namespace, name)] = copy.deepcopy(body)
             reconciler.cronjobs.put(body)  # as the start-up list fills the cache
@@ -337,7 +340,7 @@ def test_a_namespace_whose_rbac_fails_at_start_up_is_logged_and_stops_no_other(
     )
     reconciler = Reconciler(kube=kube, settings=SETTINGS)
     for namespace in ("team-a", "team-b", "team-c"):
-        body = server_defaults(make_cronjob(name="report", namespace=namespace))
+        body = server_defaults(gen.cronjob("report", gen.in_namespace(namespace)))
         body["metadata"]["uid"] = f"uid-{namespace}"
         reconciler.cronjobs.put(body)
 
@@ -436,7 +439,7 @@ def test_a_day_long_hold_seen_at_start_up_is_believed_only_for_its_owners_ttl() 
     )
     kube.leases[("team-a", "cronlock-report")] = copy.deepcopy(squatted)
     reconciler.on_lease("ADDED", squatted)
-    body = server_defaults(make_cronjob(name="report"))
+    body = server_defaults(gen.cronjob("report"))
     body["metadata"]["uid"] = "uid-report"
     kube.cronjobs[("team-a", "report")] = copy.deepcopy(body)
     reconciler.on_cronjob("ADDED", body)
@@ -448,21 +451,7 @@ def test_a_day_long_hold_seen_at_start_up_is_believed_only_for_its_owners_ttl() 
     ]
 
 
-def _pod(name: str, uid: str, job: tuple[str, str] | None) -> dict[str, Any]:
-    owners = (
-        [] if job is None else [{"kind": "Job", "name": job[0], "uid": job[1], "controller": True}]
-    )
-    return {
-        "metadata": {"name": name, "namespace": "team-a", "uid": uid, "ownerReferences": owners},
-        "spec": {"serviceAccountName": "reports"},
-    }
-
-
-def _job(name: str, uid: str, cronjob_uid: str) -> dict[str, Any]:
-    owners = [{"kind": "CronJob", "name": "x", "uid": cronjob_uid, "controller": True}]
-    return {
-        "metadata": {"name": name, "namespace": "team-a", "uid": uid, "ownerReferences": owners}
-    }
+IN_TEAM_A = (gen.in_namespace("team-a"),)
 
 
 @pytest.mark.parametrize(
@@ -491,16 +480,42 @@ def test_a_hold_by_a_pod_that_is_no_run_of_the_lock_is_cleared_with_a_warning(
     reconcile(reconciler, "team-a", "report")
     kube.pods.update(
         {
-            ("team-a", "web-7f9c"): _pod("web-7f9c", "aaaaaaaa-1", None),
-            ("team-a", "other-1-abcde"): _pod("other-1-abcde", "bbbbbbbb-1", ("other-1", "j-o")),
-            ("team-a", "report-1-abcde"): _pod("report-1-abcde", "cccccccc-1", ("report-1", "j-r")),
-            ("team-a", "reused"): _pod("reused", "ffffffff-1", None),
+            ("team-a", "web-7f9c"): gen.pod(
+                "web-7f9c", "reports", *IN_TEAM_A, gen.with_uid("aaaaaaaa-1")
+            ),
+            ("team-a", "other-1-abcde"): gen.pod(
+                "other-1-abcde",
+                "reports",
+                *IN_TEAM_A,
+                gen.with_uid("bbbbbbbb-1"),
+                gen.controlled_by("Job", "other-1", "j-o"),
+            ),
+            ("team-a", "report-1-abcde"): gen.pod(
+                "report-1-abcde",
+                "reports",
+                *IN_TEAM_A,
+                gen.with_uid("cccccccc-1"),
+                gen.controlled_by("Job", "report-1", "j-r"),
+            ),
+            ("team-a", "reused"): gen.pod(
+                "reused", "reports", *IN_TEAM_A, gen.with_uid("ffffffff-1")
+            ),
         }
     )
     kube.jobs.update(
         {
-            ("team-a", "other-1"): _job("other-1", "j-o", "uid-other"),
-            ("team-a", "report-1"): _job("report-1", "j-r", "uid-report"),
+            ("team-a", "other-1"): gen.job(
+                "other-1",
+                *IN_TEAM_A,
+                gen.with_uid("j-o"),
+                gen.controlled_by("CronJob", "x", "uid-other"),
+            ),
+            ("team-a", "report-1"): gen.job(
+                "report-1",
+                *IN_TEAM_A,
+                gen.with_uid("j-r"),
+                gen.controlled_by("CronJob", "x", "uid-report"),
+            ),
         }
     )
     held = make_lease(

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from cronlock_operator.cronjob.config import parse_config
 from cronlock_operator.cronjob.schedule import ttl_longer_than_gap_warning
-from tests.support.cronjobs import SETTINGS, make_cronjob
+from tests.support import gen
+from tests.support.cronjobs import SETTINGS
 
 
 def test_warning_when_ttl_outlasts_the_gap() -> None:
     config = parse_config(
-        make_cronjob(annotations={"cronlock.io/enabled": "true", "cronlock.io/ttl": "10m"}),
+        gen.cronjob("report", gen.annotated({"cronlock.io/ttl": "10m"})),
         SETTINGS,
     )
     warning = ttl_longer_than_gap_warning(config, "*/5 * * * *")

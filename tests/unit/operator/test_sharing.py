@@ -7,12 +7,12 @@ from typing import Any
 import pytest
 
 from cronlock_operator.leases.sharing import Consent, InvalidPeers, consent, parse_peers
+from tests.support import gen
 from tests.support.leases import make_lease
 
 
-def cronjob(name: str, uid: str, share: str | None = None) -> dict[str, Any]:
-    annotations = {} if share is None else {"cronlock.io/share-lock-with": share}
-    return {"metadata": {"name": name, "uid": uid, "annotations": annotations}}
+def sharing_with(names: str) -> gen.Modifier:
+    return gen.annotated({"cronlock.io/share-lock-with": names})
 
 
 def lease(*users: tuple[str, str], labels: dict[str, str] | None = None) -> dict[str, Any]:
@@ -26,7 +26,7 @@ def lookup(*bodies: dict[str, Any]) -> Any:
 
 
 def test_a_lock_nobody_uses_and_one_the_cronjob_already_uses_are_its_own() -> None:
-    me = cronjob("report", "u-report")
+    me = gen.cronjob("report", gen.with_uid("u-report"))
     assert consent(None, me, "ledger", lookup()) == Consent("create")
     assert consent(lease(), me, "ledger", lookup()) == Consent("join")
     assert consent(lease(("report", "u-report")), me, "ledger", lookup()) == Consent("owned")
@@ -38,7 +38,7 @@ def test_a_lock_nobody_uses_and_one_the_cronjob_already_uses_are_its_own() -> No
 
 
 def test_a_lease_cronlock_did_not_make_or_made_for_another_lock_is_refused() -> None:
-    me = cronjob("report", "u-report")
+    me = gen.cronjob("report", gen.with_uid("u-report"))
     foreign = consent(lease(("report", "u-report"), labels={}), me, "ledger", lookup())
     assert foreign.verdict == "refused"
     assert "lease ns/cronlock-ledger exists and lacks the label" in foreign.reason
@@ -49,33 +49,37 @@ def test_a_lease_cronlock_did_not_make_or_made_for_another_lock_is_refused() -> 
 
 
 def test_joining_a_used_lock_needs_a_user_naming_the_joiner() -> None:
-    me = cronjob("squat", "u-squat", share="invoices,squat")  # her own consent counts for nothing
+    # Her own consent counts for nothing.
+    me = gen.cronjob("squat", gen.with_uid("u-squat"), sharing_with("invoices,squat"))
     used = lease(("invoices", "u-inv"))
-    refused = consent(used, me, "ledger", lookup(cronjob("invoices", "u-inv")))
+    refused = consent(used, me, "ledger", lookup(gen.cronjob("invoices", gen.with_uid("u-inv"))))
     assert refused.verdict == "refused"
     assert refused.reason.startswith("lock ledger is already used by CronJob invoices")
-    named = lookup(cronjob("invoices", "u-inv", share="report, squat"))
+    named = lookup(gen.cronjob("invoices", gen.with_uid("u-inv"), sharing_with("report, squat")))
     assert consent(used, me, "ledger", named) == Consent("join")
 
 
 def test_a_user_not_seen_or_replaced_under_its_name_gives_no_consent_and_no_verdict_yet() -> None:
     """Most likely deleted, its reference not yet dropped by the garbage collector."""
-    me = cronjob("squat", "u-squat")
+    me = gen.cronjob("squat", gen.with_uid("u-squat"))
     used = lease(("invoices", "u-old"))
-    replaced = consent(used, me, "ledger", lookup(cronjob("invoices", "u-new", "squat")))
+    renamed = lookup(gen.cronjob("invoices", gen.with_uid("u-new"), sharing_with("squat")))
+    replaced = consent(used, me, "ledger", renamed)
     assert replaced.verdict == "undecided"
     assert "names CronJob invoices, not (yet) seen" in replaced.reason
     assert consent(used, me, "ledger", lookup()).verdict == "undecided"
     assert not replaced.granted
     # One that is seen and consents is enough, whoever else is unseen.
     both = lease(("invoices", "u-inv"), ("gone", "u-gone"))
-    assert consent(both, me, "ledger", lookup(cronjob("invoices", "u-inv", "squat"))).granted
+    seen = lookup(gen.cronjob("invoices", gen.with_uid("u-inv"), sharing_with("squat")))
+    assert consent(both, me, "ledger", seen).granted
 
 
 def test_a_malformed_share_list_consents_to_nobody() -> None:
-    me = cronjob("squat", "u-squat")
+    me = gen.cronjob("squat", gen.with_uid("u-squat"))
     used = lease(("invoices", "u-inv"))
-    verdict = consent(used, me, "ledger", lookup(cronjob("invoices", "u-inv", "squat,X")))
+    malformed = lookup(gen.cronjob("invoices", gen.with_uid("u-inv"), sharing_with("squat,X")))
+    verdict = consent(used, me, "ledger", malformed)
     assert verdict.verdict == "refused"
 
 
@@ -98,8 +102,8 @@ def test_one_lock_name_is_never_kept_in_two_places() -> None:
     (or in another store or Secret), even with their consent: the runs would never see
     each other (security review H1)."""
     used = lease(("invoices", "u-inv"))
-    inv = cronjob("invoices", "u-inv", share="squat")
-    me = cronjob("squat", "u-squat")
+    inv = gen.cronjob("invoices", gen.with_uid("u-inv"), sharing_with("squat"))
+    me = gen.cronjob("squat", gen.with_uid("u-squat"))
     me["metadata"]["annotations"].update(
         {"cronlock.io/store": "redis", "cronlock.io/store-secret": "team-locks"}
     )

@@ -19,10 +19,10 @@ from cronlock_operator.settings import (
     images_from,
     parse_quantity,
 )
+from tests.support import gen
 from tests.support.cronjobs import (
     SETTINGS,
     apply_json_patch,
-    make_cronjob,
     pod_spec,
     server_defaults,
 )
@@ -47,7 +47,7 @@ def injected_containers(cronjob: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def test_the_defaults_are_the_distroless_nonroot_ids_and_the_old_resources() -> None:
-    for container in injected_containers(inject(make_cronjob(), SETTINGS)):
+    for container in injected_containers(inject(gen.cronjob("report"), SETTINGS)):
         assert container["securityContext"]["runAsUser"] == 65532
         assert container["securityContext"]["runAsGroup"] == 65532
         assert container["resources"] == {
@@ -57,7 +57,7 @@ def test_the_defaults_are_the_distroless_nonroot_ids_and_the_old_resources() -> 
 
 
 def test_unset_ids_leave_the_fields_out_and_keep_the_rest_restricted() -> None:
-    user = make_cronjob()
+    user = gen.cronjob("report")
     injected = inject(user, OPENSHIFT)
     for container in injected_containers(injected):
         assert container["securityContext"] == {
@@ -84,7 +84,7 @@ def test_configured_ids_and_resources_appear_on_both_containers() -> None:
             cpu_request=None, memory_request="16Mi", cpu_limit="0.5", memory_limit=None
         ),
     )
-    for container in injected_containers(inject(make_cronjob(), settings)):
+    for container in injected_containers(inject(gen.cronjob("report"), settings)):
         assert container["securityContext"]["runAsUser"] == 1000650000
         assert container["securityContext"]["runAsGroup"] == 1000650001
         assert container["resources"] == {"requests": {"memory": "16Mi"}, "limits": {"cpu": "0.5"}}
@@ -92,9 +92,10 @@ def test_configured_ids_and_resources_appear_on_both_containers() -> None:
 
 @pytest.mark.parametrize("settings", [SETTINGS, OPENSHIFT])
 def test_signal_still_runs_the_sidecar_as_the_users_uid(settings: OperatorSettings) -> None:
-    user = make_cronjob(
-        annotations=SIGNAL,
-        containers=[{"name": "main", "image": "app", "securityContext": {"runAsUser": 4242}}],
+    user = gen.cronjob(
+        "report",
+        gen.with_annotations(SIGNAL),
+        gen.containers({"name": "main", "image": "app", "securityContext": {"runAsUser": 4242}}),
     )
     injected = inject(user, settings)
     sidecar, gate = injected_containers(injected)
@@ -105,7 +106,9 @@ def test_signal_still_runs_the_sidecar_as_the_users_uid(settings: OperatorSettin
 
 
 def test_signal_without_a_users_uid_leaves_the_sidecars_unset_too() -> None:
-    sidecar, _ = injected_containers(inject(make_cronjob(annotations=SIGNAL), OPENSHIFT))
+    sidecar, _ = injected_containers(
+        inject(gen.cronjob("report", gen.with_annotations(SIGNAL)), OPENSHIFT)
+    )
     assert "runAsUser" not in sidecar["securityContext"]
 
 
@@ -119,7 +122,7 @@ def test_new_settings_reinject_a_guarded_cronjob(
 ) -> None:
     """Level-triggered: the stored injection of the old settings differs from the new desired
     one, the patch makes it so, and revert still gives the user's template back."""
-    user = make_cronjob()
+    user = gen.cronjob("report")
     stored = server_defaults(inject(server_defaults(user), old))
     desired = desired_cronjob(stored, parse_config(stored, new), new)
     assert needs_patch(stored, desired)
@@ -141,7 +144,7 @@ def test_a_quantity_as_the_api_server_stores_it_is_no_difference() -> None:
             cpu_request=None, memory_request="32Mi", cpu_limit="0.5", memory_limit="1024Mi"
         ),
     )
-    stored = server_defaults(inject(make_cronjob(), settings))
+    stored = server_defaults(inject(gen.cronjob("report"), settings))
     for container in injected_containers(stored):
         container["resources"] = {
             "requests": {"cpu": "500m", "memory": "32Mi"},

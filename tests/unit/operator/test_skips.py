@@ -7,18 +7,12 @@ from typing import Any
 import pytest
 
 from cronlock_operator.reconcile import skips
+from tests.support import gen
 
 SKIP_MESSAGE = (
     "Container cronlock-gate for pod team-a/report-1-x failed with exit code 75 matching "
     "FailJob rule at index 0"
 )
-
-
-def job(*conditions: dict[str, Any], owners: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    return {
-        "metadata": {"name": "report-1", "ownerReferences": owners or []},
-        "status": {"conditions": list(conditions)},
-    }
 
 
 @pytest.mark.parametrize(
@@ -67,15 +61,18 @@ def job(*conditions: dict[str, Any], owners: list[dict[str, Any]] | None = None)
     ],
 )
 def test_the_outcome_of_a_job(conditions: list[dict[str, Any]], outcome: str | None) -> None:
-    assert skips.outcome(job(*conditions)) == outcome
+    job = gen.job("report-1", gen.with_status({"conditions": conditions}))
+    assert skips.outcome(job) == outcome
 
 
 def test_the_owning_cronjob_is_the_batch_cronjob_owner_only() -> None:
     cronjob = {"apiVersion": "batch/v1", "kind": "CronJob", "name": "report", "uid": "u"}
     other = {"apiVersion": "example.com/v1", "kind": "CronJob", "name": "fake", "uid": "v"}
-    assert skips.owning_cronjob(job(owners=[other, cronjob])) == "report"
-    assert skips.owning_cronjob(job(owners=[other])) is None
-    assert skips.owning_cronjob(job()) is None
+    both = gen.job("report-1", gen.with_metadata(ownerReferences=[other, cronjob]))
+    only_other = gen.job("report-1", gen.with_metadata(ownerReferences=[other]))
+    assert skips.owning_cronjob(both) == "report"
+    assert skips.owning_cronjob(only_other) is None
+    assert skips.owning_cronjob(gen.job("report-1")) is None
 
 
 @pytest.mark.parametrize(
@@ -102,7 +99,7 @@ SKIP_CONDITION = {
 
 
 def skipped_job() -> dict[str, Any]:
-    body = job(SKIP_CONDITION)
+    body = gen.job("report-1", gen.with_status({"conditions": [SKIP_CONDITION]}))
     body["metadata"].update({"namespace": "team-a", "uid": "uid-report-1"})
     return body
 

@@ -12,7 +12,8 @@ from cronlock_operator.cli import parse_args, settings_from
 from cronlock_operator.cronjob.config import parse_config
 from cronlock_operator.injection.build import build_injection, revert
 from cronlock_operator.settings import OperatorSettings
-from tests.support.cronjobs import SETTINGS, make_cronjob, pod_spec
+from tests.support import gen
+from tests.support.cronjobs import SETTINGS, pod_spec
 
 
 def sidecar_env(cronjob: dict[str, Any], settings: OperatorSettings) -> dict[str, Any]:
@@ -22,7 +23,7 @@ def sidecar_env(cronjob: dict[str, Any], settings: OperatorSettings) -> dict[str
 
 
 def test_the_sidecar_gets_the_cronjobs_name_and_the_jobs_uid_and_no_cluster_unnamed() -> None:
-    env = sidecar_env(make_cronjob(name="nightly-report"), SETTINGS)
+    env = sidecar_env(gen.cronjob("nightly-report"), SETTINGS)
     assert env["CRONLOCK_CRONJOB"] == "nightly-report"
     assert env["CRONLOCK_JOB_UID"] == {
         "fieldRef": {
@@ -35,7 +36,7 @@ def test_the_sidecar_gets_the_cronjobs_name_and_the_jobs_uid_and_no_cluster_unna
 
 def test_a_named_cluster_is_named_to_the_sidecar_and_injection_stays_idempotent() -> None:
     settings = dataclasses.replace(SETTINGS, cluster_name="eu-west-1")
-    user = make_cronjob()
+    user = gen.cronjob("report")
     injected = build_injection(user, parse_config(user, settings), settings)
     assert sidecar_env(user, settings)["CRONLOCK_CLUSTER"] == "eu-west-1"
     assert build_injection(injected, parse_config(injected, settings), settings) == injected
@@ -43,7 +44,7 @@ def test_a_named_cluster_is_named_to_the_sidecar_and_injection_stays_idempotent(
 
 
 def test_the_gate_learns_nothing_of_ticks() -> None:
-    user = make_cronjob()
+    user = gen.cronjob("report")
     injected = build_injection(user, parse_config(user, SETTINGS), SETTINGS)
     [gate] = [c for c in pod_spec(injected)["initContainers"] if c["name"] == "cronlock-gate"]
     assert {item["name"] for item in gate["env"]} == {"CRONLOCK_RUN_DIR", "CRONLOCK_WAIT_TIMEOUT"}

@@ -12,7 +12,8 @@ from cronlock_operator.cronjob.config import parse_config
 from cronlock_operator.injection.build import build_injection, is_injected
 from cronlock_operator.uninstall import uninstall
 from cronlock_sidecar import contract
-from tests.support.cronjobs import SETTINGS, make_cronjob
+from tests.support import gen
+from tests.support.cronjobs import SETTINGS
 from tests.support.fakekube import FakeKube
 
 ORIGINAL_GRACE = contract.ANNOTATION_ORIGINAL_TERMINATION_GRACE_PERIOD_SECONDS
@@ -31,7 +32,7 @@ class RevertingKube(FakeKube):
 
 
 def injected_in(namespace: str) -> dict[str, Any]:
-    cronjob = make_cronjob(namespace=namespace)
+    cronjob = gen.cronjob("report", gen.in_namespace(namespace))
     cronjob["metadata"]["resourceVersion"] = "1"
     return build_injection(cronjob, parse_config(cronjob, SETTINGS), SETTINGS)
 

@@ -44,16 +44,15 @@ from tests.reliability.pod_work import (
     work_command,
 )
 from tests.reliability.pods import guarantee_held
-from tests.support.cronjobs import SETTINGS, make_cronjob, pod_spec
+from tests.support import gen
+from tests.support.cronjobs import SETTINGS, pod_spec
 from tests.support.node import LeaseVersion, Work
 
 TTL = PodSettings().ttl
 
 
 def injected(**annotations: str) -> dict[str, Any]:
-    cronjob = make_cronjob(
-        annotations={"cronlock.io/enabled": "true", "cronlock.io/ttl": f"{TTL}s", **annotations}
-    )
+    cronjob = gen.cronjob("report", gen.annotated({"cronlock.io/ttl": f"{TTL}s", **annotations}))
     return build_injection(cronjob, parse_config(cronjob, SETTINGS), SETTINGS)
 
 
@@ -65,7 +64,9 @@ def test_the_default_ttl_is_the_operators_minimum_and_both_kill_operator_ttls_ar
     assert settings.ttl == minimum_ttl_seconds(SETTINGS.skew_seconds)
     assert settings.skew == SETTINGS.skew_seconds
     for ttl in settings.ttls:
-        parse_config(make_cronjob(annotations={"cronlock.io/ttl": f"{ttl}s"}), SETTINGS)
+        parse_config(
+            gen.cronjob("report", gen.with_annotations({"cronlock.io/ttl": f"{ttl}s"})), SETTINGS
+        )
     assert settings.kill_grace == kill_grace_seconds(settings.ttl, settings.skew, "")
     # The guarantee the checker tests: a lost holder is stopped before its Lease expires.
     assert settings.renew_deadline + 1 + settings.kill_grace + settings.skew < settings.ttl
@@ -96,7 +97,7 @@ def test_the_operators_own_injection_has_no_problems_and_is_up_to_date() -> None
 
 
 def test_a_user_cronjob_is_not_injected() -> None:
-    assert injection_problems(make_cronjob(restart_policy="Never")) != []
+    assert injection_problems(gen.cronjob("report", gen.restart_policy("Never"))) != []
 
 
 @pytest.mark.parametrize(

@@ -20,7 +20,8 @@ from cronlock_sidecar.lock.model import (
     released,
 )
 from cronlock_sidecar.options import ConfigError, parse_options
-from tests.support.cronjobs import apply_json_patch, make_cronjob
+from tests.support import gen
+from tests.support.cronjobs import apply_json_patch
 
 NOW = datetime(2026, 12, 1, 12, 0, 0, tzinfo=UTC)
 
@@ -170,12 +171,8 @@ def test_the_operator_and_the_sidecar_agree_on_renew_periods(ttl: int, renew_ms:
     renew = f"{renew_ms}ms"
     try:
         parse_config(
-            make_cronjob(
-                annotations={
-                    "cronlock.io/enabled": "true",
-                    "cronlock.io/ttl": f"{ttl}s",
-                    "cronlock.io/renew": renew,
-                }
+            gen.cronjob(
+                "report", gen.annotated({"cronlock.io/ttl": f"{ttl}s", "cronlock.io/renew": renew})
             ),
             OperatorSettings(sidecar_image="img"),
         )

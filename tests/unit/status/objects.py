@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from tests.support.cronjobs import make_cronjob
+from tests.support import gen
 from tests.support.leases import make_lease
 
 NOW = datetime(2026, 11, 29, 8, 0, 0, tzinfo=UTC)
@@ -43,16 +43,15 @@ def cronjob(
     status = {}
     if last_schedule_ago is not None:
         status["lastScheduleTime"] = stamp(last_schedule_ago).split(".")[0] + "Z"
-    cronjob = make_cronjob(
-        name=name,
-        namespace=namespace,
-        annotations=annotations,
-        restart_policy="Never",
-        containers=[{"name": "main", "image": "busybox"}],
-        **({} if service_account is None else {"serviceAccountName": service_account}),
+    return gen.cronjob(
+        name,
+        gen.in_namespace(namespace),
+        gen.with_annotations(annotations),
+        gen.restart_policy("Never"),
+        gen.containers({"name": "main", "image": "busybox"}),
+        *([] if service_account is None else [gen.service_account(service_account)]),
+        gen.with_status(status),
     )
-    cronjob["status"] = status
-    return cronjob
 
 
 def lease(

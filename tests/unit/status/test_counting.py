@@ -14,45 +14,30 @@ import pytest
 from cronlock_operator.reconcile import cronjobs, runs
 from cronlock_operator.reconcile.actions import DeleteJob, PostEvent
 from cronlock_operator.status.model import rows
-from tests.support.cronjobs import SETTINGS, make_cronjob, server_defaults
+from tests.support import gen
+from tests.support.cronjobs import SETTINGS
 from tests.unit.status.objects import NOW
 
 NAMESPACE = "team-a"
 
 
-def cronjob(annotations: dict[str, str], *, skips: int = 0, stored: bool = True) -> Any:
+def counted(annotations: dict[str, str], *, skips: int = 0, stored: bool = True) -> Any:
     """The CronJob after `skips` skips in a row; `stored`: with a resourceVersion, as the
     API server sends it (read through the memo), else without (parsed each time)."""
     annotations = {"cronlock.io/enabled": "true", **annotations}
     if skips:
         annotations["cronlock.io/consecutive-skips"] = str(skips)
-    body = make_cronjob(namespace=NAMESPACE, annotations=annotations)
-    if stored:
-        body = server_defaults(body)
-    body["metadata"]["uid"] = "uid-report"
-    return body
+    as_sent = [gen.as_stored()] if stored else []
+    return gen.cronjob("report", gen.annotated(annotations), gen.with_uid("uid-report"), *as_sent)
 
 
 def skipped_job(name: str = "report-1") -> dict[str, Any]:
-    return {
-        "metadata": {
-            "name": name,
-            "uid": f"uid-{name}",
-            "creationTimestamp": "2026-12-01T00:00:01Z",
-            "labels": {"cronlock.io/lock": "report"},
-        },
-        "status": {
-            "conditions": [
-                {
-                    "type": "Failed",
-                    "status": "True",
-                    "reason": "PodFailurePolicy",
-                    "message": f"Container cronlock-gate for pod {NAMESPACE}/{name}-x failed "
-                    "with exit code 75 matching FailJob rule at index 0",
-                }
-            ]
-        },
-    }
+    return gen.job(
+        name,
+        gen.created_at("2026-12-01T00:00:01Z"),
+        gen.of_lock("report"),
+        gen.skipped(NAMESPACE),
+    )
 
 
 def reasons(actions: list[Any]) -> list[str]:
@@ -61,14 +46,14 @@ def reasons(actions: list[Any]) -> list[str]:
 
 def operator_alerts_at(annotations: dict[str, str], skips: int, stored: bool) -> bool:
     """Whether the runs decider raises RepeatedSkips for the skip that makes it `skips`."""
-    body = cronjob(annotations, skips=skips - 1, stored=stored)
+    body = counted(annotations, skips=skips - 1, stored=stored)
     [run] = runs.decide(body, [skipped_job()], SETTINGS).runs
     return "RepeatedSkips" in reasons(run.actions)
 
 
 def status_alerts_at(annotations: dict[str, str], skips: int, stored: bool) -> bool:
     """Whether `cronlock status` names the CronJob for `skips` skips in a row."""
-    [row] = rows([cronjob(annotations, skips=skips, stored=stored)], [], NOW)
+    [row] = rows([counted(annotations, skips=skips, stored=stored)], [], NOW)
     return any("consecutive runs" in problem for problem in row.problems)
 
 
@@ -77,7 +62,7 @@ KEEP_AND_INVALID = {"cronlock.io/keep-skipped-jobs": "true", "cronlock.io/ttl": 
 
 @pytest.mark.parametrize("stored", [True, False])
 def test_keep_skipped_jobs_holds_next_to_an_unrelated_invalid_annotation(stored: bool) -> None:
-    body = cronjob(KEEP_AND_INVALID, stored=stored)
+    body = counted(KEEP_AND_INVALID, stored=stored)
     [run] = runs.decide(body, [skipped_job()], SETTINGS).runs
     assert reasons(run.actions) == ["Skipped"]
     assert DeleteJob(NAMESPACE, "report-1") not in run.actions
@@ -101,7 +86,7 @@ def test_keep_skipped_jobs_holds_next_to_an_unrelated_invalid_annotation(stored:
     assert refused.removesuffix(cronjobs.LEFT_AS_IT_WAS) in problem
 
     # Without keep-skipped-jobs the same skip deletes its Job.
-    plain = cronjob({"cronlock.io/ttl": "nonsense"}, stored=stored)
+    plain = counted({"cronlock.io/ttl": "nonsense"}, stored=stored)
     [run] = runs.decide(plain, [skipped_job()], SETTINGS).runs
     assert DeleteJob(NAMESPACE, "report-1") in run.actions
 
@@ -124,5 +109,5 @@ def test_status_and_the_operator_agree_on_when_repeated_skips_fires(
     status = [status_alerts_at(annotations, skips, stored) for skips in range(1, 7)]
     assert operator == status
     assert operator.index(True) + 1 == alert_after
-    [row] = rows([cronjob(annotations, stored=stored)], [], NOW)
+    [row] = rows([counted(annotations, stored=stored)], [], NOW)
     assert row.alert_after == alert_after
