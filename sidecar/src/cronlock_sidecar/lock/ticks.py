@@ -20,7 +20,7 @@ far-future tick written by a hostile pod silences nothing.
 A second record per CronJob, `cronlock.io/succeeded.<cronjob>`, in the same format, is the
 newest tick whose run ended in success, as its claim recorded it (`success_of`): written
 by whoever knows the outcome (the operator for a Lease in a cluster, `run` at its release),
-never by a pod (docs/USAGE.md, "The tick's files"). The work gets it as
+never by a pod (docs/USAGE.md, "Each tick at most once"). The work gets it as
 CRONLOCK_LAST_SUCCESS_TICK, to process (last success, this tick]. Standard library only:
 it is on the sidecar's start-up path.
 """
