@@ -198,8 +198,9 @@ RUN_DIR: Final = "/var/run/cronlock"
 FENCING_TOKEN_FILE: Final = "fencing-token"  # noqa: S105 (a file name)
 LEASE_FILE: Final = "lease.json"
 DECISION_FILE: Final = "decision"
-# The tick this run works and the one worked before it on the lock (lock/ticks.py), as
-# `KEY=value` lines the work may source; written before the gate opens.
+# The tick this run works, the one claimed before it and the last successful one on the
+# lock (lock/ticks.py), as `KEY=value` lines the work may source; written before the gate
+# opens.
 TICK_FILE: Final = "tick.env"
 # Decision "already-ran": the sidecar's skip line, which the gate writes to its
 # termination message (TERMINATION_LOG) for the operator to read from the pod's status.
