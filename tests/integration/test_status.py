@@ -705,6 +705,9 @@ def test_the_last_tick_of_each_cronjob_on_a_lock_shows_in_wide_json_and_yaml(
         "cronlock.io/tick.vm-report": "2026-12-06T11:00:00Z - vm-run-7 vm-01 -",
         "cronlock.io/tick.hostile": "2026-12-06T12:00:00Z \x1b]0;owned\x07 a b c",
         "cronlock.io/tick.far": "tomorrow a b c d",
+        "cronlock.io/succeeded.ticked": (
+            "2026-12-06T11:00:00Z ticked-29416260 9a1f-uid ticked-29416260-q2w3e_0a1b east"
+        ),
     }
     leases.create_namespaced_lease(
         namespace,
@@ -723,10 +726,12 @@ def test_the_last_tick_of_each_cronjob_on_a_lock_shows_in_wide_json_and_yaml(
 
     assert wide.returncode == 0, wide.stderr
     assert "LAST TICK" in wide.stdout.splitlines()[0]
-    assert table(wide.stdout)["ticked"][-2] == (
+    assert table(wide.stdout)["ticked"][-3] == (
         "2026-12-06T12:00:00Z job ticked-29416320 (run 0c5e-uid, holder "
         "ticked-29416320-x9k2p_0a1b, cluster east)"
     )
+    # The last successful tick, beside it (the 12:00 tick claimed after it).
+    assert table(wide.stdout)["ticked"][-2] == "2026-12-06T11:00:00Z"
     assert "\x1b" not in wide.stdout + wide.stderr
 
     expected = [
@@ -752,3 +757,4 @@ def test_the_last_tick_of_each_cronjob_on_a_lock_shows_in_wide_json_and_yaml(
         assert result.returncode == 0, result.stderr
         (item,) = load(result.stdout)["items"]
         assert item["ticks"] == expected, output
+        assert [success["tick"] for success in item["successes"]] == ["2026-12-06T11:00:00Z"]

@@ -28,9 +28,10 @@ import psycopg
 import pytest
 import redis
 
+from cronlock_sidecar.contract import ANNOTATION_SUCCEEDED_PREFIX
 from cronlock_sidecar.lock import ticks
 from cronlock_sidecar.lock.model import Timing, claimed, read_lease, released, renewed
-from cronlock_sidecar.transport.documents import TICK_AHEAD_SECONDS
+from cronlock_sidecar.transport.documents import TICK_AHEAD_SECONDS, unversioned
 from cronlock_sidecar.transport.pgstore import PostgresLeaseStore
 from cronlock_sidecar.transport.redisstore import (
     FUNCTIONS,
@@ -54,6 +55,7 @@ from tests.support.stores import PostgresServer, RedisServer, running
 HERE = Path(__file__).parent
 UPGRADING_MD = ROOT / "docs" / "UPGRADING.md"
 LIBRARY_V1 = (HERE / "redis_library_v1.lua").read_text()
+LIBRARY_V2 = (HERE / "redis_library_v2.lua").read_text()
 SCHEMA_3 = (HERE / "pg_schema_3.sql").read_text()
 # What a sidecar of the release before checks before it runs its own schema text.
 SCHEMA_3_PRESENT = """
@@ -399,7 +401,7 @@ def test_version_1_beside_version_2_until_the_admin_deletes_it(redis_tenant: Ten
         pytest.raises(redis.ResponseError, match="Function not found"),
     ):
         raw.fcall("cronlock_v1_replace", 3, *keys(lock), document, now, "0", "60000", "1")
-    assert FUNCTIONS["replace"] == f"{LIBRARY_NAME}_replace" == "cronlock_v2_replace"
+    assert FUNCTIONS["replace"] == f"{LIBRARY_NAME}_replace" == "cronlock_v3_replace"
     # The far-future tick left by version 1 is nobody's: once evil's second passed, the
     # current tick's claim replaces it.
     time.sleep(1.2)
@@ -408,3 +410,158 @@ def test_version_1_beside_version_2_until_the_admin_deletes_it(redis_tenant: Ten
         read = client.get(lock)
         client.replace(lock, noted(claimed(read, "pod-1", TTL_30S, datetime.now(UTC), ""), mine))
         assert on_lock(client, lock) == as_text(mine)
+
+
+# --- success records (issue 56 item 3): only the holder's release, its own claim -------
+SUCCESS_KEY = ANNOTATION_SUCCEEDED_PREFIX + CRONJOB
+
+
+def succeeded(body: dict[str, Any], success: ticks.TickRecord) -> dict[str, Any]:
+    """`body` with `success` as its CronJob's success record."""
+    written = copy.deepcopy(body)
+    metadata = written.setdefault("metadata", {})
+    notes = metadata.get("annotations") or {}
+    metadata["annotations"] = ticks.with_record(notes, success, ANNOTATION_SUCCEEDED_PREFIX)
+    return written
+
+
+def success_on(client: RedisLeaseStore | PostgresLeaseStore, lock: LeaseRef) -> str | None:
+    annotations = (client.get(lock).get("metadata") or {}).get("annotations") or {}
+    found = annotations.get(SUCCESS_KEY)
+    return found if isinstance(found, str) else None
+
+
+def refused_success(
+    client: RedisLeaseStore | PostgresLeaseStore,
+    lock: LeaseRef,
+    body: dict[str, Any],
+    why: str,
+    *,
+    create: bool = False,
+) -> None:
+    """The write is refused for the success rule `why`, and nothing on the lock changes."""
+    before = None if create else client.get(lock)
+    match = f"cronlock store: success record {re.escape(SUCCESS_KEY)}: {re.escape(why)}"
+    write = client.create if create else client.replace
+    with pytest.raises(Forbidden, match=match):
+        write(lock, body)
+    if before is None:
+        with pytest.raises(NotFound):
+            client.get(lock)
+    else:
+        after = client.get(lock)
+        assert after["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"]
+
+
+def test_a_tenant_marks_success_only_for_the_tick_it_claimed_and_only_by_its_release(
+    tenant: Tenant,
+) -> None:
+    """Naming the live holder, the tenant writes a success in a renewal, in a release for
+    another run's tick, a far-future tick, its claim's tick with another run id, or in a
+    claim or a create; it drops a recorded success in a renewal and in a claim. Each is
+    refused with its rule's line and changes nothing; the holder's release writing its own
+    claim record passes on the same set-up, and the next tick's claim carries it."""
+    lock = fresh("success")
+    mine = record(whole(-120), "uid-victim", "victim")
+    with tenant.client() as client:
+        body = claimed({"metadata": {}}, "victim", TTL_30S, datetime.now(UTC), mine.job)
+        client.create(lock, noted(body, mine))
+        held = client.get(lock)
+        release = released(held, "victim", datetime.now(UTC))
+        only_release = "only the holder's release writes one"
+        not_own = "it is not the releasing holder's own claim record (its tick and run)"
+        renewal = renewed(held, TTL_30S, datetime.now(UTC))
+        refused_success(client, lock, succeeded(renewal, mine), only_release)
+        for forged in (
+            record(whole(-60), "uid-evil", "victim"),  # another run's (newer) tick
+            mine._replace(run="uid-evil"),  # the claim's tick, another run id
+            mine._replace(at=whole(400 * 86400)),  # far ahead
+            mine._replace(at=whole(-600)),  # an older tick
+        ):
+            refused_success(client, lock, succeeded(release, forged), not_own)
+        assert success_on(client, lock) is None
+
+        # The holder's release with its own claim record: the legitimate write passes.
+        client.replace(lock, succeeded(release, mine))
+        assert success_on(client, lock) == mine.text()
+
+        # No write drops it, and no claim writes one.
+        free = client.get(lock)
+        following = record(whole(-60), "uid-next", "next")
+        claim = noted(claimed(free, "next", TTL_30S, datetime.now(UTC), ""), following)
+        dropped = copy.deepcopy(claim)
+        dropped["metadata"]["annotations"].pop(SUCCESS_KEY)
+        refused_success(client, lock, dropped, "every write carries it")
+        refused_success(client, lock, succeeded(claim, following), only_release)
+        client.replace(lock, claim)
+        assert success_on(client, lock) == mine.text()
+        held = client.get(lock)
+        renewal = renewed(held, TTL_30S, datetime.now(UTC))
+        del renewal["metadata"]["annotations"][SUCCESS_KEY]
+        refused_success(client, lock, renewal, "every write carries it")
+        # The next holder's release may move it to its own claim, newer.
+        client.replace(lock, succeeded(released(held, "next", datetime.now(UTC)), following))
+        assert success_on(client, lock) == following.text()
+
+        elsewhere = fresh("success-created")
+        body = claimed({"metadata": {}}, "evil", TTL_30S, datetime.now(UTC), "")
+        created = succeeded(noted(body, record(whole(-60), "uid-e", "evil")), mine)
+        refused_success(client, elsewhere, created, only_release, create=True)
+
+
+def test_postgres_raw_updates_keep_the_success_rules(postgres_tenant: Tenant) -> None:
+    """The tenant's role sets a success record on the live hold by `jsonb_set`: refused."""
+    lock = fresh("raw-success")
+    mine = record(whole(-60), "uid-victim", "victim")
+    with postgres_tenant.client() as client:
+        body = claimed({"metadata": {}}, "victim", TTL_30S, datetime.now(UTC), mine.job)
+        client.create(lock, noted(body, mine))
+    with (
+        psycopg.connect(postgres_tenant.url, autocommit=True) as raw,
+        pytest.raises(psycopg.errors.CheckViolation, match="only the holder's release"),
+    ):
+        raw.execute(
+            "UPDATE cronlock.locks SET document = jsonb_set(document, "
+            "'{metadata,annotations,cronlock.io/succeeded.nightly}', to_jsonb(%s::text)) "
+            "WHERE namespace = %s AND name = %s",
+            (mine.text(), lock.namespace, lock.name),
+        )
+    with postgres_tenant.client() as client:
+        assert success_on(client, lock) is None
+
+
+def test_version_2_beside_version_3_until_the_admin_deletes_it(redis_tenant: Tenant) -> None:
+    """During the upgrade version 2 is loaded beside version 3: through it a tenant marks
+    another run's tick a success (the control), which version 3 refuses; after
+    docs/UPGRADING.md's `FUNCTION DELETE cronlock_v2` that call is refused."""
+    lock = fresh("v2")
+    mine = record(whole(-60), "uid-victim", "victim")
+    forged = record(whole(-30), "uid-evil", "evil")
+    with redis.Redis.from_url(redis_tenant.admin_url, decode_responses=True) as admin:
+        admin.function_load(LIBRARY_V2)
+    try:
+        with redis_tenant.client() as client:
+            body = claimed({"metadata": {}}, "victim", TTL_30S, datetime.now(UTC), mine.job)
+            client.create(lock, noted(body, mine))
+            held = client.get(lock)
+            release = succeeded(released(held, "victim", datetime.now(UTC)), forged)
+            refused_success(
+                client, lock, release, "it is not the releasing holder's own claim record"
+            )
+            document = json.dumps(unversioned(release), separators=(",", ":"))
+            version = str(held["metadata"]["resourceVersion"])
+            now = micros(datetime.now(UTC))
+            with redis.Redis.from_url(redis_tenant.url, decode_responses=True) as raw:
+                answer = raw.fcall(
+                    "cronlock_v2_replace", 3, *keys(lock), document, now, "0", "60000", version
+                )
+                assert answer[0] == "ok", answer
+            assert success_on(client, lock) == forged.text()
+    finally:
+        with redis.Redis.from_url(redis_tenant.admin_url, decode_responses=True) as admin:
+            admin.execute_command(*shlex.split(documented("redis-delete-v2", UPGRADING_MD)))
+    with (
+        redis.Redis.from_url(redis_tenant.url, decode_responses=True) as raw,
+        pytest.raises(redis.ResponseError, match="Function not found"),
+    ):
+        raw.fcall("cronlock_v2_replace", 3, *keys(lock), document, now, "0", "60000", "1")

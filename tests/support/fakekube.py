@@ -212,6 +212,10 @@ class FakeKube(_Recorder):
         for op in patch:
             if op["op"] == "replace" and op["path"] == "/metadata/ownerReferences":
                 stored["metadata"]["ownerReferences"] = op["value"]
+            if op["op"] == "add" and op["path"].startswith("/metadata/annotations/"):
+                key = op["path"].removeprefix("/metadata/annotations/")
+                key = key.replace("~1", "/").replace("~0", "~")
+                stored["metadata"].setdefault("annotations", {})[key] = op["value"]
         stored["metadata"]["resourceVersion"] = self._version()
         return True
 

@@ -198,8 +198,9 @@ RUN_DIR: Final = "/var/run/cronlock"
 FENCING_TOKEN_FILE: Final = "fencing-token"  # noqa: S105 (a file name)
 LEASE_FILE: Final = "lease.json"
 DECISION_FILE: Final = "decision"
-# The tick this run works and the one worked before it on the lock (lock/ticks.py), as
-# `KEY=value` lines the work may source; written before the gate opens.
+# The tick this run works, the one claimed before it and the last successful one on the
+# lock (lock/ticks.py), as `KEY=value` lines the work may source; written before the gate
+# opens.
 TICK_FILE: Final = "tick.env"
 # Decision "already-ran": the sidecar's skip line, which the gate writes to its
 # termination message (TERMINATION_LOG) for the operator to read from the pod's status.
@@ -249,6 +250,9 @@ ENV_CLUSTER: Final = "CRONLOCK_CLUSTER"
 ENV_TICK: Final = "CRONLOCK_TICK"
 ENV_PREVIOUS_TICK: Final = "CRONLOCK_PREVIOUS_TICK"
 ENV_MANUAL: Final = "CRONLOCK_MANUAL"
+# The tick of the lock's success record (ANNOTATION_SUCCEEDED_PREFIX) as read at the claim:
+# the work processes (last success, this tick]; "" when none is recorded.
+ENV_LAST_SUCCESS_TICK: Final = "CRONLOCK_LAST_SUCCESS_TICK"
 # `run` outside Kubernetes names its tick itself: --schedule (and --time-zone,
 # --tick-window) or --tick, whose ticks (--tick-of) and its run id. --tick's twin is not
 # CRONLOCK_TICK: that is what the work is told, and a command run under `run` that runs
@@ -286,6 +290,10 @@ JOB_UID_LABEL: Final = "batch.kubernetes.io/controller-uid"
 # --- ticks (lock/ticks.py) ------------------------------------------------------------
 # On the lock's document, one per CronJob: the last tick claimed, by which Job and run.
 ANNOTATION_TICK_PREFIX: Final = PREFIX + "tick."
+# On the lock's document, one per CronJob, in the same format: the newest tick whose run
+# succeeded. Written by the operator (a Lease in a cluster) or `run` (at its release),
+# never by a pod; the holders' policy and the stores' rules refuse any other writer.
+ANNOTATION_SUCCEEDED_PREFIX: Final = PREFIX + "succeeded."
 # The skip line of a run whose tick was already worked, and the Event the operator posts.
 ALREADY_RAN: Final = "already ran"
 EVENT_TICK_ALREADY_RAN: Final = "TickAlreadyRan"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -26,12 +26,14 @@ from cronlock_operator.reconcile.actions import (
     PatchCronJob,
     PatchLease,
     PostEvent,
+    RecordSuccess,
     SetConsecutiveSkips,
     WriteHolderRbac,
 )
 from cronlock_operator.reconcile.rbac import Guard
 from cronlock_operator.runtime.executor import Executor
 from cronlock_operator.runtime.lease_expiry import Observations
+from cronlock_sidecar.lock import ticks
 from cronlock_sidecar.lock.model import read_lease
 from tests.support import gen
 from tests.support.cronjobs import SETTINGS, changed
@@ -281,11 +283,12 @@ def test_a_success_resets_the_count_and_a_failure_leaves_it() -> None:
         ],
         SETTINGS,
     )
+    # report-1 is a tick's name (minute 1 of the epoch): its success is recorded too
     assert [kinds(run.actions) for run in decision.runs] == [
-        ["MarkJob", "CountTick"],
+        ["MarkJob", "CountTick", "RecordSuccess"],
         ["MarkJob", "CountTick"],
     ]
-    assert {run.actions[-1] for run in decision.runs} == {CountTick(NAMESPACE, "report", "worked")}
+    assert {run.actions[1] for run in decision.runs} == {CountTick(NAMESPACE, "report", "worked")}
     assert decision.after == [
         AnnotateCronJob(NAMESPACE, "report", {"cronlock.io/consecutive-skips": None}),
         SetConsecutiveSkips(NAMESPACE, "report", 0),
@@ -534,8 +537,8 @@ def test_a_line_for_a_job_that_did_not_skip_changes_nothing() -> None:
     body = injected(gen.cronjob("report", *STORED))
     job = made_by(body, finished_job("report-29416320", "2026-12-01T00:00:01Z", "succeeded"))
     decision = runs.decide(body, [job], SETTINGS, already_ran={"report-29416320": "x"})
-    assert kinds(decision.runs[0].actions) == ["MarkJob", "CountTick"]
-    assert decision.runs[0].actions[-1] == CountTick(NAMESPACE, "report", "worked")
+    assert kinds(decision.runs[0].actions) == ["MarkJob", "CountTick", "RecordSuccess"]
+    assert decision.runs[0].actions[1] == CountTick(NAMESPACE, "report", "worked")
 
 
 def test_ticks_count_only_runs_of_a_tick_and_only_runs_that_prove_something() -> None:
@@ -567,6 +570,83 @@ def test_ticks_count_only_runs_of_a_tick_and_only_runs_that_prove_something() ->
         "report-29416324": ["worked"],
         "report-29416325": ["worked"],
     }
+
+
+TICK_AT = datetime.fromtimestamp(29416320 * 60, UTC)
+
+
+def test_a_ticks_job_that_succeeded_through_a_lease_lock_records_its_success_last() -> None:
+    body = injected(cronjob())
+    tick = made_by(body, finished_job("report-29416320", "2026-12-01T00:00:01Z", "succeeded"))
+    failed = made_by(body, finished_job("report-29416321", "2026-12-01T00:00:02Z", "failed"))
+    manual = made_by(body, finished_job("report-manual-x1", "2026-12-01T00:00:03Z", "succeeded"))
+    forged = finished_job("report-29416322", "2026-12-01T00:00:04Z", "succeeded")
+    forged["spec"] = {"template": {"spec": {"containers": [{"name": "w", "command": ["true"]}]}}}
+    decision = runs.decide(body, [tick, failed, manual, forged], SETTINGS)
+    recorded = {
+        run.job: [action for action in run.actions if isinstance(action, RecordSuccess)]
+        for run in decision.runs
+    }
+    assert recorded == {
+        "report-29416320": [
+            RecordSuccess(
+                NAMESPACE,
+                "cronlock-report",
+                "report",
+                TICK_AT,
+                "uid-report-29416320",
+                SETTINGS.skew_seconds,
+            )
+        ],
+        "report-29416321": [],
+        "report-manual-x1": [],
+        "report-29416322": [],
+    }
+    assert isinstance(decision.runs[0].actions[-1], RecordSuccess)
+
+
+def test_a_store_locks_success_is_not_the_operators_to_record() -> None:
+    settings = dataclasses.replace(SETTINGS, sidecar_stores_image="ghcr.io/example/s:1.0.0")
+    body = cronjob({"cronlock.io/store": "redis", "cronlock.io/store-secret": "cronlock-redis"})
+    body = desired_cronjob(body, parse_config(body, settings), settings)
+    tick = made_by(body, finished_job("report-29416320", "2026-12-01T00:00:01Z", "succeeded"))
+    [run] = runs.decide(body, [tick], settings).runs
+    assert "CountTick" in kinds(run.actions)
+    assert "RecordSuccess" not in kinds(run.actions)
+
+
+def claimed_by(run: str, at: datetime = TICK_AT, success: datetime | None = None) -> dict[str, Any]:
+    claim = ticks.TickRecord("report", at, f"report-{int(at.timestamp()) // 60}", run, "p_1", "")
+    notes = ticks.with_record({}, claim)
+    if success is not None:
+        notes = ticks.with_record(notes, claim._replace(at=success), "cronlock.io/succeeded.")
+    return make_lease(namespace=NAMESPACE, annotations=notes, resource_version="7")
+
+
+def success_on(kube: FakeKube) -> ticks.TickRecord | None:
+    stored = kube.leases[(NAMESPACE, "cronlock-report")]
+    return ticks.read_success(stored["metadata"].get("annotations") or {}, "report")
+
+
+def test_the_executor_records_the_success_on_the_lease_as_read_at_the_write() -> None:
+    action = RecordSuccess(NAMESPACE, "cronlock-report", "report", TICK_AT, "uid-a", 2)
+    kube = FakeKube(leases=[claimed_by("uid-a")])
+    assert Executor(kube).run([action]).completed
+    success = success_on(kube)
+    assert success is not None
+    assert (success.at, success.run) == (TICK_AT, "uid-a")
+    # a later claim took the record meanwhile: nothing to write, nothing else stopped
+    later = TICK_AT + timedelta(minutes=1)
+    kube = FakeKube(leases=[claimed_by("uid-b", later)])
+    assert Executor(kube).run([action]).completed
+    assert success_on(kube) is None
+    assert [call for call, *_ in kube.calls] == ["read_lease"]
+    # a success as new is recorded: nothing moves
+    kube = FakeKube(leases=[claimed_by("uid-a", success=TICK_AT)])
+    assert Executor(kube).run([action]).completed
+    assert "patch_lease" not in [call for call, *_ in kube.calls]
+    # the Lease is gone (a store lock, or deleted): nothing to write
+    assert Executor(FakeKube()).run([action]).gone
 
 
 # --- Lease expiry -----------------------------------------------------------------------

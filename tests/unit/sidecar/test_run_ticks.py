@@ -251,7 +251,7 @@ def test_run_tells_its_command_the_tick_and_the_one_recorded_before_its_claim(
     assert told.read_text() == "2025-06-01T12:00:00Z|2025-06-01T11:00:00Z|false\n"
     assert (
         "run works tick 2025-06-01T12:00:00Z of nightly (run vm-a; previous tick on the "
-        "lock: 2025-06-01T11:00:00Z)"
+        "lock: 2025-06-01T11:00:00Z; last successful tick: none)"
     ) in err
 
 
@@ -292,3 +292,38 @@ def test_the_cron_parser_is_imported_only_for_a_schedule(args: list[str], import
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
     )
     assert result.stdout.split() == [str(imported), str(imported)]
+
+
+def run_tick(env: dict[str, str], tick: str, run_id: str, script: str) -> tuple[int, str]:
+    return run_sidecar(
+        env, "--tick", tick, "--tick-of", "nightly", "--run-id", run_id, "--", "sh", "-c", script
+    )
+
+
+def test_a_tick_whose_command_exits_0_is_the_next_runs_last_success(
+    api_server: FakeApiServer, sidecar_env: dict[str, str], tmp_path: Path
+) -> None:
+    api_server.put_lease(make_lease())
+    told = tmp_path / "told"
+    script = f'echo "$CRONLOCK_PREVIOUS_TICK|$CRONLOCK_LAST_SUCCESS_TICK" > {told}'
+    code, err = run_tick(sidecar_env, "2025-06-01T11:00:00Z", "run-11", script)
+    assert code == 0, err
+    assert told.read_text() == "|\n"
+    # 12:00 fails: claimed, but no success
+    code, err = run_tick(sidecar_env, "2025-06-01T12:00:00Z", "run-12", f"{script}; exit 3")
+    assert code == 3, err
+    assert told.read_text() == "2025-06-01T11:00:00Z|2025-06-01T11:00:00Z\n"
+    code, err = run_tick(sidecar_env, "2025-06-01T13:00:00Z", "run-13", script)
+    assert code == 0, err
+    assert told.read_text() == "2025-06-01T12:00:00Z|2025-06-01T11:00:00Z\n"
+    lease = api_server.get_lease()
+    assert lease is not None
+    success = ticks.read_success(lease["metadata"]["annotations"], "nightly")
+    assert success is not None
+    assert (ticks.format_tick(success.at), success.run) == ("2025-06-01T13:00:00Z", "run-13")
+    # a manual run (no tick) records no success of its own
+    code, err = run_sidecar(sidecar_env, "--", "sh", "-c", script)
+    assert code == 0, err
+    lease = api_server.get_lease()
+    assert lease is not None
+    assert ticks.read_success(lease["metadata"]["annotations"], "nightly") == success

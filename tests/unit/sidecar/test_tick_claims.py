@@ -16,7 +16,7 @@ from cronlock_sidecar.contract import EXIT_SKIPPED
 from cronlock_sidecar.holding.lease import Acquired, Busy, LeaseKeeper
 from cronlock_sidecar.holding.policy import acquire
 from cronlock_sidecar.lock.model import Timing, read_lease
-from cronlock_sidecar.lock.ticks import Tick, TickRecord, read_record, record_key
+from cronlock_sidecar.lock.ticks import Tick, TickRecord, read_record, read_success, record_key
 from cronlock_sidecar.options import ConfigError, parse_options
 from cronlock_sidecar.pod.state import SidecarState
 from tests.support.leases import make_lease
@@ -231,6 +231,7 @@ def test_the_work_gets_its_tick_and_the_one_before_in_tick_env(
     assert pods[0].file("tick.env") == (
         "CRONLOCK_TICK=2026-11-29T08:00:00Z\n"
         "CRONLOCK_PREVIOUS_TICK=2026-11-29T07:55:00Z\n"
+        "CRONLOCK_LAST_SUCCESS_TICK=\n"
         "CRONLOCK_MANUAL=false\n"
     )
     assert main(["gate"], {"CRONLOCK_RUN_DIR": str(pods[0].run_dir)}) == 0
@@ -243,7 +244,7 @@ def test_a_manual_runs_tick_env_says_manual(
     pods.append(Pod(tmp_path, clock, transport, "report-manual-x1"))
     assert pods[0].file("decision") == "run\n"
     assert pods[0].file("tick.env") == (
-        "CRONLOCK_TICK=\nCRONLOCK_PREVIOUS_TICK=\nCRONLOCK_MANUAL=true\n"
+        "CRONLOCK_TICK=\nCRONLOCK_PREVIOUS_TICK=\nCRONLOCK_LAST_SUCCESS_TICK=\nCRONLOCK_MANUAL=true\n"
     )
 
 
@@ -299,3 +300,69 @@ def test_a_pod_of_any_policy_decides_already_ran_while_the_tick_is_held_by_its_f
     assert pods[0].file("skip-line").startswith("already ran: tick 2026-11-29T08:00:00Z")
     assert transport.writes() == [], "no overlap noted, no yield asked"
     assert read_lease(transport.lease or {}).holder == OTHER
+
+
+def succeeded(at: datetime, run: str) -> dict[str, str]:
+    """The success record of tick `at` worked by run `run`."""
+    record = TickRecord("report", at, f"report-{int(at.timestamp()) // 60}", run, OTHER, "")
+    return {"cronlock.io/succeeded.report": record.text()}
+
+
+def success_on(transport: FakeTransport) -> TickRecord | None:
+    assert transport.lease is not None
+    return read_success(transport.lease["metadata"].get("annotations") or {}, "report")
+
+
+def test_the_work_gets_the_last_successful_tick_apart_from_the_last_claimed(
+    tmp_path: Path, clock: FakeClock, transport: FakeTransport, pods: list[Pod]
+) -> None:
+    # 07:55 was claimed (and failed); 07:50 is the last tick whose work succeeded.
+    ten_before = START - timedelta(minutes=10)
+    notes = {**recorded(EARLIER, "uid-of-a-failed-job"), **succeeded(ten_before, "uid-ok")}
+    transport.store(make_lease(annotations=notes))
+    pods.append(Pod(tmp_path, clock, transport, JOB))
+    assert pods[0].file("tick.env") == (
+        "CRONLOCK_TICK=2026-11-29T08:00:00Z\n"
+        "CRONLOCK_PREVIOUS_TICK=2026-11-29T07:55:00Z\n"
+        "CRONLOCK_LAST_SUCCESS_TICK=2026-11-29T07:50:00Z\n"
+        "CRONLOCK_MANUAL=false\n"
+    )
+
+
+def test_a_far_future_success_record_is_none_for_the_work(
+    clock: FakeClock, transport: FakeTransport
+) -> None:
+    transport.store(make_lease(annotations=succeeded(START + timedelta(days=400), "evil")))
+    mine = keeper(clock, transport)
+    assert isinstance(mine.try_acquire(), Acquired)
+    assert mine.last_success is None
+
+
+def test_a_release_records_the_success_only_when_told_the_work_succeeded(
+    clock: FakeClock, transport: FakeTransport
+) -> None:
+    transport.store(make_lease(annotations=succeeded(EARLIER, "uid-ok")))
+    failing = keeper(clock, transport)
+    assert isinstance(failing.try_acquire(), Acquired)
+    assert failing.release()
+    recorded_success = success_on(transport)
+    assert recorded_success is not None
+    assert recorded_success.at == EARLIER, "a release not told of success moves nothing"
+    clock.advance(60)
+    retry = keeper(clock, transport, identity=OTHER)
+    assert isinstance(retry.try_acquire(), Acquired)  # the same run (Job uid): goes on
+    assert retry.release(succeeded=True)
+    assert success_on(transport) == TickRecord(
+        "report", START, JOB, "uid-of-this-job", OTHER, "east"
+    )
+
+
+def test_a_manual_run_records_no_success(clock: FakeClock, transport: FakeTransport) -> None:
+    transport.store(make_lease(annotations=succeeded(EARLIER, "uid-ok")))
+    manual = keeper(clock, transport, tick=None)
+    assert isinstance(manual.try_acquire(), Acquired)
+    assert manual.last_success is None, "a manual run is told none: it is no tick's"
+    assert manual.release(succeeded=True)
+    recorded_success = success_on(transport)
+    assert recorded_success is not None
+    assert recorded_success.at == EARLIER

@@ -77,3 +77,43 @@ def test_the_skip_line_says_already_ran() -> None:
     line = ticks.skip_line(mine, by_a, "default/cronlock-nightly")
     assert line.startswith("already ran: tick 2026-12-06T12:00:00Z of nightly")
     assert "cluster east" in line
+
+
+def test_the_success_record_is_its_own_key_and_reads_as_a_claim_does() -> None:
+    claim = ticks.TickRecord("nightly", NOON, f"nightly-{MINUTES}", "uid-1", "pod_1234", "")
+    annotations = ticks.with_record({}, claim, "cronlock.io/succeeded.")
+    assert annotations == {"cronlock.io/succeeded.nightly": claim.text()}
+    assert ticks.read_success(annotations, "nightly") == claim
+    # a claim record is no success record, nor the other way round
+    assert ticks.read_record(annotations, "nightly") is None
+    assert ticks.read_success(ticks.with_record({}, claim), "nightly") is None
+    assert ticks.records(annotations) == []
+    assert ticks.records(annotations, "cronlock.io/succeeded.") == [claim]
+
+
+def test_a_success_is_recorded_only_for_the_claim_of_that_run_and_tick() -> None:
+    claim = ticks.TickRecord("nightly", NOON, f"nightly-{MINUTES}", "uid-1", "pod_1234", "c")
+    on_lock = ticks.with_record({}, claim)
+    now = NOON + timedelta(seconds=30)
+    assert ticks.success_of(on_lock, "nightly", NOON, "uid-1", now, 2.0) == claim
+    # another run of the tick, another tick, another CronJob: nothing to record
+    assert ticks.success_of(on_lock, "nightly", NOON, "uid-2", now, 2.0) is None
+    assert (
+        ticks.success_of(on_lock, "nightly", NOON - timedelta(minutes=1), "uid-1", now, 2) is None
+    )
+    assert ticks.success_of(on_lock, "weekly", NOON, "uid-1", now, 2.0) is None
+    # a later claim came before the success was counted: its run's success is not this one's
+    later = claim._replace(at=NOON + timedelta(minutes=1), run="uid-2")
+    assert ticks.success_of(ticks.with_record({}, later), "nightly", NOON, "uid-1", now, 2) is None
+    # the success of that tick, or a newer one, is recorded already: nothing moves back
+    done = ticks.with_record(on_lock, claim, "cronlock.io/succeeded.")
+    assert ticks.success_of(done, "nightly", NOON, "uid-1", now, 2.0) is None
+    older = claim._replace(at=NOON - timedelta(minutes=1), run="uid-0")
+    moved = ticks.with_record(on_lock, older, "cronlock.io/succeeded.")
+    assert ticks.success_of(moved, "nightly", NOON, "uid-1", now, 2.0) == claim
+    # a far-future success record (nobody's) blocks nothing; a far-future claim is none
+    future = claim._replace(at=NOON + timedelta(days=365))
+    ahead = ticks.with_record(on_lock, future, "cronlock.io/succeeded.")
+    assert ticks.success_of(ahead, "nightly", NOON, "uid-1", now, 2.0) == claim
+    far = ticks.with_record({}, future)
+    assert ticks.success_of(far, "nightly", future.at, "uid-1", now, 2.0) is None

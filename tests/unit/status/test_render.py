@@ -191,11 +191,12 @@ def test_wide_output_adds_state_ttl_alert_after_and_the_last_release() -> None:
         "LAST HOLDER",
         "RELEASED",
         "LAST TICK",
+        "LAST SUCCESSFUL TICK",
         "FROZEN",
     ]
     assert row[9:] == [
         *("free", "annotation", "lease", "skip", "30s", "3", "false", "cleanup-1-aaaaa_0001"),
-        *("15m ago", "-", "-"),
+        *("15m ago", "-", "-", "-"),
     ]
 
 
@@ -255,6 +256,7 @@ def test_json_is_a_list_of_objects_with_iso_times_and_numeric_seconds() -> None:
         "nextScheduleTime": "2026-11-29T08:05:00Z",
         "frozen": None,
         "ticks": [],
+        "successes": [],
         "problems": [],
     }
     stuck = by_name["stuck"]

@@ -16,6 +16,7 @@ from cronlock_operator.status.render import (
     render_json,
     render_table,
     render_yaml,
+    succeeded_text,
     tick_text,
 )
 from cronlock_sidecar.lock.ticks import TickRecord
@@ -144,3 +145,38 @@ def test_a_lock_in_a_store_shows_the_records_of_its_document_as_read() -> None:
     (row,) = rows([body], [], NOW, stored={("default", "cronlock-ledger"): document})
     assert row.last_tick is not None
     assert (row.last_tick.job, row.last_tick.cluster) == ("ledger-29405875", "east")
+
+
+def test_the_last_successful_tick_is_shown_beside_the_last_claimed_one() -> None:
+    """The 07:55 tick was claimed (and failed); 07:50 is the last whose run succeeded."""
+    succeeded = "2026-11-29T07:50:00Z report-29405870 uid-z report-29405870-a1b2c_0a1b east"
+    notes = {
+        "cronlock.io/tick.report": MINE,
+        "cronlock.io/succeeded.report": succeeded,
+        "cronlock.io/succeeded.broken": "2026-11-29T07:55:00Z a b c",
+    }
+    status_rows = rows([cronjob("report")], [lease("report", annotations=notes)], NOW)
+    (row,) = status_rows
+    assert row.last_tick is not None
+    assert succeeded_text(row) == "2026-11-29T07:50:00Z"
+    header, line = render_table(status_rows, 500, wide=True).splitlines()
+    assert "LAST SUCCESSFUL TICK" in header
+    assert line.split()[-2:] == ["2026-11-29T07:50:00Z", "-"], line  # then FROZEN
+    expected = [
+        {
+            "cronjob": "report",
+            "tick": "2026-11-29T07:50:00Z",
+            "job": "report-29405870",
+            "run": "uid-z",
+            "holder": "report-29405870-a1b2c_0a1b",
+            "cluster": "east",
+        }
+    ]
+    item = json.loads(render_json(status_rows))["items"][0]
+    assert item["successes"] == expected
+    assert item["ticks"][0]["tick"] == "2026-11-29T07:55:00Z"
+    assert yaml.safe_load(render_yaml(status_rows))["items"][0]["successes"] == expected
+    # none recorded: `-` and an empty list
+    (bare,) = rows([cronjob("report")], [lease("report", annotations={})], NOW)
+    assert succeeded_text(bare) == "-"
+    assert as_list([bare])["items"][0]["successes"] == []

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from cronlock_operator.cronjob.config import LockConfig
@@ -95,6 +96,20 @@ class PatchLease:
 
 
 @dataclass(frozen=True)
+class RecordSuccess:
+    """Run `run` of CronJob `cronjob`'s tick `at` succeeded: record it as the CronJob's
+    success record on Lease `name` (reconcile/successes.py `success_patch` judges the Lease
+    as read at the write, which applies only while the Lease is that version)."""
+
+    namespace: str
+    name: str
+    cronjob: str
+    at: datetime
+    run: str
+    skew_seconds: float
+
+
+@dataclass(frozen=True)
 class CountRun:
     result: str  # acquired, skipped, lost, released
 
@@ -160,6 +175,7 @@ Action = (
     | MarkJob
     | DeleteJob
     | PatchLease
+    | RecordSuccess
     | CountRun
     | CountTakeover
     | CountContention

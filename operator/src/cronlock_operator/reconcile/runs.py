@@ -7,7 +7,9 @@ it, but keeps its Job; a run replaced by a newer one (replace policy) neither co
 resets. A skipped run whose gate said its tick was already worked by another run
 (`already ran`, issue 56) is a `TickAlreadyRan` Event, counted apart and not a skip in a
 row: nothing is stuck. Each run of a tick (a Job named `<cronjob>-<minutes>`, not a manual
-run) is also one tick outcome (`CountTick`). The decision is pure: the runtime passes the
+run) is also one tick outcome (`CountTick`); a tick's run that succeeded on a Lease lock is
+recorded as the lock's last successful tick (`RecordSuccess`, successes.py). The decision
+is pure: the runtime passes the
 CronJob, the runs not yet counted and what their gates said, and executes the result.
 """
 
@@ -29,6 +31,7 @@ from cronlock_operator.reconcile.actions import (
     DeleteJob,
     MarkJob,
     PostEvent,
+    RecordSuccess,
     SetConsecutiveSkips,
 )
 from cronlock_sidecar import contract
@@ -140,6 +143,21 @@ def decide(
                 actions.append(DeleteJob(namespace, job_name))
         elif outcome == "succeeded" and skips.went_through_the_lock(job, cronjob):
             count = 0
+            at = ticks.tick_of_job(name, job_name)
+            ran_on = (job["metadata"].get("labels") or {}).get(contract.LABEL_LOCK)
+            config = reading.config
+            if at is not None and ran_on and config is not None and not config.shared_store:
+                # Last: a Lease that moved on stops only this write.
+                actions.append(
+                    RecordSuccess(
+                        namespace,
+                        contract.lease_name(ran_on),
+                        name,
+                        at,
+                        uid,
+                        settings.skew_seconds,
+                    )
+                )
         elif outcome in ("skipped", "overlapped"):
             count += 1
             if outcome == "skipped":

@@ -1,10 +1,11 @@
 """The one place the deciders' actions are carried out: each write, count or Event, in order.
 
-Three actions depend on what the API server holds at the moment they run, not only on
+Four actions depend on what the API server holds at the moment they run, not only on
 what the caches showed when they were decided: a Lease created meanwhile by another
-CronJob, a Lease's users changed, a Role of the same name someone else made. For those
-the executor reads, asks the pure layer's judge (`sharing.consent`,
-`ownership.without_owner`, `rbac.write_for`), and sends what the judge returned; the
+CronJob, a Lease's users changed, a Role of the same name someone else made, a Lease whose
+claim record moved on. For those the executor reads, asks the pure layer's judge
+(`sharing.consent`, `ownership.without_owner`, `rbac.write_for`,
+`successes.success_patch`), and sends what the judge returned; the
 judges decide, `Kube` only sends. A judge's refusal comes back as a value (`Ran.verdict`:
 `Refused`, `Undecided`), for the reconciler to act on; only the API server's errors are
 raised (kube/answers.py).
@@ -12,8 +13,10 @@ raised (kube/answers.py).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 from cronlock_operator.errors import Retry
@@ -35,12 +38,17 @@ from cronlock_operator.reconcile.actions import (
     PatchCronJob,
     PatchLease,
     PostEvent,
+    RecordSuccess,
     SetConsecutiveSkips,
     SetRunTimes,
     WriteHolderRbac,
 )
 from cronlock_operator.reconcile.rbac import RbacKind
+from cronlock_operator.reconcile.successes import success_patch
 from cronlock_operator.runtime import metrics
+from cronlock_sidecar.lock.ticks import format_tick
+
+logger = logging.getLogger(__name__)
 
 Written = Callable[[dict[str, Any]], None]
 PostEventCall = Callable[[Mapping[str, Any], str, str, bool], None]
@@ -84,6 +92,8 @@ class Ran:
 
 COMPLETED = Ran()
 GONE = Ran(gone=True)
+# A success record is written on the Lease as read; each renewal in between moves it on.
+SUCCESS_TRIES = 3
 
 
 class Executor:
@@ -115,6 +125,44 @@ class Executor:
                 return ran
         return COMPLETED
 
+    def _record_success(self, action: RecordSuccess) -> Ran:
+        """The success record written on the Lease as read now, each try on the version
+        read; nothing when the Lease is gone or no longer names the run's claim."""
+        for _ in range(SUCCESS_TRIES):
+            lease = self.kube.read_lease(action.namespace, action.name)
+            if lease is None:
+                return GONE
+            patch = success_patch(
+                lease,
+                action.cronjob,
+                action.at,
+                action.run,
+                datetime.now(UTC),
+                action.skew_seconds,
+            )
+            if patch is None:
+                return COMPLETED
+            if self.kube.patch_lease(action.namespace, action.name, patch):
+                logger.info(
+                    "lease %s/%s: tick %s of %s recorded as its last success (run %s)",
+                    action.namespace,
+                    action.name,
+                    format_tick(action.at),
+                    action.cronjob,
+                    action.run,
+                )
+                return COMPLETED
+        logger.warning(
+            "lease %s/%s: tick %s of %s not recorded as its last success: the Lease changed "
+            "under each of %d writes",
+            action.namespace,
+            action.name,
+            format_tick(action.at),
+            action.cronjob,
+            SUCCESS_TRIES,
+        )
+        return GONE
+
     def _one(self, action: Action) -> Ran:
         kube = self.kube
         match action:
@@ -125,6 +173,8 @@ class Executor:
                 self.cronjob_written(patched)
             case PatchLease(namespace, name, patch):
                 return COMPLETED if kube.patch_lease(namespace, name, patch) else GONE
+            case RecordSuccess():
+                return self._record_success(action)
             case AnnotateCronJob(namespace, name, annotations):
                 kube.annotate_cronjob(namespace, name, annotations)
             case PostEvent(involved, reason, message, warning):

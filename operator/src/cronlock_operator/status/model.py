@@ -69,11 +69,18 @@ class StatusRow:
     # The lock's record of the last tick claimed, per CronJob name (issue 56): what its
     # Lease or store document says, records that do not read as one left out.
     ticks: tuple[TickRecord, ...] = ()
+    # The lock's success records (the newest tick whose run succeeded), per CronJob name.
+    succeeded: tuple[TickRecord, ...] = ()
 
     @property
     def last_tick(self) -> TickRecord | None:
         """The lock's record for this row's CronJob."""
         return next((record for record in self.ticks if record.cronjob == self.cronjob), None)
+
+    @property
+    def last_succeeded_tick(self) -> TickRecord | None:
+        """The lock's success record for this row's CronJob."""
+        return next((record for record in self.succeeded if record.cronjob == self.cronjob), None)
 
     @property
     def renewed_seconds_ago(self) -> float | None:
@@ -219,14 +226,18 @@ def _row(
         store_secret=config.store_secret if config is not None else None,
         guarded_by=reading.opt_in,
         ticks=_tick_records(lease),
+        succeeded=_tick_records(lease, contract.ANNOTATION_SUCCEEDED_PREFIX),
     )
 
 
-def _tick_records(lock: Mapping[str, Any] | None) -> tuple[TickRecord, ...]:
-    """The tick records on a Lease or store document; none when its annotations are no
-    mapping (a store document is whatever was written to the store)."""
+def _tick_records(
+    lock: Mapping[str, Any] | None, prefix: str = contract.ANNOTATION_TICK_PREFIX
+) -> tuple[TickRecord, ...]:
+    """The tick records (or, by `prefix`, success records) on a Lease or store document;
+    none when its annotations are no mapping (a store document is whatever was written to
+    the store)."""
     annotations = metadata_of(lock or {}).get("annotations")
-    return tuple(records(annotations)) if isinstance(annotations, Mapping) else ()
+    return tuple(records(annotations, prefix)) if isinstance(annotations, Mapping) else ()
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from typing import Any, Final
 import yaml
 
 from cronlock_operator.status.model import StatusRow, human_duration, seconds_between
-from cronlock_sidecar.lock.ticks import format_tick
+from cronlock_sidecar.lock.ticks import TickRecord, format_tick
 
 _GAP: Final = "   "
 _NONE: Final = "-"
@@ -88,6 +88,12 @@ def tick_text(row: StatusRow) -> str:
     return _NONE if record is None else f"{format_tick(record.at)} {record.who()}"
 
 
+def succeeded_text(row: StatusRow) -> str:
+    """The lock's last successful tick of this CronJob, or `-`."""
+    record = row.last_succeeded_tick
+    return _NONE if record is None else format_tick(record.at)
+
+
 def holder_text(row: StatusRow) -> str:
     if row.state == "missing":
         return "missing"
@@ -139,6 +145,7 @@ _WIDE_COLUMNS: Final = (
     _Column("LAST HOLDER", lambda row: row.last_holder or _NONE),
     _Column("RELEASED", lambda row: _ago(row.released_at, row.now)),
     _Column("LAST TICK", tick_text),
+    _Column("LAST SUCCESSFUL TICK", succeeded_text),
     _Column("FROZEN", frozen_text),
 )
 
@@ -271,18 +278,20 @@ def json_row(row: StatusRow) -> dict[str, Any]:
         "frozen": None
         if row.frozen_until is None
         else {"until": _iso(row.frozen_until), "by": row.frozen_by, "reason": row.frozen_reason},
-        "ticks": [
-            {
-                "cronjob": record.cronjob,
-                "tick": format_tick(record.at),
-                "job": record.job or None,
-                "run": record.run,
-                "holder": record.holder,
-                "cluster": record.cluster or None,
-            }
-            for record in row.ticks
-        ],
+        "ticks": [_record_json(record) for record in row.ticks],
+        "successes": [_record_json(record) for record in row.succeeded],
         "problems": list(row.problems),
+    }
+
+
+def _record_json(record: TickRecord) -> dict[str, Any]:
+    return {
+        "cronjob": record.cronjob,
+        "tick": format_tick(record.at),
+        "job": record.job or None,
+        "run": record.run,
+        "holder": record.holder,
+        "cluster": record.cluster or None,
     }
 
 

@@ -157,7 +157,7 @@ class Holder:
     ) -> Acquired | None:
         # The work reads its tick before it starts: tick.env is written before the gate opens.
         tick_text = (
-            tick_env(self.keeper.tick, self.keeper.previous_tick)
+            tick_env(self.keeper.tick, self.keeper.previous_tick, self.keeper.last_success)
             if decision in ("run", "overlap")
             else ""
         )

@@ -12,7 +12,10 @@ from collections.abc import Callable
 from types import FrameType
 
 from cronlock_sidecar.contract import (
+    ANNOTATION_SUCCEEDED_PREFIX,
+    ANNOTATION_TICK_PREFIX,
     ENV_FENCING_TOKEN,
+    ENV_LAST_SUCCESS_TICK,
     ENV_MANUAL,
     ENV_PREVIOUS_TICK,
     ENV_TICK,
@@ -96,6 +99,8 @@ class Runner:
         self._reads = _LastRead(transport)
         # The tick recorded on the lock before this run's claim (CRONLOCK_PREVIOUS_TICK).
         self.previous: ticks.TickRecord | None = None
+        # The lock's last successful tick as read at the claim (CRONLOCK_LAST_SUCCESS_TICK).
+        self.last_success: ticks.TickRecord | None = None
         self.keeper = LeaseKeeper(
             self._reads,
             options.lease,
@@ -155,24 +160,32 @@ class Runner:
                 return self._unguarded()
             log.info("%s", result.message())
             return EXIT_SKIPPED
-        self.previous = self._previous_record()
+        self.previous = self._record_before(ANNOTATION_TICK_PREFIX)
+        self.last_success = self._record_before(ANNOTATION_SUCCEEDED_PREFIX)
         if self.tick is not None:
             log.info(
-                "run works tick %s of %s (run %s; previous tick on the lock: %s)",
+                "run works tick %s of %s (run %s; previous tick on the lock: %s; last "
+                "successful tick: %s)",
                 ticks.format_tick(self.tick.at),
                 self.tick.cronjob,
                 self.tick.run,
                 "none" if self.previous is None else ticks.format_tick(self.previous.at),
+                "none" if self.last_success is None else ticks.format_tick(self.last_success.at),
             )
+        code: int | None = None
         try:
             if self.signals:
                 return 128 + self.signals[0]
-            return self._guarded(result)
+            code = self._guarded(result)
+            return code
         finally:
-            self.keeper.release()
+            # Only `run` knows its work's outcome: a tick's run that ended 0 records its
+            # tick as the last success, in the release's own write (lock/ticks.py).
+            self.keeper.release(succeeded=code == 0 and self.tick is not None)
 
-    def _previous_record(self) -> ticks.TickRecord | None:
-        """The believed record of this run's CronJob on the document the claim replaced."""
+    def _record_before(self, prefix: str) -> ticks.TickRecord | None:
+        """The believed record of this run's CronJob (claim or success record, by
+        `prefix`) on the document the claim replaced."""
         body = self._reads.last
         cronjob = self.tick.cronjob if self.tick is not None else self.options.tick_of
         if body is None or not cronjob:
@@ -181,7 +194,7 @@ class Runner:
         annotations = metadata.get("annotations") if isinstance(metadata, dict) else None
         if not isinstance(annotations, dict):
             return None
-        record = ticks.read_record(annotations, cronjob)
+        record = ticks.read_record(annotations, cronjob, prefix)
         return ticks.believed(record, self.keeper.clock.now(), self.options.skew)
 
     def _tick_environment(self) -> dict[str, str]:
@@ -189,6 +202,9 @@ class Runner:
         return {
             ENV_TICK: "" if self.tick is None else ticks.format_tick(self.tick.at),
             ENV_PREVIOUS_TICK: "" if self.previous is None else ticks.format_tick(self.previous.at),
+            ENV_LAST_SUCCESS_TICK: (
+                "" if self.last_success is None else ticks.format_tick(self.last_success.at)
+            ),
             ENV_MANUAL: "true" if self.tick is None else "false",
         }
 

@@ -35,7 +35,9 @@ from cronlock_sidecar.lock.ticks import (
     already_ran,
     believed,
     read_record,
+    read_success,
     record_of,
+    success_of,
 )
 from cronlock_sidecar.microtime import format_microtime
 from cronlock_sidecar.transport.seam import (
@@ -97,6 +99,7 @@ class LeaseKeeper:
         self.tick = tick
         self.cluster = cluster
         self._previous_tick: TickRecord | None = None
+        self._last_success: TickRecord | None = None
         self._state_lock = threading.Lock()
         self._record: Lease | None = None
         self._last_renew_sent = -math.inf
@@ -124,6 +127,13 @@ class LeaseKeeper:
         none, or a manual run): what the work gets as CRONLOCK_PREVIOUS_TICK."""
         with self._state_lock:
             return self._previous_tick
+
+    @property
+    def last_success(self) -> TickRecord | None:
+        """The believed success record of our CronJob as read before our claim (None:
+        none, or a manual run): what the work gets as CRONLOCK_LAST_SUCCESS_TICK."""
+        with self._state_lock:
+            return self._last_success
 
     def _my_record(self) -> TickRecord | None:
         return None if self.tick is None else record_of(self.tick, self.identity, self.cluster)
@@ -363,14 +373,15 @@ class LeaseKeeper:
         assert self.tick is not None
         metadata = current.get("metadata")
         annotations = metadata.get("annotations") if isinstance(metadata, dict) else None
-        record = read_record(
-            annotations if isinstance(annotations, dict) else {}, self.tick.cronjob
-        )
+        notes = annotations if isinstance(annotations, dict) else {}
+        record = read_record(notes, self.tick.cronjob)
         ran = already_ran(self.tick, record, now, self.timing.skew)
         if ran is None:
             previous = believed(record, now, self.timing.skew)
+            success = believed(read_success(notes, self.tick.cronjob), now, self.timing.skew)
             with self._state_lock:
                 self._previous_tick = previous
+                self._last_success = success
         return ran
 
     def _took(self, written: Lease, sent: float, *, resumed: bool, reason: str) -> Acquired:
@@ -477,8 +488,11 @@ class LeaseKeeper:
         return RenewResult(RenewOutcome.FAILED, str(error))
 
     # --- release ---------------------------------------------------------------
-    def release(self, budget: float = 3.0) -> bool:
-        """Give the Lease back if it is still ours, within `budget` seconds; True if released."""
+    def release(self, budget: float = 3.0, *, succeeded: bool = False) -> bool:
+        """Give the Lease back if it is still ours, within `budget` seconds; True if released.
+
+        `succeeded`: the run's work ended in success (only `run` knows it): the release also
+        records our tick as our CronJob's last success (lock/ticks.py `success_of`)."""
         with self._state_lock:
             record = self._record
             self._closing = True
@@ -502,6 +516,7 @@ class LeaseKeeper:
                         self.clock.now(),
                         replaced_by=self.replaced_by,
                         job_name=self.job_name,
+                        success=self._success(current) if succeeded else None,
                     ),
                     timeout=remaining,
                 )
@@ -518,6 +533,21 @@ class LeaseKeeper:
                 self._held = False
             log.info("lease %s released by %s", self.lease, self.identity)
             return True
+
+    def _success(self, current: Lease) -> TickRecord | None:
+        """The success record our release writes on `current`, if any (lock/ticks.py)."""
+        if self.tick is None:
+            return None
+        metadata = current.get("metadata")
+        annotations = metadata.get("annotations") if isinstance(metadata, dict) else None
+        return success_of(
+            annotations if isinstance(annotations, dict) else {},
+            self.tick.cronjob,
+            self.tick.at,
+            self.tick.run,
+            self.clock.now(),
+            self.timing.skew,
+        )
 
     def _reread_for_release(self, timeout: float) -> Lease | None:
         try:

@@ -27,6 +27,7 @@ from cronlock_sidecar.contract import (
     ANNOTATION_RELEASED_AT,
     ANNOTATION_REPLACED_BY,
     ANNOTATION_REPLACED_JOBS,
+    ANNOTATION_SUCCEEDED_PREFIX,
     ANNOTATION_YIELD_TO,
     DEFAULT_SKEW_SECONDS,
     LABEL_LOCK,
@@ -333,9 +334,11 @@ def released(
     *,
     replaced_by: str = "",
     job_name: str = "",
+    success: TickRecord | None = None,
 ) -> dict[str, Any]:
     """`current` given back (or cleared) on behalf of `holder`: no holder, the transitions
-    kept, and who held it last and when it was released on record.
+    kept, and who held it last and when it was released on record; `success`, when the
+    releasing run's work succeeded, as its CronJob's success record (lock/ticks.py).
 
     A holder that yielded to a replace run names it (`replaced_by`) and puts its own Job
     first in the replaced Jobs, so that Job's retry pod skips.
@@ -354,6 +357,8 @@ def released(
         if job_name:
             jobs = [job_name, *(job for job in before.replaced_jobs if job != job_name)]
             annotations[ANNOTATION_REPLACED_JOBS] = ",".join(jobs[:REPLACED_JOBS_KEPT])
+    if success is not None:
+        annotations = with_record(annotations, success, ANNOTATION_SUCCEEDED_PREFIX)
     metadata["annotations"] = annotations
     return body
 

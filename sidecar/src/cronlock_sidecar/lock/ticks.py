@@ -15,8 +15,14 @@ whole seconds (`2026-12-06T12:00:00Z`). Only a claim writes it (the write that m
 the holder); renewals and releases carry it. A run whose tick is at or before the
 recorded one, claimed by another run, skips: `already ran` (`already_ran`). A recorded
 tick ahead of the reader's clock (plus the skew) is nobody's tick yet and is ignored, so a
-far-future tick written by a hostile pod silences nothing. Standard library only: it is on
-the sidecar's start-up path.
+far-future tick written by a hostile pod silences nothing.
+
+A second record per CronJob, `cronlock.io/succeeded.<cronjob>`, in the same format, is the
+newest tick whose run ended in success, as its claim recorded it (`success_of`): written
+by whoever knows the outcome (the operator for a Lease in a cluster, `run` at its release),
+never by a pod (docs/USAGE.md, "Each tick at most once"). The work gets it as
+CRONLOCK_LAST_SUCCESS_TICK, to process (last success, this tick]. Standard library only:
+it is on the sidecar's start-up path.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from typing import NamedTuple
 
-from cronlock_sidecar.contract import ANNOTATION_TICK_PREFIX
+from cronlock_sidecar.contract import ANNOTATION_SUCCEEDED_PREFIX, ANNOTATION_TICK_PREFIX
 
 # A CronJob's name: a DNS subdomain of at most 52 characters (the API server's limit, so
 # the Jobs' names with their 11-digit suffix fit 63), and here one label of it: the key
@@ -46,8 +52,10 @@ def valid_name(name: str) -> bool:
     return 0 < len(name) <= LONGEST_NAME and bool(_NAME.match(name))
 
 
-def record_key(cronjob: str) -> str:
-    return ANNOTATION_TICK_PREFIX + cronjob
+def record_key(cronjob: str, prefix: str = ANNOTATION_TICK_PREFIX) -> str:
+    """The annotation of `cronjob`'s claim record, or (`prefix` ANNOTATION_SUCCEEDED_PREFIX)
+    of its success record."""
+    return prefix + cronjob
 
 
 def format_tick(moment: datetime) -> str:
@@ -113,9 +121,12 @@ def record_of(tick: Tick, holder: str, cluster: str) -> TickRecord:
     return TickRecord(tick.cronjob, tick.at, tick.job, tick.run, holder, cluster)
 
 
-def read_record(annotations: Mapping[str, object], cronjob: str) -> TickRecord | None:
-    """The record for `cronjob`; None when there is none or it does not read as one."""
-    value = annotations.get(record_key(cronjob))
+def read_record(
+    annotations: Mapping[str, object], cronjob: str, prefix: str = ANNOTATION_TICK_PREFIX
+) -> TickRecord | None:
+    """The record for `cronjob` (its claim record, or the one `prefix` names); None when
+    there is none or it does not read as one."""
+    value = annotations.get(record_key(cronjob, prefix))
     if not isinstance(value, str):
         return None
     fields = value.split(" ")
@@ -130,12 +141,15 @@ def read_record(annotations: Mapping[str, object], cronjob: str) -> TickRecord |
     )
 
 
-def records(annotations: Mapping[str, object]) -> list[TickRecord]:
-    """Every readable record on a lock, by CronJob name."""
+def records(
+    annotations: Mapping[str, object], prefix: str = ANNOTATION_TICK_PREFIX
+) -> list[TickRecord]:
+    """Every readable record (claim records, or those `prefix` names) on a lock, by
+    CronJob name."""
     found = []
     for key in sorted(annotations):
-        if isinstance(key, str) and key.startswith(ANNOTATION_TICK_PREFIX):
-            record = read_record(annotations, key.removeprefix(ANNOTATION_TICK_PREFIX))
+        if isinstance(key, str) and key.startswith(prefix):
+            record = read_record(annotations, key.removeprefix(prefix), prefix)
             if record is not None:
                 found.append(record)
     return found
@@ -161,9 +175,38 @@ def already_ran(
     return None
 
 
-def with_record(annotations: Mapping[str, str], record: TickRecord) -> dict[str, str]:
-    """`annotations` with `record` as its CronJob's."""
-    return {**annotations, record_key(record.cronjob): record.text()}
+def with_record(
+    annotations: Mapping[str, str], record: TickRecord, prefix: str = ANNOTATION_TICK_PREFIX
+) -> dict[str, str]:
+    """`annotations` with `record` as its CronJob's (claim record, or the one `prefix` names)."""
+    return {**annotations, record_key(record.cronjob, prefix): record.text()}
+
+
+def read_success(annotations: Mapping[str, object], cronjob: str) -> TickRecord | None:
+    """`cronjob`'s success record: the newest tick whose run succeeded, as claimed."""
+    return read_record(annotations, cronjob, ANNOTATION_SUCCEEDED_PREFIX)
+
+
+def success_of(
+    annotations: Mapping[str, object],
+    cronjob: str,
+    at: datetime,
+    run: str,
+    now: datetime,
+    skew_seconds: float,
+) -> TickRecord | None:
+    """The success record to write now that run `run` of `cronjob`'s tick `at` succeeded:
+    its claim record as the lock has it, when that still names this run and tick, is
+    believed (not ahead of `now` plus the skew) and is newer than the believed recorded
+    success; None otherwise (a later claim came, the run was no claim of that tick, or a
+    success as new is recorded already)."""
+    claim = believed(read_record(annotations, cronjob), now, skew_seconds)
+    if claim is None or claim.at != at or claim.run != run:
+        return None
+    recorded = believed(read_success(annotations, cronjob), now, skew_seconds)
+    if recorded is not None and recorded.at >= claim.at:
+        return None
+    return claim
 
 
 def skip_line(tick: Tick, record: TickRecord, lock: str) -> str:

@@ -12,8 +12,10 @@ database's clock alone (`clock_timestamp()`, `transport.frames`). The same trigg
 the tick records (`cronlock.io/tick.<cronjob>`, lock/ticks.py; docs/STORES.md, "Tick
 records in a store"): only a claim adds or changes one, naming its own holder, never ahead of the
 database's clock + TICK_AHEAD_SECONDS, never back to an older tick or to the same tick of
-another run; no write drops one. The schema `cronlock` is created, or tables of schema 1
-or 2 moved into it, where it is not schema 3 with the rules of version 2 (docs/STORES.md
+another run; and the success records (`cronlock.io/succeeded.<cronjob>`): only the
+holder's release writes one, equal to its own claim record, never back to an older tick;
+no write drops either. The schema `cronlock` is created, or tables of schema 1 or 2
+moved into it, where it is not schema 3 with the rules of version 3 (docs/STORES.md
 has it, for the admin role where a namespace's role may not).
 
 No name another role chose is ever resolved: the trigger functions pin their search path
@@ -77,10 +79,10 @@ from cronlock_sidecar.transport.storeurl import StoreUrl
 # tables' owner can drop a trigger, so a role that is not the owner cannot step around
 # it). Idempotent: run again, it changes nothing. docs/STORES.md shows this text (a test
 # compares them). The tables are schema 3's; the trigger function's comment says which
-# rules it keeps (`cronlock rules 2`: the tick records), so a database of schema 3 whose
-# trigger predates them is run again (`_SCHEMA_PRESENT`), while a sidecar of the release
-# before, which reads the table's comment alone, still finds schema 3 and never puts its
-# own trigger back.
+# rules it keeps (`cronlock rules 3`: the tick records, then the success records), so a
+# database of schema 3 whose trigger predates them is run again (`_SCHEMA_PRESENT`),
+# while a sidecar of a release before, which reads the table's comment alone, still finds
+# schema 3 and never puts its own trigger back.
 SCHEMA = """
 DO $move$
 DECLARE
@@ -182,6 +184,7 @@ DECLARE
     old_notes jsonb := '{}';
     claim boolean := holder <> '';
     tick_key text;
+    claim_key text;
     fields text[];
     parts text[];
     ticks timestamptz[];
@@ -321,6 +324,65 @@ BEGIN
                 tick_key, runs[2]);
         END IF;
     END LOOP;
+    -- Success records: only the holder's release (no holder now, last-holder the one
+    -- before) adds or changes one, equal to that holder's own claim record of the same
+    -- CronJob, never back to an older tick (unless the recorded one is ahead: nobody's);
+    -- no write drops one.
+    FOR tick_key IN SELECT pg_catalog.jsonb_object_keys(old_notes) LOOP
+        IF pg_catalog.starts_with(tick_key, 'cronlock.io/succeeded.')
+           AND pg_catalog.jsonb_typeof(old_notes -> tick_key) = 'string'
+           AND pg_catalog.jsonb_typeof(notes -> tick_key) IS DISTINCT FROM 'string' THEN
+            RAISE EXCEPTION USING ERRCODE = 'check_violation', MESSAGE = pg_catalog.format(
+                'cronlock store: success record %s: every write carries it (the holder''s '
+                'release may move it, none drops it)', tick_key);
+        END IF;
+    END LOOP;
+    FOR tick_key IN SELECT pg_catalog.jsonb_object_keys(notes) LOOP
+        CONTINUE WHEN NOT pg_catalog.starts_with(tick_key, 'cronlock.io/succeeded.')
+            OR pg_catalog.jsonb_typeof(notes -> tick_key) <> 'string'
+            OR (notes -> tick_key) = (old_notes -> tick_key);
+        IF old_holder = '' OR holder <> ''
+           OR coalesce(notes ->> 'cronlock.io/last-holder', '') <> old_holder THEN
+            RAISE EXCEPTION USING ERRCODE = 'check_violation', MESSAGE = pg_catalog.format(
+                'cronlock store: success record %s: only the holder''s release writes one',
+                tick_key);
+        END IF;
+        claim_key := 'cronlock.io/tick.' || pg_catalog.substr(tick_key, 23);
+        ticks := '{}';  -- [1] the claim record's, [2] the recorded success's
+        holders := '{}';
+        FOR i IN 1..2 LOOP
+            fields := pg_catalog.regexp_match(CASE
+                WHEN i = 1 AND pg_catalog.jsonb_typeof(old_notes -> claim_key) = 'string'
+                THEN old_notes ->> claim_key
+                WHEN i = 2 AND pg_catalog.jsonb_typeof(old_notes -> tick_key) = 'string'
+                THEN old_notes ->> tick_key END,
+                '^([!-~]{1,253}) ([!-~]{1,253}) ([!-~]{1,253}) ([!-~]{1,253}) ([!-~]{1,253})$');
+            parts := pg_catalog.regexp_match(fields[1],
+                '^([0-9]{4})-([0-9]{2})-([0-9]{2})T([0-9]{2}):([0-9]{2}):([0-9]{2})Z$');
+            BEGIN
+                IF parts[4]::integer <= 23 AND parts[5]::integer <= 59
+                   AND parts[6]::integer <= 59 THEN
+                    ticks[i] := pg_catalog.make_timestamptz(parts[1]::integer,
+                        parts[2]::integer, parts[3]::integer, parts[4]::integer,
+                        parts[5]::integer, parts[6]::double precision, 'UTC');
+                    holders[i] := fields[4];
+                END IF;
+            EXCEPTION WHEN others THEN
+                NULL;  -- no such date: not a record
+            END;
+        END LOOP;
+        IF ticks[1] IS NULL OR holders[1] <> old_holder
+           OR (notes -> tick_key) <> (old_notes -> claim_key) THEN
+            RAISE EXCEPTION USING ERRCODE = 'check_violation', MESSAGE = pg_catalog.format(
+                'cronlock store: success record %s: it is not the releasing holder''s own '
+                'claim record (its tick and run)', tick_key);
+        END IF;
+        IF ticks[2] <= now + tick_ahead AND ticks[1] < ticks[2] THEN
+            RAISE EXCEPTION USING ERRCODE = 'check_violation', MESSAGE = pg_catalog.format(
+                'cronlock store: success record %s: its tick is older than the recorded '
+                'success', tick_key);
+        END IF;
+    END LOOP;
     IF TG_OP = 'INSERT' THEN
         INSERT INTO cronlock.fences AS f (namespace, name, value)
         VALUES (NEW.namespace, NEW.name, 1)
@@ -361,14 +423,15 @@ CREATE OR REPLACE TRIGGER keep_rules BEFORE INSERT OR UPDATE ON cronlock.locks
 CREATE OR REPLACE TRIGGER keep_fences BEFORE UPDATE OR DELETE ON cronlock.fences
     FOR EACH ROW EXECUTE FUNCTION cronlock.keep_fences();
 COMMENT ON TABLE cronlock.locks IS 'cronlock locks, schema 3 (docs/STORES.md)';
-COMMENT ON FUNCTION cronlock.keep_rules() IS 'cronlock rules 2: tick records (docs/STORES.md)';
+COMMENT ON FUNCTION cronlock.keep_rules() IS
+    'cronlock rules 3: tick and success records (docs/STORES.md)';
 """.replace("__AHEAD__", str(TICK_AHEAD_SECONDS))
 _SCHEMA_PRESENT = """
 SELECT coalesce(pg_catalog.obj_description(pg_catalog.to_regclass('cronlock.locks'), 'pg_class'),
                 '') LIKE 'cronlock locks, schema 3 %'
    AND coalesce(pg_catalog.obj_description(
            pg_catalog.to_regprocedure('cronlock.keep_rules()'), 'pg_proc'), '')
-       LIKE 'cronlock rules 2: %'
+       LIKE 'cronlock rules 3: %'
 """
 # The session's own statements resolve names in pg_catalog alone (pg_temp last): no
 # function or operator a tenant planted in a schema on the URL's search path is ever a

@@ -62,7 +62,7 @@ LONGEST_DURATION_SECONDS = 86400  # the operator's longest ttl (MAX_TTL_SECONDS)
 # (security review N2). The version is in the library's and the functions' names, so a
 # newer cronlock's library loads beside an older one's and both fleets run during an
 # upgrade; a sidecar whose library is missing says so in one line (`missing_library`).
-LIBRARY_NAME = "cronlock_v2"
+LIBRARY_NAME = "cronlock_v3"
 FUNCTIONS = {name: f"{LIBRARY_NAME}_{name}" for name in ("get", "create", "replace")}
 LIBRARY_DOCS = 'docs/STORES.md, "Redis: the function library"'
 
@@ -84,14 +84,20 @@ LIBRARY_DOCS = 'docs/STORES.md, "Redis: the function library"'
 # whoever writes (`ticks`; docs/STORES.md, "Tick records in a store"): only a claim adds
 # or changes one, naming its own holder, never ahead of Redis' clock + TICK_AHEAD_SECONDS,
 # never back to an older tick or to the same tick of another run; no write drops one.
-# Version 2 of the library added them: version 1 keeps none, so it is deleted once no
-# sidecar of the release before calls it (docs/UPGRADING.md).
-LIBRARY = """#!lua name=cronlock_v2
+# The success records (`cronlock.io/succeeded.<cronjob>`, `successes`; docs/STORES.md,
+# "Success records in a store") are written only by the holder's release (`run` whose
+# command exited 0), each equal to the releasing holder's own claim record of that
+# CronJob, never back to an older tick; no write drops one. Version 2 of the library added
+# the tick records, version 3 the success records: an older version keeps none of the
+# newer rules, so it is deleted once no sidecar of the release before calls it
+# (docs/UPGRADING.md).
+LIBRARY = """#!lua name=cronlock_v3
 -- cronlock's lock rules (docs/STORES.md); KEYS: lease, version, fence.
 local LONGEST = __LONGEST__
 local LARGEST = 65536
 local REFUSAL = '__REFUSAL__'
 local TICKS = 'cronlock.io/tick.'
+local SUCCEEDED = 'cronlock.io/succeeded.'
 local AHEAD = __AHEAD__
 local function clock()
   local t = redis.call('TIME')
@@ -187,6 +193,43 @@ local function ticks(old_notes, new, claim, now_us)
   end
   return nil
 end
+local function success_key(key)
+  return type(key) == 'string' and string.sub(key, 1, #SUCCEEDED) == SUCCEEDED
+end
+-- The success records' rules: a record is added or changed only by the holder's release
+-- (no holder now, last-holder the one before), equal to that holder's own claim record
+-- of the same CronJob, and not older than the recorded success unless that one is ahead
+-- (nobody's); no write drops one. An error reply, or nil.
+local function successes(old_notes, new, old_holder, now_us)
+  local function refused(key, why)
+    return redis.error_reply(REFUSAL .. ' success record ' .. key .. ': ' .. why)
+  end
+  for key, value in pairs(old_notes) do
+    if success_key(key) and type(value) == 'string' and type(new.notes[key]) ~= 'string' then
+      return refused(key, "every write carries it (the holder's release may move it, none "
+                          .. 'drops it)')
+    end
+  end
+  local latest = math.floor(now_us / 1000000) + AHEAD
+  for key, value in pairs(new.notes) do
+    if success_key(key) and type(value) == 'string' and old_notes[key] ~= value then
+      if old_holder == '' or new.holder ~= '' or new.last ~= old_holder then
+        return refused(key, "only the holder's release writes one")
+      end
+      local claim = old_notes[TICKS .. string.sub(key, #SUCCEEDED + 1)]
+      local mine = record(claim)
+      if not mine or value ~= claim or mine.holder ~= old_holder then
+        return refused(key, "it is not the releasing holder's own claim record (its tick "
+                            .. 'and run)')
+      end
+      local theirs = record(old_notes[key])
+      if theirs and theirs.at <= latest and mine.at < theirs.at then
+        return refused(key, 'its tick is older than the recorded success')
+      end
+    end
+  end
+  return nil
+end
 -- The written document's rules; its lease and renewal time, or an error reply.
 local function checked(args, now_us)
   local new = parsed(args[1])
@@ -220,6 +263,7 @@ local function create(keys, args)
   if refused then return refused end
   if redis.call('EXISTS', keys[1]) == 1 then return {'conflict', now} end
   refused = ticks({}, new, new.holder ~= '', now_us)
+    or successes({}, new, '', now_us)
   if refused then return refused end
   local fence = redis.call('INCR', keys[3])
   local version = redis.call('INCR', keys[2])
@@ -256,6 +300,7 @@ local function replace(keys, args)
   -- A claim: a new holder, or a holder taking its own expired hold again.
   local claim = new.holder ~= '' and (new.holder ~= old.holder or since > lasts * 1000000)
   refused = ticks(old.notes, new, claim, now_us)
+    or successes(old.notes, new, old.holder, now_us)
   if refused then return refused end
   local token = tonumber(v[3]) or 0
   local fence = tonumber(redis.call('GET', keys[3]) or '0') or 0
@@ -273,10 +318,10 @@ local function replace(keys, args)
   return {'ok', now, tostring(version), digits(token)}
 end
 
-redis.register_function{function_name = 'cronlock_v2_get', callback = get,
+redis.register_function{function_name = 'cronlock_v3_get', callback = get,
                         flags = {'no-writes'}}
-redis.register_function('cronlock_v2_create', create)
-redis.register_function('cronlock_v2_replace', replace)
+redis.register_function('cronlock_v3_create', create)
+redis.register_function('cronlock_v3_replace', replace)
 """
 LIBRARY = (
     LIBRARY.replace("__LONGEST__", str(LONGEST_DURATION_SECONDS))
