@@ -24,8 +24,9 @@ from cronlock_sidecar.lock.model import Timing, released
 from cronlock_sidecar.transport.kubeapi import KubeLeaseClient
 from cronlock_sidecar.transport.kubeconfig import from_kubeconfig
 from cronlock_sidecar.transport.seam import Forbidden, LeaseRef
+from tests.support import gen
 from tests.support.controlplane import ControlPlane, make_service_account_kubeconfig
-from tests.support.cronjobs import job_from_cronjob, make_cronjob
+from tests.support.cronjobs import job_from_cronjob
 from tests.support.kube import finish_pod, wait_for
 from tests.support.objects import batch, read
 
@@ -40,13 +41,8 @@ def guarded(api: kubernetes.client.ApiClient, namespace: str) -> dict[str, Any]:
     kubernetes.client.CoreV1Api(api).create_namespaced_service_account(
         namespace, {"metadata": {"name": "runs"}}
     )
-    body = make_cronjob(
-        name="nightly",
-        namespace=None,
-        schedule="0 0 1 1 *",
-        restart_policy="Never",
-        job={"backoffLimit": 0},
-        serviceAccountName="runs",
+    body = gen.cronjob(
+        "nightly", *gen.BY_HAND, gen.service_account("runs"), gen.with_job(backoffLimit=0)
     )
     batch(api).create_namespaced_cron_job(namespace, body)
 

@@ -576,7 +576,7 @@ TICK_AT = datetime.fromtimestamp(29416320 * 60, UTC)
 
 
 def test_a_ticks_job_that_succeeded_through_a_lease_lock_records_its_success_last() -> None:
-    body = injected(cronjob())
+    body = injected(gen.cronjob("report", *STORED))
     tick = made_by(body, finished_job("report-29416320", "2026-12-01T00:00:01Z", "succeeded"))
     failed = made_by(body, finished_job("report-29416321", "2026-12-01T00:00:02Z", "failed"))
     manual = made_by(body, finished_job("report-manual-x1", "2026-12-01T00:00:03Z", "succeeded"))
@@ -607,7 +607,11 @@ def test_a_ticks_job_that_succeeded_through_a_lease_lock_records_its_success_las
 
 def test_a_store_locks_success_is_not_the_operators_to_record() -> None:
     settings = dataclasses.replace(SETTINGS, sidecar_stores_image="ghcr.io/example/s:1.0.0")
-    body = cronjob({"cronlock.io/store": "redis", "cronlock.io/store-secret": "cronlock-redis"})
+    body = gen.cronjob(
+        "report",
+        gen.annotated({"cronlock.io/store": "redis", "cronlock.io/store-secret": "cronlock-redis"}),
+        *STORED,
+    )
     body = desired_cronjob(body, parse_config(body, settings), settings)
     tick = made_by(body, finished_job("report-29416320", "2026-12-01T00:00:01Z", "succeeded"))
     [run] = runs.decide(body, [tick], settings).runs
