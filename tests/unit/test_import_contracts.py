@@ -77,6 +77,11 @@ def test_the_tree_keeps_every_contract() -> None:
             "public surface",
         ),
         (
+            "sidecar/src/cronlock_sidecar/transport/pgstore.py",
+            "from cronlock_sidecar.transport.stores import open_store",
+            "The stores' door above the stores",
+        ),
+        (
             f"{OPERATOR}/kube/writes.py",
             "from cronlock_operator.runtime import reconciler",
             "no package imports one above it",
