@@ -16,8 +16,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from cronlock_operator.errors import Retry
 from cronlock_operator.kube.calls import KubeCalls
+from cronlock_operator.kube.errors import Retry
 from cronlock_operator.leases import ownership, sharing
 from cronlock_operator.reconcile import rbac
 from cronlock_operator.reconcile.actions import (

@@ -17,7 +17,7 @@ from typing import Any
 
 from cronlock_operator.cache import ObjectCache
 from cronlock_operator.cronjob.reading import Readings
-from cronlock_operator.errors import Rejected
+from cronlock_operator.kube.errors import Rejected
 from cronlock_operator.objects import Name, name_of
 from cronlock_operator.reconcile import cronjobs
 from cronlock_operator.reconcile.cronjobs import Admitted, CronJobDecision
