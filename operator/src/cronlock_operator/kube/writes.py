@@ -11,7 +11,6 @@ from typing import Any
 
 import kubernetes
 
-from cronlock_operator.cache import ObjectCache
 from cronlock_operator.cronjob.invalid import cut
 from cronlock_operator.kube.answers import (
     done,
@@ -20,6 +19,7 @@ from cronlock_operator.kube.answers import (
     raw,
     transient_errors,
 )
+from cronlock_operator.kube.cache import ObjectCache
 from cronlock_operator.kube.client import FIELD_MANAGER
 from cronlock_operator.kube.errors import Rejected, Retry
 from cronlock_operator.kube.rbac_writes import HolderRbac
