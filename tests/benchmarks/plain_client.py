@@ -25,10 +25,10 @@ import sys  # noqa: E402
 from concurrent.futures import ThreadPoolExecutor  # noqa: E402
 from typing import Any  # noqa: E402
 
-from cronlock_operator.cache import ObjectCache  # noqa: E402
 from cronlock_operator.cronjob.config import parse_config  # noqa: E402
 from cronlock_operator.injection.build import build_injection  # noqa: E402
 from cronlock_operator.injection.patching import injection_patch  # noqa: E402
+from cronlock_operator.kube.cache import ObjectCache  # noqa: E402
 from cronlock_operator.kube.client import api_client  # noqa: E402
 from cronlock_operator.kube.writes import Kube  # noqa: E402
 from cronlock_operator.leases.ownership import new_lease  # noqa: E402

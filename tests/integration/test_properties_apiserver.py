@@ -26,8 +26,8 @@ from hypothesis import HealthCheck, event, given, note, settings
 from hypothesis import strategies as st
 
 from cronlock_operator.cronjob.config import parse_config
-from cronlock_operator.errors import Retry
 from cronlock_operator.injection.build import revert
+from cronlock_operator.kube.errors import Retry
 from cronlock_operator.kube.writes import Kube
 from cronlock_operator.reconcile.actions import EnsureLease
 from cronlock_operator.runtime.executor import Executor

@@ -17,8 +17,8 @@ from typing import Any
 
 import jsonpatch
 
-from cronlock_operator.cache import ObjectCache
-from cronlock_operator.errors import Retry
+from cronlock_operator.kube.cache import ObjectCache
+from cronlock_operator.kube.errors import Retry
 from cronlock_operator.reconcile.rbac import RbacKind
 from cronlock_sidecar import contract
 

@@ -77,6 +77,11 @@ def test_the_tree_keeps_every_contract() -> None:
             "public surface",
         ),
         (
+            "sidecar/src/cronlock_sidecar/transport/pgstore.py",
+            "from cronlock_sidecar.transport.stores import open_store",
+            "The stores' door above the stores",
+        ),
+        (
             f"{OPERATOR}/kube/writes.py",
             "from cronlock_operator.runtime import reconciler",
             "no package imports one above it",
@@ -116,15 +121,37 @@ def test_the_tree_keeps_every_contract() -> None:
 def test_a_forbidden_import_breaks_its_contract(
     tmp_path: Path, module: str, line: str, contract: str
 ) -> None:
-    for package in PACKAGES:
-        shutil.copytree(
-            ROOT / package,
-            tmp_path / package,
-            ignore=shutil.ignore_patterns("__pycache__", "*.go", "*.sum", "*.mod"),
-        )
+    copy_tree(tmp_path)
     target = tmp_path / module
     target.write_text(target.read_text() + f"\n{line}  # noqa\n")
     result = lint(tmp_path)
     assert result.returncode != 0, result.stdout
     assert contract in result.stdout
     assert "BROKEN" in result.stdout
+
+
+def test_a_new_sidecar_module_is_private_until_named(tmp_path: Path) -> None:
+    """The sidecar's public surface is an allow-list: a module added to it (here beside
+    the lock model, a public one) is the sidecar's own until pyproject.toml names it."""
+    copy_tree(tmp_path)
+    (tmp_path / "sidecar/src/cronlock_sidecar/lock/fresh.py").write_text(
+        '"""A module nobody has named public yet."""\n\nWORD = "fresh"\n'
+    )
+    importer = tmp_path / f"{OPERATOR}/reconcile/expiry.py"
+    importer.write_text(
+        importer.read_text() + "\nfrom cronlock_sidecar.lock import fresh  # noqa\n"
+    )
+    result = lint(tmp_path)
+    assert result.returncode != 0, result.stdout
+    assert "public surface BROKEN" in " ".join(result.stdout.split())
+    assert "cronlock_operator.reconcile.expiry -> cronlock_sidecar.lock.fresh" in result.stdout
+
+
+def copy_tree(destination: Path) -> None:
+    """The packages lint-imports reads, copied under `destination`."""
+    for package in PACKAGES:
+        shutil.copytree(
+            ROOT / package,
+            destination / package,
+            ignore=shutil.ignore_patterns("__pycache__", "*.go", "*.sum", "*.mod"),
+        )

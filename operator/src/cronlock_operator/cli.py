@@ -15,8 +15,8 @@ from collections.abc import Coroutine, Sequence
 import kopf
 import uvloop
 
-from cronlock_operator.errors import Gone, Retry
 from cronlock_operator.kube.client import api_client
+from cronlock_operator.kube.errors import Gone, Retry
 from cronlock_operator.kube.writes import Kube
 from cronlock_operator.runtime import leader, liveness
 from cronlock_operator.settings import (

@@ -24,7 +24,12 @@ import kubernetes
 from cronlock_sidecar import contract
 from cronlock_sidecar.transport import stores
 from cronlock_sidecar.transport.seam import StoreClient
-from cronlock_sidecar.transport.storeurl import StoreUrl, StoreUrlError, parse_store_url
+from cronlock_sidecar.transport.storeurl import (
+    ISOLATING_LIBPQ,
+    StoreUrl,
+    StoreUrlError,
+    parse_store_url,
+)
 
 STORE_TIMEOUT_SECONDS: Final = 5.0
 DEFAULT_PORTS: Final = {"redis": 6379, "postgres": 5432}
@@ -120,7 +125,7 @@ def _check_postgres(url: StoreUrl) -> None:
     import psycopg
     from psycopg.conninfo import conninfo_to_dict
 
-    if psycopg.pq.version() < stores.ISOLATING_LIBPQ:
+    if psycopg.pq.version() < ISOLATING_LIBPQ:
         raise StoreAccessError(
             f"psycopg uses libpq {psycopg.pq.version()}; reading a store from here needs "
             "libpq 16 or later, to connect without your client certificate or Kerberos "

@@ -22,12 +22,12 @@ from typing import Any
 
 import kubernetes
 
-from cronlock_operator.cache import ObjectCache
 from cronlock_operator.cronjob.config import InvalidConfig
-from cronlock_operator.errors import Rejected, Retry
 from cronlock_operator.injection.build import is_injected, revert
 from cronlock_operator.injection.patching import injection_patch
 from cronlock_operator.kube.answers import done, raw
+from cronlock_operator.kube.cache import ObjectCache
+from cronlock_operator.kube.errors import Rejected, Retry
 from cronlock_operator.kube.writes import Kube
 from cronlock_operator.leases.ownership import made_by_cronlock
 from cronlock_sidecar import contract

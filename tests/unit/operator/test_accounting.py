@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from cronlock_operator.cronjob.config import parse_config
-from cronlock_operator.errors import Retry
 from cronlock_operator.injection.build import desired_cronjob
+from cronlock_operator.kube.errors import Retry
 from cronlock_operator.reconcile import contention, skips
 from cronlock_operator.reconcile.keys import ContentionKey, RunsKey
 from cronlock_operator.runtime import accounting as accounting_module

@@ -8,8 +8,8 @@ import json
 import kubernetes
 import pytest
 
-from cronlock_operator.errors import Gone, Retry
 from cronlock_operator.kube.answers import policy_denial, transient_errors
+from cronlock_operator.kube.errors import Gone, Retry
 
 
 def refusal(status: int, message: str) -> kubernetes.client.ApiException:

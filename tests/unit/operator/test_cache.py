@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from cronlock_operator.cache import ObjectCache
 from cronlock_operator.cronjob.config import parse_config
 from cronlock_operator.injection.build import desired_cronjob
+from cronlock_operator.kube.cache import ObjectCache
 from tests.support import gen
 from tests.support.cronjobs import SETTINGS
 

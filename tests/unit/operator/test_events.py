@@ -10,7 +10,7 @@ from typing import Any
 import kubernetes
 import pytest
 
-from cronlock_operator.errors import Retry
+from cronlock_operator.kube.errors import Retry
 from cronlock_operator.kube.writes import Kube
 from cronlock_operator.runtime import events
 from cronlock_operator.runtime.events import EventPoster

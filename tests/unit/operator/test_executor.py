@@ -11,7 +11,7 @@ import pytest
 from prometheus_client import generate_latest
 
 from cronlock_operator.cronjob.config import parse_config
-from cronlock_operator.errors import Retry
+from cronlock_operator.kube.errors import Retry
 from cronlock_operator.reconcile import rbac
 from cronlock_operator.reconcile.actions import (
     CountMissed,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime
 from typing import Any
 
-from cronlock_operator.cache import ObjectCache
+from cronlock_operator.kube.cache import ObjectCache
 from cronlock_operator.reconcile import missed
 from cronlock_operator.reconcile.actions import CountMissed, PostEvent, SetRunTimes
 from cronlock_operator.reconcile.keys import MissedKey

@@ -12,8 +12,8 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from cronlock_operator.errors import Rejected, Retry
 from cronlock_operator.injection.build import is_injected
+from cronlock_operator.kube.errors import Rejected, Retry
 from cronlock_operator.reconcile.keys import CronJobKey, LeaseKey
 from cronlock_operator.runtime import metrics
 from cronlock_operator.runtime.guarding import CONFLICT_RECHECK

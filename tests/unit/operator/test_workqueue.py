@@ -8,7 +8,7 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from cronlock_operator.errors import Retry
+from cronlock_operator.kube.errors import Retry
 from cronlock_operator.runtime.workqueue import DONE, Result, WorkQueue
 
 

@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from cronlock_sidecar.transport import pgstore, stores
+from cronlock_sidecar.transport import pgstore, stores, storeurl
 from cronlock_sidecar.transport.pgstore import PostgresLeaseStore
 from cronlock_sidecar.transport.redisstore import RedisLeaseStore
 from cronlock_sidecar.transport.storeurl import parse_store_url
@@ -71,8 +71,8 @@ def test_redis_takes_the_postgres_only_arguments_and_connects_nowhere() -> None:
 
 
 def test_the_isolating_libpq_is_the_one_pgstore_names() -> None:
-    assert stores.ISOLATING_LIBPQ == 160000
-    assert pgstore.ISOLATING_LIBPQ is stores.ISOLATING_LIBPQ
+    assert storeurl.ISOLATING_LIBPQ == 160000
+    assert pgstore.ISOLATING_LIBPQ is storeurl.ISOLATING_LIBPQ
 
 
 def imported_after(code: str) -> set[str]:

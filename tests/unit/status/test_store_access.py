@@ -22,7 +22,7 @@ from psycopg.conninfo import make_conninfo
 from cronlock_operator.storeaccess import StoreAccessError, address, open_store
 from cronlock_sidecar.transport.pgstore import PostgresLeaseStore
 from cronlock_sidecar.transport.seam import ApiError, LeaseRef
-from cronlock_sidecar.transport.storeurl import parse_store_url
+from cronlock_sidecar.transport.storeurl import ISOLATING_LIBPQ, parse_store_url
 from tests.unit.status.objects import cronjob
 from tests.unit.status.test_cli import FakeApi, Handler, kubeconfig, run
 
@@ -185,6 +185,19 @@ def test_a_store_whose_client_is_not_installed_says_how_to_install_it(
     monkeypatch.setitem(sys.modules, client, None)  # importing it raises ImportError
     with pytest.raises(StoreAccessError, match=r"client is not installed \(pip install"):
         open_store(parse_store_url(url, "x"), read_only=True)
+
+
+def test_a_libpq_older_than_isolation_needs_is_refused_before_connecting(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """sslcertmode and require_auth, which keep the caller's client certificate and Kerberos
+    ticket at home, need libpq 16: with an older one the store is not opened at all, and
+    the message says what to install; the libpq that has them opens it."""
+    monkeypatch.setattr(pq, "version", lambda: ISOLATING_LIBPQ - 1)
+    with pytest.raises(StoreAccessError, match=r"needs libpq 16 or later.*psycopg\[binary\]"):
+        open_store(parse_store_url(URL, "x"), read_only=True)
+    monkeypatch.setattr(pq, "version", lambda: ISOLATING_LIBPQ)
+    open_store(parse_store_url(URL, "x"), read_only=True).close()
 
 
 @pytest.mark.parametrize(

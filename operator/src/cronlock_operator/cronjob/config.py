@@ -15,15 +15,15 @@ from typing import Any, Final, Literal, Protocol
 
 from cronlock_operator.cronjob.invalid import InvalidConfig as InvalidConfig
 from cronlock_operator.cronjob.invalid import duration_annotation
-from cronlock_operator.cronjob.policies import Policy, parse_policy, parse_wait_timeout
-from cronlock_operator.leases.sharing import InvalidPeers, parse_peers
-from cronlock_operator.objects import annotations_of
-from cronlock_operator.podspec import (
+from cronlock_operator.cronjob.podspec import (
     DEFAULT_SERVICE_ACCOUNT,
     containers_with_own_liveness_probe,
     pod_spec_of,
     service_account_of,
 )
+from cronlock_operator.cronjob.policies import Policy, parse_policy, parse_wait_timeout
+from cronlock_operator.leases.sharing import InvalidPeers, parse_peers
+from cronlock_operator.objects import annotations_of
 from cronlock_sidecar import contract
 from cronlock_sidecar.lock.model import (
     Timing,

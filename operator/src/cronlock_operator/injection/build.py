@@ -8,6 +8,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any, Final, TypeGuard
 
 from cronlock_operator.cronjob.config import InvalidConfig, LockConfig
+from cronlock_operator.cronjob.podspec import is_cronlock_probe, pod_spec_of
 from cronlock_operator.injection.containers import (
     OWN_VOLUMES,
     SKIP_RULE,
@@ -19,7 +20,6 @@ from cronlock_operator.injection.containers import (
     sidecar_container,
     store_volume,
 )
-from cronlock_operator.podspec import is_cronlock_probe, pod_spec_of
 from cronlock_operator.settings import OperatorSettings
 from cronlock_sidecar import contract
 

@@ -12,6 +12,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from cronlock_operator.cronjob.podspec import is_cronlock_probe
 from cronlock_operator.injection.containers import (
     OWN_VOLUMES,
     SKIP_RULE,
@@ -19,7 +20,6 @@ from cronlock_operator.injection.containers import (
     is_skip_rule,
 )
 from cronlock_operator.objects import annotations_of
-from cronlock_operator.podspec import is_cronlock_probe
 from cronlock_operator.settings import parse_quantity
 from cronlock_sidecar import contract
 

@@ -16,7 +16,7 @@ from typing import Any
 import kubernetes
 import urllib3
 
-from cronlock_operator.errors import Gone, Retry
+from cronlock_operator.kube.errors import Gone, Retry
 
 _RETRIABLE = {409, 422, 429, 500, 502, 503, 504}
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
-from cronlock_operator.cache import ObjectCache
+from cronlock_operator.kube.cache import ObjectCache
 from cronlock_operator.reconcile.rbac import RbacKind
 
 

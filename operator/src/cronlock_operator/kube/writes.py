@@ -11,9 +11,7 @@ from typing import Any
 
 import kubernetes
 
-from cronlock_operator.cache import ObjectCache
 from cronlock_operator.cronjob.invalid import cut
-from cronlock_operator.errors import Rejected, Retry
 from cronlock_operator.kube.answers import (
     done,
     invalid_message,
@@ -21,7 +19,9 @@ from cronlock_operator.kube.answers import (
     raw,
     transient_errors,
 )
+from cronlock_operator.kube.cache import ObjectCache
 from cronlock_operator.kube.client import FIELD_MANAGER
+from cronlock_operator.kube.errors import Rejected, Retry
 from cronlock_operator.kube.rbac_writes import HolderRbac
 from cronlock_sidecar import contract
 

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from typing import Final
 
 from cronlock_operator.cronjob import config, policies
+from cronlock_operator.cronjob.podspec import DEFAULT_SERVICE_ACCOUNT
 from cronlock_operator.leases import sharing
-from cronlock_operator.podspec import DEFAULT_SERVICE_ACCOUNT
 from cronlock_sidecar import contract
 from cronlock_sidecar.lock import durations, model
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cronlock_operator.cronjob.config import InvalidConfig, LockConfig, declined_message
+from cronlock_operator.cronjob.podspec import service_account_of
 from cronlock_operator.cronjob.reading import Readings, read_config
 from cronlock_operator.cronjob.schedule import ttl_longer_than_gap_warning
 from cronlock_operator.injection.build import desired_cronjob, is_injected
@@ -29,7 +30,6 @@ from cronlock_operator.injection.patching import (
 from cronlock_operator.leases import sharing
 from cronlock_operator.leases.sharing import CronJobLookup
 from cronlock_operator.objects import Name, name_of
-from cronlock_operator.podspec import service_account_of
 from cronlock_operator.reconcile.actions import (
     Action,
     DropLeaseOwner,

@@ -14,10 +14,10 @@ import logging
 from collections.abc import Iterable
 from typing import Any
 
-from cronlock_operator.cache import ObjectCache
 from cronlock_operator.cronjob.reading import Readings
-from cronlock_operator.errors import Retry
+from cronlock_operator.kube.cache import ObjectCache
 from cronlock_operator.kube.calls import KubeCalls
+from cronlock_operator.kube.errors import Retry
 from cronlock_operator.objects import Name
 from cronlock_operator.reconcile import contention, runs, skips
 from cronlock_operator.reconcile.keys import ContentionKey, RunsKey

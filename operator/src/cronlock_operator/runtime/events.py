@@ -18,8 +18,8 @@ import zlib
 from collections.abc import Mapping
 from typing import Any
 
-from cronlock_operator.errors import Retry
 from cronlock_operator.kube.calls import KubeCalls
+from cronlock_operator.kube.errors import Retry
 
 logger = logging.getLogger(__name__)
 

@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from cronlock_operator.errors import Retry
 from cronlock_operator.kube.calls import KubeCalls
+from cronlock_operator.kube.errors import Retry
 from cronlock_operator.leases import ownership, sharing
 from cronlock_operator.reconcile import rbac
 from cronlock_operator.reconcile.actions import (

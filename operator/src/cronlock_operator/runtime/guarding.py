@@ -15,9 +15,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from cronlock_operator.cache import ObjectCache
 from cronlock_operator.cronjob.reading import Readings
-from cronlock_operator.errors import Rejected
+from cronlock_operator.kube.cache import ObjectCache
+from cronlock_operator.kube.errors import Rejected
 from cronlock_operator.objects import Name, name_of
 from cronlock_operator.reconcile import cronjobs
 from cronlock_operator.reconcile.cronjobs import Admitted, CronJobDecision

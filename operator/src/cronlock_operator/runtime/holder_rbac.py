@@ -14,8 +14,8 @@ import threading
 from collections.abc import Mapping, Set
 from dataclasses import dataclass, field
 
-from cronlock_operator.cache import ObjectCache
 from cronlock_operator.cronjob.reading import Readings
+from cronlock_operator.kube.cache import ObjectCache
 from cronlock_operator.objects import Name
 from cronlock_operator.reconcile import cronjobs, rbac
 from cronlock_operator.reconcile.rbac import Guard

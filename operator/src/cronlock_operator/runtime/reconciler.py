@@ -20,10 +20,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from cronlock_operator.cache import ObjectCache
 from cronlock_operator.cronjob.reading import Readings
-from cronlock_operator.errors import Gone, Retry
+from cronlock_operator.kube.cache import ObjectCache
 from cronlock_operator.kube.calls import KubeCalls
+from cronlock_operator.kube.errors import Gone, Retry
 from cronlock_operator.objects import Name, name_of
 from cronlock_operator.reconcile.keys import (
     ContentionKey,

@@ -17,8 +17,8 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from cronlock_operator.cache import ObjectCache
 from cronlock_operator.cronjob.reading import Readings, read_config
+from cronlock_operator.kube.cache import ObjectCache
 from cronlock_operator.objects import Name, annotations_of
 from cronlock_operator.reconcile import missed, skips
 from cronlock_operator.reconcile.keys import MissedKey

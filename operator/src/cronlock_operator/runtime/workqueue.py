@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
-from cronlock_operator.errors import Retry
+from cronlock_operator.kube.errors import Retry
 
 Key = TypeVar("Key", bound=Hashable)
 

@@ -69,7 +69,7 @@ from cronlock_sidecar.transport.seam import (
     NotFound,
     Unavailable,
 )
-from cronlock_sidecar.transport.stores import ISOLATING_LIBPQ as ISOLATING_LIBPQ
+from cronlock_sidecar.transport.storeurl import ISOLATING_LIBPQ as ISOLATING_LIBPQ
 from cronlock_sidecar.transport.storeurl import StoreUrl
 
 # Schema 3: the schema `cronlock` (tables of schema 1 or 2 on the caller's search path
@@ -465,7 +465,7 @@ _EXISTS = "SELECT 1 FROM cronlock.locks WHERE namespace = %(namespace)s AND name
 # offer ~/.pgpass, the client certificate in ~/.postgresql (or one the URL names) and a
 # Kerberos ticket (GSSAPI, SSPI) to whichever host the URL names; OAuth is not offered
 # either. Only the URL's own password (or none) is ever sent. sslcertmode and require_auth
-# need libpq 16 (ISOLATING_LIBPQ, in transport/stores.py); the caller checks before
+# need libpq 16 (ISOLATING_LIBPQ, in transport/storeurl.py); the caller checks before
 # connecting.
 ISOLATED: Final = {
     # A path no file can ever be at (/dev/null is no directory): libpq reads nothing and,

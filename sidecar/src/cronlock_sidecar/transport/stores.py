@@ -14,14 +14,9 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
     from datetime import datetime
-    from typing import Final
 
     from cronlock_sidecar.transport.seam import StoreClient
     from cronlock_sidecar.transport.storeurl import StoreUrl
-
-# The libpq an `isolated` PostgreSQL connection needs (16: sslcertmode, require_auth);
-# whoever opens one checks psycopg's libpq against it before connecting (pgstore.ISOLATED).
-ISOLATING_LIBPQ: Final = 160000
 
 
 def open_store(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Final, NamedTuple
 from urllib.parse import SplitResult, parse_qs, parse_qsl, urlencode, urlsplit, urlunsplit
 
 # scheme -> the store it names (redis-py and libpq accept these)
@@ -23,6 +23,11 @@ FORMS = "redis://[:PASSWORD@]HOST[:PORT][/DB], rediss://… (TLS) or postgresql:
 REPLICAS = "replicas"
 MOST_REPLICAS = 16
 REPLICAS_DOCS = 'docs/STORES.md, "Redis failover"'
+# The libpq an `isolated` PostgreSQL connection needs (16: sslcertmode, require_auth);
+# whoever opens one checks psycopg's libpq against it before connecting (pgstore.ISOLATED).
+# Here, below both, so the store (pgstore) and whoever checks first (the operator's
+# storeaccess) name one number without importing the door that opens the store.
+ISOLATING_LIBPQ: Final = 160000
 
 
 class StoreUrlError(ValueError):

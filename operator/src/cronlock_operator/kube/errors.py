@@ -2,8 +2,10 @@
 gone. What a reconcile decides is a value instead (runtime/workqueue.Result, the
 executor's verdicts), as controller-runtime returns a `reconcile.Result` and an error.
 
-At the bottom of the operator's layers; nothing here needs anything but the standard
-library.
+They live in kube/, beside `answers`, which translates the client's exceptions into them;
+the runtime and the commands above catch them, and nothing below kube/ can raise them
+(the operator's layers contract): the pure layers return values. Nothing here needs
+anything but the standard library.
 """
 
 from __future__ import annotations

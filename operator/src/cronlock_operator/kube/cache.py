@@ -5,6 +5,10 @@ is sized for, the parsed copies alone would pass its memory budget. Objects are 
 again only when a worker needs them. `managedFields` is dropped: nothing here reads it.
 The JSON is zlib-compressed at level 1: it shrinks the JSON several times over for less
 time than parsing it costs anyway (figures in docs/PERFORMANCE.md).
+
+It sits in kube/, as client-go's informer stores sit in its `tools/cache`: the watches and
+`Kube.list_cronjobs` fill it with what the API server sent, and the runtime owns each
+cache. The pure layers below kube/ never import it (the operator's layers contract).
 """
 
 from __future__ import annotations
