@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass, field
 
 from tests.e2e.scenario import MAIN, UNTIL_FINISHED, Scenario
-from tests.support.kube import wait_for
+from tests.support.kube import holds, wait_for
 from tests.support.timing import liveness_verdict
 
 SIDECAR_PORT = 8484
@@ -97,15 +97,13 @@ def test_a_flood_of_slow_connections_leaves_the_probe_answered_and_the_run_unhar
         wait_for(lambda: flood.opened > CONNECTIONS, 60, "the flood to fill the sidecar's slots")
         at_pressure = flood.opened
         # A failed probe kills the work (restartPolicy Never): it would stop here.
-        time.sleep(PRESSURE_SECONDS)
-        assert work.running, "the work was stopped under the flood"
+        holds(lambda: work.running, PRESSURE_SECONDS, "the work running under the flood")
     finally:
         flood.stop.set()
         flooding.join(10)
     under_pressure = flood.opened - at_pressure
-    # The last probes under the flood have had their verdict: the run is still there.
-    time.sleep(verdict)
-    assert work.running, "the work was stopped after the flood"
+    # The last probes under the flood have their verdict: the run is still there after it.
+    holds(lambda: work.running, verdict, "the work running after the flood")
     cluster.finish(work)
     assert cluster.main_finished("flooded-1", timeout=60) == 0
 
