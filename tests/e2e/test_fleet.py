@@ -8,9 +8,10 @@ import time
 
 import pytest
 
-from tests.e2e.scenario import Scenario
-from tests.support.kube import wait_for
+from tests.e2e.scenario import MAIN, Scenario
+from tests.support.kube import holds, wait_for
 from tests.support.node import LeaseVersion, RealNode, overlapping
+from tests.support.timing import liveness_verdict
 
 
 def waiting(cluster: Scenario, job: str, holder: str) -> None:
@@ -127,9 +128,18 @@ def test_a_partitioned_node_whose_kubelet_is_dead_too(
                     f"{expires - work.stopped:.1f}s before its Lease expired"
                 )
                 return
-            # stop: liveness: nothing on node 2 stops the work.
-            time.sleep(3)
-            assert work.running, "only a kubelet applies the probe; none runs on node 2"
+            # stop: liveness: nothing on node 2 stops the work, not even as long after the
+            # Lease expired as a kubelet would take to act on the failing probe.
+            [probe] = [
+                c["livenessProbe"]
+                for c in cluster.pods(f"{far}-1")[-1]["spec"]["containers"]
+                if c["name"] == MAIN
+            ]
+            holds(
+                lambda: work.running,
+                liveness_verdict(probe),
+                "only a kubelet applies the probe; none runs on node 2",
+            )
             assert waited.started >= expires, (waited, expires)
             assert overlapping(cluster.namespace_works()), "the documented overlap"
     finally:
