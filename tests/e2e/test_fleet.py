@@ -8,20 +8,40 @@ import time
 
 import pytest
 
-from tests.e2e.scenario import Scenario
-from tests.support.kube import wait_for
-from tests.support.node import RealNode, overlapping
+from tests.e2e.scenario import MAIN, Scenario
+from tests.support.kube import holds, wait_for
+from tests.support.node import LeaseVersion, RealNode, overlapping
+from tests.support.timing import liveness_verdict
 
 
-def lease_expiry(cluster: Scenario, lock: str) -> tuple[str, float]:
-    """The Lease's renew time as written, and when it expires on this host's monotonic
-    clock (every node here shares the host's clock)."""
-    spec = cluster.lease(lock)["spec"]
-    renewed = spec["renewTime"]
-    if isinstance(renewed, str):
-        renewed = datetime.datetime.fromisoformat(renewed.replace("Z", "+00:00"))
-    expires = renewed.timestamp() + float(spec["leaseDurationSeconds"])
-    return str(spec["renewTime"]), time.monotonic() + (expires - time.time())
+def waiting(cluster: Scenario, job: str, holder: str) -> None:
+    """`job`'s run found the lock held by `holder`'s and waits: the path the tests name,
+    taken before the cut, while the holder still renews, however late its pod started."""
+    wait_for(lambda: "; waiting up to" in cluster.sidecar_log(job), 120, f"{job} to wait")
+    assert f"held by {holder}-" in cluster.sidecar_log(job)
+
+
+def last_expiry(cluster: Scenario, lock: str, holder: str) -> tuple[str, float]:
+    """The last renewal by `holder`'s run the API server stored (its renew time), and when
+    that expires on this host's monotonic clock (every node here shares the host's clock),
+    from the Lease's history once the watch has seen the Lease held by another run."""
+    history = cluster.history
+    assert history is not None, "the cluster fixture records every Lease version"
+
+    def taken_over() -> list[LeaseVersion] | None:
+        versions = history.versions(f"cronlock-{lock}")
+        last = versions[-1].holder if versions else ""
+        return versions if last and not last.startswith(f"{holder}-") else None
+
+    versions = wait_for(taken_over, 30, f"the watch to see lock {lock} taken from {holder}")
+    last = max(
+        (v for v in versions if v.holder.startswith(f"{holder}-") and v.renew_time),
+        key=lambda v: v.renew_time or 0.0,
+    )
+    assert last.renew_time is not None
+    assert last.duration is not None
+    renewed = datetime.datetime.fromtimestamp(last.renew_time, datetime.UTC).isoformat()
+    return renewed, last.renew_time + last.duration - last.offset
 
 
 @pytest.mark.timeout(300)
@@ -45,15 +65,15 @@ def test_a_run_on_a_partitioned_node_stops_before_its_lease_expires_and_the_wait
     )
     cluster.run("far", "far-1")
     far = cluster.main_running("far-1", timeout=120)
+    cluster.run("near", "near-1")
+    waiting(cluster, "near-1", "far-1")
     cluster.wait_renewal("ledger")
 
     with second_node.partitioned():
         partitioned_at = time.monotonic()
-        cluster.run("near", "near-1")
-        time.sleep(1.5)  # a renewal already on its way lands, or is lost
-        renewed, expires = lease_expiry(cluster, "ledger")
         near = cluster.main_running("near-1", timeout=120)
-        # Nothing on node 2 wrote the Lease since: the renewal stopped at the partition.
+        renewed, expires = last_expiry(cluster, "ledger", "far-1")
+        # The last renewal node 2 got through, from the Lease's history: none after the cut.
         assert far.stopped is not None, "the partitioned run's work was stopped"
         print(
             f"partition: node 2's work stopped {far.stopped - partitioned_at:.1f}s after the "
@@ -88,15 +108,15 @@ def test_a_partitioned_node_whose_kubelet_is_dead_too(
     )  # fmt: skip
     cluster.run(far, f"{far}-1")
     work = cluster.main_running(f"{far}-1", timeout=120)
+    cluster.run(near, f"{near}-1")
+    waiting(cluster, f"{near}-1", f"{far}-1")
     cluster.wait_renewal(lock)
     second_node.stop_kubelet()
     try:
         with second_node.partitioned():
             cut_at = time.monotonic()
-            cluster.run(near, f"{near}-1")
-            time.sleep(1.5)
-            _, expires = lease_expiry(cluster, lock)
             waited = cluster.main_running(f"{near}-1", timeout=120)
+            _, expires = last_expiry(cluster, lock, f"{far}-1")
             if stop == "signal":
                 assert work.stopped is not None, "the sidecar's signals stopped the work"
                 assert work.stopped < expires, (work, expires)
@@ -108,9 +128,18 @@ def test_a_partitioned_node_whose_kubelet_is_dead_too(
                     f"{expires - work.stopped:.1f}s before its Lease expired"
                 )
                 return
-            # stop: liveness: nothing on node 2 stops the work.
-            time.sleep(3)
-            assert work.running, "only a kubelet applies the probe; none runs on node 2"
+            # stop: liveness: nothing on node 2 stops the work, not even as long after the
+            # Lease expired as a kubelet would take to act on the failing probe.
+            [probe] = [
+                c["livenessProbe"]
+                for c in cluster.pods(f"{far}-1")[-1]["spec"]["containers"]
+                if c["name"] == MAIN
+            ]
+            holds(
+                lambda: work.running,
+                liveness_verdict(probe),
+                "only a kubelet applies the probe; none runs on node 2",
+            )
             assert waited.started >= expires, (waited, expires)
             assert overlapping(cluster.namespace_works()), "the documented overlap"
     finally:

@@ -14,7 +14,7 @@ import kubernetes
 import pytest
 
 from cronlock_sidecar import contract
-from tests.e2e.scenario import Scenario
+from tests.e2e.scenario import UNTIL_FINISHED, Scenario
 from tests.support.controlplane import ControlPlane, make_service_account_kubeconfig
 from tests.support.kube import wait_for
 from tests.support.leases import claim_free_lease
@@ -23,7 +23,8 @@ from tests.support.leases import claim_free_lease
 def test_a_pod_on_the_runs_account_cannot_keep_the_lock_and_the_run_goes_ahead(
     cluster: Scenario, controlplane: ControlPlane, tmp_path: Path
 ) -> None:
-    cluster.cronjob("backup", "echo backup; sleep 8")
+    # The run holds until the test ends it, after the web app's claim was refused.
+    cluster.cronjob("backup", f"echo backup; {UNTIL_FINISHED}")
     namespace = cluster.namespace
     # The web app: a pod on `default` that never starts here (no node matches it).
     wait_for(
@@ -69,11 +70,13 @@ def test_a_pod_on_the_runs_account_cannot_keep_the_lock_and_the_run_goes_ahead(
 
     cluster.run("backup", "backup-1")
     assert cluster.gate_exit("backup-1") == 0, "the run was not skipped"
-    cluster.main_running("backup-1")
+    work = cluster.main_running("backup-1")
     with pytest.raises(kubernetes.client.ApiException) as refused:
         claim_free_lease(as_web, namespace, "cronlock-backup", identity)
     assert refused.value.status == 403
     assert "the Lease is held by backup-1-" in str(refused.value.body)
+    assert work.running, "the claim was refused while the run held the lock"
+    cluster.finish(work)
     assert cluster.main_finished("backup-1", timeout=60) == 0
     assert cluster.consecutive_skips("backup") == 0
     assert len(cluster.events("backup", "ForeignHolder")) == 1, "the run's hold was kept"

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.scenario import Scenario
+from tests.e2e.scenario import UNTIL_FINISHED, Scenario
 from tests.support.contract import EXIT_SKIPPED
 from tests.support.kube import wait_for
 from tests.support.node import HOST_LINK_IP, RealNode
@@ -64,7 +64,8 @@ def test_a_pods_lock_in_redis_makes_the_run_elsewhere_skip_and_then_take_it(
     cluster: Scenario, redis_on_link: RedisServer, tmp_path: Path
 ) -> None:
     secret(cluster, redis_on_link)
-    cluster.cronjob("ledger", "sleep 6", **IN_REDIS)
+    # The pod's work holds until the run elsewhere has decided, however long it takes.
+    cluster.cronjob("ledger", f"echo working; {UNTIL_FINISHED}", **IN_REDIS)
     cluster.run("ledger", "ledger-1")
     work = cluster.main_running("ledger-1")
     assert cluster.gate_exit("ledger-1") == 0
@@ -77,7 +78,9 @@ def test_a_pods_lock_in_redis_makes_the_run_elsewhere_skip_and_then_take_it(
     skip_lines = [line for line in err.splitlines() if "already running" in line]
     assert len(skip_lines) == 1, err
     assert "ledger-1-" in skip_lines[0], skip_lines  # the pod's holder identity
+    assert work.running, "the run elsewhere decided while the pod's work held the lock"
 
+    cluster.finish(work)  # only now that the run elsewhere has decided
     assert cluster.main_finished("ledger-1") == 0
     assert work.stopped is not None
     # The pod's sidecar gave the lock back at its end: the run elsewhere takes it now.
@@ -93,9 +96,12 @@ def test_a_lock_held_elsewhere_makes_the_pod_skip_without_working(
 ) -> None:
     secret(cluster, redis_on_link)
     cluster.cronjob("ledger", "echo WORKED", **IN_REDIS)
-    started = tmp_path / "started"
+    started, release = tmp_path / "started", tmp_path / "release"
+    # The run elsewhere holds until the test releases it, once the pod has decided.
     holder = elsewhere(
-        redis_on_link, f"{cluster.namespace}/cronlock-ledger", f"touch {started}; sleep 25"
+        redis_on_link,
+        f"{cluster.namespace}/cronlock-ledger",
+        f"touch {started}; while [ ! -e {release} ]; do sleep 0.2; done; echo released",
     )
     try:
         wait_for(started.exists, 30, "the run elsewhere to hold the lock")
@@ -105,8 +111,12 @@ def test_a_lock_held_elsewhere_makes_the_pod_skip_without_working(
         # The skip rule failed the Job; the operator counted it (and deleted the Job).
         cluster.wait_event("ledger", "Skipped", timeout=60)
         log = cluster.sidecar_log("ledger-1")
-        assert len([line for line in log.splitlines() if "already running" in line]) == 1, log
+        skip_lines = [line for line in log.splitlines() if "already running" in line]
+        assert len(skip_lines) == 1, log
+        assert f"lease {cluster.namespace}/cronlock-ledger held by" in skip_lines[0], skip_lines
         assert holder.poll() is None  # the holder was never disturbed
     finally:
-        holder.terminate()
-        holder.communicate(timeout=30)
+        release.touch()
+        out, err = holder.communicate(timeout=60)
+    assert holder.returncode == 0, err
+    assert "released" in out

@@ -16,8 +16,13 @@ import socket
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
+
+from tests.support.contract import GATE_CONTAINER
+from tests.support.kube import wait_for
+from tests.support.node import exit_code
 
 # Where the work reads its tick (docs/USAGE.md), as a user's script would name it.
 TICK_FILE = "/var/run/cronlock/tick.env"
@@ -172,3 +177,36 @@ def disagreements(entries: Iterable[Entry], cronjob: str) -> list[Entry]:
         if stamp is not None and entry.tick_file not in ("-", stamp):
             found.append(entry)
     return found
+
+
+def undecided(pods_of: Callable[[str], list[dict[str, Any]]], jobs: Iterable[str]) -> list[str]:
+    """Those of `jobs` whose run (its latest pod, as `pods_of` gives a Job's pods) has not
+    yet decided (no pod, or its gate still running) or went ahead and still works (its
+    ledger line may not be in yet): what a fixed wait after a tick stood in for."""
+    pending = []
+    for job in jobs:
+        pods = pods_of(job)
+        gate = exit_code(pods[-1], GATE_CONTAINER) if pods else None
+        if gate is None:
+            pending.append(f"{job}: {'gate running' if pods else 'no pod yet'}")
+        elif gate == 0 and exit_code(pods[-1], "main") is None:
+            pending.append(f"{job}: working")
+    return pending
+
+
+def settle(
+    pods_of: Callable[[str], list[dict[str, Any]]], jobs: Sequence[str], timeout: float
+) -> None:
+    """Wait until the run of every one of `jobs` has decided, and worked if it went ahead;
+    fail naming those that had not by `timeout`."""
+    pending: list[str] = []
+
+    def decided() -> bool:
+        nonlocal pending
+        pending = undecided(pods_of, jobs)
+        return not pending
+
+    try:
+        wait_for(decided, timeout, "every run of the ticks to decide", every=1)
+    except AssertionError as error:
+        raise AssertionError(f"{error}; still undecided: {pending}") from None

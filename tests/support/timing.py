@@ -17,7 +17,8 @@ stopped before the ttl has passed since the last renewal the API server stored.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from collections.abc import Mapping
+from typing import Any, NamedTuple
 
 from cronlock_sidecar.lock.model import Timing
 
@@ -118,3 +119,14 @@ def at_renew_deadline(timing: Timing, path: str, *, since: str = SINCE_LAST_RENE
 def renewals_within(timing: Timing, count: int) -> float:
     """Seconds in which `count` more renewals reach the API server: one every renew period."""
     return count * timing.renew + SLACK
+
+
+def liveness_verdict(probe: Mapping[str, Any]) -> float:
+    """Seconds after a moment when the container's livenessProbe (as the pod spec has it)
+    went unanswered by which the kubelet has acted on it: up to one period until the next
+    probe, then `failureThreshold` probes in a row, each failing within its timeout (or the
+    period, if longer), as the operator's `ProbeTolerance.detection_ms` counts; then SLACK.
+    A run still working that long after a flood ended was never killed by its probe."""
+    period = float(probe.get("periodSeconds", 10))
+    each = max(float(probe.get("timeoutSeconds", 1)), period)
+    return period + int(probe.get("failureThreshold", 3)) * each + SLACK

@@ -3,8 +3,12 @@ the paths apart refused before a test relies on them."""
 
 from __future__ import annotations
 
+import types
+
 import pytest
 
+from cronlock_operator.cronjob.config import PROBE_TOLERANCES, ProbeTolerance
+from cronlock_operator.injection.containers import held_probe
 from cronlock_sidecar.lock.model import Timing
 from tests.support.timing import (
     SLACK,
@@ -13,6 +17,7 @@ from tests.support.timing import (
     at_once,
     at_renew_deadline,
     earliest_renew_deadline,
+    liveness_verdict,
 )
 
 
@@ -57,3 +62,17 @@ def test_a_miss_names_the_window_and_the_path() -> None:
         bound.check(0.9)
     with pytest.raises(AssertionError, match="expected when the watchdog SIGTERMs CMD"):
         bound.check(3.0)
+
+
+@pytest.mark.parametrize("tolerance", PROBE_TOLERANCES, ids=str)
+def test_a_probes_verdict_is_the_operators_detection_time_and_the_slack(
+    tolerance: ProbeTolerance,
+) -> None:
+    # The probe as the operator injects it, read back from the pod spec by the e2e tests.
+    probe = held_probe(types.SimpleNamespace(probe=tolerance, kill_grace_seconds=2))  # type: ignore[arg-type]
+    assert liveness_verdict(probe) == tolerance.detection_ms / 1000 + SLACK
+
+
+def test_a_probe_without_settings_has_the_kubelets_defaults() -> None:
+    # periodSeconds 10, timeoutSeconds 1, failureThreshold 3: 10 + 3 x 10.
+    assert liveness_verdict({"httpGet": {"path": "/held", "port": 8484}}) == 40 + SLACK
