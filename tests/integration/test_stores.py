@@ -92,17 +92,26 @@ def test_one_run_holds_the_other_skips_with_one_line(
 ) -> None:
     _, server = store
     lock = lock_name(request)
-    started = tmp_path / "started"
+    started, release = tmp_path / "started", tmp_path / "release"
+    # The holder holds until the second run has decided (no fixed work window: issue 55).
     holder = start_run(
         server.url,
         lock,
-        ["sh", "-c", f'echo "$CRONLOCK_FENCING_TOKEN" > {started}; sleep 3'],
+        [
+            "sh",
+            "-c",
+            f'echo "$CRONLOCK_FENCING_TOKEN" > {started}; '
+            f"until [ -e {release} ]; do sleep 0.05; done",
+        ],
         "--ttl",
         "6s",
     )
     first_token = int(wait_for_line(started))
     second = start_run(server.url, lock, ["sh", "-c", "echo SECOND RAN"], "--ttl", "6s")
-    out, err = second.communicate(timeout=30)
+    try:
+        out, err = second.communicate(timeout=30)
+    finally:
+        release.touch()
     assert second.returncode == 75, err
     assert "SECOND RAN" not in out
     skip_lines = [line for line in err.splitlines() if "already running" in line]
