@@ -27,7 +27,7 @@ from typing import Any
 import kubernetes
 import pytest
 
-from tests.e2e.scenario import Scenario
+from tests.e2e.scenario import UNTIL_FINISHED, Scenario
 from tests.support.contract import EXIT_SKIPPED, SIDECAR_CONTAINER
 from tests.support.controlplane import ControlPlane
 from tests.support.helm import (
@@ -61,8 +61,9 @@ UPGRADING = ROOT / "docs" / "UPGRADING.md"
 CRONJOBS = int(os.environ.get("CRONLOCK_UPGRADE_CRONJOBS") or 4)
 TTL = 19  # the operator's shortest: a missed renewal shows within seconds
 RENEW = TTL / 3  # the sidecar's default renew interval
-# Long enough to hold from the first phase to the last; the test ends them.
-HOLD = "sleep 600"
+# Holds from the first phase to the last and past them, whatever they take: no work window
+# (issue 55); the works end with the test's namespace.
+HOLD = UNTIL_FINISHED
 ENV_OPERATOR_VERSION = "CRONLOCK_OPERATOR_VERSION"
 
 
