@@ -73,7 +73,6 @@ RINGS: dict[str, tuple[str, ...]] = {
     ),
     "clusters": ("tests/clusters",),
     "integration-b": (
-        "tests/integration/test_holder_policy.py",
         "tests/integration/test_operator.py",
         "tests/integration/test_papers_run.py",
         "tests/integration/test_postgres_tenants.py",
@@ -86,6 +85,10 @@ RINGS: dict[str, tuple[str, ...]] = {
         "tests/integration/test_stores.py",
         "tests/integration/test_two_releases.py",
         "tests/integration/test_uninstall.py",
+        # Last, not first (pytest runs the files in this order): its orphaning-delete test
+        # failed once when it ran 17 s after the ring's control plane started, likely the
+        # garbage collector's graph not yet holding the new Lease (docs/DEVELOPMENT.md).
+        "tests/integration/test_holder_policy.py",
     ),
 }
 # Environment variables a ring's process gets on top of `make test`'s.
