@@ -22,7 +22,9 @@ PAPERS = (ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")))
 # without a language) is pasted somewhere and needs a marker.
 READ_ONLY = frozenset({"text", "yaml", "json"})
 FENCE = re.compile(r"^( *)```(\S*) *$")
-MARKER = re.compile(r"<!-- (tested|illustrative): *(.*?) *-->\Z", re.S)
+# One line, right above the opening fence: a comment spread over lines is not a marker
+# (the docs checks outside this repository read markers line by line too).
+MARKER = re.compile(r"<!-- (tested|illustrative): *(.*?) *-->")
 # The chart value that names the image each of `make image`'s variables builds.
 IMAGE_VALUES = {
     "IMAGE": "image",
@@ -59,8 +61,8 @@ class Block:
 
 
 def fenced_blocks(paper: Path) -> list[Block]:
-    """Every fenced block of `paper`, with the `<!-- ... -->` comment that ends on the line
-    above its opening fence (a comment may span lines)."""
+    """Every fenced block of `paper`, with the `<!-- ... -->` marker on the line above its
+    opening fence (one line: a marker spread over lines counts as none)."""
     lines = paper.read_text().splitlines()
     blocks = []
     number = 0
@@ -70,15 +72,9 @@ def fenced_blocks(paper: Path) -> list[Block]:
             number += 1
             continue
         kind, label = None, ""
-        above = lines[number - 1].strip() if number else ""
-        if above.endswith("-->"):
-            start = number - 1
-            while start > 0 and "<!--" not in lines[start]:
-                start -= 1
-            comment = " ".join(line.strip() for line in lines[start:number])
-            found = MARKER.search(comment)
-            if found:
-                kind, label = found.group(1), " ".join(found.group(2).split())
+        found = MARKER.fullmatch(lines[number - 1].strip()) if number else None
+        if found:
+            kind, label = found.group(1), " ".join(found.group(2).split())
         blocks.append(Block(paper, number + 1, opening.group(2), kind, label))
         closing = number + 1
         while closing < len(lines) and lines[closing].strip() != "```":

@@ -93,22 +93,25 @@ def test_the_scan_tells_marked_blocks_from_unmarked(tmp_path: Path) -> None:
     paper.write_text(
         "Run:\n\n```sh\nmake demo\n```\n\n"
         "<!-- tested: demo -->\n```sh\nmake demo\n```\n\n"
-        "1. In a list:\n\n   <!-- illustrative: it needs a cloud provider's\n"
-        "   load balancer -->\n   ```console\n   $ kubectl get svc\n   ```\n\n"
+        "1. In a list:\n\n   <!-- illustrative: it needs a cloud provider's load balancer -->\n"
+        "   ```console\n   $ kubectl get svc\n   ```\n\n"
         "```text\nsome output\n```\n\n```\nACL SETUSER x\n```\n\n"
-        "<!-- tested: -->\n```sh\ntrue\n```\n"
+        "<!-- tested: -->\n```sh\ntrue\n```\n\n"
+        "<!-- illustrative: a reason spread\nover two lines -->\n```sh\nfalse\n```\n"
     )
     blocks = fenced_blocks(paper)
     assert [(b.line, b.language, b.kind, b.label) for b in blocks] == [
         (3, "sh", None, ""),
         (8, "sh", "tested", "demo"),
-        (16, "console", "illustrative", "it needs a cloud provider's load balancer"),
-        (20, "text", None, ""),
-        (24, "", None, ""),
-        (29, "sh", "tested", ""),
+        (15, "console", "illustrative", "it needs a cloud provider's load balancer"),
+        (19, "text", None, ""),
+        (23, "", None, ""),
+        (28, "sh", "tested", ""),
+        (34, "sh", None, ""),
     ]
-    # Unmarked: the plain sh block, the one without a language, the marker without a name.
-    assert unmarked(blocks) == [str(b) for b in blocks if b.line in (3, 24, 29)]
+    # Unmarked: the plain sh block, the one without a language, the marker without a name,
+    # and the one whose marker spans two lines.
+    assert unmarked(blocks) == [str(b) for b in blocks if b.line in (3, 23, 28, 34)]
 
 
 def test_the_reader_scan_finds_the_names_tests_pass() -> None:
