@@ -19,7 +19,7 @@ from cronlock_operator.injection.containers import (
     is_injected_container,
     is_skip_rule,
 )
-from cronlock_operator.objects import annotations_of
+from cronlock_operator.objects import annotation_path, annotations_of, still_at
 from cronlock_operator.settings import parse_quantity
 from cronlock_sidecar import contract
 
@@ -97,7 +97,7 @@ def injection_patch(actual: Mapping[str, Any], desired: Mapping[str, Any]) -> li
     operations: list[dict[str, Any]] = []
     version = (actual.get("metadata") or {}).get("resourceVersion")
     if version is not None:
-        operations.append({"op": "test", "path": "/metadata/resourceVersion", "value": version})
+        operations.append(still_at(version))
     operations.append(
         {
             "op": "replace",
@@ -111,7 +111,7 @@ def injection_patch(actual: Mapping[str, Any], desired: Mapping[str, Any]) -> li
         operations.append({"op": "add", "path": "/metadata/annotations", "value": dict(after)})
         return operations
     for key in sorted(before.keys() | after.keys()):
-        path = "/metadata/annotations/" + key.replace("~", "~0").replace("/", "~1")
+        path = annotation_path(key)
         if key not in after:
             operations.append({"op": "remove", "path": path})
         elif before.get(key) != after[key]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
+from cronlock_operator.objects import still_at
 from cronlock_sidecar import contract
 from cronlock_sidecar.lock.model import read_lease
 
@@ -139,7 +140,7 @@ def without_owner(lease: Mapping[str, Any] | None, uid: str) -> KeepOwners | Del
         return DeleteLease(version)
     return KeepOwners(
         [
-            {"op": "test", "path": "/metadata/resourceVersion", "value": version},
+            still_at(version),
             {"op": "replace", "path": "/metadata/ownerReferences", "value": keep},
         ]
     )

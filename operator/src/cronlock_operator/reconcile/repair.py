@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from cronlock_operator.objects import annotation_path, still_at
 from cronlock_operator.reconcile.actions import Action, PatchLease, PostEvent
 from cronlock_sidecar import contract
 
@@ -60,15 +61,13 @@ def decide(lease: Mapping[str, Any], owners: Sequence[Mapping[str, Any]]) -> lis
     metadata = lease["metadata"]
     spec = lease.get("spec") or {}
     annotations = metadata.get("annotations") or {}
-    patch: list[dict[str, Any]] = [
-        {"op": "test", "path": "/metadata/resourceVersion", "value": metadata["resourceVersion"]}
-    ]
+    patch: list[dict[str, Any]] = [still_at(metadata["resourceVersion"])]
     transitions = spec.get("leaseTransitions")
     if isinstance(transitions, int) and not 0 <= transitions <= TRANSITIONS_CEILING:
         patch.append({"op": "replace", "path": "/spec/leaseTransitions", "value": 0})
     jobs_text = annotations.get(contract.ANNOTATION_REPLACED_JOBS)
     if isinstance(jobs_text, str) and jobs_text:
-        path = "/metadata/annotations/" + contract.ANNOTATION_REPLACED_JOBS.replace("/", "~1")
+        path = annotation_path(contract.ANNOTATION_REPLACED_JOBS)
         if not annotations.get(contract.ANNOTATION_REPLACED_BY):
             patch.append({"op": "remove", "path": path})
         elif len(jobs_text.split(",")) > contract.REPLACED_JOBS_KEPT:

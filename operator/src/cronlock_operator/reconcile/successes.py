@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
+from cronlock_operator.objects import annotation_path, annotations_of, still_at
 from cronlock_sidecar import contract
 from cronlock_sidecar.lock import ticks
 from cronlock_sidecar.lock.model import read_lease
@@ -30,20 +31,11 @@ def success_patch(
     """A JSON patch writing the success of run `run` of `cronjob`'s tick `at` on `lease` (as
     just read; it applies only while the Lease is still that version), or None when there
     is nothing to record (`ticks.success_of`)."""
-    annotations = (lease.get("metadata") or {}).get("annotations") or {}
-    record = ticks.success_of(annotations, cronjob, at, run, now, skew_seconds)
+    record = ticks.success_of(annotations_of(lease), cronjob, at, run, now, skew_seconds)
     if record is None:
         return None
     key = ticks.record_key(cronjob, contract.ANNOTATION_SUCCEEDED_PREFIX)
     return [
-        {
-            "op": "test",
-            "path": "/metadata/resourceVersion",
-            "value": read_lease(lease).resource_version,
-        },
-        {
-            "op": "add",
-            "path": "/metadata/annotations/" + key.replace("~", "~0").replace("/", "~1"),
-            "value": record.text(),
-        },
+        still_at(read_lease(lease).resource_version),
+        {"op": "add", "path": annotation_path(key), "value": record.text()},
     ]
