@@ -12,13 +12,7 @@ from collections.abc import Callable
 from types import FrameType
 
 from cronlock_sidecar.contract import (
-    ANNOTATION_SUCCEEDED_PREFIX,
-    ANNOTATION_TICK_PREFIX,
     ENV_FENCING_TOKEN,
-    ENV_LAST_SUCCESS_TICK,
-    ENV_MANUAL,
-    ENV_PREVIOUS_TICK,
-    ENV_TICK,
     EXIT_SKIPPED,
     EXIT_SOFTWARE_LOST,
     EXIT_UNAVAILABLE,
@@ -31,7 +25,7 @@ from cronlock_sidecar.options import Options
 from cronlock_sidecar.pod import watchdog
 from cronlock_sidecar.pod.processes import stop_group
 from cronlock_sidecar.pod.stopping import StopPipe
-from cronlock_sidecar.transport.seam import ApiError, Lease, LeaseRef, LeaseTransport, NotFound
+from cronlock_sidecar.transport.seam import ApiError, LeaseTransport
 
 log = logging.getLogger("cronlock_sidecar.run")
 
@@ -58,30 +52,6 @@ def _die_with_parent() -> Callable[[], None] | None:
     return hook
 
 
-class _LastRead:
-    """The lock's transport, remembering the document it read last: after an acquire, the
-    one the claim replaced (None when the claim created it), whose tick record came before."""
-
-    def __init__(self, transport: LeaseTransport) -> None:
-        self.transport = transport
-        self.last: Lease | None = None
-
-    def get(self, lease: LeaseRef, *, timeout: float | None = None) -> Lease:
-        try:
-            body = self.transport.get(lease, timeout=timeout)
-        except NotFound:
-            self.last = None
-            raise
-        self.last = body
-        return body
-
-    def create(self, lease: LeaseRef, body: Lease, *, timeout: float | None = None) -> Lease:
-        return self.transport.create(lease, body, timeout=timeout)
-
-    def replace(self, lease: LeaseRef, body: Lease, *, timeout: float | None = None) -> Lease:
-        return self.transport.replace(lease, body, timeout=timeout)
-
-
 class Runner:
     """One guarded execution of CMD."""
 
@@ -96,13 +66,8 @@ class Runner:
             raise ValueError("run needs a lease")
         self.options = options
         self.tick = tick
-        self._reads = _LastRead(transport)
-        # The tick recorded on the lock before this run's claim (CRONLOCK_PREVIOUS_TICK).
-        self.previous: ticks.TickRecord | None = None
-        # The lock's last successful tick as read at the claim (CRONLOCK_LAST_SUCCESS_TICK).
-        self.last_success: ticks.TickRecord | None = None
         self.keeper = LeaseKeeper(
-            self._reads,
+            transport,
             options.lease,
             options.identity,
             options.timing,
@@ -111,6 +76,7 @@ class Runner:
             yields=options.policy == "replace",
             caps_holds=options.store is not None,
             tick=tick,
+            records_of=options.tick_of,
         )
         self.stop = threading.Event()
         self._stop_pipe = StopPipe(self.stop)
@@ -160,17 +126,16 @@ class Runner:
                 return self._unguarded()
             log.info("%s", result.message())
             return EXIT_SKIPPED
-        self.previous = self._record_before(ANNOTATION_TICK_PREFIX)
-        self.last_success = self._record_before(ANNOTATION_SUCCEEDED_PREFIX)
         if self.tick is not None:
+            previous, last_success = self.keeper.previous_tick, self.keeper.last_success
             log.info(
                 "run works tick %s of %s (run %s; previous tick on the lock: %s; last "
                 "successful tick: %s)",
                 ticks.format_tick(self.tick.at),
                 self.tick.cronjob,
                 self.tick.run,
-                "none" if self.previous is None else ticks.format_tick(self.previous.at),
-                "none" if self.last_success is None else ticks.format_tick(self.last_success.at),
+                "none" if previous is None else ticks.format_tick(previous.at),
+                "none" if last_success is None else ticks.format_tick(last_success.at),
             )
         code: int | None = None
         try:
@@ -183,30 +148,9 @@ class Runner:
             # tick as the last success, in the release's own write (lock/ticks.py).
             self.keeper.release(succeeded=code == 0 and self.tick is not None)
 
-    def _record_before(self, prefix: str) -> ticks.TickRecord | None:
-        """The believed record of this run's CronJob (claim or success record, by
-        `prefix`) on the document the claim replaced."""
-        body = self._reads.last
-        cronjob = self.tick.cronjob if self.tick is not None else self.options.tick_of
-        if body is None or not cronjob:
-            return None
-        metadata = body.get("metadata")
-        annotations = metadata.get("annotations") if isinstance(metadata, dict) else None
-        if not isinstance(annotations, dict):
-            return None
-        record = ticks.read_record(annotations, cronjob, prefix)
-        return ticks.believed(record, self.keeper.clock.now(), self.options.skew)
-
     def _tick_environment(self) -> dict[str, str]:
         """What CMD is told of its tick, as the work is in a pod (tick.env)."""
-        return {
-            ENV_TICK: "" if self.tick is None else ticks.format_tick(self.tick.at),
-            ENV_PREVIOUS_TICK: "" if self.previous is None else ticks.format_tick(self.previous.at),
-            ENV_LAST_SUCCESS_TICK: (
-                "" if self.last_success is None else ticks.format_tick(self.last_success.at)
-            ),
-            ENV_MANUAL: "true" if self.tick is None else "false",
-        }
+        return ticks.told(self.tick, self.keeper.previous_tick, self.keeper.last_success)
 
     def _unguarded(self) -> int:
         """Observe policy without the Lease: CMD runs as it would without cronlock."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import math
 import threading
+from collections.abc import Mapping
 from datetime import datetime
 
 from cronlock_sidecar.contract import (
@@ -23,6 +24,7 @@ from cronlock_sidecar.holding.outcomes import (
 )
 from cronlock_sidecar.lock.model import (
     Timing,
+    annotations_of,
     claimed,
     is_expired,
     read_lease,
@@ -79,6 +81,7 @@ class LeaseKeeper:
         caps_holds: bool = False,
         tick: Tick | None = None,
         cluster: str = "",
+        records_of: str = "",
     ) -> None:
         self.transport = transport
         self.lease = lease
@@ -98,6 +101,9 @@ class LeaseKeeper:
         # run, today's rules) and the cluster its record names.
         self.tick = tick
         self.cluster = cluster
+        # Whose records (claim and success) the claim remembers for the work: our tick's
+        # CronJob, or for a manual run the one it names (`run --tick-of`; "" none).
+        self.records_of = tick.cronjob if tick is not None else records_of
         self._previous_tick: TickRecord | None = None
         self._last_success: TickRecord | None = None
         self._state_lock = threading.Lock()
@@ -123,15 +129,15 @@ class LeaseKeeper:
 
     @property
     def previous_tick(self) -> TickRecord | None:
-        """The believed record of our CronJob's last tick as read before our claim (None:
-        none, or a manual run): what the work gets as CRONLOCK_PREVIOUS_TICK."""
+        """The believed claim record of `records_of` as read before our claim (None: none,
+        or no CronJob named): what the work gets as CRONLOCK_PREVIOUS_TICK."""
         with self._state_lock:
             return self._previous_tick
 
     @property
     def last_success(self) -> TickRecord | None:
-        """The believed success record of our CronJob as read before our claim (None:
-        none, or a manual run): what the work gets as CRONLOCK_LAST_SUCCESS_TICK."""
+        """The believed success record of `records_of` as read before our claim (None:
+        none, or no CronJob named): what the work gets as CRONLOCK_LAST_SUCCESS_TICK."""
         with self._state_lock:
             return self._last_success
 
@@ -272,6 +278,7 @@ class LeaseKeeper:
             },
             "spec": {},
         }
+        self._remember_records({}, now)  # no document: no record came before
         body = claimed(body, self.identity, self.timing, now, self.job_name, self._my_record())
         sent = self.clock.monotonic()
         try:
@@ -350,6 +357,7 @@ class LeaseKeeper:
                     tick=self.tick,
                     record=ran,
                 )
+        self._remember_records(annotations_of(current), now)
         if not holder:
             return "free"
         if self.job_name and record.holder_job == self.job_name:
@@ -368,21 +376,20 @@ class LeaseKeeper:
         )
 
     def _tick_already_ran(self, current: Lease, now: datetime) -> TickRecord | None:
-        """The lock's record of our CronJob if it says our tick was worked by another run;
-        remembers the believed record as the previous tick meanwhile."""
+        """The lock's record of our CronJob if it says our tick was worked by another run."""
         assert self.tick is not None
-        metadata = current.get("metadata")
-        annotations = metadata.get("annotations") if isinstance(metadata, dict) else None
-        notes = annotations if isinstance(annotations, dict) else {}
-        record = read_record(notes, self.tick.cronjob)
-        ran = already_ran(self.tick, record, now, self.timing.skew)
-        if ran is None:
-            previous = believed(record, now, self.timing.skew)
-            success = believed(read_success(notes, self.tick.cronjob), now, self.timing.skew)
-            with self._state_lock:
-                self._previous_tick = previous
-                self._last_success = success
-        return ran
+        record = read_record(annotations_of(current), self.tick.cronjob)
+        return already_ran(self.tick, record, now, self.timing.skew)
+
+    def _remember_records(self, annotations: Mapping[str, object], now: datetime) -> None:
+        """`records_of`'s believed claim and success records on the document our claim is
+        about to replace: the previous and the last successful tick the work is told."""
+        name = self.records_of
+        previous = believed(read_record(annotations, name), now, self.timing.skew) if name else None
+        success = believed(read_success(annotations, name), now, self.timing.skew) if name else None
+        with self._state_lock:
+            self._previous_tick = previous
+            self._last_success = success
 
     def _took(self, written: Lease, sent: float, *, resumed: bool, reason: str) -> Acquired:
         self._hold(written, sent)
@@ -538,10 +545,8 @@ class LeaseKeeper:
         """The success record our release writes on `current`, if any (lock/ticks.py)."""
         if self.tick is None:
             return None
-        metadata = current.get("metadata")
-        annotations = metadata.get("annotations") if isinstance(metadata, dict) else None
         return success_of(
-            annotations if isinstance(annotations, dict) else {},
+            annotations_of(current),
             self.tick.cronjob,
             self.tick.at,
             self.tick.run,

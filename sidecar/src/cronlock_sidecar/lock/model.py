@@ -208,6 +208,11 @@ class LeaseRecord(NamedTuple):
         return renewed + timedelta(seconds=self.duration_seconds)
 
 
+def annotations_of(body: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A Lease's annotations as the API server returns them (none, or malformed: empty)."""
+    return _mapping(_mapping(body.get("metadata")).get("annotations"))
+
+
 def read_lease(body: Mapping[str, Any]) -> LeaseRecord:
     """A LeaseRecord from a Lease as the API server returns it (malformed fields read as unset)."""
     metadata = _mapping(body.get("metadata"))

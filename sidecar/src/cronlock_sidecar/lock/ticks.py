@@ -32,7 +32,14 @@ from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from typing import NamedTuple
 
-from cronlock_sidecar.contract import ANNOTATION_SUCCEEDED_PREFIX, ANNOTATION_TICK_PREFIX
+from cronlock_sidecar.contract import (
+    ANNOTATION_SUCCEEDED_PREFIX,
+    ANNOTATION_TICK_PREFIX,
+    ENV_LAST_SUCCESS_TICK,
+    ENV_MANUAL,
+    ENV_PREVIOUS_TICK,
+    ENV_TICK,
+)
 
 # A CronJob's name: a DNS subdomain of at most 52 characters (the API server's limit, so
 # the Jobs' names with their 11-digit suffix fit 63), and here one label of it: the key
@@ -207,6 +214,24 @@ def success_of(
     if recorded is not None and recorded.at >= claim.at:
         return None
     return claim
+
+
+def told(
+    tick: Tick | None, previous: TickRecord | None, last_success: TickRecord | None
+) -> dict[str, str]:
+    """What the work is told of its tick (tick.env in a pod, `run`'s command environment):
+    the tick ("" and manual for a run that is no tick's), the tick the lock recorded before
+    this run's claim and its last successful tick ("" if none)."""
+
+    def text(at: datetime | None) -> str:
+        return "" if at is None else format_tick(at)
+
+    return {
+        ENV_TICK: text(tick.at if tick else None),
+        ENV_PREVIOUS_TICK: text(previous.at if previous else None),
+        ENV_LAST_SUCCESS_TICK: text(last_success.at if last_success else None),
+        ENV_MANUAL: "false" if tick else "true",
+    }
 
 
 def skip_line(tick: Tick, record: TickRecord, lock: str) -> str:

@@ -6,10 +6,6 @@ import os
 
 from cronlock_sidecar.contract import (
     DECISION_FILE,
-    ENV_LAST_SUCCESS_TICK,
-    ENV_MANUAL,
-    ENV_PREVIOUS_TICK,
-    ENV_TICK,
     FENCING_TOKEN_FILE,
     LEASE_FILE,
     SKIP_LINE_FILE,
@@ -49,16 +45,12 @@ def write_atomically(path: Path, text: str) -> None:
 def tick_env(
     tick: Tick | None, previous: TickRecord | None, last_success: TickRecord | None = None
 ) -> str:
-    """tick.env: the tick the run works ("" and manual for a run that is no tick's), the
-    tick the lock recorded before this run's claim and its last successful tick ("" if
-    none), as lines a shell sources."""
-    from cronlock_sidecar.lock.ticks import format_tick
+    """tick.env: what the work is told of its tick (lock/ticks.py `told`), as lines a
+    shell sources."""
+    from cronlock_sidecar.lock.ticks import told
 
-    return (
-        f"{ENV_TICK}={format_tick(tick.at) if tick else ''}\n"
-        f"{ENV_PREVIOUS_TICK}={format_tick(previous.at) if previous else ''}\n"
-        f"{ENV_LAST_SUCCESS_TICK}={format_tick(last_success.at) if last_success else ''}\n"
-        f"{ENV_MANUAL}={'false' if tick else 'true'}\n"
+    return "".join(
+        f"{name}={value}\n" for name, value in told(tick, previous, last_success).items()
     )
 
 
