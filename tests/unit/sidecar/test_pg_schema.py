@@ -18,8 +18,9 @@ from cronlock_sidecar.transport import pgstore
 SYNTAX = {"coalesce", "greatest", "least", "extract", "exists"}
 KEYWORDS = {"and", "or", "not", "if", "elsif", "values", "from", "conflict", "f"}
 # What follows FROM/INTO/UPDATE and is no relation: `RETURNING value INTO fence`,
-# `extract(epoch FROM now - ...)` (variables), `DO UPDATE SET`.
-NOT_RELATIONS = {"fence", "now", "SET", "CONFLICT"}
+# `SELECT * INTO mine` (variables), `extract(epoch FROM now - ...)`, `DO UPDATE SET`.
+NOT_RELATIONS = {"fence", "mine", "theirs", "now", "SET", "CONFLICT"}
+FUNCTIONS = ["cronlock.keep_fences", "cronlock.keep_rules", "cronlock.tick_record"]
 CALL = re.compile(r'(?<![\w."$])([A-Za-z_]\w*)\s*\(')
 RELATION = re.compile(r"\b(?:FROM|INTO|UPDATE|TABLE|ON|FUNCTION)\s+([\w.]+)")
 
@@ -31,27 +32,27 @@ def code(text: str) -> str:
 
 def functions() -> dict[str, str]:
     bodies = re.findall(
-        r"CREATE OR REPLACE FUNCTION (cronlock\.\w+)\(\)(.*?)\$(\w+)\$(.*?)\$\3\$;",
+        r"CREATE OR REPLACE FUNCTION (cronlock\.\w+)\([^)]*\)(.*?)\$(\w+)\$(.*?)\$\3\$;",
         pgstore.SCHEMA,
         re.S,
     )
     return {name: head + body for name, head, _, body in bodies}
 
 
-def test_both_trigger_functions_are_there_with_a_pinned_search_path() -> None:
+def test_every_function_is_there_with_a_pinned_search_path() -> None:
     found = functions()
-    assert sorted(found) == ["cronlock.keep_fences", "cronlock.keep_rules"]
+    assert sorted(found) == FUNCTIONS
     for name, text in found.items():
         assert "SET search_path = pg_catalog, pg_temp AS" in text, name
 
 
-@pytest.mark.parametrize("name", ["cronlock.keep_fences", "cronlock.keep_rules"])
-def test_every_call_and_relation_in_a_trigger_function_is_qualified(name: str) -> None:
+@pytest.mark.parametrize("name", FUNCTIONS)
+def test_every_call_and_relation_in_a_function_is_qualified(name: str) -> None:
     text = code(functions()[name])
     calls = {call for call in CALL.findall(text) if call.lower() not in SYNTAX | KEYWORDS}
     assert calls == set()
     relations = set(RELATION.findall(text)) - NOT_RELATIONS
-    assert relations <= {"cronlock.locks", "cronlock.fences"}, relations
+    assert relations <= {"cronlock.locks", "cronlock.fences", "cronlock.tick_record"}, relations
     assert "make_interval(" not in text.replace("pg_catalog.make_interval(", "")
     assert "::double precision" in text or name.endswith("keep_fences")
 

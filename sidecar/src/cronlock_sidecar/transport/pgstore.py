@@ -166,6 +166,35 @@ ALTER TABLE cronlock.locks ADD COLUMN IF NOT EXISTS renewed_at timestamptz;
 ALTER TABLE cronlock.locks DROP CONSTRAINT IF EXISTS cronlock_duration;
 ALTER TABLE cronlock.locks ADD CONSTRAINT cronlock_duration
     CHECK (duration BETWEEN 1 AND 86400);
+-- A record `<tick> <job|-> <run> <holder> <cluster|->` (lock/ticks.py reads the same): its
+-- tick, run and holder; all NULL for anything else (not a string, no such date).
+CREATE OR REPLACE FUNCTION cronlock.tick_record(value jsonb, OUT at timestamptz,
+    OUT run text, OUT holder text) LANGUAGE plpgsql IMMUTABLE
+    SET search_path = pg_catalog, pg_temp AS $record$
+DECLARE
+    fields text[];
+    parts text[];
+BEGIN
+    IF pg_catalog.jsonb_typeof(value) IS DISTINCT FROM 'string' THEN
+        RETURN;
+    END IF;
+    fields := pg_catalog.regexp_match(value #>> '{}',
+        '^([!-~]{1,253}) ([!-~]{1,253}) ([!-~]{1,253}) ([!-~]{1,253}) ([!-~]{1,253})$');
+    parts := pg_catalog.regexp_match(fields[1],
+        '^([0-9]{4})-([0-9]{2})-([0-9]{2})T([0-9]{2}):([0-9]{2}):([0-9]{2})Z$');
+    BEGIN
+        IF parts[4]::integer <= 23 AND parts[5]::integer <= 59 AND parts[6]::integer <= 59 THEN
+            at := pg_catalog.make_timestamptz(parts[1]::integer, parts[2]::integer,
+                parts[3]::integer, parts[4]::integer, parts[5]::integer,
+                parts[6]::double precision, 'UTC');
+            run := fields[3];
+            holder := fields[4];
+        END IF;
+    EXCEPTION WHEN others THEN
+        at := NULL;  -- no such date: not a record
+    END;
+END
+$record$;
 CREATE OR REPLACE FUNCTION cronlock.keep_rules() RETURNS trigger LANGUAGE plpgsql
     SET search_path = pg_catalog, pg_temp AS $rules$
 DECLARE
@@ -185,11 +214,8 @@ DECLARE
     claim boolean := holder <> '';
     tick_key text;
     claim_key text;
-    fields text[];
-    parts text[];
-    ticks timestamptz[];
-    runs text[];
-    holders text[];
+    mine record;
+    theirs record;
 BEGIN
     -- A document with no holder may have no duration (a freeze on a lock never taken).
     IF (holder <> '' OR coalesce(spec ? 'leaseDurationSeconds', false)) AND (
@@ -275,53 +301,32 @@ BEGIN
                 'cronlock store: tick record %s: only a claim (a new holder) writes one; a '
                 'renewal or a release carries each unchanged', tick_key);
         END IF;
-        ticks := '{}';  -- [1] the written record's, [2] the recorded one's
-        runs := '{}';
-        holders := '{}';
-        FOR i IN 1..2 LOOP
-            fields := pg_catalog.regexp_match(CASE WHEN i = 1 THEN notes ->> tick_key
-                WHEN pg_catalog.jsonb_typeof(old_notes -> tick_key) = 'string'
-                THEN old_notes ->> tick_key END,
-                '^([!-~]{1,253}) ([!-~]{1,253}) ([!-~]{1,253}) ([!-~]{1,253}) ([!-~]{1,253})$');
-            parts := pg_catalog.regexp_match(fields[1],
-                '^([0-9]{4})-([0-9]{2})-([0-9]{2})T([0-9]{2}):([0-9]{2}):([0-9]{2})Z$');
-            BEGIN
-                IF parts[4]::integer <= 23 AND parts[5]::integer <= 59
-                   AND parts[6]::integer <= 59 THEN
-                    ticks[i] := pg_catalog.make_timestamptz(parts[1]::integer,
-                        parts[2]::integer, parts[3]::integer, parts[4]::integer,
-                        parts[5]::integer, parts[6]::double precision, 'UTC');
-                    runs[i] := fields[3];
-                    holders[i] := fields[4];
-                END IF;
-            EXCEPTION WHEN others THEN
-                NULL;  -- no such date: not a record
-            END;
-        END LOOP;
-        IF ticks[1] IS NULL THEN
+        SELECT * INTO mine FROM cronlock.tick_record(notes -> tick_key);  -- the written one
+        SELECT * INTO theirs FROM cronlock.tick_record(old_notes -> tick_key);  -- recorded
+        IF mine.at IS NULL THEN
             RAISE EXCEPTION USING ERRCODE = 'check_violation', MESSAGE = pg_catalog.format(
                 'cronlock store: tick record %s: not <tick> <job|-> <run> <holder> <cluster|->, '
                 'the tick in RFC 3339 whole seconds (2026-12-06T12:00:00Z)', tick_key);
         END IF;
-        IF holders[1] <> holder THEN
+        IF mine.holder <> holder THEN
             RAISE EXCEPTION USING ERRCODE = 'check_violation', MESSAGE = pg_catalog.format(
                 'cronlock store: tick record %s: it names holder %s, not the claim''s %s',
-                tick_key, holders[1], holder);
+                tick_key, mine.holder, holder);
         END IF;
-        IF ticks[1] > now + tick_ahead THEN
+        IF mine.at > now + tick_ahead THEN
             RAISE EXCEPTION USING ERRCODE = 'check_violation', MESSAGE = pg_catalog.format(
                 'cronlock store: tick record %s: its tick is more than __AHEAD__ s ahead of the '
                 'store''s clock', tick_key);
         END IF;
-        IF ticks[2] <= now + tick_ahead AND ticks[1] < ticks[2] THEN
+        IF theirs.at <= now + tick_ahead AND mine.at < theirs.at THEN
             RAISE EXCEPTION USING ERRCODE = 'check_violation', MESSAGE = pg_catalog.format(
                 'cronlock store: tick record %s: its tick is older than the recorded one',
                 tick_key);
         END IF;
-        IF ticks[2] <= now + tick_ahead AND ticks[1] = ticks[2] AND runs[1] <> runs[2] THEN
+        IF theirs.at <= now + tick_ahead AND mine.at = theirs.at AND mine.run <> theirs.run THEN
             RAISE EXCEPTION USING ERRCODE = 'check_violation', MESSAGE = pg_catalog.format(
                 'cronlock store: tick record %s: its tick was claimed by another run (%s)',
-                tick_key, runs[2]);
+                tick_key, theirs.run);
         END IF;
     END LOOP;
     -- Success records: only the holder's release (no holder now, last-holder the one
@@ -348,36 +353,15 @@ BEGIN
                 tick_key);
         END IF;
         claim_key := 'cronlock.io/tick.' || pg_catalog.substr(tick_key, 23);
-        ticks := '{}';  -- [1] the claim record's, [2] the recorded success's
-        holders := '{}';
-        FOR i IN 1..2 LOOP
-            fields := pg_catalog.regexp_match(CASE
-                WHEN i = 1 AND pg_catalog.jsonb_typeof(old_notes -> claim_key) = 'string'
-                THEN old_notes ->> claim_key
-                WHEN i = 2 AND pg_catalog.jsonb_typeof(old_notes -> tick_key) = 'string'
-                THEN old_notes ->> tick_key END,
-                '^([!-~]{1,253}) ([!-~]{1,253}) ([!-~]{1,253}) ([!-~]{1,253}) ([!-~]{1,253})$');
-            parts := pg_catalog.regexp_match(fields[1],
-                '^([0-9]{4})-([0-9]{2})-([0-9]{2})T([0-9]{2}):([0-9]{2}):([0-9]{2})Z$');
-            BEGIN
-                IF parts[4]::integer <= 23 AND parts[5]::integer <= 59
-                   AND parts[6]::integer <= 59 THEN
-                    ticks[i] := pg_catalog.make_timestamptz(parts[1]::integer,
-                        parts[2]::integer, parts[3]::integer, parts[4]::integer,
-                        parts[5]::integer, parts[6]::double precision, 'UTC');
-                    holders[i] := fields[4];
-                END IF;
-            EXCEPTION WHEN others THEN
-                NULL;  -- no such date: not a record
-            END;
-        END LOOP;
-        IF ticks[1] IS NULL OR holders[1] <> old_holder
+        SELECT * INTO mine FROM cronlock.tick_record(old_notes -> claim_key);  -- the claim's
+        SELECT * INTO theirs FROM cronlock.tick_record(old_notes -> tick_key);  -- recorded
+        IF mine.at IS NULL OR mine.holder <> old_holder
            OR (notes -> tick_key) <> (old_notes -> claim_key) THEN
             RAISE EXCEPTION USING ERRCODE = 'check_violation', MESSAGE = pg_catalog.format(
                 'cronlock store: success record %s: it is not the releasing holder''s own '
                 'claim record (its tick and run)', tick_key);
         END IF;
-        IF ticks[2] <= now + tick_ahead AND ticks[1] < ticks[2] THEN
+        IF theirs.at <= now + tick_ahead AND mine.at < theirs.at THEN
             RAISE EXCEPTION USING ERRCODE = 'check_violation', MESSAGE = pg_catalog.format(
                 'cronlock store: success record %s: its tick is older than the recorded '
                 'success', tick_key);
