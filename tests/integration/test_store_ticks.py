@@ -288,25 +288,37 @@ def test_two_runs_of_one_tick_work_it_once(tenant: Tenant) -> None:
         assert read_lease(taken).holder == "pod-b2"
 
 
-def test_postgres_raw_updates_keep_the_tick_rules(postgres_tenant: Tenant) -> None:
-    """The tenant's role writes the row itself (its column grants allow `document`): a
-    far-future tick set on the live hold by `jsonb_set` is refused by the trigger."""
-    lock = fresh("raw")
+def victims_hold(tenant: Tenant, name: str) -> tuple[LeaseRef, ticks.TickRecord]:
+    """A fresh lock held by "victim", its claim record written: what a raw update attacks."""
+    lock = fresh(name)
     mine = record(whole(-60), "uid-victim", "victim")
-    with postgres_tenant.client() as client:
+    with tenant.client() as client:
         body = claimed({"metadata": {}}, "victim", TTL_30S, datetime.now(UTC), mine.job)
         client.create(lock, noted(body, mine))
-    future = mine._replace(at=whole(86400)).text()
+    return lock, mine
+
+
+def raw_annotation(tenant: Tenant, lock: LeaseRef, key: str, value: str, refusal: str) -> None:
+    """The tenant's role sets annotation `key` of the lock's row itself (`jsonb_set`; its
+    column grants allow `document`): the trigger refuses it, saying `refusal`."""
     with (
-        psycopg.connect(postgres_tenant.url, autocommit=True) as raw,
-        pytest.raises(psycopg.errors.CheckViolation, match="only a claim"),
+        psycopg.connect(tenant.url, autocommit=True) as raw,
+        pytest.raises(psycopg.errors.CheckViolation, match=refusal),
     ):
         raw.execute(
             "UPDATE cronlock.locks SET document = jsonb_set(document, "
-            "'{metadata,annotations,cronlock.io/tick.nightly}', to_jsonb(%s::text)) "
+            "ARRAY['metadata', 'annotations', %s], to_jsonb(%s::text)) "
             "WHERE namespace = %s AND name = %s",
-            (future, lock.namespace, lock.name),
+            (key, value, lock.namespace, lock.name),
         )
+
+
+def test_postgres_raw_updates_keep_the_tick_rules(postgres_tenant: Tenant) -> None:
+    """The tenant's role writes the row itself: a far-future tick set on the live hold is
+    refused by the trigger."""
+    lock, mine = victims_hold(postgres_tenant, "raw")
+    future = mine._replace(at=whole(86400)).text()
+    raw_annotation(postgres_tenant, lock, "cronlock.io/tick.nightly", future, "only a claim")
     with postgres_tenant.client() as client:
         assert on_lock(client, lock) == as_text(mine)
 
@@ -510,22 +522,10 @@ def test_a_tenant_marks_success_only_for_the_tick_it_claimed_and_only_by_its_rel
 
 
 def test_postgres_raw_updates_keep_the_success_rules(postgres_tenant: Tenant) -> None:
-    """The tenant's role sets a success record on the live hold by `jsonb_set`: refused."""
-    lock = fresh("raw-success")
-    mine = record(whole(-60), "uid-victim", "victim")
-    with postgres_tenant.client() as client:
-        body = claimed({"metadata": {}}, "victim", TTL_30S, datetime.now(UTC), mine.job)
-        client.create(lock, noted(body, mine))
-    with (
-        psycopg.connect(postgres_tenant.url, autocommit=True) as raw,
-        pytest.raises(psycopg.errors.CheckViolation, match="only the holder's release"),
-    ):
-        raw.execute(
-            "UPDATE cronlock.locks SET document = jsonb_set(document, "
-            "'{metadata,annotations,cronlock.io/succeeded.nightly}', to_jsonb(%s::text)) "
-            "WHERE namespace = %s AND name = %s",
-            (mine.text(), lock.namespace, lock.name),
-        )
+    """The tenant's role sets a success record on the live hold itself: refused."""
+    lock, mine = victims_hold(postgres_tenant, "raw-success")
+    key = "cronlock.io/succeeded.nightly"
+    raw_annotation(postgres_tenant, lock, key, mine.text(), "only the holder's release")
     with postgres_tenant.client() as client:
         assert success_on(client, lock) is None
 
