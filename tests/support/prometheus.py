@@ -41,6 +41,15 @@ def promql_eval(directory: Path, script: str) -> subprocess.CompletedProcess[str
     )
 
 
+def engine_agrees(directory: Path, script: str, wrong: tuple[str, str]) -> None:
+    """`script` passes on Prometheus' engine, and fails with `wrong[0]` (its first place)
+    made `wrong[1]`: the engine can disagree, so its PASS means something."""
+    ran = promql_eval(directory, script)
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert ran.stdout.startswith("PASS"), ran.stdout
+    assert promql_eval(directory, script.replace(*wrong, 1)).returncode != 0, wrong
+
+
 def samples(exposition: str, name: str) -> list[tuple[dict[str, str], float]]:
     """Every sample of series `name` on a /metrics page, as Prometheus' text parser reads it."""
     return [
