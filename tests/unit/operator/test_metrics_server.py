@@ -312,3 +312,50 @@ def test_a_peer_as_busy_as_the_busiest_is_refused_and_evicts_nobody(
     finally:
         for client in clients + extra:
             client.close()
+
+
+def test_a_newcomer_finding_no_room_waits_in_line_and_the_quiet_peer_goes_first() -> None:
+    """Every slot taken and no slack for evicted threads (as when they are slow to leave on
+    a loaded machine): a newcomer is not reset, it waits without a thread for the slot.
+    The line is as long as the slots (1 here): when it is full, the peer that connects
+    most loses its place, even to one that came after it."""
+    timeout = 2.0
+    server = BoundedServer(
+        "127.0.0.1",
+        0,
+        {"/": _ok},
+        timeout=timeout,
+        connections=1,
+        per_client=1,
+        name="lined",
+        slack=0,
+    )
+    server.start()
+    holder: list[socket.socket] = []
+    loud: list[socket.socket] = []
+    try:
+        holder = open_slow(server.port, ["127.0.2.1"])  # holds the slot until its timeout
+        wait_for(lambda: held(server, 1), SLACK, "the one slot taken")
+        for _ in range(3):  # a pod reconnecting in a loop: one of them keeps the place
+            loud += open_slow(server.port, ["127.0.2.5"])
+        time.sleep(0.2)
+        began = time.monotonic()
+        quiet = http.client.HTTPConnection(
+            "127.0.0.1", server.port, timeout=4 * timeout, source_address=("127.0.2.2", 0)
+        )
+        try:
+            quiet.request("GET", "/")
+            answer = quiet.getresponse()
+            status, body = answer.status, answer.read()
+        finally:
+            quiet.close()
+        waited = time.monotonic() - began
+        assert (status, body) == (200, b"ok\n"), "reset or refused instead of waiting"
+        # Let in when the holder's slot freed; after a loud one (its slow head holding the
+        # slot for a whole timeout more), it would have waited twice as long.
+        assert waited < 2 * timeout - 0.2, f"waited {waited:.2f}s: not first in line"
+        assert still_open(loud) == [False] * 3, "the loud one kept its place in line"
+    finally:
+        for client in holder + loud:
+            client.close()
+        server.stop()

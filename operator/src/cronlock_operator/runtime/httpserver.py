@@ -2,7 +2,9 @@
 any pod in the cluster can reach them, so what a client can hold is bounded (connections
 in all and per address, one request each, a head of 8 KiB, a deadline from accept to
 close) and a flood never starves the scraper or the kubelet's probe: when every slot is
-taken, a peer holding fewer than the busiest takes the busiest peer's oldest slot.
+taken, a peer holding fewer than the busiest takes the busiest peer's oldest slot (one
+already answered first), and while too many evicted connections are still on their way
+out, newcomers wait in a short line, the least busy peer's first, instead of being reset.
 """
 
 from __future__ import annotations
@@ -49,13 +51,14 @@ class _Refused(Exception):
 
 
 class _Connection:
-    __slots__ = ("ended", "opened", "peer", "sock")
+    __slots__ = ("answered", "ended", "opened", "peer", "sock")
 
     def __init__(self, sock: socket.socket, peer: str, opened: float) -> None:
         self.sock = sock
         self.peer = peer
         self.opened = opened
         self.ended = False  # evicted: its thread is on its way out
+        self.answered = False  # its answer is sent: only its close is left
 
 
 class BoundedServer:
@@ -64,9 +67,16 @@ class BoundedServer:
     per address). When all are taken, a newcomer from an address holding fewer than the
     busiest address takes that address's oldest connection (the sidecar's rule,
     cronlock_sidecar.pod.endpoints): a few pods reconnecting in a loop cannot keep the
-    scraper or the kubelet out. A connection refused is closed as soon as it is accepted,
-    without a thread; an evicted one's thread lets go of it at once, and no more than
-    `slack` of those are waited for."""
+    scraper or the kubelet out; of that address's connections, one already answered goes
+    first, so a client still waiting for its answer is the last to lose it. A connection
+    refused is closed as soon as it is accepted, without a thread; an evicted one's thread
+    lets go of it at once. While `slack` of those are on their way out, a newcomer waits
+    without a thread in a line of at most `connections` (when it is full, the busiest
+    peer's newest goes), and a slot that frees goes to the least busy peer's oldest in line:
+    a probe is let in at the next free slot, not reset because evicted threads were slow to
+    leave on a loaded machine. In line, "busy" is what a peer holds unanswered and waits
+    for, then how often it connected lately (a count halved every second): a kubelet that
+    probes every few seconds is never the busiest beside a pod that reconnects in a loop."""
 
     def __init__(
         self,
@@ -94,6 +104,15 @@ class BoundedServer:
         self.evicted = 0  # connections ended early for a newcomer, since the start
         self._open: dict[socket.socket, _Connection] = {}
         self._lock = threading.Lock()
+        # Accepted while the slack was full, no thread yet: (socket, peer, accepted at).
+        self._line: list[tuple[socket.socket, str, float]] = []
+        # Connections accepted per peer, halved every second (`_decay`).
+        self._arrivals: collections.Counter[str] = collections.Counter()
+        self._decayed = time.monotonic()
+        # A byte on `_wake` wakes the accept thread when a connection leaves `_open`.
+        self._wake, self._woken = socket.socketpair()
+        self._wake.setblocking(False)
+        self._woken.setblocking(False)
         self._flood_logged = -FLOOD_LOG_SECONDS
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._accept, name=name, daemon=True)
@@ -113,12 +132,23 @@ class BoundedServer:
         if self._thread.is_alive():
             self._thread.join()
         self._listener.close()
+        for waiting, _, _ in self._line:
+            waiting.close()
+        self._line.clear()
+        self._wake.close()
+        self._woken.close()
 
     def _accept(self) -> None:
         with selectors.DefaultSelector() as selector:
             selector.register(self._listener, selectors.EVENT_READ)
+            selector.register(self._woken, selectors.EVENT_READ)
             while not self._stopping.is_set():
-                if not selector.select(POLL_SECONDS):
+                self._let_in_from_line()
+                ready = {key.fileobj for key, _ in selector.select(POLL_SECONDS)}
+                if self._woken in ready:
+                    with contextlib.suppress(BlockingIOError):
+                        self._woken.recv(4096)
+                if self._listener not in ready:
                     continue
                 try:
                     connection, peer = self._listener.accept()
@@ -130,9 +160,62 @@ class BoundedServer:
                     logger.warning("%s: cannot accept a connection: %s", self.name, error)
                     self._stopping.wait(POLL_SECONDS)
                     continue
+                self._arrivals[str(peer[0])] += 1
                 self._admit(connection, str(peer[0]))
 
+    def _slack_full(self) -> bool:
+        with self._lock:
+            return len(self._open) >= self.connections + self.slack
+
     def _admit(self, connection: socket.socket, client: str) -> None:
+        if self._line or self._slack_full():
+            self._get_in_line(connection, client)
+            return
+        self._start(connection, client)
+
+    def _get_in_line(self, connection: socket.socket, client: str) -> None:
+        """Wait for a slot without a thread; when the line is full, the busiest peer's
+        newest waiting connection (perhaps this one) goes."""
+        now = time.monotonic()
+        self._line.append((connection, client, now))
+        if len(self._line) <= self.connections:
+            return
+        busy = self._busy()
+        drop = max(self._line, key=lambda entry: (busy(entry[1]), entry[2]))
+        self._line.remove(drop)
+        drop[0].close()
+        self._refuse(now, drop[1])
+
+    def _let_in_from_line(self) -> None:
+        """Start the least busy peer's oldest waiting connections while slots are free;
+        close those that waited longer than `timeout`."""
+        now = time.monotonic()
+        for entry in [entry for entry in self._line if now - entry[2] > self.timeout]:
+            self._line.remove(entry)
+            entry[0].close()
+        while self._line and not self._slack_full():
+            busy = self._busy()
+            entry = min(self._line, key=lambda entry: (busy(entry[1]), entry[2]))
+            self._line.remove(entry)
+            self._start(entry[0], entry[1])
+
+    def _busy(self) -> Callable[[str], tuple[int, int]]:
+        """How busy each peer is, for the line: (connections held unanswered and waiting
+        in line, arrivals lately)."""
+        now = time.monotonic()
+        while now - self._decayed >= 1.0:
+            self._decayed += 1.0
+            self._arrivals = collections.Counter(
+                {peer: count // 2 for peer, count in self._arrivals.items() if count > 1}
+            )
+        with self._lock:
+            held_by = collections.Counter(
+                held.peer for held in self._open.values() if not held.answered
+            )
+        held_by.update(peer for _, peer, _ in self._line)
+        return lambda peer: (held_by[peer], self._arrivals[peer])
+
+    def _start(self, connection: socket.socket, client: str) -> None:
         if not self._take_slot(connection, client):
             connection.close()
             return
@@ -165,7 +248,7 @@ class BoundedServer:
                     return self._refuse(now, client)
                 victim = min(
                     (held for held in serving if held_by[held.peer] == busiest),
-                    key=lambda held: held.opened,
+                    key=lambda held: (not held.answered, held.opened),
                 )
                 self._evict(victim, now)
             self._open[connection] = _Connection(connection, client, now)
@@ -200,6 +283,12 @@ class BoundedServer:
     def _release(self, connection: socket.socket) -> None:
         with self._lock:
             del self._open[connection]
+        with contextlib.suppress(OSError):  # full (a wake-up is pending anyway) or closed
+            self._wake.send(b"\0")
+
+    def _answered(self, connection: socket.socket) -> None:
+        with self._lock:
+            self._open[connection].answered = True
 
     def _serve(self, connection: socket.socket, client: str) -> None:
         deadline = time.monotonic() + self.timeout
@@ -211,6 +300,7 @@ class BoundedServer:
                 head_only, body = refusal.head_only, f"{refusal.status.phrase}\n".encode()
                 status, headers = refusal.status, {"Content-Type": _TEXT, **refusal.headers}
             _send(connection, deadline, status, headers, body, head_only)
+            self._answered(connection)
             _close(connection, deadline)
         except OSError as error:  # too slow (TimeoutError), reset, gone or evicted
             logger.debug("%s: connection from %s dropped: %s", self.name, client, error)
