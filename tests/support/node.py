@@ -208,8 +208,16 @@ class RealNode:
                 return int(json.loads(info)["info"]["pid"])
         raise LookupError(f"no running container {container} in pod {pod_uid}")
 
-    def signal_container(self, pod_uid: str, container: str, signum: signal.Signals) -> int:
+    def signal_container(
+        self, pod_uid: str, container: str, signum: signal.Signals, caught: bool = False
+    ) -> int:
+        """Send `signum` to the container's PID 1. `caught`: first wait until that process
+        has a handler for it: a namespace's init ignores a signal it has none for, so a
+        shell's `trap` not yet run would lose it (the tracker sees a work start as soon as
+        the script's first line has run, before the rest)."""
         pid = self.container_pid(pod_uid, container)
+        if caught:
+            wait_for(lambda: catches(pid, signum), 30, f"pid {pid} to catch {signum.name}")
         os.kill(pid, signum)
         return pid
 
@@ -561,3 +569,12 @@ def container_state(pod: dict[str, Any], container: str) -> dict[str, Any]:
 def exit_code(pod: dict[str, Any], container: str) -> int | None:
     terminated = container_state(pod, container).get("terminated")
     return None if terminated is None else int(terminated["exitCode"])
+
+
+def catches(pid: int, signum: signal.Signals) -> bool:
+    """Whether process `pid` has a handler for `signum` (SigCgt in /proc/PID/status)."""
+    with open(f"/proc/{pid}/status", encoding="ascii") as status:
+        for line in status:
+            if line.startswith("SigCgt:"):
+                return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
+    return False
