@@ -10,8 +10,14 @@ from collections.abc import Iterator
 
 import pytest
 
-from cronlock_sidecar.pod.endpoints import CONNECTION_SECONDS, EVICTION_SLACK, MAX_CONNECTIONS
-from cronlock_sidecar.pod.serving import Serving
+from cronlock_sidecar.pod.endpoints import (
+    CONNECTION_SECONDS,
+    EVICTION_SLACK,
+    MAX_CONNECTIONS,
+    Endpoints,
+    _Connections,
+)
+from cronlock_sidecar.pod.serving import Serving, listen
 from cronlock_sidecar.pod.state import SidecarState
 
 # The kubelet's probe gives up after 1 s, and one miss kills the run.
@@ -214,3 +220,35 @@ def test_keep_alive_is_not_honoured_one_request_per_connection(endpoints: Servin
     assert b"\r\nConnection: close\r\n" in answer
     assert answer.count(b"HTTP/1.") == 1
     assert answer.endswith(b"\r\n\r\nok\n")
+
+
+@pytest.mark.timeout(15)
+def test_a_probe_finding_the_slots_and_the_slack_taken_waits_in_line_instead_of_a_reset() -> None:
+    """Evicted connections slow to leave (a loaded node) take the slack: the probe waits for
+    the next free slot, without a thread, and is answered then, where it was reset before
+    (and a reset /held kills the run)."""
+    state = SidecarState()
+    state.update(held=True)
+    endpoints = Endpoints(state, listen(0, "127.0.0.1"))
+    server = endpoints._server
+    # One slot and no slack: what a flood leaves when its evicted threads have not left yet.
+    server.connections = _Connections(limit=1, slack=0, released=server._nudge)
+    endpoints.start()
+    hog = slow_connection(endpoints.port)  # holds the slot until its deadline
+    try:
+        deadline = time.monotonic() + 5
+        while server.connections.held() != {FLOOD_ADDRESS: 1}:
+            assert time.monotonic() < deadline, "the slot never taken"
+            time.sleep(0.01)
+        # The slot frees at the hog's deadline, 2 s after it came; the probe, in line half a
+        # second later, may wait 2 s too: the slot frees well before the probe gives up.
+        time.sleep(0.5)
+        started = time.monotonic()
+        answer = exchange(endpoints.port, KUBELET_REQUEST, NODE_ADDRESS, CONNECTION_SECONDS + 2)
+        waited = time.monotonic() - started
+        assert status(answer) == 200, "closed instead of waiting in line"
+        assert answer.endswith(b"\r\n\r\nheld\n")
+        assert waited < CONNECTION_SECONDS  # let in when the hog's slot freed, ~1.5 s
+    finally:
+        hog.close()
+        endpoints.stop()

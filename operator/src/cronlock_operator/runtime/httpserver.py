@@ -4,7 +4,8 @@ in all and per address, one request each, a head of 8 KiB, a deadline from accep
 close) and a flood never starves the scraper or the kubelet's probe: when every slot is
 taken, a peer holding fewer than the busiest takes the busiest peer's oldest slot (one
 already answered first), and while too many evicted connections are still on their way
-out, newcomers wait in a short line, the least busy peer's first, instead of being reset.
+out, newcomers wait in a short line (cronlock_sidecar.waitline, the sidecar's too), the
+least busy peer's first, instead of being reset.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ import time
 import urllib.parse
 from collections.abc import Callable, Mapping
 from http import HTTPStatus
+
+from cronlock_sidecar.waitline import WaitLine
 
 logger = logging.getLogger(__name__)
 
@@ -72,11 +75,9 @@ class BoundedServer:
     refused is closed as soon as it is accepted, without a thread; an evicted one's thread
     lets go of it at once. While `slack` of those are on their way out, a newcomer waits
     without a thread in a line of at most `connections` (when it is full, the busiest
-    peer's newest goes), and a slot that frees goes to the least busy peer's oldest in line:
-    a probe is let in at the next free slot, not reset because evicted threads were slow to
-    leave on a loaded machine. In line, "busy" is what a peer holds unanswered and waits
-    for, then how often it connected lately (a count halved every second): a kubelet that
-    probes every few seconds is never the busiest beside a pod that reconnects in a loop."""
+    peer's newest goes), and a slot that frees goes to the least busy peer's oldest in line
+    (cronlock_sidecar.waitline says how busy): a probe is let in at the next free slot, not
+    reset because evicted threads were slow to leave on a loaded machine."""
 
     def __init__(
         self,
@@ -104,11 +105,8 @@ class BoundedServer:
         self.evicted = 0  # connections ended early for a newcomer, since the start
         self._open: dict[socket.socket, _Connection] = {}
         self._lock = threading.Lock()
-        # Accepted while the slack was full, no thread yet: (socket, peer, accepted at).
-        self._line: list[tuple[socket.socket, str, float]] = []
-        # Connections accepted per peer, halved every second (`_decay`).
-        self._arrivals: collections.Counter[str] = collections.Counter()
-        self._decayed = time.monotonic()
+        # Accepted while the slack was full, no thread yet (cronlock_sidecar.waitline).
+        self._line: WaitLine[socket.socket] = WaitLine(connections, timeout)
         # A byte on `_wake` wakes the accept thread when a connection leaves `_open`.
         self._wake, self._woken = socket.socketpair()
         self._wake.setblocking(False)
@@ -132,9 +130,8 @@ class BoundedServer:
         if self._thread.is_alive():
             self._thread.join()
         self._listener.close()
-        for waiting, _, _ in self._line:
+        for waiting in self._line.clear():
             waiting.close()
-        self._line.clear()
         self._wake.close()
         self._woken.close()
 
@@ -160,7 +157,7 @@ class BoundedServer:
                     logger.warning("%s: cannot accept a connection: %s", self.name, error)
                     self._stopping.wait(POLL_SECONDS)
                     continue
-                self._arrivals[str(peer[0])] += 1
+                self._line.arrived(str(peer[0]))
                 self._admit(connection, str(peer[0]))
 
     def _slack_full(self) -> bool:
@@ -174,46 +171,30 @@ class BoundedServer:
         self._start(connection, client)
 
     def _get_in_line(self, connection: socket.socket, client: str) -> None:
-        """Wait for a slot without a thread; when the line is full, the busiest peer's
-        newest waiting connection (perhaps this one) goes."""
-        now = time.monotonic()
-        self._line.append((connection, client, now))
-        if len(self._line) <= self.connections:
-            return
-        busy = self._busy()
-        drop = max(self._line, key=lambda entry: (busy(entry[1]), entry[2]))
-        self._line.remove(drop)
-        drop[0].close()
-        self._refuse(now, drop[1])
+        """Wait for a slot without a thread; a connection the full line gives up (the
+        busiest peer's newest, perhaps this one) is closed."""
+        leaving = self._line.join(connection, client, self._held_unanswered())
+        if leaving is not None:
+            leaving.close()
+            self._log_flood(time.monotonic(), "a waiting connection closed: the line is full")
 
     def _let_in_from_line(self) -> None:
         """Start the least busy peer's oldest waiting connections while slots are free;
         close those that waited longer than `timeout`."""
-        now = time.monotonic()
-        for entry in [entry for entry in self._line if now - entry[2] > self.timeout]:
-            self._line.remove(entry)
-            entry[0].close()
-        while self._line and not self._slack_full():
-            busy = self._busy()
-            entry = min(self._line, key=lambda entry: (busy(entry[1]), entry[2]))
-            self._line.remove(entry)
-            self._start(entry[0], entry[1])
+        for late in self._line.expired():
+            late.close()
+        while len(self._line) and not self._slack_full():
+            entry = self._line.next(self._held_unanswered())
+            assert entry is not None  # the line is not empty
+            self._start(*entry)
 
-    def _busy(self) -> Callable[[str], tuple[int, int]]:
-        """How busy each peer is, for the line: (connections held unanswered and waiting
-        in line, arrivals lately)."""
-        now = time.monotonic()
-        while now - self._decayed >= 1.0:
-            self._decayed += 1.0
-            self._arrivals = collections.Counter(
-                {peer: count // 2 for peer, count in self._arrivals.items() if count > 1}
-            )
+    def _held_unanswered(self) -> collections.Counter[str]:
+        """What each peer holds that is still to be answered: for the line, an answered
+        connection is done (its close alone is left)."""
         with self._lock:
-            held_by = collections.Counter(
+            return collections.Counter(
                 held.peer for held in self._open.values() if not held.answered
             )
-        held_by.update(peer for _, peer, _ in self._line)
-        return lambda peer: (held_by[peer], self._arrivals[peer])
 
     def _start(self, connection: socket.socket, client: str) -> None:
         if not self._take_slot(connection, client):

@@ -15,10 +15,12 @@ import socket
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 from cronlock_sidecar.contract import HELD_PATH
 from cronlock_sidecar.pod.state import SidecarState
+from cronlock_sidecar.waitline import WaitLine
 
 log = logging.getLogger("cronlock_sidecar.endpoints")
 
@@ -44,7 +46,11 @@ log = logging.getLogger("cronlock_sidecar.endpoints")
 #   so it is always such a peer; to crowd it out a flood needs as many addresses as there
 #   are slots, all reconnecting within the probe's few milliseconds.
 # - An evicted connection's thread takes microseconds to let go of it; EVICTION_SLACK more
-#   threads than MAX_CONNECTIONS cover that, and no connection is admitted beyond them.
+#   threads than MAX_CONNECTIONS cover that, and no connection is admitted beyond them. On
+#   a loaded node those microseconds can grow: a newcomer that finds the slack taken waits
+#   without a thread in a line (cronlock_sidecar.waitline, the operator's servers' too) of
+#   at most MAX_CONNECTIONS, for at most CONNECTION_SECONDS, and a freed slot goes to the
+#   least busy peer's oldest there, so the probe is answered late rather than reset.
 # - One request per connection (HTTP/1.0, Connection: close), and a request line and
 #   headers of a few KiB at most: a probe's whole request is under 200 bytes.
 # What this cannot stop is a flood of connections faster than the accept loop can close
@@ -77,9 +83,15 @@ class _Connection:
 class _Connections:
     """The open connections: which are served, which must end now, and whose slot to take."""
 
-    def __init__(self, limit: int = MAX_CONNECTIONS, slack: int = EVICTION_SLACK) -> None:
+    def __init__(
+        self,
+        limit: int = MAX_CONNECTIONS,
+        slack: int = EVICTION_SLACK,
+        released: Callable[[], None] = lambda: None,
+    ) -> None:
         self.limit = limit
         self.slack = slack
+        self._released = released  # called when a thread let go of its connection
         self._lock = threading.Lock()
         self._open: dict[socket.socket, _Connection] = {}
         self._flood_logged = -FLOOD_LOG_SECONDS
@@ -103,6 +115,17 @@ class _Connections:
         """The connection's thread is done with it (called before the socket is closed)."""
         with self._lock:
             self._open.pop(sock, None)
+        self._released()
+
+    def full(self) -> bool:
+        """Whether a newcomer would be refused now: the slots and the slack all taken."""
+        with self._lock:
+            return len(self._open) >= self.limit + self.slack
+
+    def held(self) -> Counter[str]:
+        """The connections each peer holds (those on their way out not counted)."""
+        with self._lock:
+            return Counter(c.peer for c in self._open.values() if not c.ended)
 
     def expire(self) -> None:
         """End the connections past their deadline, even one blocked reading or writing."""
@@ -247,7 +270,14 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 class _Server(http.server.HTTPServer):
     def __init__(self, listener: socket.socket, state: SidecarState) -> None:
         self.state = state
-        self.connections = _Connections()
+        # A byte on `_wake` wakes the accept loop: a slot freed for the line.
+        self._woken, self._wake = socket.socketpair()
+        self._woken.setblocking(False)
+        self._wake.setblocking(False)
+        self.connections = _Connections(released=self._nudge)
+        self.line: WaitLine[tuple[socket.socket, Any]] = WaitLine(
+            MAX_CONNECTIONS, CONNECTION_SECONDS
+        )
         self._admitted: queue.SimpleQueue[tuple[socket.socket, Any] | None] = queue.SimpleQueue()
         # The socket is bound and listening already (serving.listen): take it as it is.
         super().__init__(listener.getsockname()[:2], _Handler, bind_and_activate=False)
@@ -270,11 +300,15 @@ class _Server(http.server.HTTPServer):
         with selectors.DefaultSelector() as selector:
             selector.register(self.socket, selectors.EVENT_READ)
             selector.register(waker, selectors.EVENT_READ)
+            selector.register(self._woken, selectors.EVENT_READ)
             while not stop.is_set():
+                self._let_in()
                 try:
                     request, client_address = self.socket.accept()
                 except BlockingIOError:
-                    selector.select(self.connections.wait_seconds(time.monotonic()))
+                    selector.select(self._wait_seconds())
+                    with contextlib.suppress(BlockingIOError):
+                        self._woken.recv(4096)
                 except OSError as error:  # out of descriptors or buffers: wait, then retry
                     log.warning("http: cannot accept a connection: %s", error)
                     stop.wait(RETRY_SECONDS)
@@ -289,10 +323,45 @@ class _Server(http.server.HTTPServer):
         self, request: socket.socket | tuple[bytes, socket.socket], client_address: Any
     ) -> None:
         assert isinstance(request, socket.socket)  # a TCP server's requests are sockets
+        peer = str(client_address[0])
+        self.line.arrived(peer)
+        if len(self.line) or self.connections.full():
+            leaving = self.line.join((request, client_address), peer, self.connections.held())
+            if leaving is not None:
+                leaving[0].close()
+            return
+        self._admit(request, client_address)
+
+    def _admit(self, request: socket.socket, client_address: Any) -> None:
         if self.connections.admit(request, str(client_address[0])):
             self._admitted.put((request, client_address))
         else:
             request.close()
+
+    def _let_in(self) -> None:
+        """Admit from the line while there is room; close what waited too long."""
+        for late, _ in self.line.expired():
+            late.close()
+        while len(self.line) and not self.connections.full():
+            entry = self.line.next(self.connections.held())
+            assert entry is not None  # the line is not empty
+            self._admit(*entry[0])
+
+    def _wait_seconds(self) -> float | None:
+        """Until the next deadline of a connection open or in line (None: none)."""
+        waits = [
+            wait
+            for wait in (
+                self.connections.wait_seconds(time.monotonic()),
+                self.line.seconds_to_expiry(),
+            )
+            if wait is not None
+        ]
+        return max(min(waits), SWEEP_SECONDS) if waits else None
+
+    def _nudge(self) -> None:
+        with contextlib.suppress(OSError):  # full (a wake-up is pending) or closed
+            self._wake.send(b"\0")
 
     def _work(self) -> None:
         while (admitted := self._admitted.get()) is not None:
@@ -309,7 +378,11 @@ class _Server(http.server.HTTPServer):
 
     def server_close(self) -> None:
         super().server_close()
+        for waiting, _ in self.line.clear():
+            waiting.close()
         self.connections.end_all()
+        self._woken.close()
+        self._wake.close()
         for _ in self.workers:
             self._admitted.put(None)
 
