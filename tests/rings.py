@@ -105,6 +105,7 @@ BEFORE: dict[str, tuple[str, ...]] = {
     ),
 }
 REPORT_EVERY = 60.0
+FAILURE_LINE = 600  # characters of one failure's line printed again at the end
 STOP_GRACE = 120.0
 PROGRESS = re.compile(r"\[\s*(\d+)%\]\s*$")
 SUMMARY = re.compile(r"^=+ (.* in [\d.]+s.*) =+$")
@@ -236,6 +237,28 @@ class Ring:
         found = [m.group(1) for line in self.text().splitlines() if (m := SUMMARY.match(line))]
         return found[-1] if found else "no summary (see its log)"
 
+    def failures(self) -> list[str]:
+        """What failed, as the ring's short test summary and evidence section say it."""
+        return failures(self.text())
+
+
+def failures(text: str) -> list[str]:
+    """The FAILED and ERROR lines of pytest's short test summary and the evidence folders
+    of a ring's log, each cut to FAILURE_LINE characters: printed again after every ring's
+    summary, the last lines of the output, so that a reader shown only its end (CI's page
+    elides the middle) still learns what failed, how, and where its evidence is."""
+    found: list[str] = []
+    evidence = False
+    for line in text.splitlines():
+        if line.startswith("=") and line.rstrip("= ").lstrip("= "):
+            evidence = "evidence of the failed tests" in line
+            continue
+        if line.startswith(("FAILED ", "ERROR ")):
+            found.append(line)
+        elif evidence and line.strip():
+            found.append(f"evidence: {line.strip()}")
+    return [line if len(line) <= FAILURE_LINE else line[: FAILURE_LINE - 1] + "…" for line in found]
+
 
 def clock(seconds: float) -> str:
     return f"{int(seconds) // 60}:{int(seconds) % 60:02d}"
@@ -316,6 +339,9 @@ def run(
     for ring in running:
         print(f"  {ring.name:<18} exit {ring.code}  {clock(ring.elapsed()):>6}  {ring.summary()}")
     print(critical_path({ring.name: ring.elapsed() for ring in running}), flush=True)
+    for ring in running:
+        for line in ring.failures():
+            print(f"rings: {ring.name}: {line}", flush=True)
     failed = [ring.code for ring in running if ring.code]
     return failed[0] if failed else (130 if stopping else 0)
 

@@ -251,3 +251,27 @@ def test_an_e2e_node_that_is_no_cluster_node_of_ours_is_refused(value: str) -> N
     # Node 2 joins node 1's fleet, nodes 3 and 4 are the clusters ring's.
     with pytest.raises(ValueError, match="the e2e node is one of 1, 5"):
         e2e_node_index({"CRONLOCK_E2E_NODE": value})
+
+
+def test_what_failed_is_said_again_at_the_end_with_its_message_and_evidence() -> None:
+    log = "\n".join(
+        [
+            "tests/e2e/test_shared_lock.py F" + " " * 40 + "[100%]",
+            "=================================== FAILURES ===================================",
+            "E       AssertionError: timed out after 60s waiting for the lock given back",
+            "========================= evidence of the failed tests =========================",
+            "  /tmp/x/.testenv/evidence/tests_e2e_test_shared_lock.py__test_two",
+            "=========================== short test summary info ============================",
+            "FAILED tests/e2e/test_shared_lock.py::test_two - AssertionError: " + "x" * 900,
+            "ERROR tests/e2e/test_flood.py::test_one - TimeoutError",
+            "========================= 1 failed, 1 error in 9.00s ==========================",
+        ]
+    )
+    found = rings.failures(log)
+    assert found[0] == "evidence: /tmp/x/.testenv/evidence/tests_e2e_test_shared_lock.py__test_two"
+    assert found[1].startswith("FAILED tests/e2e/test_shared_lock.py::test_two - AssertionError")
+    assert len(found[1]) == rings.FAILURE_LINE
+    assert found[1].endswith("…")
+    assert found[2] == "ERROR tests/e2e/test_flood.py::test_one - TimeoutError"
+    assert len(found) == 3
+    assert rings.failures("===== 3 passed in 1.00s =====\n") == []
