@@ -17,6 +17,7 @@ import uvloop
 
 from cronlock_operator.kube.client import api_client
 from cronlock_operator.kube.errors import Gone, Retry
+from cronlock_operator.kube.leaderlease import LeaderLeases
 from cronlock_operator.kube.writes import Kube
 from cronlock_operator.runtime import leader, liveness
 from cronlock_operator.settings import (
@@ -415,7 +416,7 @@ def _lead(args: argparse.Namespace) -> leader.Elector:
     """Wait for the lead (answering the liveness probe meanwhile), then keep it; a replica
     that loses it exits at once, before another may take over (cronlock_operator.runtime.leader)."""
     namespace, name = _lease_ref(args.leader_election_lease)
-    elector = leader.Elector(api_client(), namespace, name, leader.identity())
+    elector = leader.Elector(LeaderLeases(api_client()), namespace, name, leader.identity())
     liveness.state.waiting(True)
     elector.acquire()
     liveness.state.waiting(False)

@@ -11,6 +11,8 @@ from typing import Any
 import kubernetes
 import pytest
 
+from cronlock_operator.kube.errors import Retry
+from cronlock_operator.kube.leaderlease import LeaderLeases
 from cronlock_operator.runtime.leader import TIMING, Elector
 from cronlock_sidecar.lock.model import Timing, TimingError, read_lease
 
@@ -72,8 +74,15 @@ class Clock:
 
 
 def elector(leases: FakeLeases, clock: Clock, me: str, timing: Timing = TIMING) -> Elector:
+    # The real edge (kube/leaderlease.py) over a fake client: its 404, 409 and failures.
     return Elector(
-        None, NAMESPACE, NAME, me, clock.monotonic, timing=timing, wall=clock.utc, leases=leases
+        LeaderLeases(leases=leases),
+        NAMESPACE,
+        NAME,
+        me,
+        clock.monotonic,
+        timing=timing,
+        wall=clock.utc,
     )
 
 
@@ -154,3 +163,21 @@ def test_timing_that_cannot_hold_a_lead_is_refused_before_anything_is_written(
     with pytest.raises(TimingError):
         elector(leases, Clock(), "a_1", timing)
     assert leases.writes == 0
+
+
+def test_the_edge_turns_a_refusal_into_retry_and_reads_absent_and_conflict_as_values() -> None:
+    leases = FakeLeases()
+    edge = LeaderLeases(leases=leases)
+    assert edge.read(NAMESPACE, NAME) is None  # 404
+    body = {"metadata": {"name": NAME, "namespace": NAMESPACE}, "spec": {}}
+    assert edge.create(NAMESPACE, body) is True
+    assert edge.create(NAMESPACE, body) is False  # 409: it exists
+    stale = {"metadata": {"name": NAME, "resourceVersion": "0"}, "spec": {}}
+    assert edge.replace(NAMESPACE, NAME, stale) is False  # 409: changed since read
+
+    def forbidden(*_: Any, **__: Any) -> Answer:
+        raise kubernetes.client.ApiException(status=403, reason="Forbidden")
+
+    leases.read_namespaced_lease = forbidden  # type: ignore[method-assign]
+    with pytest.raises(Retry, match="HTTP 403 Forbidden"):
+        edge.read(NAMESPACE, NAME)

@@ -10,7 +10,8 @@ never by comparing wall clocks, as client-go's leader election does too). A lead
 has not renewed within `timing.renew_deadline` (two thirds of the duration, so shorter
 than it by more than the skew) exits at once: by the time another replica may take the
 Lease, it can write nothing more. The timing is checked as client-go's
-`NewLeaderElector` checks its own, before anything is written.
+`NewLeaderElector` checks its own, before anything is written. The Lease is read and
+written through kube/leaderlease.py, the Kubernetes edge.
 """
 
 from __future__ import annotations
@@ -22,12 +23,10 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, Final
+from typing import Final
 
-import kubernetes
-
-from cronlock_operator.kube.answers import raw
-from cronlock_operator.kube.client import FIELD_MANAGER
+from cronlock_operator.kube.errors import Retry
+from cronlock_operator.kube.leaderlease import LeaderLeaseCalls
 from cronlock_operator.reconcile.expiry import Observation
 from cronlock_sidecar import contract
 from cronlock_sidecar.lock.model import Timing, claimed, read_lease, released, renewed
@@ -53,7 +52,7 @@ class Elector:
 
     def __init__(
         self,
-        api: kubernetes.client.ApiClient | None,
+        leases: LeaderLeaseCalls,
         namespace: str,
         name: str,
         me: str,
@@ -61,12 +60,11 @@ class Elector:
         *,
         timing: Timing = TIMING,
         wall: WallClock = _utc_now,
-        leases: Any = None,
     ) -> None:
         timing.check()  # TimingError before anything is written, as client-go refuses
         if not me:
             raise ValueError("leader election needs an identity")
-        self.leases = leases or kubernetes.client.CoordinationV1Api(api)
+        self.leases = leases
         self.namespace, self.name, self.me = namespace, name, me
         self.clock, self.wall, self.timing = clock, wall, timing
         self._seen: Observation | None = None
@@ -80,7 +78,7 @@ class Elector:
         while stop is None or not stop.is_set():
             try:
                 holder = self.try_acquire()
-            except (kubernetes.client.ApiException, OSError) as error:
+            except Retry as error:
                 logger.warning("leader election: %s; trying again", error)
                 holder = None
             if holder == self.me:
@@ -100,13 +98,8 @@ class Elector:
     def try_acquire(self) -> str:
         """One look: take the Lease if it is free, ours, or unrenewed; return its holder
         ("" when another replica wrote first)."""
-        try:
-            lease = raw(
-                self.leases.read_namespaced_lease(self.name, self.namespace, _preload_content=False)
-            )
-        except kubernetes.client.ApiException as error:
-            if error.status != 404:
-                raise
+        lease = self.leases.read(self.namespace, self.name)
+        if lease is None:
             return self._create()
         record = read_lease(lease)
         now = self.clock()
@@ -126,11 +119,7 @@ class Elector:
             body = renewed(lease, self.timing, self.wall())
         else:
             body = claimed(lease, self.me, self.timing, self.wall(), job_name="")
-        return self._send(
-            lambda: self.leases.replace_namespaced_lease(
-                self.name, self.namespace, body, field_manager=FIELD_MANAGER, _preload_content=False
-            )
-        )
+        return self._send(lambda: self.leases.replace(self.namespace, self.name, body))
 
     def _create(self) -> str:
         fresh = {
@@ -142,21 +131,13 @@ class Elector:
             "spec": {},
         }
         body = claimed(fresh, self.me, self.timing, self.wall(), job_name="")
-        return self._send(
-            lambda: self.leases.create_namespaced_lease(
-                self.namespace, body, field_manager=FIELD_MANAGER, _preload_content=False
-            )
-        )
+        return self._send(lambda: self.leases.create(self.namespace, body))
 
-    def _send(self, write: Callable[[], Any]) -> str:
+    def _send(self, write: Callable[[], bool]) -> str:
         """One write of our hold; "" when another replica wrote first (409: look again)."""
         sent = self.clock()
-        try:
-            write().release_conn()
-        except kubernetes.client.ApiException as error:
-            if error.status == 409:
-                return ""
-            raise
+        if not write():
+            return ""
         self._renewed_at = sent
         return self.me
 
@@ -168,7 +149,7 @@ class Elector:
             if self.try_acquire() != self.me:
                 logger.error("leadership lost: the lease names another replica")
                 return False
-        except (kubernetes.client.ApiException, OSError) as error:
+        except Retry as error:
             logger.warning("leader lease not renewed: %s", error)
         if self.clock() - self._renewed_at > self.timing.renew_deadline:
             logger.error(
@@ -196,17 +177,13 @@ class Elector:
         """On a clean stop: hand the lead over at once instead of after the duration."""
         self._stop.set()
         try:
-            lease = raw(
-                self.leases.read_namespaced_lease(self.name, self.namespace, _preload_content=False)
-            )
-            if read_lease(lease).holder != self.me:
+            lease = self.leases.read(self.namespace, self.name)
+            if lease is None or read_lease(lease).holder != self.me:
                 return
-            self.leases.replace_namespaced_lease(
-                self.name,
-                self.namespace,
-                released(lease, self.me, self.wall()),
-                _preload_content=False,
-            ).release_conn()
-            logger.info("leader lease %s/%s released", self.namespace, self.name)
-        except (kubernetes.client.ApiException, OSError) as error:
+            body = released(lease, self.me, self.wall())
+            if self.leases.replace(self.namespace, self.name, body):
+                logger.info("leader lease %s/%s released", self.namespace, self.name)
+            else:
+                logger.warning("leader lease not released: it changed since it was read")
+        except Retry as error:
             logger.warning("leader lease not released: %s", error)

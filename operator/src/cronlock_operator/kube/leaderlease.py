@@ -1,0 +1,82 @@
+"""The leader election's Lease at the Kubernetes edge: read, create and replace it, with
+the client's answers turned into values (None when there is none, False when another
+replica wrote first) and its failures into `Retry`, so runtime/leader.py, which decides
+who leads, needs no client (the operator's "only kube/ imports kubernetes" contract)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, Protocol
+
+import kubernetes
+import urllib3
+
+from cronlock_operator.kube.answers import raw
+from cronlock_operator.kube.client import FIELD_MANAGER
+from cronlock_operator.kube.errors import Retry
+
+
+class LeaderLeaseCalls(Protocol):
+    """What the election does to its one Lease."""
+
+    def read(self, namespace: str, name: str) -> dict[str, Any] | None: ...
+
+    def create(self, namespace: str, body: dict[str, Any]) -> bool: ...
+
+    def replace(self, namespace: str, name: str, body: dict[str, Any]) -> bool: ...
+
+
+class LeaderLeases:
+    """LeaderLeaseCalls on the API server, through the client's CoordinationV1Api."""
+
+    def __init__(self, api: kubernetes.client.ApiClient | None = None, leases: Any = None):
+        self.leases = leases or kubernetes.client.CoordinationV1Api(api)
+
+    def read(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The Lease as the API server sent it; None when there is none (404)."""
+        with _failures_as_retry(f"read lease {namespace}/{name}", absent=404) as answer:
+            answer.append(
+                raw(self.leases.read_namespaced_lease(name, namespace, _preload_content=False))
+            )
+        return answer[0] if answer else None
+
+    def create(self, namespace: str, body: dict[str, Any]) -> bool:
+        """True once created; False when it exists already (409: another replica)."""
+        return self._write(
+            f"create lease {namespace}",
+            lambda: self.leases.create_namespaced_lease(
+                namespace, body, field_manager=FIELD_MANAGER, _preload_content=False
+            ),
+        )
+
+    def replace(self, namespace: str, name: str, body: dict[str, Any]) -> bool:
+        """True once written; False when the Lease changed since `body` was read (409)."""
+        return self._write(
+            f"replace lease {namespace}/{name}",
+            lambda: self.leases.replace_namespaced_lease(
+                name, namespace, body, field_manager=FIELD_MANAGER, _preload_content=False
+            ),
+        )
+
+    @staticmethod
+    def _write(what: str, write: Callable[[], Any]) -> bool:
+        with _failures_as_retry(what, absent=409) as answer:
+            write().release_conn()
+            answer.append({})
+        return bool(answer)
+
+
+@contextmanager
+def _failures_as_retry(what: str, *, absent: int) -> Iterator[list[dict[str, Any]]]:
+    """Yield a list for the answer; an API error with status `absent` leaves it empty,
+    any other error of the API or the connection is `Retry` (the election tries again at
+    its next renewal, and a leader that cannot write gives up at its renew deadline)."""
+    answer: list[dict[str, Any]] = []
+    try:
+        yield answer
+    except kubernetes.client.ApiException as error:
+        if error.status != absent:
+            raise Retry(f"{what}: HTTP {error.status} {error.reason}") from error
+    except (urllib3.exceptions.HTTPError, OSError) as error:
+        raise Retry(f"{what}: {error}") from error
