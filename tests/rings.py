@@ -85,9 +85,9 @@ RINGS: dict[str, tuple[str, ...]] = {
         "tests/integration/test_stores.py",
         "tests/integration/test_two_releases.py",
         "tests/integration/test_uninstall.py",
-        # Last, not first (pytest runs the files in this order): its orphaning-delete test
-        # failed once when it ran 17 s after the ring's control plane started, likely the
-        # garbage collector's graph not yet holding the new Lease (docs/DEVELOPMENT.md).
+        # Last (pytest runs the files in this order): its orphaning-delete test failed twice
+        # when the garbage collector's graph did not hold the new Lease yet; it now waits
+        # for the graph to hold it (docs/DEVELOPMENT.md).
         "tests/integration/test_holder_policy.py",
     ),
 }

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import datetime
 import re
+import ssl
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -532,19 +534,45 @@ def test_the_operator_puts_a_bricked_lease_back_in_range_and_says_so(
 GARBAGE_COLLECTOR = "system:serviceaccount:kube-system:generic-garbage-collector"
 
 
-def collector_synced(controlplane: ControlPlane) -> None:
-    """Wait until the garbage collector has synced its monitors: before that, a Lease made
-    just now may not be in its graph yet, and an orphaning delete of its owner then leaves
-    the collector to delete it later as a dependent of a deleted owner (seen once, 17 s
-    after a control plane started). A user's own cluster (no env_dir) is long past it."""
+def collector_knows(controlplane: ControlPlane, owner: str, dependent: str) -> None:
+    """Wait until the garbage collector's graph holds `dependent` as a dependent of `owner`
+    (uids), as kube-controller-manager's debug handler shows it to an admin
+    (/debug/controllers/garbage-collector-controller/graph). Before that, an orphaning
+    delete of the owner finds no dependent to orphan, and the collector later deletes the
+    Lease as the dependent of a deleted owner: seen twice in full runs, the last time after
+    the collector's first sync (so waiting for that was not enough). A user's own cluster
+    (no env_dir) is not reached here."""
     if controlplane.env_dir is None:
         return
-    log = controlplane.env_dir / "logs" / "kube-controller-manager.log"
-    wait_for(
-        lambda: "all resource monitors have synced" in log.read_text(errors="replace"),
-        120,
-        "the garbage collector's first sync",
+    port = _controller_manager_port(controlplane.env_dir)
+    pki = controlplane.env_dir / "pki"
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE  # its serving certificate is self-signed
+    context.load_cert_chain(pki / "admin.crt", pki / "admin.key")
+    url = (
+        f"https://127.0.0.1:{port}/debug/controllers/garbage-collector-controller/graph?uid={owner}"
     )
+
+    def graph_has_it() -> bool:
+        with urllib.request.urlopen(url, context=context, timeout=10) as answer:
+            return dependent in answer.read().decode()
+
+    wait_for(graph_has_it, 60, f"the garbage collector's graph to hold {dependent}")
+
+
+def _controller_manager_port(env_dir: Path) -> int:
+    """The secure port of the kube-controller-manager started in `env_dir`."""
+    kubeconfig = f"--kubeconfig={env_dir / 'controller-manager.kubeconfig'}"
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            args = cmdline.read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            continue  # gone meanwhile
+        if kubeconfig in args:
+            ports = [arg.split("=", 1)[1] for arg in args if arg.startswith("--secure-port=")]
+            return int(ports[0])
+    raise LookupError(f"no kube-controller-manager of {env_dir} running")
 
 
 def test_an_orphaning_delete_of_a_guarded_cronjob_completes_and_the_collector_does_no_more(
@@ -555,7 +583,6 @@ def test_an_orphaning_delete_of_a_guarded_cronjob_completes_and_the_collector_do
     with a token bound to no pod. `kubectl delete cronjob --cascade=orphan` waits for it to
     drop the CronJob from the Lease's owners: that write goes through, and nothing else the
     collector's name could write does."""
-    collector_synced(controlplane)
     guarded_on_shared(api, namespace)
     admin = kubernetes.client.CoordinationV1Api(api)
     batch = kubernetes.client.BatchV1Api(api)
@@ -594,6 +621,7 @@ def test_an_orphaning_delete_of_a_guarded_cronjob_completes_and_the_collector_do
     finally:
         as_collector.close()
 
+    collector_knows(controlplane, uid, lease.metadata.uid)
     batch.delete_namespaced_cron_job("report", namespace, propagation_policy="Orphan")
     wait_for(
         lambda: (
