@@ -151,7 +151,7 @@ def test_tick_outcomes_are_counted_by_outcome_on_metrics(
     """Issue 56, every tick accounted for: a run skipped as already ran and one skipped
     for a held lock are one tick each under their own outcome, a manual run is no tick,
     and every outcome is on the page from 0, as Prometheus' parser reads it."""
-    _, metrics_port, _ = observed_operator
+    process, metrics_port, _ = observed_operator
     manifest = gen.cronjob("counted", *gen.BY_HAND, gen.with_job(backoffLimit=0))
     batch = kubernetes.client.BatchV1Api(api)
     batch.create_namespaced_cron_job(namespace, manifest)
@@ -191,14 +191,39 @@ def test_tick_outcomes_are_counted_by_outcome_on_metrics(
     finished("counted-29416321", "lease is held")
     finished("counted-manual-1", "lease is held")  # `kubectl create job --from`: no tick
 
-    wait_for(
-        lambda: ticks()["already_ran"] == 1 and ticks()["overlap"] == 1,
-        30,
-        "both ticks counted",
-    )
-    # The manual run's skip is counted as a run (cronlock_runs_total), not as a tick.
-    wait_for(lambda: _skipped_runs(metrics_port) == 2, 30, "the manual run's skip counted")
+    # The Job controller fails each Job (its pod's gate exit 75), then the operator counts
+    # it: two controllers' reactions, 60 s under a full run's load (30 s timed out once,
+    # with no evidence kept; now the failure says where each Job stood).
+    try:
+        wait_for(
+            lambda: ticks()["already_ran"] == 1 and ticks()["overlap"] == 1,
+            60,
+            "both ticks counted",
+        )
+        # The manual run's skip is counted as a run (cronlock_runs_total), not as a tick.
+        wait_for(lambda: _skipped_runs(metrics_port) == 2, 60, "the manual run's skip counted")
+    except AssertionError as error:
+        raise AssertionError(
+            f"{error}; {_where_jobs_stand(api, namespace)}; ticks {ticks()}; "
+            f"operator log: {process.log()[-3000:]}"
+        ) from None
     assert ticks() == {"worked": 0, "overlap": 1, "already_ran": 1, "frozen": 0, "missed": 0}
+
+
+def _where_jobs_stand(api: kubernetes.client.ApiClient, namespace: str) -> str:
+    """Each Job's conditions and its pods' phases, and the namespace's Events, in a line."""
+    batch = kubernetes.client.BatchV1Api(api)
+    core = kubernetes.client.CoreV1Api(api)
+    jobs = [
+        f"{job.metadata.name}: "
+        + ",".join(f"{c.type}={c.status}" for c in (job.status.conditions or []))
+        for job in batch.list_namespaced_job(namespace).items
+    ]
+    pods = [
+        f"{p.metadata.name}: {p.status.phase}" for p in core.list_namespaced_pod(namespace).items
+    ]
+    events = [f"{e.reason}: {e.message}" for e in core.list_namespaced_event(namespace).items]
+    return f"jobs {jobs}; pods {pods}; events {events}"
 
 
 def _skipped_runs(port: int) -> float:
