@@ -17,6 +17,7 @@ from typing import Any
 from cronlock_operator.objects import annotation_path, still_at
 from cronlock_operator.reconcile.actions import Action, PatchLease, PostEvent
 from cronlock_sidecar import contract
+from cronlock_sidecar.lock.model import read_lease
 
 # spec.leaseTransitions is an int32: a claim writes one more, so this is the last it can.
 TRANSITIONS_CEILING = 2**31 - 2
@@ -24,22 +25,18 @@ TRANSITIONS_CEILING = 2**31 - 2
 
 def out_of_range(lease: Mapping[str, Any]) -> list[str]:
     """What a free Lease carries that no cronlock writer would have written, in words."""
-    metadata = lease.get("metadata") or {}
-    spec = lease.get("spec") or {}
-    if spec.get("holderIdentity"):
+    record = read_lease(lease)
+    if record.holder:
         return []  # a holder's hold is its own until it ends or is cleared
     problems = []
-    transitions = spec.get("leaseTransitions")
-    if isinstance(transitions, int) and not 0 <= transitions <= TRANSITIONS_CEILING:
+    if not 0 <= record.transitions <= TRANSITIONS_CEILING:
         problems.append(
-            f"leaseTransitions {transitions} (the next claim could not add one to it; "
+            f"leaseTransitions {record.transitions} (the next claim could not add one to it; "
             "fencing tokens start again from 1)"
         )
-    annotations = metadata.get("annotations") or {}
-    jobs_text = annotations.get(contract.ANNOTATION_REPLACED_JOBS)
-    if isinstance(jobs_text, str) and jobs_text:
-        jobs = jobs_text.split(",")
-        if not annotations.get(contract.ANNOTATION_REPLACED_BY):
+    if record.replaced_jobs_text:
+        jobs = record.replaced_jobs_text.split(",")
+        if not record.replaced_by:
             problems.append(
                 f"{contract.ANNOTATION_REPLACED_JOBS} lists {len(jobs)} Jobs without "
                 f"{contract.ANNOTATION_REPLACED_BY} (no yield wrote it)"
@@ -58,28 +55,25 @@ def decide(lease: Mapping[str, Any], owners: Sequence[Mapping[str, Any]]) -> lis
     problems = out_of_range(lease)
     if not problems:
         return []
-    metadata = lease["metadata"]
-    spec = lease.get("spec") or {}
-    annotations = metadata.get("annotations") or {}
-    patch: list[dict[str, Any]] = [still_at(metadata["resourceVersion"])]
-    transitions = spec.get("leaseTransitions")
-    if isinstance(transitions, int) and not 0 <= transitions <= TRANSITIONS_CEILING:
+    record = read_lease(lease)
+    patch: list[dict[str, Any]] = [still_at(record.resource_version)]
+    if not 0 <= record.transitions <= TRANSITIONS_CEILING:
         patch.append({"op": "replace", "path": "/spec/leaseTransitions", "value": 0})
-    jobs_text = annotations.get(contract.ANNOTATION_REPLACED_JOBS)
-    if isinstance(jobs_text, str) and jobs_text:
+    if record.replaced_jobs_text:
         path = annotation_path(contract.ANNOTATION_REPLACED_JOBS)
-        if not annotations.get(contract.ANNOTATION_REPLACED_BY):
+        jobs = record.replaced_jobs_text.split(",")
+        if not record.replaced_by:
             patch.append({"op": "remove", "path": path})
-        elif len(jobs_text.split(",")) > contract.REPLACED_JOBS_KEPT:
-            kept = ",".join(jobs_text.split(",")[: contract.REPLACED_JOBS_KEPT])
+        elif len(jobs) > contract.REPLACED_JOBS_KEPT:
+            kept = ",".join(jobs[: contract.REPLACED_JOBS_KEPT])
             patch.append({"op": "replace", "path": path, "value": kept})
     message = (
-        f"lease {metadata.get('namespace')}/{metadata.get('name')} carried "
+        f"lease {record.namespace}/{record.name} carried "
         + "; ".join(problems)
         + ": put back in range. Only the operator, a claim, a release and a yield write these "
         "fields; an admin's edit or a write from before the holders' policy made it"
     )
     return [
-        PatchLease(str(metadata.get("namespace")), str(metadata.get("name")), patch),
+        PatchLease(record.namespace, record.name, patch),
         *(PostEvent(cronjob, "LeaseRepaired", message, warning=True) for cronjob in owners),
     ]

@@ -181,6 +181,8 @@ class LeaseRecord(NamedTuple):
     overlap: str = ""  # the last observe run that ran while the Lease was held
     replaced_by: str = ""  # who replaced the last holder that yielded
     replaced_jobs: tuple[str, ...] = ()  # the latest Jobs whose runs were replaced
+    # The annotation as written, before the rule above: what the operator's repair judges.
+    replaced_jobs_text: str = ""
     frozen_until: datetime | None = None  # `cronlock freeze`: every run skips until then
     frozen_by: str = ""
     frozen_reason: str = ""
@@ -258,6 +260,7 @@ def read_lease(body: Mapping[str, Any]) -> LeaseRecord:
         )[:REPLACED_JOBS_KEPT]
         if _text(annotations.get(ANNOTATION_REPLACED_BY))
         else (),
+        replaced_jobs_text=_text(annotations.get(ANNOTATION_REPLACED_JOBS)),
         frozen_until=read_time(annotations.get(ANNOTATION_FROZEN_UNTIL)),
         frozen_by=_text(annotations.get(ANNOTATION_FROZEN_BY)),
         frozen_reason=_text(annotations.get(ANNOTATION_FROZEN_REASON)),
