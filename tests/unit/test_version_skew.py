@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from cronlock_operator.cronjob.config import parse_config
+from cronlock_operator.cronjob.reading import Readings
 from cronlock_operator.injection.build import desired_cronjob
 from cronlock_operator.injection.containers import injected_by
 from cronlock_operator.reconcile import cronjobs
@@ -92,6 +93,7 @@ def decide(body: dict[str, Any], posted: dict[str, str] | None = None) -> Any:
         cached_lease=lambda name: None,
         granted=frozenset(),
         posted=posted or {},
+        readings=Readings(),
     )
 
 

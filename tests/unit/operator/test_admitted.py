@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from cronlock_operator.cronjob.reading import Readings
 from cronlock_operator.reconcile import cronjobs
 from cronlock_operator.reconcile.keys import CronJobKey
 from cronlock_operator.runtime.reconciler import Reconciler
@@ -148,7 +149,9 @@ def test_without_a_mutator_nothing_is_remembered_or_said() -> None:
 
 def test_admission_judges_the_answer_against_what_was_asked() -> None:
     body = server_defaults(gen.cronjob("report", gen.restart_policy("Never")))
-    desired = cronjobs.desired_cronjob(body, cronjobs.read_config(body, SETTINGS).config, SETTINGS)
+    desired = cronjobs.desired_cronjob(
+        body, cronjobs.read_config(body, SETTINGS, Readings()).config, SETTINGS
+    )
     answer = copy.deepcopy(desired)
     unchanged = cronjobs.admission(answer, desired, {})
     assert unchanged == cronjobs.Judged(None, [], {"ChangedByAdmission": None})

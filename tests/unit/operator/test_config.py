@@ -187,8 +187,8 @@ def test_a_kept_reading_follows_its_namespaces_label_at_the_same_version() -> No
     assert readings.labelled("other") is False
     readings.set_labelled("default", False)
     assert read_config(body, SETTINGS, readings).config is None
-    # A reader without the runtime's readings knows no labelled namespace.
-    assert read_config(body, SETTINGS).opt_in == "off"
+    # Readings that do not know the label (not the runtime's) read the CronJob as off.
+    assert read_config(body, SETTINGS, Readings()).opt_in == "off"
 
 
 STORES_SETTINGS = OperatorSettings(
@@ -479,12 +479,11 @@ def test_a_resource_version_is_parsed_once_and_a_new_one_again(
     assert len(parses) == 3
 
 
-def test_a_reader_given_no_readings_keeps_nothing_and_parses_each_time(
-    parses: list[str],
-) -> None:
-    """The module keeps no state of its own: the runtime owns the memo and passes it in."""
+def test_the_module_keeps_no_readings_of_its_own(parses: list[str]) -> None:
+    """The module keeps no state of its own: the runtime owns the memo and passes it in, so
+    two readers given two memos parse twice."""
     body = stored("uid-pure")
-    assert read_config(body, SETTINGS) == read_config(body, SETTINGS)
+    assert read_config(body, SETTINGS, Readings()) == read_config(body, SETTINGS, Readings())
     assert parses == ["uid-pure", "uid-pure"]
     assert not any(isinstance(value, Readings) for value in vars(reading_module).values())
 
@@ -580,7 +579,7 @@ def test_the_reading_of_a_valid_cronjob_carries_its_config() -> None:
             }
         ),
     )
-    reading = read_config(body, SETTINGS)
+    reading = read_config(body, SETTINGS, Readings())
     assert reading.config == parse_config(body, SETTINGS)
     assert reading == ConfigReading(
         enabled=True,
@@ -610,7 +609,9 @@ def test_one_rule_for_a_cronjob_that_is_not_guarded(
 ) -> None:
     """Guarded only when opted in and valid; else `invalid` says why, or is None when it
     did not opt in (the other annotations of an unguarded CronJob are not checked)."""
-    reading = read_config(gen.cronjob("report", gen.with_annotations(annotations)), SETTINGS)
+    reading = read_config(
+        gen.cronjob("report", gen.with_annotations(annotations)), SETTINGS, Readings()
+    )
     assert reading.config is None
     assert reading.enabled is enabled
     assert (reading.invalid.annotation if reading.invalid else None) == invalid
@@ -636,7 +637,7 @@ def test_an_invalid_config_is_counted_and_shown_by_each_annotation_on_its_own(
     annotations: dict[str, str], alert_after: int, keep: bool, policy: str, lock: str
 ) -> None:
     cronjob = gen.cronjob("report", gen.annotated({"cronlock.io/ttl": "nonsense", **annotations}))
-    reading = read_config(cronjob, SETTINGS)
+    reading = read_config(cronjob, SETTINGS, Readings())
     assert reading.invalid is not None
     assert (reading.alert_after, reading.keep_skipped_jobs) == (alert_after, keep)
     assert (reading.policy, reading.lock) == (policy, lock)

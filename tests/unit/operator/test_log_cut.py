@@ -11,6 +11,7 @@ import kubernetes
 import pytest
 
 from cronlock_operator.cronjob import invalid
+from cronlock_operator.cronjob.reading import Readings
 from cronlock_operator.kube.writes import Kube
 from cronlock_operator.reconcile.actions import PostEvent
 from cronlock_operator.reconcile.cronjobs import decide
@@ -50,6 +51,7 @@ def test_a_200_kib_lock_is_cut_in_its_event_and_its_log_and_the_reason_stays(
         cached_lease=lambda name: None,
         granted=(),
         posted={},
+        readings=Readings(),
     )
     [warning] = [action for action in decision.before if isinstance(action, PostEvent)]
     posted: list[dict[str, Any]] = []

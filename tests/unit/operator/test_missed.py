@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime
 from typing import Any
 
+from cronlock_operator.cronjob.reading import Readings
 from cronlock_operator.kube.cache import ObjectCache
 from cronlock_operator.reconcile import missed
 from cronlock_operator.reconcile.actions import CountMissed, PostEvent, SetRunTimes
@@ -42,6 +43,7 @@ def judge(body: dict[str, Any], now: datetime.datetime, **kwargs: Any) -> missed
         "started": frozenset(),
         "frozen": False,
         "posted": {},
+        "readings": Readings(),
         **kwargs,
     }
     judgment = missed.judge(body, SETTINGS, now, **arguments)
@@ -209,6 +211,7 @@ def test_a_schedule_not_understood_is_none() -> None:
             started=frozenset(),
             frozen=False,
             posted={},
+            readings=Readings(),
         )
         is None
     )
@@ -217,7 +220,7 @@ def test_a_schedule_not_understood_is_none() -> None:
 def test_next_run_and_not_succeeding_for_status() -> None:
     body = gen.cronjob("report", *EVERY_MINUTE, gen.with_schedule("*/5 * * * *"))
     assert missed.next_run(body, at(3, 30)) == at(5)
-    assert missed.not_succeeding(body, SETTINGS, at(3, 30)) is None
+    assert missed.not_succeeding(body, SETTINGS, at(3, 30), Readings()) is None
 
 
 # --- the runtime ---------------------------------------------------------------------
@@ -239,7 +242,9 @@ def watch(clock: Clock, posted: list[tuple[str, str]]) -> tuple[TickWatch, Objec
         lease_written=lambda body: None,
         post_event=lambda body, reason, message, warning: posted.append((reason, message)),
     )
-    return TickWatch(SETTINGS, executor, cronjobs, lambda ns, lock: False, now=clock), cronjobs
+    return TickWatch(
+        SETTINGS, executor, cronjobs, lambda ns, lock: False, now=clock, readings=Readings()
+    ), cronjobs
 
 
 def test_tick_watch_judges_when_due_and_remembers_the_jobs_it_saw() -> None:

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from cronlock_operator.cronjob.config import parse_config
-from cronlock_operator.cronjob.reading import counting_settings
+from cronlock_operator.cronjob.reading import Readings, counting_settings
 from cronlock_operator.injection.build import desired_cronjob
 from cronlock_operator.reconcile import cronjobs, expiry, rbac, runs
 from cronlock_operator.reconcile.actions import (
@@ -57,6 +57,7 @@ def decide(body: dict[str, Any], **state: Any) -> cronjobs.CronJobDecision:
         "cached_lease": lambda name: None,
         "granted": frozenset(),
         "posted": {},
+        "readings": Readings(),
     }
     arguments.update(state)
     return cronjobs.decide(body, SETTINGS, **arguments)
@@ -107,6 +108,7 @@ def test_a_lock_in_a_store_gets_its_lease_as_a_registry_that_no_role_grants() ->
         cached_lease=lambda name: None,
         granted=frozenset(),
         posted={},
+        readings=Readings(),
     )
     assert decision.guard == Guard("cronlock-report", "default", holds=False)
     assert kinds(decision.before) == ["EnsureLease"]
@@ -179,9 +181,11 @@ def test_a_ttl_longer_than_the_schedule_gap_is_warned_once() -> None:
 
 def test_the_pending_guard_names_the_account_the_runs_use() -> None:
     body = gen.cronjob("report", gen.service_account("exporter"), *STORED)
-    assert cronjobs.pending_guard(body, SETTINGS) == Guard("cronlock-report", "exporter")
+    assert cronjobs.pending_guard(body, SETTINGS, Readings()) == Guard(
+        "cronlock-report", "exporter"
+    )
     body["metadata"]["annotations"]["cronlock.io/ttl"] = "soon"
-    assert cronjobs.pending_guard(changed(body), SETTINGS) is None
+    assert cronjobs.pending_guard(changed(body), SETTINGS, Readings()) is None
 
 
 # --- RBAC -------------------------------------------------------------------------------
@@ -243,7 +247,7 @@ def test_skips_are_counted_in_creation_order_and_alert_at_alert_after() -> None:
         finished_job("report-3", "2026-12-01T00:00:03Z", "skipped"),
         finished_job("report-2", "2026-12-01T00:00:02Z", "skipped"),
     ]
-    decision = runs.decide(body, jobs, SETTINGS)
+    decision = runs.decide(body, jobs, SETTINGS, readings=Readings())
     assert [run.job for run in decision.runs] == ["report-2", "report-3"]
     first, second = (run.actions for run in decision.runs)
     assert isinstance(first[0], MarkJob)
@@ -282,6 +286,7 @@ def test_a_success_resets_the_count_and_a_failure_leaves_it() -> None:
             made_by(body, finished_job("report-2", "2026-12-01T00:00:02Z", "failed")),
         ],
         SETTINGS,
+        readings=Readings(),
     )
     # report-1 is a tick's name (minute 1 of the epoch): its success is recorded too
     assert [kinds(run.actions) for run in decision.runs] == [
@@ -303,7 +308,7 @@ def test_a_forged_job_that_never_took_the_lock_does_not_end_a_run_of_skips() -> 
     body["metadata"]["annotations"]["cronlock.io/consecutive-skips"] = "4"
     forged = finished_job("report-29999999", "2026-12-01T00:00:01Z", "succeeded")
     forged["spec"] = {"template": {"spec": {"containers": [{"name": "w", "command": ["true"]}]}}}
-    decision = runs.decide(body, [forged], SETTINGS)
+    decision = runs.decide(body, [forged], SETTINGS, readings=Readings())
     assert decision.after == [SetConsecutiveSkips(NAMESPACE, "report", 4)]
 
 
@@ -356,13 +361,12 @@ def test_a_forged_job_with_a_gate_of_its_own_does_not_end_a_run_of_skips(
     body["metadata"]["annotations"]["cronlock.io/consecutive-skips"] = "4"
     forged = made_by(body, finished_job("report-29999999", "2026-12-01T00:00:01Z", "succeeded"))
     forge(forged["spec"]["template"]["spec"])
-    decision = runs.decide(body, [forged], SETTINGS)
+    decision = runs.decide(body, [forged], SETTINGS, readings=Readings())
     assert decision.after == [SetConsecutiveSkips(NAMESPACE, "report", 4)]
     # The same Job as the CronJob controller makes it does end them.
     real = made_by(body, finished_job("report-29999998", "2026-12-01T00:00:01Z", "succeeded"))
-    assert runs.decide(body, [real], SETTINGS).after[-1] == SetConsecutiveSkips(
-        NAMESPACE, "report", 0
-    )
+    decision = runs.decide(body, [real], SETTINGS, readings=Readings())
+    assert decision.after[-1] == SetConsecutiveSkips(NAMESPACE, "report", 0)
 
 
 def test_kept_and_gone_skipped_jobs_are_not_deleted() -> None:
@@ -373,10 +377,15 @@ def test_kept_and_gone_skipped_jobs_are_not_deleted() -> None:
     )
     job = finished_job("report-1", "2026-12-01T00:00:01Z", "skipped")
     assert (
-        DeleteJob(NAMESPACE, "report-1") not in runs.decide(body, [job], SETTINGS).runs[0].actions
+        DeleteJob(NAMESPACE, "report-1")
+        not in runs.decide(body, [job], SETTINGS, readings=Readings()).runs[0].actions
     )
     gone = runs.decide(
-        gen.cronjob("report", *STORED), [job], SETTINGS, gone=frozenset({"uid-report-1"})
+        gen.cronjob("report", *STORED),
+        [job],
+        SETTINGS,
+        gone=frozenset({"uid-report-1"}),
+        readings=Readings(),
     )
     assert kinds(gone.runs[0].actions) == ["CountTick", "CountRun", "PostEvent:Skipped"]
 
@@ -394,7 +403,9 @@ def test_only_skipped_and_replaced_jobs_are_labelled_with_their_outcome() -> Non
         finished_job("report-3", "2026-12-01T00:00:03Z", "failed"),
         finished_job("report-4", "2026-12-01T00:00:04Z", "succeeded"),
     ]
-    decision = runs.decide(body, jobs, SETTINGS, contended={"report-3": "replaced"})
+    decision = runs.decide(
+        body, jobs, SETTINGS, contended={"report-3": "replaced"}, readings=Readings()
+    )
     marks = [run.actions[0] for run in decision.runs]
     assert marks == [
         MarkJob(NAMESPACE, "report-1", "cronlock.io/accounted", "skipped", "skipped"),
@@ -425,7 +436,9 @@ def test_a_skip_that_ended_while_its_lock_was_frozen_is_a_frozen_event_not_a_ski
     after = finished_job("report-2", "2026-12-01T03:00:01Z", "skipped")
     after["status"]["conditions"][0]["lastTransitionTime"] = "2026-12-01T03:00:05Z"
     freeze = runs.FrozenLock(datetime(2026, 12, 1, 2, 0, tzinfo=UTC), "alice", "DB migration")
-    decision = runs.decide(body, [during, after], SETTINGS, frozen={"report": freeze})
+    decision = runs.decide(
+        body, [during, after], SETTINGS, frozen={"report": freeze}, readings=Readings()
+    )
     first, second = (run.actions for run in decision.runs)
     assert kinds(first) == ["MarkJob", "CountTick", "CountRun", "PostEvent:Frozen", "DeleteJob"]
     assert first[1] == CountTick(NAMESPACE, "report", "frozen")
@@ -464,7 +477,9 @@ def test_a_skip_whose_gate_said_already_ran_is_its_own_event_and_no_skip_in_a_ro
         made_by(body, finished_job("report-29416320", "2026-12-01T00:00:01Z", "skipped")),
         made_by(body, finished_job("report-29416321", "2026-12-01T00:01:01Z", "skipped")),
     ]
-    decision = runs.decide(body, jobs, SETTINGS, already_ran={"report-29416320": ALREADY_RAN_LINE})
+    decision = runs.decide(
+        body, jobs, SETTINGS, already_ran={"report-29416320": ALREADY_RAN_LINE}, readings=Readings()
+    )
     first, second = (run.actions for run in decision.runs)
     assert kinds(first) == [
         "MarkJob",
@@ -502,7 +517,9 @@ def test_already_ran_runs_alone_leave_the_skips_in_a_row_as_they_were() -> None:
     )
     body["metadata"]["annotations"]["cronlock.io/consecutive-skips"] = "3"
     job = made_by(body, finished_job("report-29416320", "2026-12-01T00:00:01Z", "skipped"))
-    decision = runs.decide(body, [job], SETTINGS, already_ran={"report-29416320": "x"})
+    decision = runs.decide(
+        body, [job], SETTINGS, already_ran={"report-29416320": "x"}, readings=Readings()
+    )
     assert "PostEvent:RepeatedSkips" not in kinds(decision.runs[0].actions)
     assert decision.after == [SetConsecutiveSkips(NAMESPACE, "report", 3)]
 
@@ -525,7 +542,9 @@ def test_a_forged_jobs_gate_saying_already_ran_is_a_plain_skip(
     )
     forged = made_by(body, finished_job("report-29416320", "2026-12-01T00:00:01Z", "skipped"))
     forge(forged["spec"]["template"]["spec"])
-    decision = runs.decide(body, [forged], SETTINGS, already_ran={"report-29416320": "x"})
+    decision = runs.decide(
+        body, [forged], SETTINGS, already_ran={"report-29416320": "x"}, readings=Readings()
+    )
     assert "PostEvent:TickAlreadyRan" not in kinds(decision.runs[0].actions)
     assert "PostEvent:Skipped" in kinds(decision.runs[0].actions)
     assert decision.after[-1] == SetConsecutiveSkips(NAMESPACE, "report", 1)
@@ -536,7 +555,9 @@ def test_a_line_for_a_job_that_did_not_skip_changes_nothing() -> None:
     failed is ignored (the runtime reads lines only for skipped Jobs)."""
     body = injected(gen.cronjob("report", *STORED))
     job = made_by(body, finished_job("report-29416320", "2026-12-01T00:00:01Z", "succeeded"))
-    decision = runs.decide(body, [job], SETTINGS, already_ran={"report-29416320": "x"})
+    decision = runs.decide(
+        body, [job], SETTINGS, already_ran={"report-29416320": "x"}, readings=Readings()
+    )
     assert kinds(decision.runs[0].actions) == ["MarkJob", "CountTick", "RecordSuccess"]
     assert decision.runs[0].actions[1] == CountTick(NAMESPACE, "report", "worked")
 
@@ -557,6 +578,7 @@ def test_ticks_count_only_runs_of_a_tick_and_only_runs_that_prove_something() ->
         [manual, manual_skip, forged, observed, replaced, failed],
         SETTINGS,
         contended={"report-29416323": "overlapped", "report-29416324": "replaced"},
+        readings=Readings(),
     )
     counted = {
         run.job: [action.outcome for action in run.actions if isinstance(action, CountTick)]
@@ -582,7 +604,7 @@ def test_a_ticks_job_that_succeeded_through_a_lease_lock_records_its_success_las
     manual = made_by(body, finished_job("report-manual-x1", "2026-12-01T00:00:03Z", "succeeded"))
     forged = finished_job("report-29416322", "2026-12-01T00:00:04Z", "succeeded")
     forged["spec"] = {"template": {"spec": {"containers": [{"name": "w", "command": ["true"]}]}}}
-    decision = runs.decide(body, [tick, failed, manual, forged], SETTINGS)
+    decision = runs.decide(body, [tick, failed, manual, forged], SETTINGS, readings=Readings())
     recorded = {
         run.job: [action for action in run.actions if isinstance(action, RecordSuccess)]
         for run in decision.runs
@@ -614,7 +636,7 @@ def test_a_store_locks_success_is_not_the_operators_to_record() -> None:
     )
     body = desired_cronjob(body, parse_config(body, settings), settings)
     tick = made_by(body, finished_job("report-29416320", "2026-12-01T00:00:01Z", "succeeded"))
-    [run] = runs.decide(body, [tick], settings).runs
+    [run] = runs.decide(body, [tick], settings, readings=Readings()).runs
     assert "CountTick" in kinds(run.actions)
     assert "RecordSuccess" not in kinds(run.actions)
 
@@ -797,14 +819,14 @@ def test_an_unrelated_invalid_annotation_keeps_the_users_counting_settings() -> 
     )
     changed(body)["metadata"]["annotations"]["cronlock.io/consecutive-skips"] = "1"
     job = finished_job("report-2", "2026-12-01T00:00:02Z", "skipped")
-    [run] = runs.decide(body, [job], SETTINGS).runs
+    [run] = runs.decide(body, [job], SETTINGS, readings=Readings()).runs
     assert "DeleteJob" not in kinds(run.actions)
     assert "PostEvent:RepeatedSkips" in kinds(run.actions)
-    assert counting_settings(body, SETTINGS) == (2, True)
+    assert counting_settings(body, SETTINGS, Readings()) == (2, True)
     # Invalid themselves, each falls back to its own default only.
     body["metadata"]["annotations"]["cronlock.io/keep-skipped-jobs"] = "yes"
     changed(body)
-    assert counting_settings(body, SETTINGS) == (2, False)
+    assert counting_settings(body, SETTINGS, Readings()) == (2, False)
 
 
 def test_a_hold_seen_before_its_owners_is_capped_once_their_ttl_is_known() -> None:

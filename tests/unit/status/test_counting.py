@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from cronlock_operator.cronjob.reading import Readings
 from cronlock_operator.reconcile import cronjobs, runs
 from cronlock_operator.reconcile.actions import DeleteJob, PostEvent
 from cronlock_operator.status.model import rows
@@ -47,13 +48,13 @@ def reasons(actions: list[Any]) -> list[str]:
 def operator_alerts_at(annotations: dict[str, str], skips: int, stored: bool) -> bool:
     """Whether the runs decider raises RepeatedSkips for the skip that makes it `skips`."""
     body = counted(annotations, skips=skips - 1, stored=stored)
-    [run] = runs.decide(body, [skipped_job()], SETTINGS).runs
+    [run] = runs.decide(body, [skipped_job()], SETTINGS, readings=Readings()).runs
     return "RepeatedSkips" in reasons(run.actions)
 
 
 def status_alerts_at(annotations: dict[str, str], skips: int, stored: bool) -> bool:
     """Whether `cronlock status` names the CronJob for `skips` skips in a row."""
-    [row] = rows([counted(annotations, skips=skips, stored=stored)], [], NOW)
+    [row] = rows([counted(annotations, skips=skips, stored=stored)], [], NOW, readings=Readings())
     return any("consecutive runs" in problem for problem in row.problems)
 
 
@@ -63,7 +64,7 @@ KEEP_AND_INVALID = {"cronlock.io/keep-skipped-jobs": "true", "cronlock.io/ttl": 
 @pytest.mark.parametrize("stored", [True, False])
 def test_keep_skipped_jobs_holds_next_to_an_unrelated_invalid_annotation(stored: bool) -> None:
     body = counted(KEEP_AND_INVALID, stored=stored)
-    [run] = runs.decide(body, [skipped_job()], SETTINGS).runs
+    [run] = runs.decide(body, [skipped_job()], SETTINGS, readings=Readings()).runs
     assert reasons(run.actions) == ["Skipped"]
     assert DeleteJob(NAMESPACE, "report-1") not in run.actions
 
@@ -75,19 +76,20 @@ def test_keep_skipped_jobs_holds_next_to_an_unrelated_invalid_annotation(stored:
         cached_lease=lambda name: None,
         granted=frozenset(),
         posted={},
+        readings=Readings(),
     )
     assert decision.keep_guard
-    assert cronjobs.pending_guard(body, SETTINGS) is None
+    assert cronjobs.pending_guard(body, SETTINGS, Readings()) is None
     refused = decision.posted["InvalidConfig"]
     assert refused is not None
     assert refused.startswith('cronlock.io/ttl: "nonsense" is not a duration')
-    [row] = rows([body], [], NOW)
+    [row] = rows([body], [], NOW, readings=Readings())
     [problem] = row.problems
     assert refused.removesuffix(cronjobs.LEFT_AS_IT_WAS) in problem
 
     # Without keep-skipped-jobs the same skip deletes its Job.
     plain = counted({"cronlock.io/ttl": "nonsense"}, stored=stored)
-    [run] = runs.decide(plain, [skipped_job()], SETTINGS).runs
+    [run] = runs.decide(plain, [skipped_job()], SETTINGS, readings=Readings()).runs
     assert DeleteJob(NAMESPACE, "report-1") in run.actions
 
 
@@ -109,5 +111,5 @@ def test_status_and_the_operator_agree_on_when_repeated_skips_fires(
     status = [status_alerts_at(annotations, skips, stored) for skips in range(1, 7)]
     assert operator == status
     assert operator.index(True) + 1 == alert_after
-    [row] = rows([counted(annotations, stored=stored)], [], NOW)
+    [row] = rows([counted(annotations, stored=stored)], [], NOW, readings=Readings())
     assert row.alert_after == alert_after

@@ -9,6 +9,7 @@ import unicodedata
 import pytest
 import yaml
 
+from cronlock_operator.cronjob.reading import Readings
 from cronlock_operator.status.model import StatusRow, rows
 from cronlock_operator.status.render import (
     as_list,
@@ -81,6 +82,7 @@ def hostile() -> list[StatusRow]:
         [cronjob("stuck")],
         [lease("stuck", holder=RED_REVERSED, renewed_ago=3600, annotations=annotations)],
         NOW,
+        readings=Readings(),
     )
 
 

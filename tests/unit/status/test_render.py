@@ -7,6 +7,7 @@ from datetime import timedelta
 
 import yaml
 
+from cronlock_operator.cronjob.reading import Readings
 from cronlock_operator.status.model import StatusRow, rows
 from cronlock_operator.status.render import json_row, render_json, render_table, render_yaml
 from tests.unit.status.objects import NOW, cronjob, lease
@@ -28,6 +29,7 @@ def sample() -> list[StatusRow]:
             lease("stuck", "ops", holder="stuck-29-q1w2e_77aa", renewed_ago=7200, duration=60),
         ],
         NOW,
+        readings=Readings(),
     )
 
 
@@ -117,6 +119,7 @@ def test_a_lock_shared_under_another_name_keeps_its_column_longer() -> None:
             [cronjob("import", "analytics", lock="warehouse")],
             [lease("warehouse", "analytics", holder="import-1-bbbbb_0002", renewed_ago=2)],
             NOW,
+            readings=Readings(),
         ),
     ]
 
@@ -147,7 +150,9 @@ def test_a_very_narrow_terminal_still_shows_who_holds_what_and_until_when() -> N
 
 
 def test_nothing_is_dropped_when_the_table_fits_even_on_a_narrow_terminal() -> None:
-    small = rows([cronjob("a")], [lease("a", holder="a-1_2", renewed_ago=1)], NOW)
+    small = rows(
+        [cronjob("a")], [lease("a", holder="a-1_2", renewed_ago=1)], NOW, readings=Readings()
+    )
 
     assert len(cells(render_table(small, 70))[0]) == 7
 
@@ -167,6 +172,7 @@ def test_wide_output_adds_state_ttl_alert_after_and_the_last_release() -> None:
             )
         ],
         NOW,
+        readings=Readings(),
     )
 
     header, row = cells(render_table(released, 60, wide=True))
@@ -206,7 +212,12 @@ def test_a_frozen_lock_shows_until_when_and_by_whom_until_its_freeze_ends() -> N
         "cronlock.io/frozen-by": "alice",
         "cronlock.io/frozen-reason": "DB migration",
     }
-    frozen = rows([cronjob("cleanup")], [lease("cleanup", holder="", annotations=freeze)], NOW)
+    frozen = rows(
+        [cronjob("cleanup")],
+        [lease("cleanup", holder="", annotations=freeze)],
+        NOW,
+        readings=Readings(),
+    )
     _, row = cells(render_table(frozen, 200, wide=True))
     assert row[-1] == "until 2026-11-29T09:00:00Z by alice"
     [item] = json.loads(render_json(frozen))["items"]
@@ -220,6 +231,7 @@ def test_a_frozen_lock_shows_until_when_and_by_whom_until_its_freeze_ends() -> N
         [cronjob("cleanup")],
         [lease("cleanup", holder="", annotations=freeze)],
         NOW + timedelta(hours=2),
+        readings=Readings(),
     )
     assert json.loads(render_json(later))["items"][0]["frozen"] is None
 
@@ -297,7 +309,7 @@ def test_a_lock_in_redis_shows_its_store_not_a_missing_lease() -> None:
     shared["metadata"]["annotations"].update(
         {"cronlock.io/store": "redis", "cronlock.io/store-secret": "team-locks"}
     )
-    (row,) = rows([shared], [], NOW)
+    (row,) = rows([shared], [], NOW, readings=Readings())
     assert (row.state, row.store, row.problems) == ("in-store", "redis", ())
     header, cells_ = cells(render_table([row], 200, wide=True))
     shown = dict(zip(header, cells_, strict=True))

@@ -7,6 +7,7 @@ from datetime import timedelta
 import pytest
 
 from cronlock_operator.cronjob.config import parse_config
+from cronlock_operator.cronjob.reading import Readings
 from cronlock_operator.injection.build import desired_cronjob
 from cronlock_operator.settings import OperatorSettings
 from cronlock_operator.status.model import exit_code, human_duration, rows
@@ -19,6 +20,7 @@ def test_a_fresh_holder_shows_when_it_renewed_and_when_it_expires() -> None:
         [cronjob("report", last_schedule_ago=65)],
         [lease("report", holder="report-29-abcde_1f2e", renewed_ago=4, duration=30)],
         NOW,
+        readings=Readings(),
     )
 
     assert (row.namespace, row.cronjob, row.lock, row.lease) == (
@@ -52,6 +54,7 @@ def test_a_free_lease_has_no_holder_and_no_expiry_but_remembers_the_last_holder(
             )
         ],
         NOW,
+        readings=Readings(),
     )
 
     assert row.state == "free"
@@ -69,6 +72,7 @@ def test_a_holder_that_stopped_renewing_long_ago_is_expired_and_fails_the_check(
         [cronjob("report")],
         [lease("report", holder="report-27-dead_9999", renewed_ago=3600 + 42, duration=60)],
         NOW,
+        readings=Readings(),
     )
 
     assert row.state == "expired"
@@ -86,6 +90,7 @@ def test_within_the_clock_skew_allowance_a_late_holder_still_counts_as_holding()
         [cronjob("report")],
         [lease("report", holder="report-29-abcde_1f2e", renewed_ago=31, duration=30)],
         NOW,
+        readings=Readings(),
     )
 
     assert row.state == "held"
@@ -94,7 +99,7 @@ def test_within_the_clock_skew_allowance_a_late_holder_still_counts_as_holding()
 
 
 def test_a_missing_lease_shows_as_missing_without_failing_the_check() -> None:
-    [row] = rows([cronjob("report")], [], NOW)
+    [row] = rows([cronjob("report")], [], NOW, readings=Readings())
 
     assert row.state == "missing"
     assert holder_text(row) == "missing"
@@ -112,7 +117,7 @@ def test_only_cronjobs_annotated_enabled_true_are_listed_sorted_by_namespace_and
         cronjob("plain", "a", enabled=None),
     ]
 
-    listed = [(row.namespace, row.cronjob) for row in rows(cronjobs, [], NOW)]
+    listed = [(row.namespace, row.cronjob) for row in rows(cronjobs, [], NOW, readings=Readings())]
 
     assert listed == [("a", "beta"), ("b", "alpha"), ("b", "zeta")]
 
@@ -127,7 +132,7 @@ def test_the_lock_annotation_names_the_lease_and_only_the_same_namespace_counts(
         lease("shared", "team-a", holder="export-1-aaaaa_0001", renewed_ago=1),
     ]
 
-    found = rows(cronjobs, leases, NOW)
+    found = rows(cronjobs, leases, NOW, readings=Readings())
 
     assert [(row.cronjob, row.lease, row.holder) for row in found] == [
         ("export", "cronlock-shared", "export-1-aaaaa_0001"),
@@ -149,7 +154,9 @@ def test_the_lock_annotation_names_the_lease_and_only_the_same_namespace_counts(
 def test_consecutive_skips_fail_the_check_from_alert_after_on(
     skips: int | None, alert_after: str | None, failing: bool
 ) -> None:
-    [row] = rows([cronjob("report", skips=skips, alert_after=alert_after)], [], NOW)
+    [row] = rows(
+        [cronjob("report", skips=skips, alert_after=alert_after)], [], NOW, readings=Readings()
+    )
 
     assert row.consecutive_skips == (skips or 0)
     assert exit_code([row]) == (1 if failing else 0)
@@ -164,7 +171,9 @@ def test_consecutive_skips_fail_the_check_from_alert_after_on(
 def test_a_bad_alert_after_is_named_as_the_operator_names_it_and_the_default_applies(
     alert_after: str,
 ) -> None:
-    [row] = rows([cronjob("report", skips=2, alert_after=alert_after)], [], NOW)
+    [row] = rows(
+        [cronjob("report", skips=2, alert_after=alert_after)], [], NOW, readings=Readings()
+    )
 
     assert row.alert_after == 3
     assert exit_code([row]) == 1
@@ -177,7 +186,7 @@ def test_a_garbled_skip_counter_reads_as_zero() -> None:
     broken = cronjob("report")
     broken["metadata"]["annotations"]["cronlock.io/consecutive-skips"] = "many"
 
-    [row] = rows([broken], [], NOW)
+    [row] = rows([broken], [], NOW, readings=Readings())
 
     assert row.consecutive_skips == 0
 
@@ -191,6 +200,7 @@ def test_one_expired_lock_among_healthy_ones_is_enough_to_fail() -> None:
             lease("c"),
         ],
         NOW,
+        readings=Readings(),
     )
 
     assert [row.state for row in found] == ["held", "expired", "free"]
@@ -199,7 +209,12 @@ def test_one_expired_lock_among_healthy_ones_is_enough_to_fail() -> None:
 
 
 def test_a_lease_renewed_by_a_clock_ahead_of_ours_does_not_show_negative_ages() -> None:
-    [row] = rows([cronjob("report")], [lease("report", holder="x_1", renewed_ago=-3)], NOW)
+    [row] = rows(
+        [cronjob("report")],
+        [lease("report", holder="x_1", renewed_ago=-3)],
+        NOW,
+        readings=Readings(),
+    )
 
     assert renewed_text(row) == "0s ago"
     assert expires_text(row) == "in 33s"
@@ -229,7 +244,7 @@ def test_a_cronjob_the_operator_refuses_is_named_with_the_operators_reason() -> 
     broken = cronjob("report")
     broken["metadata"]["annotations"]["cronlock.io/ttl"] = "soon"
 
-    [row] = rows([broken], [], NOW)
+    [row] = rows([broken], [], NOW, readings=Readings())
 
     assert exit_code([row]) == 1
     [problem] = row.problems
@@ -245,7 +260,7 @@ def test_the_policy_is_shown_as_the_operator_reads_it(annotated: str | None, sho
     guarded = cronjob("report")
     if annotated is not None:
         guarded["metadata"]["annotations"]["cronlock.io/policy"] = annotated
-    [row] = rows([guarded], [lease("report", holder="")], NOW)
+    [row] = rows([guarded], [lease("report", holder="")], NOW, readings=Readings())
     assert row.policy == shown
     assert bool(row.problems) == (shown == "invalid")
 
@@ -268,7 +283,9 @@ def test_the_policy_is_read_under_the_defaults_the_operators_injection_shows(
         written["metadata"]["annotations"]["cronlock.io/policy"] = annotated
     injected = desired_cronjob(written, parse_config(written, operator), operator)
     plain = cronjob("export")
-    [export, report] = rows([injected, plain], [lease("report", holder="")], NOW)
+    [export, report] = rows(
+        [injected, plain], [lease("report", holder="")], NOW, readings=Readings()
+    )
     assert (report.cronjob, report.policy, report.problems) == ("report", shown, ())
     assert (export.cronjob, export.policy) == ("export", "skip")  # nothing injected: the chart's
 
@@ -283,5 +300,5 @@ def test_an_injection_whose_values_do_not_read_leaves_the_charts_defaults() -> N
     for item in sidecar["env"]:
         if item["name"] == "CRONLOCK_TTL":
             item["value"] = "soon"
-    [row] = rows([injected], [lease("report", holder="")], NOW)
+    [row] = rows([injected], [lease("report", holder="")], NOW, readings=Readings())
     assert row.policy == "skip"

@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 import pytest
 import yaml
 
+from cronlock_operator.cronjob.reading import Readings
 from cronlock_operator.status.model import rows
 from cronlock_operator.status.render import (
     as_list,
@@ -46,6 +47,7 @@ def test_the_rows_carry_every_readable_record_on_the_lock_and_their_own() -> Non
             )
         ],
         NOW,
+        readings=Readings(),
     )
     assert row.ticks == (
         TickRecord(
@@ -69,11 +71,13 @@ def test_the_rows_carry_every_readable_record_on_the_lock_and_their_own() -> Non
 
 def test_a_lock_without_records_or_with_only_hostile_ones_shows_none() -> None:
     for notes in ({}, HOSTILE):
-        (row,) = rows([cronjob("report")], [lease("report", annotations=notes)], NOW)
+        (row,) = rows(
+            [cronjob("report")], [lease("report", annotations=notes)], NOW, readings=Readings()
+        )
         assert row.ticks == ()
         assert tick_text(row) == "-"
     # No Lease at all.
-    (row,) = rows([cronjob("report")], [], NOW)
+    (row,) = rows([cronjob("report")], [], NOW, readings=Readings())
     assert row.ticks == ()
 
 
@@ -87,6 +91,7 @@ def test_wide_shows_the_last_tick_and_json_and_yaml_every_record_with_every_fiel
             )
         ],
         NOW,
+        readings=Readings(),
     )
     table = render_table(status_rows, 400, wide=True)
     header, line = table.splitlines()
@@ -125,7 +130,7 @@ def test_a_lock_document_whose_annotations_are_no_mapping_shows_no_records(
     """A store document is whatever was written to the store (status/stores.py)."""
     document = lease("report")
     document["metadata"]["annotations"] = value
-    (row,) = rows([cronjob("report")], [document], NOW)
+    (row,) = rows([cronjob("report")], [document], NOW, readings=Readings())
     assert row.ticks == ()
 
 
@@ -139,10 +144,12 @@ def test_a_lock_in_a_store_shows_the_records_of_its_document_as_read() -> None:
     document = lease(
         "ledger", annotations={"cronlock.io/tick.ledger": MINE.replace("report", "ledger")}
     )
-    (unread,) = rows([body], [], NOW)
+    (unread,) = rows([body], [], NOW, readings=Readings())
     assert unread.state == "in-store"
     assert unread.ticks == ()
-    (row,) = rows([body], [], NOW, stored={("default", "cronlock-ledger"): document})
+    (row,) = rows(
+        [body], [], NOW, stored={("default", "cronlock-ledger"): document}, readings=Readings()
+    )
     assert row.last_tick is not None
     assert (row.last_tick.job, row.last_tick.cluster) == ("ledger-29405875", "east")
 
@@ -155,7 +162,9 @@ def test_the_last_successful_tick_is_shown_beside_the_last_claimed_one() -> None
         "cronlock.io/succeeded.report": succeeded,
         "cronlock.io/succeeded.broken": "2026-11-29T07:55:00Z a b c",
     }
-    status_rows = rows([cronjob("report")], [lease("report", annotations=notes)], NOW)
+    status_rows = rows(
+        [cronjob("report")], [lease("report", annotations=notes)], NOW, readings=Readings()
+    )
     (row,) = status_rows
     assert row.last_tick is not None
     assert succeeded_text(row) == "2026-11-29T07:50:00Z"
@@ -177,6 +186,6 @@ def test_the_last_successful_tick_is_shown_beside_the_last_claimed_one() -> None
     assert item["ticks"][0]["tick"] == "2026-11-29T07:55:00Z"
     assert yaml.safe_load(render_yaml(status_rows))["items"][0]["successes"] == expected
     # none recorded: `-` and an empty list
-    (bare,) = rows([cronjob("report")], [lease("report", annotations={})], NOW)
+    (bare,) = rows([cronjob("report")], [lease("report", annotations={})], NOW, readings=Readings())
     assert succeeded_text(bare) == "-"
     assert as_list([bare])["items"][0]["successes"] == []

@@ -80,9 +80,10 @@ class Readings:
     An entry is used only for the same resourceVersion and namespace label: on the API
     server a uid and a resourceVersion name one content, and every edit gets a new version.
     The operator's runtime owns one and hands it to every reader, as it hands its caches,
-    and tells it the labelled namespaces from its namespace watch; a reader given none
-    parses each time and knows no labelled namespace, so this module keeps no state of its
-    own."""
+    and tells it the labelled namespaces from its namespace watch; `cronlock status` and
+    `cronlock lint` build one of the namespaces they can see. Every reader takes one (no
+    default), so none can forget the labelled namespaces, and this module keeps no state
+    of its own."""
 
     def __init__(self, limit: int = READINGS_KEPT, labelled: Iterable[str] = ()) -> None:
         self.limit = limit
@@ -138,20 +139,20 @@ class Readings:
 
 
 def read_config(
-    cronjob: Mapping[str, Any], settings: Defaults, readings: Readings | None = None
+    cronjob: Mapping[str, Any], settings: Defaults, readings: Readings
 ) -> ConfigReading:
     """The CronJob's `ConfigReading` under `settings`, the one every reader uses.
 
     Kept in `readings` per CronJob (uid, resourceVersion, settings; the latest version of
     each of `READINGS_KEPT` CronJobs), so each version is parsed once and every reader of
-    it sees the same value; without `readings`, or for a body without a uid or
-    resourceVersion (a test's), parsed each time. Errors other than InvalidConfig
-    propagate and nothing is kept.
+    it sees the same value; a body without a uid or resourceVersion (a manifest's, a
+    test's) is parsed each time, still under the namespace label `readings` knows.
+    `readings` is required: a reader without it would know no labelled namespace and read
+    a CronJob opted in by its namespace as off. Errors other than InvalidConfig propagate
+    and nothing is kept.
     """
     metadata: Mapping[str, Any] = cronjob.get("metadata") or {}
     uid, version = metadata.get("uid"), metadata.get("resourceVersion")
-    if readings is None:
-        return _read(cronjob, settings, False)
     labelled = readings.labelled(str(metadata.get("namespace", "")))
     if not uid or not version:
         return _read(cronjob, settings, labelled)
@@ -163,7 +164,7 @@ def read_config(
 
 
 def counting_settings(
-    cronjob: Mapping[str, Any], settings: Defaults, readings: Readings | None = None
+    cronjob: Mapping[str, Any], settings: Defaults, readings: Readings
 ) -> tuple[int, bool]:
     """`alert-after` and `keep-skipped-jobs` as the run accounting applies them: those of
     `read_config` (whose docstring says the rule)."""

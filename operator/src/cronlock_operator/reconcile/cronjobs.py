@@ -93,7 +93,7 @@ def decide(
     granted: Container[Guard],
     posted: Mapping[str, str],
     admitted: Admitted | None = None,
-    readings: Readings | None = None,
+    readings: Readings,
 ) -> CronJobDecision:
     """`previous`: the guard last recorded for it; `cached_cronjob`: the namespace's cached
     CronJobs by name (whose consent joining a used lock needs); `granted`: guards the
@@ -244,7 +244,7 @@ def version_skew_warning(cronjob: Mapping[str, Any]) -> str | None:
 
 
 def pending_guard(
-    cronjob: Mapping[str, Any], settings: OperatorSettings, readings: Readings | None = None
+    cronjob: Mapping[str, Any], settings: OperatorSettings, readings: Readings
 ) -> Guard | None:
     """The guard a CronJob will need once reconciled; None if it is not (validly) guarded:
     `read_config`'s rule, the one `decide` follows."""
@@ -267,7 +267,7 @@ def pending_guards(
     refused: Container[Name],
     cached_lease: Callable[[str], Mapping[str, Any] | None],
     cached_cronjob: CronJobLookup,
-    readings: Readings | None = None,
+    readings: Readings,
 ) -> set[Guard]:
     """The guards a namespace's CronJobs, seen but maybe not reconciled yet, may be granted
     ahead of their reconcile (so a burst writes the holder Roles once): none for a CronJob

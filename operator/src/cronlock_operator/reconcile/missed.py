@@ -71,7 +71,7 @@ def judge(
     started: Set[datetime.datetime],
     frozen: bool,
     posted: Mapping[str, str],
-    readings: Readings | None = None,
+    readings: Readings,
 ) -> TickJudgment | None:
     """Judge the CronJob's ticks up to `now` minus its deadline; None when its schedule
     cannot be read here (the CronJob controller refuses such a CronJob too).
@@ -203,7 +203,7 @@ def not_succeeding(
     cronjob: Mapping[str, Any],
     settings: Defaults,
     now: datetime.datetime,
-    readings: Readings | None = None,
+    readings: Readings,
 ) -> str | None:
     """The NotSucceeding message when `alert-after-missed` ticks, each past its deadline,
     came since the last success (else since the CronJob was created); None otherwise, or

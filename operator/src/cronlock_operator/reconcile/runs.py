@@ -70,7 +70,7 @@ def decide(
     *,
     contended: Mapping[str, str] | None = None,
     frozen: Mapping[str, FrozenLock] | None = None,
-    readings: Readings | None = None,
+    readings: Readings,
     already_ran: Mapping[str, str] | None = None,
 ) -> RunsDecision:
     """What counting `finished` (Jobs of this CronJob not yet counted) writes, oldest first.

@@ -54,7 +54,7 @@ class RunAccounting:
         cronjobs: ObjectCache,
         jobs: ObjectCache,
         leases: ObjectCache,
-        readings: Readings | None = None,
+        readings: Readings,
     ) -> None:
         self.kube = kube
         self.settings = settings
@@ -62,7 +62,7 @@ class RunAccounting:
         self.cronjobs = cronjobs
         self.jobs = jobs
         self.leases = leases
-        self.readings = readings if readings is not None else Readings()
+        self.readings = readings
         # Finished runs deleted before they were counted (the CronJob controller keeps only
         # `failedJobsHistoryLimit` failed Jobs, 1 by default): counted from their last state.
         self.departed: dict[Name, dict[str, Any]] = {}

@@ -45,14 +45,15 @@ class TickWatch:
         cronjobs: ObjectCache,
         frozen: Callable[[str, str], bool],
         now: Callable[[], datetime.datetime] = _utcnow,
-        readings: Readings | None = None,
+        *,
+        readings: Readings,
     ) -> None:
         self.settings = settings
         self.executor = executor
         self.cronjobs = cronjobs
         self.frozen = frozen  # (namespace, lock) -> whether the lock is frozen now
         self.now = now
-        self.readings = readings if readings is not None else Readings()
+        self.readings = readings
         self._lock = threading.Lock()
         self._judged: dict[Name, datetime.datetime] = {}
         self._started: dict[Name, set[datetime.datetime]] = {}

@@ -105,20 +105,19 @@ def rows(
     *,
     skew_seconds: float = contract.DEFAULT_SKEW_SECONDS,
     stored: Mapping[tuple[str, str], Mapping[str, Any]] | None = None,
-    readings: Readings | None = None,
+    readings: Readings,
 ) -> list[StatusRow]:
     """A row per guarded CronJob (annotated enabled=true, or in a namespace `readings` knows
     as labelled so and not annotated "false"), sorted by namespace and name.
 
     `stored`: the documents of locks kept in Redis or PostgreSQL, by (namespace, lease),
     as read from their stores (status/stores.py); a lock missing there is `in-store`.
-    `readings`: the annotations' readings kept from one call to the next (`--watch`)."""
+    `readings`: the labelled namespaces, and the annotations' readings kept from one call to
+    the next (`--watch`) and within one listing (a row reads its CronJob twice)."""
     by_name = {
         (metadata_of(lease).get("namespace", ""), metadata_of(lease).get("name", "")): lease
         for lease in leases
     }
-    # One reading per CronJob version even in a single listing: `_row` reads it again.
-    readings = readings if readings is not None else Readings()
     result = []
     for cronjob in cronjobs:
         # The operator's reading of the annotations, and so its rule for bad ones, under
