@@ -96,3 +96,18 @@ def test_a_room_left_out_of_the_diagram_is_found() -> None:
     assert "storeaccess.py" not in drawn_rooms(without)
     assert "holders" in row(lines, "reconcile")
     assert row(lines, "reconcile") != row(lines, "kube")
+
+
+def where_a_line_belongs(text: str) -> str:
+    """DESIGN.md's paragraph that says where a new line of code goes."""
+    start = text.index("Where a line of code belongs:")
+    return text[start : text.index("\n\n", start)]
+
+
+@pytest.mark.parametrize("program", sorted(PACKAGES))
+def test_where_a_line_belongs_names_every_room(program: str) -> None:
+    """Issue 57: the paragraph names each room (`cronjob/`, `entry.py`...) of both
+    programs, so a reader knows where a new line goes; `__init__.py`s aside."""
+    paragraph = where_a_line_belongs(DESIGN.read_text())
+    missing = sorted(room for room in rooms(PACKAGES[program]) if f"`{room}" not in paragraph)
+    assert missing == []
