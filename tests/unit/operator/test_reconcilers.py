@@ -244,11 +244,11 @@ def test_skips_are_counted_in_creation_order_and_alert_at_alert_after() -> None:
     )
     body["metadata"]["annotations"]["cronlock.io/consecutive-skips"] = "1"
     jobs = [
-        finished_job("report-3", "2026-12-01T00:00:03Z", "skipped"),
-        finished_job("report-2", "2026-12-01T00:00:02Z", "skipped"),
+        finished_job("report-29416203", "2026-12-01T00:00:03Z", "skipped"),
+        finished_job("report-29416202", "2026-12-01T00:00:02Z", "skipped"),
     ]
     decision = runs.decide(body, jobs, SETTINGS, readings=Readings())
-    assert [run.job for run in decision.runs] == ["report-2", "report-3"]
+    assert [run.job for run in decision.runs] == ["report-29416202", "report-29416203"]
     first, second = (run.actions for run in decision.runs)
     assert isinstance(first[0], MarkJob)
     assert kinds(first) == [
@@ -282,13 +282,13 @@ def test_a_success_resets_the_count_and_a_failure_leaves_it() -> None:
     decision = runs.decide(
         body,
         [
-            made_by(body, finished_job("report-1", "2026-12-01T00:00:01Z", "succeeded")),
-            made_by(body, finished_job("report-2", "2026-12-01T00:00:02Z", "failed")),
+            made_by(body, finished_job("report-29416201", "2026-12-01T00:00:01Z", "succeeded")),
+            made_by(body, finished_job("report-29416202", "2026-12-01T00:00:02Z", "failed")),
         ],
         SETTINGS,
         readings=Readings(),
     )
-    # report-1 is a tick's name (minute 1 of the epoch): its success is recorded too
+    # report-29416201 is a tick's name (minute 1 of the epoch): its success is recorded too
     assert [kinds(run.actions) for run in decision.runs] == [
         ["MarkJob", "CountTick", "RecordSuccess"],
         ["MarkJob", "CountTick"],
@@ -375,16 +375,16 @@ def test_kept_and_gone_skipped_jobs_are_not_deleted() -> None:
         gen.annotated({"cronlock.io/enabled": "true", "cronlock.io/keep-skipped-jobs": "true"}),
         *STORED,
     )
-    job = finished_job("report-1", "2026-12-01T00:00:01Z", "skipped")
+    job = finished_job("report-29416201", "2026-12-01T00:00:01Z", "skipped")
     assert (
-        DeleteJob(NAMESPACE, "report-1")
+        DeleteJob(NAMESPACE, "report-29416201")
         not in runs.decide(body, [job], SETTINGS, readings=Readings()).runs[0].actions
     )
     gone = runs.decide(
         gen.cronjob("report", *STORED),
         [job],
         SETTINGS,
-        gone=frozenset({"uid-report-1"}),
+        gone=frozenset({"uid-report-29416201"}),
         readings=Readings(),
     )
     assert kinds(gone.runs[0].actions) == ["CountTick", "CountRun", "PostEvent:Skipped"]
@@ -398,20 +398,20 @@ def test_only_skipped_and_replaced_jobs_are_labelled_with_their_outcome() -> Non
         *STORED,
     )
     jobs = [
-        finished_job("report-1", "2026-12-01T00:00:01Z", "skipped"),
-        finished_job("report-2", "2026-12-01T00:00:02Z", "failed"),
-        finished_job("report-3", "2026-12-01T00:00:03Z", "failed"),
-        finished_job("report-4", "2026-12-01T00:00:04Z", "succeeded"),
+        finished_job("report-29416201", "2026-12-01T00:00:01Z", "skipped"),
+        finished_job("report-29416202", "2026-12-01T00:00:02Z", "failed"),
+        finished_job("report-29416203", "2026-12-01T00:00:03Z", "failed"),
+        finished_job("report-29416204", "2026-12-01T00:00:04Z", "succeeded"),
     ]
     decision = runs.decide(
-        body, jobs, SETTINGS, contended={"report-3": "replaced"}, readings=Readings()
+        body, jobs, SETTINGS, contended={"report-29416203": "replaced"}, readings=Readings()
     )
     marks = [run.actions[0] for run in decision.runs]
     assert marks == [
-        MarkJob(NAMESPACE, "report-1", "cronlock.io/accounted", "skipped", "skipped"),
-        MarkJob(NAMESPACE, "report-2", "cronlock.io/accounted", "failed", None),
-        MarkJob(NAMESPACE, "report-3", "cronlock.io/accounted", "replaced", "replaced"),
-        MarkJob(NAMESPACE, "report-4", "cronlock.io/accounted", "succeeded", None),
+        MarkJob(NAMESPACE, "report-29416201", "cronlock.io/accounted", "skipped", "skipped"),
+        MarkJob(NAMESPACE, "report-29416202", "cronlock.io/accounted", "failed", None),
+        MarkJob(NAMESPACE, "report-29416203", "cronlock.io/accounted", "replaced", "replaced"),
+        MarkJob(NAMESPACE, "report-29416204", "cronlock.io/accounted", "succeeded", None),
     ]
     kube = FakeKube()
     for job in jobs:
@@ -420,9 +420,9 @@ def test_only_skipped_and_replaced_jobs_are_labelled_with_their_outcome() -> Non
     for mark in marks:
         executor.run([mark])
     labels = {name: job["metadata"]["labels"] for (_, name), job in kube.jobs.items()}
-    assert labels["report-1"]["cronlock.io/outcome"] == "skipped"
-    assert labels["report-3"]["cronlock.io/outcome"] == "replaced"
-    assert "cronlock.io/outcome" not in labels["report-2"] | labels["report-4"]
+    assert labels["report-29416201"]["cronlock.io/outcome"] == "skipped"
+    assert labels["report-29416203"]["cronlock.io/outcome"] == "replaced"
+    assert "cronlock.io/outcome" not in labels["report-29416202"] | labels["report-29416204"]
 
 
 def test_a_skip_that_ended_while_its_lock_was_frozen_is_a_frozen_event_not_a_skip() -> None:
@@ -431,9 +431,9 @@ def test_a_skip_that_ended_while_its_lock_was_frozen_is_a_frozen_event_not_a_ski
         gen.annotated({"cronlock.io/enabled": "true", "cronlock.io/alert-after": "1"}),
         *STORED,
     )
-    during = finished_job("report-1", "2026-12-01T00:00:01Z", "skipped")
+    during = finished_job("report-29416201", "2026-12-01T00:00:01Z", "skipped")
     during["status"]["conditions"][0]["lastTransitionTime"] = "2026-12-01T00:00:05Z"
-    after = finished_job("report-2", "2026-12-01T03:00:01Z", "skipped")
+    after = finished_job("report-29416202", "2026-12-01T03:00:01Z", "skipped")
     after["status"]["conditions"][0]["lastTransitionTime"] = "2026-12-01T03:00:05Z"
     freeze = runs.FrozenLock(datetime(2026, 12, 1, 2, 0, tzinfo=UTC), "alice", "DB migration")
     decision = runs.decide(
@@ -445,8 +445,8 @@ def test_a_skip_that_ended_while_its_lock_was_frozen_is_a_frozen_event_not_a_ski
     frozen_event = first[3]
     assert isinstance(frozen_event, PostEvent)
     assert frozen_event.message == (
-        "run report-1 skipped: lock report frozen until 2026-12-01T02:00:00.000000Z by alice: "
-        "DB migration"
+        "run report-29416201 skipped: lock report frozen until 2026-12-01T02:00:00.000000Z "
+        "by alice: DB migration"
     )
     # After the freeze ended, a skip is a skip again, and the first in a row.
     assert kinds(second)[:4] == ["MarkJob", "CountTick", "CountRun", "PostEvent:Skipped"]
@@ -684,7 +684,7 @@ RENEWED = datetime(2026, 12, 1, 12, 0, 0, tzinfo=UTC)
 def lease(
     holder: str, renewed: datetime = RENEWED, transitions: int | None = None, duration: int = 30
 ) -> dict[str, Any]:
-    """Lock report's Lease claimed at RENEWED by `holder`, a pod of Job report-1 (released
+    """Lock report's Lease claimed at RENEWED by `holder`, a pod of Job report-29416201 (released
     by now if ""), last renewed at `renewed`, as the API server returns it at version 7."""
     return make_lease(
         holder,
@@ -693,7 +693,7 @@ def lease(
         renewed=renewed,
         duration=duration,
         transitions=transitions,
-        job="report-1" if holder else "",
+        job="report-29416201" if holder else "",
         resource_version="7",
     )
 
@@ -818,7 +818,7 @@ def test_an_unrelated_invalid_annotation_keeps_the_users_counting_settings() -> 
         *STORED,
     )
     changed(body)["metadata"]["annotations"]["cronlock.io/consecutive-skips"] = "1"
-    job = finished_job("report-2", "2026-12-01T00:00:02Z", "skipped")
+    job = finished_job("report-29416202", "2026-12-01T00:00:02Z", "skipped")
     [run] = runs.decide(body, [job], SETTINGS, readings=Readings()).runs
     assert "DeleteJob" not in kinds(run.actions)
     assert "PostEvent:RepeatedSkips" in kinds(run.actions)

@@ -117,3 +117,14 @@ def test_a_success_is_recorded_only_for_the_claim_of_that_run_and_tick() -> None
     assert ticks.success_of(ahead, "nightly", NOON, "uid-1", now, 2.0) == claim
     far = ticks.with_record({}, future)
     assert ticks.success_of(far, "nightly", future.at, "uid-1", now, 2.0) is None
+
+
+def test_a_manual_run_numbered_like_people_number_them_is_no_tick() -> None:
+    """`kubectl create job --from=cronjob/nightly nightly-1` was read as the tick of
+    1970-01-01T00:01Z, and a run of it skipped as "already ran" after any later claim
+    (test_shared_lock's export-a-0, after export-a-2 had claimed "00:02")."""
+    assert ticks.tick_of_job("nightly", "nightly-0") is None
+    assert ticks.tick_of_job("nightly", "nightly-1") is None
+    assert ticks.tick_of_job("nightly", "nightly-20240101") is None  # a date, not minutes
+    assert ticks.tick_of_job("nightly", "nightly-26297279") is None  # 2019-12-31T23:59Z
+    assert ticks.tick_of_job("nightly", "nightly-26297280") == ticks.FIRST_TICK

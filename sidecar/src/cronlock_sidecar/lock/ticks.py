@@ -52,6 +52,9 @@ NONE = "-"  # a field with no value (a run that is no Job's, a cluster without a
 # The CronJob controller's suffix: minutes since the epoch, 8 digits today and for
 # centuries (at most 11 digits are allowed by the name's length).
 _MINUTES = re.compile(r"\d{1,11}$")
+# The earliest tick a Job's name can name (26,297,280 minutes since the epoch): no CronJob
+# guarded by cronlock ran before it, and smaller numbers are how people number manual runs.
+FIRST_TICK = datetime(2020, 1, 1, tzinfo=UTC)
 
 
 def valid_name(name: str) -> bool:
@@ -84,13 +87,18 @@ def parse_tick(text: str) -> datetime | None:
 
 def tick_of_job(cronjob: str, job_name: str) -> datetime | None:
     """The tick a scheduled Job works: `<cronjob>-<minutes since the epoch>`, as the CronJob
-    controller names it; None for any other name (a manual run has no tick)."""
+    controller names it; None for any other name (a manual run has no tick).
+
+    A number of minutes before FIRST_TICK names no tick either: `kubectl create job
+    --from=cronjob/report report-1` (or `report-20240101`) is a manual run, not the tick of
+    1970-01-01T00:01Z, which a tick claimed since would make it skip as "already ran"."""
     if not cronjob or not job_name.startswith(cronjob + "-"):
         return None
     minutes = job_name[len(cronjob) + 1 :]
     if not _MINUTES.match(minutes):
         return None
-    return datetime(1970, 1, 1, tzinfo=UTC) + timedelta(minutes=int(minutes))
+    at = datetime(1970, 1, 1, tzinfo=UTC) + timedelta(minutes=int(minutes))
+    return at if at >= FIRST_TICK else None
 
 
 class Tick(NamedTuple):
