@@ -547,3 +547,24 @@ def test_a_hold_by_a_pod_that_is_no_run_of_the_lock_is_cleared_with_a_warning(
         reconciler.queue = WorkQueue(reconciler.queue.work)
         reconciler.on_lease("MODIFIED", renewed)
         assert not reconciler.queue.waiting(key)
+
+
+def test_a_cronjob_on_its_way_out_is_left_to_the_garbage_collector() -> None:
+    """An orphaning delete sets deletionTimestamp and the collector drops the CronJob from
+    its Lease's owners: a reconcile then must not write (join the Lease again, patch the
+    CronJob), or the collector later deletes the Lease as a deleted owner's dependent."""
+    reconciler, kube = setup()
+    reconcile(reconciler, "team-a", "report")
+    # The collector's orphaning: the Lease has no owner now, and the operator has seen it.
+    lease = kube.leases[("team-a", "cronlock-report")]
+    lease["metadata"]["ownerReferences"] = []
+    lease["metadata"]["resourceVersion"] += "1"
+    reconciler.on_lease("MODIFIED", copy.deepcopy(lease))
+    kube.calls.clear()
+    body = copy.deepcopy(kube.cronjobs[("team-a", "report")])
+    body["metadata"]["deletionTimestamp"] = "2026-12-06T12:00:00Z"
+    body["metadata"]["finalizers"] = ["orphan"]
+    body["metadata"]["resourceVersion"] += "1"
+    reconciler.on_cronjob("MODIFIED", body)
+    assert reconcile(reconciler, "team-a", "report") == DONE
+    assert kube.calls == []

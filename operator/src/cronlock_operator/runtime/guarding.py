@@ -92,6 +92,12 @@ class CronJobReconciler:
         if body is None:
             self._forget(cached)
             return DONE
+        if body["metadata"].get("deletionTimestamp"):
+            # On its way out: the garbage collector deals with its dependents as the delete
+            # asked. A write now could fight it: joining the Lease again right after an
+            # orphaning delete dropped the CronJob from its owners left the Lease owned by
+            # a deleted CronJob, and the collector deleted it (seen in full runs).
+            return DONE
         uid = body["metadata"]["uid"]
         decision = cronjobs.decide(
             body,
