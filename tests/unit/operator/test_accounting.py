@@ -452,3 +452,31 @@ def test_a_skip_whose_pod_is_gone_or_unreadable_is_a_skip_as_before(
     if not unreadable:  # it asked, and the pod was gone (a failed call is not recorded)
         assert ("read_pod", (NAMESPACE, "report-29416320-x")) in kube.calls
     assert kube.cronjob["metadata"]["annotations"]["cronlock.io/consecutive-skips"] == "1"
+
+
+def test_a_job_deleted_while_its_count_is_decided_is_counted_once(
+    setup: tuple[Reconciler, RecordingKube],
+) -> None:
+    """The CronJob controller deletes an old failed Job (failedJobsHistoryLimit) while the
+    operator reads its pod to tell an "already ran" skip: the deletion is seen before the
+    run is claimed, and the Job was counted again later from its last state (a fresh run
+    of 640eaa4 posted "(2 in a row)" and "(1 in a row)" for one run)."""
+    reconciler, kube = setup
+    job = finished_job("report-29416320", "2026-12-01T00:00:01Z")
+    arrive(reconciler, kube, job)
+    reading_pod = kube.read_pod
+
+    def deleted_meanwhile(namespace: str, name: str) -> dict[str, Any] | None:
+        if (NAMESPACE, "report-29416320") in kube.jobs:
+            del kube.jobs[(NAMESPACE, "report-29416320")]
+            reconciler.on_job("DELETED", job)
+        return reading_pod(namespace, name)
+
+    kube.read_pod = deleted_meanwhile  # type: ignore[method-assign]
+    reconciler.accounting.account_runs(RunsKey(NAMESPACE, "report"))
+    reconciler.accounting.account_runs(RunsKey(NAMESPACE, "report"))
+
+    assert skipped_events(kube) == [
+        "run report-29416320 skipped: lock report was held by another run (1 in a row)"
+    ]
+    assert reconciler.accounting.departed == {}

@@ -183,6 +183,12 @@ class RunAccounting:
                 raise
             if job_key not in self.jobs:
                 self.accounted.discard(run.uid)  # its deletion was already seen
+                # Seen, perhaps, after this count took it from the cache and before it
+                # claimed it (while reading its pod): then its last state waits in
+                # `departed`, and would be counted again from there.
+                left = self.departed.get(job_key)
+                if left is not None and str(left["metadata"].get("uid")) == run.uid:
+                    self.departed.pop(job_key, None)
             self.contended.pop(job_key, None)
         self.executor.run(decision.after)
         return DONE
