@@ -156,7 +156,7 @@ def test_tick_outcomes_are_counted_by_outcome_on_metrics(
     # The Jobs are the CronJob's (owned by it): with the default failedJobsHistoryLimit (1)
     # its controller deleted two of them, and their pods, before the operator had counted
     # them, so the "already ran" one was counted as a skip from its last state (a fresh run
-    # of 640eaa4; the Events showed the controller's SuccessfulDelete).
+    # of e87f6b8; the Events showed the controller's SuccessfulDelete).
     manifest["spec"]["failedJobsHistoryLimit"] = 10
     batch = kubernetes.client.BatchV1Api(api)
     batch.create_namespaced_cron_job(namespace, manifest)

@@ -460,7 +460,7 @@ def test_a_job_deleted_while_its_count_is_decided_is_counted_once(
     """The CronJob controller deletes an old failed Job (failedJobsHistoryLimit) while the
     operator reads its pod to tell an "already ran" skip: the deletion is seen before the
     run is claimed, and the Job was counted again later from its last state (a fresh run
-    of 640eaa4 posted "(2 in a row)" and "(1 in a row)" for one run)."""
+    of e87f6b8 posted "(2 in a row)" and "(1 in a row)" for one run)."""
     reconciler, kube = setup
     job = finished_job("report-29416320", "2026-12-01T00:00:01Z")
     arrive(reconciler, kube, job)
