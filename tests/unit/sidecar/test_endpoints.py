@@ -232,7 +232,7 @@ def test_a_probe_finding_the_slots_and_the_slack_taken_waits_in_line_instead_of_
     endpoints = Endpoints(state, listen(0, "127.0.0.1"))
     server = endpoints._server
     # One slot and no slack: what a flood leaves when its evicted threads have not left yet.
-    server.connections = _Connections(limit=1, slack=0, released=server._nudge)
+    server.connections = _Connections(limit=1, slack=0, released=server.nudge)
     endpoints.start()
     hog = slow_connection(endpoints.port)  # holds the slot until its deadline
     try:

@@ -270,11 +270,11 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 class _Server(http.server.HTTPServer):
     def __init__(self, listener: socket.socket, state: SidecarState) -> None:
         self.state = state
-        # A byte on `_wake` wakes the accept loop: a slot freed for the line.
+        # A byte on `_wake` wakes the accept loop: a slot freed for the line, or `stop`.
         self._woken, self._wake = socket.socketpair()
         self._woken.setblocking(False)
         self._wake.setblocking(False)
-        self.connections = _Connections(released=self._nudge)
+        self.connections = _Connections(released=self.nudge)
         self.line: WaitLine[tuple[socket.socket, Any]] = WaitLine(
             MAX_CONNECTIONS, CONNECTION_SECONDS
         )
@@ -290,8 +290,8 @@ class _Server(http.server.HTTPServer):
             for number in range(self.connections.limit + self.connections.slack)
         ]
 
-    def serve(self, stop: threading.Event, waker: socket.socket) -> None:
-        """Accept until `stop` (and a byte on `waker`), taking every queued connection
+    def serve(self, stop: threading.Event) -> None:
+        """Accept until `stop` (and a byte from `nudge`), taking every queued connection
         before waiting again."""
         # Not serve_forever: it waits on select before each accept. A flood must be taken
         # off the kernel's queue as fast as it arrives, or the probe's SYN finds it full.
@@ -299,7 +299,6 @@ class _Server(http.server.HTTPServer):
         swept = time.monotonic()
         with selectors.DefaultSelector() as selector:
             selector.register(self.socket, selectors.EVENT_READ)
-            selector.register(waker, selectors.EVENT_READ)
             selector.register(self._woken, selectors.EVENT_READ)
             while not stop.is_set():
                 self._let_in()
@@ -359,7 +358,8 @@ class _Server(http.server.HTTPServer):
         ]
         return max(min(waits), SWEEP_SECONDS) if waits else None
 
-    def _nudge(self) -> None:
+    def nudge(self) -> None:
+        """Wake the accept loop (it needs no timeout to notice a freed slot or a stop)."""
         with contextlib.suppress(OSError):  # full (a wake-up is pending) or closed
             self._wake.send(b"\0")
 
@@ -393,11 +393,9 @@ class Endpoints:
     def __init__(self, state: SidecarState, listener: socket.socket) -> None:
         self._server = _Server(listener, state)
         self._stop = threading.Event()
-        # stop() writes a byte here, so the accept loop needs no timeout to notice it.
-        self._waker, self._wake = socket.socketpair()
         self._thread = threading.Thread(
             target=self._server.serve,
-            args=(self._stop, self._waker),
+            args=(self._stop,),
             name="cronlock-http",
             daemon=True,
         )
@@ -413,10 +411,7 @@ class Endpoints:
 
     def stop(self) -> None:
         self._stop.set()
-        with contextlib.suppress(OSError):
-            self._wake.send(b"x")
+        self._server.nudge()
         if self._thread.ident is not None:
             self._thread.join()
         self._server.server_close()
-        self._waker.close()
-        self._wake.close()
