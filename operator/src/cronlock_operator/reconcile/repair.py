@@ -17,7 +17,7 @@ from typing import Any
 from cronlock_operator.objects import annotation_path, still_at
 from cronlock_operator.reconcile.actions import Action, PatchLease, PostEvent
 from cronlock_sidecar import contract
-from cronlock_sidecar.lock.model import read_lease
+from cronlock_sidecar.lock.model import LeaseRecord, read_lease
 
 # spec.leaseTransitions is an int32: a claim writes one more, so this is the last it can.
 TRANSITIONS_CEILING = 2**31 - 2
@@ -25,7 +25,10 @@ TRANSITIONS_CEILING = 2**31 - 2
 
 def out_of_range(lease: Mapping[str, Any]) -> list[str]:
     """What a free Lease carries that no cronlock writer would have written, in words."""
-    record = read_lease(lease)
+    return _problems(read_lease(lease))
+
+
+def _problems(record: LeaseRecord) -> list[str]:
     if record.holder:
         return []  # a holder's hold is its own until it ends or is cleared
     problems = []
@@ -52,10 +55,10 @@ def out_of_range(lease: Mapping[str, Any]) -> list[str]:
 def decide(lease: Mapping[str, Any], owners: Sequence[Mapping[str, Any]]) -> list[Action]:
     """The repair of `lease` (as just read) and a `LeaseRepaired` Warning per owner; none if
     it is in range. The patch first tests the version read, so a claim in between wins."""
-    problems = out_of_range(lease)
+    record = read_lease(lease)
+    problems = _problems(record)
     if not problems:
         return []
-    record = read_lease(lease)
     patch: list[dict[str, Any]] = [still_at(record.resource_version)]
     if not 0 <= record.transitions <= TRANSITIONS_CEILING:
         patch.append({"op": "replace", "path": "/spec/leaseTransitions", "value": 0})
