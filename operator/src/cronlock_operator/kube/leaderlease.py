@@ -5,8 +5,7 @@ who leads, needs no client (the operator's "only kube/ imports kubernetes" contr
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import kubernetes
@@ -35,15 +34,18 @@ class LeaderLeases:
 
     def read(self, namespace: str, name: str) -> dict[str, Any] | None:
         """The Lease as the API server sent it; None when there is none (404)."""
-        with _failures_as_retry(f"read lease {namespace}/{name}", absent=404) as answer:
-            answer.append(
-                raw(self.leases.read_namespaced_lease(name, namespace, _preload_content=False))
-            )
-        return answer[0] if answer else None
+        try:
+            return raw(self.leases.read_namespaced_lease(name, namespace, _preload_content=False))
+        except kubernetes.client.ApiException as error:
+            if error.status == 404:
+                return None
+            raise _retry(f"read lease {namespace}/{name}", error) from error
+        except (urllib3.exceptions.HTTPError, OSError) as error:
+            raise _retry(f"read lease {namespace}/{name}", error) from error
 
     def create(self, namespace: str, body: dict[str, Any]) -> bool:
         """True once created; False when it exists already (409: another replica)."""
-        return self._write(
+        return _written(
             f"create lease {namespace}",
             lambda: self.leases.create_namespaced_lease(
                 namespace, body, field_manager=FIELD_MANAGER, _preload_content=False
@@ -52,31 +54,30 @@ class LeaderLeases:
 
     def replace(self, namespace: str, name: str, body: dict[str, Any]) -> bool:
         """True once written; False when the Lease changed since `body` was read (409)."""
-        return self._write(
+        return _written(
             f"replace lease {namespace}/{name}",
             lambda: self.leases.replace_namespaced_lease(
                 name, namespace, body, field_manager=FIELD_MANAGER, _preload_content=False
             ),
         )
 
-    @staticmethod
-    def _write(what: str, write: Callable[[], Any]) -> bool:
-        with _failures_as_retry(what, absent=409) as answer:
-            write().release_conn()
-            answer.append({})
-        return bool(answer)
 
-
-@contextmanager
-def _failures_as_retry(what: str, *, absent: int) -> Iterator[list[dict[str, Any]]]:
-    """Yield a list for the answer; an API error with status `absent` leaves it empty,
-    any other error of the API or the connection is `Retry` (the election tries again at
-    its next renewal, and a leader that cannot write gives up at its renew deadline)."""
-    answer: list[dict[str, Any]] = []
+def _written(what: str, write: Callable[[], Any]) -> bool:
+    """One write: False on a 409 (another replica wrote first); any other failure of the
+    API or the connection is `Retry` (the election tries again at its next renewal, and a
+    leader that cannot write gives up at its renew deadline)."""
     try:
-        yield answer
+        write().release_conn()
     except kubernetes.client.ApiException as error:
-        if error.status != absent:
-            raise Retry(f"{what}: HTTP {error.status} {error.reason}") from error
+        if error.status == 409:
+            return False
+        raise _retry(what, error) from error
     except (urllib3.exceptions.HTTPError, OSError) as error:
-        raise Retry(f"{what}: {error}") from error
+        raise _retry(what, error) from error
+    return True
+
+
+def _retry(what: str, error: Exception) -> Retry:
+    if isinstance(error, kubernetes.client.ApiException):
+        return Retry(f"{what}: HTTP {error.status} {error.reason}")
+    return Retry(f"{what}: {error}")
