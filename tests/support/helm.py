@@ -110,7 +110,8 @@ def previous_commit() -> str:
 
 def previous_images() -> list[Path]:
     """The previous release's image archives: `tests/controlplane/images --previous`, which
-    `make test` ran before (prebuild --tools) and which then only prints where they are."""
+    `make test`'s longwatch ring builds before its tests (tests/rings.py BEFORE): then it
+    only prints where they are; while that build runs, it waits on the images' lock."""
     built = subprocess.run(
         [str(ROOT / "tests" / "controlplane" / "images"), "--previous"],
         capture_output=True,

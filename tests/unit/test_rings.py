@@ -275,3 +275,14 @@ def test_what_failed_is_said_again_at_the_end_with_its_message_and_evidence() ->
     assert found[2] == "ERROR tests/e2e/test_flood.py::test_one - TimeoutError"
     assert len(found) == 3
     assert rings.failures("===== 3 passed in 1.00s =====\n") == []
+
+
+def test_the_previous_release_is_built_beside_the_tests_not_before_the_critical_ring() -> None:
+    """The previous release's images (only the e2e upgrade test needs them, near its end)
+    are built by the longwatch ring, the one with the most time to spare, not by
+    `prebuild --tools` before the unit and integration tests (docs/DEVELOPMENT.md)."""
+    prebuild = (ROOT / "tests" / "controlplane" / "prebuild").read_text()
+    assert "--tools) node=0 previous=0" in prebuild
+    assert any("images --previous" in step for step in rings.BEFORE["longwatch"])
+    others = [step for name, steps in rings.BEFORE.items() if name != "longwatch" for step in steps]
+    assert not any("--previous" in step for step in others), others
