@@ -11,14 +11,18 @@ the lock's key: `<namespace>/cronlock-<lock>`.
 
 from __future__ import annotations
 
+import datetime
+import json
 import os
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import redis
 
-from tests.e2e.scenario import UNTIL_FINISHED, Scenario
+from tests.e2e.scenario import MAIN, UNTIL_FINISHED, Scenario
 from tests.support.contract import EXIT_SKIPPED
 from tests.support.kube import wait_for
 from tests.support.node import HOST_LINK_IP, RealNode
@@ -120,3 +124,67 @@ def test_a_lock_held_elsewhere_makes_the_pod_skip_without_working(
         out, err = holder.communicate(timeout=60)
     assert holder.returncode == 0, err
     assert "released" in out
+
+
+def tick_text(minutes: int) -> str:
+    return datetime.datetime.fromtimestamp(minutes * 60, datetime.UTC).strftime(
+        "%Y-%m-%dT%H:%M:%SZ"
+    )
+
+
+def test_a_pods_work_on_a_store_lock_says_its_tick_succeeded_and_the_next_tick_reads_it(
+    cluster: Scenario, redis_on_link: RedisServer
+) -> None:
+    """Issue 56 item 3 on a store lock: the sidecar does not learn its work's exit code, so
+    the work creates CRONLOCK_SUCCESS_FILE; the sidecar's release records the tick's
+    success in Redis, a tick whose work does not create it leaves the record, and the next
+    tick's work reads the last success in tick.env."""
+    secret(cluster, redis_on_link)
+    said = ". /var/run/cronlock/tick.env; cat /var/run/cronlock/tick.env; "
+    said += 'touch "$CRONLOCK_SUCCESS_FILE"'
+    cluster.cronjob("ledger", said, **IN_REDIS)
+    now = int(time.time()) // 60
+    # Three ticks the CronJob controller would name so, the newest this minute's.
+    worked, failed, latest = (f"ledger-{now - 2}", f"ledger-{now - 1}", f"ledger-{now}")
+
+    def ended(job: str) -> None:
+        """The pod ended (the sidecar too, after its release): the next tick may claim."""
+        wait_for(
+            lambda: (pods := cluster.pods(job)) and pods[-1]["status"].get("phase") == "Succeeded",
+            60,
+            f"{job}'s pod to end, its sidecar's release done",
+        )
+
+    def tick_env(job: str) -> str:
+        [pod] = cluster.pods(job)
+        log: str = cluster.core.read_namespaced_pod_log(
+            pod["metadata"]["name"], cluster.namespace, container=MAIN
+        )
+        return log
+
+    cluster.run("ledger", worked)
+    assert cluster.main_finished(worked) == 0
+    ended(worked)
+    assert "CRONLOCK_SUCCESS_FILE=/var/run/cronlock-success/succeeded\n" in tick_env(worked)
+    assert "records its tick's success" in cluster.sidecar_log(worked)
+
+    # The work of this tick ends well but says nothing: no success recorded.
+    cluster.run("ledger", failed, "cat /var/run/cronlock/tick.env")
+    assert cluster.main_finished(failed) == 0
+    ended(failed)
+    assert f"CRONLOCK_LAST_SUCCESS_TICK={tick_text(now - 2)}\n" in tick_env(failed)
+    assert "did not create /var/run/cronlock-success/succeeded" in cluster.sidecar_log(failed)
+
+    cluster.run("ledger", latest)
+    assert cluster.main_finished(latest) == 0
+    ended(latest)
+    told = tick_env(latest)
+    assert f"CRONLOCK_TICK={tick_text(now)}\n" in told
+    assert f"CRONLOCK_PREVIOUS_TICK={tick_text(now - 1)}\n" in told
+    assert f"CRONLOCK_LAST_SUCCESS_TICK={tick_text(now - 2)}\n" in told, told
+    # And the store has the latest tick's success now, as the latest run's own claim.
+    with redis.Redis.from_url(redis_on_link.url, decode_responses=True) as client:
+        fields = client.hgetall(f"cronlock:{{{cluster.namespace}/cronlock-ledger}}:lease")
+    [document] = [json.loads(v) for v in fields.values() if "cronlock.io/succeeded." in v]
+    success = document["metadata"]["annotations"]["cronlock.io/succeeded.ledger"]
+    assert success.split(" ")[:2] == [tick_text(now), latest], success

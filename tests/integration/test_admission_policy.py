@@ -293,6 +293,105 @@ def test_the_operators_token_can_write_exactly_cronlocks_injection_and_its_rever
         assert comparable(reverted) == comparable(stored), opted_in
 
 
+def _success_volume_hostpath(pod: dict[str, Any]) -> None:
+    for volume in pod["volumes"]:
+        if volume["name"] == "cronlock-success":
+            del volume["emptyDir"]
+            volume["hostPath"] = {"path": "/var/lib/kubelet"}
+
+
+def _sidecar_writes_success(pod: dict[str, Any]) -> None:
+    for mount in pod["initContainers"][0]["volumeMounts"]:
+        if mount["name"] == "cronlock-success":
+            mount["readOnly"] = False
+
+
+def _work_mounts_success_elsewhere(pod: dict[str, Any]) -> None:
+    for mount in pod["containers"][0]["volumeMounts"]:
+        if mount["name"] == "cronlock-success":
+            mount["mountPath"] = "/etc"
+
+
+def _work_mounts_success_subpath(pod: dict[str, Any]) -> None:
+    for mount in pod["containers"][0]["volumeMounts"]:
+        if mount["name"] == "cronlock-success":
+            mount["subPath"] = "x"
+
+
+def _gate_mounts_success(pod: dict[str, Any]) -> None:
+    pod["initContainers"][1]["volumeMounts"].append(
+        {"name": "cronlock-success", "mountPath": "/var/run/cronlock-success"}
+    )
+
+
+@pytest.mark.parametrize(
+    ("change", "said"),
+    [
+        (_success_volume_hostpath, "and the cronlock-success emptyDir"),
+        (_sidecar_writes_success, "run only the configured sidecar image"),
+        (_gate_mounts_success, "run only the configured sidecar image"),
+        (_work_mounts_success_elsewhere, "for a lock in a store its cronlock-success mount"),
+        (_work_mounts_success_subpath, "for a lock in a store its cronlock-success mount"),
+    ],
+)
+def test_the_success_volume_is_an_emptydir_the_work_writes_and_the_sidecar_only_reads(
+    api: kubernetes.client.ApiClient,
+    as_operator: kubernetes.client.ApiClient,
+    namespace: str,
+    plain_cronjob: str,
+    change: Callable[[dict[str, Any]], None],
+    said: str,
+) -> None:
+    """Issue 56: on a lock in a store the work says its tick succeeded in an emptyDir of its
+    own. The operator's token may add it as injection builds it (the test above), and no
+    other way: not as a host path, not writable by the sidecar, not in the gate, not
+    mounted elsewhere or by subPath in the work's containers, and never on a Lease lock."""
+    settings = OperatorSettings(
+        sidecar_image=SIDECAR_IMAGE, sidecar_stores_image=SIDECAR_STORES_IMAGE
+    )
+    batch = kubernetes.client.BatchV1Api(api)
+    stored = api.sanitize_for_serialization(
+        batch.read_namespaced_cron_job(plain_cronjob, namespace)
+    )
+    stored["metadata"]["annotations"] = {
+        "cronlock.io/enabled": "true",
+        "cronlock.io/store": "redis",
+        "cronlock.io/store-secret": "team-locks",
+    }
+    stored["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0][
+        "securityContext"
+    ] = {"runAsUser": 1000}
+    stored = api.sanitize_for_serialization(
+        batch.replace_namespaced_cron_job(plain_cronjob, namespace, stored)
+    )
+    desired = build_injection(stored, parse_config(stored, settings), settings)
+
+    def patch(body: dict[str, Any]) -> Any:
+        return kubernetes.client.BatchV1Api(as_operator).patch_namespaced_cron_job(
+            plain_cronjob,
+            namespace,
+            injection_patch(stored, body),
+            _content_type="application/json-patch+json",
+            dry_run="All",
+        )
+
+    patch(desired)  # as built: admitted
+    changed = json.loads(json.dumps(desired))
+    change(changed["spec"]["jobTemplate"]["spec"]["template"]["spec"])
+    assert said in refused(lambda: patch(changed))
+    # On a Lease lock the operator records success itself: the volume is refused there.
+    lease_stored = json.loads(json.dumps(stored))
+    lease_stored["metadata"]["annotations"] = {"cronlock.io/enabled": "true"}
+    stored = api.sanitize_for_serialization(
+        batch.replace_namespaced_cron_job(plain_cronjob, namespace, lease_stored)
+    )
+    on_lease = build_injection(stored, parse_config(stored, settings), settings)
+    patch(on_lease)  # as built: admitted
+    pod = on_lease["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+    pod["volumes"].append({"name": "cronlock-success", "emptyDir": {}})
+    assert "cronlock-success" in refused(lambda: patch(on_lease))
+
+
 @pytest.mark.parametrize(
     ("ops", "said"),
     [

@@ -271,18 +271,23 @@ validations:
       down, shareProcessNamespace only to true, or each back as its cronlock.io/original-*
       annotation recorded
     reason: Forbidden
-  # The user's containers: the same ones, each as it was but for cronlock's read-only mount
-  # and cronlock's liveness probe (GET /held on the sidecar's port, nothing else).
+  # The user's containers: the same ones, each as it was but for cronlock's read-only mount,
+  # for a lock in a store the success volume's writable mount (where the work says its tick
+  # succeeded), and cronlock's liveness probe (GET /held on the sidecar's port, nothing else).
   - expression: >-
       variables.resource != "cronjobs" || (variables.userContainersKept &&
       variables.newUserContainers.all(c, variables.oldUserContainers.exists(o, o.name == c.name
       {{- range $containerFields }} &&
       c.?{{ . }}.orValue(null) == o.?{{ . }}.orValue(null)
       {{- end }} &&
-      c.?volumeMounts.orValue([]).filter(m, m.name != "cronlock") ==
-      o.?volumeMounts.orValue([]).filter(m, m.name != "cronlock") &&
+      c.?volumeMounts.orValue([]).filter(m, !(m.name in ["cronlock", "cronlock-success"])) ==
+      o.?volumeMounts.orValue([]).filter(m, !(m.name in ["cronlock", "cronlock-success"])) &&
       c.?volumeMounts.orValue([]).all(m, m.name != "cronlock" ||
       (m.mountPath == "/var/run/cronlock" && m.?readOnly.orValue(false) == true &&
+      !has(m.subPath) && !has(m.subPathExpr) && !has(m.mountPropagation))) &&
+      c.?volumeMounts.orValue([]).all(m, m.name != "cronlock-success" ||
+      (m.mountPath == "/var/run/cronlock-success" &&
+      variables.newNotes[?"cronlock.io/store"].orValue("lease") in ["redis", "postgres"] &&
       !has(m.subPath) && !has(m.subPathExpr) && !has(m.mountPropagation))) &&
       (c.?livenessProbe.orValue(null) == o.?livenessProbe.orValue(null) ||
       [c, o].exists(x, has(x.livenessProbe) && has(x.livenessProbe.httpGet) &&
@@ -292,8 +297,9 @@ validations:
       (x == c || !has(c.livenessProbe)))))))
     message: >-
       cronlock never changes the image of a container it did not add, nor its command,
-      environment, security context or any other field but its read-only cronlock mount
-      and its /held liveness probe, and it never adds or removes one
+      environment, security context or any other field but its read-only cronlock mount,
+      for a lock in a store its cronlock-success mount, and its /held liveness probe, and
+      it never adds or removes one
     reason: Forbidden
   # cronlock's own containers: the configured sidecar image (the sidecar may run the stores
   # image), its two commands, restricted security, only the cronlock volume (and the
@@ -324,6 +330,8 @@ validations:
       c.?ports.orValue([]).all(p, !has(p.hostPort) && !has(p.hostIP)) &&
       c.?volumeMounts.orValue([]).all(m, ((m.name == "cronlock" && m.mountPath == "/var/run/cronlock") ||
       (c.name == "cronlock" && m.name == "cronlock-store" && m.mountPath == "/var/run/cronlock-store" &&
+      m.?readOnly.orValue(false) == true) ||
+      (c.name == "cronlock" && m.name == "cronlock-success" && m.mountPath == "/var/run/cronlock-success" &&
       m.?readOnly.orValue(false) == true)) &&
       !has(m.subPath) && !has(m.subPathExpr) && !has(m.mountPropagation)) &&
       has(c.securityContext) &&
@@ -346,7 +354,7 @@ validations:
       {{- if or $root.Values.sidecarImage.digest $root.Values.sidecarStoresImage.digest }};
       by digest from any repository{{ end }})
       with its own command, restricted security and the cronlock volume alone (the sidecar
-      also the store's Secret, read-only)
+      also the store's Secret and the success volume, read-only)
     reason: Forbidden
   # Who the sidecar is and which Lease it holds (security review 2026-12-05, L2 residue):
   # its identity from the pod's own fields, the CronJob's own lock, a version the skew
@@ -371,20 +379,23 @@ validations:
       Lease (<namespace>/cronlock-<cronlock.io/lock, or the CronJob's name>) and
       CRONLOCK_OPERATOR_VERSION only as a version (MAJOR.MINOR[.PATCH][-PRE][+BUILD])
     reason: Forbidden
-  # Volumes: the user's as they were; cronlock's is an emptyDir, and a store's is the one
-  # key "url" of the Secret the CronJob's own cronlock.io/store-secret names.
+  # Volumes: the user's as they were; cronlock's is an emptyDir, a store's is the one key
+  # "url" of the Secret the CronJob's own cronlock.io/store-secret names, and the success
+  # volume of a lock in a store an emptyDir.
   - expression: >-
       variables.resource != "cronjobs" || (
-      variables.newPod.?volumes.orValue([]).filter(v, !(v.name in ["cronlock", "cronlock-store"])) ==
-      variables.oldPod.?volumes.orValue([]).filter(v, !(v.name in ["cronlock", "cronlock-store"])) &&
+      variables.newPod.?volumes.orValue([]).filter(v, !(v.name in ["cronlock", "cronlock-store", "cronlock-success"])) ==
+      variables.oldPod.?volumes.orValue([]).filter(v, !(v.name in ["cronlock", "cronlock-store", "cronlock-success"])) &&
       variables.newPod.?volumes.orValue([]).all(v, v.name != "cronlock" || has(v.emptyDir)) &&
+      variables.newPod.?volumes.orValue([]).all(v, v.name != "cronlock-success" || (has(v.emptyDir) &&
+      variables.newNotes[?"cronlock.io/store"].orValue("lease") in ["redis", "postgres"])) &&
       variables.newPod.?volumes.orValue([]).all(v, v.name != "cronlock-store" || (has(v.secret) &&
       v.secret.?secretName.orValue("") == variables.newNotes[?"cronlock.io/store-secret"].orValue("") &&
       v.secret.?items.orValue([]).size() == 1 && v.secret.items[0].key == "url" &&
       v.secret.items[0].path == "url" && !has(v.secret.items[0].mode))))
     message: >-
       cronlock adds only its own emptyDir volume and, for a lock in Redis or PostgreSQL, the
-      key url of the Secret named by the CronJob's cronlock.io/store-secret, and never
-      changes another volume
+      key url of the Secret named by the CronJob's cronlock.io/store-secret and the
+      cronlock-success emptyDir, and never changes another volume
     reason: Forbidden
 {{- end }}

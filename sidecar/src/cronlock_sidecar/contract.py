@@ -215,6 +215,13 @@ STORE_VOLUME_NAME: Final = "cronlock-store"
 STORE_DIR: Final = "/var/run/cronlock-store"
 STORE_SECRET_URL_KEY: Final = "url"  # noqa: S105 (a key name)
 STORE_URL_FILE: Final = STORE_DIR + "/" + STORE_SECRET_URL_KEY
+# A lock in a store: the work says its tick succeeded by creating SUCCESS_FILE (tick.env's
+# CRONLOCK_SUCCESS_FILE) in an emptyDir of its own, writable by the work's containers and
+# mounted read-only into the sidecar, whose release then records the tick's success on the
+# lock (lock/ticks.py). On a Lease the operator records it when the Job completes.
+SUCCESS_VOLUME_NAME: Final = "cronlock-success"
+SUCCESS_DIR: Final = "/var/run/cronlock-success"
+SUCCESS_FILE: Final = SUCCESS_DIR + "/succeeded"
 
 # --- exit codes (sysexits.h) -------------------------------------------------------
 EXIT_OK: Final = 0
@@ -253,6 +260,9 @@ ENV_MANUAL: Final = "CRONLOCK_MANUAL"
 # The tick of the lock's success record (ANNOTATION_SUCCEEDED_PREFIX) as read at the claim:
 # the work processes (last success, this tick]; "" when none is recorded.
 ENV_LAST_SUCCESS_TICK: Final = "CRONLOCK_LAST_SUCCESS_TICK"
+# tick.env in a pod on a store lock, for a tick's run: the file the work creates when it
+# succeeded (SUCCESS_FILE); "" where the work need not (a Lease lock, a manual run).
+ENV_SUCCESS_FILE: Final = "CRONLOCK_SUCCESS_FILE"
 # `run` outside Kubernetes names its tick itself: --schedule (and --time-zone,
 # --tick-window) or --tick, whose ticks (--tick-of) and its run id. --tick's twin is not
 # CRONLOCK_TICK: that is what the work is told, and a command run under `run` that runs

@@ -678,22 +678,22 @@ def test_a_lock_in_a_store_mounts_its_secret_into_the_sidecar_alone() -> None:
     env = env_of(sidecar)
     assert env["CRONLOCK_STORE_FILE"] == "/var/run/cronlock-store/url"
     assert env["CRONLOCK_STORE_KIND"] == "postgres"
-    assert sidecar["volumeMounts"][-1] == {
+    assert {
         "name": "cronlock-store",
         "mountPath": "/var/run/cronlock-store",
         "readOnly": True,
-    }
+    } in sidecar["volumeMounts"]
     for container in [gate, *spec["containers"]]:
         assert "cronlock-store" not in [m["name"] for m in container.get("volumeMounts", [])]
         assert "CRONLOCK_STORE_FILE" not in [e["name"] for e in container.get("env", [])]
-    assert spec["volumes"][-1] == {
+    assert spec["volumes"][-2] == {
         "name": "cronlock-store",
         "secret": {"secretName": "team-locks", "items": [{"key": "url", "path": "url"}]},
     }
     # The API server's defaults (defaultMode 420) are no difference; revert takes it all out.
     stored = server_defaults(injected)
     stored_spec = pod_spec(stored)
-    stored_spec["volumes"][-1]["secret"]["defaultMode"] = 420
+    stored_spec["volumes"][-2]["secret"]["defaultMode"] = 420
     assert not needs_patch(stored, build_injection(stored, parse_config(stored, STORES), STORES))
     assert revert(injected) == user
 
@@ -817,3 +817,60 @@ def test_the_operator_scope_policy_admits_every_variable_the_injection_writes() 
                 written |= {item["name"] for item in container.get("env") or []}
     assert "CRONLOCK_OPERATOR_VERSION" in written
     assert written <= allowed, written - allowed
+
+
+def test_a_lock_in_a_store_gives_the_work_a_volume_to_say_its_tick_succeeded() -> None:
+    """Issue 56: a pod's sidecar does not learn its work's exit code, so on a store lock the
+    work creates /var/run/cronlock-success/succeeded, in an emptyDir writable by the work's
+    containers alone and read-only in the sidecar; a Lease lock gets none (the operator
+    records a tick's success there when the Job completes)."""
+    user = gen.cronjob("report", gen.with_annotations(IN_POSTGRES))
+    injected = build_injection(user, parse_config(user, STORES), STORES)
+    spec = pod_spec(injected)
+    sidecar, gate = spec["initContainers"]
+    assert spec["volumes"][-1] == {
+        "name": "cronlock-success",
+        "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"},
+    }
+    assert {
+        "name": "cronlock-success",
+        "mountPath": "/var/run/cronlock-success",
+        "readOnly": True,
+    } in sidecar["volumeMounts"]
+    assert "cronlock-success" not in [m["name"] for m in gate["volumeMounts"]]
+    for container in spec["containers"]:
+        assert {
+            "name": "cronlock-success",
+            "mountPath": "/var/run/cronlock-success",
+        } in container["volumeMounts"]
+    assert revert(injected) == user
+    on_lease = gen.cronjob("report", gen.with_annotations({"cronlock.io/enabled": "true"}))
+    lease_spec = pod_spec(build_injection(on_lease, parse_config(on_lease, STORES), STORES))
+    mounted = [
+        mount["name"]
+        for container in [*lease_spec["initContainers"], *lease_spec["containers"]]
+        for mount in container.get("volumeMounts", [])
+    ]
+    assert "cronlock-success" not in mounted
+    assert "cronlock-success" not in [volume["name"] for volume in lease_spec["volumes"]]
+
+
+def test_a_store_locks_work_that_mounts_the_success_directory_itself_is_refused() -> None:
+    user = gen.cronjob("report", gen.with_annotations(IN_POSTGRES))
+    pod_spec(user)["containers"][0]["volumeMounts"] = [
+        {"name": "scratch", "mountPath": "/var/run/cronlock-success/"}
+    ]
+    pod_spec(user)["volumes"] = [{"name": "scratch", "emptyDir": {}}]
+    with pytest.raises(InvalidConfig, match="mounts a volume at /var/run/cronlock-success,"):
+        build_injection(user, parse_config(user, STORES), STORES)
+    # On a Lease the directory is not cronlock's: the user's mount there stays.
+    on_lease = gen.cronjob("report", gen.with_annotations({"cronlock.io/enabled": "true"}))
+    pod_spec(on_lease)["containers"][0]["volumeMounts"] = [
+        {"name": "scratch", "mountPath": "/var/run/cronlock-success"}
+    ]
+    pod_spec(on_lease)["volumes"] = [{"name": "scratch", "emptyDir": {}}]
+    build_injection(on_lease, parse_config(on_lease, STORES), STORES)
+    named = gen.cronjob("report", gen.with_annotations(IN_POSTGRES))
+    pod_spec(named)["volumes"] = [{"name": "cronlock-success", "emptyDir": {}}]
+    with pytest.raises(InvalidConfig, match="volume name cronlock-success is reserved"):
+        build_injection(named, parse_config(named, STORES), STORES)

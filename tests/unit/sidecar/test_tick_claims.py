@@ -186,8 +186,15 @@ class Pod:
         transport: FakeTransport,
         job: str,
         policy: str = "skip",
+        *,
+        store: bool = False,
+        mounted: bool = True,
     ):
         self.run_dir = tmp_path / "run"
+        # The success volume as the operator mounts it for a lock in a store.
+        self.success_file = tmp_path / "success" / "succeeded"
+        if mounted:
+            self.success_file.parent.mkdir(exist_ok=True)
         options = parse_options(
             [
                 "hold", "--lease", "default/cronlock-report", "--identity", ME,
@@ -195,10 +202,17 @@ class Pod:
                 "--job-name", job, "--cronjob", "report", "--job-uid", "uid-of-this-job",
                 "--policy", policy,
             ],
-            {},
+            {"CRONLOCK_STORE": "redis://127.0.0.1:6379/0"} if store else {},
         )  # fmt: skip
         self.stop = threading.Event()
-        self.holder = Holder(options, transport, clock, SidecarState(), self.stop)
+        self.holder = Holder(
+            options,
+            transport,
+            clock,
+            SidecarState(),
+            self.stop,
+            success_file=self.success_file,
+        )
         self.codes: list[int] = []
         self.thread = threading.Thread(target=lambda: self.codes.append(self.holder.run()))
         self.thread.start()
@@ -233,6 +247,7 @@ def test_the_work_gets_its_tick_and_the_one_before_in_tick_env(
         "CRONLOCK_PREVIOUS_TICK=2026-11-29T07:55:00Z\n"
         "CRONLOCK_LAST_SUCCESS_TICK=\n"
         "CRONLOCK_MANUAL=false\n"
+        "CRONLOCK_SUCCESS_FILE=\n"
     )
     assert main(["gate"], {"CRONLOCK_RUN_DIR": str(pods[0].run_dir)}) == 0
 
@@ -245,6 +260,7 @@ def test_a_manual_runs_tick_env_says_manual(
     assert pods[0].file("decision") == "run\n"
     assert pods[0].file("tick.env") == (
         "CRONLOCK_TICK=\nCRONLOCK_PREVIOUS_TICK=\nCRONLOCK_LAST_SUCCESS_TICK=\nCRONLOCK_MANUAL=true\n"
+        "CRONLOCK_SUCCESS_FILE=\n"
     )
 
 
@@ -326,6 +342,7 @@ def test_the_work_gets_the_last_successful_tick_apart_from_the_last_claimed(
         "CRONLOCK_PREVIOUS_TICK=2026-11-29T07:55:00Z\n"
         "CRONLOCK_LAST_SUCCESS_TICK=2026-11-29T07:50:00Z\n"
         "CRONLOCK_MANUAL=false\n"
+        "CRONLOCK_SUCCESS_FILE=\n"
     )
 
 
@@ -366,3 +383,81 @@ def test_a_manual_run_records_no_success(clock: FakeClock, transport: FakeTransp
     recorded_success = success_on(transport)
     assert recorded_success is not None
     assert recorded_success.at == EARLIER
+
+
+# --- a lock in a store: the work says its tick succeeded ----------------------------------
+def test_a_store_locks_work_that_creates_the_success_file_has_its_tick_recorded_as_success(
+    tmp_path: Path, clock: FakeClock, transport: FakeTransport, pods: list[Pod]
+) -> None:
+    # The pod's sidecar does not learn its work's exit code: on a store lock the work
+    # creates CRONLOCK_SUCCESS_FILE, and the release records the tick's success.
+    transport.store(make_lease())
+    pod = Pod(tmp_path, clock, transport, JOB, store=True)
+    pods.append(pod)
+    assert f"CRONLOCK_SUCCESS_FILE={pod.success_file}\n" in pod.file("tick.env")
+    pod.success_file.touch()
+    pod.end()
+    success = success_on(transport)
+    assert success is not None
+    assert (success.at, success.job, success.run, success.holder) == (
+        START,
+        JOB,
+        "uid-of-this-job",
+        ME,
+    )
+    assert read_lease(transport.lease or {}).holder == ""
+
+
+def test_a_store_locks_work_that_creates_no_success_file_records_no_success(
+    tmp_path: Path, clock: FakeClock, transport: FakeTransport, pods: list[Pod]
+) -> None:
+    transport.store(make_lease(annotations=succeeded(EARLIER, "uid-ok")))
+    pod = Pod(tmp_path, clock, transport, JOB, store=True)
+    pods.append(pod)
+    pod.end()
+    success = success_on(transport)
+    assert success is not None
+    assert success.at == EARLIER, "a tick whose work said nothing does not move the success"
+    assert read_lease(transport.lease or {}).holder == "", "released all the same"
+
+
+def test_a_success_file_that_is_a_link_or_a_directory_records_no_success(
+    tmp_path: Path, clock: FakeClock, transport: FakeTransport, pods: list[Pod]
+) -> None:
+    # Nothing the work leaves there is opened or followed: only a regular file counts.
+    transport.store(make_lease())
+    pod = Pod(tmp_path, clock, transport, JOB, store=True)
+    pods.append(pod)
+    target = tmp_path / "elsewhere"
+    target.touch()
+    pod.success_file.symlink_to(target)
+    pod.end()
+    assert success_on(transport) is None
+    assert read_lease(transport.lease or {}).holder == ""
+
+
+@pytest.mark.parametrize(
+    ("store", "job", "mounted"),
+    [
+        (False, JOB, True),  # a Lease: the operator records success when the Job completes
+        (True, "report-manual-x1", True),  # a manual run: no tick, no success
+        (True, JOB, False),  # no success volume (injected by an older operator)
+    ],
+)
+def test_where_the_work_cannot_say_success_tick_env_names_no_file_and_none_is_recorded(
+    tmp_path: Path,
+    clock: FakeClock,
+    transport: FakeTransport,
+    pods: list[Pod],
+    store: bool,
+    job: str,
+    mounted: bool,
+) -> None:
+    transport.store(make_lease())
+    pod = Pod(tmp_path, clock, transport, job, store=store, mounted=mounted)
+    pods.append(pod)
+    assert "CRONLOCK_SUCCESS_FILE=\n" in pod.file("tick.env")
+    if mounted:
+        pod.success_file.touch()
+    pod.end()
+    assert success_on(transport) is None

@@ -12,6 +12,8 @@ from cronlock_operator.cronjob.podspec import is_cronlock_probe, pod_spec_of
 from cronlock_operator.injection.containers import (
     OWN_VOLUMES,
     SKIP_RULE,
+    SUCCESS_VOLUME,
+    USER_MOUNTS,
     VOLUME,
     gate_container,
     held_probe,
@@ -103,6 +105,8 @@ def build_injection(
         mounts.append(
             {"name": contract.VOLUME_NAME, "mountPath": contract.RUN_DIR, "readOnly": True}
         )
+        if config.shared_store:
+            mounts.append({"name": contract.SUCCESS_VOLUME_NAME, "mountPath": contract.SUCCESS_DIR})
     if config.stop == "liveness":
         for container in pod_spec["containers"]:
             container["livenessProbe"] = held_probe(config)
@@ -121,6 +125,7 @@ def build_injection(
     pod_spec.setdefault("volumes", []).append(copy.deepcopy(dict(VOLUME)))
     if config.shared_store:
         pod_spec["volumes"].append(store_volume(config))
+        pod_spec["volumes"].append(copy.deepcopy(dict(SUCCESS_VOLUME)))
 
     policy: dict[str, Any] = job_spec.setdefault("podFailurePolicy", {})
     policy["rules"] = [copy.deepcopy(dict(SKIP_RULE)), *policy.get("rules", [])]
@@ -168,7 +173,7 @@ def revert(cronjob: Mapping[str, Any]) -> dict[str, Any]:
             container["volumeMounts"] = [
                 mount
                 for mount in container.get("volumeMounts", [])
-                if mount.get("name") != contract.VOLUME_NAME
+                if mount.get("name") not in USER_MOUNTS
             ]
             _drop_if_empty(container, "volumeMounts")
             if is_cronlock_probe(container.get("livenessProbe")):
@@ -248,10 +253,9 @@ def check_injectable(cronjob: Mapping[str, Any], config: LockConfig) -> None:
                 f"the container name {name} is reserved for cronlock; rename the container"
             )
         for mount in container.get("volumeMounts") or []:
-            if str(mount.get("mountPath", "")).rstrip("/") == contract.RUN_DIR:
-                raise refuse(
-                    f"container {name} mounts a volume at {contract.RUN_DIR}, cronlock's directory"
-                )
+            path = str(mount.get("mountPath", "")).rstrip("/")
+            if path == contract.RUN_DIR or (config.shared_store and path == contract.SUCCESS_DIR):
+                raise refuse(f"container {name} mounts a volume at {path}, cronlock's directory")
         for port in container.get("ports") or []:
             if port.get("containerPort") == contract.SIDECAR_PORT:
                 raise refuse(

@@ -25,8 +25,21 @@ VOLUME: Final[Mapping[str, Any]] = {
     "name": contract.VOLUME_NAME,
     "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"},
 }
-# Every volume injection adds: the run dir, and a store's Secret (Redis, PostgreSQL).
-OWN_VOLUMES: Final = (contract.VOLUME_NAME, contract.STORE_VOLUME_NAME)
+# A lock in a store: where the work says its tick succeeded (contract.SUCCESS_DIR).
+SUCCESS_VOLUME: Final[Mapping[str, Any]] = {
+    "name": contract.SUCCESS_VOLUME_NAME,
+    "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"},
+}
+# Every volume injection adds: the run dir, and for a lock in a store (Redis, PostgreSQL)
+# its Secret and the success volume.
+OWN_VOLUMES: Final = (
+    contract.VOLUME_NAME,
+    contract.STORE_VOLUME_NAME,
+    contract.SUCCESS_VOLUME_NAME,
+)
+# The mounts injection adds to the user's containers: the run dir (read-only) and, for a
+# lock in a store, the success volume (writable: the work creates its file there).
+USER_MOUNTS: Final = (contract.VOLUME_NAME, contract.SUCCESS_VOLUME_NAME)
 SKIP_RULE: Final[Mapping[str, Any]] = {
     "action": "FailJob",
     "onExitCodes": {
@@ -70,7 +83,12 @@ def sidecar_container(
             _env(contract.ENV_STORE_KIND, config.store),
         ]
         store_mounts = [
-            {"name": contract.STORE_VOLUME_NAME, "mountPath": contract.STORE_DIR, "readOnly": True}
+            {"name": contract.STORE_VOLUME_NAME, "mountPath": contract.STORE_DIR, "readOnly": True},
+            {
+                "name": contract.SUCCESS_VOLUME_NAME,
+                "mountPath": contract.SUCCESS_DIR,
+                "readOnly": True,
+            },
         ]
     return {
         "name": contract.SIDECAR_CONTAINER,

@@ -16,12 +16,12 @@ from cronlock_operator.cronjob.podspec import is_cronlock_probe
 from cronlock_operator.injection.containers import (
     OWN_VOLUMES,
     SKIP_RULE,
+    USER_MOUNTS,
     is_injected_container,
     is_skip_rule,
 )
 from cronlock_operator.objects import annotation_path, annotations_of, still_at
 from cronlock_operator.settings import parse_quantity
-from cronlock_sidecar import contract
 
 
 def needs_patch(actual: Mapping[str, Any], desired: Mapping[str, Any]) -> bool:
@@ -153,13 +153,9 @@ def _without_server_defaults(actual: Mapping[str, Any], desired: Mapping[str, An
                 )
             wanted_mounts = {mount.get("name"): mount for mount in wanted.get("volumeMounts", [])}
             for mount_index, mount in enumerate(container.get("volumeMounts") or []):
-                if (
-                    mount.get("name") == contract.VOLUME_NAME
-                    and contract.VOLUME_NAME in wanted_mounts
-                ):
-                    container["volumeMounts"][mount_index] = _project(
-                        mount, wanted_mounts[contract.VOLUME_NAME]
-                    )
+                name = mount.get("name")
+                if name in USER_MOUNTS and name in wanted_mounts:
+                    container["volumeMounts"][mount_index] = _project(mount, wanted_mounts[name])
     wanted_volumes = {volume.get("name"): volume for volume in desired_pod.get("volumes", [])}
     for index, volume in enumerate(actual_pod.get("volumes") or []):
         name = volume.get("name")

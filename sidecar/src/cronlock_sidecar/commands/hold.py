@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import logging
+import stat
 import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
-from cronlock_sidecar.contract import EXIT_CONFIG, EXIT_OK
+from cronlock_sidecar.contract import EXIT_CONFIG, EXIT_OK, SUCCESS_FILE
 from cronlock_sidecar.holding.heartbeat import Heartbeat
 from cronlock_sidecar.holding.lease import (
     Acquired,
@@ -71,6 +72,7 @@ class Holder:
         start_watchdog: StartWatchdog | None = None,
         proc_root: Path = PROC,
         serve: Callable[[], None] = lambda: None,
+        success_file: Path = Path(SUCCESS_FILE),
     ) -> None:
         if options.lease is None:
             raise ValueError("hold needs a lease")
@@ -78,6 +80,9 @@ class Holder:
         self.state = state
         self.stop = stop
         self.proc_root = proc_root
+        # A lock in a store: the file the work creates to say its tick succeeded, in the
+        # volume the operator mounts for it (contract.SUCCESS_DIR); see _success_file.
+        self.success_file = success_file
         # Starts the HTTP endpoints; called once the decision is written, or before a
         # restarted sidecar confirms its Lease (pod/serving.py). Again is a no-op.
         self._serve = serve
@@ -156,8 +161,14 @@ class Holder:
         self, decision: str, acquired: Acquired | None, *, skip_line: str = ""
     ) -> Acquired | None:
         # The work reads its tick before it starts: tick.env is written before the gate opens.
+        success_file = self._success_file() if decision == "run" else None
         tick_text = (
-            tick_env(self.keeper.tick, self.keeper.previous_tick, self.keeper.last_success)
+            tick_env(
+                self.keeper.tick,
+                self.keeper.previous_tick,
+                self.keeper.last_success,
+                success_file="" if success_file is None else str(success_file),
+            )
             if decision in ("run", "overlap")
             else ""
         )
@@ -295,10 +306,36 @@ class Holder:
             daemon=True,
         ).start()
 
+    def _success_file(self) -> Path | None:
+        """Where the work says its tick succeeded, or None where it cannot: only a tick's
+        run on a lock in a store, with the operator's volume mounted. On a Lease the operator
+        records a tick's success when its Job completes, and the holders' policy refuses it
+        from a pod; a manual run records none (lock/ticks.py)."""
+        if self.options.store is None or self.keeper.tick is None:
+            return None
+        return self.success_file if self.success_file.parent.is_dir() else None
+
+    def _work_succeeded(self) -> bool:
+        """Whether the work created the success file (a regular file: nothing is opened or
+        followed) and the hold was never lost: then the release records the tick's success."""
+        path = self._success_file()
+        if path is None or self.keeper.lost:
+            return False
+        try:
+            info = path.lstat()
+        except OSError:
+            log.info("the work did not create %s: its tick's success is not recorded", path)
+            return False
+        if not stat.S_ISREG(info.st_mode):
+            log.warning("%s is not a regular file: the tick's success is not recorded", path)
+            return False
+        log.info("the work created %s: the release records its tick's success", path)
+        return True
+
     def _release(self) -> None:
         # First: a watchdog that outlived us would take our exit for a death and kill.
         self._dismiss_watchdog()
-        released = self.keeper.release()
+        released = self.keeper.release(succeeded=self._work_succeeded())
         self.state.count_release("released" if released else "failed")
         self.state.update(held=False)
         self._reap_watchdog()

@@ -6,6 +6,7 @@ import os
 
 from cronlock_sidecar.contract import (
     DECISION_FILE,
+    ENV_SUCCESS_FILE,
     FENCING_TOKEN_FILE,
     LEASE_FILE,
     SKIP_LINE_FILE,
@@ -43,15 +44,19 @@ def write_atomically(path: Path, text: str) -> None:
 
 
 def tick_env(
-    tick: Tick | None, previous: TickRecord | None, last_success: TickRecord | None = None
+    tick: Tick | None,
+    previous: TickRecord | None,
+    last_success: TickRecord | None = None,
+    *,
+    success_file: str = "",
 ) -> str:
-    """tick.env: what the work is told of its tick (lock/ticks.py `told`), as lines a
+    """tick.env: what the work is told of its tick (lock/ticks.py `told`), and the file it
+    creates to say its tick succeeded (`success_file`, "" where it need not), as lines a
     shell sources."""
     from cronlock_sidecar.lock.ticks import told
 
-    return "".join(
-        f"{name}={value}\n" for name, value in told(tick, previous, last_success).items()
-    )
+    told_ = {**told(tick, previous, last_success), ENV_SUCCESS_FILE: success_file}
+    return "".join(f"{name}={value}\n" for name, value in told_.items())
 
 
 def write_decision(
