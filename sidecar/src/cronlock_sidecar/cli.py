@@ -16,8 +16,8 @@ if TYPE_CHECKING:
 
     from cronlock_sidecar.holding.outcomes import Clock
     from cronlock_sidecar.options import Options
+    from cronlock_sidecar.stores.url import StoreUrl
     from cronlock_sidecar.transport.seam import LeaseTransport, StoreClient
-    from cronlock_sidecar.transport.storeurl import StoreUrl
 
 
 def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> int:
@@ -65,7 +65,7 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     from cronlock_sidecar.holding.outcomes import SystemClock
 
     # One clock for the hold and its store: a store shifts the times it reads onto the
-    # clock the hold judges them on (transport/frames.py).
+    # clock the hold judges them on (stores/frames.py).
     clock = SystemClock()
     tick = None
     if options.command == "run":
@@ -95,8 +95,8 @@ def _transport(options: Options, environment: Mapping[str, str], clock: Clock) -
     timeout = min(5.0, max(1.0, options.renew))
     if options.store is not None:
         _warn_if_unverified(options.store)
-        # Each store's client is imported only when it is chosen (transport/stores.py).
-        from cronlock_sidecar.transport.stores import open_store
+        # Each store's client is imported only when it is chosen (stores/open.py).
+        from cronlock_sidecar.stores.open import open_store
 
         return open_store(options.store, clock.now, timeout)
     from cronlock_sidecar.pod import logs
@@ -134,7 +134,7 @@ def _warn_if_unverified(store: StoreUrl) -> None:
     works (tests and loopback set-ups use such URLs), but a path attacker owns the lock."""
     import logging
 
-    from cronlock_sidecar.transport.storeurl import tls_warning
+    from cronlock_sidecar.stores.url import tls_warning
 
     warning = tls_warning(store)
     if warning is not None:

@@ -15,8 +15,8 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from datetime import datetime
 
+    from cronlock_sidecar.stores.url import StoreUrl
     from cronlock_sidecar.transport.seam import StoreClient
-    from cronlock_sidecar.transport.storeurl import StoreUrl
 
 
 def open_store(
@@ -34,9 +34,9 @@ def open_store(
     nothing of the caller's.
     ImportError when the store's package is not installed."""
     if url.kind == "redis":
-        from cronlock_sidecar.transport.redisstore import RedisLeaseStore
+        from cronlock_sidecar.stores.redisstore import RedisLeaseStore
 
         return RedisLeaseStore(url, now, timeout, load_library=create_tables)
-    from cronlock_sidecar.transport.pgstore import PostgresLeaseStore
+    from cronlock_sidecar.stores.pgstore import PostgresLeaseStore
 
     return PostgresLeaseStore(url, now, timeout, create_tables=create_tables, isolated=isolated)
