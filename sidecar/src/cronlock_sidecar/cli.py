@@ -93,22 +93,21 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
 def _transport(options: Options, environment: Mapping[str, str], clock: Clock) -> StoreClient | int:
     """The lock's store: the Lease through the API server, or Redis/PostgreSQL when asked."""
     timeout = min(5.0, max(1.0, options.renew))
+    # The one door; each client is imported only when its kind is chosen (stores/open.py).
+    from cronlock_sidecar.stores.open import open_transport
+
     if options.store is not None:
         _warn_if_unverified(options.store)
-        # Each store's client is imported only when it is chosen (stores/open.py).
-        from cronlock_sidecar.stores.open import open_store
-
-        return open_store(options.store, clock.now, timeout)
+        return open_transport(options.store, environment, clock.now, timeout)
+    # Only the Lease's API server comes from a kubeconfig.
     from cronlock_sidecar.pod import logs
-    from cronlock_sidecar.transport.kubeapi import KubeLeaseClient
-    from cronlock_sidecar.transport.kubeconfig import KubeConfigError, load_cluster
+    from cronlock_sidecar.transport.kubeconfig import KubeConfigError
 
     try:
-        cluster = load_cluster(environment)
+        return open_transport(None, environment, clock.now, timeout)
     except KubeConfigError as error:
         logs.fatal(str(error))
         return EXIT_CONFIG
-    return KubeLeaseClient(cluster, timeout=timeout)
 
 
 def _warn_if_outside_skew(environment: Mapping[str, str]) -> None:
