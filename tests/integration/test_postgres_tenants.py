@@ -23,9 +23,9 @@ import pytest
 
 from cronlock_sidecar.contract import ANNOTATION_FROZEN_UNTIL
 from cronlock_sidecar.lock.model import Timing, claimed, read_lease, released, renewed
-from cronlock_sidecar.transport.pgstore import PostgresLeaseStore
+from cronlock_sidecar.stores.pgstore import PostgresLeaseStore
+from cronlock_sidecar.stores.url import parse_store_url
 from cronlock_sidecar.transport.seam import Forbidden, LeaseRef, NotFound, Unavailable
-from cronlock_sidecar.transport.storeurl import parse_store_url
 from tests.support.kube import wait_for
 from tests.support.stores import PostgresServer, documented
 

@@ -31,15 +31,15 @@ from cronlock_sidecar.lock.model import (
     released,
     renewed,
 )
-from cronlock_sidecar.transport.redisstore import (
+from cronlock_sidecar.stores.redisstore import (
     FUNCTIONS,
     LIBRARY,
     LIBRARY_NAME,
     RedisLeaseStore,
     keys,
 )
+from cronlock_sidecar.stores.url import parse_store_url
 from cronlock_sidecar.transport.seam import Forbidden, LeaseRef, NotFound, Unavailable
-from cronlock_sidecar.transport.storeurl import parse_store_url
 from tests.support.kube import wait_for
 from tests.support.papers import marked_block
 from tests.support.paths import ROOT, SIDECAR

@@ -17,9 +17,9 @@ import kubernetes
 import pytest
 import yaml
 
-from cronlock_sidecar.transport.pgstore import PostgresLeaseStore
+from cronlock_sidecar.stores.pgstore import PostgresLeaseStore
+from cronlock_sidecar.stores.url import parse_store_url
 from cronlock_sidecar.transport.seam import LeaseRef
-from cronlock_sidecar.transport.storeurl import parse_store_url
 from tests.support import gen
 from tests.support.controlplane import ControlPlane, ServiceAccountKubeconfig
 from tests.support.leases import make_lease

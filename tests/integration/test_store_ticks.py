@@ -31,17 +31,17 @@ import redis
 from cronlock_sidecar.contract import ANNOTATION_SUCCEEDED_PREFIX
 from cronlock_sidecar.lock import ticks
 from cronlock_sidecar.lock.model import Timing, claimed, read_lease, released, renewed
-from cronlock_sidecar.transport.documents import TICK_AHEAD_SECONDS, unversioned
-from cronlock_sidecar.transport.pgstore import PostgresLeaseStore
-from cronlock_sidecar.transport.redisstore import (
+from cronlock_sidecar.stores.documents import TICK_AHEAD_SECONDS, unversioned
+from cronlock_sidecar.stores.pgstore import PostgresLeaseStore
+from cronlock_sidecar.stores.redisstore import (
     FUNCTIONS,
     LIBRARY_NAME,
     RedisLeaseStore,
     keys,
     micros,
 )
+from cronlock_sidecar.stores.url import parse_store_url
 from cronlock_sidecar.transport.seam import Forbidden, LeaseRef, NotFound
-from cronlock_sidecar.transport.storeurl import parse_store_url
 from tests.integration.test_postgres_tenants import statements, tenant_store
 from tests.integration.test_redis_tenants import (
     add_user,

@@ -23,11 +23,11 @@ import pytest
 import redis
 
 from cronlock_sidecar.lock.model import Timing, claimed, read_lease, renewed
-from cronlock_sidecar.transport import pgstore, redisstore
-from cronlock_sidecar.transport.pgstore import PostgresLeaseStore
-from cronlock_sidecar.transport.redisstore import RedisLeaseStore, keys
+from cronlock_sidecar.stores import pgstore, redisstore
+from cronlock_sidecar.stores.pgstore import PostgresLeaseStore
+from cronlock_sidecar.stores.redisstore import RedisLeaseStore, keys
+from cronlock_sidecar.stores.url import parse_store_url
 from cronlock_sidecar.transport.seam import Conflict, Forbidden, LeaseRef, NotFound, Unavailable
-from cronlock_sidecar.transport.storeurl import parse_store_url
 from tests.support.kube import wait_for
 from tests.support.paths import ROOT, SIDECAR
 from tests.support.stores import PostgresServer, RedisServer, documented

@@ -6,7 +6,7 @@ itself never reads Secrets.
 
 Whoever wrote the Secret chose the host, and the caller is often an admin: nothing of the
 caller's machine goes with the connection but what the URL says (security review L4).
-PostgreSQL connects isolated (transport/pgstore.py: no PG* environment, password file,
+PostgreSQL connects isolated (stores/pgstore.py: no PG* environment, password file,
 client certificate or Kerberos ticket), only over TCP and as the URL's user; a Redis URL
 may ask only for query parameters that read nothing of the caller's (redis-py passes any
 other on, `ssl_certfile=` too, and reads no environment itself).
@@ -22,14 +22,14 @@ from urllib.parse import parse_qs, urlsplit
 import kubernetes
 
 from cronlock_sidecar import contract
-from cronlock_sidecar.transport import stores
-from cronlock_sidecar.transport.seam import StoreClient
-from cronlock_sidecar.transport.storeurl import (
+from cronlock_sidecar.stores import open as door
+from cronlock_sidecar.stores.url import (
     ISOLATING_LIBPQ,
     StoreUrl,
     StoreUrlError,
     parse_store_url,
 )
+from cronlock_sidecar.transport.seam import StoreClient
 
 STORE_TIMEOUT_SECONDS: Final = 5.0
 DEFAULT_PORTS: Final = {"redis": 6379, "postgres": 5432}
@@ -94,7 +94,7 @@ def address(url: StoreUrl) -> str:
 
 
 def open_store(url: StoreUrl, *, read_only: bool) -> StoreClient:
-    """The sidecar's client for the store (its one door, transport/stores.py), taking
+    """The sidecar's client for the store (its one door, stores/open.py), taking
     nothing of the caller's machine along (module docstring); `read_only` never creates
     PostgreSQL's tables. StoreAccessError when its package is missing or the URL asks
     for what cronlock does not lend."""
@@ -103,7 +103,7 @@ def open_store(url: StoreUrl, *, read_only: bool) -> StoreClient:
             _check_redis(url)
         else:
             _check_postgres(url)
-        return stores.open_store(
+        return door.open_store(
             url, _now, STORE_TIMEOUT_SECONDS, create_tables=not read_only, isolated=True
         )
     except ImportError:

@@ -16,8 +16,8 @@ if TYPE_CHECKING:
 
     from cronlock_sidecar.holding.outcomes import Clock
     from cronlock_sidecar.options import Options
+    from cronlock_sidecar.stores.url import StoreUrl
     from cronlock_sidecar.transport.seam import LeaseTransport, StoreClient
-    from cronlock_sidecar.transport.storeurl import StoreUrl
 
 
 def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> int:
@@ -65,7 +65,7 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     from cronlock_sidecar.holding.outcomes import SystemClock
 
     # One clock for the hold and its store: a store shifts the times it reads onto the
-    # clock the hold judges them on (transport/frames.py).
+    # clock the hold judges them on (stores/frames.py).
     clock = SystemClock()
     tick = None
     if options.command == "run":
@@ -93,22 +93,21 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
 def _transport(options: Options, environment: Mapping[str, str], clock: Clock) -> StoreClient | int:
     """The lock's store: the Lease through the API server, or Redis/PostgreSQL when asked."""
     timeout = min(5.0, max(1.0, options.renew))
+    # The one door; each client is imported only when its kind is chosen (stores/open.py).
+    from cronlock_sidecar.stores.open import open_transport
+
     if options.store is not None:
         _warn_if_unverified(options.store)
-        # Each store's client is imported only when it is chosen (transport/stores.py).
-        from cronlock_sidecar.transport.stores import open_store
-
-        return open_store(options.store, clock.now, timeout)
+        return open_transport(options.store, environment, clock.now, timeout)
+    # Only the Lease's API server comes from a kubeconfig.
     from cronlock_sidecar.pod import logs
-    from cronlock_sidecar.transport.kubeapi import KubeLeaseClient
-    from cronlock_sidecar.transport.kubeconfig import KubeConfigError, load_cluster
+    from cronlock_sidecar.transport.kubeconfig import KubeConfigError
 
     try:
-        cluster = load_cluster(environment)
+        return open_transport(None, environment, clock.now, timeout)
     except KubeConfigError as error:
         logs.fatal(str(error))
         return EXIT_CONFIG
-    return KubeLeaseClient(cluster, timeout=timeout)
 
 
 def _warn_if_outside_skew(environment: Mapping[str, str]) -> None:
@@ -134,7 +133,7 @@ def _warn_if_unverified(store: StoreUrl) -> None:
     works (tests and loopback set-ups use such URLs), but a path attacker owns the lock."""
     import logging
 
-    from cronlock_sidecar.transport.storeurl import tls_warning
+    from cronlock_sidecar.stores.url import tls_warning
 
     warning = tls_warning(store)
     if warning is not None:

@@ -19,8 +19,8 @@ from cronlock_sidecar.lock.durations import (
     parse_duration,
 )
 from cronlock_sidecar.lock.model import Timing, TimingError, replace_wait_timeout
+from cronlock_sidecar.stores.url import StoreUrl, StoreUrlError, parse_store_url
 from cronlock_sidecar.transport.seam import LeaseRef
-from cronlock_sidecar.transport.storeurl import StoreUrl, StoreUrlError, parse_store_url
 
 COMMANDS = ("hold", "gate", "run")
 POLICIES = contract.POLICIES

@@ -15,9 +15,13 @@ from cronlock_sidecar.lock.model import (
     Timing,
     TimingError,
     cleared,
+    holder_of,
     is_expired,
     read_lease,
     released,
+    token_of,
+    token_set,
+    with_token,
 )
 from cronlock_sidecar.options import ConfigError, parse_options
 from tests.support import gen
@@ -210,3 +214,45 @@ def test_clearing_an_expired_hold_leaves_the_lease_as_its_release_would() -> Non
     assert (record.holder, record.last_holder, record.transitions) == ("", "report-1-xyz_5678", 3)
     with pytest.raises(ValueError, match="test failed"):  # another holder since: not applied
         apply_json_patch(lease(holderIdentity="report-2-new_9abc"), patch)
+
+
+@pytest.mark.parametrize(
+    ("spec", "holder", "token"),
+    [
+        (
+            {"holderIdentity": "report-1-xyz_abcd1234", "leaseTransitions": 7},
+            "report-1-xyz_abcd1234",
+            7,
+        ),
+        ({}, "", 0),
+        # Malformed as read_lease reads it: no holder, no token.
+        ({"holderIdentity": 12, "leaseTransitions": "7"}, "", 0),
+        ({"leaseTransitions": True}, "", 0),
+    ],
+)
+def test_holder_of_and_token_of_read_as_read_lease_does(
+    spec: dict[str, Any], holder: str, token: int
+) -> None:
+    body = lease(**spec)
+    assert (holder_of(body), token_of(body)) == (holder, token)
+    record = read_lease(body)
+    assert (holder_of(body), token_of(body)) == (record.holder, record.transitions)
+    assert holder_of({"spec": None}) == ""
+    assert token_of({}) == 0
+
+
+def test_with_token_sets_the_token_and_keeps_the_rest_untouched() -> None:
+    body = lease(holderIdentity="report-1-xyz_abcd1234", leaseTransitions=3)
+    written = with_token(body, 9)
+    assert token_of(written) == 9
+    assert token_of(body) == 3, "the Lease given is not changed"
+    assert {**written, "spec": {}} == {**body, "spec": {}}
+    assert holder_of(written) == "report-1-xyz_abcd1234"
+    assert token_of(with_token({"metadata": {}}, 1)) == 1
+
+
+def test_token_set_patches_the_token_alone() -> None:
+    body = lease(holderIdentity="", leaseTransitions=2**31 - 1)
+    patched = apply_json_patch(body, [token_set(0)])
+    assert token_of(patched) == 0
+    assert patched == with_token(body, 0)

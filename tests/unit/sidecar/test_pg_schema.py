@@ -11,7 +11,7 @@ import re
 
 import pytest
 
-from cronlock_sidecar.transport import pgstore
+from cronlock_sidecar.stores import pgstore
 
 # SQL syntax that looks like a call and is none (no search path is consulted), and the
 # keywords the pattern below meets before a parenthesis.

@@ -48,6 +48,7 @@ NOT_ON_THE_GATE_PATH = [
     "logging", "argparse", "gettext", "pathlib", "typing", "json", "tempfile",
     "dataclasses", "http", "email", "ssl", "socket", "threading",
     "cronlock_sidecar.options", "cronlock_sidecar.holding", "cronlock_sidecar.transport",
+    "cronlock_sidecar.stores",
 ]  # fmt: skip
 
 # Module -> why it is not needed at start-up (and roughly what it cost, measured with

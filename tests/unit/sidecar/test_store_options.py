@@ -10,8 +10,8 @@ import pytest
 from cronlock_sidecar.cli import main
 from cronlock_sidecar.lock.model import LeaseRecord, is_expired, read_lease
 from cronlock_sidecar.options import parse_options
-from cronlock_sidecar.transport.frames import to_reader
-from cronlock_sidecar.transport.storeurl import StoreUrlError, parse_store_url
+from cronlock_sidecar.stores.frames import to_reader
+from cronlock_sidecar.stores.url import StoreUrlError, parse_store_url
 
 SECRET = "pa55-w0rd"  # noqa: S105 - a test value
 

@@ -8,7 +8,7 @@ from cronlock_sidecar import cli
 from cronlock_sidecar.holding.outcomes import SystemClock
 from cronlock_sidecar.options import parse_options
 from cronlock_sidecar.pod import logs
-from cronlock_sidecar.transport.storeurl import parse_store_url, tls_warning
+from cronlock_sidecar.stores.url import parse_store_url, tls_warning
 
 SECRET = "pa55-w0rd"  # noqa: S105 - a test value
 

@@ -20,9 +20,9 @@ from psycopg import pq
 from psycopg.conninfo import make_conninfo
 
 from cronlock_operator.storeaccess import StoreAccessError, address, open_store
-from cronlock_sidecar.transport.pgstore import PostgresLeaseStore
+from cronlock_sidecar.stores.pgstore import PostgresLeaseStore
+from cronlock_sidecar.stores.url import ISOLATING_LIBPQ, parse_store_url
 from cronlock_sidecar.transport.seam import ApiError, LeaseRef
-from cronlock_sidecar.transport.storeurl import ISOLATING_LIBPQ, parse_store_url
 from tests.unit.status.objects import cronjob
 from tests.unit.status.test_cli import FakeApi, Handler, kubeconfig, run
 
@@ -175,8 +175,8 @@ def test_postgres_is_opened_isolated_creating_tables_only_to_write(
 @pytest.mark.parametrize(
     ("url", "client"),
     [
-        ("redis://:pw@10.0.0.7/0", "cronlock_sidecar.transport.redisstore"),
-        (URL, "cronlock_sidecar.transport.pgstore"),
+        ("redis://:pw@10.0.0.7/0", "cronlock_sidecar.stores.redisstore"),
+        (URL, "cronlock_sidecar.stores.pgstore"),
     ],
 )
 def test_a_store_whose_client_is_not_installed_says_how_to_install_it(

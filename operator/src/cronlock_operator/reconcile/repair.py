@@ -17,7 +17,7 @@ from typing import Any
 from cronlock_operator.objects import annotation_path, still_at
 from cronlock_operator.reconcile.actions import Action, PatchLease, PostEvent
 from cronlock_sidecar import contract
-from cronlock_sidecar.lock.model import LeaseRecord, read_lease
+from cronlock_sidecar.lock.model import LeaseRecord, read_lease, token_set
 
 # spec.leaseTransitions is an int32: a claim writes one more, so this is the last it can.
 TRANSITIONS_CEILING = 2**31 - 2
@@ -61,7 +61,7 @@ def decide(lease: Mapping[str, Any], owners: Sequence[Mapping[str, Any]]) -> lis
         return []
     patch: list[dict[str, Any]] = [still_at(record.resource_version)]
     if not 0 <= record.transitions <= TRANSITIONS_CEILING:
-        patch.append({"op": "replace", "path": "/spec/leaseTransitions", "value": 0})
+        patch.append(token_set(0))
     if record.replaced_jobs_text:
         path = annotation_path(contract.ANNOTATION_REPLACED_JOBS)
         jobs = record.replaced_jobs_text.split(",")

@@ -2,10 +2,11 @@
 
 The sidecar (which takes and renews Leases), the operator (which creates them and clears
 expired holders) and `cronlock status` (which shows them) all read a Lease through
-`read_lease` and judge it with `is_expired`, and both validators of a ttl/renew pair
-use `Timing.check`. Times are whole milliseconds so that boundary values (a renew of
-exactly a third of the ttl, a kill grace that just fits) are decided exactly, not by
-float rounding. Standard library only: it is on the sidecar's start-up path.
+`read_lease` (or its shorthands `holder_of`, `token_of`) and judge it with `is_expired`,
+and both validators of a ttl/renew pair use `Timing.check`. Times are whole milliseconds
+so that boundary values (a renew of exactly a third of the ttl, a kill grace that just
+fits) are decided exactly, not by float rounding. Standard library only: it is on the
+sidecar's start-up path.
 """
 
 from __future__ import annotations
@@ -266,6 +267,27 @@ def read_lease(body: Mapping[str, Any]) -> LeaseRecord:
         frozen_reason=_text(annotations.get(ANNOTATION_FROZEN_REASON)),
         frozen_stop=annotations.get(ANNOTATION_FROZEN_STOP) == "true",
     )
+
+
+def holder_of(body: Mapping[str, Any]) -> str:
+    """Who holds the Lease `body` ("" when free), read as `read_lease` reads it."""
+    return read_lease(body).holder
+
+
+def token_of(body: Mapping[str, Any]) -> int:
+    """The Lease's fencing token, `spec.leaseTransitions` (0 when unset or malformed)."""
+    return read_lease(body).transitions
+
+
+def with_token(body: Mapping[str, Any], token: int) -> dict[str, Any]:
+    """`body` with `token` as its fencing token: a store hands out its own (stores/)."""
+    return {**body, "spec": {**_mapping(body.get("spec")), "leaseTransitions": token}}
+
+
+def token_set(token: int) -> dict[str, Any]:
+    """The JSON patch operation that sets a Lease's fencing token to `token` (the operator's
+    repair of one out of range)."""
+    return {"op": "replace", "path": "/spec/leaseTransitions", "value": token}
 
 
 def is_expired(

@@ -8,7 +8,7 @@ free, expired (on the database's clock) or same-Job hold, the duration is 1..864
 and the trigger alone sets the fencing token (`transitions`: one more than any handed out
 on a new holder, `cronlock.fences` keeping the highest, so a row deleted by hand is
 created again with a higher one), the version and the times. Ages are judged on the
-database's clock alone (`clock_timestamp()`, `transport.frames`). The same trigger keeps
+database's clock alone (`clock_timestamp()`, `stores.frames`). The same trigger keeps
 the tick records (`cronlock.io/tick.<cronjob>`, lock/ticks.py; docs/STORES.md, "Tick
 records in a store"): only a claim adds or changes one, naming its own holder, never ahead of the
 database's clock + TICK_AHEAD_SECONDS, never back to an older tick or to the same tick of
@@ -52,14 +52,16 @@ import psycopg
 from psycopg import errors
 from psycopg.conninfo import make_conninfo
 
-from cronlock_sidecar.transport.documents import (
+from cronlock_sidecar.stores.documents import (
     STORE_REFUSAL,
     TICK_AHEAD_SECONDS,
     stamped,
     unversioned,
     version_read,
 )
-from cronlock_sidecar.transport.frames import to_reader
+from cronlock_sidecar.stores.frames import to_reader
+from cronlock_sidecar.stores.url import ISOLATING_LIBPQ as ISOLATING_LIBPQ
+from cronlock_sidecar.stores.url import StoreUrl
 from cronlock_sidecar.transport.seam import (
     ApiError,
     Conflict,
@@ -69,8 +71,6 @@ from cronlock_sidecar.transport.seam import (
     NotFound,
     Unavailable,
 )
-from cronlock_sidecar.transport.storeurl import ISOLATING_LIBPQ as ISOLATING_LIBPQ
-from cronlock_sidecar.transport.storeurl import StoreUrl
 
 # Schema 3: the schema `cronlock` (tables of schema 1 or 2 on the caller's search path
 # moved into it, renamed, with a view left in their place), its tables created where
@@ -449,7 +449,7 @@ _EXISTS = "SELECT 1 FROM cronlock.locks WHERE namespace = %(namespace)s AND name
 # offer ~/.pgpass, the client certificate in ~/.postgresql (or one the URL names) and a
 # Kerberos ticket (GSSAPI, SSPI) to whichever host the URL names; OAuth is not offered
 # either. Only the URL's own password (or none) is ever sent. sslcertmode and require_auth
-# need libpq 16 (ISOLATING_LIBPQ, in transport/storeurl.py); the caller checks before
+# need libpq 16 (ISOLATING_LIBPQ, in stores/url.py); the caller checks before
 # connecting.
 ISOLATED: Final = {
     # A path no file can ever be at (/dev/null is no directory): libpq reads nothing and,

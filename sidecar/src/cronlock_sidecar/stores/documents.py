@@ -6,7 +6,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from cronlock_sidecar.contract import HOLDER_POLICY_DENIAL
-from cronlock_sidecar.microtime import read_time
+from cronlock_sidecar.lock.model import read_lease, with_token
 
 # How every store refusal of a write that breaks the lock's rules begins (a bad duration,
 # a document that is not one); a refused change of holder reads as the holders' policy's.
@@ -30,7 +30,7 @@ def unversioned(body: dict[str, Any]) -> dict[str, Any]:
 def renewal_age(body: dict[str, Any], writer_time: datetime) -> timedelta:
     """How long before `writer_time` the document's renewTime is (never negative): the store
     dates the write's renewal that much before its own clock's now, never after it."""
-    renewed = read_time((body.get("spec") or {}).get("renewTime"))
+    renewed = read_lease(body).renew_time
     if renewed is None or renewed > writer_time:
         return timedelta(0)
     return writer_time - renewed
@@ -53,5 +53,4 @@ def version_read(body: dict[str, Any]) -> str:
 def stamped(document: dict[str, Any], version: int | str, token: int | str) -> dict[str, Any]:
     """The document as a reader sees it: the store's version and fencing token in place."""
     metadata = {**(document.get("metadata") or {}), "resourceVersion": str(version)}
-    spec = {**(document.get("spec") or {}), "leaseTransitions": int(token)}
-    return {**document, "metadata": metadata, "spec": spec}
+    return with_token({**document, "metadata": metadata}, int(token))

@@ -19,6 +19,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from cronlock_sidecar.contract import ANNOTATION_RELEASED_AT
+from cronlock_sidecar.lock.model import holder_of
 from cronlock_sidecar.microtime import format_microtime, read_time
 
 # The times a Lease carries as moments (frozen-until is a deadline a person set, in UTC,
@@ -64,7 +65,7 @@ def to_reader(
     """
     reader = shifted(document, (written_at - writer_time) + (reader_now - store_now))
     spec = dict(reader.get("spec") or {})
-    if spec.get("holderIdentity"):
+    if holder_of(reader):
         renewal = NEVER if renewed_at > store_now else reader_now - (store_now - renewed_at)
         spec["renewTime"] = format_microtime(renewal)
     return {**reader, "spec": spec}

@@ -12,7 +12,7 @@ Redis' clock) or same-Job hold, the duration is 1..86400 s, and the function alo
 the fencing token (one more than any handed out on a new holder, unchanged otherwise;
 the `fence` counter keeps the highest, so a lock deleted by hand or lost in a failover
 is created again with a higher one) and the times. Ages are judged on Redis'
-clock (`transport.frames`). An idle lock's hash expires after a week; the counters stay.
+clock (`stores.frames`). An idle lock's hash expires after a week; the counters stay.
 A user allowed HSET on the keys can still write them around the function: Redis checks a
 function's commands against the caller's ACL, so nothing lets a user run it but not HSET
 (docs/STORES.md: credentials per namespace). Tenants need no EVAL: the library is loaded
@@ -33,7 +33,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from cronlock_sidecar.transport.documents import (
+from cronlock_sidecar.stores.documents import (
     STORE_REFUSAL,
     TICK_AHEAD_SECONDS,
     held_refusal,
@@ -42,7 +42,8 @@ from cronlock_sidecar.transport.documents import (
     unversioned,
     version_read,
 )
-from cronlock_sidecar.transport.frames import to_reader
+from cronlock_sidecar.stores.frames import to_reader
+from cronlock_sidecar.stores.url import REPLICAS_DOCS, StoreUrl
 from cronlock_sidecar.transport.seam import (
     Conflict,
     Forbidden,
@@ -51,7 +52,6 @@ from cronlock_sidecar.transport.seam import (
     NotFound,
     Unavailable,
 )
-from cronlock_sidecar.transport.storeurl import REPLICAS_DOCS, StoreUrl
 
 IDLE_EXPIRY_MS = 7 * 24 * 3600 * 1000
 LONGEST_DURATION_SECONDS = 86400  # the operator's longest ttl (MAX_TTL_SECONDS)
