@@ -23,7 +23,7 @@ from typing import Any
 from cronlock_operator.cronjob.reading import Readings
 from cronlock_operator.kube.cache import ObjectCache
 from cronlock_operator.kube.calls import KubeCalls
-from cronlock_operator.kube.errors import Gone, Retry
+from cronlock_operator.kube.errors import NotFound, Retry
 from cronlock_operator.objects import Name, name_of
 from cronlock_operator.reconcile.keys import (
     ContentionKey,
@@ -260,7 +260,7 @@ class Reconciler:
     async def _reconcile(self, key: Key) -> Result:
         try:
             result = await asyncio.to_thread(self._reconcilers[type(key)], key)
-        except Gone as gone:
+        except NotFound as gone:
             # The object or its whole namespace is gone; its DELETED event tidies up.
             logger.debug("%s: gone (%s)", key, gone)
             return DONE
