@@ -16,7 +16,7 @@ import kopf
 import uvloop
 
 from cronlock_operator.kube.client import api_client
-from cronlock_operator.kube.errors import Gone, Retry
+from cronlock_operator.kube.errors import APIError, NotFound
 from cronlock_operator.kube.leaderlease import LeaderLeases
 from cronlock_operator.kube.writes import Kube
 from cronlock_operator.runtime import leader, liveness
@@ -320,7 +320,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         except ValueError as error:
             logging.getLogger(__name__).error("%s", error)
             return contract.EXIT_CONFIG
-        except Retry as error:
+        except APIError as error:
             logging.getLogger(__name__).error(
                 "cannot read the sidecar images: %s (the chart grants get on the operator's "
                 "own Deployment)",
@@ -383,12 +383,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _images_from_deployment(settings: OperatorSettings, ref: str) -> OperatorSettings:
     """`settings` with the images that Deployment NAMESPACE/NAME's init containers name
-    (settings.images_from); ValueError for a bad reference or Deployment, Retry when it
-    cannot be read."""
+    (settings.images_from); ValueError for a bad reference or Deployment, an APIError when
+    it cannot be read."""
     namespace, name = _object_ref("--sidecar-images-from", ref)
     try:
         deployment = Kube(api_client()).read_deployment(namespace, name)
-    except Gone as error:
+    except NotFound as error:
         raise ValueError(f"--sidecar-images-from: {error}") from error
     sidecar, stores = images_from(deployment)
     logging.getLogger(__name__).info(

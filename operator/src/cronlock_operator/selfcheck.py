@@ -133,24 +133,23 @@ def check(
 def check_service(namespace: str, service: str, wait: float) -> int:
     """`check` against the API server (in a pod, with its ServiceAccount)."""
     import kubernetes
-    import urllib3
 
+    from cronlock_operator.kube.answers import answered
     from cronlock_operator.kube.client import api_client
+    from cronlock_operator.kube.errors import APIError
 
     api = api_client()
     discovery = kubernetes.client.DiscoveryV1Api(api)
 
     def list_slices() -> list[Mapping[str, Any]]:
-        answer = discovery.list_namespaced_endpoint_slice(
-            namespace, label_selector=f"kubernetes.io/service-name={service}"
-        )
+        with answered(f"list the EndpointSlices of Service {namespace}/{service}"):
+            answer = discovery.list_namespaced_endpoint_slice(
+                namespace, label_selector=f"kubernetes.io/service-name={service}"
+            )
         return [api.sanitize_for_serialization(item) for item in answer.items]
 
     try:
         return check(list_slices, f"{namespace}/{service}", wait)
-    except kubernetes.client.ApiException as error:
-        problem = f"{error.status} {error.reason}"
-    except urllib3.exceptions.HTTPError as error:
-        problem = str(error)
-    logger.error("cannot list the EndpointSlices of Service %s/%s: %s", namespace, service, problem)
+    except APIError as error:
+        logger.error("cannot %s", error)
     return contract.EXIT_UNAVAILABLE

@@ -21,6 +21,8 @@ from urllib.parse import parse_qs, urlsplit
 
 import kubernetes
 
+from cronlock_operator.kube.answers import answered
+from cronlock_operator.kube.errors import APIError, Forbidden, NotFound
 from cronlock_sidecar import contract
 from cronlock_sidecar.stores import open as door
 from cronlock_sidecar.stores.url import (
@@ -52,14 +54,14 @@ def store_url(api: Any, namespace: str, secret: str, kind: str | None = None) ->
     (no right to read it, no such Secret or key, not a store URL, another kind)."""
     core = kubernetes.client.CoreV1Api(api)
     try:
-        body = core.read_namespaced_secret(secret, namespace)
-    except kubernetes.client.ApiException as error:
-        reason = {403: "you may not read", 404: "there is no"}.get(error.status)
-        raise StoreAccessError(
-            f"{reason} Secret {namespace}/{secret}"
-            if reason
-            else f"reading Secret {namespace}/{secret}: HTTP {error.status}"
-        ) from None
+        with answered(f"reading Secret {namespace}/{secret}"):
+            body = core.read_namespaced_secret(secret, namespace)
+    except Forbidden:
+        raise StoreAccessError(f"you may not read Secret {namespace}/{secret}") from None
+    except NotFound:
+        raise StoreAccessError(f"there is no Secret {namespace}/{secret}") from None
+    except APIError as error:
+        raise StoreAccessError(str(error)) from None
     encoded = (body.data or {}).get(contract.STORE_SECRET_URL_KEY)
     if encoded is None:
         raise StoreAccessError(

@@ -15,19 +15,18 @@ installing cronlock again guards it again.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import kubernetes
-
 from cronlock_operator.cronjob.config import InvalidConfig
 from cronlock_operator.injection.build import is_injected, revert
 from cronlock_operator.injection.patching import injection_patch
-from cronlock_operator.kube.answers import done, raw
+from cronlock_operator.kube.answers import answered, done, raw
 from cronlock_operator.kube.cache import ObjectCache
-from cronlock_operator.kube.errors import Rejected, Retry
+from cronlock_operator.kube.errors import APIError, NotFound, Rejected, Retry
 from cronlock_operator.kube.writes import Kube
 from cronlock_operator.leases.ownership import made_by_cronlock
 from cronlock_sidecar import contract
@@ -92,7 +91,7 @@ def _tell(kube: Kube, body: dict[str, Any], reason: str) -> None:
     )
     try:
         kube.post_event(body, "NotReverted", message, warning=True)
-    except kubernetes.client.ApiException as error:
+    except APIError as error:
         logger.warning("uninstall: no NotReverted Event posted: %s", error.reason)
 
 
@@ -144,21 +143,20 @@ def _delete_ours(kube: Kube, namespaces: Sequence[str], keep: frozenset[str]) ->
     )  # fmt: skip
     for kind, list_in, list_all, delete in kinds:
         for scope in scopes:
-            page = raw(
-                list_all(label_selector=SELECTOR, _preload_content=False)
-                if scope is None
-                else list_in(scope, label_selector=SELECTOR, _preload_content=False)
-            )
+            with answered(f"list {kind}s" + (f" in namespace {scope}" if scope else "")):
+                page = raw(
+                    list_all(label_selector=SELECTOR, _preload_content=False)
+                    if scope is None
+                    else list_in(scope, label_selector=SELECTOR, _preload_content=False)
+                )
             for item in page.get("items") or []:
                 metadata = item["metadata"]
                 if metadata["namespace"] in keep or not made_by_cronlock(item):
                     continue
                 if kind != "lease" and not metadata["name"].startswith(contract.HOLDER_ROLE):
                     continue  # a Role or RoleBinding of the chart, not a holder's
-                try:
+                what = f"delete {kind} {metadata['namespace']}/{metadata['name']}"
+                with contextlib.suppress(NotFound), answered(what):
                     done(delete(metadata["name"], metadata["namespace"], _preload_content=False))
-                except kubernetes.client.ApiException as error:
-                    if error.status != 404:
-                        raise
                 deleted += 1
     return deleted

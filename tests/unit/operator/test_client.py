@@ -8,7 +8,7 @@ from typing import Any
 import kubernetes
 import pytest
 
-from cronlock_operator.kube import client
+from cronlock_operator.kube import client, errors
 
 KUBECONFIG = """
 apiVersion: v1
@@ -73,16 +73,16 @@ def test_outside_a_pod_without_any_configuration_says_what_to_set(
     monkeypatch.delenv("KUBECONFIG", raising=False)
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     monkeypatch.setenv("HOME", str(tmp_path))
-    with pytest.raises(client.NoConfiguration, match="set KUBECONFIG or --kubeconfig"):
+    with pytest.raises(errors.NoConfiguration, match="set KUBECONFIG or --kubeconfig"):
         client.connect()
 
 
 def test_a_kubeconfig_that_is_missing_or_not_one_is_the_users_to_fix(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    with pytest.raises(client.KubeconfigError, match="no such file"):
+    with pytest.raises(errors.KubeConfigError, match="no such file"):
         client.connect(str(tmp_path / "absent"))
     broken = tmp_path / "broken"
     broken.write_text("- a list\n- where a map belongs\n")
-    with pytest.raises(client.KubeconfigError, match="cannot be read"):
+    with pytest.raises(errors.KubeConfigError, match="cannot be read"):
         client.connect(str(broken))

@@ -259,17 +259,15 @@ def test_a_conflict_rechecked_later_is_not_counted_as_a_reconcile_error() -> Non
 
 def test_a_lease_used_by_an_unseen_cronjob_is_undecided_a_counted_retry_not_a_refusal() -> None:
     """The executor's verdict comes back as a value: consent cannot be decided while a user
-    of the lock is not seen yet, so the reconcile asks for a retry with backoff (counted as
-    an error), posts no Conflict and guards nothing."""
+    of the lock is not seen yet, so the reconcile asks for a retry with backoff (a raised
+    Retry, counted as an error), posts no Conflict and guards nothing."""
     reconciler, kube = setup()
     used = make_lease(namespace="team-a", owners=[("gone", "uid-gone")], resource_version="3")
     kube.leases[("team-a", "cronlock-report")] = copy.deepcopy(used)
     reconciler.on_lease("ADDED", used)
     before = counted_errors()
-    result = asyncio.run(reconciler._reconcile(CronJobKey("team-a", "report")))
-    assert result.retry is not None
-    assert "not (yet) seen" in result.retry
-    assert result.requeue_after is None
+    with pytest.raises(Retry, match=r"not \(yet\) seen"):
+        asyncio.run(reconciler._reconcile(CronJobKey("team-a", "report")))
     assert counted_errors() == before + 1
     assert reasons(kube) == []
     assert kube.patches == 0
@@ -294,9 +292,15 @@ def test_a_foreign_role_holds_back_only_the_cronjobs_of_its_account() -> None:
 def test_a_refused_patch_is_one_warning_and_no_retry() -> None:
     reconciler, kube = setup()
     kube.fail["patch_cronjob"] = Rejected('CronJob.batch "report" is invalid: restartPolicy')
-    reconcile(reconciler, "team-a", "report")
-    reconcile(reconciler, "team-a", "report")
+    before = counted_errors()
+    with pytest.raises(Rejected):  # it ends the CronJob's reconcile, and only that
+        reconcile(reconciler, "team-a", "report")
+    # Where a reconcile ends, the runtime tells it once, counts it, and does not retry.
+    for _ in range(2):
+        assert asyncio.run(reconciler._reconcile(CronJobKey("team-a", "report"))) == DONE
+    assert counted_errors() == before + 2
     assert reasons(kube) == ["ReconcileError"]
+    assert "the API server refused cronlock's change" in kube.events[0][2]
     del kube.fail["patch_cronjob"]
     reconcile(reconciler, "team-a", "report")
     assert reasons(kube) == ["ReconcileError", "Injected"]

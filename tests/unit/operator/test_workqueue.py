@@ -8,7 +8,7 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from cronlock_operator.kube.errors import Retry
+from cronlock_operator.kube.errors import Rejected, Retry
 from cronlock_operator.runtime.workqueue import DONE, Result, WorkQueue
 
 
@@ -75,17 +75,13 @@ def test_a_key_is_never_worked_on_by_two_workers_and_a_change_meanwhile_runs_it_
     run(scenario)
 
 
-@pytest.mark.parametrize(
-    "failure", [Retry("conflict"), RuntimeError("bug"), Result(retry="undecided")]
-)
-def test_a_failed_key_comes_back_after_a_backoff(failure: Exception | Result) -> None:
+@pytest.mark.parametrize("failure", [Retry("conflict"), RuntimeError("bug")])
+def test_a_failed_key_comes_back_after_a_backoff(failure: Exception) -> None:
     attempts: list[float] = []
 
     async def work(key: str) -> Result:
         attempts.append(asyncio.get_running_loop().time())
         if len(attempts) < 3:
-            if isinstance(failure, Result):
-                return failure
             raise failure
         return DONE
 
@@ -98,6 +94,27 @@ def test_a_failed_key_comes_back_after_a_backoff(failure: Exception | Result) ->
         first, second = attempts[1] - attempts[0], attempts[2] - attempts[1]
         assert first >= 0.045
         assert second >= 0.095  # doubled
+
+    run(scenario)
+
+
+def test_a_rejected_key_is_never_retried_until_it_is_added_again() -> None:
+    attempts: list[str] = []
+
+    async def work(key: str) -> Result:
+        attempts.append(key)
+        raise Rejected("the API server refused it for good")
+
+    async def scenario() -> None:
+        queue: WorkQueue[str] = WorkQueue(work, workers=1, base_delay=0.01)
+        queue.start()
+        queue.add("a")
+        await until(lambda: attempts == ["a"] and queue.idle())
+        await asyncio.sleep(0.1)  # ten base delays: no backoff timer was set
+        assert attempts == ["a"]
+        queue.add("a")  # its next change is looked at anew
+        await until(lambda: attempts == ["a", "a"] and queue.idle())
+        await queue.stop()
 
     run(scenario)
 

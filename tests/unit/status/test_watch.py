@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from cronlock_operator.kube.errors import Expired, Forbidden, Unreachable
 from cronlock_operator.status import api
 from cronlock_operator.status import cli as status
 from cronlock_operator.status.model import Change, Kind, Mirror
@@ -93,7 +94,7 @@ def test_follow_lists_again_when_the_version_is_gone() -> None:
     source = ScriptedSource(
         "cronjobs",
         lists=[api.Listing([first], "5"), api.Listing([second], "40")],
-        watches=[api.Gone("too old resource version: 5 (38)"), []],
+        watches=[Expired("too old resource version: 5 (38)", status=410), []],
     )
 
     reported, pauses = follow(source)
@@ -104,11 +105,27 @@ def test_follow_lists_again_when_the_version_is_gone() -> None:
     assert pauses == []
 
 
+def test_a_list_whose_pages_kept_expiring_is_a_failure_reported_and_waited_for() -> None:
+    expiring = Expired("cannot list leases: its pages kept expiring (410 Gone)", status=410)
+    source = ScriptedSource("leases", lists=[expiring, api.Listing([], "8")], watches=[[]])
+
+    reported, pauses = follow(source)
+
+    assert [(change.type, change.error) for change in reported] == [
+        ("FAILED", str(expiring)),
+        ("LISTED", ""),
+        ("WATCHING", ""),
+    ]
+    assert pauses == [api.RETRY_SECONDS]
+
+
 def test_follow_reports_a_failure_waits_and_carries_on_from_where_it_was() -> None:
-    refused = api.Unavailable("cannot watch leases.coordination.k8s.io in namespace a: refused")
+    refused = Forbidden(
+        "cannot watch leases.coordination.k8s.io in namespace a: forbidden", status=403
+    )
     source = ScriptedSource(
         "leases",
-        lists=[api.Unavailable("cannot list leases: unreachable"), api.Listing([], "8")],
+        lists=[Unreachable("cannot list leases: unreachable"), api.Listing([], "8")],
         watches=[refused, []],
     )
 

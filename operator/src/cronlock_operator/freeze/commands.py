@@ -23,6 +23,8 @@ from typing import Any, Final
 
 import kubernetes
 
+from cronlock_operator.kube import errors
+from cronlock_operator.kube.answers import answered
 from cronlock_operator.storeaccess import StoreAccessError, address, open_store, store_url
 from cronlock_sidecar import contract
 from cronlock_sidecar.lock.durations import DurationError, parse_duration
@@ -149,9 +151,15 @@ def clean_reason(text: str) -> str:
 
 def caller(api: kubernetes.client.ApiClient) -> str:
     """The API server's name for whoever is calling (a SelfSubjectReview)."""
-    review = kubernetes.client.AuthenticationV1Api(api).create_self_subject_review(
-        {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"}
-    )
+    try:
+        with answered("create selfsubjectreview"):
+            review = kubernetes.client.AuthenticationV1Api(api).create_self_subject_review(
+                {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"}
+            )
+    except errors.APIError as error:
+        raise FreezeError(
+            f"the API server cannot say who you are: {error}", EXIT_UNAVAILABLE
+        ) from None
     return str(review.status.user_info.username)
 
 
@@ -287,10 +295,11 @@ def _new_document(ref: LeaseRef, annotations: dict[str, str]) -> dict[str, Any]:
 def _read(api: kubernetes.client.ApiClient, namespace: str, lock: str) -> dict[str, Any]:
     name = contract.lease_name(lock)
     try:
-        raw = kubernetes.client.CoordinationV1Api(api).read_namespaced_lease(
-            name, namespace, _preload_content=False
-        )
-    except kubernetes.client.ApiException as error:
+        with answered(f"get lease {namespace}/{name}"):
+            raw = kubernetes.client.CoordinationV1Api(api).read_namespaced_lease(
+                name, namespace, _preload_content=False
+            )
+    except errors.APIError as error:
         raise _refused(error, namespace, lock) from None
     body: dict[str, Any] = json.loads(raw.data)
     return body
@@ -299,44 +308,42 @@ def _read(api: kubernetes.client.ApiClient, namespace: str, lock: str) -> dict[s
 def _patch(
     api: kubernetes.client.ApiClient, namespace: str, lock: str, notes: dict[str, str | None]
 ) -> None:
+    name = contract.lease_name(lock)
     try:
-        kubernetes.client.CoordinationV1Api(api).patch_namespaced_lease(
-            contract.lease_name(lock),
-            namespace,
-            {"metadata": {"annotations": notes}},
-            field_manager=FIELD_MANAGER,
-            _content_type="application/merge-patch+json",
-            _preload_content=False,
-        ).release_conn()
-    except kubernetes.client.ApiException as error:
+        with answered(f"patch lease {namespace}/{name}"):
+            kubernetes.client.CoordinationV1Api(api).patch_namespaced_lease(
+                name,
+                namespace,
+                {"metadata": {"annotations": notes}},
+                field_manager=FIELD_MANAGER,
+                _content_type="application/merge-patch+json",
+                _preload_content=False,
+            ).release_conn()
+    except errors.APIError as error:
         raise _refused(error, namespace, lock) from None
 
 
-def _refused(error: kubernetes.client.ApiException, namespace: str, lock: str) -> FreezeError:
+def _refused(error: errors.APIError, namespace: str, lock: str) -> FreezeError:
     name = contract.lease_name(lock)
-    if error.status == 404:
+    if isinstance(error, errors.NotFound):
         return FreezeError(
             f"lock {lock} has no Lease {namespace}/{name}: the operator makes it for a "
             f"guarded CronJob whose lock is {lock} (cronlock.io/lock, else the CronJob's name)",
             EXIT_NOT_FOUND,
         )
-    if error.status == 403:
-        detail = _message(error)
+    if isinstance(error, errors.Forbidden):
+        detail = error.message or error.reason
         return FreezeError(
             f"the API server refused: {detail} (freezing needs the verbs get, patch and "
             f"freeze on leases in {namespace}: the chart's ClusterRole <release>-freezer)",
             EXIT_UNAVAILABLE,
         )
+    if isinstance(error, errors.Unreachable):
+        return FreezeError(f"the API server did not answer: {error.reason}", EXIT_UNAVAILABLE)
     return FreezeError(
-        f"the API server answered {error.status}: {_message(error)}", EXIT_UNAVAILABLE
+        f"the API server answered {error.status}: {error.message or error.reason}",
+        EXIT_UNAVAILABLE,
     )
-
-
-def _message(error: kubernetes.client.ApiException) -> str:
-    try:
-        return str(json.loads(error.body or "{}").get("message") or error.reason)
-    except ValueError:
-        return str(error.reason)
 
 
 def run(

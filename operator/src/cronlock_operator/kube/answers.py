@@ -1,65 +1,80 @@
-"""How the operator reads the API server's answers: hiccups, refusals, unread bodies.
+"""How the operator reads the API server's answers: its errors, and its unread bodies.
 
-`transient_errors` turns what a retry can fix into `Retry` for the work queue, and a 404
-no inner handler expected into `Gone` (the object or its namespace was deleted);
-`invalid_message` and `policy_denial` find the refusals no retry can change (`Rejected`);
-`raw` and `done` finish each response so its connection goes back to the pool.
+`api_error` is the one reader of the client's exceptions (`kubernetes.client.ApiException`,
+urllib3's and the socket's errors): it turns each into the tree of `kube/errors.py`, whose
+`error_of` picks the class by status. `answered` does that around a call, so past it
+nothing needs the client's exceptions; every module that talks to the API server (kube/,
+status, freeze, storeaccess, selfcheck, uninstall) catches through it. `raw` and `done`
+finish each response so its connection goes back to the pool.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import kubernetes
 import urllib3
 
-from cronlock_operator.kube.errors import Gone, Retry
+from cronlock_operator.kube.errors import APIError, NotFound, error_of
 
-_RETRIABLE = {409, 422, 429, 500, 502, 503, 504}
+# What a request raises when the API server did not answer: the connection's errors.
+NO_ANSWER = (urllib3.exceptions.HTTPError, OSError)
 
 
 @contextmanager
-def transient_errors(what: str) -> Iterator[None]:
-    """Turn API hiccups into Retry so the work queue backs off and tries again, and a
-    404 into Gone: past this edge nothing needs the client's exceptions."""
+def answered(what: str) -> Iterator[None]:
+    """Around a request (`what`, as "get lease team-a/cronlock-report"): its failures as
+    the tree's errors, the client's chained as the cause."""
     try:
         yield
-    except kubernetes.client.ApiException as error:
-        if error.status == 404:
-            raise Gone(f"{what}: {error.reason}") from error
-        if error.status in _RETRIABLE or error.status == 403:
-            # 403 too: the RBAC that is missing now may be granted in a moment.
-            raise Retry(f"{what}: HTTP {error.status} {error.reason}") from error
-        raise
-    except (urllib3.exceptions.HTTPError, OSError) as error:
-        raise Retry(f"{what}: {error}") from error
+    except (kubernetes.client.ApiException, *NO_ANSWER) as error:
+        raise api_error(what, error) from error
 
 
-def invalid_message(error: Any) -> str:
-    """The API server's message for a 422 that names what is invalid; "" for a bare one."""
+def found(what: str, read: Callable[[], Any]) -> dict[str, Any] | None:
+    """One object as the API server sent it (`read` asks with `_preload_content=False`);
+    None when there is none (404)."""
     try:
-        status = json.loads(error.body or "")
-    except (TypeError, ValueError):
-        return ""
-    if not isinstance(status, dict) or not (status.get("details") or {}).get("causes"):
-        return ""
-    return str(status.get("message") or "")
+        with answered(what):
+            return raw(read())
+    except NotFound:
+        return None
 
 
-def policy_denial(error: Any) -> str:
-    """The message of a 403 from an admission policy ("" for any other answer): a refusal
-    that no retry can change, unlike RBAC that may be granted in a moment."""
-    if getattr(error, "status", None) != 403:
-        return ""
+def api_error(what: str, error: BaseException) -> APIError:
+    """The tree's error for what a request `what` raised: the API server's answer by its
+    status; anything else (the connection's errors, a body that is no API server's) is no
+    answer, status 0."""
+    if isinstance(error, kubernetes.client.ApiException):
+        status = int(error.status or 0)
+        message, causes = _status_of(error.body)
+        reason = str(error.reason or "")
+        return error_of(
+            status,
+            f"{what}: HTTP {status} {reason}",
+            reason=reason,
+            message=message,
+            causes=causes,
+        )
+    if isinstance(error, urllib3.exceptions.MaxRetryError) and error.reason is not None:
+        # urllib3 wraps the connection's own error in the URL and retry count.
+        error = error.reason
+    return error_of(0, f"{what}: {error}", reason=str(error))
+
+
+def _status_of(body: Any) -> tuple[str, int]:
+    """The message of a Status body and how many causes it names ("", 0 when none)."""
     try:
-        status = json.loads(error.body or "")
+        status = json.loads(body or "")
     except (TypeError, ValueError):
-        return ""
-    message = str(status.get("message") or "") if isinstance(status, dict) else ""
-    return message if "ValidatingAdmissionPolicy" in message else ""
+        return "", 0
+    if not isinstance(status, dict):
+        return "", 0
+    causes = (status.get("details") or {}).get("causes") or []
+    return str(status.get("message") or ""), len(causes) if isinstance(causes, list) else 0
 
 
 def raw(response: Any) -> dict[str, Any]:

@@ -18,6 +18,8 @@ from typing import Any, Final
 import kubernetes
 import yaml
 
+from cronlock_operator.kube.errors import KubeConfigError, NoConfiguration
+
 # Who cronlock is to the API server: the field manager of every write (so managedFields,
 # and GitOps tools reading them, tell cronlock's fields from the user's) and the
 # User-Agent of every request (so audit logs and API priority rules can name it).
@@ -25,15 +27,6 @@ FIELD_MANAGER: Final = "cronlock"
 USER_AGENT: Final = "cronlock-operator"
 
 _SERVICE_ACCOUNT_NAMESPACE: Final = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
-
-
-class KubeconfigError(Exception):
-    """A kubeconfig that was asked for cannot be used (missing, unreadable, no such
-    context): the user's to fix, so the message names it."""
-
-
-class NoConfiguration(Exception):
-    """Neither a kubeconfig nor a pod's ServiceAccount to connect with."""
 
 
 @dataclass(frozen=True)
@@ -82,7 +75,7 @@ def _load_kubeconfig(
     configuration: Any, kubeconfig: str | None, context: str | None, asked: bool
 ) -> str:
     if kubeconfig is not None and not Path(kubeconfig).expanduser().is_file():
-        raise KubeconfigError(f"--kubeconfig {kubeconfig}: no such file")
+        raise KubeConfigError(f"--kubeconfig {kubeconfig}: no such file")
     # $KUBECONFIG as it is now (the client reads it once, when imported); a `:` list merges.
     path = kubeconfig or os.environ.get("KUBECONFIG") or None
     try:
@@ -95,14 +88,14 @@ def _load_kubeconfig(
         contexts, active = kubernetes.config.list_kube_config_contexts(config_file=path)
     except kubernetes.config.ConfigException as error:
         if asked:
-            raise KubeconfigError(f"kubeconfig: {error}") from error
+            raise KubeConfigError(f"kubeconfig: {error}") from error
         raise NoConfiguration(
             f"no Kubernetes configuration: {error} (set KUBECONFIG or --kubeconfig)"
         ) from error
     except (yaml.YAMLError, ValueError, TypeError, KeyError, AttributeError, OSError) as error:
         # A kubeconfig that is there but not one (bad YAML, a list where a map belongs).
         where = kubeconfig or os.environ.get("KUBECONFIG") or "~/.kube/config"
-        raise KubeconfigError(f"kubeconfig {where} cannot be read: {error}") from error
+        raise KubeConfigError(f"kubeconfig {where} cannot be read: {error}") from error
     chosen = next((entry for entry in contexts if entry["name"] == context), active)
     return str((chosen.get("context") or {}).get("namespace") or "default")
 

@@ -1,7 +1,8 @@
 """The leader election's Lease at the Kubernetes edge: read, create and replace it, with
 the client's answers turned into values (None when there is none, False when another
-replica wrote first) and its failures into `Retry`, so runtime/leader.py, which decides
-who leads, needs no client (the operator's "only kube/ imports kubernetes" contract)."""
+replica wrote first) and its failures into the tree of `kube/errors.py` (`APIError`), so
+runtime/leader.py, which decides who leads, needs no client (the operator's "only kube/
+imports kubernetes" contract)."""
 
 from __future__ import annotations
 
@@ -9,11 +10,10 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 import kubernetes
-import urllib3
 
-from cronlock_operator.kube.answers import raw
+from cronlock_operator.kube.answers import answered, found
 from cronlock_operator.kube.client import FIELD_MANAGER
-from cronlock_operator.kube.errors import Retry
+from cronlock_operator.kube.errors import Conflict
 
 
 class LeaderLeaseCalls(Protocol):
@@ -34,14 +34,10 @@ class LeaderLeases:
 
     def read(self, namespace: str, name: str) -> dict[str, Any] | None:
         """The Lease as the API server sent it; None when there is none (404)."""
-        try:
-            return raw(self.leases.read_namespaced_lease(name, namespace, _preload_content=False))
-        except kubernetes.client.ApiException as error:
-            if error.status == 404:
-                return None
-            raise _retry(f"read lease {namespace}/{name}", error) from error
-        except (urllib3.exceptions.HTTPError, OSError) as error:
-            raise _retry(f"read lease {namespace}/{name}", error) from error
+        return found(
+            f"read lease {namespace}/{name}",
+            lambda: self.leases.read_namespaced_lease(name, namespace, _preload_content=False),
+        )
 
     def create(self, namespace: str, body: dict[str, Any]) -> bool:
         """True once created; False when it exists already (409: another replica)."""
@@ -64,20 +60,11 @@ class LeaderLeases:
 
 def _written(what: str, write: Callable[[], Any]) -> bool:
     """One write: False on a 409 (another replica wrote first); any other failure of the
-    API or the connection is `Retry` (the election tries again at its next renewal, and a
-    leader that cannot write gives up at its renew deadline)."""
+    API or the connection is an `APIError` (the election tries again at its next renewal,
+    and a leader that cannot write gives up at its renew deadline)."""
     try:
-        write().release_conn()
-    except kubernetes.client.ApiException as error:
-        if error.status == 409:
-            return False
-        raise _retry(what, error) from error
-    except (urllib3.exceptions.HTTPError, OSError) as error:
-        raise _retry(what, error) from error
+        with answered(what):
+            write().release_conn()
+    except Conflict:
+        return False
     return True
-
-
-def _retry(what: str, error: Exception) -> Retry:
-    if isinstance(error, kubernetes.client.ApiException):
-        return Retry(f"{what}: HTTP {error.status} {error.reason}")
-    return Retry(f"{what}: {error}")

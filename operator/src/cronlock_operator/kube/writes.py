@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import logging
 import secrets
@@ -12,16 +13,19 @@ from typing import Any
 import kubernetes
 
 from cronlock_operator.cronjob.invalid import cut
-from cronlock_operator.kube.answers import (
-    done,
-    invalid_message,
-    policy_denial,
-    raw,
-    transient_errors,
-)
+from cronlock_operator.kube.answers import answered, done, found, raw
 from cronlock_operator.kube.cache import ObjectCache
 from cronlock_operator.kube.client import FIELD_MANAGER
-from cronlock_operator.kube.errors import Rejected, Retry
+from cronlock_operator.kube.errors import (
+    APIError,
+    Conflict,
+    Forbidden,
+    Invalid,
+    NotFound,
+    Rejected,
+    Retry,
+    final,
+)
 from cronlock_operator.kube.rbac_writes import HolderRbac
 from cronlock_sidecar import contract
 
@@ -36,8 +40,9 @@ LIST_PAGE = 500
 
 class Kube:
     """Typed clients over one ApiClient: one method per read or write, each safe to call
-    again, errors translated by `answers`. What to write is decided by the pure layers;
-    the holder Roles and RoleBindings go through `holder_rbac`."""
+    again, its failures the tree of `kube/errors.py` (through `answers.answered`). What to
+    write is decided by the pure layers; the holder Roles and RoleBindings go through
+    `holder_rbac`."""
 
     def __init__(self, api: kubernetes.client.ApiClient) -> None:
         self.api = api
@@ -59,8 +64,8 @@ class Kube:
         admit) is one too: Rejected, permanent. A bare 422 is the patch's resourceVersion
         test failing (a lost race, retried).
         """
-        with transient_errors(f"patch cronjob {namespace}/{name}"):
-            try:
+        try:
+            with answered(f"patch cronjob {namespace}/{name}"):
                 return raw(
                     self.batch.patch_namespaced_cron_job(
                         name,
@@ -71,14 +76,13 @@ class Kube:
                         _preload_content=False,
                     )
                 )
-            except kubernetes.client.ApiException as error:
-                if error.status == 404:
-                    return None
-                message = invalid_message(error) if error.status == 422 else ""
-                message = message or policy_denial(error)
-                if message:
-                    raise Rejected(message) from error
-                raise
+        except NotFound:
+            return None
+        except (Invalid, Forbidden) as error:
+            refusal = final(error)
+            if refusal:
+                raise Rejected(refusal) from error
+            raise
 
     def annotate_cronjob(
         self, namespace: str, name: str, annotations: Mapping[str, str | None]
@@ -96,7 +100,7 @@ class Kube:
     def list_cronjobs(self, namespaces: Sequence[str], into: ObjectCache) -> None:
         """Every CronJob in the watched namespaces (all when empty), into the cache page
         by page (a whole parsed list of 10,000 CronJobs would be the operator's peak).
-        A 403 in a watched namespace is a Retry saying what is most likely missing."""
+        A 403 in a watched namespace is a Forbidden saying what is most likely missing."""
         scopes: list[str | None] = [*namespaces] or [None]
         for namespace in scopes:
             try:
@@ -107,10 +111,10 @@ class Kube:
                     [namespace] if namespace else [],
                 ):
                     into.put(item)
-            except Retry as error:
-                if namespace is None or getattr(error.__cause__, "status", None) != 403:
+            except Forbidden as error:
+                if namespace is None:
                     raise
-                raise Retry(f"{error}: {not_granted_in(namespace)}") from error.__cause__
+                raise error.retold(f"{error}: {not_granted_in(namespace)}") from error.__cause__
 
     def list_leases(self, namespaces: Sequence[str]) -> Iterator[dict[str, Any]]:
         """Every Lease labelled as cronlock's in the watched namespaces (all when empty)."""
@@ -135,7 +139,7 @@ class Kube:
         for namespace in scopes:
             token = None
             while True:
-                with transient_errors(what):
+                with answered(what):
                     page_params = {
                         **params,
                         "limit": LIST_PAGE,
@@ -154,7 +158,7 @@ class Kube:
 
     def labelled_namespaces(self) -> list[str]:
         """The namespaces labelled cronlock.io/enabled=true (the API server filters);
-        a 403 is a Retry that names the grant or flag it needs."""
+        a 403 is a Forbidden that names the grant or flag it needs."""
         try:
             return [
                 item["metadata"]["name"]
@@ -166,30 +170,23 @@ class Kube:
                     label_selector=contract.NAMESPACE_SELECTOR,
                 )
             ]
-        except Retry as error:
-            if getattr(error.__cause__, "status", None) != 403:
-                raise
-            raise Retry(
+        except Forbidden as error:
+            raise error.retold(
                 "list namespaces: HTTP 403: namespace opt-in needs get, list and watch on "
                 "namespaces (the chart's namespaceOptIn grants them); or run the operator "
                 "with --no-namespace-opt-in"
-            ) from error
+            ) from error.__cause__
 
     def read_cronjob(self, namespace: str, name: str) -> dict[str, Any] | None:
-        with transient_errors(f"get cronjob {namespace}/{name}"):
-            try:
-                return raw(
-                    self.batch.read_namespaced_cron_job(name, namespace, _preload_content=False)
-                )
-            except kubernetes.client.ApiException as error:
-                if error.status == 404:
-                    return None
-                raise
+        return found(
+            f"get cronjob {namespace}/{name}",
+            lambda: self.batch.read_namespaced_cron_job(name, namespace, _preload_content=False),
+        )
 
     def read_deployment(self, namespace: str, name: str) -> dict[str, Any]:
-        """One Deployment, as the API server has it (Gone on 404, Retry on hiccups and
-        403): the operator's own, whose init containers name the images it injects."""
-        with transient_errors(f"get deployment {namespace}/{name}"):
+        """One Deployment, as the API server has it (NotFound on 404; on 403 and hiccups
+        a Retry): the operator's own, whose init containers name the images it injects."""
+        with answered(f"get deployment {namespace}/{name}"):
             return raw(
                 kubernetes.client.AppsV1Api(self.api).read_namespaced_deployment(
                     name, namespace, _preload_content=False
@@ -201,16 +198,12 @@ class Kube:
         """Create a Lease; on 409 read the one that exists. Returns the Lease as the API
         server has it and whether this call created it (Retry when it vanished between)."""
         name = body["metadata"]["name"]
-        with transient_errors(f"create lease {namespace}/{name}"):
-            try:
-                response = self.leases.create_namespaced_lease(
-                    namespace, body, field_manager=FIELD_MANAGER, _preload_content=False
-                )
-                logger.info("lease %s/%s created", namespace, name)
-                return raw(response), True
-            except kubernetes.client.ApiException as error:
-                if error.status != 409:
-                    raise
+        with contextlib.suppress(Conflict), answered(f"create lease {namespace}/{name}"):
+            response = self.leases.create_namespaced_lease(
+                namespace, body, field_manager=FIELD_MANAGER, _preload_content=False
+            )
+            logger.info("lease %s/%s created", namespace, name)
+            return raw(response), True
         current = self.read_lease(namespace, name)
         if current is None:
             raise Retry(f"lease {namespace}/{name} vanished while being created")
@@ -218,8 +211,8 @@ class Kube:
 
     def merge_lease(self, namespace: str, name: str, patch: Mapping[str, Any]) -> dict[str, Any]:
         """A strategic merge patch of a Lease's metadata; Retry when the Lease is gone."""
-        with transient_errors(f"patch lease {namespace}/{name}"):
-            try:
+        try:
+            with answered(f"patch lease {namespace}/{name}"):
                 response = self.leases.patch_namespaced_lease(
                     name,
                     namespace,
@@ -229,43 +222,30 @@ class Kube:
                     _preload_content=False,
                 )
                 return raw(response)
-            except kubernetes.client.ApiException as error:
-                if error.status != 404:
-                    raise
-                # The cache was behind: the garbage collector deleted the Lease with its
-                # last owner. A bare 404 would read as "this CronJob is gone" and drop it.
-                raise Retry(f"lease {namespace}/{name} vanished; creating it again") from error
+        except NotFound as error:
+            # The cache was behind: the garbage collector deleted the Lease with its last
+            # owner. A bare NotFound would read as "this CronJob is gone" and drop it.
+            raise Retry(f"lease {namespace}/{name} vanished; creating it again") from error
 
     def read_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
         """One pod, as the API server has it (None: gone): whose run holds a Lease."""
-        with transient_errors(f"get pod {namespace}/{name}"):
-            try:
-                return raw(self.core.read_namespaced_pod(name, namespace, _preload_content=False))
-            except kubernetes.client.ApiException as error:
-                if error.status == 404:
-                    return None
-                raise
+        return found(
+            f"get pod {namespace}/{name}",
+            lambda: self.core.read_namespaced_pod(name, namespace, _preload_content=False),
+        )
 
     def read_job(self, namespace: str, name: str) -> dict[str, Any] | None:
         """One Job, as the API server has it (None: gone)."""
-        with transient_errors(f"get job {namespace}/{name}"):
-            try:
-                return raw(self.batch.read_namespaced_job(name, namespace, _preload_content=False))
-            except kubernetes.client.ApiException as error:
-                if error.status == 404:
-                    return None
-                raise
+        return found(
+            f"get job {namespace}/{name}",
+            lambda: self.batch.read_namespaced_job(name, namespace, _preload_content=False),
+        )
 
     def read_lease(self, namespace: str, name: str) -> dict[str, Any] | None:
-        with transient_errors(f"get lease {namespace}/{name}"):
-            try:
-                return raw(
-                    self.leases.read_namespaced_lease(name, namespace, _preload_content=False)
-                )
-            except kubernetes.client.ApiException as error:
-                if error.status == 404:
-                    return None
-                raise
+        return found(
+            f"get lease {namespace}/{name}",
+            lambda: self.leases.read_namespaced_lease(name, namespace, _preload_content=False),
+        )
 
     def patch_lease(self, namespace: str, name: str, patch: list[dict[str, Any]]) -> bool:
         """A JSON patch (its first op tests resourceVersion); False if the Lease moved on."""
@@ -276,13 +256,13 @@ class Kube:
             name,
             patch,
             JSON_PATCH,
-            refused=(404, 409, 422),
+            refused=(NotFound, Conflict, Invalid),
         )
 
     def delete_lease(self, namespace: str, name: str, version: str) -> None:
         """Delete a Lease on the condition it is still at `version` (gone already is fine)."""
-        with transient_errors(f"delete lease {namespace}/{name}"):
-            try:
+        try:
+            with answered(f"delete lease {namespace}/{name}"):
                 done(
                     self.leases.delete_namespaced_lease(
                         name,
@@ -291,10 +271,8 @@ class Kube:
                         _preload_content=False,
                     )
                 )
-            except kubernetes.client.ApiException as error:
-                if error.status != 404:
-                    raise
-                return
+        except NotFound:
+            return
         logger.info("lease %s/%s deleted: no CronJob uses it any more", namespace, name)
 
     # --- Jobs ----------------------------------------------------------------------
@@ -322,11 +300,11 @@ class Kube:
         name: str,
         body: Any,
         content_type: str,
-        refused: tuple[int, ...] = (404,),
+        refused: tuple[type[APIError], ...] = (NotFound,),
     ) -> bool:
         """One patch; False when the API answers one of `refused` (gone, moved on)."""
-        with transient_errors(f"{what} {namespace}/{name}"):
-            try:
+        try:
+            with answered(f"{what} {namespace}/{name}"):
                 done(
                     call(
                         name,
@@ -337,23 +315,17 @@ class Kube:
                         _preload_content=False,
                     )
                 )
-            except kubernetes.client.ApiException as error:
-                if error.status in refused:
-                    return False
-                raise
+        except refused:
+            return False
         return True
 
     def delete_job(self, namespace: str, name: str) -> None:
-        with transient_errors(f"delete job {namespace}/{name}"):
-            try:
-                done(
-                    self.batch.delete_namespaced_job(
-                        name, namespace, propagation_policy="Background", _preload_content=False
-                    )
+        with contextlib.suppress(NotFound), answered(f"delete job {namespace}/{name}"):
+            done(
+                self.batch.delete_namespaced_job(
+                    name, namespace, propagation_policy="Background", _preload_content=False
                 )
-            except kubernetes.client.ApiException as error:
-                if error.status != 404:
-                    raise
+            )
 
     # --- Events --------------------------------------------------------------------
     def post_event(
@@ -392,24 +364,23 @@ class Kube:
             "count": 1,
         }
         what = f"post event {reason} on {metadata['namespace']}/{metadata['name']}"
-        with transient_errors(what):
-            try:
-                response = self.core.create_namespaced_event(
-                    metadata["namespace"],
-                    event,
-                    field_manager=FIELD_MANAGER,
-                    _preload_content=False,
+        try:
+            with answered(what):
+                done(
+                    self.core.create_namespaced_event(
+                        metadata["namespace"],
+                        event,
+                        field_manager=FIELD_MANAGER,
+                        _preload_content=False,
+                    )
                 )
-            except kubernetes.client.ApiException as error:
-                if error.status == 404 or (
-                    error.status == 403 and "being terminated" in str(error.body or "")
-                ):
-                    # Its namespace is gone or going: no retry (the poster would stall
-                    # every other namespace's Events behind it).
-                    logger.debug("%s: its namespace is being deleted", what)
-                    return
+        except (NotFound, Forbidden) as error:
+            if isinstance(error, Forbidden) and "being terminated" not in error.message:
                 raise
-            done(response)
+            # Its namespace is gone or going: no retry (the poster would stall every other
+            # namespace's Events behind it).
+            logger.debug("%s: its namespace is being deleted", what)
+            return
         level = logging.WARNING if warning else logging.INFO
         logger.log(level, "%s %s/%s: %s", reason, metadata["namespace"], metadata["name"], message)
 

@@ -20,7 +20,6 @@ from datetime import UTC, datetime
 from typing import Any
 
 from cronlock_operator.kube.calls import KubeCalls
-from cronlock_operator.kube.errors import Retry
 from cronlock_operator.leases import ownership, sharing
 from cronlock_operator.reconcile import rbac
 from cronlock_operator.reconcile.actions import (
@@ -69,7 +68,8 @@ class Refused:
 
 @dataclass(frozen=True)
 class Undecided:
-    """A judge cannot decide yet (a user of the lock not seen yet): try again later."""
+    """A judge cannot decide yet (a user of the lock not seen yet), or what it judged
+    changed meanwhile (a lost race): try again later, with backoff."""
 
     reason: str
 
@@ -182,7 +182,7 @@ class Executor:
             case EnsureLease():
                 return self._ensure_lease(action)
             case DropLeaseOwner(namespace, name, uid):
-                self._drop_lease_owner(namespace, name, uid)
+                return self._drop_lease_owner(namespace, name, uid)
             case WriteHolderRbac(namespace, roles, bindings):
                 return self._write_holder_rbac(namespace, roles, bindings)
             case MarkJob(namespace, name, annotation, value, outcome):
@@ -249,15 +249,17 @@ class Executor:
                 )
         return COMPLETED
 
-    def _drop_lease_owner(self, namespace: str, name: str, uid: str) -> None:
+    def _drop_lease_owner(self, namespace: str, name: str, uid: str) -> Ran:
         """Forget a CronJob that no longer uses this Lease; delete it once nobody does. A
-        Lease that changed meanwhile is a lost race, an error like a 409 (Retry)."""
+        Lease that changed meanwhile is a lost race: Undecided, tried again."""
         match ownership.without_owner(self.kube.read_lease(namespace, name), uid):
             case ownership.KeepOwners(patch):
                 if not self.kube.patch_lease(namespace, name, patch):
-                    raise Retry(f"lease {namespace}/{name} changed while dropping an owner")
+                    reason = f"lease {namespace}/{name} changed while dropping an owner"
+                    return Ran(verdict=Undecided(reason))
             case ownership.DeleteLease(version):
                 self.kube.delete_lease(namespace, name, version)
+        return COMPLETED
 
     def _write_holder_rbac(
         self,

@@ -17,7 +17,7 @@ from typing import Any
 
 from cronlock_operator.cronjob.reading import Readings
 from cronlock_operator.kube.cache import ObjectCache
-from cronlock_operator.kube.errors import Rejected
+from cronlock_operator.kube.errors import Rejected, Retry
 from cronlock_operator.objects import Name, name_of
 from cronlock_operator.reconcile import cronjobs
 from cronlock_operator.reconcile.cronjobs import Admitted, CronJobDecision
@@ -122,7 +122,7 @@ class CronJobReconciler:
             case Refused(reason):
                 return self._refused(cached, body, reason)
             case Undecided(reason):
-                return Result(retry=reason)
+                raise Retry(reason)
         # Recorded only once its Lease is ensured (consent checked): a holder RBAC sync
         # in another worker meanwhile must not grant a lock this CronJob may not join.
         if not decision.keep_guard and decision.guard is not None:
@@ -141,16 +141,10 @@ class CronJobReconciler:
         self.count_states()
         try:
             self.executor.run(decision.after)
-        except Rejected as rejected:
-            # Permanent: one Warning and no retry; the CronJob's next change is looked at anew.
-            metrics.reconcile_errors.labels(cached[0], CronJobKey.kind).inc()
-            message = (
-                f"the API server refused cronlock's change: {rejected}; the CronJob is left "
-                "as it was"
-            )
+        except Rejected:
+            # Permanent: the reconcile ends here, and the runtime tells it (report_rejected).
             self._remember_posted(uid, decision.posted)
-            self.warn_once(body, "ReconcileError", message)
-            return DONE
+            raise
         self._remember_posted(uid, {**decision.posted, "ReconcileError": None})
         self._judge_admission(cached, uid, decision)
         return DONE
@@ -232,6 +226,17 @@ class CronJobReconciler:
             self.warn_once(body, "ReconcileError", message)
         except Exception:
             logger.exception("could not post ReconcileError on %s/%s", namespace, name)
+
+    def report_rejected(self, namespace: str, name: str, rejected: Rejected) -> None:
+        """A ReconcileError Warning on the CronJob the API server refused a change of for
+        good: no retry; its next change is looked at anew."""
+        body = self.cronjobs.get((namespace, name))
+        if body is None:
+            return
+        message = (
+            f"the API server refused cronlock's change: {rejected}; the CronJob is left as it was"
+        )
+        self.warn_once(body, "ReconcileError", message)
 
     def warn_once(self, body: Mapping[str, Any], reason: str, message: str) -> None:
         """A Warning on the CronJob, unless this very message is the last one of its reason."""

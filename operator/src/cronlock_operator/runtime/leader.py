@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable
 from typing import Final
 
-from cronlock_operator.kube.errors import Retry
+from cronlock_operator.kube.errors import APIError
 from cronlock_operator.kube.leaderlease import LeaderLeaseCalls
 from cronlock_operator.reconcile.expiry import Observation
 from cronlock_sidecar import contract
@@ -78,7 +78,7 @@ class Elector:
         while stop is None or not stop.is_set():
             try:
                 holder = self.try_acquire()
-            except Retry as error:
+            except APIError as error:
                 logger.warning("leader election: %s; trying again", error)
                 holder = None
             if holder == self.me:
@@ -149,7 +149,7 @@ class Elector:
             if self.try_acquire() != self.me:
                 logger.error("leadership lost: the lease names another replica")
                 return False
-        except Retry as error:
+        except APIError as error:
             logger.warning("leader lease not renewed: %s", error)
         if self.clock() - self._renewed_at > self.timing.renew_deadline:
             logger.error(
@@ -185,5 +185,5 @@ class Elector:
                 logger.info("leader lease %s/%s released", self.namespace, self.name)
             else:
                 logger.warning("leader lease not released: it changed since it was read")
-        except Retry as error:
+        except APIError as error:
             logger.warning("leader lease not released: %s", error)

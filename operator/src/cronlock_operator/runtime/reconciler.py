@@ -23,7 +23,7 @@ from typing import Any
 from cronlock_operator.cronjob.reading import Readings
 from cronlock_operator.kube.cache import ObjectCache
 from cronlock_operator.kube.calls import KubeCalls
-from cronlock_operator.kube.errors import Gone, Retry
+from cronlock_operator.kube.errors import NotFound, Rejected, Retry
 from cronlock_operator.objects import Name, name_of
 from cronlock_operator.reconcile.keys import (
     ContentionKey,
@@ -260,9 +260,17 @@ class Reconciler:
     async def _reconcile(self, key: Key) -> Result:
         try:
             result = await asyncio.to_thread(self._reconcilers[type(key)], key)
-        except Gone as gone:
+        except NotFound as gone:
             # The object or its whole namespace is gone; its DELETED event tidies up.
             logger.debug("%s: gone (%s)", key, gone)
+            return DONE
+        except Rejected as rejected:
+            # Terminal (controller-runtime's TerminalError): counted and told, never retried.
+            metrics.reconcile_errors.labels(key.namespace, key.kind).inc()
+            if isinstance(key, CronJobKey):
+                await asyncio.to_thread(
+                    self.guarding.report_rejected, key.namespace, key.name, rejected
+                )
             return DONE
         except Retry:
             metrics.reconcile_errors.labels(key.namespace, key.kind).inc()
@@ -275,8 +283,6 @@ class Reconciler:
                 name = key.name if isinstance(key, CronJobKey) else key.cronjob
                 await asyncio.to_thread(self.guarding.report_error, key.namespace, name, error)
             raise
-        if result.retry is not None:
-            metrics.reconcile_errors.labels(key.namespace, key.kind).inc()
         return result
 
     # --- what the executor tells of our own writes -----------------------------------

@@ -5,8 +5,10 @@ annotations on the objects they handle, which cronlock must not leave on users'
 CronJobs. So the event handlers only enqueue keys and this queue does the rest, like
 controller-runtime's: a key waits at most once in the queue, is never worked on by two
 workers at once, and a failed key comes back after an exponential backoff. A reconcile
-returns a `Result`: done, look again after a while (not an error), or try again with
-backoff (an error, said why).
+returns a `Result`: done, or look again after a while (not an error); it raises `Retry`
+to try again with backoff (an error, said why), as controller-runtime's reconcilers
+return an error, and `Rejected` to stop for good (never retried). One channel each: nothing
+in a `Result` asks for backoff.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
-from cronlock_operator.kube.errors import Retry
+from cronlock_operator.kube.errors import Rejected, Retry
 
 Key = TypeVar("Key", bound=Hashable)
 
@@ -27,12 +29,10 @@ logger = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class Result:
     """What a reconcile asks of the queue, as controller-runtime's `reconcile.Result`:
-    nothing (done), `requeue_after` seconds until it looks again (someone may fix what it
-    found meanwhile; not an error), or `retry`: why it must try again with backoff (an
-    error, as a raised `Retry` is)."""
+    nothing (done), or `requeue_after` seconds until it looks again (someone may fix what
+    it found meanwhile; not an error). Backoff is asked by raising `Retry`."""
 
     requeue_after: float | None = None
-    retry: str | None = None
 
 
 DONE = Result()
@@ -104,17 +104,19 @@ class WorkQueue(Generic[Key]):
                 result = await self.work(key)
             except Retry as retry:
                 self._backoff(key, str(retry))
+            except Rejected as rejected:
+                # Terminal, as controller-runtime's TerminalError: told, never retried (the
+                # reconciler tells its object; this is the queue's own last word on it).
+                self._failures.pop(key, None)
+                logger.warning("reconcile of %s refused for good: %s", key, rejected)
             except Exception:
                 logger.exception("reconcile of %s failed; retrying with backoff", key)
                 self._backoff(key, "unexpected error")
             else:
-                if result.retry is not None:
-                    self._backoff(key, result.retry)
-                else:
-                    self._failures.pop(key, None)
-                    if result.requeue_after is not None:
-                        logger.debug("%s again in %.1fs", key, result.requeue_after)
-                        self.add_after(key, result.requeue_after)
+                self._failures.pop(key, None)
+                if result.requeue_after is not None:
+                    logger.debug("%s again in %.1fs", key, result.requeue_after)
+                    self.add_after(key, result.requeue_after)
             finally:
                 self._active.discard(key)
                 if key in self._dirty:

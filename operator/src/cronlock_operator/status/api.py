@@ -17,6 +17,14 @@ import yaml
 
 from cronlock_operator.cronjob.config import GUARDING, InvalidConfig, opt_in
 from cronlock_operator.kube import client
+from cronlock_operator.kube.answers import NO_ANSWER, api_error
+from cronlock_operator.kube.errors import (
+    APIError,
+    Expired,
+    Forbidden,
+    KubeConfigError,
+    error_of,
+)
 from cronlock_operator.objects import annotations_of, metadata_of
 from cronlock_operator.status.model import Change, Kind
 from cronlock_sidecar import contract
@@ -32,27 +40,14 @@ PAGE_SIZE: Final = 500
 # Short, so that a server that stops answering is noticed within it plus --request-timeout.
 WATCH_SECONDS: Final = 60
 RETRY_SECONDS: Final = 2.0
-_GONE: Final = 410
-_UNAUTHORIZED: Final = 401
-_FORBIDDEN: Final = 403
+# How the API server's refusals read to whoever ran the command.
+_VERDICTS: Final = {401: "unauthorized", 403: "forbidden"}
 _OVERRIDE_CONTEXT: Final = "cronlock-status --user/--cluster"
-
-
-class Unavailable(Exception):
-    """The API server could not be reached, or refused a request; the message says which."""
-
-
-class Forbidden(Unavailable):
-    """The API server refused a request with 403: these credentials may not make it."""
 
 
 class UsageError(Exception):
     """A flag names something that does not exist (a kubeconfig file, a context, a user),
     or flags that do not go together."""
-
-
-class Gone(Exception):
-    """The resourceVersion a watch (or a list's next page) asked for is too old: list again."""
 
 
 @dataclass(frozen=True)
@@ -102,7 +97,8 @@ def connect(
 ) -> Cluster:
     """An ApiClient as every cronlock command finds one (`kube.client.connect`: the
     kubeconfig asked for, else the pod's ServiceAccount, else `~/.kube/config`), then
-    changed by kubectl's flags as kubectl changes it."""
+    changed by kubectl's flags as kubectl changes it. UsageError for flags or a kubeconfig
+    that cannot be used, `NoConfiguration` when there is nothing to connect with."""
     overrides = overrides or Overrides()
     problem = overrides.problem()
     if problem is not None:
@@ -113,10 +109,8 @@ def connect(
         kubeconfig = _default_kubeconfig(overrides)
     try:
         connection = client.connect(kubeconfig, context)
-    except client.KubeconfigError as error:
+    except KubeConfigError as error:
         raise UsageError(str(error)) from error
-    except client.NoConfiguration as error:
-        raise Unavailable(str(error)) from error
     configuration = connection.api.configuration
     user_agent = connection.api.user_agent
     connection.api.close()
@@ -267,18 +261,21 @@ class Collection:
     def list(self) -> Listing:
         """Every item, a page of PAGE_SIZE at a time; from the start again if the pages'
         snapshot expired half-way (410), as kubectl's pager does."""
-        for _ in range(3):
+        tries = 3
+        while True:
             try:
                 return self._pages()
-            except Gone:
-                continue
-        raise Unavailable(f"cannot list {self.what}: its pages kept expiring (410 Gone)")
+            except Expired as error:
+                tries -= 1
+                if not tries:
+                    told = f"cannot list {self.what}: its pages kept expiring (410 Gone)"
+                    raise error.retold(told) from error
 
     def _pages(self) -> Listing:
         items: list[dict[str, Any]] = []
         token: str | None = None
         while True:
-            with _refusal(self._cluster, f"list {self.what}", gone_is_retried=token is not None):
+            with _refusal(self._cluster, f"list {self.what}"):
                 response = self._call(
                     label_selector=self._selector,
                     limit=PAGE_SIZE,
@@ -294,9 +291,9 @@ class Collection:
 
     def watch(self, resource_version: str) -> Iterator[dict[str, Any]]:
         """The events after `resource_version`, until the server ends the watch; raises
-        Gone when that version is too old, Unavailable when the server fails or refuses.
-        The request is made here, its events are read as they are iterated."""
-        with _refusal(self._cluster, f"watch {self.what}", gone_is_retried=True):
+        Expired when that version is too old, another APIError when the server fails or
+        refuses. The request is made here, its events are read as they are iterated."""
+        with _refusal(self._cluster, f"watch {self.what}"):
             response = self._call(
                 label_selector=self._selector,
                 watch=True,
@@ -312,18 +309,21 @@ class Collection:
 
     def _events(self, response: Any) -> Iterator[dict[str, Any]]:
         try:
-            with _refusal(self._cluster, f"watch {self.what}", gone_is_retried=True):
+            with _refusal(self._cluster, f"watch {self.what}"):
                 for line in kubernetes.watch.watch.iter_resp_lines(response):
                     if not line.strip():
                         continue
                     event = json.loads(line)
                     if event.get("type") == "ERROR":
+                        # A Status in the stream: the same answer as one to a request.
                         status = event.get("object") or {}
-                        if status.get("code") == _GONE:
-                            raise Gone(str(status.get("message", "")))
-                        raise Unavailable(
+                        message = str(status.get("message") or "")
+                        raise error_of(
+                            int(status.get("code") or 0),
                             f"cannot watch {self.what}: refused: "
-                            f"{status.get('message') or status.get('reason') or status}"
+                            f"{message or status.get('reason') or status}",
+                            reason=str(status.get("reason") or ""),
+                            message=message,
                         )
                     yield event
         finally:
@@ -401,8 +401,9 @@ def follow(
 ) -> NoReturn:
     """List, then watch from the list's resourceVersion, for as long as the process lives;
     report the list, each event and each failure. A watch that ends is started again from
-    the last version seen; one whose version is gone (410) lists again; after a failure it
-    waits `retry_seconds` and carries on from where it was."""
+    the last version seen; one whose version expired (410) lists again; after a failure
+    (a list whose pages kept expiring too) it waits `retry_seconds` and carries on from
+    where it was."""
     version: str | None = None
     while True:
         try:
@@ -419,43 +420,30 @@ def follow(
                 version = str(metadata_of(obj).get("resourceVersion") or "") or version
                 if kind in ("ADDED", "MODIFIED", "DELETED"):
                     report(Change(source.kind, kind, (obj,)))
-        except Gone:
+        except Expired as error:
+            if version is None:
+                report(Change(source.kind, "FAILED", error=str(error)))
+                pause(retry_seconds)
             version = None
-        except Unavailable as error:
+        except APIError as error:
             report(Change(source.kind, "FAILED", error=str(error)))
             pause(retry_seconds)
 
 
 @contextmanager
-def _refusal(cluster: Cluster, what: str, *, gone_is_retried: bool = False) -> Iterator[None]:
-    """Turn API errors into Unavailable naming the request that failed (and 410 Gone into
-    Gone where the caller lists again)."""
+def _refusal(cluster: Cluster, what: str) -> Iterator[None]:
+    """A request's failures as the tree's errors (`answers.api_error`), told as the
+    command tells them: the request that failed, and why."""
     try:
         yield
-    except kubernetes.client.ApiException as error:
-        if error.status == _GONE and gone_is_retried:
-            raise Gone(_server_message(error)) from error
-        reason = _server_message(error) or f"HTTP {error.status} {error.reason}"
-        if error.status == _FORBIDDEN:
-            raise Forbidden(f"cannot {what}: forbidden: {reason}") from error
-        verdict = "unauthorized" if error.status == _UNAUTHORIZED else "refused"
-        raise Unavailable(f"cannot {what}: {verdict}: {reason}") from error
-    except urllib3.exceptions.MaxRetryError as error:
-        raise Unavailable(
-            f"cannot {what}: API server {cluster.server} unreachable: {error.reason or error}"
-        ) from error
-    except (urllib3.exceptions.HTTPError, OSError) as error:
-        raise Unavailable(
-            f"cannot {what}: API server {cluster.server} unreachable: {error}"
-        ) from error
-    except ValueError as error:
-        # A body that is not JSON: not an API server, or one cut off half-way.
-        raise Unavailable(f"cannot {what}: API server {cluster.server}: {error}") from error
-
-
-def _server_message(error: Any) -> str:
-    try:
-        body = json.loads(error.body or "")
-    except (TypeError, ValueError):
-        return ""
-    return str(body.get("message", "")) if isinstance(body, dict) else ""
+    except (kubernetes.client.ApiException, *NO_ANSWER, ValueError) as error:
+        # ValueError: a body that is not JSON (not an API server, or one cut off half-way).
+        answer = api_error(what, error)
+        if answer.status == 0:
+            told = f"API server {cluster.server}: {error}"
+            if not isinstance(error, ValueError):
+                told = f"API server {cluster.server} unreachable: {answer.reason}"
+        else:
+            verdict = _VERDICTS.get(answer.status, "refused")
+            told = f"{verdict}: {answer.message or f'HTTP {answer.status} {answer.reason}'}"
+        raise answer.retold(f"cannot {what}: {told}") from error

@@ -17,6 +17,7 @@ from typing import Any, Final, Literal, NamedTuple
 
 from cronlock_operator.cronjob.reading import Readings
 from cronlock_operator.freeze import commands as freezing
+from cronlock_operator.kube.errors import APIError, NoConfiguration
 from cronlock_operator.lint import cli as lint
 from cronlock_operator.status import completion
 from cronlock_operator.status.api import (
@@ -24,7 +25,6 @@ from cronlock_operator.status.api import (
     Cluster,
     Collection,
     Overrides,
-    Unavailable,
     UsageError,
     connect,
     fetch,
@@ -229,7 +229,7 @@ def _connect(prog: str, *how: Any) -> Cluster | int:
     except UsageError as error:
         print(f"{prog}: error: {error}", file=sys.stderr)
         return EXIT_USAGE
-    except Unavailable as error:
+    except NoConfiguration as error:
         print(f"{prog}: {error}", file=sys.stderr)
         return EXIT_UNAVAILABLE
 
@@ -283,7 +283,7 @@ class View(NamedTuple):
 def _show_once(cluster: Cluster, namespace: str | None, view: View, prog: str) -> int:
     try:
         status_rows = _snapshot(cluster, namespace, view.selector, prog, view.read_stores)
-    except Unavailable as error:
+    except APIError as error:
         print(f"{prog}: {error}", file=sys.stderr)
         return EXIT_UNAVAILABLE
     if not status_rows and not view.structured:
@@ -398,7 +398,7 @@ class _Screen:
                 labels, self.labels = self.labels, None
                 try:
                     labelled = _readable(labels(), self.prog)
-                except Unavailable as error:
+                except APIError as error:
                     print(f"{self.prog}: {error}", file=sys.stderr, flush=True)
                     labelled = frozenset()
                 self.readings = Readings(labelled=labelled)
