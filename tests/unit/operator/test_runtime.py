@@ -16,7 +16,7 @@ from cronlock_operator.injection.build import is_injected
 from cronlock_operator.kube.errors import Rejected, Retry
 from cronlock_operator.reconcile.keys import CronJobKey, LeaseKey
 from cronlock_operator.runtime import metrics
-from cronlock_operator.runtime.guarding import CONFLICT_RECHECK
+from cronlock_operator.runtime.cronjobs import CONFLICT_RECHECK
 from cronlock_operator.runtime.reconciler import Reconciler
 from cronlock_operator.runtime.workqueue import DONE, Result, WorkQueue
 from tests.support import gen

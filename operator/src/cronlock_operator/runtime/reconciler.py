@@ -4,7 +4,7 @@ kind of key.
 The kopf event handlers keep the latest CronJobs, Jobs and Leases in memory and enqueue
 keys; the queue hands each key to its kind's reconciler, which decides from those caches,
 purely (`reconcile/`), has the `Executor` write only what differs (level-triggered, no
-writes when idle) and returns a `Result`. The reconcilers: CronJobs (guarding.py), holder
+writes when idle) and returns a `Result`. The reconcilers: CronJobs (cronjobs.py), holder
 RBAC (holder_rbac.py, brought in line by the CronJob reconciler), Lease expiry
 (lease_expiry.py), finished runs and contender notes (accounting.py), missed ticks
 (ticks.py).
@@ -36,8 +36,8 @@ from cronlock_operator.reconcile.keys import (
 from cronlock_operator.reconcile.rbac import Guard
 from cronlock_operator.runtime import metrics
 from cronlock_operator.runtime.accounting import RunAccounting
+from cronlock_operator.runtime.cronjobs import CronJobReconciler
 from cronlock_operator.runtime.executor import Executor, PostEventCall
-from cronlock_operator.runtime.guarding import CronJobReconciler
 from cronlock_operator.runtime.holder_rbac import HolderRbacReconciler
 from cronlock_operator.runtime.lease_expiry import LeaseExpiry
 from cronlock_operator.runtime.ticks import TickWatch
