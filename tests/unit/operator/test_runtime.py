@@ -349,7 +349,7 @@ def test_a_namespace_whose_rbac_fails_at_start_up_is_logged_and_stops_no_other(
         asyncio.run(reconciler.sync_all_rbac())
 
     assert sorted(kube.rbac_syncs()) == ["team-a", "team-c"]
-    assert "team-b" not in reconciler.holder_rbac.synced  # its CronJob's reconcile writes it
+    assert "team-b" not in reconciler.holder_rbac.synced  # the RbacKey its CronJob asks for
     assert "holder RBAC in team-b not written yet: the API server went away" in caplog.text
 
 
