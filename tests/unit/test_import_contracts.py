@@ -101,6 +101,18 @@ def test_the_tree_keeps_every_contract() -> None:
             "from cronlock_operator.runtime import reconciler",
             "no module imports one above it",
         ),
+        # One reconciler per kind: the CronJob reconciler driving the holder RBAC's (as it
+        # did), or the Lease expiry reading the CronJob reconciler's state, breaks it.
+        (
+            f"{OPERATOR}/runtime/cronjobs.py",
+            "from cronlock_operator.runtime.holder_rbac import HolderRbacReconciler",
+            "Each kind's reconciler imports no other",
+        ),
+        (
+            f"{OPERATOR}/runtime/lease_expiry.py",
+            "from cronlock_operator.runtime import cronjobs",
+            "Each kind's reconciler imports no other",
+        ),
         (
             f"{OPERATOR}/lint/checks.py",
             "from cronlock_operator.kube import client",

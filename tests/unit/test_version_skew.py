@@ -15,6 +15,7 @@ from cronlock_operator.injection.build import desired_cronjob
 from cronlock_operator.injection.containers import injected_by
 from cronlock_operator.reconcile import cronjobs
 from cronlock_operator.reconcile.actions import PatchCronJob, PostEvent
+from cronlock_operator.reconcile.rbac import HolderGrants
 from cronlock_sidecar import cli, contract
 from tests.support import gen
 from tests.support.cronjobs import SETTINGS
@@ -91,7 +92,7 @@ def decide(body: dict[str, Any], posted: dict[str, str] | None = None) -> Any:
         SETTINGS,
         previous=None,
         cached_lease=lambda name: None,
-        granted=frozenset(),
+        grants=HolderGrants(),
         posted=posted or {},
         readings=Readings(),
     )

@@ -9,12 +9,16 @@ from typing import Any
 import pytest
 
 from cronlock_operator.cronjob.config import parse_config
+from cronlock_operator.cronjob.reading import Readings
 from cronlock_operator.injection.build import desired_cronjob
+from cronlock_operator.kube.cache import ObjectCache
 from cronlock_operator.kube.errors import Retry
 from cronlock_operator.reconcile import contention, skips
 from cronlock_operator.reconcile.keys import ContentionKey, RunsKey
 from cronlock_operator.runtime import accounting as accounting_module
 from cronlock_operator.runtime import metrics
+from cronlock_operator.runtime.accounting import RunAccounting
+from cronlock_operator.runtime.executor import Executor
 from cronlock_operator.runtime.reconciler import Reconciler
 from cronlock_sidecar.lock.model import read_lease
 from tests.support import gen
@@ -103,6 +107,33 @@ def test_a_skipped_job_deleted_before_it_was_counted_is_still_counted(
     ]
     assert kube.deleted == ["report-2"]  # the gone one is not deleted again
     assert kube.cronjob["metadata"]["annotations"]["cronlock.io/consecutive-skips"] == "2"
+
+
+def test_the_run_accounting_built_alone_counts_a_skipped_run_once() -> None:
+    """One reconciler per kind: RunAccounting needs no router, only the caches it reads,
+    `Kube` and the executor; `job_seen` says which key is due, `account_runs` counts."""
+    cronjob = gen.cronjob("report", gen.in_namespace(NAMESPACE), gen.with_uid("cj"))
+    kube = RecordingKube(cronjob)
+    cronjobs, jobs = ObjectCache(), ObjectCache()
+    cronjobs.put(copy.deepcopy(cronjob))
+    accounting = RunAccounting(
+        kube,
+        SETTINGS,
+        Executor(kube),
+        cronjobs=cronjobs,
+        jobs=jobs,
+        leases=ObjectCache(),
+        readings=Readings(),
+    )
+    job = finished_job("report-1", "2026-12-01T00:00:01Z")
+    kube.jobs[(NAMESPACE, "report-1")] = copy.deepcopy(job)
+    jobs.put(job)
+    assert accounting.job_seen(job) == "report"
+    for _ in range(2):
+        accounting.account_runs(RunsKey(NAMESPACE, "report"))
+    assert skipped_events(kube) == [
+        "run report-1 skipped: lock report was held by another run (1 in a row)"
+    ]
 
 
 def test_replayed_and_late_events_count_nothing_twice(

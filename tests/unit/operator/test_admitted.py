@@ -11,13 +11,13 @@ import pytest
 
 from cronlock_operator.cronjob.reading import Readings
 from cronlock_operator.reconcile import cronjobs
-from cronlock_operator.reconcile.keys import CronJobKey
 from cronlock_operator.runtime.reconciler import Reconciler
 from cronlock_sidecar.contract import VOLUME_NAME
 from tests.support import gen
 from tests.support.cronjobs import SETTINGS, server_defaults
 from tests.support.fakekube import FakeKube
 from tests.support.metrics import cronjob_states
+from tests.support.reconciling import reconcile_cronjob
 
 Mutator = Callable[[dict[str, Any]], None]
 
@@ -80,12 +80,12 @@ def tick(reconciler: Reconciler, kube: Admitting, change: Mutator | None = None)
     if change is not None:
         change(stored)
     reconciler.on_cronjob("MODIFIED", copy.deepcopy(stored))
-    reconciler.guarding.reconcile(CronJobKey("team-a", "report"))
+    reconcile_cronjob(reconciler, "team-a", "report")
 
 
 def test_added_resources_are_kept_with_one_normal_event_and_no_second_write() -> None:
     reconciler, kube = setup(cpu_limit_everywhere)
-    reconciler.guarding.reconcile(CronJobKey("team-a", "report"))
+    reconcile_cronjob(reconciler, "team-a", "report")
     assert kube.patches == 1
     [(_, reason, message, warning)] = [e for e in kube.events if e[1] != "Injected"]
     assert reason == "ChangedByAdmission"
@@ -101,7 +101,7 @@ def test_added_resources_are_kept_with_one_normal_event_and_no_second_write() ->
 
 def test_a_change_by_the_user_is_injected_again_and_judged_anew() -> None:
     reconciler, kube = setup(cpu_limit_everywhere)
-    reconciler.guarding.reconcile(CronJobKey("team-a", "report"))
+    reconcile_cronjob(reconciler, "team-a", "report")
 
     def new_command(cronjob: dict[str, Any]) -> None:
         spec = cronjob["spec"]["jobTemplate"]["spec"]["template"]["spec"]
@@ -115,7 +115,7 @@ def test_a_change_by_the_user_is_injected_again_and_judged_anew() -> None:
 
 def test_another_image_for_the_sidecar_is_injected_over_in_the_admitted_state() -> None:
     reconciler, kube = setup(cpu_limit_everywhere)
-    reconciler.guarding.reconcile(CronJobKey("team-a", "report"))
+    reconcile_cronjob(reconciler, "team-a", "report")
 
     def fake_image(cronjob: dict[str, Any]) -> None:
         spec = cronjob["spec"]["jobTemplate"]["spec"]["template"]["spec"]
@@ -129,7 +129,7 @@ def test_another_image_for_the_sidecar_is_injected_over_in_the_admitted_state() 
 
 def test_a_changed_sidecar_command_is_a_warning_that_says_what_to_exempt() -> None:
     reconciler, kube = setup(sidecar_command_replaced)
-    reconciler.guarding.reconcile(CronJobKey("team-a", "report"))
+    reconcile_cronjob(reconciler, "team-a", "report")
     [(_, reason, message, warning)] = [e for e in kube.events if e[1] != "Injected"]
     assert (reason, warning) == ("ChangedByAdmission", True)
     assert "initContainers[cronlock].command" in message
@@ -140,7 +140,7 @@ def test_a_changed_sidecar_command_is_a_warning_that_says_what_to_exempt() -> No
 
 def test_without_a_mutator_nothing_is_remembered_or_said() -> None:
     reconciler, kube = setup(lambda cronjob: None)
-    reconciler.guarding.reconcile(CronJobKey("team-a", "report"))
+    reconcile_cronjob(reconciler, "team-a", "report")
     assert [e[1] for e in kube.events] == ["Injected"]
     assert reconciler.guarding.admitted == {}
     tick(reconciler, kube)
@@ -190,7 +190,7 @@ def test_an_injection_admission_takes_out_is_a_warning_and_counts_as_not_guarded
     mutator: Mutator,
 ) -> None:
     reconciler, kube = setup(mutator)
-    reconciler.guarding.reconcile(CronJobKey("team-a", "report"))
+    reconcile_cronjob(reconciler, "team-a", "report")
     [(_, _, message, warning)] = [e for e in kube.events if e[1] == "ChangedByAdmission"]
     assert warning
     assert "spec.template.spec.initContainers" in message
@@ -201,7 +201,7 @@ def test_an_injection_admission_takes_out_is_a_warning_and_counts_as_not_guarded
     assert states()["invalid"] + states()["conflict"] == 1
     del kube.cronjobs[("team-a", "report")]
     reconciler.on_cronjob("DELETED", {"metadata": {"namespace": "team-a", "name": "report"}})
-    reconciler.guarding.reconcile(CronJobKey("team-a", "report"))
+    reconcile_cronjob(reconciler, "team-a", "report")
     assert states() == {"guarded": 0, "invalid": 0, "conflict": 0}
 
 

@@ -15,6 +15,7 @@ from cronlock_operator.cronjob.reading import Readings
 from cronlock_operator.kube.writes import Kube
 from cronlock_operator.reconcile.actions import PostEvent
 from cronlock_operator.reconcile.cronjobs import decide
+from cronlock_operator.reconcile.rbac import HolderGrants
 from cronlock_operator.settings import OperatorSettings
 from tests.support import gen
 
@@ -49,7 +50,7 @@ def test_a_200_kib_lock_is_cut_in_its_event_and_its_log_and_the_reason_stays(
         OperatorSettings(sidecar_image="img"),
         previous=None,
         cached_lease=lambda name: None,
-        granted=(),
+        grants=HolderGrants(),
         posted={},
         readings=Readings(),
     )

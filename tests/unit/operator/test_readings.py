@@ -17,6 +17,7 @@ import pytest
 from cronlock_operator.cronjob.reading import Readings, read_config
 from cronlock_operator.kube.cache import ObjectCache
 from cronlock_operator.reconcile import cronjobs
+from cronlock_operator.reconcile.rbac import HolderGrants
 from cronlock_operator.runtime.executor import Executor
 from cronlock_operator.runtime.ticks import TickWatch
 from cronlock_operator.status.model import rows
@@ -53,7 +54,7 @@ def by_decide(body: dict[str, Any], readings: Readings) -> bool:
         SETTINGS,
         previous=None,
         cached_lease=lambda name: None,
-        granted=frozenset(),
+        grants=HolderGrants(),
         posted={},
         readings=readings,
     )

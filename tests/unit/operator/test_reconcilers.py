@@ -30,7 +30,7 @@ from cronlock_operator.reconcile.actions import (
     SetConsecutiveSkips,
     WriteHolderRbac,
 )
-from cronlock_operator.reconcile.rbac import Guard
+from cronlock_operator.reconcile.rbac import Guard, HolderGrants
 from cronlock_operator.runtime.executor import Executor
 from cronlock_operator.runtime.lease_expiry import Observations
 from cronlock_sidecar.lock import ticks
@@ -55,7 +55,7 @@ def decide(body: dict[str, Any], **state: Any) -> cronjobs.CronJobDecision:
     arguments: dict[str, Any] = {
         "previous": None,
         "cached_lease": lambda name: None,
-        "granted": frozenset(),
+        "grants": HolderGrants(),
         "posted": {},
         "readings": Readings(),
     }
@@ -106,7 +106,7 @@ def test_a_lock_in_a_store_gets_its_lease_as_a_registry_that_no_role_grants() ->
         settings,
         previous=None,
         cached_lease=lambda name: None,
-        granted=frozenset(),
+        grants=HolderGrants(),
         posted={},
         readings=Readings(),
     )
@@ -120,7 +120,7 @@ def test_a_lock_in_a_store_gets_its_lease_as_a_registry_that_no_role_grants() ->
 def test_an_injected_cronjob_whose_rbac_is_granted_needs_no_write_but_the_lease_check() -> None:
     body = injected(gen.cronjob("report", *STORED))
     guard = Guard("cronlock-report", "default")
-    decision = decide(body, previous=guard, granted=frozenset({guard}))
+    decision = decide(body, previous=guard, grants=HolderGrants(granted=frozenset({guard})))
     assert decision.after == []
     assert not decision.sync_rbac
     # EnsureLease with the cached Lease sends nothing when that Lease is already as it should be.

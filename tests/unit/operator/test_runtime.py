@@ -14,9 +14,9 @@ from hypothesis import strategies as st
 
 from cronlock_operator.injection.build import is_injected
 from cronlock_operator.kube.errors import Rejected, Retry
-from cronlock_operator.reconcile.keys import CronJobKey, LeaseKey
+from cronlock_operator.reconcile.keys import CronJobKey, LeaseKey, RbacKey
 from cronlock_operator.runtime import metrics
-from cronlock_operator.runtime.guarding import CONFLICT_RECHECK
+from cronlock_operator.runtime.cronjobs import CONFLICT_RECHECK
 from cronlock_operator.runtime.reconciler import Reconciler
 from cronlock_operator.runtime.workqueue import DONE, Result, WorkQueue
 from tests.support import gen
@@ -24,6 +24,7 @@ from tests.support.cronjobs import SETTINGS, server_defaults
 from tests.support.fakekube import FakeKube
 from tests.support.leases import make_lease
 from tests.support.metrics import cronjob_states
+from tests.support.reconciling import reconcile_cronjob
 
 ENABLED = "cronlock.io/enabled"
 
@@ -67,7 +68,7 @@ def setup(**account: str) -> tuple[Reconciler, Kube]:
 
 
 def reconcile(reconciler: Reconciler, namespace: str, name: str) -> Result:
-    return reconciler.guarding.reconcile(CronJobKey(namespace, name))
+    return reconcile_cronjob(reconciler, namespace, name)
 
 
 RECHECK = Result(requeue_after=CONFLICT_RECHECK)
@@ -91,7 +92,7 @@ def test_a_foreign_lease_refuses_the_cronjob_once_and_keeps_it_out_of_the_roles(
         assert reconcile(reconciler, "team-a", "report") == RECHECK
     assert reasons(kube) == ["Conflict"]
     assert kube.patches == 0
-    assert ("team-a", "report") not in reconciler.guarding.guards
+    assert reconciler.guarding.book.guard(("team-a", "report")) is None
     kube.foreign_lease(present=False)
     reconcile(reconciler, "team-a", "export")
     # The refused CronJob's Lease is granted to nobody, not even as a pending guard.
@@ -100,7 +101,7 @@ def test_a_foreign_lease_refuses_the_cronjob_once_and_keeps_it_out_of_the_roles(
 
     reconcile(reconciler, "team-a", "report")  # the name was freed meanwhile
     assert kube.patches == 2
-    assert ("team-a", "report") not in reconciler.guarding.conflicted
+    assert ("team-a", "report") not in reconciler.guarding.refused()
 
 
 def test_a_change_in_its_namespace_looks_again_at_once_at_a_cronjob_in_conflict() -> None:
@@ -271,7 +272,7 @@ def test_a_lease_used_by_an_unseen_cronjob_is_undecided_a_counted_retry_not_a_re
     assert counted_errors() == before + 1
     assert reasons(kube) == []
     assert kube.patches == 0
-    assert ("team-a", "report") not in reconciler.guarding.guards
+    assert reconciler.guarding.book.guard(("team-a", "report")) is None
 
 
 def test_a_foreign_role_holds_back_only_the_cronjobs_of_its_account() -> None:
@@ -352,7 +353,7 @@ def test_a_namespace_whose_rbac_fails_at_start_up_is_logged_and_stops_no_other(
         asyncio.run(reconciler.sync_all_rbac())
 
     assert sorted(kube.rbac_syncs()) == ["team-a", "team-c"]
-    assert "team-b" not in reconciler.holder_rbac.synced  # its CronJob's reconcile writes it
+    assert "team-b" not in reconciler.holder_rbac.synced  # the RbacKey its CronJob asks for
     assert "holder RBAC in team-b not written yet: the API server went away" in caplog.text
 
 
@@ -404,7 +405,7 @@ def test_no_annotation_on_one_cronjob_stops_another_in_its_namespace(
         reconcile(reconciler, "team-a", "report")
     reconcile(reconciler, "team-a", "export")
     assert kube.reasons()[-1] == "Injected"
-    assert ("team-a", "export") in reconciler.guarding.guards
+    assert reconciler.guarding.book.guard(("team-a", "export")) is not None
     assert any(
         guard.lease == "cronlock-export" for guard in reconciler.holder_rbac.synced["team-a"]
     )
@@ -572,3 +573,33 @@ def test_a_cronjob_on_its_way_out_is_left_to_the_garbage_collector() -> None:
     reconciler.on_cronjob("MODIFIED", body)
     assert reconcile(reconciler, "team-a", "report") == DONE
     assert kube.calls == []
+
+
+def test_the_kinds_meet_through_the_queue_a_cronjob_waits_for_its_holder_rbac_key() -> None:
+    """As the worker threads run them: the CronJob reconcile asks for its namespace's
+    RbacKey (handed to the event loop's queue) and waits; once that key is reconciled the
+    router queues the CronJob again, which is then injected."""
+    reconciler, kube = setup()
+    reconciler.queue = WorkQueue(reconciler.queue.work)  # what is queued from here on
+    cronjob, rbac = CronJobKey("team-a", "report"), RbacKey("team-a")
+    assert asyncio.run(reconciler._reconcile(cronjob)) == DONE
+    assert kube.patches == 0
+    assert reconciler.queue.waiting(rbac)
+    assert not reconciler.queue.waiting(cronjob)
+    assert asyncio.run(reconciler._reconcile(rbac)) == DONE
+    assert kube.rbac.names("Role", "team-a") == ["cronlock-holder-default"]
+    assert reconciler.queue.waiting(cronjob)
+    assert asyncio.run(reconciler._reconcile(cronjob)) == DONE
+    assert kube.patches == 1
+
+
+def test_a_holder_rbac_key_that_fails_tells_the_cronjobs_waiting_for_it() -> None:
+    reconciler, kube = setup()
+    kube.rbac.fail["read"] = ConnectionError("the API server went away")
+    reconciler.guarding.reconcile(CronJobKey("team-a", "report"))
+    with pytest.raises(ConnectionError):
+        asyncio.run(reconciler._reconcile(RbacKey("team-a")))
+    [(name, reason, message, warning)] = kube.events
+    assert (name, reason, warning) == ("report", "ReconcileError", True)
+    assert "the API server went away" in message
+    assert kube.patches == 0

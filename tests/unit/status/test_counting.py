@@ -14,6 +14,7 @@ import pytest
 from cronlock_operator.cronjob.reading import Readings
 from cronlock_operator.reconcile import cronjobs, runs
 from cronlock_operator.reconcile.actions import DeleteJob, PostEvent
+from cronlock_operator.reconcile.rbac import HolderGrants
 from cronlock_operator.status.model import rows
 from tests.support import gen
 from tests.support.cronjobs import SETTINGS
@@ -74,7 +75,7 @@ def test_keep_skipped_jobs_holds_next_to_an_unrelated_invalid_annotation(stored:
         SETTINGS,
         previous=None,
         cached_lease=lambda name: None,
-        granted=frozenset(),
+        grants=HolderGrants(),
         posted={},
         readings=Readings(),
     )

@@ -18,6 +18,7 @@ from cronlock_operator.leases.ownership import new_lease, owner_reference
 from cronlock_operator.leases.sharing import consent
 from cronlock_operator.lint.documents import Manifest
 from cronlock_operator.reconcile.cronjobs import LEFT_AS_IT_WAS, decide
+from cronlock_operator.reconcile.rbac import HolderGrants
 from cronlock_operator.settings import OperatorSettings
 from cronlock_sidecar import contract
 
@@ -172,7 +173,7 @@ def _check_one(
             settings,
             previous=None,
             cached_lease=lambda _: None,
-            granted=(),
+            grants=HolderGrants(),
             posted={},
             readings=readings,
         )

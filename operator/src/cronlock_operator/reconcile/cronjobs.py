@@ -37,7 +37,7 @@ from cronlock_operator.reconcile.actions import (
     PatchCronJob,
     PostEvent,
 )
-from cronlock_operator.reconcile.rbac import Guard
+from cronlock_operator.reconcile.rbac import Guard, HolderGrants
 from cronlock_operator.settings import OperatorSettings
 from cronlock_sidecar import contract
 
@@ -57,7 +57,12 @@ class CronJobDecision:
     lease_duration_seconds: int | None = None
     keep_guard: bool = False  # bad input: remember what we had, change nothing
     before: list[Action] = field(default_factory=list)
+    # The namespace's holder RBAC is due: its reconciler is asked (an `RbacKey`).
     sync_rbac: bool = False
+    # The guard's Role is not written yet: `after` waits for the holder RBAC reconcile.
+    await_rbac: bool = False
+    # Why its account's holder Role could not be written, as last written: refused.
+    conflict: str | None = None
     after: list[Action] = field(default_factory=list)
     # Warnings posted once per message: reason -> message now posted (None: forget it).
     posted: dict[str, str | None] = field(default_factory=dict)
@@ -90,14 +95,15 @@ def decide(
     previous: Guard | None,
     cached_lease: Callable[[str], Mapping[str, Any] | None],
     cached_cronjob: CronJobLookup = lambda name: None,
-    granted: Container[Guard],
+    grants: HolderGrants,
     posted: Mapping[str, str],
     admitted: Admitted | None = None,
     readings: Readings,
 ) -> CronJobDecision:
     """`previous`: the guard last recorded for it; `cached_cronjob`: the namespace's cached
-    CronJobs by name (whose consent joining a used lock needs); `granted`: guards the
-    holder Roles already cover; `posted`: warnings already posted on it (reason -> message);
+    CronJobs by name (whose consent joining a used lock needs); `grants`: what the
+    namespace's holder Roles grant, as last written (rbac.HolderGrants); `posted`: warnings
+    already posted on it (reason -> message);
     `admitted`: what admission made of cronlock's last patch of it, if it changed it;
     `readings`: the runtime's kept readings of annotations (cronjob/reading.py).
 
@@ -175,7 +181,11 @@ def decide(
         guard=guard,
         lease_duration_seconds=config.timing.lease_duration_seconds if config else None,
         before=before,
-        sync_rbac=guard not in granted if guard is not None else previous is not None,
+        sync_rbac=guard not in grants.granted if guard is not None else previous is not None,
+        await_rbac=guard is not None and guard.holds and guard not in grants.written,
+        conflict=grants.conflict(guard.service_account)
+        if guard is not None and guard.holds
+        else None,
         after=after,
         posted=updates,
         desired=desired if patch else None,

@@ -23,6 +23,15 @@ class RunsKey:
 
 
 @dataclass(frozen=True)
+class RbacKey:
+    """A namespace whose holder Roles may no longer grant exactly its guarded CronJobs'
+    Leases."""
+
+    kind: ClassVar[str] = "rbac"
+    namespace: str
+
+
+@dataclass(frozen=True)
 class LeaseKey:
     """A Lease whose holder may have stopped renewing."""
 
@@ -49,4 +58,4 @@ class MissedKey:
     cronjob: str
 
 
-Key = CronJobKey | RunsKey | LeaseKey | ContentionKey | MissedKey
+Key = CronJobKey | RbacKey | RunsKey | LeaseKey | ContentionKey | MissedKey

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
-from typing import Any, Literal, NamedTuple
+from dataclasses import dataclass, field
+from typing import Any, Literal, NamedTuple, Protocol
 
 from cronlock_operator.leases.ownership import made_by_cronlock
 from cronlock_operator.reconcile.actions import Action, WriteHolderRbac
@@ -31,6 +31,31 @@ class Guard:
     lease: str
     service_account: str
     holds: bool = True
+
+
+@dataclass(frozen=True)
+class HolderGrants:
+    """What one namespace's holder Roles grant, as the holder RBAC reconciler last wrote
+    them: an input of each CronJob decision there (a CronJob's run may start only once its
+    account's Role grants its Lease).
+
+    `granted`: the guards the Roles are in line with; `written`: the guards of the last
+    write, made where it could be (a Role that is not cronlock's is left alone, the others
+    written all the same); `conflicts`: holder Role name -> why cronlock could not write it."""
+
+    granted: frozenset[Guard] = frozenset()
+    written: frozenset[Guard] = frozenset()
+    conflicts: Mapping[str, str] = field(default_factory=dict)
+
+    def conflict(self, service_account: str) -> str | None:
+        """Why the holder Role of this ServiceAccount could not be written, if it could not."""
+        return self.conflicts.get(holder_role_name(service_account))
+
+
+class GrantView(Protocol):
+    """The holder RBAC reconciler's grants, read only (its reconciler alone writes them)."""
+
+    def grants(self, namespace: str) -> HolderGrants: ...
 
 
 def holder_role_name(service_account: str) -> str:

@@ -1,10 +1,11 @@
 """The Lease expiry reconciler: holds that stopped renewing, or taken by a pod that is no
 run of the lock, cleared; free Leases' fields out of range, put back.
 
-It keeps what it judges by: when each hold was last seen renewed (`Observations`), each
-guarded CronJob's lease duration (a hold is believed only for the longest its Lease's
-owners give), and the free Leases to repair. The deciders (`reconcile/expiry.py`,
-`reconcile/repair.py`) decide; the executor writes.
+It keeps what it judges by: when each hold was last seen renewed (`Observations`) and the
+free Leases to repair. Each guarded CronJob's lease duration (a hold is believed only for
+the longest its Lease's owners give) it reads through the CronJob reconciler's read-only
+`GuardView`; a CronJob reconcile that sets one asks for its Lease's key. The deciders
+(`reconcile/expiry.py`, `reconcile/repair.py`) decide; the executor writes.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from cronlock_operator.kube.calls import KubeCalls
 from cronlock_operator.objects import Name
 from cronlock_operator.reconcile import expiry, holders, repair
 from cronlock_operator.reconcile.expiry import Observation
+from cronlock_operator.reconcile.guards import GuardView
 from cronlock_operator.reconcile.keys import LeaseKey
 from cronlock_operator.runtime.executor import Executor
 from cronlock_operator.runtime.workqueue import DONE, Result
@@ -78,17 +80,18 @@ class LeaseExpiry:
     cronjobs: ObjectCache
     leases: ObjectCache
     clock: Callable[[], float]
+    # The CronJob reconciler's (read only): per guarded CronJob, its lock's lease duration.
+    # A hold is judged expired after the longest of its Lease's owners', whatever duration
+    # the holder wrote on the Lease.
+    guards: GuardView
     observations: Observations = field(default_factory=Observations)
-    # Per guarded CronJob: its lock's lease duration. A hold is judged expired after the
-    # longest of its Lease's owners', whatever duration the holder wrote on the Lease.
-    lease_durations: dict[Name, int] = field(default_factory=dict)
     # Free Leases seen with a field out of range (reconcile/repair.py), to be put back.
     to_repair: set[Name] = field(default_factory=set)
     # Per held Lease: the holder found to be a run of its lock, or to name no pod
     # (reconcile/holders.py). A holder not in it is looked at once, when first seen.
     vetted: dict[Name, str] = field(default_factory=dict)
 
-    # --- what the watches and the CronJob reconciler tell it --------------------------
+    # --- what the watches tell it ------------------------------------------------------
     def lease_seen(self, key: Name, body: Mapping[str, Any], record: LeaseRecord) -> bool:
         """Note a Lease as seen now (counting a hold taken or lost); True when it has a
         field to repair, so its key is due."""
@@ -112,22 +115,6 @@ class LeaseExpiry:
         self.to_repair.discard(key)
         self.vetted.pop(key, None)
 
-    def cronjob_deleted(self, key: Name) -> None:
-        self.lease_durations.pop(key, None)
-
-    def guarded(self, cronjob: Name, duration: int, lease: str | None) -> None:
-        """A CronJob's lock has this lease duration now. A hold of its Lease first seen
-        before its owners were reconciled was believed for up to the longest any lock may
-        have (security review L1); now that an owner's ttl is known, it is believed only
-        for the longest its owners give."""
-        self.lease_durations[cronjob] = duration
-        if lease is None:
-            return
-        key = (cronjob[0], lease)
-        cached = self.leases.get(key)
-        if cached is not None:
-            self.observations.cap(key, self.longest_duration(cached))
-
     def longest_duration(self, lease: Mapping[str, Any]) -> int:
         """The longest lease duration among the Lease's owners as their annotations set it
         (the longest any lock may have while none of them is known yet)."""
@@ -136,7 +123,7 @@ class LeaseExpiry:
             duration
             for owner in lease["metadata"].get("ownerReferences") or []
             if owner.get("kind") == "CronJob"
-            and (duration := self.lease_durations.get((namespace, owner.get("name")))) is not None
+            and (duration := self.guards.lease_duration((namespace, owner.get("name")))) is not None
         ]
         return max(durations, default=MAX_TTL_SECONDS)
 
@@ -147,8 +134,16 @@ class LeaseExpiry:
     # --- the reconcile -----------------------------------------------------------------
     def reconcile(self, key: LeaseKey) -> Result:
         """Clear a holder that stopped renewing, if it still has not renewed; put a free
-        Lease's fields back in range (reconcile/repair.py)."""
+        Lease's fields back in range (reconcile/repair.py).
+
+        A hold first seen before its Lease's owners were reconciled was believed for up to
+        the longest any lock may have (security review L1); once an owner's lease duration
+        is known (its CronJob reconcile asks for this key), it is believed only for the
+        longest its owners give."""
         name = (key.namespace, key.name)
+        cached = self.leases.get(name)
+        if cached is not None:
+            self.observations.cap(name, self.longest_duration(cached))
         seen = self.observations.get(name)
         overdue = seen is not None and seen.overdue(self.clock(), self.settings.skew_seconds)
         unvetted = seen is not None and bool(seen.holder) and self.vetted.get(name) != seen.holder

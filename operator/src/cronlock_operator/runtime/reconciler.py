@@ -4,10 +4,11 @@ kind of key.
 The kopf event handlers keep the latest CronJobs, Jobs and Leases in memory and enqueue
 keys; the queue hands each key to its kind's reconciler, which decides from those caches,
 purely (`reconcile/`), has the `Executor` write only what differs (level-triggered, no
-writes when idle) and returns a `Result`. The reconcilers: CronJobs (guarding.py), holder
-RBAC (holder_rbac.py, brought in line by the CronJob reconciler), Lease expiry
-(lease_expiry.py), finished runs and contender notes (accounting.py), missed ticks
-(ticks.py).
+writes when idle) and returns a `Result`. The reconcilers: CronJobs (cronjobs.py), holder
+RBAC (holder_rbac.py), Lease expiry (lease_expiry.py), finished runs and contender notes
+(accounting.py), missed ticks (ticks.py). None of them imports or calls another: they
+meet through the queue (a reconciler asks for another's key) and read-only views (the
+CronJob reconciler's `GuardView`, the holder RBAC's `GrantView`), wired here.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import logging
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -24,20 +26,22 @@ from cronlock_operator.cronjob.reading import Readings
 from cronlock_operator.kube.cache import ObjectCache
 from cronlock_operator.kube.calls import KubeCalls
 from cronlock_operator.kube.errors import NotFound, Rejected, Retry
-from cronlock_operator.objects import Name, name_of
+from cronlock_operator.objects import name_of
+from cronlock_operator.reconcile.guards import GuardBook
 from cronlock_operator.reconcile.keys import (
     ContentionKey,
     CronJobKey,
     Key,
     LeaseKey,
     MissedKey,
+    RbacKey,
     RunsKey,
 )
-from cronlock_operator.reconcile.rbac import Guard
+from cronlock_operator.reconcile.rbac import HolderGrants
 from cronlock_operator.runtime import metrics
 from cronlock_operator.runtime.accounting import RunAccounting
+from cronlock_operator.runtime.cronjobs import CronJobReconciler
 from cronlock_operator.runtime.executor import Executor, PostEventCall
-from cronlock_operator.runtime.guarding import CronJobReconciler
 from cronlock_operator.runtime.holder_rbac import HolderRbacReconciler
 from cronlock_operator.runtime.lease_expiry import LeaseExpiry
 from cronlock_operator.runtime.ticks import TickWatch
@@ -82,37 +86,39 @@ class Reconciler:
     # Each guarded CronJob's ticks: missed runs, runs no longer succeeding.
     ticks: TickWatch = field(init=False)
     _reconcilers: dict[type, Callable[[Any], Result]] = field(init=False)
+    # The event loop the queue runs on, once a reconcile ran there (see _enqueue).
+    _loop: asyncio.AbstractEventLoop | None = field(init=False, default=None)
+    _loop_thread: int = field(init=False, default=0)
 
     def __post_init__(self) -> None:
         self.queue = WorkQueue(self._work, workers=WORKERS)
         self.executor = Executor(
             self.kube, self._cronjob_written, self._lease_written, self.post_event
         )
+        # The CronJob reconciler's book: it alone writes it; the holder RBAC and the Lease
+        # expiry reconcilers get it as a read-only GuardView.
+        book = GuardBook()
         self.expiry = LeaseExpiry(
-            self.kube, self.settings, self.executor, self.cronjobs, self.leases, self.clock
-        )
-        # Written by the CronJob reconciler, read by the holder RBAC's.
-        guards: dict[Name, Guard] = {}
-        conflicted: set[Name] = set()
-        self.holder_rbac = HolderRbacReconciler(
+            self.kube,
             self.settings,
             self.executor,
             self.cronjobs,
             self.leases,
-            guards,
-            conflicted,
-            self.readings,
+            self.clock,
+            guards=book,
+        )
+        self.holder_rbac = HolderRbacReconciler(
+            self.settings, self.executor, self.cronjobs, self.leases, book, self.readings
         )
         self.guarding = CronJobReconciler(
             self.settings,
             self.executor,
             self.cronjobs,
             self.leases,
-            self.holder_rbac,
-            self.expiry,
-            guards=guards,
-            conflicted=conflicted,
+            grants=self.holder_rbac,
+            enqueue=self._enqueue,
             readings=self.readings,
+            book=book,
         )
         metrics.count_cronjobs_with(self.guarding.states)
         self.accounting = RunAccounting(
@@ -129,6 +135,7 @@ class Reconciler:
         )
         self._reconcilers = {
             CronJobKey: self.guarding.reconcile,
+            RbacKey: self.holder_rbac.reconcile,
             RunsKey: self.accounting.account_runs,
             ContentionKey: self.accounting.tell_contention,
             MissedKey: self.ticks.judge,
@@ -141,7 +148,6 @@ class Reconciler:
         if kind == "DELETED":
             self.cronjobs.pop(key)
             self.guarding.deleted(key)
-            self.expiry.cronjob_deleted(key)
             self.ticks.forget(key)
         else:
             metrics.namespace_seen(key[0])
@@ -153,7 +159,7 @@ class Reconciler:
         # Any other change in the namespace may settle a conflict there (a team's consent
         # in `share-lock-with`, a lock renamed, a CronJob deleted): the CronJobs refused
         # for one look again now, not only every CONFLICT_RECHECK.
-        for other in sorted(self.guarding.conflicted):
+        for other in sorted(self.guarding.refused()):
             if other[0] == key[0] and other != key:
                 self.queue.add(CronJobKey(*other))
 
@@ -257,7 +263,28 @@ class Reconciler:
         with metrics.reconcile_duration.labels(key.kind).time():
             return await self._reconcile(key)
 
+    def _enqueue(self, key: Key) -> None:
+        """A key one reconciler asks for another's. The queue lives on the event loop's
+        thread; a reconcile runs in a worker thread, so its keys are handed over."""
+        loop = self._loop
+        if loop is None or loop.is_closed() or threading.get_ident() == self._loop_thread:
+            self.queue.add(key)
+        else:
+            loop.call_soon_threadsafe(self.queue.add, key)
+
+    def _rbac_written(self, key: RbacKey, before: HolderGrants) -> None:
+        """A namespace's holder RBAC reconciled: the CronJobs waiting for it decide again,
+        and those refused for a holder Role too when what it could not write changed."""
+        waiting = set(self.guarding.waiting(key.namespace))
+        if self.holder_rbac.grants(key.namespace).conflicts != before.conflicts:
+            waiting |= {name for name in self.guarding.refused() if name[0] == key.namespace}
+        for name in sorted(waiting):
+            self.queue.add(CronJobKey(*name))
+
     async def _reconcile(self, key: Key) -> Result:
+        self._loop = asyncio.get_running_loop()
+        self._loop_thread = threading.get_ident()
+        before = self.holder_rbac.grants(key.namespace) if isinstance(key, RbacKey) else None
         try:
             result = await asyncio.to_thread(self._reconcilers[type(key)], key)
         except NotFound as gone:
@@ -282,7 +309,13 @@ class Reconciler:
             if isinstance(key, CronJobKey | RunsKey | MissedKey):
                 name = key.name if isinstance(key, CronJobKey) else key.cronjob
                 await asyncio.to_thread(self.guarding.report_error, key.namespace, name, error)
+            elif isinstance(key, RbacKey):
+                # The CronJobs waiting for their holder Role hear why they wait.
+                for _, name in sorted(self.guarding.waiting(key.namespace)):
+                    await asyncio.to_thread(self.guarding.report_error, key.namespace, name, error)
             raise
+        if isinstance(key, RbacKey) and before is not None:
+            self._rbac_written(key, before)
         return result
 
     # --- what the executor tells of our own writes -----------------------------------
