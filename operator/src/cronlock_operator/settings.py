@@ -1,6 +1,6 @@
 """The operator's process settings: what its flags (and so the chart) decide for every
 CronJob. The images, UIDs and resources of what it injects are its own; the lock defaults
-a CronJob's annotations are read under are checked by `cronjob.config.check_defaults`.
+a CronJob's annotations are read under are checked by `cronjob.defaults.check_defaults`.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any, Final
 
-from cronlock_operator.cronjob.config import check_defaults
+from cronlock_operator.cronjob.defaults import check_defaults
 from cronlock_operator.cronjob.policies import Policy
 from cronlock_sidecar import contract
 

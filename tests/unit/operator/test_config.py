@@ -9,23 +9,25 @@ import pytest
 
 from cronlock_operator.cronjob import reading as reading_module
 from cronlock_operator.cronjob.config import (
-    PROBE_TOLERANCES,
     InvalidConfig,
     LockConfig,
-    ProbeTolerance,
     declined_because,
     declined_message,
-    kill_grace_seconds,
-    minimum_ttl_seconds,
     opt_in,
     parse_config,
-    probe_tolerance,
 )
 from cronlock_operator.cronjob.reading import (
     ConfigReading,
     Readings,
     counting_settings,
     read_config,
+)
+from cronlock_operator.cronjob.timing import (
+    PROBE_TOLERANCES,
+    ProbeTolerance,
+    kill_grace_seconds,
+    minimum_ttl_seconds,
+    probe_tolerance,
 )
 from cronlock_operator.injection.build import build_injection
 from cronlock_operator.settings import OperatorSettings
