@@ -32,6 +32,8 @@ from cronlock_operator.cronjob.timing import (
     probe_tolerance,
 )
 from cronlock_operator.injection.build import build_injection
+from cronlock_operator.leases.sharing import parse_peers, where_kept
+from cronlock_operator.objects import annotations_of
 from cronlock_operator.settings import OperatorSettings
 from tests.support import gen
 from tests.support.annotation_cases import BAD, PROBED
@@ -272,6 +274,28 @@ def test_a_shared_store_is_parsed(store: str) -> None:
     )
     config = parse_config(cronjob, STORES_SETTINGS)
     assert (config.store, config.store_secret, config.shared_store) == (store, "team-locks", True)
+
+
+@pytest.mark.parametrize(
+    "annotations",
+    [
+        {},
+        {"cronlock.io/share-lock-with": "invoices, ledger"},
+        {"cronlock.io/store": "redis", "cronlock.io/store-secret": "team-locks"},
+    ],
+)
+def test_the_config_keeps_its_peers_and_where_its_lock_is_kept(
+    annotations: dict[str, str],
+) -> None:
+    """Read once with the rest: what consent (leases/sharing.py) reads from a CronJob's
+    annotations as written, for a valid CronJob the same."""
+    cronjob = gen.cronjob("report", gen.annotated(annotations))
+    config = parse_config(cronjob, STORES_SETTINGS)
+    assert config.peers == parse_peers(annotations_of(cronjob))
+    assert config.kept_in == where_kept(cronjob)
+    assert config.peers == (
+        {"invoices", "ledger"} if "cronlock.io/share-lock-with" in annotations else set()
+    )
 
 
 def test_the_lease_store_may_be_named() -> None:

@@ -70,11 +70,19 @@ class LockConfig:
     probe: ProbeTolerance = STRICT_PROBE
     # The Secret (in the CronJob's namespace) whose key `url` is the store's URL.
     store_secret: str | None = None
+    # The CronJobs of its namespace it lets use its lock (`cronlock.io/share-lock-with`).
+    peers: frozenset[str] = frozenset()
 
     @property
     def shared_store(self) -> bool:
         """Whether the lock is in Redis or PostgreSQL, not this cluster's Lease."""
         return self.store != "lease"
+
+    @property
+    def kept_in(self) -> tuple[str, str]:
+        """Where the lock is kept, as `leases.sharing.where_kept` reads it from a CronJob's
+        annotations: (store, Secret), ("lease", "") for the Lease itself."""
+        return (self.store, self.store_secret or "")
 
     @property
     def lease_name(self) -> str:
@@ -198,7 +206,7 @@ def parse_config(cronjob: Mapping[str, Any], settings: Defaults) -> LockConfig:
     alert_after_missed = parse_alert_after_missed(annotations, settings.default_alert_after_missed)
     keep = parse_flag(annotations, contract.ANNOTATION_KEEP_SKIPPED_JOBS, default=False)
     try:
-        parse_peers(annotations)
+        peers = parse_peers(annotations)
     except InvalidPeers as error:
         text = annotations[contract.ANNOTATION_SHARE_LOCK_WITH]
         raise InvalidConfig(contract.ANNOTATION_SHARE_LOCK_WITH, text[:200], str(error)) from None
@@ -219,6 +227,7 @@ def parse_config(cronjob: Mapping[str, Any], settings: Defaults) -> LockConfig:
         store=store,
         store_secret=store_secret,
         probe=probe_tolerance(ttl, settings.skew_seconds, kill_grace),
+        peers=peers,
     )
 
 
