@@ -32,7 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cronlock_operator.cronjob.config import PROBE_PERIOD_SECONDS, LockConfig, parse_config
+from cronlock_operator.cronjob.config import LockConfig, parse_config
+from cronlock_operator.cronjob.timing import PROBE_PERIOD_SECONDS
 from cronlock_operator.injection.containers import (
     GATE_COMMAND,
     SIDECAR_COMMAND,

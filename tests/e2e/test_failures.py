@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from cronlock_operator.cronjob.config import minimum_ttl_seconds
+from cronlock_operator.cronjob.timing import minimum_ttl_seconds
 from cronlock_sidecar.lock.model import Timing
 from tests.e2e.scenario import (
     SIDECAR,

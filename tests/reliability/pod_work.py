@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 import kubernetes
 import urllib3
 
-from cronlock_operator.cronjob.config import InvalidConfig, kill_grace_seconds, minimum_ttl_seconds
+from cronlock_operator.cronjob.config import InvalidConfig
+from cronlock_operator.cronjob.timing import kill_grace_seconds, minimum_ttl_seconds
 from cronlock_sidecar import contract
 from cronlock_sidecar.lock.model import Timing
 from tests.reliability.checker import Counts, Fault
@@ -98,7 +99,7 @@ class PodSettings:
     """Timings of the injected CronJob and the trial; ttl and renew are whole seconds."""
 
     # The operator's shortest valid ttl with its default clock skew
-    # (cronlock_operator.cronjob.config).
+    # (cronlock_operator.cronjob.timing).
     ttl: int = minimum_ttl_seconds(contract.DEFAULT_SKEW_SECONDS)
     renew: int = 2
     # The operator's default; it is what the injected sidecars use.

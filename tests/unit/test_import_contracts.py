@@ -97,6 +97,11 @@ def test_the_tree_keeps_every_contract() -> None:
             "no package imports one above it",
         ),
         (
+            f"{OPERATOR}/cronjob/timing.py",
+            "from cronlock_operator.cronjob import defaults",
+            "cronjob/'s floors",
+        ),
+        (
             f"{OPERATOR}/runtime/executor.py",
             "from cronlock_operator.runtime import reconciler",
             "no module imports one above it",

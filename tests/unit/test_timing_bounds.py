@@ -7,7 +7,7 @@ import types
 
 import pytest
 
-from cronlock_operator.cronjob.config import PROBE_TOLERANCES, ProbeTolerance
+from cronlock_operator.cronjob.timing import PROBE_TOLERANCES, ProbeTolerance
 from cronlock_operator.injection.containers import held_probe
 from cronlock_sidecar.lock.model import Timing
 from tests.support.timing import (

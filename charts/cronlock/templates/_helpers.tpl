@@ -172,7 +172,7 @@ A Go duration ("90s", "1m30s", "1.5h") in seconds, as a float; "" for anything e
 
 {{/*
 defaults.ttl and defaults.renew as the operator checks them (operator/src/cronlock_operator/
-config.py, OperatorSettings): a ttl of whole seconds from 19s (the shortest that leaves
+cronjob/defaults.py, check_defaults): a ttl of whole seconds from 19s (the shortest that leaves
 room to stop a run that lost its lease, with the 2s clock skew) to 24h; a renew from 1s to
 a third of the ttl. tests/integration/chart/test_values.py renders both sides of every bound and
 compares with the operator's own verdict, so the two cannot drift apart.

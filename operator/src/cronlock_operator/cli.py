@@ -15,6 +15,7 @@ from collections.abc import Coroutine, Sequence
 import kopf
 import uvloop
 
+from cronlock_operator.cronjob.defaults import LockDefaults
 from cronlock_operator.kube.client import api_client
 from cronlock_operator.kube.errors import APIError, NotFound
 from cronlock_operator.kube.leaderlease import LeaderLeases
@@ -136,23 +137,29 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
             help=f"the injected containers' {resource} {kind} (a quantity; default "
             f"{default or 'none'}; '' for none; env CRONLOCK_{env})",
         )
-    parser.add_argument("--default-ttl", default=_env("DEFAULT_TTL", "60s"))
+    # The lock defaults' flags default to `LockDefaults`, where each is spelled once.
+    lock = LockDefaults()
+    parser.add_argument(
+        "--default-ttl", default=_env("DEFAULT_TTL", f"{lock.default_ttl_seconds}s")
+    )
     parser.add_argument("--default-renew", default=_env("DEFAULT_RENEW"))
     parser.add_argument(
-        "--default-policy", default=_env("DEFAULT_POLICY", "skip"), choices=list(contract.POLICIES)
+        "--default-policy",
+        default=_env("DEFAULT_POLICY", lock.default_policy),
+        choices=list(contract.POLICIES),
     )
     parser.add_argument(
         "--alert-after-missed",
-        default=_env("ALERT_AFTER_MISSED", str(contract.DEFAULT_ALERT_AFTER_MISSED)),
+        default=_env("ALERT_AFTER_MISSED", str(lock.default_alert_after_missed)),
         help="ticks without a successful run before a guarded CronJob gets a NotSucceeding "
         "Warning (0: never; cronlock.io/alert-after-missed overrides it; default "
-        f"{contract.DEFAULT_ALERT_AFTER_MISSED})",
+        f"{lock.default_alert_after_missed})",
     )
     parser.add_argument(
         "--missed-tolerance",
-        default=_env("MISSED_TOLERANCE", "60s"),
+        default=_env("MISSED_TOLERANCE", f"{lock.missed_tolerance_seconds}s"),
         help="how long after its tick a run may start before the tick counts as missed, for "
-        "a CronJob without startingDeadlineSeconds (default 60s)",
+        f"a CronJob without startingDeadlineSeconds (default {lock.missed_tolerance_seconds}s)",
     )
     parser.add_argument(
         "--cluster-name",
@@ -254,9 +261,13 @@ def settings_from(args: argparse.Namespace) -> OperatorSettings:
         sidecar_image=args.sidecar_image,
         sidecar_image_pull_policy=args.sidecar_image_pull_policy,
         sidecar_stores_image=args.sidecar_stores_image or None,
-        default_ttl_seconds=int(ttl),
-        default_renew_seconds=renew,
-        default_policy=args.default_policy,
+        lock=LockDefaults(
+            default_ttl_seconds=int(ttl),
+            default_renew_seconds=renew,
+            default_policy=args.default_policy,
+            default_alert_after_missed=int(args.alert_after_missed),
+            missed_tolerance_seconds=max(1, round(tolerance)),
+        ),
         sidecar_run_as_user=_id("--sidecar-run-as-user", args.sidecar_run_as_user),
         sidecar_run_as_group=_id("--sidecar-run-as-group", args.sidecar_run_as_group),
         sidecar_resources=ContainerResources(
@@ -265,8 +276,6 @@ def settings_from(args: argparse.Namespace) -> OperatorSettings:
             cpu_limit=args.sidecar_cpu_limit or None,
             memory_limit=args.sidecar_memory_limit or None,
         ),
-        default_alert_after_missed=int(args.alert_after_missed),
-        missed_tolerance_seconds=max(1, round(tolerance)),
         cluster_name=args.cluster_name,
     )
 

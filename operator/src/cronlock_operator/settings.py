@@ -1,19 +1,20 @@
 """The operator's process settings: what its flags (and so the chart) decide for every
 CronJob. The images, UIDs and resources of what it injects are its own; the lock defaults
-a CronJob's annotations are read under are checked by `cronjob.config.check_defaults`.
+a CronJob's annotations are read under are a `cronjob.defaults.LockDefaults`, spelled and
+checked there once.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any, Final
 
-from cronlock_operator.cronjob.config import check_defaults
+from cronlock_operator.cronjob.defaults import LockDefaults
 from cronlock_operator.cronjob.policies import Policy
-from cronlock_sidecar import contract
 
 _IMAGE_PULL_POLICIES: Final = ("Always", "IfNotPresent", "Never")
 # A tick record's field (lock/ticks.py): printable ASCII, no space.
@@ -99,27 +100,18 @@ class ContainerResources:
 @dataclass(frozen=True)
 class OperatorSettings:
     """What the operator's flags (and so the chart) decide for every CronJob: the images,
-    UIDs and resources of what it injects, and the lock defaults (`Defaults`)."""
+    UIDs and resources of what it injects, and the lock defaults (`lock`). It is itself a
+    `Defaults`, read through `lock`; `lock.stores_allowed` follows `sidecar_stores_image`."""
 
     sidecar_image: str
     sidecar_image_pull_policy: str = "IfNotPresent"
-    default_ttl_seconds: int = contract.DEFAULT_TTL_SECONDS
-    # Used when a CronJob sets neither ttl nor renew; with its own ttl, renew is ttl/3.
-    default_renew_seconds: float | None = None
-    default_policy: Policy = "skip"
-    skew_seconds: int = contract.DEFAULT_SKEW_SECONDS
+    lock: LockDefaults = field(default_factory=LockDefaults)
     # None leaves runAsUser/runAsGroup unset: the platform (OpenShift's restricted-v2) or
     # the image's numeric USER decides. Under `stop: signal` the sidecar runs as the
     # user's UID instead, to signal its processes.
     sidecar_run_as_user: int | None = SIDECAR_UID
     sidecar_run_as_group: int | None = SIDECAR_UID
     sidecar_resources: ContainerResources = field(default_factory=ContainerResources)
-    # Ticks without a successful run before `NotSucceeding` (cronlock.io/alert-after-missed
-    # overrides it; 0: never).
-    default_alert_after_missed: int = contract.DEFAULT_ALERT_AFTER_MISSED
-    # How long after its tick a run may start before the tick counts as missed, for a
-    # CronJob without startingDeadlineSeconds (with one, that deadline).
-    missed_tolerance_seconds: int = 60
     # The sidecar image with the Redis and PostgreSQL clients (the Dockerfile's
     # `sidecar-stores` target), injected instead of `sidecar_image` into CronJobs whose
     # lock is in such a store; None: such CronJobs are refused.
@@ -152,11 +144,41 @@ class OperatorSettings:
                 f"cluster name {self.cluster_name!r} is not one; expected 1-253 printable "
                 "characters without spaces (e.g. eu-west-1), or '' for none"
             )
-        check_defaults(self)
+        stores_allowed = self.sidecar_stores_image is not None
+        if self.lock.stores_allowed != stores_allowed:
+            # A store needs the stores image: whether one is given decides, not the caller.
+            object.__setattr__(
+                self, "lock", dataclasses.replace(self.lock, stores_allowed=stores_allowed)
+            )
+
+    # `Defaults`, read through `lock` (cronjob/defaults.py says what each means).
+    @property
+    def default_ttl_seconds(self) -> int:
+        return self.lock.default_ttl_seconds
+
+    @property
+    def default_renew_seconds(self) -> float | None:
+        return self.lock.default_renew_seconds
+
+    @property
+    def default_policy(self) -> Policy:
+        return self.lock.default_policy
+
+    @property
+    def skew_seconds(self) -> int:
+        return self.lock.skew_seconds
+
+    @property
+    def default_alert_after_missed(self) -> int:
+        return self.lock.default_alert_after_missed
+
+    @property
+    def missed_tolerance_seconds(self) -> int:
+        return self.lock.missed_tolerance_seconds
 
     @property
     def stores_allowed(self) -> bool:
-        return self.sidecar_stores_image is not None
+        return self.lock.stores_allowed
 
 
 # The operator Deployment's init containers that name the images to inject (the chart's

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from typing import Any
 
@@ -9,25 +10,30 @@ import pytest
 
 from cronlock_operator.cronjob import reading as reading_module
 from cronlock_operator.cronjob.config import (
-    PROBE_TOLERANCES,
     InvalidConfig,
     LockConfig,
-    ProbeTolerance,
     declined_because,
     declined_message,
-    kill_grace_seconds,
-    minimum_ttl_seconds,
     opt_in,
     parse_config,
-    probe_tolerance,
 )
+from cronlock_operator.cronjob.defaults import LockDefaults
 from cronlock_operator.cronjob.reading import (
     ConfigReading,
     Readings,
     counting_settings,
     read_config,
 )
+from cronlock_operator.cronjob.timing import (
+    PROBE_TOLERANCES,
+    ProbeTolerance,
+    kill_grace_seconds,
+    minimum_ttl_seconds,
+    probe_tolerance,
+)
 from cronlock_operator.injection.build import build_injection
+from cronlock_operator.leases.sharing import parse_peers, where_kept
+from cronlock_operator.objects import annotations_of
 from cronlock_operator.settings import OperatorSettings
 from tests.support import gen
 from tests.support.annotation_cases import BAD, PROBED
@@ -244,6 +250,22 @@ def test_a_shared_store_without_the_stores_image_is_refused_not_quietly_a_lease(
     )
 
 
+def test_the_stores_image_decides_whether_the_settings_lock_defaults_allow_a_store() -> None:
+    """`--sidecar-images-from` swaps the images in after the flags (cli.py): the lock
+    defaults a CronJob is read under follow the image, whatever `lock` said."""
+    cronjob = gen.cronjob(
+        "report", gen.annotated({"cronlock.io/store": "redis", "cronlock.io/store-secret": "s"})
+    )
+    asked = OperatorSettings(sidecar_image="img", lock=LockDefaults(stores_allowed=True))
+    assert not asked.lock.stores_allowed
+    with pytest.raises(InvalidConfig):
+        parse_config(cronjob, asked.lock)
+    given = dataclasses.replace(asked, sidecar_stores_image="stores")
+    assert given.lock.stores_allowed
+    assert parse_config(cronjob, given.lock) == parse_config(cronjob, given)
+    assert not dataclasses.replace(given, sidecar_stores_image=None).stores_allowed
+
+
 @pytest.mark.parametrize("store", ["redis", "postgres"])
 def test_a_shared_store_is_parsed(store: str) -> None:
     cronjob = gen.cronjob(
@@ -252,6 +274,28 @@ def test_a_shared_store_is_parsed(store: str) -> None:
     )
     config = parse_config(cronjob, STORES_SETTINGS)
     assert (config.store, config.store_secret, config.shared_store) == (store, "team-locks", True)
+
+
+@pytest.mark.parametrize(
+    "annotations",
+    [
+        {},
+        {"cronlock.io/share-lock-with": "invoices, ledger"},
+        {"cronlock.io/store": "redis", "cronlock.io/store-secret": "team-locks"},
+    ],
+)
+def test_the_config_keeps_its_peers_and_where_its_lock_is_kept(
+    annotations: dict[str, str],
+) -> None:
+    """Read once with the rest: what consent (leases/sharing.py) reads from a CronJob's
+    annotations as written, for a valid CronJob the same."""
+    cronjob = gen.cronjob("report", gen.annotated(annotations))
+    config = parse_config(cronjob, STORES_SETTINGS)
+    assert config.peers == parse_peers(annotations_of(cronjob))
+    assert config.kept_in == where_kept(cronjob)
+    assert config.peers == (
+        {"invoices", "ledger"} if "cronlock.io/share-lock-with" in annotations else set()
+    )
 
 
 def test_the_lease_store_may_be_named() -> None:
@@ -359,9 +403,7 @@ def test_too_short_ttl_says_the_minimum() -> None:
 def test_settings_defaults_apply_and_a_users_ttl_brings_its_own_renew() -> None:
     settings = OperatorSettings(
         sidecar_image="img",
-        default_ttl_seconds=120,
-        default_renew_seconds=15,
-        default_policy="wait",
+        lock=LockDefaults(default_ttl_seconds=120, default_renew_seconds=15, default_policy="wait"),
     )
     cronjob = gen.cronjob("report")
     assert parse_config(cronjob, settings).ttl_seconds == 120
@@ -372,19 +414,21 @@ def test_settings_defaults_apply_and_a_users_ttl_brings_its_own_renew() -> None:
 
 
 @pytest.mark.parametrize(
-    "changes",
+    ("changes", "lock"),
     [
-        {"sidecar_image": ""},
-        {"sidecar_image_pull_policy": "Sometimes"},
-        {"default_ttl_seconds": 10},
-        {"default_ttl_seconds": 60, "default_renew_seconds": 30},
-        {"skew_seconds": -1},
-        {"default_policy": "queue"},
+        ({"sidecar_image": ""}, {}),
+        ({"sidecar_image_pull_policy": "Sometimes"}, {}),
+        ({}, {"default_ttl_seconds": 10}),
+        ({}, {"default_ttl_seconds": 60, "default_renew_seconds": 30}),
+        ({}, {"skew_seconds": -1}),
+        ({}, {"default_policy": "queue"}),
     ],
 )
-def test_bad_operator_settings_fail_at_startup(changes: dict[str, Any]) -> None:
+def test_bad_operator_settings_fail_at_startup(
+    changes: dict[str, Any], lock: dict[str, Any]
+) -> None:
     with pytest.raises(ValueError, match=r"\w"):
-        OperatorSettings(**{"sidecar_image": "img", **changes})
+        OperatorSettings(**{"sidecar_image": "img", **changes}, lock=LockDefaults(**lock))
 
 
 @pytest.mark.parametrize(

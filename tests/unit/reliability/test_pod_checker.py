@@ -16,7 +16,8 @@ from typing import Any
 
 import pytest
 
-from cronlock_operator.cronjob.config import kill_grace_seconds, minimum_ttl_seconds, parse_config
+from cronlock_operator.cronjob.config import parse_config
+from cronlock_operator.cronjob.timing import kill_grace_seconds, minimum_ttl_seconds
 from cronlock_operator.injection.build import build_injection
 from tests.reliability.checker import Counts
 from tests.reliability.pod_checks import (

@@ -7,6 +7,7 @@ from datetime import timedelta
 import pytest
 
 from cronlock_operator.cronjob.config import parse_config
+from cronlock_operator.cronjob.defaults import LockDefaults
 from cronlock_operator.cronjob.reading import Readings
 from cronlock_operator.injection.build import desired_cronjob
 from cronlock_operator.settings import OperatorSettings
@@ -275,8 +276,7 @@ def test_the_policy_is_read_under_the_defaults_the_operators_injection_shows(
     cannot see its flags, reads them from what it injected, not from the chart's defaults."""
     operator = OperatorSettings(
         sidecar_image="ghcr.io/example/cronlock:1.0.0",
-        default_policy="wait",
-        default_ttl_seconds=120,
+        lock=LockDefaults(default_policy="wait", default_ttl_seconds=120),
     )
     written = cronjob("report")
     if annotated is not None:
@@ -292,7 +292,7 @@ def test_the_policy_is_read_under_the_defaults_the_operators_injection_shows(
 
 def test_an_injection_whose_values_do_not_read_leaves_the_charts_defaults() -> None:
     operator = OperatorSettings(
-        sidecar_image="ghcr.io/example/cronlock:1.0.0", default_policy="wait"
+        sidecar_image="ghcr.io/example/cronlock:1.0.0", lock=LockDefaults(default_policy="wait")
     )
     written = cronjob("report")
     injected = desired_cronjob(written, parse_config(written, operator), operator)

@@ -7,12 +7,12 @@ parses once per resourceVersion and applies the one rule for invalid input.
 from __future__ import annotations
 
 import difflib
-import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Final, Literal, Protocol
+from typing import Any, Final, Literal
 
+from cronlock_operator.cronjob.defaults import MAX_ALERT_AFTER_MISSED, Defaults
 from cronlock_operator.cronjob.invalid import InvalidConfig as InvalidConfig
 from cronlock_operator.cronjob.invalid import duration_annotation
 from cronlock_operator.cronjob.podspec import (
@@ -22,153 +22,32 @@ from cronlock_operator.cronjob.podspec import (
     service_account_of,
 )
 from cronlock_operator.cronjob.policies import Policy, parse_policy, parse_wait_timeout
+from cronlock_operator.cronjob.timing import (
+    STRICT_PROBE,
+    ProbeTolerance,
+    check_renew,
+    check_ttl,
+    default_renew_seconds,
+    format_seconds,
+    kill_grace_seconds,
+    probe_tolerance,
+)
 from cronlock_operator.leases.sharing import InvalidPeers, parse_peers
 from cronlock_operator.objects import annotations_of
 from cronlock_sidecar import contract
-from cronlock_sidecar.lock.model import (
-    Timing,
-    TimingError,
-    default_renew_ms,
-    seconds_text,
-)
+from cronlock_sidecar.lock.model import Timing
 
 Stop = Literal["liveness", "signal"]
 Store = Literal["lease", "redis", "postgres"]
 
-MIN_TTL_SECONDS: Final = 5
-MAX_TTL_SECONDS: Final = 24 * 3600
-# A renewal more often than once a second only loads the API server.
-MIN_RENEW_SECONDS: Final = 1.0
 MIN_ALERT_AFTER: Final = 1
 MAX_ALERT_AFTER: Final = 1000
-# cronlock.io/alert-after-missed: 0 turns NotSucceeding off for the CronJob.
-MAX_ALERT_AFTER_MISSED: Final = 1000
-# The liveness probe on user containers runs every second; the sidecar checks as often.
-PROBE_PERIOD_SECONDS: Final = 1
-# ... and a probe fails at the latest this long after it was sent (a frozen sidecar never
-# answers). On the real kubelet the failure was seen up to 1.5s after the renew deadline,
-# more than the probe period alone (docs/RELIABILITY.md).
-PROBE_TIMEOUT_SECONDS: Final = 1
-# Longer graces only delay the stop; the TTL has to cover it.
-MAX_KILL_GRACE_SECONDS: Final = 10
-# The kubelet never gives a container less than 2s to stop (minimumGracePeriodInSeconds
-# in kuberuntime's killContainer): a smaller grace would be 2s in fact.
-MIN_KILL_GRACE_SECONDS: Final = 2
 
-
-@dataclass(frozen=True)
-class ProbeTolerance:
-    """How much the `/held` liveness probe forgives: its timeout and failure threshold."""
-
-    timeout_seconds: int
-    failure_threshold: int
-
-    @property
-    def detection_ms(self) -> int:
-        """How late the kubelet can see a lost lease: up to one period until the next probe,
-        then `failure_threshold` probes in a row, each failing within its timeout (a `503` at
-        once, a frozen sidecar at the timeout; the kubelet sends the next probe as soon as
-        one that outlasted the period has failed)."""
-        each = max(self.timeout_seconds, PROBE_PERIOD_SECONDS)
-        return (PROBE_PERIOD_SECONDS + self.failure_threshold * each) * 1000
-
-
-# The probe that fits every valid TTL: one unanswered second stops the run.
-STRICT_PROBE: Final = ProbeTolerance(PROBE_TIMEOUT_SECONDS, 1)
-# How late the kubelet can see a lost lease with it: one probe period plus its timeout.
-DETECTION_MS: Final = STRICT_PROBE.detection_ms
-# Where the TTL has room beyond the kill grace, the probe forgives a slow answer: on a node
-# starved of CPU the kubelet's 1 s probe timed out on sidecars that held and renewed their
-# Leases, and stopped their runs (docs/RELIABILITY.md, "Found on the way"). Most forgiving
-# first; the first that fits the TTL with the CronJob's kill grace is injected.
-PROBE_TOLERANCES: Final = (ProbeTolerance(3, 2), ProbeTolerance(2, 2), STRICT_PROBE)
 
 _LOCK = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 _MAX_LOCK_LENGTH: Final = 63  # the lock is also the value of the label cronlock.io/lock
 _MAX_SECRET_NAME_LENGTH: Final = 253  # a DNS subdomain, as Kubernetes names a Secret
 _INTEGER = re.compile(r"[0-9]+")
-
-
-class Defaults(Protocol):
-    """The operator's defaults a CronJob's annotations are read under: what its flags (and
-    so the chart) decide for every CronJob's lock. `OperatorSettings` (settings.py) is
-    one; a reader that never injects (`cronlock status`, `cronlock lint`) takes a
-    `LockDefaults` and nothing of images, UIDs or resources."""
-
-    @property
-    def default_ttl_seconds(self) -> int: ...
-
-    # Used when a CronJob sets neither ttl nor renew; with its own ttl, renew is ttl/3.
-    @property
-    def default_renew_seconds(self) -> float | None: ...
-
-    @property
-    def default_policy(self) -> Policy: ...
-
-    @property
-    def skew_seconds(self) -> int: ...
-
-    # Ticks without a successful run before `NotSucceeding` (cronlock.io/alert-after-missed
-    # overrides it; 0: never).
-    @property
-    def default_alert_after_missed(self) -> int: ...
-
-    # How long after its tick a run may start before the tick counts as missed, for a
-    # CronJob without startingDeadlineSeconds (with one, that deadline).
-    @property
-    def missed_tolerance_seconds(self) -> int: ...
-
-    # Whether a lock may be kept in Redis or PostgreSQL: the operator has the sidecar image
-    # with their clients.
-    @property
-    def stores_allowed(self) -> bool: ...
-
-
-@dataclass(frozen=True)
-class LockDefaults:
-    """The lock defaults alone (`Defaults`), the chart's unless given."""
-
-    default_ttl_seconds: int = contract.DEFAULT_TTL_SECONDS
-    default_renew_seconds: float | None = None
-    default_policy: Policy = "skip"
-    skew_seconds: int = contract.DEFAULT_SKEW_SECONDS
-    default_alert_after_missed: int = contract.DEFAULT_ALERT_AFTER_MISSED
-    missed_tolerance_seconds: int = 60
-    stores_allowed: bool = True
-
-    def __post_init__(self) -> None:
-        check_defaults(self)
-
-
-def check_defaults(defaults: Defaults) -> None:
-    """ValueError naming the first default no CronJob could be guarded under."""
-    if defaults.default_policy not in contract.POLICIES:
-        raise ValueError(
-            f"default policy {defaults.default_policy!r} is not one of "
-            + ", ".join(contract.POLICIES)
-        )
-    if defaults.skew_seconds < 0:
-        raise ValueError(f"clock skew {defaults.skew_seconds}s must not be negative")
-    if not 0 <= defaults.default_alert_after_missed <= MAX_ALERT_AFTER_MISSED:
-        raise ValueError(
-            f"alert after missed {defaults.default_alert_after_missed} is not a number of "
-            f"ticks from 0 (never) to {MAX_ALERT_AFTER_MISSED}"
-        )
-    if not 1 <= defaults.missed_tolerance_seconds <= 86400:
-        raise ValueError(
-            f"missed tolerance {defaults.missed_tolerance_seconds}s is not from 1s to 24h"
-        )
-    try:
-        ttl = _check_ttl(
-            float(defaults.default_ttl_seconds), _format_seconds(defaults.default_ttl_seconds)
-        )
-        renew = defaults.default_renew_seconds
-        if renew is None:
-            renew = default_renew_seconds(ttl)
-        _check_renew(ttl, renew, _format_seconds(renew), defaults.skew_seconds)
-        kill_grace_seconds(ttl, defaults.skew_seconds, _format_seconds(ttl))
-    except InvalidConfig as error:
-        raise ValueError(f"operator default: {error}") from error
 
 
 @dataclass(frozen=True)
@@ -191,11 +70,19 @@ class LockConfig:
     probe: ProbeTolerance = STRICT_PROBE
     # The Secret (in the CronJob's namespace) whose key `url` is the store's URL.
     store_secret: str | None = None
+    # The CronJobs of its namespace it lets use its lock (`cronlock.io/share-lock-with`).
+    peers: frozenset[str] = frozenset()
 
     @property
     def shared_store(self) -> bool:
         """Whether the lock is in Redis or PostgreSQL, not this cluster's Lease."""
         return self.store != "lease"
+
+    @property
+    def kept_in(self) -> tuple[str, str]:
+        """Where the lock is kept, as `leases.sharing.where_kept` reads it from a CronJob's
+        annotations: (store, Secret), ("lease", "") for the Lease itself."""
+        return (self.store, self.store_secret or "")
 
     @property
     def lease_name(self) -> str:
@@ -292,15 +179,15 @@ def parse_config(cronjob: Mapping[str, Any], settings: Defaults) -> LockConfig:
     ttl_text = annotations.get(contract.ANNOTATION_TTL)
     if ttl_text is None:
         ttl = settings.default_ttl_seconds
-        ttl_shown = f"{_format_seconds(ttl)} (the operator's default)"
+        ttl_shown = f"{format_seconds(ttl)} (the operator's default)"
     else:
-        ttl = _check_ttl(duration_annotation(contract.ANNOTATION_TTL, ttl_text), ttl_text)
+        ttl = check_ttl(duration_annotation(contract.ANNOTATION_TTL, ttl_text), ttl_text)
         ttl_shown = ttl_text
 
     renew_text = annotations.get(contract.ANNOTATION_RENEW)
     if renew_text is not None:
         renew = duration_annotation(contract.ANNOTATION_RENEW, renew_text)
-        _check_renew(ttl, renew, renew_text, settings.skew_seconds)
+        check_renew(ttl, renew, renew_text, settings.skew_seconds)
     elif ttl_text is None and settings.default_renew_seconds is not None:
         renew = settings.default_renew_seconds
     else:
@@ -319,7 +206,7 @@ def parse_config(cronjob: Mapping[str, Any], settings: Defaults) -> LockConfig:
     alert_after_missed = parse_alert_after_missed(annotations, settings.default_alert_after_missed)
     keep = parse_flag(annotations, contract.ANNOTATION_KEEP_SKIPPED_JOBS, default=False)
     try:
-        parse_peers(annotations)
+        peers = parse_peers(annotations)
     except InvalidPeers as error:
         text = annotations[contract.ANNOTATION_SHARE_LOCK_WITH]
         raise InvalidConfig(contract.ANNOTATION_SHARE_LOCK_WITH, text[:200], str(error)) from None
@@ -340,57 +227,8 @@ def parse_config(cronjob: Mapping[str, Any], settings: Defaults) -> LockConfig:
         store=store,
         store_secret=store_secret,
         probe=probe_tolerance(ttl, settings.skew_seconds, kill_grace),
+        peers=peers,
     )
-
-
-def default_renew_seconds(ttl_seconds: int) -> float:
-    """A third of the TTL, rounded down to the millisecond so that it prints short."""
-    return default_renew_ms(ttl_seconds * 1000) / 1000
-
-
-def kill_grace_seconds(ttl_seconds: int, skew_seconds: int, ttl_shown: str) -> int:
-    """The longest whole grace (at most 10s) that stops a run before its Lease can expire.
-
-    A run that lost its lease must be gone before another run may take the lock:
-    renew deadline + probe period + probe timeout + kill grace + clock skew < ttl, strictly
-    (the lock model's `Timing.kill_grace_fits`).
-    """
-    timing = Timing.of(ttl_seconds, skew=skew_seconds)
-    grace = timing.longest_kill_grace(
-        DETECTION_MS, step_ms=1000, most_ms=MAX_KILL_GRACE_SECONDS * 1000
-    )
-    if grace is None or grace < MIN_KILL_GRACE_SECONDS * 1000:
-        raise InvalidConfig(
-            contract.ANNOTATION_TTL,
-            ttl_shown,
-            "is too short to stop a run that lost its lease before another run may take it: "
-            f"renew deadline ({seconds_text(timing.renew_deadline * 1000)}, 2/3 of the ttl) "
-            f"+ probe period ({PROBE_PERIOD_SECONDS}s) + probe timeout "
-            f"({PROBE_TIMEOUT_SECONDS}s) + kill grace (at least "
-            f"{MIN_KILL_GRACE_SECONDS}s) + clock skew ({skew_seconds}s) must stay under the ttl; "
-            f"use a ttl of at least {minimum_ttl_seconds(skew_seconds)}s",
-        )
-    return grace // 1000
-
-
-def probe_tolerance(ttl_seconds: int, skew_seconds: int, kill_grace: int) -> ProbeTolerance:
-    """The most forgiving probe that still stops a run that lost its lease, with its kill
-    grace, before another run may take the lock (as `kill_grace_seconds` reckons)."""
-    timing = Timing.of(ttl_seconds, skew=skew_seconds)
-    for probe in PROBE_TOLERANCES:
-        if timing.kill_grace_fits(kill_grace * 1000, probe.detection_ms):
-            return probe
-    return STRICT_PROBE  # kill_grace_seconds chose the grace so that this one fits
-
-
-def minimum_ttl_seconds(skew_seconds: int) -> int:
-    """The shortest whole TTL that leaves room for the smallest kill grace."""
-    ttl = MIN_TTL_SECONDS
-    while not Timing.of(ttl, skew=skew_seconds).kill_grace_fits(
-        MIN_KILL_GRACE_SECONDS * 1000, DETECTION_MS
-    ):
-        ttl += 1
-    return ttl
 
 
 def _refuse_unknown(annotations: Mapping[str, str]) -> None:
@@ -470,39 +308,6 @@ def _parse_lock(annotations: Mapping[str, str], cronjob: Mapping[str, Any]) -> s
             f"{contract.LEASE_PREFIX}<lock> and is the value of the label {contract.LABEL_LOCK})",
         )
     return value
-
-
-def _check_ttl(seconds: float, text: str) -> int:
-    if not MIN_TTL_SECONDS <= seconds <= MAX_TTL_SECONDS:
-        raise InvalidConfig(
-            contract.ANNOTATION_TTL,
-            text,
-            f"is out of range; expected a duration from {MIN_TTL_SECONDS}s to 24h",
-        )
-    if not seconds.is_integer():
-        raise InvalidConfig(
-            contract.ANNOTATION_TTL,
-            text,
-            "is not a whole number of seconds, which the Lease's leaseDurationSeconds needs; "
-            f"expected for example {math.ceil(seconds)}s",
-        )
-    return int(seconds)
-
-
-def _check_renew(ttl: int, renew: float, text: str, skew_seconds: int) -> None:
-    annotation = contract.ANNOTATION_RENEW
-    if renew >= ttl:
-        raise InvalidConfig(
-            annotation, text, f"must be shorter than the ttl ({_format_seconds(ttl)})"
-        )
-    if renew < MIN_RENEW_SECONDS:
-        raise InvalidConfig(
-            annotation, text, "is too short; renew at most once a second (expected at least 1s)"
-        )
-    try:
-        Timing.of(ttl, renew, skew_seconds).check()
-    except TimingError as error:
-        raise InvalidConfig(annotation, text, error.reason) from None
 
 
 def _parse_stop(annotations: Mapping[str, str], cronjob: Mapping[str, Any]) -> Stop:
@@ -621,8 +426,3 @@ def parse_flag(annotations: Mapping[str, str], annotation: str, *, default: bool
     if value in ("true", "false"):
         return value == "true"
     raise InvalidConfig(annotation, value, 'is neither "true" nor "false"')
-
-
-def _format_seconds(seconds: float) -> str:
-    whole = int(seconds)
-    return f"{whole}s" if whole == seconds else f"{seconds:g}s"

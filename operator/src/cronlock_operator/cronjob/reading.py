@@ -16,7 +16,6 @@ from typing import Any, Final, Literal, cast
 
 from cronlock_operator.cronjob.config import (
     GUARDING,
-    Defaults,
     InvalidConfig,
     LockConfig,
     OptIn,
@@ -26,6 +25,7 @@ from cronlock_operator.cronjob.config import (
     parse_flag,
 )
 from cronlock_operator.cronjob.config import opt_in as read_opt_in  # `opt_in` is a field here
+from cronlock_operator.cronjob.defaults import Defaults
 from cronlock_operator.cronjob.policies import Policy
 from cronlock_operator.objects import annotations_of
 from cronlock_sidecar import contract

@@ -11,9 +11,11 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any, Final, get_args
 
-from cronlock_operator.cronjob.config import PROBE_PERIOD_SECONDS, LockConfig, LockDefaults
+from cronlock_operator.cronjob.config import LockConfig
+from cronlock_operator.cronjob.defaults import LockDefaults
 from cronlock_operator.cronjob.podspec import pod_spec_of
 from cronlock_operator.cronjob.policies import Policy
+from cronlock_operator.cronjob.timing import PROBE_PERIOD_SECONDS
 from cronlock_operator.settings import OperatorSettings
 from cronlock_sidecar import contract
 from cronlock_sidecar.lock.durations import format_duration, parse_duration

@@ -5,9 +5,9 @@ The chart's template (charts/cronlock/templates/annotation-policy.yaml) is this 
 output, never edited by hand: `python -m cronlock_operator.lint.admission` writes it, and
 tests/unit/test_annotation_policy.py fails when the checked-in file differs. Every bound,
 name list and pattern below is read from the operator's own rules (cronjob.config,
-cronjob.policies, leases.sharing, the contract), and tests/integration/
-test_annotation_policy.py applies a corpus of good and bad values on the real API server
-and compares the policy's verdict with `cronlock lint`'s.
+cronjob.timing, cronjob.defaults, cronjob.policies, leases.sharing, the contract), and
+tests/integration/test_annotation_policy.py applies a corpus of good and bad values on the
+real API server and compares the policy's verdict with `cronlock lint`'s.
 
 What CEL cannot judge stays with lint and the reconciler's Events: rules that read the
 pod's containers (a livenessProbe of their own under stop: liveness or auto), the TTL
@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from cronlock_operator.cronjob import config, policies
+from cronlock_operator.cronjob import config, defaults, policies, timing
 from cronlock_operator.cronjob.podspec import DEFAULT_SERVICE_ACCOUNT
 from cronlock_operator.leases import sharing
 from cronlock_sidecar import contract
@@ -37,7 +37,7 @@ QUOTED: Final = 64
 _DURATION: Final = f"^(0|({durations._PART.pattern})+)$"
 _NAME: Final = f"^({config._LOCK.pattern})$"
 _PEER: Final = f"^({sharing._NAME.pattern})$"
-_MIN_TTL: Final = config.minimum_ttl_seconds(contract.DEFAULT_SKEW_SECONDS)
+_MIN_TTL: Final = timing.minimum_ttl_seconds(contract.DEFAULT_SKEW_SECONDS)
 _STOPS: Final = ("liveness", "signal", "auto")
 
 
@@ -142,10 +142,10 @@ def rules() -> list[Rule]:
         Rule(
             ttl,
             f"!({_set(ttl)}) || !({_duration_ok(ttl)}) || "
-            f'({_duration(ttl)} >= duration("{config.MIN_TTL_SECONDS}s") && '
-            f'{_duration(ttl)} <= duration("{config.MAX_TTL_SECONDS}s"))',
+            f'({_duration(ttl)} >= duration("{timing.MIN_TTL_SECONDS}s") && '
+            f'{_duration(ttl)} <= duration("{timing.MAX_TTL_SECONDS}s"))',
             f'{_quoted(ttl)} + "is out of range; expected a duration from '
-            f'{config.MIN_TTL_SECONDS}s to 24h"',
+            f'{timing.MIN_TTL_SECONDS}s to 24h"',
         ),
         Rule(
             ttl,
@@ -157,7 +157,7 @@ def rules() -> list[Rule]:
         Rule(
             ttl,
             f"!({_set(ttl)}) || !({_duration_ok(ttl)}) || "
-            f'{_duration(ttl)} < duration("{config.MIN_TTL_SECONDS}s") || '
+            f'{_duration(ttl)} < duration("{timing.MIN_TTL_SECONDS}s") || '
             f'{_duration(ttl)} >= duration("{_MIN_TTL}s")',
             f'{_quoted(ttl)} + "is too short to stop a run that lost its lease before another '
             f"run may take it (renew deadline, probe, kill grace and clock skew must stay "
@@ -172,11 +172,11 @@ def rules() -> list[Rule]:
             renew,
             f"!({_set(renew)}) || !({_duration_ok(renew)}) || !variables.ttlOk || "
             f'({_duration(renew)} < variables.ttlDuration && {_duration(renew)} >= duration("'
-            f'{config.MIN_RENEW_SECONDS:g}s") && {_duration(renew)}.getMilliseconds() * '
+            f'{timing.MIN_RENEW_SECONDS:g}s") && {_duration(renew)}.getMilliseconds() * '
             f"{denominator} <= variables.ttlDuration.getMilliseconds())",
             f'{_quoted(renew)} + "is too long or too short for a ttl of " + '
             f'string(variables.ttlDuration.getSeconds()) + "s: renew at least every '
-            f"{config.MIN_RENEW_SECONDS:g}s and at most every third of the ttl, so that two "
+            f"{timing.MIN_RENEW_SECONDS:g}s and at most every third of the ttl, so that two "
             f'renewal attempts fit in the renew deadline (2/3 of the ttl)"',
         ),
         _one_of(policy, contract.POLICIES),
@@ -218,7 +218,7 @@ def rules() -> list[Rule]:
             f'password; remove shareProcessNamespace or keep the lock in the Lease"',
         ),
         _number(alert, config.MIN_ALERT_AFTER, config.MAX_ALERT_AFTER, "skips"),
-        _number(missed, 0, config.MAX_ALERT_AFTER_MISSED, "ticks without a successful run"),
+        _number(missed, 0, defaults.MAX_ALERT_AFTER_MISSED, "ticks without a successful run"),
         _one_of(contract.ANNOTATION_KEEP_SKIPPED_JOBS, ("true", "false")),
         Rule(
             peers,

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Final
 
+from cronlock_operator.cronjob.defaults import LockDefaults
 from cronlock_operator.lint.checks import Finding, check
 from cronlock_operator.lint.documents import SUFFIXES, BadYAML, Manifest, read_stream
 from cronlock_operator.settings import OperatorSettings
@@ -67,17 +68,19 @@ def add_parser(commands: Any) -> None:
         default="default",
         help="the namespace of objects that name none, as with kubectl apply -n (default: default)",
     )
+    defaults = LockDefaults()
     lint.add_argument(
         "--default-ttl",
-        default=f"{contract.DEFAULT_TTL_SECONDS}s",
+        default=f"{defaults.default_ttl_seconds}s",
         help="the operator's --default-ttl (the chart's defaults.ttl) for CronJobs without "
-        f"cronlock.io/ttl (default {contract.DEFAULT_TTL_SECONDS}s)",
+        f"cronlock.io/ttl (default {defaults.default_ttl_seconds}s)",
     )
     lint.add_argument(
         "--default-policy",
-        default="skip",
+        default=defaults.default_policy,
         choices=list(contract.POLICIES),
-        help="the operator's --default-policy (the chart's defaults.policy; default skip)",
+        help="the operator's --default-policy (the chart's defaults.policy; default "
+        f"{defaults.default_policy})",
     )
 
 
@@ -89,8 +92,7 @@ def run(args: argparse.Namespace, prog: str) -> int:
         settings = OperatorSettings(
             sidecar_image=_IMAGE,
             sidecar_stores_image=_IMAGE,
-            default_ttl_seconds=int(ttl),
-            default_policy=args.default_policy,
+            lock=LockDefaults(default_ttl_seconds=int(ttl), default_policy=args.default_policy),
         )
     except (DurationError, ValueError) as error:
         print(f"{prog} lint: error: --default-ttl {args.default_ttl!r}: {error}", file=sys.stderr)

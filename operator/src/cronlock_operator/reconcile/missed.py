@@ -27,7 +27,7 @@ from collections.abc import Mapping, Set
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from cronlock_operator.cronjob.config import Defaults
+from cronlock_operator.cronjob.defaults import Defaults
 from cronlock_operator.cronjob.reading import Readings, read_config
 from cronlock_operator.reconcile.actions import Action, CountMissed, PostEvent, SetRunTimes
 from cronlock_sidecar import contract

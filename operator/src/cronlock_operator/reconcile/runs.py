@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, NamedTuple
 
-from cronlock_operator.cronjob.config import Defaults
+from cronlock_operator.cronjob.defaults import Defaults
 from cronlock_operator.cronjob.reading import Readings, read_config
 from cronlock_operator.reconcile import skips
 from cronlock_operator.reconcile.actions import (

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from cronlock_operator.cronjob.config import MAX_TTL_SECONDS
+from cronlock_operator.cronjob.timing import MAX_TTL_SECONDS
 from cronlock_operator.kube.cache import ObjectCache
 from cronlock_operator.kube.calls import KubeCalls
 from cronlock_operator.objects import Name

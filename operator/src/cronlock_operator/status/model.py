@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Final, Literal
 
-from cronlock_operator.cronjob.config import Defaults, LockDefaults
+from cronlock_operator.cronjob.defaults import Defaults, LockDefaults
 from cronlock_operator.cronjob.reading import ConfigReading, Readings, read_config
 from cronlock_operator.injection.containers import defaults_as_injected
 from cronlock_operator.objects import metadata_of
