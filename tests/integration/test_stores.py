@@ -135,21 +135,29 @@ def test_a_client_clock_far_ahead_cannot_take_a_live_lock(
     """
     _, server = store
     lock = lock_name(request)
-    started = tmp_path / "started"
-    holder = start_run(
-        server.url, lock, ["sh", "-c", f"echo up > {started}; sleep 4"], "--ttl", "6s"
-    )
-    wait_for_line(started)
-    ahead = start_run(server.url, lock, ["sh", "-c", "echo AHEAD RAN"], "--ttl", "6s", skewed=30.0)
-    out, err = ahead.communicate(timeout=30)
-    assert ahead.returncode == 75, err
-    assert "AHEAD RAN" not in out
-    behind = start_run(
-        server.url, lock, ["sh", "-c", "echo BEHIND RAN"], "--ttl", "6s", skewed=-30.0
-    )
-    out, err = behind.communicate(timeout=30)
-    assert behind.returncode == 75, err
-    holder.communicate(timeout=30)
+    started, release = tmp_path / "started", tmp_path / "release"
+    # The holder works until both contenders have decided, however slowly they start (a
+    # fixed `sleep 4` ended first on a loaded machine, and the one behind found it free).
+    holding = f"echo up > {started}; while [ ! -e {release} ]; do sleep 0.1; done"
+    holder = start_run(server.url, lock, ["sh", "-c", holding], "--ttl", "6s")
+    try:
+        wait_for_line(started)
+        ahead = start_run(
+            server.url, lock, ["sh", "-c", "echo AHEAD RAN"], "--ttl", "6s", skewed=30.0
+        )
+        out, err = ahead.communicate(timeout=30)
+        assert ahead.returncode == 75, err
+        assert "AHEAD RAN" not in out
+        behind = start_run(
+            server.url, lock, ["sh", "-c", "echo BEHIND RAN"], "--ttl", "6s", skewed=-30.0
+        )
+        out, err = behind.communicate(timeout=30)
+        assert behind.returncode == 75, err
+        assert "BEHIND RAN" not in out
+        assert holder.poll() is None, "the holder was never disturbed"
+    finally:
+        release.touch()
+        holder.communicate(timeout=30)
     assert holder.returncode == 0
 
 
