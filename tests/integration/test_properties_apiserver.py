@@ -247,7 +247,7 @@ def test_a_lease_deleted_behind_the_operators_cache_is_retried_not_dropped(
         cronjob,
         parse_config(cronjob, SETTINGS),
         cached,
-        {"deleted": deleted}.get,
+        {"deleted": deleted},
     )
     with pytest.raises(Retry, match="vanished; creating it again"):
         Executor(Kube(api)).run([ensure])

@@ -15,7 +15,6 @@ from cronlock_operator.injection.build import desired_cronjob
 from cronlock_operator.injection.containers import injected_by
 from cronlock_operator.reconcile import cronjobs
 from cronlock_operator.reconcile.actions import PatchCronJob, PostEvent
-from cronlock_operator.reconcile.rbac import HolderGrants
 from cronlock_sidecar import cli, contract
 from tests.support import gen
 from tests.support.cronjobs import SETTINGS
@@ -88,12 +87,8 @@ def stamped(version: str | None) -> dict[str, Any]:
 
 def decide(body: dict[str, Any], posted: dict[str, str] | None = None) -> Any:
     return cronjobs.decide(
-        body,
+        cronjobs.CronJobInput(body, posted=posted or {}),
         SETTINGS,
-        previous=None,
-        cached_lease=lambda name: None,
-        grants=HolderGrants(),
-        posted=posted or {},
         readings=Readings(),
     )
 

@@ -44,7 +44,7 @@ def ensure(
 ) -> EnsureLease:
     by_name = {other["metadata"]["name"]: other for other in others}
     return EnsureLease(
-        "team-a", "cronlock-report", body, parse_config(body, SETTINGS), cached, by_name.get
+        "team-a", "cronlock-report", body, parse_config(body, SETTINGS), cached, by_name
     )
 
 

@@ -14,8 +14,7 @@ from cronlock_operator.cronjob import invalid
 from cronlock_operator.cronjob.reading import Readings
 from cronlock_operator.kube.writes import Kube
 from cronlock_operator.reconcile.actions import PostEvent
-from cronlock_operator.reconcile.cronjobs import decide
-from cronlock_operator.reconcile.rbac import HolderGrants
+from cronlock_operator.reconcile.cronjobs import CronJobInput, decide
 from cronlock_operator.settings import OperatorSettings
 from tests.support import gen
 
@@ -46,12 +45,8 @@ def test_a_200_kib_lock_is_cut_in_its_event_and_its_log_and_the_reason_stays(
 ) -> None:
     body = gen.cronjob("report", *REPORT, gen.annotated({"cronlock.io/lock": "x" * HUGE}))
     decision = decide(
-        body,
+        CronJobInput(body),
         OperatorSettings(sidecar_image="img"),
-        previous=None,
-        cached_lease=lambda name: None,
-        grants=HolderGrants(),
-        posted={},
         readings=Readings(),
     )
     [warning] = [action for action in decision.before if isinstance(action, PostEvent)]

@@ -17,7 +17,6 @@ import pytest
 from cronlock_operator.cronjob.reading import Readings, read_config
 from cronlock_operator.kube.cache import ObjectCache
 from cronlock_operator.reconcile import cronjobs
-from cronlock_operator.reconcile.rbac import HolderGrants
 from cronlock_operator.runtime.executor import Executor
 from cronlock_operator.runtime.ticks import TickWatch
 from cronlock_operator.status.model import rows
@@ -50,12 +49,8 @@ def by_read_config(body: dict[str, Any], readings: Readings) -> bool:
 
 def by_decide(body: dict[str, Any], readings: Readings) -> bool:
     decision = cronjobs.decide(
-        body,
+        cronjobs.CronJobInput(body),
         SETTINGS,
-        previous=None,
-        cached_lease=lambda name: None,
-        grants=HolderGrants(),
-        posted={},
         readings=readings,
     )
     return decision.guard is not None

@@ -52,15 +52,7 @@ def injected(body: dict[str, Any]) -> dict[str, Any]:
 
 
 def decide(body: dict[str, Any], **state: Any) -> cronjobs.CronJobDecision:
-    arguments: dict[str, Any] = {
-        "previous": None,
-        "cached_lease": lambda name: None,
-        "grants": HolderGrants(),
-        "posted": {},
-        "readings": Readings(),
-    }
-    arguments.update(state)
-    return cronjobs.decide(body, SETTINGS, **arguments)
+    return cronjobs.decide(cronjobs.CronJobInput(body, **state), SETTINGS, readings=Readings())
 
 
 def kinds(actions: list[Any]) -> list[str]:
@@ -102,12 +94,8 @@ def test_a_lock_in_a_store_gets_its_lease_as_a_registry_that_no_role_grants() ->
     )
     settings = dataclasses.replace(SETTINGS, sidecar_stores_image="ghcr.io/example/s:1.0.0")
     decision = cronjobs.decide(
-        body,
+        cronjobs.CronJobInput(body),
         settings,
-        previous=None,
-        cached_lease=lambda name: None,
-        grants=HolderGrants(),
-        posted={},
         readings=Readings(),
     )
     assert decision.guard == Guard("cronlock-report", "default", holds=False)
@@ -843,3 +831,23 @@ def test_a_hold_seen_before_its_owners_is_capped_once_their_ttl_is_known() -> No
     # A shorter hold stays its own.
     observations.cap((NAMESPACE, "cronlock-report"), 3600)
     assert list(observations.overdue(162.5, 2)) == [(NAMESPACE, "cronlock-report")]
+
+
+def test_decide_reads_the_lease_and_its_users_only_from_what_was_gathered() -> None:
+    """Issue 57 item 2: `decide` takes one gathered value (`CronJobInput`), no lookups; the
+    Lease's other users it was given are what joining asks consent of, and the runtime
+    gathers exactly the Lease `lease_needed` names and the users `users_of` it names."""
+    body = gen.cronjob("report", *STORED)
+    lease = make_lease(namespace=NAMESPACE, owners=[("export", "uid-export")])
+    export = gen.cronjob("export", gen.with_uid("uid-export"))
+    assert cronjobs.lease_needed(body, SETTINGS, Readings()) == "cronlock-report"
+    assert cronjobs.users_of(lease) == ["export"]
+    assert cronjobs.users_of(None) == []
+    assert cronjobs.lease_needed(gen.cronjob("off", gen.not_opted_in()), SETTINGS, Readings()) == ""
+    decision = decide(body, lease=lease, users={"export": export})
+    [ensure] = [action for action in decision.before if isinstance(action, EnsureLease)]
+    assert ensure.cached is lease
+    assert dict(ensure.users) == {"export": export}
+    # Nothing gathered: nothing seen, and nobody's consent is assumed.
+    [alone] = [action for action in decide(body).before if isinstance(action, EnsureLease)]
+    assert (alone.cached, dict(alone.users)) == (None, {})

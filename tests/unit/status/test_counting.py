@@ -14,7 +14,6 @@ import pytest
 from cronlock_operator.cronjob.reading import Readings
 from cronlock_operator.reconcile import cronjobs, runs
 from cronlock_operator.reconcile.actions import DeleteJob, PostEvent
-from cronlock_operator.reconcile.rbac import HolderGrants
 from cronlock_operator.status.model import rows
 from tests.support import gen
 from tests.support.cronjobs import SETTINGS
@@ -71,12 +70,8 @@ def test_keep_skipped_jobs_holds_next_to_an_unrelated_invalid_annotation(stored:
 
     # The CronJob is refused alike by the operator and by status, for the same reason.
     decision = cronjobs.decide(
-        body,
+        cronjobs.CronJobInput(body),
         SETTINGS,
-        previous=None,
-        cached_lease=lambda name: None,
-        grants=HolderGrants(),
-        posted={},
         readings=Readings(),
     )
     assert decision.keep_guard

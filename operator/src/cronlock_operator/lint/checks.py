@@ -17,8 +17,7 @@ from cronlock_operator.cronjob.reading import ConfigReading, Readings, read_conf
 from cronlock_operator.leases.ownership import new_lease, owner_reference
 from cronlock_operator.leases.sharing import consent
 from cronlock_operator.lint.documents import Manifest
-from cronlock_operator.reconcile.cronjobs import LEFT_AS_IT_WAS, decide
-from cronlock_operator.reconcile.rbac import HolderGrants
+from cronlock_operator.reconcile.cronjobs import LEFT_AS_IT_WAS, CronJobInput, decide
 from cronlock_operator.settings import OperatorSettings
 from cronlock_sidecar import contract
 
@@ -168,15 +167,7 @@ def _check_one(
             for key in not_text
         ]
     try:
-        decision = decide(
-            body,
-            settings,
-            previous=None,
-            cached_lease=lambda _: None,
-            grants=HolderGrants(),
-            posted={},
-            readings=readings,
-        )
+        decision = decide(CronJobInput(body), settings, readings=readings)
     except (KeyError, TypeError, AttributeError) as error:
         return [
             _finding(

@@ -14,7 +14,6 @@ from datetime import datetime
 from typing import Any
 
 from cronlock_operator.cronjob.config import LockConfig
-from cronlock_operator.leases.sharing import CronJobLookup
 
 
 @dataclass(frozen=True)
@@ -48,8 +47,9 @@ class EnsureLease:
     cronjob: Mapping[str, Any]
     config: LockConfig
     cached: Mapping[str, Any] | None
-    # The namespace's cached CronJobs by name: whose consent a new user of the lock needs.
-    users: CronJobLookup = field(default=lambda name: None, compare=False, repr=False)
+    # The lock's other users as cached, by name, gathered before deciding: whose consent a
+    # new user of the lock needs (one not among them gives none).
+    users: Mapping[str, Mapping[str, Any]] = field(default_factory=dict, compare=False, repr=False)
 
 
 @dataclass(frozen=True)

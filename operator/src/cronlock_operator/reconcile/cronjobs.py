@@ -73,6 +73,39 @@ class CronJobDecision:
 
 
 @dataclass(frozen=True)
+class CronJobInput:
+    """Everything `decide` reads of one CronJob, gathered before deciding (cert-manager's
+    gatherer; the runtime gathers it from its caches, `lease_needed` and `users_of` say
+    what to read): the CronJob; the guard last recorded for it; its lock's Lease as cached
+    (None: none seen, or not guarded); that Lease's other users as cached, by name (whose
+    consent joining the lock needs: a user not among them gives none); what the
+    namespace's holder Roles grant, as last written (rbac.HolderGrants); the warnings
+    already posted on it (reason -> message); what admission made of cronlock's last patch
+    of it, if it changed it."""
+
+    body: Mapping[str, Any]
+    previous: Guard | None = None
+    lease: Mapping[str, Any] | None = None
+    users: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    grants: HolderGrants = field(default_factory=HolderGrants)
+    posted: Mapping[str, str] = field(default_factory=dict)
+    admitted: Admitted | None = None
+
+
+def lease_needed(body: Mapping[str, Any], settings: OperatorSettings, readings: Readings) -> str:
+    """The Lease `decide` reads for this CronJob: its lock's, when it is (validly) guarded;
+    "" otherwise (`read_config`'s rule, kept per version in `readings`)."""
+    config = read_config(body, settings, readings).config
+    return config.lease_name if config is not None else ""
+
+
+def users_of(lease: Mapping[str, Any] | None) -> list[str]:
+    """The names of the CronJobs a Lease names as its lock's users: whose cached bodies
+    `CronJobInput.users` holds."""
+    return sorted(set(sharing.lease_users(lease).values())) if lease is not None else []
+
+
+@dataclass(frozen=True)
 class Admitted:
     """What admission made of cronlock's last patch of one CronJob's job template, when it
     changed it (another mutating webhook or policy): the template cronlock asked for and the
@@ -89,26 +122,20 @@ _HARMLESS = (".resources", "metadata.labels", "metadata.annotations")
 
 
 def decide(
-    body: Mapping[str, Any],
-    settings: OperatorSettings,
-    *,
-    previous: Guard | None,
-    cached_lease: Callable[[str], Mapping[str, Any] | None],
-    cached_cronjob: CronJobLookup = lambda name: None,
-    grants: HolderGrants,
-    posted: Mapping[str, str],
-    admitted: Admitted | None = None,
-    readings: Readings,
+    given: CronJobInput, settings: OperatorSettings, *, readings: Readings
 ) -> CronJobDecision:
-    """`previous`: the guard last recorded for it; `cached_cronjob`: the namespace's cached
-    CronJobs by name (whose consent joining a used lock needs); `grants`: what the
-    namespace's holder Roles grant, as last written (rbac.HolderGrants); `posted`: warnings
-    already posted on it (reason -> message);
-    `admitted`: what admission made of cronlock's last patch of it, if it changed it;
+    """The whole plan for one CronJob, from what was gathered of it (`given`) alone;
     `readings`: the runtime's kept readings of annotations (cronjob/reading.py).
 
     Bad input, the reading's `invalid` or a job template that cannot take the injection,
     is one InvalidConfig Warning and leaves the CronJob and its guard as they were."""
+    body, previous, grants, posted, admitted = (
+        given.body,
+        given.previous,
+        given.grants,
+        given.posted,
+        given.admitted,
+    )
     metadata = body["metadata"]
     namespace, name, uid = metadata["namespace"], metadata["name"], metadata["uid"]
     reading = read_config(body, settings, readings)
@@ -134,11 +161,7 @@ def decide(
         # A lock in Redis or PostgreSQL gets its Lease as well, as its registry: who uses it,
         # joined only with their consent, as a Lease lock is; no Role grants it to the pods.
         guard = Guard(config.lease_name, service_account(body), holds=not config.shared_store)
-        before.append(
-            EnsureLease(
-                namespace, guard.lease, body, config, cached_lease(guard.lease), cached_cronjob
-            )
-        )
+        before.append(EnsureLease(namespace, guard.lease, body, config, given.lease, given.users))
         if previous is not None and previous.lease != guard.lease:
             before.append(DropLeaseOwner(namespace, previous.lease, uid))
     elif previous is not None:

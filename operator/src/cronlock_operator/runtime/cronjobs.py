@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 from cronlock_operator.cronjob.reading import Readings
@@ -102,17 +103,24 @@ class CronJobReconciler:
         uid = body["metadata"]["uid"]
         book, posted = self.book, self.posted
         grants = self.grants.grants(namespace)
-        decision = cronjobs.decide(
+        # Gathered before deciding: the lock's Lease and its other users, as cached.
+        lease_name = cronjobs.lease_needed(body, self.settings, self.readings)
+        lease = self.leases.get((namespace, lease_name)) if lease_name else None
+        users = {
+            user: found
+            for user in cronjobs.users_of(lease)
+            if (found := self.cronjobs.get((namespace, user))) is not None
+        }
+        given = cronjobs.CronJobInput(
             body,
-            self.settings,
             previous=book.guard(cached),
-            cached_lease=lambda lease: self.leases.get((namespace, lease)),
-            cached_cronjob=lambda other: self.cronjobs.get((namespace, other)),
+            lease=lease,
+            users=MappingProxyType(users),
             grants=grants,
             posted=posted.of(uid),
             admitted=self.admitted.get(cached),
-            readings=self.readings,
         )
+        decision = cronjobs.decide(given, self.settings, readings=self.readings)
         book.settle(cached, invalid=decision.keep_guard, guard=decision.guard)
         self.count_states()
         ran = self.executor.run(decision.before)

@@ -217,7 +217,7 @@ class Executor:
             action.config.lock,
         )
         marks = ownership.store_marks(action.config.store, action.config.store_secret)
-        consent = sharing.consent(action.cached, cronjob, lock, action.users)
+        consent = sharing.consent(action.cached, cronjob, lock, action.users.get)
         seen = action.cached
         if consent.verdict == "create":
             duration = action.config.timing.lease_duration_seconds
@@ -229,7 +229,7 @@ class Executor:
             consent = (
                 sharing.Consent("owned")
                 if created
-                else sharing.consent(lease, cronjob, lock, action.users)
+                else sharing.consent(lease, cronjob, lock, action.users.get)
             )
             if consent.verdict == "owned":
                 self.lease_written(lease)
