@@ -65,8 +65,7 @@ def by_pending_guards(body: dict[str, Any], readings: Readings) -> bool:
         [body],
         SETTINGS,
         refused=(),
-        cached_lease=lambda name: None,
-        cached_cronjob=lambda name: None,
+        leases={},
         readings=readings,
     )
     return bool(guards)

@@ -851,3 +851,31 @@ def test_decide_reads_the_lease_and_its_users_only_from_what_was_gathered() -> N
     # Nothing gathered: nothing seen, and nobody's consent is assumed.
     [alone] = [action for action in decide(body).before if isinstance(action, EnsureLease)]
     assert (alone.cached, dict(alone.users)) == (None, {})
+
+
+def test_pending_guards_read_the_gathered_leases_and_the_namespaces_own_cronjobs() -> None:
+    """A burst's guards, granted ahead of their reconcile: a Lease another CronJob uses
+    is granted only with that user's consent, read from the namespace's CronJobs given."""
+    lock = {"cronlock.io/enabled": "true", "cronlock.io/lock": "ledger"}
+    report = gen.cronjob(
+        "report", gen.with_annotations(lock), gen.service_account("reporter"), *STORED
+    )
+    lease = make_lease(lock="ledger", namespace=NAMESPACE, owners=[("export", "uid-export")])
+    leases = {"cronlock-ledger": lease}
+    silent = gen.cronjob("export", gen.with_annotations(lock), gen.with_uid("uid-export"))
+    consenting = gen.cronjob(
+        "export",
+        gen.with_annotations({**lock, "cronlock.io/share-lock-with": "report"}),
+        gen.with_uid("uid-export"),
+    )
+
+    def pending(*bodies: dict[str, Any], given: dict[str, Any]) -> set[Guard]:
+        return cronjobs.pending_guards(
+            bodies, SETTINGS, refused=(), leases=given, readings=Readings()
+        )
+
+    reporter, exporter = Guard("cronlock-ledger", "reporter"), Guard("cronlock-ledger", "default")
+    assert pending(report, silent, given=leases) == {exporter}, "no consent from export"
+    assert pending(report, given=leases) == set(), "its user unseen: no consent"
+    assert pending(report, given={}) == {reporter}, "no Lease seen: it would be created"
+    assert pending(report, consenting, given=leases) == {reporter, exporter}

@@ -10,7 +10,7 @@ is not there yet.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Container, Iterable, Mapping
+from collections.abc import Container, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,7 +28,6 @@ from cronlock_operator.injection.patching import (
     job_template_fingerprint,
 )
 from cronlock_operator.leases import sharing
-from cronlock_operator.leases.sharing import CronJobLookup
 from cronlock_operator.objects import Name, name_of
 from cronlock_operator.reconcile.actions import (
     Action,
@@ -298,13 +297,16 @@ def pending_guards(
     settings: OperatorSettings,
     *,
     refused: Container[Name],
-    cached_lease: Callable[[str], Mapping[str, Any] | None],
-    cached_cronjob: CronJobLookup,
+    leases: Mapping[str, Mapping[str, Any]],
     readings: Readings,
 ) -> set[Guard]:
-    """The guards a namespace's CronJobs, seen but maybe not reconciled yet, may be granted
-    ahead of their reconcile (so a burst writes the holder Roles once): none for a CronJob
-    refused for a conflict, and a Lease other CronJobs use only with their consent."""
+    """The guards a namespace's CronJobs (`bodies`, all of them as cached), seen but maybe
+    not reconciled yet, may be granted ahead of their reconcile (so a burst writes the
+    holder Roles once): none for a CronJob refused for a conflict, and a Lease other
+    CronJobs use only with their consent. `leases`: the namespace's cached Leases by name,
+    gathered before, as `decide`'s input is."""
+    bodies = list(bodies)
+    by_name = {str(body["metadata"]["name"]): body for body in bodies}
     guards: set[Guard] = set()
     for body in bodies:
         if name_of(body) in refused:
@@ -312,9 +314,9 @@ def pending_guards(
         guard = pending_guard(body, settings, readings)
         if guard is None:
             continue
-        lease = cached_lease(guard.lease)
+        lease = leases.get(guard.lease)
         lock = guard.lease.removeprefix(contract.LEASE_PREFIX)  # contract.lease_name's inverse
-        if lease is None or sharing.consent(lease, body, lock, cached_cronjob).granted:
+        if lease is None or sharing.consent(lease, body, lock, by_name.get).granted:
             guards.add(guard)
     return guards
 

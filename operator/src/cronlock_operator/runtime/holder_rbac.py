@@ -69,8 +69,10 @@ class HolderRbacReconciler:
                 self.cronjobs.in_namespace(namespace),
                 self.settings,
                 refused=self.guards.refused(),
-                cached_lease=lambda lease: self.leases.get((namespace, lease)),
-                cached_cronjob=lambda other: self.cronjobs.get((namespace, other)),
+                leases={
+                    str(lease["metadata"]["name"]): lease
+                    for lease in self.leases.in_namespace(namespace)
+                },
                 readings=self.readings,
             )
             desired, actions = rbac.decide(namespace, guards, self.synced.get(namespace))
