@@ -50,8 +50,22 @@ def test_replace_stops_the_old_run_before_the_new_one_starts_and_the_old_job_end
     assert cluster.gate_exit("newest-1", pod=pods[-1]["metadata"]["name"]) == EXIT_SKIPPED
     assert "this Job's run was replaced by newest-2-" in cluster.sidecar_log("newest-1")
     assert [work.pod for work in cluster.works("newest-1")] == [pods[0]["metadata"]["name"]]
-    job = cluster.job("newest-1")
-    assert job is not None, "a replaced Job is kept, unlike a skipped one"
+    # The operator counts the failed Job after the Job controller fails it: wait for that
+    # (read at once, the mark was not there yet in one full run).
+    job = wait_for(
+        lambda: (
+            found
+            if "cronlock.io/accounted"
+            in (
+                (found := cluster.job("newest-1") or {}).get("metadata", {}).get("annotations")
+                or {}
+            )
+            else None
+        ),
+        60,
+        "the operator to count the replaced Job",
+    )
+    assert job, "a replaced Job is kept, unlike a skipped one"
     marks = job["metadata"]["annotations"]
     assert marks["cronlock.io/replaced-by"].startswith("newest-2-")
     assert marks["cronlock.io/accounted"] == "replaced"
