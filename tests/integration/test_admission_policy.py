@@ -34,6 +34,10 @@ from tests.support.operator import (
 )
 
 OURS = {"app.kubernetes.io/managed-by": "cronlock"}
+# The operator's settings in these tests: the sidecar image and the stores image.
+WITH_STORES = OperatorSettings(
+    sidecar_image=SIDECAR_IMAGE, sidecar_stores_image=SIDECAR_STORES_IMAGE
+)
 
 
 @pytest.fixture
@@ -216,6 +220,20 @@ def json_patch(
     )
 
 
+def opted_in(
+    api: kubernetes.client.ApiClient, namespace: str, name: str, annotations: dict[str, str]
+) -> dict[str, Any]:
+    """The user's CronJob `name` opted in with `annotations` (written as an admin), as the
+    API server stored it: what the operator's patch then starts from."""
+    batch = kubernetes.client.BatchV1Api(api)
+    stored = api.sanitize_for_serialization(batch.read_namespaced_cron_job(name, namespace))
+    stored["metadata"]["annotations"] = annotations
+    result: dict[str, Any] = api.sanitize_for_serialization(
+        batch.replace_namespaced_cron_job(name, namespace, stored)
+    )
+    return result
+
+
 def test_the_operators_token_can_write_exactly_cronlocks_injection_and_its_revert(
     api: kubernetes.client.ApiClient,
     as_operator: kubernetes.client.ApiClient,
@@ -225,9 +243,7 @@ def test_the_operators_token_can_write_exactly_cronlocks_injection_and_its_rever
     """What the operator's own code writes passes the policy, in every stop mode (the
     policy and containers.py/injection.py describe the same injection)."""
     batch = kubernetes.client.BatchV1Api(as_operator)
-    settings = OperatorSettings(
-        sidecar_image=SIDECAR_IMAGE, sidecar_stores_image=SIDECAR_STORES_IMAGE
-    )
+    settings = WITH_STORES
     for opted_in, grace in (
         ({"cronlock.io/enabled": "true"}, 90),
         # A lock in Redis: the stores image and the named Secret's url, in the sidecar only.
@@ -346,23 +362,16 @@ def test_the_success_volume_is_an_emptydir_the_work_writes_and_the_sidecar_only_
     own. The operator's token may add it as injection builds it (the test above), and no
     other way: not as a host path, not writable by the sidecar, not in the gate, not
     mounted elsewhere or by subPath in the work's containers, and never on a Lease lock."""
-    settings = OperatorSettings(
-        sidecar_image=SIDECAR_IMAGE, sidecar_stores_image=SIDECAR_STORES_IMAGE
-    )
-    batch = kubernetes.client.BatchV1Api(api)
-    stored = api.sanitize_for_serialization(
-        batch.read_namespaced_cron_job(plain_cronjob, namespace)
-    )
-    stored["metadata"]["annotations"] = {
-        "cronlock.io/enabled": "true",
-        "cronlock.io/store": "redis",
-        "cronlock.io/store-secret": "team-locks",
-    }
-    stored["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0][
-        "securityContext"
-    ] = {"runAsUser": 1000}
-    stored = api.sanitize_for_serialization(
-        batch.replace_namespaced_cron_job(plain_cronjob, namespace, stored)
+    settings = WITH_STORES
+    stored = opted_in(
+        api,
+        namespace,
+        plain_cronjob,
+        {
+            "cronlock.io/enabled": "true",
+            "cronlock.io/store": "redis",
+            "cronlock.io/store-secret": "team-locks",
+        },
     )
     desired = build_injection(stored, parse_config(stored, settings), settings)
 
@@ -380,11 +389,7 @@ def test_the_success_volume_is_an_emptydir_the_work_writes_and_the_sidecar_only_
     change(changed["spec"]["jobTemplate"]["spec"]["template"]["spec"])
     assert said in refused(lambda: patch(changed))
     # On a Lease lock the operator records success itself: the volume is refused there.
-    lease_stored = json.loads(json.dumps(stored))
-    lease_stored["metadata"]["annotations"] = {"cronlock.io/enabled": "true"}
-    stored = api.sanitize_for_serialization(
-        batch.replace_namespaced_cron_job(plain_cronjob, namespace, lease_stored)
-    )
+    stored = opted_in(api, namespace, plain_cronjob, {"cronlock.io/enabled": "true"})
     on_lease = build_injection(stored, parse_config(stored, settings), settings)
     patch(on_lease)  # as built: admitted
     pod = on_lease["spec"]["jobTemplate"]["spec"]["template"]["spec"]
@@ -626,9 +631,7 @@ def test_the_operators_token_cannot_change_what_the_injected_sidecar_is_told(
     """Security review L2: the values of the injected variables are the injection's, not
     the writer's: no `observe` policy the CronJob did not ask for, no store URL or holder
     identity, no Lease in another namespace, no stores image for a Lease lock."""
-    settings = OperatorSettings(
-        sidecar_image=SIDECAR_IMAGE, sidecar_stores_image=SIDECAR_STORES_IMAGE
-    )
+    settings = WITH_STORES
     batch = kubernetes.client.BatchV1Api(api)
     stored = api.sanitize_for_serialization(
         batch.read_namespaced_cron_job(plain_cronjob, namespace)
@@ -683,21 +686,18 @@ def test_the_operators_token_cannot_tell_the_sidecar_another_identity_lease_or_v
     renewed by name) come only from the pod's own fields, CRONLOCK_LEASE is only the
     CronJob's own lock (not another lock of the namespace) and the version one the skew
     check can read (L-N7). The operator's own injection of the same CronJob passes."""
-    settings = OperatorSettings(
-        sidecar_image=SIDECAR_IMAGE, sidecar_stores_image=SIDECAR_STORES_IMAGE
-    )
+    settings = WITH_STORES
     batch = kubernetes.client.BatchV1Api(api)
-    stored = api.sanitize_for_serialization(
-        batch.read_namespaced_cron_job(plain_cronjob, namespace)
-    )
-    stored["metadata"]["annotations"] = {
-        "cronlock.io/enabled": "true",
-        "cronlock.io/lock": "ledger",
-        "cronlock.io/store": "redis",
-        "cronlock.io/store-secret": "team-locks",
-    }
-    stored = api.sanitize_for_serialization(
-        batch.replace_namespaced_cron_job(plain_cronjob, namespace, stored)
+    stored = opted_in(
+        api,
+        namespace,
+        plain_cronjob,
+        {
+            "cronlock.io/enabled": "true",
+            "cronlock.io/lock": "ledger",
+            "cronlock.io/store": "redis",
+            "cronlock.io/store-secret": "team-locks",
+        },
     )
     desired = build_injection(stored, parse_config(stored, settings), settings)
     kubernetes.client.BatchV1Api(as_operator).patch_namespaced_cron_job(
