@@ -64,8 +64,8 @@ clusters: $(STAMP) builds
 
 # Everything CI runs: lint, types, and all the rings of tests, once everything is built;
 # the rings run side by side, each pytest process with its own control plane
-# (tests/rings.py: unit+integration, integration-b, longwatch and clusters beside the two e2e rings,
-# on nodes 1 and 5; logs in .testenv/rings/).
+# (tests/rings.py: unit+integration, integration-b, tools, longwatch and clusters beside the
+# two e2e rings, on nodes 1 and 5; logs in .testenv/rings/).
 # Ends with its own time in all, set-up included.
 test:
 	@start=$$(date +%s); \
@@ -74,8 +74,8 @@ test:
 	  "(virtualenv, builds, lint, types, rings)"; exit $$status
 
 # What the e2e ring needs is built first (prebuild --node), and the e2e ring, the longest,
-# starts at once; the unit+integration ring builds the other Go test tools and runs
-# actionlint before its pytest (tests/rings.py BEFORE), while the e2e ring runs. The
+# starts at once; the tools ring builds the other Go test tools and runs actionlint before
+# its pytest (tests/rings.py BEFORE), while the other rings run. The
 # virtualenv, the lint and the types need none of the node's builds: on a fresh machine
 # they run beside them (make -j2), off the critical path (docs/DEVELOPMENT.md).
 test-steps:

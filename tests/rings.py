@@ -54,9 +54,11 @@ ROOT = Path(__file__).resolve().parent.parent
 # The integration tests are two rings too, split by their measured times (docs/DEVELOPMENT.md:
 # 20:37 in one process, the critical path at 22:18 with the unit tests before them):
 # "integration-b" runs the reliability checker's trials, the stores', the papers' and the
-# operator's files below, which build no Go test tool; "unit+integration" builds the tools
-# first (about 2.5 min on a fresh machine, when it was the critical path by 2:56) and runs
-# the rest, and a new integration test file lands there.
+# operator's files below; "unit+integration" runs the rest, and a new integration test file
+# lands there. Neither builds a Go test tool: the "tools" ring builds them (4:46 on a fresh
+# machine at fbee60d, when unit+integration built them before its tests and was the critical
+# path by 2:36) and runs the unit and integration files that use one, so no other ring's
+# tests wait for a build.
 RINGS: dict[str, tuple[str, ...]] = {
     "unit+integration": ("tests/unit", "tests/integration"),
     "longwatch": ("tests/longwatch",),
@@ -90,16 +92,26 @@ RINGS: dict[str, tuple[str, ...]] = {
         # for the graph to hold it (docs/DEVELOPMENT.md).
         "tests/integration/test_holder_policy.py",
     ),
+    # The files that run a Go test tool (tests/support/tools.py gotool, charts/readme's
+    # helm-docs, tests/support/prometheus.py's promqleval), after BEFORE built them all.
+    "tools": (
+        "tests/unit/test_argocd_health.py",
+        "tests/unit/test_chart_readme.py",
+        "tests/unit/test_workflows.py",
+        "tests/integration/chart/test_monitoring.py",
+        "tests/integration/test_krew.py",
+        "tests/integration/test_schedule_robfig.py",
+    ),
 }
 # Environment variables a ring's process gets on top of `make test`'s.
 ENV: dict[str, dict[str, str]] = {"e2e-b": {"CRONLOCK_E2E_NODE": "5"}}
 # Shell commands a ring runs, in its own log, before its pytest starts (a failing one fails
 # the ring). `make test` builds only what the e2e ring needs before the rings start; the
-# unit+integration ring builds the other Go test tools here, while the other rings already
-# run, and lints the workflows with one of them. The integration-b ring's files build no
-# tool (a test that asks for one it needs waits on gotool's lock: built once).
+# tools ring builds the other Go test tools here, while the other rings already run, and
+# lints the workflows with one of them. No other unit or integration file runs a tool (an
+# e2e test that asks for one waits on gotool's lock: built once).
 BEFORE: dict[str, tuple[str, ...]] = {
-    "unit+integration": (
+    "tools": (
         "tests/controlplane/prebuild --tools",
         '"$(tests/controlplane/gotool actionlint)" -no-color',
     ),
