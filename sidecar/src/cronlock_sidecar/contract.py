@@ -304,6 +304,11 @@ ANNOTATION_TICK_PREFIX: Final = PREFIX + "tick."
 # succeeded. Written by the operator (a Lease in a cluster) or `run` (at its release),
 # never by a pod; the holders' policy and the stores' rules refuse any other writer.
 ANNOTATION_SUCCEEDED_PREFIX: Final = PREFIX + "succeeded."
+# Permits (lock/permits.py): the lock's N, on a CronJob (what it asks) and on the lock's
+# document (what the lock is), and permit K ≥ 1's entry; permit 0 is the Lease's spec.
+ANNOTATION_PERMITS: Final = PREFIX + "permits"
+ANNOTATION_PERMIT_PREFIX: Final = PREFIX + "permit."
+MAX_PERMITS: Final = 16
 # The skip line of a run whose tick was already worked, and the Event the operator posts.
 ALREADY_RAN: Final = "already ran"
 EVENT_TICK_ALREADY_RAN: Final = "TickAlreadyRan"
