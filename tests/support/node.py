@@ -354,6 +354,27 @@ def overlapping(works: list[Work]) -> list[tuple[Work, Work]]:
     return pairs
 
 
+def crowded(works: list[Work], permits: int) -> list[tuple[Work, ...]]:
+    """Each moment more than `permits` works ran at once: the works running then, oldest
+    first (a sweep over starts and stops; a running one lasts forever, and a work that
+    starts as another stops does not meet it, as in `overlapping`). With `permits` 1 there
+    is a moment for each work that started while another ran."""
+    moments: list[tuple[Work, ...]] = []
+    edges = sorted(
+        [(work.started, 1, index) for index, work in enumerate(works)]
+        + [(work.stopped, 0, index) for index, work in enumerate(works) if work.stopped is not None]
+    )
+    running: dict[int, Work] = {}
+    for _, starts, index in edges:
+        if not starts:
+            running.pop(index, None)
+            continue
+        running[index] = works[index]
+        if len(running) > permits:
+            moments.append(tuple(sorted(running.values(), key=lambda work: work.started)))
+    return moments
+
+
 class PodRecorder:
     """Every pod of a namespace, as last seen by a watch (kept after the pod is deleted)."""
 
