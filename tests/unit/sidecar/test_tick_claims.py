@@ -248,6 +248,7 @@ def test_the_work_gets_its_tick_and_the_one_before_in_tick_env(
         "CRONLOCK_LAST_SUCCESS_TICK=\n"
         "CRONLOCK_MANUAL=false\n"
         "CRONLOCK_SUCCESS_FILE=\n"
+        "CRONLOCK_PERMIT=0\n"
     )
     assert main(["gate"], {"CRONLOCK_RUN_DIR": str(pods[0].run_dir)}) == 0
 
@@ -260,7 +261,7 @@ def test_a_manual_runs_tick_env_says_manual(
     assert pods[0].file("decision") == "run\n"
     assert pods[0].file("tick.env") == (
         "CRONLOCK_TICK=\nCRONLOCK_PREVIOUS_TICK=\nCRONLOCK_LAST_SUCCESS_TICK=\nCRONLOCK_MANUAL=true\n"
-        "CRONLOCK_SUCCESS_FILE=\n"
+        "CRONLOCK_SUCCESS_FILE=\nCRONLOCK_PERMIT=0\n"
     )
 
 
@@ -343,6 +344,7 @@ def test_the_work_gets_the_last_successful_tick_apart_from_the_last_claimed(
         "CRONLOCK_LAST_SUCCESS_TICK=2026-11-29T07:50:00Z\n"
         "CRONLOCK_MANUAL=false\n"
         "CRONLOCK_SUCCESS_FILE=\n"
+        "CRONLOCK_PERMIT=0\n"
     )
 
 
