@@ -20,7 +20,8 @@ import pytest
 from cronlock_sidecar.lock.ticks import read_record
 from tests.support.controlplane import ControlPlane
 from tests.support.kube import wait_for
-from tests.support.paths import SIDECAR
+from tests.support.papers import marked_block, run_shell
+from tests.support.paths import ROOT, SIDECAR
 
 pytestmark = pytest.mark.controlplane
 
@@ -86,6 +87,14 @@ def lease_json(controlplane: ControlPlane, namespace: str, name: str) -> dict[st
         controlplane.kubectl("get", "lease", name, "-n", namespace, "-o", "json")
     )
     return document
+
+
+def held(controlplane: ControlPlane, namespace: str, name: str) -> bool:
+    """Whether the Lease exists and its spec (permit 0) names a holder."""
+    try:
+        return "holderIdentity" in lease_json(controlplane, namespace, name).get("spec", {})
+    except AssertionError:  # not created yet: kubectl's NotFound
+        return False
 
 
 def worked(log: Path) -> list[tuple[int, int, float, float, str]]:
@@ -276,3 +285,38 @@ def test_run_refuses_a_lock_that_says_another_number_of_permits(
     plain = run(controlplane, lease, *work(log, "0"))
     cleanup.append(plain)
     assert finish(plain)[0] == 0
+
+
+def test_the_usage_papers_permits_command_takes_a_permit_and_tells_the_command(
+    controlplane: ControlPlane, namespace: str, tmp_path: Path
+) -> None:
+    script = tmp_path / "export.sh"
+    script.write_text(
+        '#!/bin/sh\necho "permit $CRONLOCK_PERMIT token $CRONLOCK_FENCING_TOKEN" > exported\n'
+    )
+    script.chmod(0o755)
+    block = marked_block(ROOT / "docs" / "USAGE.md", "run-permits")
+    assert "reports/cronlock-exports" in block
+    block = block.replace("reports/", f"{namespace}/")
+    env = dict(controlplane.env, PATH=f"{SIDECAR.parent}:{controlplane.env['PATH']}")
+    # Another run holds permit 0: the paper's command takes permit 1 at once.
+    holder = run(
+        controlplane,
+        f"{namespace}/cronlock-exports",
+        "--permits",
+        "2",
+        *work(tmp_path / "worked", "until", str(tmp_path / "finished")),
+    )
+    try:
+        wait_for(
+            lambda: held(controlplane, namespace, "cronlock-exports"),
+            timeout=30,
+            what="the first run to hold permit 0",
+        )
+        run_shell(block, env, tmp_path, timeout=60)
+    finally:
+        (tmp_path / "finished").touch()
+        assert finish(holder)[0] == 0
+    assert (tmp_path / "exported").read_text() == "permit 1 token 1\n"
+    annotations = lease_json(controlplane, namespace, "cronlock-exports")["metadata"]["annotations"]
+    assert annotations["cronlock.io/permits"] == "2"

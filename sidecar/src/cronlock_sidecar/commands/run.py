@@ -86,7 +86,9 @@ class Runner:
             caps_holds=options.store is not None,
             tick=tick,
             records_of=options.tick_of,
-            permits=options.permits,
+            # In a store the lock is one permit (options refuse --permits N > 1 there):
+            # nothing to write on its document.
+            permits=options.permits if options.store is None else None,
         )
         self.stop = threading.Event()
         self._stop_pipe = StopPipe(self.stop)
