@@ -227,6 +227,33 @@ def test_a_holder_whose_permit_was_taken_has_lost(
     assert stored(transport)[1].holder == C
 
 
+def test_a_restarted_sidecar_resumes_its_own_permit_and_renews_only_that_entry(
+    transport: FakeTransport, clock: FakeClock
+) -> None:
+    transport.store(lock(3, A))
+    assert isinstance(keeper(transport, clock, B).try_acquire(), Acquired)
+    clock.advance(5)
+    restarted = keeper(transport, clock, B)
+    result = restarted.resume()
+    assert result is not None
+    assert (result.permit, result.transitions, result.resumed) == (1, 1, True)
+    first, second, third = stored(transport)
+    assert (first.holder, second.holder, third.holder) == (A, B, "")
+    assert second.renew_time == START + timedelta(seconds=5)
+    assert restarted.release()
+    assert [permit.holder for permit in stored(transport)] == [A, "", ""]
+
+
+def test_a_restarted_sidecar_whose_permit_is_gone_does_not_resume(
+    transport: FakeTransport, clock: FakeClock
+) -> None:
+    transport.store(lock(2, A, entries={1: entry(1, C)}))
+    restarted = keeper(transport, clock, B)
+    assert restarted.resume() is None
+    assert restarted.lost
+    assert transport.writes() == []
+
+
 def test_each_permits_fencing_token_only_grows(transport: FakeTransport, clock: FakeClock) -> None:
     transport.store(lock(2, A))
     tokens = []
