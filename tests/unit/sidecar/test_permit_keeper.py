@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from cronlock_sidecar.cli import main
-from cronlock_sidecar.contract import ANNOTATION_PERMITS, EXIT_CONFIG
+from cronlock_sidecar.contract import ANNOTATION_PERMITS, ANNOTATION_YIELD_TO, EXIT_CONFIG
 from cronlock_sidecar.holding.lease import (
     Acquired,
     Busy,
@@ -20,7 +20,7 @@ from cronlock_sidecar.holding.lease import (
 )
 from cronlock_sidecar.holding.policy import acquire
 from cronlock_sidecar.lock import permits
-from cronlock_sidecar.lock.model import Timing, read_lease
+from cronlock_sidecar.lock.model import Timing, noted, read_lease
 from cronlock_sidecar.lock.ticks import Tick, read_record
 from cronlock_sidecar.options import ConfigError, parse_options
 from cronlock_sidecar.pod.rundir import tick_env
@@ -400,3 +400,18 @@ def test_one_permit_in_a_store_is_todays_lock_and_allowed() -> None:
         {},
     )
     assert options.permits == 1
+
+
+def test_a_yield_request_on_a_lock_of_permits_stops_no_holder(
+    transport: FakeTransport, clock: FakeClock
+) -> None:
+    transport.store(lock(2, A))
+    mine = keeper(transport, clock, B, yields=True)
+    assert isinstance(mine.try_acquire(), Acquired)
+    assert transport.lease is not None
+    asked = noted(transport.lease, ANNOTATION_YIELD_TO, C)
+    transport.store(asked)  # a contender's note: our next renew conflicts and reads it
+    clock.advance(5)
+    assert mine.renew().outcome is RenewOutcome.RENEWED
+    assert mine.held
+    assert mine.replaced_by == ""
