@@ -846,7 +846,7 @@ def test_a_second_job_of_a_tick_already_worked_skips_with_75_and_says_so(
     assert read_when_written(first_dir / "decision") == "run"
     assert (first_dir / "tick.env").read_text() == (
         f"CRONLOCK_TICK={tick}\nCRONLOCK_PREVIOUS_TICK=\nCRONLOCK_LAST_SUCCESS_TICK=\n"
-        "CRONLOCK_MANUAL=false\nCRONLOCK_SUCCESS_FILE=\n"
+        "CRONLOCK_MANUAL=false\nCRONLOCK_SUCCESS_FILE=\nCRONLOCK_PERMIT=0\n"
     )
     first.send_signal(signal.SIGTERM)
     assert finish(first, timeout=10)[0] == 0

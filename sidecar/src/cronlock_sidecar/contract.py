@@ -309,6 +309,11 @@ ANNOTATION_SUCCEEDED_PREFIX: Final = PREFIX + "succeeded."
 ANNOTATION_PERMITS: Final = PREFIX + "permits"
 ANNOTATION_PERMIT_PREFIX: Final = PREFIX + "permit."
 MAX_PERMITS: Final = 16
+# `run --permits N` (the N it requires of its lock), and the permit a run holds, told to
+# the work (tick.env, `run`'s command): its fencing token is that permit's, so a
+# downstream store fences by the pair (permit, token).
+ENV_PERMITS: Final = "CRONLOCK_PERMITS"
+ENV_PERMIT: Final = "CRONLOCK_PERMIT"
 # The skip line of a run whose tick was already worked, and the Event the operator posts.
 ALREADY_RAN: Final = "already ran"
 EVENT_TICK_ALREADY_RAN: Final = "TickAlreadyRan"

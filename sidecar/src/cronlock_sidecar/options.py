@@ -19,6 +19,7 @@ from cronlock_sidecar.lock.durations import (
     parse_duration,
 )
 from cronlock_sidecar.lock.model import Timing, TimingError, replace_wait_timeout
+from cronlock_sidecar.lock.permits import read_count
 from cronlock_sidecar.stores.url import StoreUrl, StoreUrlError, parse_store_url
 from cronlock_sidecar.transport.seam import LeaseRef
 
@@ -61,6 +62,7 @@ ENV_TWINS: Mapping[str, str] = {
     "tick": contract.ENV_TICK_AT,
     "tick_of": contract.ENV_TICK_OF,
     "run_id": contract.ENV_RUN_ID,
+    "permits": contract.ENV_PERMITS,
     "cronjob": contract.ENV_CRONJOB,
     "job_uid": contract.ENV_JOB_UID,
     "cluster": contract.ENV_CLUSTER,
@@ -115,6 +117,8 @@ class Options(NamedTuple):
     cluster: str = ""
     # gate: where it writes the skip line of a run whose tick already ran.
     termination_log: str = contract.TERMINATION_LOG
+    # run: the lock's N it requires (--permits); None: the lock's document says.
+    permits: int | None = None
 
     @property
     def timing(self) -> Timing:
@@ -224,6 +228,13 @@ def _parser() -> _Parser:
         metavar="ID",
         help="this run's id; another id's run of the same tick skips (default: the identity; "
         "CRONLOCK_RUN_ID)",
+    )
+    run.add_argument(
+        "--permits",
+        metavar="N",
+        help=f"at most N runs hold the lock at once, 1-{contract.MAX_PERMITS}: written on a "
+        "Lease that says none, refused (exit 78) when the Lease says another N; not yet with "
+        "--store (CRONLOCK_PERMITS)",
     )
     hold.add_argument("--stop", metavar="MODE", help="auto|liveness|signal (CRONLOCK_STOP)")
     hold.add_argument("--port", metavar="N", help=f"HTTP port, default {contract.SIDECAR_PORT}")
@@ -399,6 +410,7 @@ def parse_options(argv: Sequence[str], env: Mapping[str, str]) -> Options:
     termination_log = values.text("termination_log", contract.TERMINATION_LOG)
     if not termination_log:
         raise ConfigError("--termination-log: empty; expected a file path")
+    permits = _permits(values, policy, store) if command == "run" else None
 
     return Options(
         command=command,
@@ -431,7 +443,32 @@ def parse_options(argv: Sequence[str], env: Mapping[str, str]) -> Options:
         tick_at=tick.tick_at,
         tick_of=tick.tick_of,
         run_id=tick.run_id,
+        permits=permits,
     )
+
+
+def _permits(values: _Values, policy: str, store: StoreUrl | None) -> int | None:
+    """`run --permits N`: the lock's N this run requires (None when not given)."""
+    text, name = values.get("permits")
+    if text is None:
+        return None
+    count = read_count(text)
+    if count is None:
+        raise ConfigError(
+            f"{name}: {text!r} is not a number of permits; expected a whole number "
+            f"1-{contract.MAX_PERMITS}"
+        )
+    if count > 1 and store is not None:
+        raise ConfigError(
+            f"{name}: {count} permits in a store ({store.kind}) are not supported yet: the "
+            "store's rules know one holder only; use the Lease (no --store), or --permits 1"
+        )
+    if count > 1 and policy == "replace":
+        raise ConfigError(
+            f"{name}: {count} permits with --policy replace are not supported yet (which of "
+            "the holders would be replaced is not settled); use --policy skip or wait"
+        )
+    return count
 
 
 class _TickOptions(NamedTuple):

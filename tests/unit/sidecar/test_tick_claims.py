@@ -248,7 +248,24 @@ def test_the_work_gets_its_tick_and_the_one_before_in_tick_env(
         "CRONLOCK_LAST_SUCCESS_TICK=\n"
         "CRONLOCK_MANUAL=false\n"
         "CRONLOCK_SUCCESS_FILE=\n"
+        "CRONLOCK_PERMIT=0\n"
     )
+    assert main(["gate"], {"CRONLOCK_RUN_DIR": str(pods[0].run_dir)}) == 0
+
+
+def test_a_pod_holding_permit_1_is_told_its_permit_and_that_permits_token(
+    tmp_path: Path, clock: FakeClock, transport: FakeTransport, pods: list[Pod]
+) -> None:
+    # A lock of two permits: permit 0 (the spec) held by another run, permit 1 taken 4 times.
+    entry = f"- {START.strftime('%Y-%m-%dT%H:%M:%S.%fZ')} - 60 4 -"
+    notes = {"cronlock.io/permits": "2", "cronlock.io/permit.1": entry}
+    transport.store(make_lease(OTHER, annotations=notes))
+    pods.append(Pod(tmp_path, clock, transport, JOB))
+    assert pods[0].file("decision") == "run\n"
+    assert "CRONLOCK_PERMIT=1\n" in pods[0].file("tick.env")
+    assert pods[0].file("fencing-token") == "5\n"
+    assert '"permit": 1' in pods[0].file("lease.json")
+    assert read_lease(transport.lease or {}).holder == OTHER
     assert main(["gate"], {"CRONLOCK_RUN_DIR": str(pods[0].run_dir)}) == 0
 
 
@@ -260,7 +277,7 @@ def test_a_manual_runs_tick_env_says_manual(
     assert pods[0].file("decision") == "run\n"
     assert pods[0].file("tick.env") == (
         "CRONLOCK_TICK=\nCRONLOCK_PREVIOUS_TICK=\nCRONLOCK_LAST_SUCCESS_TICK=\nCRONLOCK_MANUAL=true\n"
-        "CRONLOCK_SUCCESS_FILE=\n"
+        "CRONLOCK_SUCCESS_FILE=\nCRONLOCK_PERMIT=0\n"
     )
 
 
@@ -343,6 +360,7 @@ def test_the_work_gets_the_last_successful_tick_apart_from_the_last_claimed(
         "CRONLOCK_LAST_SUCCESS_TICK=2026-11-29T07:50:00Z\n"
         "CRONLOCK_MANUAL=false\n"
         "CRONLOCK_SUCCESS_FILE=\n"
+        "CRONLOCK_PERMIT=0\n"
     )
 
 

@@ -168,6 +168,7 @@ class Holder:
                 self.keeper.previous_tick,
                 self.keeper.last_success,
                 success_file="" if success_file is None else str(success_file),
+                permit=acquired.permit if acquired is not None else None,
             )
             if decision in ("run", "overlap")
             else ""

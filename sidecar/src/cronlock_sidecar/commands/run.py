@@ -13,12 +13,21 @@ from types import FrameType
 
 from cronlock_sidecar.contract import (
     ENV_FENCING_TOKEN,
+    ENV_PERMIT,
+    EXIT_CONFIG,
     EXIT_SKIPPED,
     EXIT_SOFTWARE_LOST,
     EXIT_UNAVAILABLE,
 )
 from cronlock_sidecar.holding.heartbeat import Heartbeat
-from cronlock_sidecar.holding.lease import Acquired, Clock, LeaseKeeper, RenewOutcome, RenewResult
+from cronlock_sidecar.holding.lease import (
+    Acquired,
+    Clock,
+    LeaseKeeper,
+    PermitsDisagree,
+    RenewOutcome,
+    RenewResult,
+)
 from cronlock_sidecar.holding.policy import acquire, record_overlap
 from cronlock_sidecar.lock import ticks
 from cronlock_sidecar.options import Options
@@ -77,6 +86,9 @@ class Runner:
             caps_holds=options.store is not None,
             tick=tick,
             records_of=options.tick_of,
+            # In a store the lock is one permit (options refuse --permits N > 1 there):
+            # nothing to write on its document.
+            permits=options.permits if options.store is None else None,
         )
         self.stop = threading.Event()
         self._stop_pipe = StopPipe(self.stop)
@@ -112,6 +124,9 @@ class Runner:
                 wait_timeout=options.wait_timeout,
                 pause=self.stop.wait,
             )
+        except PermitsDisagree as error:
+            log.error("%s; not running CMD", error)
+            return EXIT_CONFIG
         except ApiError as error:
             if options.observe:
                 log.error("%s; observe policy: running CMD anyway", error)
@@ -198,7 +213,9 @@ class Runner:
         heartbeat: Heartbeat | None = None
         try:
             environment = {**os.environ, **self._tick_environment()}
+            # The token is the permit's: fence by the pair (permit, token).
             environment[ENV_FENCING_TOKEN] = str(acquired.transitions)
+            environment[ENV_PERMIT] = str(acquired.permit)
             announce = guard.announce_self if isinstance(guard, watchdog.Watchdog) else None
             process = self._spawn(environment, announce)
             if isinstance(process, int):
