@@ -78,6 +78,12 @@ consecutive_skips = Gauge(
     ["namespace", "cronjob"],
     registry=registry,
 )
+max_hold_exceeded = Counter(
+    "cronlock_max_hold_exceeded",
+    "Runs of a guarded CronJob stopped at its cronlock.io/max-hold (the MaxHoldExceeded Warning)",
+    ["namespace", "cronjob"],
+    registry=registry,
+)
 missed_runs = Counter(
     "cronlock_missed_runs",
     "Ticks of a guarded CronJob's schedule that started no run within their deadline",
