@@ -8,11 +8,14 @@ from typing import Any
 
 from cronlock_operator.cronjob.config import parse_config
 from cronlock_operator.injection.build import build_injection, desired_cronjob, revert
+from cronlock_operator.reconcile.actions import CountMaxHoldExceeded, SetRunTimes
 from cronlock_operator.reconcile.keys import RunsKey
 from cronlock_operator.runtime import metrics
+from cronlock_operator.runtime.executor import Executor
 from cronlock_operator.runtime.reconciler import Reconciler
 from tests.support import gen
 from tests.support.cronjobs import SETTINGS, pod_spec
+from tests.support.fakekube import FakeKube
 from tests.support.leases import MOMENT, make_lease
 from tests.unit.operator.test_accounting import NAMESPACE, RecordingKube, arrive
 
@@ -142,3 +145,15 @@ def test_the_line_is_cut_to_one_printable_line() -> None:
     assert "\x1b" not in message
     assert "second line" not in message
     assert len(message) < 1024 + 200
+
+
+def test_the_counter_exists_from_zero_once_the_cronjob_is_known_and_goes_with_it() -> None:
+    """increase() sees the first stop only if the series was there at 0 before it."""
+    labels = {"namespace": "team-m", "cronjob": "bounded"}
+    executor = Executor(FakeKube())
+    executor.run([SetRunTimes("team-m", "bounded", 1e9, None, False)])
+    assert metrics.registry.get_sample_value("cronlock_max_hold_exceeded_total", labels) == 0.0
+    executor.run([CountMaxHoldExceeded("team-m", "bounded")])
+    assert metrics.registry.get_sample_value("cronlock_max_hold_exceeded_total", labels) == 1.0
+    metrics.forget_cronjob("team-m", "bounded")
+    assert metrics.registry.get_sample_value("cronlock_max_hold_exceeded_total", labels) is None
