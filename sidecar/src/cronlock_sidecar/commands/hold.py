@@ -384,9 +384,13 @@ class Holder:
 
     def _work_succeeded(self) -> bool:
         """Whether the work created the success file (a regular file: nothing is opened or
-        followed) and the hold was never lost: then the release records the tick's success."""
+        followed) and the hold was never lost nor stopped at its max-hold: then the release
+        records the tick's success."""
         path = self._success_file()
         if path is None or self.keeper.lost:
+            return False
+        if self._bound_passed:
+            log.info("the run was stopped at its max-hold: its tick's success is not recorded")
             return False
         try:
             info = path.lstat()
