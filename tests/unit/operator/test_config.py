@@ -472,6 +472,12 @@ def test_max_hold_is_read_with_its_bounds(annotations: dict[str, str], seconds: 
     assert config_of(annotations).max_hold_seconds == seconds
 
 
+def test_a_huge_max_hold_is_refused_not_a_crash() -> None:
+    with pytest.raises(InvalidConfig) as refused:
+        config_of({"cronlock.io/max-hold": "9" * 400 + "h"})
+    assert "is out of range; expected at most 168h" in str(refused.value)
+
+
 def test_max_hold_below_two_renewals_says_the_shortest_it_allows() -> None:
     with pytest.raises(InvalidConfig) as refused:
         config_of({"cronlock.io/ttl": "19s", "cronlock.io/max-hold": "12s"})

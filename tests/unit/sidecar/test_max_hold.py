@@ -33,6 +33,8 @@ def test_max_hold_defaults_to_no_bound_and_reads_its_flag_or_env_twin() -> None:
     [
         (["--max-hold", "10m", "--policy", "observe"], {}, "--max-hold: 10m cannot be used with"),
         (["--max-hold", "169h"], {}, "--max-hold: 169h is out of range; expected at most 168h"),
+        # 400 digits: float() makes it inf, which is out of range too, never a crash.
+        (["--max-hold", "9" * 400 + "h"], {}, "--max-hold: 999"),
         # ttl 60s, renew 20s: at least 40s.
         (["--max-hold", "39s"], {}, "--max-hold: 39s is shorter than 2 renew periods (40s"),
         ([], {ENV_MAX_HOLD: "1x"}, f"--max-hold (from {ENV_MAX_HOLD}): '1x' is not a duration"),
