@@ -50,6 +50,10 @@ GOOD: list[dict[str, str]] = [
     {"cronlock.io/policy": "replace"},
     {"cronlock.io/policy": "wait", "cronlock.io/wait-timeout": "24h"},
     {"cronlock.io/policy": "skip", "cronlock.io/wait-timeout": "0"},
+    {"cronlock.io/max-hold": "40s"},
+    {"cronlock.io/max-hold": "168h"},
+    {"cronlock.io/max-hold": "0", "cronlock.io/policy": "observe"},
+    {"cronlock.io/ttl": "19s", "cronlock.io/renew": "5s", "cronlock.io/max-hold": "10s"},
     {"cronlock.io/stop": "signal"},
     {"cronlock.io/stop": "auto"},
     {"cronlock.io/alert-after": "1"},
@@ -78,6 +82,8 @@ MORE_BAD: list[dict[str, str]] = [
     {"cronlock.io/share-lock-with": ",".join(f"job-{n}" for n in range(101))},
     {"cronlock.io/alert-after": "00001"},
     {"cronlock.io/policy": "skip", "cronlock.io/wait-timeout": "1s"},
+    {"cronlock.io/ttl": "19s", "cronlock.io/max-hold": "12s"},
+    {"cronlock.io/renew": "10s", "cronlock.io/max-hold": "19s"},
 ]
 # The operator's own table of bad annotations (tests/unit/operator/test_config.py) that
 # need nothing of the pod: the policy judges annotations, and leaves containers to lint.

@@ -62,6 +62,16 @@ BAD: list[tuple[dict[str, str], tuple[gen.Modifier, ...], str, str]] = [
         "cronlock.io/wait-timeout",
         "at most 24h",
     ),
+    ({"cronlock.io/max-hold": "soon"}, (), "cronlock.io/max-hold", "not a duration"),
+    ({"cronlock.io/max-hold": "169h"}, (), "cronlock.io/max-hold", "expected at most 168h"),
+    # The default ttl 60s renews every 20s: at least 40s.
+    ({"cronlock.io/max-hold": "39s"}, (), "cronlock.io/max-hold", "shorter than 2 renew periods"),
+    (
+        {"cronlock.io/policy": "observe", "cronlock.io/max-hold": "10m"},
+        (),
+        "cronlock.io/max-hold",
+        "which never stops a run",
+    ),
     ({"cronlock.io/stop": "kill"}, (), "cronlock.io/stop", '"liveness", "signal" or "auto"'),
     (
         {"cronlock.io/stop": "liveness"},

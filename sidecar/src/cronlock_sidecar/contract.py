@@ -49,6 +49,9 @@ ANNOTATION_WAIT_TIMEOUT: Final = PREFIX + "wait-timeout"
 ANNOTATION_STOP: Final = PREFIX + "stop"
 ANNOTATION_ALERT_AFTER: Final = PREFIX + "alert-after"
 ANNOTATION_KEEP_SKIPPED_JOBS: Final = PREFIX + "keep-skipped-jobs"
+# The longest a run may hold its lock, counted from its acquire (absent or "0": no bound);
+# past it the run is stopped as one that lost its lock (lock/maxhold.py).
+ANNOTATION_MAX_HOLD: Final = PREFIX + "max-hold"
 # After how many ticks without a successful run the operator warns `NotSucceeding`
 # (0: never); the operator's --alert-after-missed is the default.
 ANNOTATION_ALERT_AFTER_MISSED: Final = PREFIX + "alert-after-missed"
@@ -124,6 +127,7 @@ USER_SETTINGS: Final = frozenset(
         ANNOTATION_ALERT_AFTER,
         ANNOTATION_ALERT_AFTER_MISSED,
         ANNOTATION_KEEP_SKIPPED_JOBS,
+        ANNOTATION_MAX_HOLD,
         ANNOTATION_SHARE_LOCK_WITH,
         ANNOTATION_STORE,
         ANNOTATION_STORE_SECRET,
@@ -229,6 +233,9 @@ EXIT_SKIPPED: Final = 75  # EX_TEMPFAIL: the lock is held by a live run
 EXIT_UNAVAILABLE: Final = 69  # EX_UNAVAILABLE: API unreachable or forbidden
 EXIT_SOFTWARE_LOST: Final = 70  # EX_SOFTWARE: the lease was lost during the run
 EXIT_CONFIG: Final = 78  # EX_CONFIG: bad configuration
+# `run`: the command held the lock past --max-hold and was stopped (sysexits' number 76,
+# EX_PROTOCOL, otherwise unused by cronlock; a command that exits 76 itself reads the same).
+EXIT_MAX_HOLD: Final = 76
 
 # --- environment twins of the sidecar's flags ----------------------------------------
 ENV_PREFIX: Final = "CRONLOCK_"
@@ -241,6 +248,7 @@ ENV_IDENTITY: Final = "CRONLOCK_IDENTITY"
 ENV_SKEW: Final = "CRONLOCK_SKEW"
 ENV_STOP: Final = "CRONLOCK_STOP"
 ENV_KILL_GRACE: Final = "CRONLOCK_KILL_GRACE"
+ENV_MAX_HOLD: Final = "CRONLOCK_MAX_HOLD"
 ENV_PORT: Final = "CRONLOCK_PORT"
 ENV_RUN_DIR: Final = "CRONLOCK_RUN_DIR"
 ENV_POD_NAME: Final = "CRONLOCK_POD_NAME"
@@ -317,6 +325,10 @@ ENV_PERMIT: Final = "CRONLOCK_PERMIT"
 # The skip line of a run whose tick was already worked, and the Event the operator posts.
 ALREADY_RAN: Final = "already ran"
 EVENT_TICK_ALREADY_RAN: Final = "TickAlreadyRan"
+# The line a sidecar that stopped its run at cronlock.io/max-hold writes to its container's
+# termination message (TERMINATION_LOG), and the Warning the operator posts on reading it.
+MAX_HOLD_EXCEEDED: Final = "max-hold exceeded"
+EVENT_MAX_HOLD_EXCEEDED: Final = "MaxHoldExceeded"
 
 DEFAULT_TTL_SECONDS: Final = 60
 DEFAULT_SKEW_SECONDS: Final = 2

@@ -18,6 +18,7 @@ from cronlock_sidecar.lock.durations import (
     format_duration,
     parse_duration,
 )
+from cronlock_sidecar.lock.maxhold import max_hold_problem
 from cronlock_sidecar.lock.model import Timing, TimingError, replace_wait_timeout
 from cronlock_sidecar.lock.permits import read_count
 from cronlock_sidecar.stores.url import StoreUrl, StoreUrlError, parse_store_url
@@ -45,6 +46,7 @@ ENV_TWINS: Mapping[str, str] = {
     "skew": contract.ENV_SKEW,
     "stop": contract.ENV_STOP,
     "kill_grace": contract.ENV_KILL_GRACE,
+    "max_hold": contract.ENV_MAX_HOLD,
     "port": contract.ENV_PORT,
     "run_dir": contract.ENV_RUN_DIR,
     "pod_name": contract.ENV_POD_NAME,
@@ -115,10 +117,13 @@ class Options(NamedTuple):
     cronjob: str = ""
     job_uid: str = ""
     cluster: str = ""
-    # gate: where it writes the skip line of a run whose tick already ran.
+    # gate: where it writes the skip line of a run whose tick already ran; hold: where it
+    # writes the line of a run it stopped at max_hold.
     termination_log: str = contract.TERMINATION_LOG
     # run: the lock's N it requires (--permits); None: the lock's document says.
     permits: int | None = None
+    # hold, run: the longest the run may hold the lock from its acquire; 0: no bound.
+    max_hold: float = 0.0
 
     @property
     def timing(self) -> Timing:
@@ -165,6 +170,12 @@ def _parser() -> _Parser:
         sub.add_argument("--identity", metavar="ID", help="holder identity (CRONLOCK_IDENTITY)")
         sub.add_argument("--skew", metavar="D", help="clock skew allowance, default 2s")
         sub.add_argument("--kill-grace", metavar="D", help="SIGTERM to SIGKILL, default 5s")
+        sub.add_argument(
+            "--max-hold",
+            metavar="D",
+            help="stop the run once it has held the lock this long, counted from the acquire; "
+            "default 0 (no bound) (CRONLOCK_MAX_HOLD)",
+        )
         sub.add_argument("--job-name", metavar="NAME", help="this pod's Job (CRONLOCK_JOB_NAME)")
         sub.add_argument(
             "--store",
@@ -193,6 +204,11 @@ def _parser() -> _Parser:
         sub.add_argument("--log-level", metavar="LEVEL", help="debug|info|warning|error")
     for sub in (hold, gate):
         sub.add_argument("--run-dir", metavar="DIR", help=f"default {contract.RUN_DIR}")
+        sub.add_argument(
+            "--termination-log",
+            metavar="PATH",
+            help=f"where a skip's or max-hold stop's line goes ({contract.TERMINATION_LOG})",
+        )
     run.add_argument(
         "--schedule",
         metavar="CRON",
@@ -249,11 +265,6 @@ def _parser() -> _Parser:
     hold.add_argument("--job-uid", metavar="UID", help="this pod's Job's uid (CRONLOCK_JOB_UID)")
     hold.add_argument(
         "--cluster", metavar="NAME", help="this cluster's name, for the record (CRONLOCK_CLUSTER)"
-    )
-    gate.add_argument(
-        "--termination-log",
-        metavar="PATH",
-        help=f"where a skip's reason goes, default {contract.TERMINATION_LOG}",
     )
     return parser
 
@@ -355,6 +366,10 @@ def parse_options(argv: Sequence[str], env: Mapping[str, str]) -> Options:
             "(drop it, or set one of those)"
         )
     kill_grace = values.duration("kill_grace", timing.default_kill_grace_ms() / 1000)
+    max_hold = values.duration("max_hold", 0.0) if command != "gate" else 0.0
+    problem = max_hold_problem(max_hold, timing, policy)
+    if problem is not None:
+        raise ConfigError(f"{values.get('max_hold')[1]}: {values.get('max_hold')[0]} {problem}")
     stop = values.choice("stop", STOP_MODES, "auto")
     log_format = values.choice("log_format", LOG_FORMATS, "plain")
     log_level = values.choice("log_level", LOG_LEVELS, "info")
@@ -437,6 +452,7 @@ def parse_options(argv: Sequence[str], env: Mapping[str, str]) -> Options:
         job_uid=job_uid,
         cluster=cluster,
         termination_log=termination_log,
+        max_hold=max_hold,
         schedule=tick.schedule,
         time_zone=tick.time_zone,
         tick_window=tick.tick_window,

@@ -189,6 +189,7 @@ class Pod:
         *,
         store: bool = False,
         mounted: bool = True,
+        extra: tuple[str, ...] = (),
     ):
         self.run_dir = tmp_path / "run"
         # The success volume as the operator mounts it for a lock in a store.
@@ -200,7 +201,7 @@ class Pod:
                 "hold", "--lease", "default/cronlock-report", "--identity", ME,
                 "--ttl", "3s", "--renew", "200ms", "--run-dir", str(self.run_dir),
                 "--job-name", job, "--cronjob", "report", "--job-uid", "uid-of-this-job",
-                "--policy", policy,
+                "--policy", policy, *extra,
             ],
             {"CRONLOCK_STORE": "redis://127.0.0.1:6379/0"} if store else {},
         )  # fmt: skip
@@ -436,6 +437,25 @@ def test_a_store_locks_work_that_creates_no_success_file_records_no_success(
     success = success_on(transport)
     assert success is not None
     assert success.at == EARLIER, "a tick whose work said nothing does not move the success"
+    assert read_lease(transport.lease or {}).holder == "", "released all the same"
+
+
+def test_a_store_locks_run_stopped_at_its_max_hold_records_no_success(
+    tmp_path: Path, clock: FakeClock, transport: FakeTransport, pods: list[Pod]
+) -> None:
+    """A work that said it succeeded and then hung past its bound was stopped: no success."""
+    transport.store(make_lease(annotations=succeeded(EARLIER, "uid-ok")))
+    message = tmp_path / "termination-log"
+    bound = ("--max-hold", "1s", "--termination-log", str(message))
+    pod = Pod(tmp_path, clock, transport, JOB, store=True, extra=bound)
+    pods.append(pod)
+    pod.success_file.touch()
+    clock.advance(1.1)  # past the bound, within the renew deadline
+    wait_for(lambda: message.exists() and message.read_text() != "")
+    pod.end()
+    success = success_on(transport)
+    assert success is not None
+    assert success.at == EARLIER
     assert read_lease(transport.lease or {}).holder == "", "released all the same"
 
 

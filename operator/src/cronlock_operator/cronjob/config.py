@@ -21,7 +21,12 @@ from cronlock_operator.cronjob.podspec import (
     pod_spec_of,
     service_account_of,
 )
-from cronlock_operator.cronjob.policies import Policy, parse_policy, parse_wait_timeout
+from cronlock_operator.cronjob.policies import (
+    Policy,
+    parse_max_hold,
+    parse_policy,
+    parse_wait_timeout,
+)
 from cronlock_operator.cronjob.timing import (
     STRICT_PROBE,
     ProbeTolerance,
@@ -72,6 +77,8 @@ class LockConfig:
     store_secret: str | None = None
     # The CronJobs of its namespace it lets use its lock (`cronlock.io/share-lock-with`).
     peers: frozenset[str] = frozenset()
+    # The longest a run may hold the lock from its acquire (`cronlock.io/max-hold`); 0: none.
+    max_hold_seconds: float = 0.0
 
     @property
     def shared_store(self) -> bool:
@@ -197,6 +204,7 @@ def parse_config(cronjob: Mapping[str, Any], settings: Defaults) -> LockConfig:
     wait_timeout = parse_wait_timeout(
         annotations, policy, Timing.of(ttl, renew, settings.skew_seconds)
     )
+    max_hold = parse_max_hold(annotations, policy, Timing.of(ttl, renew, settings.skew_seconds))
     stop = _parse_stop(annotations, cronjob)
     if stop == "signal" and store != "lease":
         _refuse_signal_with_store(annotations, cronjob, store)
@@ -228,6 +236,7 @@ def parse_config(cronjob: Mapping[str, Any], settings: Defaults) -> LockConfig:
         store_secret=store_secret,
         probe=probe_tolerance(ttl, settings.skew_seconds, kill_grace),
         peers=peers,
+        max_hold_seconds=max_hold,
     )
 
 

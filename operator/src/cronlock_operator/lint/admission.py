@@ -26,7 +26,7 @@ from cronlock_operator.cronjob import config, defaults, policies, timing
 from cronlock_operator.cronjob.podspec import DEFAULT_SERVICE_ACCOUNT
 from cronlock_operator.leases import sharing
 from cronlock_sidecar import contract
-from cronlock_sidecar.lock import durations, model
+from cronlock_sidecar.lock import durations, maxhold, model
 
 TEMPLATE: Final = "charts/cronlock/templates/annotation-policy.yaml"
 # Every message starts so: a user (or a test) tells cronlock's warnings from others'.
@@ -199,6 +199,7 @@ def rules() -> list[Rule]:
             f'{_quoted(wait)} + "only applies with {policy}: \\"wait\\" or \\"replace\\"; '
             f'with another policy a run never waits for the lock"',
         ),
+        *_max_hold_rules(),
         _one_of(contract.ANNOTATION_STOP, _STOPS),
         Rule(
             contract.ANNOTATION_STOP,
@@ -227,6 +228,47 @@ def rules() -> list[Rule]:
             f"{sharing.MAX_NAME_LENGTH} && n.trim().matches(r'{_PEER}')))",
             f'{_quoted(peers)} + "is not a list of at most {sharing.MAX_PEERS} CronJob names of '
             f'this namespace, separated by commas"',
+        ),
+    ]
+
+
+def _max_hold_rules() -> list[Rule]:
+    """cronlock.io/max-hold: a duration, at most a week, never with policy observe, and at
+    least MAX_HOLD_RENEWALS renew periods (the renew the operator would use: annotated,
+    else a third of an annotated ttl, else the chart's default renew or a third of its ttl)."""
+    bound, policy, renew = (
+        contract.ANNOTATION_MAX_HOLD,
+        contract.ANNOTATION_POLICY,
+        contract.ANNOTATION_RENEW,
+    )
+    given = f'!({_set(bound)}) || !({_duration_ok(bound)}) || {_duration(bound)} == duration("0s")'
+    renewals = maxhold.MAX_HOLD_RENEWALS
+    return [
+        Rule(
+            bound,
+            f"!({_set(bound)}) || {_duration_ok(bound)}",
+            f'{_quoted(bound)} + "is not a duration; expected {durations.DURATION_FORMS}"',
+        ),
+        Rule(
+            bound,
+            f'{given} || {_duration(bound)} <= duration("{maxhold.MAX_HOLD_LONGEST_SECONDS:g}s")',
+            f'{_quoted(bound)} + "is out of range; expected at most 168h (7 days), or 0 for no '
+            f'bound"',
+        ),
+        Rule(
+            bound,
+            f'{given} || variables.notes[?"{policy}"].orValue(variables.defaultPolicy) '
+            '!= "observe"',
+            f'{_quoted(bound)} + "cannot be used with {policy}: \\"observe\\", which never '
+            f'stops a run; use another policy or remove the max-hold"',
+        ),
+        Rule(
+            bound,
+            f"{given} || !variables.ttlOk || ({_set(renew)} && !({_duration_ok(renew)})) || "
+            f"{_duration(bound)}.getMilliseconds() >= {renewals} * variables.renewMs",
+            f'{_quoted(bound)} + "is shorter than {renewals} renew periods (" + '
+            f'string({renewals} * variables.renewMs) + "ms); expected at least that, or 0 for '
+            f'no bound"',
         ),
     ]
 
@@ -344,6 +386,22 @@ def render() -> str:
     ]
     ttl_rules = [rule for rule in rules() if rule.annotation == contract.ANNOTATION_TTL]
     lines.append("        " + " && ".join(f"({rule.expression})" for rule in ttl_rules))
+    renew = contract.ANNOTATION_RENEW
+    lines += [
+        "    # The renew period the operator uses, in milliseconds (read once ttlOk and a set",
+        "    # renew's own syntax are checked): annotated, else a third of an annotated ttl,",
+        "    # else the chart's default renew, else a third of its default ttl.",
+        "    - name: renewMs",
+        "      expression: >-",
+        f"        {_set(renew)} ? {_duration(renew)}.getMilliseconds() :",
+        "        {{- if .Values.defaults.renew }}",
+        f'        "{contract.ANNOTATION_TTL}" in variables.notes ? '
+        "variables.ttlDuration.getMilliseconds() / 3 :",
+        "        duration({{ .Values.defaults.renew | quote }}).getMilliseconds()",
+        "        {{- else }}",
+        "        variables.ttlDuration.getMilliseconds() / 3",
+        "        {{- end }}",
+    ]
     lines.append("  validations:")
     for rule in rules():
         lines += [

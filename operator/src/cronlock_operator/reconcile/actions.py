@@ -115,6 +115,14 @@ class CountRun:
 
 
 @dataclass(frozen=True)
+class CountMaxHoldExceeded:
+    """A run of the CronJob was stopped at its cronlock.io/max-hold."""
+
+    namespace: str
+    cronjob: str
+
+
+@dataclass(frozen=True)
 class CountTakeover:
     namespace: str
     lock: str
@@ -177,6 +185,7 @@ Action = (
     | PatchLease
     | RecordSuccess
     | CountRun
+    | CountMaxHoldExceeded
     | CountTakeover
     | CountContention
     | SetConsecutiveSkips

@@ -26,6 +26,7 @@ from cronlock_operator.reconcile.actions import (
     Action,
     AnnotateCronJob,
     CountContention,
+    CountMaxHoldExceeded,
     CountMissed,
     CountRun,
     CountTakeover,
@@ -191,6 +192,8 @@ class Executor:
                 kube.delete_job(namespace, name)
             case CountRun(result):
                 metrics.runs.labels(result).inc()
+            case CountMaxHoldExceeded(namespace, cronjob):
+                metrics.max_hold_exceeded.labels(namespace, cronjob).inc()
             case CountTakeover(namespace, lock, reason):
                 metrics.takeovers.labels(namespace, lock, reason).inc()
             case CountContention(kind):

@@ -15,6 +15,7 @@ from cronlock_sidecar.contract import (
     ENV_FENCING_TOKEN,
     ENV_PERMIT,
     EXIT_CONFIG,
+    EXIT_MAX_HOLD,
     EXIT_SKIPPED,
     EXIT_SOFTWARE_LOST,
     EXIT_UNAVAILABLE,
@@ -30,6 +31,7 @@ from cronlock_sidecar.holding.lease import (
 )
 from cronlock_sidecar.holding.policy import acquire, record_overlap
 from cronlock_sidecar.lock import ticks
+from cronlock_sidecar.lock.maxhold import exceeded_line
 from cronlock_sidecar.options import Options
 from cronlock_sidecar.pod import watchdog
 from cronlock_sidecar.pod.processes import stop_group
@@ -97,6 +99,8 @@ class Runner:
         # Set when CMD has ended or the lease was lost; the main thread sleeps on nothing else.
         self._wake = threading.Event()
         self._exit_code: int | None = None
+        # --max-hold: when (monotonic) the lock was acquired.
+        self._held_since = 0.0
 
     def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
         self.signals.append(signum)
@@ -141,6 +145,7 @@ class Runner:
                 return self._unguarded()
             log.info("%s", result.message())
             return EXIT_SKIPPED
+        self._held_since = self.keeper.clock.monotonic()
         if self.tick is not None:
             previous, last_success = self.keeper.previous_tick, self.keeper.last_success
             log.info(
@@ -266,8 +271,28 @@ class Runner:
                 stop_group(process.pid, self.options.kill_grace)
                 process.wait()
                 return EXIT_SOFTWARE_LOST
+            now = keeper.clock.monotonic()
+            bound = self.options.max_hold
+            if bound > 0 and now - self._held_since >= bound:
+                return self._stop_at_bound(process, now - self._held_since)
             # A renew moves the deadline later: waking at the old one only re-checks.
-            self._wake.wait(max(0.0, keeper.valid_until() - keeper.clock.monotonic()))
+            wake_at = keeper.valid_until()
+            if bound > 0:
+                wake_at = min(wake_at, self._held_since + bound)
+            self._wake.wait(max(0.0, wake_at - now))
+
+    def _stop_at_bound(self, process: subprocess.Popen[bytes], held: float) -> int:
+        """CMD held the lock for --max-hold: stop its group as a lost lease's is, while the
+        heartbeat goes on renewing, then release (in `_execute`) and exit EXIT_MAX_HOLD."""
+        log.error(
+            "lease %s: %s: stopping CMD (SIGTERM, SIGKILL after %.1fs)",
+            self.keeper.lease,
+            exceeded_line(held, self.options.max_hold),
+            self.options.kill_grace,
+        )
+        stop_group(process.pid, self.options.kill_grace)
+        process.wait()
+        return EXIT_MAX_HOLD
 
 
 def _status(code: int) -> int:
