@@ -44,6 +44,13 @@ BAD: list[tuple[dict[str, str], tuple[gen.Modifier, ...], str, str]] = [
     ({"cronlock.io/policy": "replce"}, (), "cronlock.io/policy", 'did you mean "replace"?'),
     ({"cronlock.io/policy": "queue"}, (), "cronlock.io/policy", '"wait", "replace", "observe"'),
     ({"cronlock.io/wait-timeout": "10s"}, (), "cronlock.io/wait-timeout", "only applies with"),
+    ({"cronlock.io/permits": "0"}, (), "cronlock.io/permits", "from 1 to 16"),
+    ({"cronlock.io/permits": "17"}, (), "cronlock.io/permits", "from 1 to 16"),
+    ({"cronlock.io/permits": "-1"}, (), "cronlock.io/permits", "not a number of permits"),
+    ({"cronlock.io/permits": "02"}, (), "cronlock.io/permits", "not a number of permits"),
+    ({"cronlock.io/permits": "two"}, (), "cronlock.io/permits", "not a number of permits"),
+    ({"cronlock.io/permits": "9" * 40}, (), "cronlock.io/permits", "not a number of permits"),
+    ({"cronlock.io/permits": "1.5"}, (), "cronlock.io/permits", "not a number of permits"),
     (
         {"cronlock.io/policy": "observe", "cronlock.io/wait-timeout": "10s"},
         (),

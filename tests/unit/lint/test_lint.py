@@ -283,6 +283,7 @@ GOOD = [
     {"cronlock.io/ttl": "5m", "cronlock.io/policy": "wait", "cronlock.io/wait-timeout": "1m"},
     {"cronlock.io/lock": "shared.db", "cronlock.io/share-lock-with": "a, b"},
     {"cronlock.io/stop": "signal", "cronlock.io/alert-after": "3"},
+    {"cronlock.io/permits": "16"},
 ]
 
 

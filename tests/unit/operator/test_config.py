@@ -455,6 +455,17 @@ def test_a_cronjob_name_that_is_no_lock_name_is_refused_on_the_lock_annotation()
     assert "the CronJob's name" in str(caught.value)
 
 
+@pytest.mark.parametrize(
+    ("annotations", "permits"),
+    [({}, 1), ({"cronlock.io/permits": "1"}, 1), ({"cronlock.io/permits": "3"}, 3),
+     ({"cronlock.io/permits": " 16 "}, 16)],
+)  # fmt: skip
+def test_permits_say_how_many_runs_may_hold_the_lock_at_once(
+    annotations: dict[str, str], permits: int
+) -> None:
+    assert config_of(annotations).permits == permits
+
+
 @pytest.mark.parametrize("policy", ["skip", "wait", "replace", "observe"])
 def test_every_policy_is_accepted(policy: str) -> None:
     assert config_of({"cronlock.io/policy": policy}).policy == policy

@@ -36,6 +36,7 @@ from cronlock_operator.leases.sharing import InvalidPeers, parse_peers
 from cronlock_operator.objects import annotations_of
 from cronlock_sidecar import contract
 from cronlock_sidecar.lock.model import Timing
+from cronlock_sidecar.lock.permits import read_count
 
 Stop = Literal["liveness", "signal"]
 Store = Literal["lease", "redis", "postgres"]
@@ -72,6 +73,8 @@ class LockConfig:
     store_secret: str | None = None
     # The CronJobs of its namespace it lets use its lock (`cronlock.io/share-lock-with`).
     peers: frozenset[str] = frozenset()
+    # How many runs may hold the lock at once (`cronlock.io/permits`): the lock's N.
+    permits: int = 1
 
     @property
     def shared_store(self) -> bool:
@@ -210,6 +213,7 @@ def parse_config(cronjob: Mapping[str, Any], settings: Defaults) -> LockConfig:
     except InvalidPeers as error:
         text = annotations[contract.ANNOTATION_SHARE_LOCK_WITH]
         raise InvalidConfig(contract.ANNOTATION_SHARE_LOCK_WITH, text[:200], str(error)) from None
+    permits = parse_permits(annotations)
     kill_grace = kill_grace_seconds(ttl, settings.skew_seconds, ttl_shown)
 
     return LockConfig(
@@ -228,6 +232,7 @@ def parse_config(cronjob: Mapping[str, Any], settings: Defaults) -> LockConfig:
         store_secret=store_secret,
         probe=probe_tolerance(ttl, settings.skew_seconds, kill_grace),
         peers=peers,
+        permits=permits,
     )
 
 
@@ -380,6 +385,23 @@ def _refuse_shared_processes_with_store(
         "URL and password through /proc/<sidecar pid>/root; remove shareProcessNamespace "
         "from the job template or keep the lock in this cluster's Lease",
     )
+
+
+def parse_permits(annotations: Mapping[str, str]) -> int:
+    """`cronlock.io/permits`: how many runs may hold the lock at once (absent: 1), read by
+    the rule the sidecar reads the lock's N by (`permits.read_count`)."""
+    value = annotations.get(contract.ANNOTATION_PERMITS)
+    if value is None:
+        return 1
+    count = read_count(value)
+    if count is None:
+        raise InvalidConfig(
+            contract.ANNOTATION_PERMITS,
+            value[:64],
+            f"is not a number of permits; expected a whole number from 1 to "
+            f"{contract.MAX_PERMITS} (how many runs may hold the lock at once)",
+        )
+    return count
 
 
 def parse_alert_after(annotations: Mapping[str, str]) -> int:
