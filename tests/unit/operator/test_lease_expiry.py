@@ -4,6 +4,8 @@ CronJob's lease duration, read only, from the CronJob reconciler's book."""
 from __future__ import annotations
 
 import copy
+import datetime
+from typing import Any
 
 from cronlock_operator.kube.cache import ObjectCache
 from cronlock_operator.reconcile.guards import GuardBook
@@ -11,7 +13,9 @@ from cronlock_operator.reconcile.keys import LeaseKey
 from cronlock_operator.runtime.executor import Executor
 from cronlock_operator.runtime.lease_expiry import LeaseExpiry
 from cronlock_operator.runtime.workqueue import DONE
-from cronlock_sidecar.lock.model import read_lease
+from cronlock_sidecar.lock import permits
+from cronlock_sidecar.lock.model import Timing, read_lease
+from tests.support import gen
 from tests.support.cronjobs import SETTINGS
 from tests.support.fakekube import FakeKube
 from tests.support.leases import make_lease
@@ -45,3 +49,81 @@ def test_a_day_long_hold_is_believed_only_for_its_owners_ttl_once_it_is_known() 
     assert expiry.reconcile(LeaseKey(*LEASE)) == DONE
     assert kube.called("patch_lease"), "cleared as overdue"
     assert list(expiry.overdue()) == [LEASE]
+
+
+def test_an_expired_permit_is_cleared_like_an_expired_spec_holder_and_a_renewed_one_kept() -> None:
+    """A lock of 3 permits: permit 1's holder renews, permit 2's stopped. Once permit 2 is
+    unchanged for longer than its duration plus the skew, the operator clears it (its
+    transitions kept, the release on record), with the same LeaseExpired Event and counts
+    as for the spec's holder; permit 1, renewed, stays."""
+    now = [1000.0]
+    kube, leases, cronjobs = FakeKube(), ObjectCache(), ObjectCache()
+    cronjobs.put(gen.cronjob("report", gen.with_uid("uid-report")))
+    expiry = LeaseExpiry(
+        kube, SETTINGS, Executor(kube), cronjobs, leases, lambda: now[0], guards=GuardBook()
+    )
+    wall = datetime.datetime(2026, 12, 6, 12, 0, tzinfo=datetime.UTC)
+    timing = Timing.of(60)
+    body: dict[str, Any] = make_lease(
+        namespace="team-a",
+        owners=[("report", "uid-report")],
+        annotations={"cronlock.io/permits": "3"},
+        resource_version="5",
+    )
+    body = permits.claimed_permit(body, 1, "alive_12345678", timing, wall, "report-1")
+    body = permits.claimed_permit(body, 2, "dead_87654321", timing, wall, "report-2")
+
+    def seen(lease: dict[str, Any]) -> None:
+        kube.leases[LEASE] = copy.deepcopy(lease)
+        leases.put(copy.deepcopy(lease))
+        expiry.lease_seen(LEASE, lease, read_lease(lease))
+
+    seen(body)
+    assert list(expiry.overdue()) == []
+    now[0] += 40
+    seen(permits.renewed_permit(body, 1, timing, wall + datetime.timedelta(seconds=40)))
+    now[0] += 25  # permit 2: 65 s unchanged, over its 60 s and the 2 s skew
+    assert list(expiry.overdue()) == [LEASE]
+    assert expiry.reconcile(LeaseKey(*LEASE)) == DONE
+    [patch] = [call[1][2] for call in kube.calls if call[0] == "patch_lease"]
+    assert patch[1]["path"] == "/metadata/annotations/cronlock.io~1permit.2"
+    stored = permits.read_permits(kube.leases[LEASE])
+    assert (stored[2].holder, stored[2].transitions) == ("", 1)
+    assert stored[1].holder == "alive_12345678"
+    assert kube.leases[LEASE]["metadata"]["annotations"]["cronlock.io/last-holder"] == (
+        "dead_87654321"
+    )
+    [(name, reason, message, warning)] = kube.events
+    assert (name, reason, warning) == ("report", "LeaseExpired", True)
+    assert "permit 2 held by dead_87654321 was not renewed for 65s" in message
+    # The cleared permit seen free: nothing is overdue any more.
+    seen(kube.leases[LEASE])
+    assert list(expiry.overdue()) == []
+
+
+def test_a_permit_renewed_after_all_or_beyond_a_lowered_n_is_not_cleared() -> None:
+    now = [1000.0]
+    kube, leases = FakeKube(), ObjectCache()
+    expiry = LeaseExpiry(
+        kube, SETTINGS, Executor(kube), ObjectCache(), leases, lambda: now[0], guards=GuardBook()
+    )
+    wall = datetime.datetime(2026, 12, 6, 12, 0, tzinfo=datetime.UTC)
+    body: dict[str, Any] = make_lease(
+        namespace="team-a", annotations={"cronlock.io/permits": "2"}, resource_version="5"
+    )
+    body = permits.claimed_permit(body, 1, "late_12345678", Timing.of(60), wall, "report-1")
+    leases.put(copy.deepcopy(body))
+    expiry.lease_seen(LEASE, body, read_lease(body))
+    now[0] += 70
+    # Read fresh at the reconcile: renewed meanwhile (its watch event not seen yet).
+    kube.leases[LEASE] = permits.renewed_permit(
+        body, 1, Timing.of(60), wall + datetime.timedelta(seconds=50)
+    )
+    assert expiry.reconcile(LeaseKey(*LEASE)) == DONE
+    # N lowered to 1 meanwhile: permit 1 is nobody's, not cleared.
+    lowered = copy.deepcopy(body)
+    lowered["metadata"]["annotations"]["cronlock.io/permits"] = "1"
+    kube.leases[LEASE] = lowered
+    assert expiry.reconcile(LeaseKey(*LEASE)) == DONE
+    assert not kube.called("patch_lease")
+    assert kube.events == []

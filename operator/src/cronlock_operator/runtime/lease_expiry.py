@@ -28,6 +28,7 @@ from cronlock_operator.runtime.executor import Executor
 from cronlock_operator.runtime.workqueue import DONE, Result
 from cronlock_operator.settings import OperatorSettings
 from cronlock_sidecar.lock.model import LeaseRecord, read_lease
+from cronlock_sidecar.lock.permits import permits_of
 
 logger = logging.getLogger(__name__)
 
@@ -40,32 +41,67 @@ class Observations:
 
     _seen: dict[Name, Observation] = field(default_factory=dict)
     _held: set[Name] = field(default_factory=set)
+    # A lock of N permits: each entry K ≥ 1's Observation (the spec's is in `_seen`).
+    _permits: dict[Name, dict[int, Observation]] = field(default_factory=dict)
 
     def get(self, key: Name) -> Observation | None:
         return self._seen.get(key)
 
     def put(self, key: Name, seen: Observation) -> None:
         self._seen[key] = seen
-        if seen.holder:
+        self._mark(key)
+
+    def permits(self, key: Name) -> Mapping[int, Observation]:
+        return self._permits.get(key, {})
+
+    def put_permits(self, key: Name, seen: Mapping[int, Observation]) -> None:
+        if seen:
+            self._permits[key] = dict(seen)
+        else:
+            self._permits.pop(key, None)
+        self._mark(key)
+
+    def _mark(self, key: Name) -> None:
+        spec = self._seen.get(key)
+        if (spec is not None and spec.holder) or any(
+            entry.holder for entry in self._permits.get(key, {}).values()
+        ):
             self._held.add(key)
         else:
             self._held.discard(key)
 
     def cap(self, key: Name, longest_duration: int) -> None:
-        """Believe the hold seen at `key` for at most `longest_duration` from when it was
-        seen (its owners' longest ttl, known only once they are reconciled)."""
+        """Believe the holds seen at `key` for at most `longest_duration` from when they
+        were seen (its owners' longest ttl, known only once they are reconciled)."""
         seen = self._seen.get(key)
         if seen is not None and seen.duration > longest_duration:
             self._seen[key] = replace(seen, duration=longest_duration)
+        entries = self._permits.get(key, {})
+        for index, entry in list(entries.items()):
+            if entry.duration > longest_duration:
+                entries[index] = replace(entry, duration=longest_duration)
 
     def forget(self, key: Name) -> None:
         self._seen.pop(key, None)
+        self._permits.pop(key, None)
         self._held.discard(key)
 
+    def overdue_permits(self, key: Name, now: float, skew_seconds: float) -> list[int]:
+        """The permit entries of `key` held and unchanged for longer than their duration."""
+        return [
+            index
+            for index, entry in sorted(self._permits.get(key, {}).items())
+            if entry.overdue(now, skew_seconds)
+        ]
+
     def overdue(self, now: float, skew_seconds: float) -> Iterator[Name]:
-        """The Leases held and unchanged for longer than their duration plus the skew."""
+        """The Leases with a hold (the spec's or a permit's) unchanged for longer than its
+        duration plus the skew."""
         for key in list(self._held):
-            if self._seen[key].overdue(now, skew_seconds):
+            seen = self._seen.get(key)
+            if (seen is not None and seen.overdue(now, skew_seconds)) or self.overdue_permits(
+                key, now, skew_seconds
+            ):
                 yield key
 
 
@@ -101,6 +137,13 @@ class LeaseExpiry:
         if seen is not None:
             self.executor.run(counts)
             self.observations.put(key, seen)
+        previous = self.observations.permits(key)
+        if previous or permits_of(body) > 1:
+            entries, counted = expiry.observe_permits(
+                previous, body, self.clock(), self.longest_duration(body)
+            )
+            self.executor.run(counted)
+            self.observations.put_permits(key, entries)
         if not record.holder:
             self.vetted.pop(key, None)
         elif record.managed and self.vetted.get(key) != record.holder:
@@ -146,8 +189,9 @@ class LeaseExpiry:
             self.observations.cap(name, self.longest_duration(cached))
         seen = self.observations.get(name)
         overdue = seen is not None and seen.overdue(self.clock(), self.settings.skew_seconds)
+        entries = self.observations.overdue_permits(name, self.clock(), self.settings.skew_seconds)
         unvetted = seen is not None and bool(seen.holder) and self.vetted.get(name) != seen.holder
-        if not overdue and not unvetted and name not in self.to_repair:
+        if not overdue and not entries and not unvetted and name not in self.to_repair:
             return DONE
         lease = self.kube.read_lease(key.namespace, key.name)
         if lease is None:
@@ -165,6 +209,20 @@ class LeaseExpiry:
             self.executor.run(
                 expiry.decide(
                     seen, lease, owners, self.clock(), datetime.datetime.now(datetime.UTC)
+                )
+            )
+        elif entries:
+            # One clear per reconcile: each write tests the version read, and the next
+            # overdue look (every second) clears the next expired permit.
+            index = entries[0]
+            self.executor.run(
+                expiry.decide_permit(
+                    self.observations.permits(name)[index],
+                    index,
+                    lease,
+                    owners,
+                    self.clock(),
+                    datetime.datetime.now(datetime.UTC),
                 )
             )
         else:
