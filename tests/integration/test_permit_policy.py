@@ -19,6 +19,7 @@ import pytest
 
 from cronlock_sidecar.lock import permits, ticks
 from cronlock_sidecar.lock.model import Timing, claimed
+from tests.integration.test_freeze import cli
 from tests.integration.test_holder_policy import (
     LEASE,
     RUN_JOB,
@@ -215,3 +216,64 @@ def test_a_pod_claims_renews_and_releases_one_permit_of_its_own_and_nothing_else
     third = make_pod(api, controlplane, namespace, "report-29000120-klmno", tmp_path)
     third.write(namespace, claim(third, 1, "report-29000120"))
     assert entry(api, namespace, 1).transitions == 2
+
+
+def test_a_freeze_covers_the_whole_lock_and_leaves_every_permit_to_its_holder(
+    api: kubernetes.client.ApiClient,
+    namespace: str,
+    controlplane: ControlPlane,
+    tmp_path: Path,
+) -> None:
+    """`cronlock freeze` writes its notes on the lock's one document, whatever its N: every
+    permit's runs read it there. The freezer's write leaves each entry as it was, and each
+    holder may still renew and release its own (as `--stop-running` has it do)."""
+    guarded_on_shared(api, namespace, {"cronlock.io/permits": "3"})
+    admin = kubernetes.client.CoordinationV1Api(api)
+    wait_for(
+        lambda: (
+            (admin.read_namespaced_lease(LEASE, namespace).metadata.annotations or {}).get(
+                "cronlock.io/permits"
+            )
+            == "3"
+        ),
+        30,
+        "the Lease to say the lock's 3 permits",
+    )
+    run = make_pod(api, controlplane, namespace, f"{RUN_JOB}-abcde", tmp_path)
+    other = make_pod(api, controlplane, namespace, f"{OTHER_JOB}-fghij", tmp_path)
+    wait_for(lambda: _can_read(run, namespace), 30, "the holder Role for `shared`")
+    wait_for(
+        lambda: _admitted(run, namespace, claim(run, 1, RUN_JOB)), 30, "permit 1 to be claimed"
+    )
+    other.write(namespace, claim(other, 2, OTHER_JOB))
+    before = [entry(api, namespace, index) for index in (1, 2)]
+
+    frozen = cli(controlplane, "freeze", "report", "-n", namespace, "--for", "1h",
+                 "--reason", "db upgrade", "--stop-running")  # fmt: skip
+    assert frozen.returncode == 0, frozen.stderr
+    notes = admin.read_namespaced_lease(LEASE, namespace).metadata.annotations
+    assert notes["cronlock.io/frozen-stop"] == "true"
+    assert notes["cronlock.io/permits"] == "3"
+    assert [entry(api, namespace, index) for index in (1, 2)] == before
+    # Frozen: the holders renew and give back their own permits, as stopping runs do.
+    run.write(namespace, renew(1))
+    run.write(namespace, release(1, run.identity))
+    other.write(namespace, release(2, other.identity))
+    assert [entry(api, namespace, index).holder for index in (1, 2)] == ["", ""]
+    thawed = cli(controlplane, "unfreeze", "report", "-n", namespace)
+    assert thawed.returncode == 0, thawed.stderr
+    assert "cronlock.io/frozen-until" not in (
+        admin.read_namespaced_lease(LEASE, namespace).metadata.annotations or {}
+    )
+
+
+def _admitted(pod: Pod, namespace: str, change: Change) -> bool:
+    """Whether the write went through: the holders' policy may be enforced a moment late,
+    but a legitimate write is admitted either way, so a 403 here means RBAC is not there."""
+    try:
+        pod.write(namespace, change)
+    except kubernetes.client.ApiException as error:
+        if error.status == 403:
+            return False
+        raise
+    return True

@@ -329,8 +329,13 @@ class Reconciler:
 
 
 def _lease_entry(lease: Mapping[str, Any]) -> dict[str, Any]:
-    """What the Lease cache keeps: whose it is (labels, owners), not its holder's renewals,
-    so a renewal costs the cache no more than its metadata."""
+    """What the Lease cache keeps: whose it is (labels, owners) and the lock's N permits
+    (what its users' consent is judged against), not its holder's renewals, so a renewal
+    costs the cache no more than its metadata."""
     metadata = lease["metadata"]
     kept = ("name", "namespace", "labels", "ownerReferences")
-    return {"metadata": {key: metadata[key] for key in kept if key in metadata}}
+    entry = {key: metadata[key] for key in kept if key in metadata}
+    count = (metadata.get("annotations") or {}).get(contract.ANNOTATION_PERMITS)
+    if count is not None:
+        entry["annotations"] = {contract.ANNOTATION_PERMITS: count}
+    return {"metadata": entry}
