@@ -32,6 +32,7 @@ from tests.integration.test_holder_policy import (
 )
 from tests.support.controlplane import ControlPlane
 from tests.support.kube import wait_for
+from tests.support.objects import wait_event
 
 pytestmark = pytest.mark.usefixtures("operator")
 
@@ -265,6 +266,36 @@ def test_a_freeze_covers_the_whole_lock_and_leaves_every_permit_to_its_holder(
     assert "cronlock.io/frozen-until" not in (
         admin.read_namespaced_lease(LEASE, namespace).metadata.annotations or {}
     )
+
+
+def test_a_permit_taken_by_a_pod_that_is_no_run_is_broken_by_the_operator(
+    api: kubernetes.client.ApiClient,
+    namespace: str,
+    controlplane: ControlPlane,
+    tmp_path: Path,
+) -> None:
+    """The holders' policy cannot tell a run from another pod on the runs' account; the
+    operator can, and clears such a pod's permit entry as it clears such a spec hold."""
+    guarded_on_shared(api, namespace, {"cronlock.io/permits": "2"})
+    intruder = make_pod(api, controlplane, namespace, "intruder", tmp_path)
+    wait_for(lambda: _can_read(intruder, namespace), 30, "the holder Role for `shared`")
+    wait_for(
+        lambda: (
+            entry(api, namespace, 0) is not None
+            and permits.permits_of(
+                api.sanitize_for_serialization(
+                    kubernetes.client.CoordinationV1Api(api).read_namespaced_lease(LEASE, namespace)
+                )
+            )
+            == 2
+        ),
+        30,
+        "the Lease to say the lock's 2 permits",
+    )
+    intruder.write(namespace, claim(intruder, 1, "", tick=False))
+    [message] = wait_event(api, namespace, "report", "ForeignHolder")
+    assert f"permit 1 was claimed by {intruder.identity}: pod intruder" in message
+    assert entry(api, namespace, 1).holder == ""
 
 
 def _admitted(pod: Pod, namespace: str, change: Change) -> bool:

@@ -127,3 +127,62 @@ def test_a_permit_renewed_after_all_or_beyond_a_lowered_n_is_not_cleared() -> No
     assert expiry.reconcile(LeaseKey(*LEASE)) == DONE
     assert not kube.called("patch_lease")
     assert kube.events == []
+
+
+def _pod(name: str, uid: str, job: tuple[str, str] | None = None) -> dict[str, Any]:
+    owners = (
+        [] if job is None else [{"kind": "Job", "name": job[0], "uid": job[1], "controller": True}]
+    )
+    return {
+        "metadata": {"name": name, "namespace": "team-a", "uid": uid, "ownerReferences": owners},
+        "spec": {"serviceAccountName": "shared"},
+    }
+
+
+def test_a_permit_taken_by_a_pod_that_is_no_run_is_cleared_and_a_runs_permit_kept() -> None:
+    """Security review N4 for a lock of N permits: a pod on the runs' account may claim a
+    free entry in its own name; unless it is a run of the lock, the operator clears it with
+    the ForeignHolder Warning as it clears such a spec hold. A run's entry is vetted once."""
+    kube, leases, cronjobs = FakeKube(), ObjectCache(), ObjectCache()
+    cronjobs.put(gen.cronjob("report", gen.with_uid("uid-report")))
+    expiry = LeaseExpiry(
+        kube, SETTINGS, Executor(kube), cronjobs, leases, lambda: 1000.0, guards=GuardBook()
+    )
+    kube.pods[("team-a", "report-1-abcde")] = _pod(
+        "report-1-abcde", "11112222-x", ("report-1", "uid-job")
+    )
+    kube.jobs[("team-a", "report-1")] = {
+        "metadata": {
+            "name": "report-1",
+            "uid": "uid-job",
+            "ownerReferences": [{"kind": "CronJob", "name": "report", "uid": "uid-report"}],
+        }
+    }
+    kube.pods[("team-a", "webapp")] = _pod("webapp", "33334444-y")
+    wall = datetime.datetime.now(datetime.UTC)
+    body: dict[str, Any] = make_lease(
+        namespace="team-a",
+        owners=[("report", "uid-report")],
+        annotations={"cronlock.io/permits": "3"},
+        resource_version="5",
+    )
+    body = permits.claimed_permit(
+        body, 1, "report-1-abcde_11112222", Timing.of(60), wall, "report-1"
+    )
+    body = permits.claimed_permit(body, 2, "webapp_33334444", Timing.of(60), wall, "")
+    kube.leases[LEASE] = copy.deepcopy(body)
+    leases.put(copy.deepcopy(body))
+    assert expiry.lease_seen(LEASE, body, read_lease(body)), "new holders are due a look"
+    assert expiry.reconcile(LeaseKey(*LEASE)) == DONE
+    stored = permits.read_permits(kube.leases[LEASE])
+    assert (stored[1].holder, stored[2].holder) == ("report-1-abcde_11112222", "")
+    [(name, reason, message, warning)] = kube.events
+    assert (name, reason, warning) == ("report", "ForeignHolder", True)
+    assert "permit 2 was claimed by webapp_33334444: pod webapp" in message
+    assert "it is owned by no Job" in message
+    # The run's permit was vetted: seen again, it is not looked at again.
+    again = kube.leases[LEASE]
+    reads = len(kube.called("read_pod"))
+    assert not expiry.lease_seen(LEASE, again, read_lease(again))
+    assert expiry.reconcile(LeaseKey(*LEASE)) == DONE
+    assert len(kube.called("read_pod")) == reads

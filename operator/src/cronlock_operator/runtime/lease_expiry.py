@@ -28,7 +28,7 @@ from cronlock_operator.runtime.executor import Executor
 from cronlock_operator.runtime.workqueue import DONE, Result
 from cronlock_operator.settings import OperatorSettings
 from cronlock_sidecar.lock.model import LeaseRecord, read_lease
-from cronlock_sidecar.lock.permits import permits_of
+from cronlock_sidecar.lock.permits import permits_of, read_permits
 
 logger = logging.getLogger(__name__)
 
@@ -126,6 +126,8 @@ class LeaseExpiry:
     # Per held Lease: the holder found to be a run of its lock, or to name no pod
     # (reconcile/holders.py). A holder not in it is looked at once, when first seen.
     vetted: dict[Name, str] = field(default_factory=dict)
+    # The same for the permit entries of a lock of N: (Lease, permit) -> holder.
+    vetted_permits: dict[tuple[Name, int], str] = field(default_factory=dict)
 
     # --- what the watches tell it ------------------------------------------------------
     def lease_seen(self, key: Name, body: Mapping[str, Any], record: LeaseRecord) -> bool:
@@ -144,6 +146,8 @@ class LeaseExpiry:
             )
             self.executor.run(counted)
             self.observations.put_permits(key, entries)
+        # A new holder of a permit entry: is it a run of the lock?
+        due = record.managed and bool(self._unvetted_permits(key))
         if not record.holder:
             self.vetted.pop(key, None)
         elif record.managed and self.vetted.get(key) != record.holder:
@@ -151,12 +155,25 @@ class LeaseExpiry:
         if record.managed and repair.out_of_range(body):
             self.to_repair.add(key)
             return True
-        return False
+        return due
 
     def lease_deleted(self, key: Name) -> None:
         self.observations.forget(key)
         self.to_repair.discard(key)
         self.vetted.pop(key, None)
+        for vetted in [vetted for vetted in self.vetted_permits if vetted[0] == key]:
+            del self.vetted_permits[vetted]
+
+    def _unvetted_permits(self, key: Name) -> list[tuple[int, str]]:
+        """The permit entries of `key` whose holder, as observed, is not known as a run's
+        (forgetting the vetting of entries now free)."""
+        unvetted = []
+        for index, seen in self.observations.permits(key).items():
+            if not seen.holder:
+                self.vetted_permits.pop((key, index), None)
+            elif self.vetted_permits.get((key, index)) != seen.holder:
+                unvetted.append((index, seen.holder))
+        return unvetted
 
     def longest_duration(self, lease: Mapping[str, Any]) -> int:
         """The longest lease duration among the Lease's owners as their annotations set it
@@ -191,7 +208,14 @@ class LeaseExpiry:
         overdue = seen is not None and seen.overdue(self.clock(), self.settings.skew_seconds)
         entries = self.observations.overdue_permits(name, self.clock(), self.settings.skew_seconds)
         unvetted = seen is not None and bool(seen.holder) and self.vetted.get(name) != seen.holder
-        if not overdue and not entries and not unvetted and name not in self.to_repair:
+        unvetted_permits = self._unvetted_permits(name)
+        if (
+            not overdue
+            and not entries
+            and not unvetted
+            and not unvetted_permits
+            and name not in self.to_repair
+        ):
             return DONE
         lease = self.kube.read_lease(key.namespace, key.name)
         if lease is None:
@@ -203,6 +227,8 @@ class LeaseExpiry:
             and (cronjob := self.cronjobs.get((key.namespace, owner["name"]))) is not None
         ]
         if unvetted and not overdue and self._foreign_cleared(lease, owners):
+            return DONE
+        if unvetted_permits and not entries and self._foreign_permit_cleared(lease, owners):
             return DONE
         self.to_repair.discard(name)
         if overdue and seen is not None:
@@ -228,6 +254,62 @@ class LeaseExpiry:
         else:
             self.executor.run(repair.decide(lease, owners))
         return DONE
+
+    def _foreign_permit_cleared(
+        self, lease: Mapping[str, Any], owners: Sequence[Mapping[str, Any]]
+    ) -> bool:
+        """`_foreign_cleared` for the permit entries of a lock of N, as just read: the first
+        entry held by a pod that is no run of the lock is cleared (one write per reconcile);
+        True if one was. The others are vetted, or looked at again on the next reconcile."""
+        record = read_lease(lease)
+        key = (record.namespace, record.name)
+        if not record.managed:
+            return False
+        for permit in read_permits(lease)[1:]:
+            vetted = (key, permit.number)
+            if not permit.holder or self.vetted_permits.get(vetted) == permit.holder:
+                continue
+            why, pod = self._no_run(record.namespace, permit.holder, lease)
+            if why is None or pod is None:
+                self.vetted_permits[vetted] = permit.holder
+                continue
+            logger.warning(
+                "lease %s/%s permit %d held by %s, no run of its lock (%s): clearing it",
+                record.namespace,
+                record.name,
+                permit.number,
+                permit.holder,
+                why,
+            )
+            self.executor.run(
+                holders.decide(
+                    lease,
+                    permit.holder,
+                    pod,
+                    why,
+                    owners,
+                    datetime.datetime.now(datetime.UTC),
+                    permit=permit.number,
+                )
+            )
+            return True
+        return False
+
+    def _no_run(
+        self, namespace: str, holder: str, lease: Mapping[str, Any]
+    ) -> tuple[str | None, Mapping[str, Any] | None]:
+        """Why the pod `holder` names is no run of the lock, and that pod; (None, ...) when
+        it is a run, names no pod, or names one gone or replaced (left to expiry)."""
+        named = holders.named_pod(holder)
+        pod = None if named is None else self.kube.read_pod(namespace, named[0])
+        pod_uid = str(((pod or {}).get("metadata") or {}).get("uid", ""))
+        if named is None or pod is None or not pod_uid.startswith(named[1]):
+            return None, None
+        job_owner = holders.controller(pod, "Job")
+        job = (
+            None if job_owner is None else self.kube.read_job(namespace, str(job_owner.get("name")))
+        )
+        return holders.not_a_run(pod, job, lease), pod
 
     def _foreign_cleared(
         self, lease: Mapping[str, Any], owners: Sequence[Mapping[str, Any]]
