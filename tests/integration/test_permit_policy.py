@@ -94,6 +94,21 @@ def entry(api: kubernetes.client.ApiClient, namespace: str, index: int) -> permi
     return permits.read_permits(lease)[index]
 
 
+def lease_says_permits(api: kubernetes.client.ApiClient, namespace: str, count: int) -> None:
+    """Wait for the operator to write the lock's N on its Lease."""
+    admin = kubernetes.client.CoordinationV1Api(api)
+    wait_for(
+        lambda: (
+            (admin.read_namespaced_lease(LEASE, namespace).metadata.annotations or {}).get(
+                "cronlock.io/permits"
+            )
+            == str(count)
+        ),
+        30,
+        f"the Lease to say the lock's {count} permits",
+    )
+
+
 def test_a_pod_claims_renews_and_releases_one_permit_of_its_own_and_nothing_else(
     api: kubernetes.client.ApiClient,
     namespace: str,
@@ -103,16 +118,7 @@ def test_a_pod_claims_renews_and_releases_one_permit_of_its_own_and_nothing_else
     guarded_on_shared(api, namespace, {"cronlock.io/permits": "3"})
     admin = kubernetes.client.CoordinationV1Api(api)
     # The operator wrote the lock's N on its Lease.
-    wait_for(
-        lambda: (
-            (admin.read_namespaced_lease(LEASE, namespace).metadata.annotations or {}).get(
-                "cronlock.io/permits"
-            )
-            == "3"
-        ),
-        30,
-        "the Lease to say the lock's 3 permits",
-    )
+    lease_says_permits(api, namespace, 3)
     run = make_pod(api, controlplane, namespace, f"{RUN_JOB}-abcde", tmp_path)
     other = make_pod(api, controlplane, namespace, f"{OTHER_JOB}-fghij", tmp_path)
     intruder = make_pod(api, controlplane, namespace, "intruder", tmp_path)
@@ -230,16 +236,7 @@ def test_a_freeze_covers_the_whole_lock_and_leaves_every_permit_to_its_holder(
     holder may still renew and release its own (as `--stop-running` has it do)."""
     guarded_on_shared(api, namespace, {"cronlock.io/permits": "3"})
     admin = kubernetes.client.CoordinationV1Api(api)
-    wait_for(
-        lambda: (
-            (admin.read_namespaced_lease(LEASE, namespace).metadata.annotations or {}).get(
-                "cronlock.io/permits"
-            )
-            == "3"
-        ),
-        30,
-        "the Lease to say the lock's 3 permits",
-    )
+    lease_says_permits(api, namespace, 3)
     run = make_pod(api, controlplane, namespace, f"{RUN_JOB}-abcde", tmp_path)
     other = make_pod(api, controlplane, namespace, f"{OTHER_JOB}-fghij", tmp_path)
     wait_for(lambda: _can_read(run, namespace), 30, "the holder Role for `shared`")
@@ -279,19 +276,7 @@ def test_a_permit_taken_by_a_pod_that_is_no_run_is_broken_by_the_operator(
     guarded_on_shared(api, namespace, {"cronlock.io/permits": "2"})
     intruder = make_pod(api, controlplane, namespace, "intruder", tmp_path)
     wait_for(lambda: _can_read(intruder, namespace), 30, "the holder Role for `shared`")
-    wait_for(
-        lambda: (
-            entry(api, namespace, 0) is not None
-            and permits.permits_of(
-                api.sanitize_for_serialization(
-                    kubernetes.client.CoordinationV1Api(api).read_namespaced_lease(LEASE, namespace)
-                )
-            )
-            == 2
-        ),
-        30,
-        "the Lease to say the lock's 2 permits",
-    )
+    lease_says_permits(api, namespace, 2)
     intruder.write(namespace, claim(intruder, 1, "", tick=False))
     [message] = wait_event(api, namespace, "report", "ForeignHolder")
     assert f"permit 1 was claimed by {intruder.identity}: pod intruder" in message
