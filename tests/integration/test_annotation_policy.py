@@ -59,6 +59,9 @@ GOOD: list[dict[str, str]] = [
     {"cronlock.io/permits": "1"},
     {"cronlock.io/permits": "16"},
     {"cronlock.io/permits": " 3 "},
+    {"cronlock.io/permits": "4", "cronlock.io/policy": "wait", "cronlock.io/wait-timeout": "5m"},
+    {**STORE, "cronlock.io/permits": "1"},
+    {"cronlock.io/permits": "1", "cronlock.io/policy": "replace"},
     {"cronlock.io/share-lock-with": "import-orders, rebuild-index"},
     STORE,
     {**STORE, "cronlock.io/store": "postgres"},
@@ -81,6 +84,7 @@ MORE_BAD: list[dict[str, str]] = [
     {"cronlock.io/share-lock-with": ",".join(f"job-{n}" for n in range(101))},
     {"cronlock.io/alert-after": "00001"},
     {"cronlock.io/policy": "skip", "cronlock.io/wait-timeout": "1s"},
+    {**STORE, "cronlock.io/permits": "2"},
 ]
 # The operator's own table of bad annotations (tests/unit/operator/test_config.py) that
 # need nothing of the pod: the policy judges annotations, and leaves containers to lint.

@@ -52,6 +52,12 @@ BAD: list[tuple[dict[str, str], tuple[gen.Modifier, ...], str, str]] = [
     ({"cronlock.io/permits": "9" * 40}, (), "cronlock.io/permits", "not a number of permits"),
     ({"cronlock.io/permits": "1.5"}, (), "cronlock.io/permits", "not a number of permits"),
     (
+        {"cronlock.io/permits": "2", "cronlock.io/policy": "replace"},
+        (),
+        "cronlock.io/permits",
+        'cannot be used with cronlock.io/policy: "replace" yet',
+    ),
+    (
         {"cronlock.io/policy": "observe", "cronlock.io/wait-timeout": "10s"},
         (),
         "cronlock.io/wait-timeout",

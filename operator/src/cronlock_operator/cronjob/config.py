@@ -214,6 +214,8 @@ def parse_config(cronjob: Mapping[str, Any], settings: Defaults) -> LockConfig:
         text = annotations[contract.ANNOTATION_SHARE_LOCK_WITH]
         raise InvalidConfig(contract.ANNOTATION_SHARE_LOCK_WITH, text[:200], str(error)) from None
     permits = parse_permits(annotations)
+    if permits > 1:
+        _refuse_permits_with(annotations, store, policy)
     kill_grace = kill_grace_seconds(ttl, settings.skew_seconds, ttl_shown)
 
     return LockConfig(
@@ -402,6 +404,29 @@ def parse_permits(annotations: Mapping[str, str]) -> int:
             f"{contract.MAX_PERMITS} (how many runs may hold the lock at once)",
         )
     return count
+
+
+def _refuse_permits_with(annotations: Mapping[str, str], store: str, policy: Policy) -> None:
+    """Permits above 1 the sidecar does not hold yet (docs/DECISIONS.md, "Permits in the
+    sidecar, as built"): in Redis or PostgreSQL, whose rules judge one holder, a lock is
+    one permit; under `replace`, which of N holders to stop is not settled. Refused, not
+    quietly guarded as something else."""
+    text = annotations[contract.ANNOTATION_PERMITS]
+    if store != "lease":
+        raise InvalidConfig(
+            contract.ANNOTATION_PERMITS,
+            text,
+            f"needs the lock in the Lease: a lock in {store} holds one permit (its rules judge "
+            f"one holder); remove {contract.ANNOTATION_PERMITS} or {contract.ANNOTATION_STORE}",
+        )
+    if policy == "replace":
+        raise InvalidConfig(
+            contract.ANNOTATION_PERMITS,
+            text,
+            f'cannot be used with {contract.ANNOTATION_POLICY}: "replace" yet: which of the '
+            "holders a replacing run should stop is not settled; use skip, wait or observe, "
+            f"or remove {contract.ANNOTATION_PERMITS}",
+        )
 
 
 def parse_alert_after(annotations: Mapping[str, str]) -> int:

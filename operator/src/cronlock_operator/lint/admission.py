@@ -230,6 +230,22 @@ def rules() -> list[Rule]:
             f'to {contract.MAX_PERMITS} (how many runs may hold the lock at once)"',
         ),
         Rule(
+            permits,
+            f"!({_set(permits)}) || !({_text(permits)}.trim().matches(r'{_COUNT}')) || "
+            f'int({_text(permits)}.trim()) == 1 || !({_text(store)} in ["redis", "postgres"])',
+            f'{_quoted(permits)} + "needs the lock in the Lease: a lock in " + {_text(store)} + '
+            f'" holds one permit (its rules judge one holder); remove {permits} or {store}"',
+        ),
+        Rule(
+            permits,
+            f"!({_set(permits)}) || !({_text(permits)}.trim().matches(r'{_COUNT}')) || "
+            f"int({_text(permits)}.trim()) == 1 || "
+            f'variables.notes[?"{policy}"].orValue(variables.defaultPolicy) != "replace"',
+            f'{_quoted(permits)} + "cannot be used with {policy}: \\"replace\\" yet: which '
+            f"of the holders a replacing run should stop is not settled; use skip, wait or "
+            f'observe, or remove {permits}"',
+        ),
+        Rule(
             peers,
             f'!({_set(peers)}) || ({_text(peers)}.split(",").size() <= {sharing.MAX_PEERS} '
             f'&& {_text(peers)}.split(",").all(n, n.trim().size() <= '
