@@ -10,8 +10,10 @@ from typing import Any
 from cronlock_operator.kube.cache import ObjectCache
 from cronlock_operator.reconcile.guards import GuardBook
 from cronlock_operator.reconcile.keys import LeaseKey
+from cronlock_operator.runtime import metrics
 from cronlock_operator.runtime.executor import Executor
 from cronlock_operator.runtime.lease_expiry import LeaseExpiry
+from cronlock_operator.runtime.reconciler import Reconciler
 from cronlock_operator.runtime.workqueue import DONE
 from cronlock_sidecar.lock import permits
 from cronlock_sidecar.lock.model import Timing, read_lease
@@ -186,3 +188,25 @@ def test_a_permit_taken_by_a_pod_that_is_no_run_is_cleared_and_a_runs_permit_kep
     assert not expiry.lease_seen(LEASE, again, read_lease(again))
     assert expiry.reconcile(LeaseKey(*LEASE)) == DONE
     assert len(kube.called("read_pod")) == reads
+
+
+def test_a_lock_of_permits_is_held_while_any_permit_is() -> None:
+    """cronlock_lease_held: 1 while the lock has a holder, on a lock of N of any permit."""
+    reconciler = Reconciler(kube=FakeKube(), settings=SETTINGS)
+
+    def held(lease: dict[str, Any]) -> float | None:
+        reconciler.on_lease("MODIFIED", lease)
+        return metrics.registry.get_sample_value(
+            "cronlock_lease_held", {"namespace": "team-a", "lock": "report"}
+        )
+
+    wall = datetime.datetime.now(datetime.UTC)
+    free = make_lease(namespace="team-a", annotations={"cronlock.io/permits": "2"})
+    assert held(free) == 0
+    entry = permits.claimed_permit(free, 1, "report-1-abcde_12345678", Timing.of(60), wall, "")
+    assert held(entry) == 1
+    assert held(permits.released_permit(entry, 1, "report-1-abcde_12345678", wall)) == 0
+    # An entry beyond the lock's N is nobody's permit.
+    lowered = copy.deepcopy(entry)
+    lowered["metadata"]["annotations"]["cronlock.io/permits"] = "1"
+    assert held(lowered) == 0
