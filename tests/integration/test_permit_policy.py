@@ -293,3 +293,39 @@ def _admitted(pod: Pod, namespace: str, change: Change) -> bool:
             return False
         raise
     return True
+
+
+def test_a_lock_of_one_permit_has_no_entry_a_pod_may_write(
+    api: kubernetes.client.ApiClient,
+    namespace: str,
+    controlplane: ControlPlane,
+    tmp_path: Path,
+) -> None:
+    """Without cronlock.io/permits the lock is the spec alone: an entry claimed beside it
+    would be a second holder no older sidecar sees."""
+    guarded_on_shared(api, namespace)
+    run = make_pod(api, controlplane, namespace, f"{RUN_JOB}-abcde", tmp_path)
+    wait_for(lambda: _can_read(run, namespace), 30, "the holder Role for `shared`")
+    wait_for(
+        lambda: _refused_now(api, run, namespace, claim(run, 1, RUN_JOB, tick=False)),
+        30,
+        "the holders' policy to be enforced",
+    )
+    assert "and none on a lock of one permit (the spec); this write changes " in refused(
+        run, namespace, claim(run, 1, RUN_JOB, tick=False)
+    )
+    assert entry(api, namespace, 0).holder == ""
+
+
+def _refused_now(
+    admin: kubernetes.client.ApiClient, pod: Pod, namespace: str, change: Change
+) -> bool:
+    try:
+        pod.write(namespace, change)
+    except kubernetes.client.ApiException as error:
+        return error.status == 403 and "cronlock holder policy:" in str(error.body)
+    # Not enforced yet: what got through is taken back by the cluster admin, tried again.
+    kubernetes.client.CoordinationV1Api(admin).patch_namespaced_lease(
+        LEASE, namespace, {"metadata": {"annotations": {"cronlock.io/permit.1": None}}}
+    )
+    return False
