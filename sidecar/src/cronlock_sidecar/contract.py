@@ -64,6 +64,10 @@ ANNOTATION_SHARE_LOCK_WITH: Final = PREFIX + "share-lock-with"
 ANNOTATION_STORE: Final = PREFIX + "store"
 ANNOTATION_STORE_SECRET: Final = PREFIX + "store-secret"
 STORES: Final = ("lease", "redis", "postgres")
+# How many runs may hold the lock at once, 1..MAX_PERMITS (lock/permits.py): on a CronJob
+# what it asks (every CronJob sharing the lock asks the same), on the lock's document what
+# the lock is (the operator writes it on the Lease).
+ANNOTATION_PERMITS: Final = PREFIX + "permits"
 # Written by the operator, never by users.
 ANNOTATION_ORIGINAL_RESTART_POLICY: Final = PREFIX + "original-restart-policy"
 # Set when `stop: signal` had to turn on shareProcessNamespace: "false" (the user wrote
@@ -128,6 +132,7 @@ USER_SETTINGS: Final = frozenset(
         ANNOTATION_ALERT_AFTER_MISSED,
         ANNOTATION_KEEP_SKIPPED_JOBS,
         ANNOTATION_MAX_HOLD,
+        ANNOTATION_PERMITS,
         ANNOTATION_SHARE_LOCK_WITH,
         ANNOTATION_STORE,
         ANNOTATION_STORE_SECRET,
@@ -312,9 +317,8 @@ ANNOTATION_TICK_PREFIX: Final = PREFIX + "tick."
 # succeeded. Written by the operator (a Lease in a cluster) or `run` (at its release),
 # never by a pod; the holders' policy and the stores' rules refuse any other writer.
 ANNOTATION_SUCCEEDED_PREFIX: Final = PREFIX + "succeeded."
-# Permits (lock/permits.py): the lock's N, on a CronJob (what it asks) and on the lock's
-# document (what the lock is), and permit K ≥ 1's entry; permit 0 is the Lease's spec.
-ANNOTATION_PERMITS: Final = PREFIX + "permits"
+# Permits (lock/permits.py): the lock's N is ANNOTATION_PERMITS (with the user settings);
+# permit K ≥ 1's entry on the lock's document; permit 0 is the Lease's spec.
 ANNOTATION_PERMIT_PREFIX: Final = PREFIX + "permit."
 MAX_PERMITS: Final = 16
 # `run --permits N` (the N it requires of its lock), and the permit a run holds, told to

@@ -238,6 +238,17 @@ def test_store_annotations_are_checked(annotations: dict[str, str], expected: st
     assert str(caught.value).startswith(expected)
 
 
+def test_permits_above_one_in_a_store_are_refused_not_quietly_one_permit() -> None:
+    store = {"cronlock.io/store": "redis", "cronlock.io/store-secret": "locks"}
+    cronjob = gen.cronjob("report", gen.annotated({**store, "cronlock.io/permits": "2"}))
+    with pytest.raises(InvalidConfig) as caught:
+        parse_config(cronjob, STORES_SETTINGS)
+    assert caught.value.annotation == "cronlock.io/permits"
+    assert "needs the lock in the Lease: a lock in redis holds one permit" in str(caught.value)
+    one = gen.cronjob("report", gen.annotated({**store, "cronlock.io/permits": "1"}))
+    assert parse_config(one, STORES_SETTINGS).permits == 1
+
+
 @pytest.mark.parametrize("store", ["redis", "postgres"])
 def test_a_shared_store_without_the_stores_image_is_refused_not_quietly_a_lease(
     store: str,
@@ -485,6 +496,17 @@ def test_max_hold_below_two_renewals_says_the_shortest_it_allows() -> None:
         'cronlock.io/max-hold: "12s" is shorter than 2 renew periods (12.666s with a renew '
         "period of 6.333s); expected at least 12.666s, or 0 for no bound"
     )
+
+
+@pytest.mark.parametrize(
+    ("annotations", "permits"),
+    [({}, 1), ({"cronlock.io/permits": "1"}, 1), ({"cronlock.io/permits": "3"}, 3),
+     ({"cronlock.io/permits": " 16 "}, 16)],
+)  # fmt: skip
+def test_permits_say_how_many_runs_may_hold_the_lock_at_once(
+    annotations: dict[str, str], permits: int
+) -> None:
+    assert config_of(annotations).permits == permits
 
 
 @pytest.mark.parametrize("policy", ["skip", "wait", "replace", "observe"])

@@ -41,6 +41,7 @@ from cronlock_operator.leases.sharing import InvalidPeers, parse_peers
 from cronlock_operator.objects import annotations_of
 from cronlock_sidecar import contract
 from cronlock_sidecar.lock.model import Timing
+from cronlock_sidecar.lock.permits import read_count
 
 Stop = Literal["liveness", "signal"]
 Store = Literal["lease", "redis", "postgres"]
@@ -79,6 +80,8 @@ class LockConfig:
     peers: frozenset[str] = frozenset()
     # The longest a run may hold the lock from its acquire (`cronlock.io/max-hold`); 0: none.
     max_hold_seconds: float = 0.0
+    # How many runs may hold the lock at once (`cronlock.io/permits`): the lock's N.
+    permits: int = 1
 
     @property
     def shared_store(self) -> bool:
@@ -218,6 +221,9 @@ def parse_config(cronjob: Mapping[str, Any], settings: Defaults) -> LockConfig:
     except InvalidPeers as error:
         text = annotations[contract.ANNOTATION_SHARE_LOCK_WITH]
         raise InvalidConfig(contract.ANNOTATION_SHARE_LOCK_WITH, text[:200], str(error)) from None
+    permits = parse_permits(annotations)
+    if permits > 1:
+        _refuse_permits_with(annotations, store, policy)
     kill_grace = kill_grace_seconds(ttl, settings.skew_seconds, ttl_shown)
 
     return LockConfig(
@@ -237,6 +243,7 @@ def parse_config(cronjob: Mapping[str, Any], settings: Defaults) -> LockConfig:
         probe=probe_tolerance(ttl, settings.skew_seconds, kill_grace),
         peers=peers,
         max_hold_seconds=max_hold,
+        permits=permits,
     )
 
 
@@ -389,6 +396,46 @@ def _refuse_shared_processes_with_store(
         "URL and password through /proc/<sidecar pid>/root; remove shareProcessNamespace "
         "from the job template or keep the lock in this cluster's Lease",
     )
+
+
+def parse_permits(annotations: Mapping[str, str]) -> int:
+    """`cronlock.io/permits`: how many runs may hold the lock at once (absent: 1), read by
+    the rule the sidecar reads the lock's N by (`permits.read_count`)."""
+    value = annotations.get(contract.ANNOTATION_PERMITS)
+    if value is None:
+        return 1
+    count = read_count(value)
+    if count is None:
+        raise InvalidConfig(
+            contract.ANNOTATION_PERMITS,
+            value[:64],
+            f"is not a number of permits; expected a whole number from 1 to "
+            f"{contract.MAX_PERMITS} (how many runs may hold the lock at once)",
+        )
+    return count
+
+
+def _refuse_permits_with(annotations: Mapping[str, str], store: str, policy: Policy) -> None:
+    """Permits above 1 the sidecar does not hold yet (docs/DECISIONS.md, "Permits in the
+    sidecar, as built"): in Redis or PostgreSQL, whose rules judge one holder, a lock is
+    one permit; under `replace`, which of N holders to stop is not settled. Refused, not
+    quietly guarded as something else."""
+    text = annotations[contract.ANNOTATION_PERMITS]
+    if store != "lease":
+        raise InvalidConfig(
+            contract.ANNOTATION_PERMITS,
+            text,
+            f"needs the lock in the Lease: a lock in {store} holds one permit (its rules judge "
+            f"one holder); remove {contract.ANNOTATION_PERMITS} or {contract.ANNOTATION_STORE}",
+        )
+    if policy == "replace":
+        raise InvalidConfig(
+            contract.ANNOTATION_PERMITS,
+            text,
+            f'cannot be used with {contract.ANNOTATION_POLICY}: "replace" yet: which of the '
+            "holders a replacing run should stop is not settled; use skip, wait or observe, "
+            f"or remove {contract.ANNOTATION_PERMITS}",
+        )
 
 
 def parse_alert_after(annotations: Mapping[str, str]) -> int:

@@ -5,7 +5,7 @@ The chart's template (charts/cronlock/templates/annotation-policy.yaml) is this 
 output, never edited by hand: `python -m cronlock_operator.lint.admission` writes it, and
 tests/unit/test_annotation_policy.py fails when the checked-in file differs. Every bound,
 name list and pattern below is read from the operator's own rules (cronjob.config,
-cronjob.timing, cronjob.defaults, cronjob.policies, leases.sharing, the contract), and
+cronjob.timing, cronjob.defaults, cronjob.policies, leases.sharing, the contract, lock.permits), and
 tests/integration/test_annotation_policy.py applies a corpus of good and bad values on the
 real API server and compares the policy's verdict with `cronlock lint`'s.
 
@@ -27,6 +27,7 @@ from cronlock_operator.cronjob.podspec import DEFAULT_SERVICE_ACCOUNT
 from cronlock_operator.leases import sharing
 from cronlock_sidecar import contract
 from cronlock_sidecar.lock import durations, maxhold, model
+from cronlock_sidecar.lock import permits as permits_model
 
 TEMPLATE: Final = "charts/cronlock/templates/annotation-policy.yaml"
 # Every message starts so: a user (or a test) tells cronlock's warnings from others'.
@@ -37,6 +38,7 @@ QUOTED: Final = 64
 _DURATION: Final = f"^(0|({durations._PART.pattern})+)$"
 _NAME: Final = f"^({config._LOCK.pattern})$"
 _PEER: Final = f"^({sharing._NAME.pattern})$"
+_COUNT: Final = f"^{permits_model._COUNT.pattern}"
 _MIN_TTL: Final = timing.minimum_ttl_seconds(contract.DEFAULT_SKEW_SECONDS)
 _STOPS: Final = ("liveness", "signal", "auto")
 
@@ -93,7 +95,7 @@ def rules() -> list[Rule]:
     forms = durations.DURATION_FORMS
     denominator = model.RENEW_DEADLINE_DENOMINATOR
     alert, missed = contract.ANNOTATION_ALERT_AFTER, contract.ANNOTATION_ALERT_AFTER_MISSED
-    peers = contract.ANNOTATION_SHARE_LOCK_WITH
+    peers, permits = contract.ANNOTATION_SHARE_LOCK_WITH, contract.ANNOTATION_PERMITS
     return [
         Rule(
             "(any)",
@@ -221,6 +223,29 @@ def rules() -> list[Rule]:
         _number(alert, config.MIN_ALERT_AFTER, config.MAX_ALERT_AFTER, "skips"),
         _number(missed, 0, defaults.MAX_ALERT_AFTER_MISSED, "ticks without a successful run"),
         _one_of(contract.ANNOTATION_KEEP_SKIPPED_JOBS, ("true", "false")),
+        Rule(
+            permits,
+            f"!({_set(permits)}) || ({_text(permits)}.trim().matches(r'{_COUNT}') "
+            f"&& int({_text(permits)}.trim()) <= {contract.MAX_PERMITS})",
+            f'{_quoted(permits)} + "is not a number of permits; expected a whole number from 1 '
+            f'to {contract.MAX_PERMITS} (how many runs may hold the lock at once)"',
+        ),
+        Rule(
+            permits,
+            f"!({_set(permits)}) || !({_text(permits)}.trim().matches(r'{_COUNT}')) || "
+            f'int({_text(permits)}.trim()) == 1 || !({_text(store)} in ["redis", "postgres"])',
+            f'{_quoted(permits)} + "needs the lock in the Lease: a lock in " + {_text(store)} + '
+            f'" holds one permit (its rules judge one holder); remove {permits} or {store}"',
+        ),
+        Rule(
+            permits,
+            f"!({_set(permits)}) || !({_text(permits)}.trim().matches(r'{_COUNT}')) || "
+            f"int({_text(permits)}.trim()) == 1 || "
+            f'variables.notes[?"{policy}"].orValue(variables.defaultPolicy) != "replace"',
+            f'{_quoted(permits)} + "cannot be used with {policy}: \\"replace\\" yet: which '
+            f"of the holders a replacing run should stop is not settled; use skip, wait or "
+            f'observe, or remove {permits}"',
+        ),
         Rule(
             peers,
             f'!({_set(peers)}) || ({_text(peers)}.split(",").size() <= {sharing.MAX_PEERS} '

@@ -219,7 +219,9 @@ class Executor:
             action.cronjob,
             action.config.lock,
         )
-        marks = ownership.store_marks(action.config.store, action.config.store_secret)
+        marks = ownership.store_marks(
+            action.config.store, action.config.store_secret, action.config.permits
+        )
         consent = sharing.consent(action.cached, cronjob, lock, action.users.get)
         seen = action.cached
         if consent.verdict == "create":

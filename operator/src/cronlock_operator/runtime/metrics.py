@@ -122,7 +122,7 @@ not_succeeding = Gauge(
 )
 lease_held = Gauge(
     "cronlock_lease_held",
-    "1 while a lock's Lease has a holder",
+    "1 while a lock's Lease has a holder (of any of its permits, cronlock.io/permits)",
     ["namespace", "lock"],
     registry=registry,
 )
