@@ -19,6 +19,7 @@ from cronlock_sidecar.holding.lease import (
     RenewResult,
 )
 from cronlock_sidecar.holding.policy import acquire, record_overlap
+from cronlock_sidecar.lock.jitter import jitter_of
 from cronlock_sidecar.lock.ticks import Tick, tick_of_job
 from cronlock_sidecar.options import Options
 from cronlock_sidecar.pod.processes import PROC, terminate_then_kill, visible_pids
@@ -119,6 +120,8 @@ class Holder:
         if previous == "run":
             self._serve()
             acquired = self._resume()
+        elif self._jitter():
+            return self._idle()
         else:
             acquired = self._decide()
         if acquired is None:
@@ -156,6 +159,25 @@ class Holder:
             self._release()
             return self._write("unavailable", None)
         return self._write("run", result)
+
+    def _jitter(self) -> bool:
+        """Wait out the run's jitter before deciding, so that no lock is held meanwhile, and
+        serve the endpoints; True when asked to stop (the pod was deleted: nothing was taken,
+        so nothing is released, and the sidecar exits 0)."""
+        if self.options.jitter <= 0:
+            return False
+        tick = self.keeper.tick
+        jitter = jitter_of(
+            self.options.jitter,
+            self.keeper.clock.now(),
+            None if tick is None else (tick.cronjob, tick.at),
+        )
+        log.info("%s", jitter.line())
+        self._serve()
+        if self.stop.wait(jitter.wait):
+            log.info("stopped during the jitter, before the run started: nothing to release")
+            return True
+        return False
 
     def _write(
         self, decision: str, acquired: Acquired | None, *, skip_line: str = ""
