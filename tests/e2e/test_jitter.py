@@ -34,15 +34,15 @@ def ahead(now: float, low: float, high: float) -> tuple[str, int, float]:
     raise AssertionError("no CronJob name's tick lies ahead within the window")
 
 
-@pytest.mark.timeout(90)
+@pytest.mark.timeout(120)
 def test_a_ticks_work_starts_at_the_instant_the_sidecar_names_never_before(
     cluster: Scenario,
 ) -> None:
-    name, minutes, instant = ahead(time.time(), 12, 18)
+    name, minutes, instant = ahead(time.time(), 8, 12)
     cluster.cronjob(name, "sleep 2", jitter="10m")
     job = f"{name}-{minutes}"
     cluster.run(name, job)
-    work = cluster.main_running(job, timeout=60)
+    work = cluster.main_running(job, timeout=40)
     # The tracker's clock is this host's monotonic one; the pod's wall clock is this host's.
     started = work.started + (time.time() - time.monotonic())
     acquired = cluster.lease(name)["spec"]["acquireTime"]
@@ -56,10 +56,11 @@ def test_a_ticks_work_starts_at_the_instant_the_sidecar_names_never_before(
     stated_at = datetime.datetime.fromisoformat(stated + "+00:00").timestamp()
     assert stated_at == pytest.approx(instant, abs=0.001)
     assert float(waited) > 1, "the sidecar started after the instant: nothing was measured"
-    # Neither the lock nor the work before the instant; the work within 2s after it.
+    # Neither the lock nor the work before the instant; the work within 2.5s after it (the
+    # gate polls every 0.1s by then, and the work's container starts: 1.1s measured).
     lock_taken = datetime.datetime.fromisoformat(str(acquired).replace("Z", "+00:00"))
     assert lock_taken.timestamp() >= stated_at - 0.001
-    assert stated_at <= started <= stated_at + 2.0, (started - stated_at, waited)
+    assert stated_at <= started <= stated_at + 2.5, (started - stated_at, waited)
     late = lock_taken.timestamp() - stated_at
     print(
         f"jitter e2e: sidecar waited {waited}s; lock taken {late:.3f}s and work started "
