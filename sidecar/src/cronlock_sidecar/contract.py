@@ -211,6 +211,9 @@ TICK_FILE: Final = "tick.env"
 # Decision "already-ran": the sidecar's skip line, which the gate writes to its
 # termination message (TERMINATION_LOG) for the operator to read from the pod's status.
 SKIP_LINE_FILE: Final = "skip-line"
+# A manual run's jitter (lock/jitter.py), drawn once per pod: "<start> <offset>" (seconds
+# since the epoch, seconds), so that a restarted sidecar waits for the same instant.
+JITTER_FILE: Final = "jitter"
 TERMINATION_LOG: Final = "/dev/termination-log"
 # The gate gives up this long after the longest the sidecar may wait to decide (its
 # jitter and its wait timeout).
