@@ -261,6 +261,8 @@ def test_the_operators_token_can_write_exactly_cronlocks_injection_and_its_rever
         ({"cronlock.io/enabled": "true", "cronlock.io/stop": "liveness"}, 90),
         # A bound: CRONLOCK_MAX_HOLD is one of the injection's own variables.
         ({"cronlock.io/enabled": "true", "cronlock.io/max-hold": "2h"}, 90),
+        # A jitter: CRONLOCK_JITTER in the sidecar and the gate.
+        ({"cronlock.io/enabled": "true", "cronlock.io/jitter": "45s"}, 90),
         # No grace written: the API server defaults it to 30, which the revert restores.
         ({"cronlock.io/enabled": "true", "cronlock.io/ttl": "5m"}, None),
     ):
@@ -297,6 +299,12 @@ def test_the_operators_token_can_write_exactly_cronlocks_injection_and_its_rever
         )
         wanted = SIDECAR_STORES_IMAGE if "cronlock.io/store" in opted_in else SIDECAR_IMAGE
         assert sidecar["image"] == wanted, opted_in
+        jitter = [item for item in sidecar["env"] if item["name"] == "CRONLOCK_JITTER"]
+        assert jitter == (
+            [{"name": "CRONLOCK_JITTER", "value": "45s"}]
+            if "cronlock.io/jitter" in opted_in
+            else []
+        ), opted_in
         assert injected_body["metadata"]["annotations"] == desired["metadata"]["annotations"]
         reverted_now = batch.patch_namespaced_cron_job(
             plain_cronjob,

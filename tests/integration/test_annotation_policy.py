@@ -54,6 +54,10 @@ GOOD: list[dict[str, str]] = [
     {"cronlock.io/max-hold": "168h"},
     {"cronlock.io/max-hold": "0", "cronlock.io/policy": "observe"},
     {"cronlock.io/ttl": "19s", "cronlock.io/renew": "5s", "cronlock.io/max-hold": "10s"},
+    {"cronlock.io/jitter": "0"},
+    {"cronlock.io/jitter": "30s"},
+    {"cronlock.io/jitter": "1.5s"},
+    {"cronlock.io/jitter": "1h"},
     {"cronlock.io/stop": "signal"},
     {"cronlock.io/stop": "auto"},
     {"cronlock.io/alert-after": "1"},
@@ -282,6 +286,42 @@ def test_deny_refuses_the_write_and_admits_a_valid_cronjob(
         controlplane,
         namespace,
         gen.cronjob("report", gen.in_namespace(None), gen.annotated({"cronlock.io/ttl": "60s"})),
+        denied,
+    )
+    assert applied.code == 0, applied.stderr
+    assert applied.said == [], applied.stderr
+
+
+@pytest.mark.timeout(120)
+def test_deny_refuses_a_hostile_jitter_and_admits_a_valid_one(
+    controlplane: ControlPlane, namespace: str, denied: str
+) -> None:
+    """Huge, negative and garbage jitters never reach the operator under Deny; the
+    legitimate write passes on the same set-up."""
+    for value, reason in (
+        ("1000000h", "is out of range; expected a duration from 0 (no jitter) to 1h"),
+        ("61m", "is out of range; expected a duration from 0 (no jitter) to 1h"),
+        ("-30s", "is not a duration"),
+        ("30", "is not a duration"),
+        ("$(sleep 99)", "is not a duration"),
+    ):
+        applied = apply(
+            controlplane,
+            namespace,
+            gen.cronjob(
+                "report", gen.in_namespace(None), gen.annotated({"cronlock.io/jitter": value})
+            ),
+            denied,
+        )
+        assert applied.code != 0, value
+        assert (
+            f'denied request: cronlock: cronlock.io/jitter: "{value}" {reason}' in applied.said[0]
+        ), applied.said
+    assert "report" not in controlplane.kubectl("get", "cronjobs", "-n", namespace, "-o", "name")
+    applied = apply(
+        controlplane,
+        namespace,
+        gen.cronjob("report", gen.in_namespace(None), gen.annotated({"cronlock.io/jitter": "30s"})),
         denied,
     )
     assert applied.code == 0, applied.stderr

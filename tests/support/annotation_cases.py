@@ -85,6 +85,11 @@ BAD: list[tuple[dict[str, str], tuple[gen.Modifier, ...], str, str]] = [
         "cronlock.io/max-hold",
         "which never stops a run",
     ),
+    ({"cronlock.io/jitter": "soon"}, (), "cronlock.io/jitter", "not a duration"),
+    ({"cronlock.io/jitter": "-30s"}, (), "cronlock.io/jitter", "not a duration"),
+    ({"cronlock.io/jitter": "30"}, (), "cronlock.io/jitter", "not a duration"),
+    ({"cronlock.io/jitter": "1h0m0.001s"}, (), "cronlock.io/jitter", "from 0 (no jitter) to 1h"),
+    ({"cronlock.io/jitter": "1000000h"}, (), "cronlock.io/jitter", "from 0 (no jitter) to 1h"),
     ({"cronlock.io/stop": "kill"}, (), "cronlock.io/stop", '"liveness", "signal" or "auto"'),
     (
         {"cronlock.io/stop": "liveness"},

@@ -46,6 +46,11 @@ ANNOTATION_TTL: Final = PREFIX + "ttl"
 ANNOTATION_RENEW: Final = PREFIX + "renew"
 ANNOTATION_POLICY: Final = PREFIX + "policy"
 ANNOTATION_WAIT_TIMEOUT: Final = PREFIX + "wait-timeout"
+# Each run's work starts up to this long after its start: a delay uniform over [0, D),
+# the same for every pod of one tick (lock/jitter.py); absent or "0": none.
+ANNOTATION_JITTER: Final = PREFIX + "jitter"
+# Longest jitter (1h): the gate, and the pod with its node's reservation, wait that long.
+MAX_JITTER_SECONDS: Final = 3600
 ANNOTATION_STOP: Final = PREFIX + "stop"
 ANNOTATION_ALERT_AFTER: Final = PREFIX + "alert-after"
 ANNOTATION_KEEP_SKIPPED_JOBS: Final = PREFIX + "keep-skipped-jobs"
@@ -127,6 +132,7 @@ USER_SETTINGS: Final = frozenset(
         ANNOTATION_RENEW,
         ANNOTATION_POLICY,
         ANNOTATION_WAIT_TIMEOUT,
+        ANNOTATION_JITTER,
         ANNOTATION_STOP,
         ANNOTATION_ALERT_AFTER,
         ANNOTATION_ALERT_AFTER_MISSED,
@@ -214,8 +220,12 @@ TICK_FILE: Final = "tick.env"
 # Decision "already-ran": the sidecar's skip line, which the gate writes to its
 # termination message (TERMINATION_LOG) for the operator to read from the pod's status.
 SKIP_LINE_FILE: Final = "skip-line"
+# A manual run's jitter (lock/jitter.py), drawn once per pod: "<start> <offset>" (seconds
+# since the epoch, seconds), so that a restarted sidecar waits for the same instant.
+JITTER_FILE: Final = "jitter"
 TERMINATION_LOG: Final = "/dev/termination-log"
-# The gate gives up this long after the longest the sidecar may wait to decide.
+# The gate gives up this long after the longest the sidecar may wait to decide (its
+# jitter and its wait timeout).
 GATE_TIMEOUT_AFTER_WAIT_SECONDS: Final = 60
 SIDECAR_PORT: Final = 8484
 HELD_PATH: Final = "/held"
@@ -249,6 +259,7 @@ ENV_TTL: Final = "CRONLOCK_TTL"
 ENV_RENEW: Final = "CRONLOCK_RENEW"
 ENV_POLICY: Final = "CRONLOCK_POLICY"
 ENV_WAIT_TIMEOUT: Final = "CRONLOCK_WAIT_TIMEOUT"
+ENV_JITTER: Final = "CRONLOCK_JITTER"
 ENV_IDENTITY: Final = "CRONLOCK_IDENTITY"
 ENV_SKEW: Final = "CRONLOCK_SKEW"
 ENV_STOP: Final = "CRONLOCK_STOP"

@@ -42,6 +42,7 @@ ENV_TWINS: Mapping[str, str] = {
     "renew": contract.ENV_RENEW,
     "policy": contract.ENV_POLICY,
     "wait_timeout": contract.ENV_WAIT_TIMEOUT,
+    "jitter": contract.ENV_JITTER,
     "identity": contract.ENV_IDENTITY,
     "skew": contract.ENV_SKEW,
     "stop": contract.ENV_STOP,
@@ -124,6 +125,8 @@ class Options(NamedTuple):
     permits: int | None = None
     # hold, run: the longest the run may hold the lock from its acquire; 0: no bound.
     max_hold: float = 0.0
+    # hold and run: the longest delay before the lock is taken (lock/jitter.py); 0: none.
+    jitter: float = 0.0
 
     @property
     def timing(self) -> Timing:
@@ -136,8 +139,9 @@ class Options(NamedTuple):
 
     @property
     def gate_timeout(self) -> float:
-        """The gate gives up a minute after the longest the sidecar may wait to decide."""
-        return self.wait_timeout + contract.GATE_TIMEOUT_AFTER_WAIT_SECONDS
+        """The gate gives up a minute after the longest the sidecar may wait to decide: its
+        jitter, then its wait for the lock."""
+        return self.jitter + self.wait_timeout + contract.GATE_TIMEOUT_AFTER_WAIT_SECONDS
 
 
 class _Parser(argparse.ArgumentParser):
@@ -199,6 +203,12 @@ def _parser() -> _Parser:
             "--wait-timeout",
             metavar="D",
             help="with --policy wait (default 0s) or replace (default ttl + skew)",
+        )
+        sub.add_argument(
+            "--jitter",
+            metavar="D",
+            help="start the run up to D (at most 1h) later, uniformly: per tick the same "
+            "instant, else at random (CRONLOCK_JITTER)",
         )
         sub.add_argument("--log-format", metavar="plain|json", help="(CRONLOCK_LOG_FORMAT)")
         sub.add_argument("--log-level", metavar="LEVEL", help="debug|info|warning|error")
@@ -365,6 +375,7 @@ def parse_options(argv: Sequence[str], env: Mapping[str, str]) -> Options:
             f"{values.get('wait_timeout')[1]}: only meaningful with --policy wait or replace "
             "(drop it, or set one of those)"
         )
+    jitter = _jitter(values)
     kill_grace = values.duration("kill_grace", timing.default_kill_grace_ms() / 1000)
     max_hold = values.duration("max_hold", 0.0) if command != "gate" else 0.0
     problem = max_hold_problem(max_hold, timing, policy)
@@ -453,6 +464,7 @@ def parse_options(argv: Sequence[str], env: Mapping[str, str]) -> Options:
         cluster=cluster,
         termination_log=termination_log,
         max_hold=max_hold,
+        jitter=jitter,
         schedule=tick.schedule,
         time_zone=tick.time_zone,
         tick_window=tick.tick_window,
@@ -623,6 +635,17 @@ def _tick_identity(values: _Values, job_name: str) -> tuple[str, str, str]:
             f"{contract.ENV_JOB_UID} from the label {contract.JOB_UID_LABEL})"
         )
     return cronjob or "", job_uid or "", cluster or ""
+
+
+def _jitter(values: _Values) -> float:
+    """--jitter, from 0 (none) to contract.MAX_JITTER_SECONDS."""
+    jitter = values.duration("jitter", 0.0)
+    if jitter > contract.MAX_JITTER_SECONDS:
+        raise ConfigError(
+            f"{values.get('jitter')[1]}: {format_duration(jitter)} is out of range; expected "
+            f"0 (no jitter) to {format_duration(contract.MAX_JITTER_SECONDS)}"
+        )
+    return jitter
 
 
 def _store(values: _Values) -> StoreUrl | None:

@@ -82,6 +82,8 @@ class LockConfig:
     max_hold_seconds: float = 0.0
     # How many runs may hold the lock at once (`cronlock.io/permits`): the lock's N.
     permits: int = 1
+    # The longest delay before a run takes its lock (`cronlock.io/jitter`); 0: none.
+    jitter_seconds: float = 0.0
 
     @property
     def shared_store(self) -> bool:
@@ -208,6 +210,7 @@ def parse_config(cronjob: Mapping[str, Any], settings: Defaults) -> LockConfig:
         annotations, policy, Timing.of(ttl, renew, settings.skew_seconds)
     )
     max_hold = parse_max_hold(annotations, policy, Timing.of(ttl, renew, settings.skew_seconds))
+    jitter = parse_jitter(annotations)
     stop = _parse_stop(annotations, cronjob)
     if stop == "signal" and store != "lease":
         _refuse_signal_with_store(annotations, cronjob, store)
@@ -244,7 +247,26 @@ def parse_config(cronjob: Mapping[str, Any], settings: Defaults) -> LockConfig:
         peers=peers,
         max_hold_seconds=max_hold,
         permits=permits,
+        jitter_seconds=jitter,
     )
+
+
+def parse_jitter(annotations: Mapping[str, str]) -> float:
+    """`cronlock.io/jitter`: seconds, to the millisecond, from 0 (none, the default) to
+    contract.MAX_JITTER_SECONDS. Longer would hold a pod, and its node's reservation for
+    the job's requests, idle for more than an hour, and the gate waits for it."""
+    text = annotations.get(contract.ANNOTATION_JITTER)
+    if text is None:
+        return 0.0
+    seconds = duration_annotation(contract.ANNOTATION_JITTER, text)
+    if seconds > contract.MAX_JITTER_SECONDS:
+        raise InvalidConfig(
+            contract.ANNOTATION_JITTER,
+            text,
+            "is out of range; expected a duration from 0 (no jitter) to 1h, the longest a "
+            "run's pod may wait before it takes its lock",
+        )
+    return round(seconds, 3)
 
 
 def _refuse_unknown(annotations: Mapping[str, str]) -> None:

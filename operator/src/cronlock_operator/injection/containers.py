@@ -81,6 +81,7 @@ def sidecar_container(
         if config.max_hold_seconds > 0
         else []
     )
+    jitter_env = _jitter_env(config)
     store_env, store_mounts = [], []
     image = settings.sidecar_image
     if config.shared_store:
@@ -124,6 +125,7 @@ def sidecar_container(
             _field_env(contract.ENV_JOB_NAME, f"metadata.labels['{contract.JOB_NAME_LABEL}']"),
             *tick_env,
             *store_env,
+            *jitter_env,
         ],
         "resources": settings.sidecar_resources.as_spec(),
         "securityContext": security_context(uid, settings.sidecar_run_as_group),
@@ -156,6 +158,8 @@ def gate_container(config: LockConfig, settings: OperatorSettings) -> dict[str, 
         "env": [
             _env(contract.ENV_RUN_DIR, contract.RUN_DIR),
             _env(contract.ENV_WAIT_TIMEOUT, format_duration(config.wait_timeout_seconds)),
+            # The gate waits for the sidecar's decision, which comes after the jitter.
+            *_jitter_env(config),
         ],
         "resources": settings.sidecar_resources.as_spec(),
         "securityContext": security_context(
@@ -163,6 +167,16 @@ def gate_container(config: LockConfig, settings: OperatorSettings) -> dict[str, 
         ),
         "volumeMounts": [{"name": contract.VOLUME_NAME, "mountPath": contract.RUN_DIR}],
     }
+
+
+def _jitter_env(config: LockConfig) -> list[dict[str, Any]]:
+    """CRONLOCK_JITTER where the CronJob asks for one, in whole milliseconds where it is
+    not whole seconds (`format_duration` would print 6 significant digits)."""
+    seconds = config.jitter_seconds
+    if seconds <= 0:
+        return []
+    text = format_duration(seconds) if seconds.is_integer() else f"{round(seconds * 1000)}ms"
+    return [_env(contract.ENV_JITTER, text)]
 
 
 def held_probe(config: LockConfig) -> dict[str, Any]:

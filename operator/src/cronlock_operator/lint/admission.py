@@ -90,6 +90,7 @@ def rules() -> list[Rule]:
     """The validations, in the order the operator checks the annotations."""
     ttl, renew = contract.ANNOTATION_TTL, contract.ANNOTATION_RENEW
     wait, policy = contract.ANNOTATION_WAIT_TIMEOUT, contract.ANNOTATION_POLICY
+    jitter = contract.ANNOTATION_JITTER
     store, secret = contract.ANNOTATION_STORE, contract.ANNOTATION_STORE_SECRET
     known = _cel_list(sorted(contract.USER_SETTINGS | contract.OPERATOR_OWNED))
     forms = durations.DURATION_FORMS
@@ -202,6 +203,18 @@ def rules() -> list[Rule]:
             f'with another policy a run never waits for the lock"',
         ),
         *_max_hold_rules(),
+        Rule(
+            jitter,
+            f"!({_set(jitter)}) || {_duration_ok(jitter)}",
+            f'{_quoted(jitter)} + "is not a duration; expected {forms}"',
+        ),
+        Rule(
+            jitter,
+            f"!({_set(jitter)}) || !({_duration_ok(jitter)}) || "
+            f'{_duration(jitter)} <= duration("{contract.MAX_JITTER_SECONDS}s")',
+            f'{_quoted(jitter)} + "is out of range; expected a duration from 0 (no jitter) to '
+            f"1h, the longest a run's pod may wait before it takes its lock\"",
+        ),
         _one_of(contract.ANNOTATION_STOP, _STOPS),
         Rule(
             contract.ANNOTATION_STOP,

@@ -27,7 +27,10 @@ Severity = Literal["error", "warning", "info"]
 # The Event reason the reconciler posts for a config it refuses; any other it posts warns.
 REFUSED: Final = "InvalidConfig"
 # The annotation a warning is about, for its line.
-WARNING_ANNOTATIONS: Final = {"TTLLongerThanSchedule": contract.ANNOTATION_TTL}
+WARNING_ANNOTATIONS: Final = {
+    "TTLLongerThanSchedule": contract.ANNOTATION_TTL,
+    "JitterNotShorterThanSchedule": contract.ANNOTATION_JITTER,
+}
 
 
 @dataclass(frozen=True)

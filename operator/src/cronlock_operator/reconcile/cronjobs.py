@@ -17,7 +17,10 @@ from typing import Any
 from cronlock_operator.cronjob.config import InvalidConfig, LockConfig, declined_message
 from cronlock_operator.cronjob.podspec import service_account_of
 from cronlock_operator.cronjob.reading import Readings, read_config
-from cronlock_operator.cronjob.schedule import ttl_longer_than_gap_warning
+from cronlock_operator.cronjob.schedule import (
+    jitter_not_shorter_than_gap_warning,
+    ttl_longer_than_gap_warning,
+)
 from cronlock_operator.injection.build import desired_cronjob, is_injected
 from cronlock_operator.injection.containers import injected_by
 from cronlock_operator.injection.patching import (
@@ -45,6 +48,8 @@ logger = logging.getLogger(__name__)
 LEFT_AS_IT_WAS = "; the CronJob is left as it was"
 # Enrolled by its namespace's label alone, which does not guard it (config.declined_because).
 DECLINED_REASON = "NotGuarded"
+# cronlock.io/jitter not shorter than the schedule's shortest gap (cronjob/schedule.py).
+JITTER_REASON = "JitterNotShorterThanSchedule"
 
 
 @dataclass(frozen=True)
@@ -177,6 +182,10 @@ def decide(
         if warning:
             after.extend(once(body, "TTLLongerThanSchedule", warning, posted))
             updates["TTLLongerThanSchedule"] = warning
+        jitter = jitter_not_shorter_than_gap_warning(config, body["spec"].get("schedule", ""))
+        if jitter:
+            after.extend(once(body, JITTER_REASON, jitter, posted))
+        updates[JITTER_REASON] = jitter
 
     skew = version_skew_warning(body)
     if skew:

@@ -44,6 +44,7 @@ OWN_ENV = frozenset(
     {
         contract.ENV_RUN_DIR,
         contract.ENV_WAIT_TIMEOUT,
+        contract.ENV_JITTER,
         contract.ENV_LOG_FORMAT,
         contract.ENV_LOG_LEVEL,
         contract.ENV_TERMINATION_LOG,
@@ -99,16 +100,21 @@ def from_environment(env: Mapping[str, str]) -> GateSettings | None:
     log_level = env.get(contract.ENV_LOG_LEVEL) or "info"
     if log_format not in contract.LOG_FORMATS or log_level not in contract.LOG_LEVELS:
         return None
-    wait_timeout = 0.0
-    text = env.get(contract.ENV_WAIT_TIMEOUT) or ""
-    if text:
-        try:
-            wait_timeout = parse_duration(text)
-        except DurationError:
-            return None
+    # The sidecar decides after its jitter and its wait for the lock (options.gate_timeout).
+    waits = 0.0
+    for name in (contract.ENV_WAIT_TIMEOUT, contract.ENV_JITTER):
+        text = env.get(name) or ""
+        if text:
+            try:
+                seconds = parse_duration(text)
+            except DurationError:
+                return None
+            if name == contract.ENV_JITTER and seconds > contract.MAX_JITTER_SECONDS:
+                return None
+            waits += seconds
     return GateSettings(
         run_dir=env.get(contract.ENV_RUN_DIR) or contract.RUN_DIR,
-        timeout=wait_timeout + contract.GATE_TIMEOUT_AFTER_WAIT_SECONDS,
+        timeout=waits + contract.GATE_TIMEOUT_AFTER_WAIT_SECONDS,
         log_format=log_format,
         log_level=log_level,
         termination_log=env.get(contract.ENV_TERMINATION_LOG) or contract.TERMINATION_LOG,

@@ -6,10 +6,11 @@ import logging
 import stat
 import threading
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Protocol
 
-from cronlock_sidecar.contract import EXIT_CONFIG, EXIT_OK, SUCCESS_FILE
+from cronlock_sidecar.contract import EXIT_CONFIG, EXIT_OK, JITTER_FILE, SUCCESS_FILE
 from cronlock_sidecar.holding.heartbeat import Heartbeat
 from cronlock_sidecar.holding.lease import (
     Acquired,
@@ -19,12 +20,18 @@ from cronlock_sidecar.holding.lease import (
     RenewResult,
 )
 from cronlock_sidecar.holding.policy import acquire, record_overlap
+from cronlock_sidecar.lock.jitter import Jitter, jitter_of
 from cronlock_sidecar.lock.maxhold import exceeded_line
 from cronlock_sidecar.lock.ticks import Tick, tick_of_job
 from cronlock_sidecar.microtime import read_time
 from cronlock_sidecar.options import Options
 from cronlock_sidecar.pod.processes import PROC, terminate_then_kill, visible_pids
-from cronlock_sidecar.pod.rundir import read_decision, tick_env, write_decision
+from cronlock_sidecar.pod.rundir import (
+    read_decision,
+    tick_env,
+    write_atomically,
+    write_decision,
+)
 from cronlock_sidecar.pod.state import SidecarState
 from cronlock_sidecar.pod.watchdog import REAP_TIMEOUT, start_for_pod
 from cronlock_sidecar.transport.seam import ApiError, LeaseTransport
@@ -128,6 +135,8 @@ class Holder:
             acquired = self._resume()
             if acquired is not None:
                 self._held_since = self._acquired_at(acquired)
+        elif self._jitter():
+            return self._idle()
         else:
             acquired = self._decide()
             self._held_since = self.keeper.clock.monotonic()
@@ -166,6 +175,51 @@ class Holder:
             self._release()
             return self._write("unavailable", None)
         return self._write("run", result)
+
+    def _jitter(self) -> bool:
+        """Wait out the run's jitter before deciding, so that no lock is held meanwhile, and
+        serve the endpoints; True when asked to stop (the pod was deleted: nothing was taken,
+        so nothing is released, and the sidecar exits 0)."""
+        if self.options.jitter <= 0:
+            return False
+        tick = self.keeper.tick
+        now = self.keeper.clock.now()
+        jitter = (
+            self._manual_jitter(now)
+            if tick is None
+            else jitter_of(self.options.jitter, now, (tick.cronjob, tick.at))
+        )
+        log.info("%s", jitter.line())
+        self._serve()
+        if self.stop.wait(jitter.wait):
+            log.info("stopped during the jitter, before the run started: nothing to release")
+            return True
+        return False
+
+    def _manual_jitter(self, now: datetime) -> Jitter:
+        """A manual run's random offset, drawn once per pod: a restarted sidecar (the run
+        dir outlives it) waits for the instant drawn first, not for a new one, so that the
+        gate, which counts from its own start, is not outwaited."""
+        bound = self.options.jitter
+        path = self.run_dir / JITTER_FILE
+        try:
+            start_text, offset_text = path.read_text(encoding="utf-8").split()
+            start = datetime.fromtimestamp(float(start_text), UTC)
+            offset = float(offset_text)
+        except FileNotFoundError:
+            pass
+        except (OSError, ValueError) as error:
+            log.warning("cannot read the jitter drawn before in %s: %s; drawing again", path, error)
+        else:
+            if 0 <= offset < bound:
+                left = (start + timedelta(seconds=offset) - now).total_seconds()
+                return Jitter(start, offset, max(0.0, left), bound)
+        jitter = jitter_of(bound, now, None)
+        try:
+            write_atomically(path, f"{now.timestamp()!r} {jitter.offset!r}\n")
+        except OSError as error:
+            log.warning("cannot keep the jitter in %s: %s", path, error)
+        return jitter
 
     def _write(
         self, decision: str, acquired: Acquired | None, *, skip_line: str = ""

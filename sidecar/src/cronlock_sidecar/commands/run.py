@@ -31,6 +31,7 @@ from cronlock_sidecar.holding.lease import (
 )
 from cronlock_sidecar.holding.policy import acquire, record_overlap
 from cronlock_sidecar.lock import ticks
+from cronlock_sidecar.lock.jitter import jitter_of
 from cronlock_sidecar.lock.maxhold import exceeded_line
 from cronlock_sidecar.options import Options
 from cronlock_sidecar.pod import watchdog
@@ -121,6 +122,17 @@ class Runner:
 
     def _execute(self) -> int:
         options = self.options
+        if options.jitter > 0:
+            tick = self.tick
+            jitter = jitter_of(
+                options.jitter,
+                self.keeper.clock.now(),
+                None if tick is None else (tick.cronjob, tick.at),
+            )
+            log.info("%s", jitter.line())
+            # Before the lock is taken: no lock is held meanwhile, and a signal ends the wait.
+            if self.stop.wait(jitter.wait):
+                return 128 + self.signals[0] if self.signals else EXIT_SKIPPED
         try:
             result = acquire(
                 self.keeper,
