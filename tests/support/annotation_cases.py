@@ -42,7 +42,20 @@ BAD: list[tuple[dict[str, str], tuple[gen.Modifier, ...], str, str]] = [
     ({"cronlock.io/renew": "0"}, (), "cronlock.io/renew", "at least 1s"),
     ({"cronlock.io/policy": "Skip"}, (), "cronlock.io/policy", 'did you mean "skip"?'),
     ({"cronlock.io/policy": "replce"}, (), "cronlock.io/policy", 'did you mean "replace"?'),
-    ({"cronlock.io/policy": "queue"}, (), "cronlock.io/policy", '"wait", "replace", "observe"'),
+    ({"cronlock.io/policy": "fifo"}, (), "cronlock.io/policy", '"replace", "observe", "queue"'),
+    ({"cronlock.io/queue-timeout": "10s"}, (), "cronlock.io/queue-timeout", "only applies with"),
+    (
+        {"cronlock.io/policy": "queue", "cronlock.io/queue-timeout": "0s"},
+        (),
+        "cronlock.io/queue-timeout",
+        "out of range",
+    ),
+    (
+        {"cronlock.io/policy": "queue", "cronlock.io/wait-timeout": "10s"},
+        (),
+        "cronlock.io/wait-timeout",
+        "does not apply",
+    ),
     ({"cronlock.io/wait-timeout": "10s"}, (), "cronlock.io/wait-timeout", "only applies with"),
     (
         {"cronlock.io/policy": "observe", "cronlock.io/wait-timeout": "10s"},

@@ -46,6 +46,9 @@ ANNOTATION_TTL: Final = PREFIX + "ttl"
 ANNOTATION_RENEW: Final = PREFIX + "renew"
 ANNOTATION_POLICY: Final = PREFIX + "policy"
 ANNOTATION_WAIT_TIMEOUT: Final = PREFIX + "wait-timeout"
+# Under `policy: queue`: how long a tick's Job may stay queued (suspended) before the
+# operator deletes it (`QueueTimedOut`); the released pod waits for the lock as long.
+ANNOTATION_QUEUE_TIMEOUT: Final = PREFIX + "queue-timeout"
 ANNOTATION_STOP: Final = PREFIX + "stop"
 ANNOTATION_ALERT_AFTER: Final = PREFIX + "alert-after"
 ANNOTATION_KEEP_SKIPPED_JOBS: Final = PREFIX + "keep-skipped-jobs"
@@ -119,6 +122,7 @@ USER_SETTINGS: Final = frozenset(
         ANNOTATION_TTL,
         ANNOTATION_RENEW,
         ANNOTATION_POLICY,
+        ANNOTATION_QUEUE_TIMEOUT,
         ANNOTATION_WAIT_TIMEOUT,
         ANNOTATION_STOP,
         ANNOTATION_ALERT_AFTER,
@@ -318,5 +322,15 @@ DEFAULT_SKEW_SECONDS: Final = 2
 DEFAULT_ALERT_AFTER: Final = 3
 DEFAULT_ALERT_AFTER_MISSED: Final = 3
 # What a run does when it finds the lock held: skip it, wait for it, replace its holder,
-# or (observe) run anyway and record the overlap.
-POLICIES: Final = ("skip", "wait", "replace", "observe")
+# (observe) run anyway and record the overlap, or (queue) wait as a suspended Job, with
+# no pod, until the operator lets it go (docs/USAGE.md, "Queue instead of skip").
+POLICIES: Final = ("skip", "wait", "replace", "observe", "queue")
+# What the operator's --default-policy may be: not queue, which suspends a CronJob's Jobs
+# (a choice its author makes, with its queue-timeout, never a cluster-wide default).
+DEFAULT_POLICIES: Final = ("skip", "wait", "replace", "observe")
+# Policies whose run, finding the lock held, waits for it in its pod (up to its timeout).
+WAITING_POLICIES: Final = ("wait", "replace", "queue")
+# The operator's Events about queued Jobs (policy: queue).
+EVENT_QUEUE_COLLAPSED: Final = "Collapsed"
+EVENT_QUEUE_TIMED_OUT: Final = "QueueTimedOut"
+EVENT_QUEUE_RELEASED: Final = "Dequeued"

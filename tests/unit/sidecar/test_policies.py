@@ -252,7 +252,7 @@ def test_replace_waits_ttl_plus_skew_plus_renew_by_default_and_observe_takes_no_
     assert (
         parse_options([*base, "--policy", "replace", "--wait-timeout", "5s"], {}).wait_timeout == 5
     )
-    with pytest.raises(ConfigError, match="only meaningful with --policy wait or replace"):
+    with pytest.raises(ConfigError, match="only meaningful with --policy wait, replace or queue"):
         parse_options([*base, "--policy", "observe", "--wait-timeout", "5s"], {})
     with pytest.raises(ConfigError, match="replce"):
         parse_options([*base, "--policy", "replce"], {})

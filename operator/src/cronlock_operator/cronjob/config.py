@@ -21,7 +21,12 @@ from cronlock_operator.cronjob.podspec import (
     pod_spec_of,
     service_account_of,
 )
-from cronlock_operator.cronjob.policies import Policy, parse_policy, parse_wait_timeout
+from cronlock_operator.cronjob.policies import (
+    Policy,
+    parse_policy,
+    parse_queue_timeout,
+    parse_wait_timeout,
+)
 from cronlock_operator.cronjob.timing import (
     STRICT_PROBE,
     ProbeTolerance,
@@ -36,6 +41,7 @@ from cronlock_operator.leases.sharing import InvalidPeers, parse_peers
 from cronlock_operator.objects import annotations_of
 from cronlock_sidecar import contract
 from cronlock_sidecar.lock.model import Timing
+from cronlock_sidecar.lock.schedule import min_gap_seconds
 
 Stop = Literal["liveness", "signal"]
 Store = Literal["lease", "redis", "postgres"]
@@ -72,6 +78,8 @@ class LockConfig:
     store_secret: str | None = None
     # The CronJobs of its namespace it lets use its lock (`cronlock.io/share-lock-with`).
     peers: frozenset[str] = frozenset()
+    # policy: queue: how long a Job may stay queued, then its pod wait (0 otherwise).
+    queue_timeout_seconds: float = 0.0
 
     @property
     def shared_store(self) -> bool:
@@ -197,6 +205,20 @@ def parse_config(cronjob: Mapping[str, Any], settings: Defaults) -> LockConfig:
     wait_timeout = parse_wait_timeout(
         annotations, policy, Timing.of(ttl, renew, settings.skew_seconds)
     )
+    schedule = (cronjob.get("spec") or {}).get("schedule")
+    queue_timeout = parse_queue_timeout(
+        annotations, policy, min_gap_seconds(schedule) if isinstance(schedule, str) else None
+    )
+    if policy == "queue":
+        if store != "lease":
+            raise InvalidConfig(
+                contract.ANNOTATION_POLICY,
+                "queue",
+                f"needs the lock in a Lease ({contract.ANNOTATION_STORE}: lease): the operator "
+                f"lets a queued Job go when it sees the Lease released, and a lock in {store} "
+                "is out of its sight; use policy wait with a store",
+            )
+        wait_timeout = queue_timeout  # a let-go run that finds the lock taken waits as long
     stop = _parse_stop(annotations, cronjob)
     if stop == "signal" and store != "lease":
         _refuse_signal_with_store(annotations, cronjob, store)
@@ -228,6 +250,7 @@ def parse_config(cronjob: Mapping[str, Any], settings: Defaults) -> LockConfig:
         store_secret=store_secret,
         probe=probe_tolerance(ttl, settings.skew_seconds, kill_grace),
         peers=peers,
+        queue_timeout_seconds=queue_timeout,
     )
 
 
