@@ -255,7 +255,8 @@ validations:
       (object.spec.jobTemplate.spec.?suspend.orValue(false) == true &&
       !oldObject.spec.jobTemplate.spec.?suspend.hasValue() && variables.newQueued) ||
       (!object.spec.jobTemplate.spec.?suspend.hasValue() &&
-      oldObject.spec.jobTemplate.spec.?suspend.orValue(false) == true && variables.oldQueued)) &&
+      oldObject.spec.jobTemplate.spec.?suspend.orValue(false) == true && variables.oldQueued &&
+      !variables.newQueued)) &&
       object.spec.jobTemplate.spec.?podFailurePolicy.?rules.orValue([]).filter(r, !(r.action == "FailJob" &&
       r.?onExitCodes.?containerName.orValue("") == "cronlock-gate" &&
       r.?onExitCodes.?operator.orValue("") == "In" && r.?onExitCodes.?values.orValue([]) == [75])) ==

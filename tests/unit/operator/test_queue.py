@@ -287,3 +287,28 @@ def test_queue_with_a_store_is_refused_the_operator_cannot_see_its_releases() ->
     notes = {"cronlock.io/store": "redis", "cronlock.io/store-secret": "lock-url"}
     with pytest.raises(InvalidConfig, match="needs the lock in a Lease"):
         parse_config(queue_cronjob(**notes), settings)
+
+
+def test_only_the_job_let_go_last_can_be_in_flight() -> None:
+    # report-1 held and released, its pod still ending; report-2, let go after it, held
+    # and released too: report-3 goes, report-1 (no longer the last holder) holds nothing.
+    earlier = NOW - timedelta(seconds=30)
+    first = job("report-manual-1", created=earlier, suspended=False, started=earlier)
+    second = job(
+        "report-manual-2",
+        created=earlier,
+        suspended=False,
+        started=NOW - timedelta(seconds=10),
+    )
+    third = job("report-manual-3", created=earlier + timedelta(seconds=1))
+    released = make_lease(
+        lock="report",
+        namespace="team-a",
+        annotations={
+            contract.ANNOTATION_LAST_HOLDER: "report-manual-2-x7k2p_0123abcd",
+            contract.ANNOTATION_RELEASED_AT: format_microtime(NOW - timedelta(seconds=1)),
+        },
+    )
+    assert resumed(decide(released, first, second, third)) == ["report-manual-3"]
+    # While report-2 has not held yet, it blocks report-3.
+    assert resumed(decide(FREE, first, second, third)) == []

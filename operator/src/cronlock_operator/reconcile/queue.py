@@ -16,10 +16,11 @@ no pod for it). This decides, from the lock's Lease as just read and its Jobs as
   run's creation time stands for it), then its creation, then its name. One at a time,
   so the order holds among queued runs.
 
-A Job let go is in flight from its start (`status.startTime`, which the Job controller
-sets when it is resumed) until its pod is seen holding the lock (the Lease's
+The Job let go last is in flight from its start (`status.startTime`, which the Job
+controller sets when it is resumed) until its pod is seen holding the lock (the Lease's
 `holder-job`, or its `last-holder` after the Job started), the Job finishes, or
 `START_BOUND_SECONDS` pass (a pod that never starts must not block the queue for ever).
+Earlier ones were judged so before it was let go.
 Nothing is remembered between decisions: an operator restart loses no queue state.
 """
 
@@ -200,9 +201,11 @@ def decide(
             "tick (policy: queue keeps one queued tick per CronJob): deleted before any pod "
             "of it ran",
         )
-    flying = [(job, left) for job in ours if (left := in_flight(job, record, now)) is not None]
-    waits += [left for _, left in flying]
-    if remaining and not flying and permit_free(record, now):
+    latest = _latest_let_go(ours)
+    starting = None if latest is None else in_flight(latest, record, now)
+    if starting is not None:
+        waits.append(starting)
+    if remaining and starting is None and permit_free(record, now):
         job = remaining[0]
         cronjob = owner_cronjob(job) or ""
         actions.append(ResumeJob(_namespace(job), _name(job)))
@@ -218,6 +221,22 @@ def decide(
             )
         waits.append(START_BOUND_SECONDS)
     return QueueDecision(actions, min(waits) if waits else None)
+
+
+def _latest_let_go(jobs: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
+    """The Job let go last (resumed and not finished; one not started yet is the latest).
+    Only it can be in flight: each earlier one was judged no longer starting before the
+    next was let go, and may still be running after it released (its pod ending)."""
+    let_go = [job for job in jobs if not suspended(job) and not finished(job)]
+    never = datetime.max.replace(tzinfo=UTC)
+    return max(
+        let_go,
+        key=lambda job: (
+            read_time((job.get("status") or {}).get("startTime")) or never,
+            created(job) or never,
+        ),
+        default=None,
+    )
 
 
 def _drop(
