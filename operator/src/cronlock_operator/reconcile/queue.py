@@ -53,9 +53,15 @@ _POD_SUFFIX: Final = 5
 
 @dataclass(frozen=True)
 class QueueDecision:
-    actions: list[Action] = field(default_factory=list)
+    # Each step is run on its own: a Job that changed since it was judged (its delete or
+    # resume refused) stops its own step, never another Job's.
+    steps: list[list[Action]] = field(default_factory=list)
     # Seconds until a queued Job times out or a Job let go stops counting as starting.
     requeue_after: float | None = None
+
+    @property
+    def actions(self) -> list[Action]:
+        return [action for step in self.steps for action in step]
 
 
 def owner_cronjob(job: Mapping[str, Any]) -> str | None:
@@ -158,7 +164,7 @@ def decide(
     timeouts (a Job of any other CronJob is not queued here); `cronjobs` those CronJobs'
     bodies, which the Events are about."""
     ours = [job for job in jobs if owner_cronjob(job) in timeouts]
-    actions: list[Action] = []
+    steps: list[list[Action]] = []
     waits: list[float] = []
     queued: list[Mapping[str, Any]] = []
     for job in sorted((job for job in ours if suspended(job) and not finished(job)), key=order_key):
@@ -167,17 +173,21 @@ def decide(
         age = 0.0 if made is None else (now - made).total_seconds()
         timeout = timeouts[cronjob]
         if age >= timeout:
-            actions += _drop(
-                job,
-                cronjobs.get(cronjob),
-                contract.EVENT_QUEUE_TIMED_OUT,
-                f"job {_name(job)} was queued {format_duration(round(age))}, longer than its "
-                f"{contract.ANNOTATION_QUEUE_TIMEOUT} {format_duration(timeout)}: deleted, so "
-                f"this run is skipped (the lock {record.lock or record.name} stayed taken; "
-                "see `cronlock status`)",
-                warning=True,
+            steps.append(
+                _drop(
+                    job,
+                    *_event(
+                        cronjobs.get(cronjob),
+                        contract.EVENT_QUEUE_TIMED_OUT,
+                        f"job {_name(job)} was queued {format_duration(round(age))}, "
+                        f"longer than its {contract.ANNOTATION_QUEUE_TIMEOUT} "
+                        f"{format_duration(timeout)}: deleted, so this run is skipped (the "
+                        f"lock {record.lock or record.name} stayed taken; see `cronlock status`)",
+                        warning=True,
+                    ),
+                    CountRun("skipped"),
+                )
             )
-            actions.append(CountRun("skipped"))
             continue
         waits.append(timeout - age)
         queued.append(job)
@@ -193,13 +203,17 @@ def decide(
             kept[cronjob] = job
             remaining.append(job)
             continue
-        actions += _drop(
-            job,
-            cronjobs.get(cronjob),
-            contract.EVENT_QUEUE_COLLAPSED,
-            f"job {_name(job)} collapsed into the queued job {_name(older)} of an earlier "
-            "tick (policy: queue keeps one queued tick per CronJob): deleted before any pod "
-            "of it ran",
+        steps.append(
+            _drop(
+                job,
+                *_event(
+                    cronjobs.get(cronjob),
+                    contract.EVENT_QUEUE_COLLAPSED,
+                    f"job {_name(job)} collapsed into the queued job {_name(older)} of an "
+                    "earlier tick (policy: queue keeps one queued tick per CronJob): deleted "
+                    "before any pod of it ran",
+                ),
+            )
         )
     latest = _latest_let_go(ours)
     starting = None if latest is None else in_flight(latest, record, now)
@@ -208,19 +222,19 @@ def decide(
     if remaining and starting is None and permit_free(record, now):
         job = remaining[0]
         cronjob = owner_cronjob(job) or ""
-        actions.append(ResumeJob(_namespace(job), _name(job)))
-        involved = cronjobs.get(cronjob)
-        if involved is not None:
-            actions.append(
-                PostEvent(
-                    involved,
+        steps.append(
+            [
+                ResumeJob(_namespace(job), _name(job)),
+                *_event(
+                    cronjobs.get(cronjob),
                     contract.EVENT_QUEUE_RELEASED,
                     f"job {_name(job)} let go: the lock {record.lock or record.name} is free "
                     f"and it was the oldest of {len(remaining)} queued",
-                )
-            )
+                ),
+            ]
+        )
         waits.append(START_BOUND_SECONDS)
-    return QueueDecision(actions, min(waits) if waits else None)
+    return QueueDecision(steps, min(waits) if waits else None)
 
 
 def _latest_let_go(jobs: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
@@ -239,21 +253,17 @@ def _latest_let_go(jobs: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | Non
     )
 
 
-def _drop(
-    job: Mapping[str, Any],
-    cronjob: Mapping[str, Any] | None,
-    reason: str,
-    message: str,
-    warning: bool = False,
-) -> list[Action]:
-    # Only the version judged: a Job let go meanwhile is no longer queued, and stays.
+def _drop(job: Mapping[str, Any], *then: Action) -> list[Action]:
+    """Delete a queued Job, only as the version judged (one let go meanwhile is no longer
+    queued, and stays), then tell why and count it."""
     version = (job.get("metadata") or {}).get("resourceVersion")
-    dropped: list[Action] = [
-        DeleteJob(_namespace(job), _name(job), str(version) if version else None)
-    ]
-    if cronjob is not None:
-        dropped.append(PostEvent(cronjob, reason, message, warning))
-    return dropped
+    return [DeleteJob(_namespace(job), _name(job), str(version) if version else None), *then]
+
+
+def _event(
+    involved: Mapping[str, Any] | None, reason: str, message: str, warning: bool = False
+) -> tuple[Action, ...]:
+    return () if involved is None else (PostEvent(involved, reason, message, warning),)
 
 
 def _name(job: Mapping[str, Any]) -> str:

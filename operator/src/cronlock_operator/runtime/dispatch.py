@@ -93,9 +93,9 @@ class QueueDispatch:
         if lease is None:
             return DONE  # its CronJob's reconcile makes it; that Lease's event comes back
         decision = queue.decide(read_lease(lease), jobs, timeouts, cronjobs, self.now())
-        for action in decision.actions:
-            logger.debug("queue %s/%s: %s", key.namespace, key.lock, action)
-        self.executor.run(decision.actions)
+        for step in decision.steps:
+            logger.debug("queue %s/%s: %s", key.namespace, key.lock, step)
+            self.executor.run(step)
         if decision.requeue_after is None:
             return DONE
         return Result(requeue_after=max(decision.requeue_after, 0.1))
