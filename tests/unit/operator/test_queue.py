@@ -252,7 +252,7 @@ def test_a_policy_changed_from_queue_drops_suspend_and_a_users_own_suspend_is_ke
 
 def test_a_users_own_suspend_under_queue_is_refused_with_what_to_do() -> None:
     user = queue_cronjob(gen.with_job(suspend=False))
-    with pytest.raises(InvalidConfig, match="remove suspend from the job template"):
+    with pytest.raises(InvalidConfig, match="sets suspend: false; under queue"):
         build_injection(user, parse_config(user, SETTINGS), SETTINGS)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 import re
 from collections.abc import Iterator, Mapping
 from typing import Any, Final, TypeGuard
@@ -314,10 +315,10 @@ def check_injectable(cronjob: Mapping[str, Any], config: LockConfig) -> None:
         raise InvalidConfig(
             contract.ANNOTATION_POLICY,
             "queue",
-            f"cannot be applied: the job template sets suspend: {job_spec['suspend']}; under "
-            "queue cronlock suspends each run's Job itself and lets it go when the lock is "
-            "free (remove suspend from the job template, or suspend the CronJob itself with "
-            "spec.suspend)",
+            f"cannot be applied: the job template sets suspend: "
+            f"{json.dumps(job_spec['suspend'])}; under queue cronlock suspends each run's Job "
+            "itself and lets it go when the lock is free (remove suspend from the job "
+            "template, or suspend the CronJob itself with spec.suspend)",
         )
     rules = (job_spec.get("podFailurePolicy") or {}).get("rules") or []
     if len(rules) >= MAX_POD_FAILURE_POLICY_RULES:
