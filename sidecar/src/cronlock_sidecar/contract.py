@@ -114,6 +114,9 @@ REPLACED_JOBS_KEPT: Final = 10
 # was replaced by a newer run; the value names the other run.
 JOB_ANNOTATION_OVERLAPPED: Final = PREFIX + "overlapped"
 JOB_ANNOTATION_REPLACED_BY: Final = PREFIX + "replaced-by"
+# Written on a queued Job by the operator when it stayed queued past its queue-timeout
+# (policy: queue); the run accounting then counts it as a skip and deletes it.
+JOB_ANNOTATION_QUEUE_TIMED_OUT: Final = PREFIX + "queue-timed-out"
 
 USER_SETTINGS: Final = frozenset(
     {

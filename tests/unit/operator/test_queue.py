@@ -11,7 +11,7 @@ import pytest
 from cronlock_operator.cronjob.config import InvalidConfig, parse_config
 from cronlock_operator.injection.build import build_injection, revert
 from cronlock_operator.reconcile import queue
-from cronlock_operator.reconcile.actions import CountRun, DeleteJob, PostEvent, ResumeJob
+from cronlock_operator.reconcile.actions import DeleteJob, MarkJob, PostEvent, ResumeJob
 from cronlock_operator.settings import OperatorSettings
 from cronlock_sidecar import contract
 from cronlock_sidecar.lock.model import read_lease
@@ -179,25 +179,37 @@ def test_newer_ticks_of_one_cronjob_collapse_into_the_oldest_queued() -> None:
     }
 
 
-def test_a_job_queued_past_its_timeout_is_deleted_and_counted_as_a_skip() -> None:
+def marked(decision: queue.QueueDecision) -> list[str]:
+    return [
+        action.name
+        for action in decision.actions
+        if isinstance(action, MarkJob) and action.annotation == "cronlock.io/queue-timed-out"
+    ]
+
+
+def test_a_job_queued_past_its_timeout_is_marked_for_the_run_accounting() -> None:
     old = job("report-manual-old", created=NOW - timedelta(seconds=601))
     young = job("report-manual-young", created=NOW - timedelta(seconds=100))
     decision = decide(HELD, old, young)
-    assert deleted(decision) == ["report-manual-old"]
-    assert reasons(decision) == [contract.EVENT_QUEUE_TIMED_OUT]
-    assert CountRun("skipped") in decision.actions
-    warning = next(a for a in decision.actions if isinstance(a, PostEvent))
-    assert warning.warning
-    assert "queue-timeout" in warning.message
+    assert marked(decision) == ["report-manual-old"]
+    assert deleted(decision) == []
+    assert reasons(decision) == []
+    (mark,) = decision.actions
+    assert isinstance(mark, MarkJob)
+    assert mark.value == "queued 10m1s, longer than its cronlock.io/queue-timeout 10m"
     # It looks again when the younger one would time out.
     assert decision.requeue_after == pytest.approx(500.0)
+    # Once marked it is no longer queued: nothing more is decided about it.
+    old["metadata"]["annotations"] = {"cronlock.io/queue-timed-out": mark.value}
+    assert marked(decide(HELD, old, young)) == []
 
 
 def test_a_timed_out_tick_makes_room_for_the_next_tick_instead_of_collapsing_it() -> None:
     old = job(tick_name("report", NOW - timedelta(minutes=11)), created=NOW - timedelta(minutes=11))
     new = job(tick_name("report", NOW - timedelta(minutes=1)), created=NOW - timedelta(minutes=1))
     decision = decide(FREE, old, new)
-    assert deleted(decision) == [old["metadata"]["name"]]
+    assert marked(decision) == [old["metadata"]["name"]]
+    assert deleted(decision) == []
     assert resumed(decision) == [new["metadata"]["name"]]
 
 

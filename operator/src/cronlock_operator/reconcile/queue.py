@@ -5,7 +5,8 @@ so the CronJob controller creates each run's Job suspended and the Job controlle
 no pod for it). This decides, from the lock's Lease as just read and its Jobs as cached:
 
 - **Bound**: a Job queued (still suspended) longer than its CronJob's queue timeout is
-  deleted, with a `QueueTimedOut` Warning, counted as a skipped run.
+  marked `cronlock.io/queue-timed-out`; the run accounting (`runs.py`) then counts it as a
+  skip (a `QueueTimedOut` Warning, the skips in a row, `RepeatedSkips`) and deletes it.
 - **Collapse** (Temporal's BUFFER_ONE): of one CronJob's queued scheduled Jobs only the
   oldest tick is kept; each newer one is deleted with a `Collapsed` Event. Manual runs
   (`kubectl create job --from`) never collapse: each was asked for by someone.
@@ -33,8 +34,8 @@ from typing import Any, Final
 
 from cronlock_operator.reconcile.actions import (
     Action,
-    CountRun,
     DeleteJob,
+    MarkJob,
     PostEvent,
     ResumeJob,
 )
@@ -91,6 +92,11 @@ def suspended(job: Mapping[str, Any]) -> bool:
 
 
 def finished(job: Mapping[str, Any]) -> bool:
+    """Ended, or marked as queued too long (the run accounting counts and deletes it)."""
+    if contract.JOB_ANNOTATION_QUEUE_TIMED_OUT in (
+        (job.get("metadata") or {}).get("annotations") or {}
+    ):
+        return True
     return any(
         condition.get("type") in ("Complete", "Failed", "SuccessCriteriaMet", "FailureTarget")
         and condition.get("status") == "True"
@@ -173,20 +179,18 @@ def decide(
         age = 0.0 if made is None else (now - made).total_seconds()
         timeout = timeouts[cronjob]
         if age >= timeout:
+            # Marked, not deleted here: the run accounting counts it as a skip (a
+            # `QueueTimedOut` Warning, the skips in a row, `RepeatedSkips`) and deletes it.
             steps.append(
-                _drop(
-                    job,
-                    *_event(
-                        cronjobs.get(cronjob),
-                        contract.EVENT_QUEUE_TIMED_OUT,
-                        f"job {_name(job)} was queued {format_duration(round(age))}, "
-                        f"longer than its {contract.ANNOTATION_QUEUE_TIMEOUT} "
-                        f"{format_duration(timeout)}: deleted, so this run is skipped (the "
-                        f"lock {record.lock or record.name} stayed taken; see `cronlock status`)",
-                        warning=True,
-                    ),
-                    CountRun("skipped"),
-                )
+                [
+                    MarkJob(
+                        _namespace(job),
+                        _name(job),
+                        contract.JOB_ANNOTATION_QUEUE_TIMED_OUT,
+                        f"queued {format_duration(round(age))}, longer than its "
+                        f"{contract.ANNOTATION_QUEUE_TIMEOUT} {format_duration(timeout)}",
+                    )
+                ]
             )
             continue
         waits.append(timeout - age)
@@ -255,7 +259,7 @@ def _latest_let_go(jobs: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | Non
 
 def _drop(job: Mapping[str, Any], *then: Action) -> list[Action]:
     """Delete a queued Job, only as the version judged (one let go meanwhile is no longer
-    queued, and stays), then tell why and count it."""
+    queued, and stays), then tell why."""
     version = (job.get("metadata") or {}).get("resourceVersion")
     return [DeleteJob(_namespace(job), _name(job), str(version) if version else None), *then]
 
