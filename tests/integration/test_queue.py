@@ -200,6 +200,17 @@ def test_newer_ticks_collapse_into_the_queued_one_which_is_dropped_at_its_timeou
     ]
     assert warnings == ["Warning"]
     assert not pods_of(api, namespace, older)
+    # Counted as a skip in a row (RepeatedSkips at alert-after), as a held lock's skip is.
+    wait_for(
+        lambda: (
+            (read(api, namespace, "digest")["metadata"].get("annotations") or {}).get(
+                "cronlock.io/consecutive-skips"
+            )
+            == "1"
+        ),
+        30,
+        "the timed-out run counted as one skip in a row",
+    )
 
 
 def refused(call: Callable[[], Any]) -> str:
