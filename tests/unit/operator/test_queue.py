@@ -3,6 +3,8 @@ timeout), the injection's `suspend`, and the queue's annotations."""
 
 from __future__ import annotations
 
+import asyncio
+import copy
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -12,12 +14,16 @@ from cronlock_operator.cronjob.config import InvalidConfig, parse_config
 from cronlock_operator.injection.build import build_injection, revert
 from cronlock_operator.reconcile import queue
 from cronlock_operator.reconcile.actions import DeleteJob, MarkJob, PostEvent, ResumeJob
+from cronlock_operator.reconcile.keys import QueueKey
+from cronlock_operator.runtime.reconciler import Reconciler
+from cronlock_operator.runtime.workqueue import WorkQueue
 from cronlock_operator.settings import OperatorSettings
 from cronlock_sidecar import contract
 from cronlock_sidecar.lock.model import read_lease
 from cronlock_sidecar.microtime import format_microtime
 from tests.support import gen
-from tests.support.cronjobs import SETTINGS
+from tests.support.cronjobs import SETTINGS, job_from_cronjob
+from tests.support.fakekube import FakeKube
 from tests.support.leases import make_lease
 
 NOW = datetime(2026, 12, 6, 16, 30, tzinfo=UTC)
@@ -324,3 +330,56 @@ def test_only_the_job_let_go_last_can_be_in_flight() -> None:
     assert resumed(decide(released, first, second, third)) == ["report-manual-3"]
     # While report-2 has not held yet, it blocks report-3.
     assert resumed(decide(FREE, first, second, third)) == []
+
+
+# --- the runtime: watch events to keys, the reconcile's writes ----------------------
+
+
+def test_the_watches_ask_for_the_locks_queue_and_its_reconcile_lets_the_oldest_go() -> None:
+    kube = FakeKube()
+    reconciler = Reconciler(kube=kube, settings=SETTINGS)
+    reconciler.queue = WorkQueue(reconciler.queue.work)  # what is queued from here on
+    user = queue_cronjob(gen.with_uid("uid-report"))
+    body = build_injection(user, parse_config(user, SETTINGS), SETTINGS)
+    body["metadata"]["resourceVersion"] = "7"
+    reconciler.cronjobs.put(body)
+    kube.leases[("team-a", "cronlock-report")] = make_lease(lock="report", namespace="team-a")
+    key = QueueKey("team-a", "report")
+    for name, age in (("report-manual-2", 5), ("report-manual-1", 9)):
+        made = copy.deepcopy(job_from_cronjob(body, name))
+        made["metadata"].update(
+            namespace="team-a",
+            uid=f"uid-{name}",
+            resourceVersion="1",
+            creationTimestamp=format_microtime(datetime.now(UTC) - timedelta(seconds=age)),
+        )
+        kube.jobs[("team-a", name)] = made
+        reconciler.on_job("ADDED", made)
+    assert reconciler.queue.waiting(key)
+    asyncio.run(reconciler._reconcile(key))
+    assert kube.called("resume_job") == [("team-a", "report-manual-1")]
+    assert kube.jobs[("team-a", "report-manual-1")]["spec"]["suspend"] is False
+    assert kube.jobs[("team-a", "report-manual-2")]["spec"]["suspend"] is True
+    assert kube.reasons() == [contract.EVENT_QUEUE_RELEASED]
+
+    # A held Lease asks for nothing; a free one asks for the lock's queue again.
+    reconciler.queue = WorkQueue(reconciler.queue.work)
+    held = make_lease("report-manual-1-abcde_0123abcd", lock="report", namespace="team-a")
+    reconciler.on_lease("MODIFIED", held)
+    assert not reconciler.queue.waiting(key)
+    reconciler.on_lease("MODIFIED", make_lease(lock="report", namespace="team-a"))
+    assert reconciler.queue.waiting(key)
+    # A Job of a CronJob under another policy is no queue's business.
+    other = gen.job("nightly-1", gen.in_namespace("team-a"), gen.of_lock("report"))
+    reconciler.queue = WorkQueue(reconciler.queue.work)
+    reconciler.on_job("ADDED", other)
+    assert not reconciler.queue.waiting(key)
+
+
+def test_a_job_being_deleted_is_neither_collapsed_again_nor_let_go() -> None:
+    older = job(tick_name("report", NOW - timedelta(minutes=2)), created=NOW)
+    newer = job(tick_name("report", NOW - timedelta(minutes=1)), created=NOW)
+    newer["metadata"]["deletionTimestamp"] = format_microtime(NOW)
+    decision = decide(HELD, older, newer)
+    assert decision.actions == []
+    assert resumed(decide(FREE, newer)) == []

@@ -344,7 +344,10 @@ class Kube:
             None
             if version is None
             else kubernetes.client.V1DeleteOptions(
-                preconditions=kubernetes.client.V1Preconditions(resource_version=version)
+                preconditions=kubernetes.client.V1Preconditions(resource_version=version),
+                # In the body too: with a body the API server reads its options from it, and
+                # a Job's default there is orphan (a finalizer, the Job seen again).
+                propagation_policy="Background",
             )
         )
         try:

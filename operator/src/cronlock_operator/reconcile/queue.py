@@ -169,7 +169,13 @@ def decide(
     Jobs (label cronlock.io/lock); `timeouts` its CronJobs under queue and their queue
     timeouts (a Job of any other CronJob is not queued here); `cronjobs` those CronJobs'
     bodies, which the Events are about."""
-    ours = [job for job in jobs if owner_cronjob(job) in timeouts]
+    # A Job being deleted is gone already (its Events were told when it was deleted).
+    ours = [
+        job
+        for job in jobs
+        if owner_cronjob(job) in timeouts
+        and not (job.get("metadata") or {}).get("deletionTimestamp")
+    ]
     steps: list[list[Action]] = []
     waits: list[float] = []
     queued: list[Mapping[str, Any]] = []

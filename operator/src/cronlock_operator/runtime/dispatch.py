@@ -72,10 +72,12 @@ class QueueDispatch:
 
     # --- the reconcile -----------------------------------------------------------------
     def reconcile(self, key: QueueKey) -> Result:
+        # The lock's Jobs made under queue (their own sidecar says so): a run of another
+        # policy on the same lock is no queue entry, and is never let go or counted here.
         jobs = [
             job
             for job in self.jobs.in_namespace(key.namespace)
-            if ((job["metadata"].get("labels") or {}).get(contract.LABEL_LOCK)) == key.lock
+            if queue.queue_lock(job) == key.lock
         ]
         timeouts: dict[str, float] = {}
         cronjobs: dict[str, Mapping[str, Any]] = {}
