@@ -259,6 +259,8 @@ def test_the_operators_token_can_write_exactly_cronlocks_injection_and_its_rever
         # A lock of its own name: CRONLOCK_LEASE names that lock's Lease.
         ({"cronlock.io/enabled": "true", "cronlock.io/lock": "ledger"}, 90),
         ({"cronlock.io/enabled": "true", "cronlock.io/stop": "liveness"}, 90),
+        # A bound: CRONLOCK_MAX_HOLD is one of the injection's own variables.
+        ({"cronlock.io/enabled": "true", "cronlock.io/max-hold": "2h"}, 90),
         # No grace written: the API server defaults it to 30, which the revert restores.
         ({"cronlock.io/enabled": "true", "cronlock.io/ttl": "5m"}, None),
     ):

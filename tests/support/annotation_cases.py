@@ -51,12 +51,31 @@ BAD: list[tuple[dict[str, str], tuple[gen.Modifier, ...], str, str]] = [
         "out of range",
     ),
     (
+        {"cronlock.io/policy": "queue", "cronlock.io/permits": "2"},
+        (),
+        "cronlock.io/permits",
+        'cannot be used with cronlock.io/policy: "queue" yet',
+    ),
+    (
         {"cronlock.io/policy": "queue", "cronlock.io/wait-timeout": "10s"},
         (),
         "cronlock.io/wait-timeout",
         "does not apply",
     ),
     ({"cronlock.io/wait-timeout": "10s"}, (), "cronlock.io/wait-timeout", "only applies with"),
+    ({"cronlock.io/permits": "0"}, (), "cronlock.io/permits", "from 1 to 16"),
+    ({"cronlock.io/permits": "17"}, (), "cronlock.io/permits", "from 1 to 16"),
+    ({"cronlock.io/permits": "-1"}, (), "cronlock.io/permits", "not a number of permits"),
+    ({"cronlock.io/permits": "02"}, (), "cronlock.io/permits", "not a number of permits"),
+    ({"cronlock.io/permits": "two"}, (), "cronlock.io/permits", "not a number of permits"),
+    ({"cronlock.io/permits": "9" * 40}, (), "cronlock.io/permits", "not a number of permits"),
+    ({"cronlock.io/permits": "1.5"}, (), "cronlock.io/permits", "not a number of permits"),
+    (
+        {"cronlock.io/permits": "2", "cronlock.io/policy": "replace"},
+        (),
+        "cronlock.io/permits",
+        'cannot be used with cronlock.io/policy: "replace" yet',
+    ),
     (
         {"cronlock.io/policy": "observe", "cronlock.io/wait-timeout": "10s"},
         (),
@@ -74,6 +93,16 @@ BAD: list[tuple[dict[str, str], tuple[gen.Modifier, ...], str, str]] = [
         (),
         "cronlock.io/wait-timeout",
         "at most 24h",
+    ),
+    ({"cronlock.io/max-hold": "soon"}, (), "cronlock.io/max-hold", "not a duration"),
+    ({"cronlock.io/max-hold": "169h"}, (), "cronlock.io/max-hold", "expected at most 168h"),
+    # The default ttl 60s renews every 20s: at least 40s.
+    ({"cronlock.io/max-hold": "39s"}, (), "cronlock.io/max-hold", "shorter than 2 renew periods"),
+    (
+        {"cronlock.io/policy": "observe", "cronlock.io/max-hold": "10m"},
+        (),
+        "cronlock.io/max-hold",
+        "which never stops a run",
     ),
     ({"cronlock.io/stop": "kill"}, (), "cronlock.io/stop", '"liveness", "signal" or "auto"'),
     (

@@ -212,6 +212,8 @@ class FakeKube(_Recorder):
         for op in patch:
             if op["op"] == "replace" and op["path"] == "/metadata/ownerReferences":
                 stored["metadata"]["ownerReferences"] = op["value"]
+            if op["op"] == "add" and op["path"] == "/metadata/annotations":
+                stored["metadata"]["annotations"] = dict(op["value"])
             if op["op"] == "add" and op["path"].startswith("/metadata/annotations/"):
                 key = op["path"].removeprefix("/metadata/annotations/")
                 key = key.replace("~1", "/").replace("~0", "~")

@@ -52,6 +52,9 @@ ANNOTATION_QUEUE_TIMEOUT: Final = PREFIX + "queue-timeout"
 ANNOTATION_STOP: Final = PREFIX + "stop"
 ANNOTATION_ALERT_AFTER: Final = PREFIX + "alert-after"
 ANNOTATION_KEEP_SKIPPED_JOBS: Final = PREFIX + "keep-skipped-jobs"
+# The longest a run may hold its lock, counted from its acquire (absent or "0": no bound);
+# past it the run is stopped as one that lost its lock (lock/maxhold.py).
+ANNOTATION_MAX_HOLD: Final = PREFIX + "max-hold"
 # After how many ticks without a successful run the operator warns `NotSucceeding`
 # (0: never); the operator's --alert-after-missed is the default.
 ANNOTATION_ALERT_AFTER_MISSED: Final = PREFIX + "alert-after-missed"
@@ -64,6 +67,10 @@ ANNOTATION_SHARE_LOCK_WITH: Final = PREFIX + "share-lock-with"
 ANNOTATION_STORE: Final = PREFIX + "store"
 ANNOTATION_STORE_SECRET: Final = PREFIX + "store-secret"
 STORES: Final = ("lease", "redis", "postgres")
+# How many runs may hold the lock at once, 1..MAX_PERMITS (lock/permits.py): on a CronJob
+# what it asks (every CronJob sharing the lock asks the same), on the lock's document what
+# the lock is (the operator writes it on the Lease).
+ANNOTATION_PERMITS: Final = PREFIX + "permits"
 # Written by the operator, never by users.
 ANNOTATION_ORIGINAL_RESTART_POLICY: Final = PREFIX + "original-restart-policy"
 # Set when `stop: signal` had to turn on shareProcessNamespace: "false" (the user wrote
@@ -131,6 +138,8 @@ USER_SETTINGS: Final = frozenset(
         ANNOTATION_ALERT_AFTER,
         ANNOTATION_ALERT_AFTER_MISSED,
         ANNOTATION_KEEP_SKIPPED_JOBS,
+        ANNOTATION_MAX_HOLD,
+        ANNOTATION_PERMITS,
         ANNOTATION_SHARE_LOCK_WITH,
         ANNOTATION_STORE,
         ANNOTATION_STORE_SECRET,
@@ -236,6 +245,9 @@ EXIT_SKIPPED: Final = 75  # EX_TEMPFAIL: the lock is held by a live run
 EXIT_UNAVAILABLE: Final = 69  # EX_UNAVAILABLE: API unreachable or forbidden
 EXIT_SOFTWARE_LOST: Final = 70  # EX_SOFTWARE: the lease was lost during the run
 EXIT_CONFIG: Final = 78  # EX_CONFIG: bad configuration
+# `run`: the command held the lock past --max-hold and was stopped (sysexits' number 76,
+# EX_PROTOCOL, otherwise unused by cronlock; a command that exits 76 itself reads the same).
+EXIT_MAX_HOLD: Final = 76
 
 # --- environment twins of the sidecar's flags ----------------------------------------
 ENV_PREFIX: Final = "CRONLOCK_"
@@ -248,6 +260,7 @@ ENV_IDENTITY: Final = "CRONLOCK_IDENTITY"
 ENV_SKEW: Final = "CRONLOCK_SKEW"
 ENV_STOP: Final = "CRONLOCK_STOP"
 ENV_KILL_GRACE: Final = "CRONLOCK_KILL_GRACE"
+ENV_MAX_HOLD: Final = "CRONLOCK_MAX_HOLD"
 ENV_PORT: Final = "CRONLOCK_PORT"
 ENV_RUN_DIR: Final = "CRONLOCK_RUN_DIR"
 ENV_POD_NAME: Final = "CRONLOCK_POD_NAME"
@@ -311,14 +324,22 @@ ANNOTATION_TICK_PREFIX: Final = PREFIX + "tick."
 # succeeded. Written by the operator (a Lease in a cluster) or `run` (at its release),
 # never by a pod; the holders' policy and the stores' rules refuse any other writer.
 ANNOTATION_SUCCEEDED_PREFIX: Final = PREFIX + "succeeded."
-# Permits (lock/permits.py): the lock's N, on a CronJob (what it asks) and on the lock's
-# document (what the lock is), and permit K ≥ 1's entry; permit 0 is the Lease's spec.
-ANNOTATION_PERMITS: Final = PREFIX + "permits"
+# Permits (lock/permits.py): the lock's N is ANNOTATION_PERMITS (with the user settings);
+# permit K ≥ 1's entry on the lock's document; permit 0 is the Lease's spec.
 ANNOTATION_PERMIT_PREFIX: Final = PREFIX + "permit."
 MAX_PERMITS: Final = 16
+# `run --permits N` (the N it requires of its lock), and the permit a run holds, told to
+# the work (tick.env, `run`'s command): its fencing token is that permit's, so a
+# downstream store fences by the pair (permit, token).
+ENV_PERMITS: Final = "CRONLOCK_PERMITS"
+ENV_PERMIT: Final = "CRONLOCK_PERMIT"
 # The skip line of a run whose tick was already worked, and the Event the operator posts.
 ALREADY_RAN: Final = "already ran"
 EVENT_TICK_ALREADY_RAN: Final = "TickAlreadyRan"
+# The line a sidecar that stopped its run at cronlock.io/max-hold writes to its container's
+# termination message (TERMINATION_LOG), and the Warning the operator posts on reading it.
+MAX_HOLD_EXCEEDED: Final = "max-hold exceeded"
+EVENT_MAX_HOLD_EXCEEDED: Final = "MaxHoldExceeded"
 
 DEFAULT_TTL_SECONDS: Final = 60
 DEFAULT_SKEW_SECONDS: Final = 2

@@ -18,7 +18,9 @@ from cronlock_sidecar.lock.durations import (
     format_duration,
     parse_duration,
 )
+from cronlock_sidecar.lock.maxhold import max_hold_problem
 from cronlock_sidecar.lock.model import Timing, TimingError, replace_wait_timeout
+from cronlock_sidecar.lock.permits import read_count
 from cronlock_sidecar.stores.url import StoreUrl, StoreUrlError, parse_store_url
 from cronlock_sidecar.transport.seam import LeaseRef
 
@@ -44,6 +46,7 @@ ENV_TWINS: Mapping[str, str] = {
     "skew": contract.ENV_SKEW,
     "stop": contract.ENV_STOP,
     "kill_grace": contract.ENV_KILL_GRACE,
+    "max_hold": contract.ENV_MAX_HOLD,
     "port": contract.ENV_PORT,
     "run_dir": contract.ENV_RUN_DIR,
     "pod_name": contract.ENV_POD_NAME,
@@ -61,6 +64,7 @@ ENV_TWINS: Mapping[str, str] = {
     "tick": contract.ENV_TICK_AT,
     "tick_of": contract.ENV_TICK_OF,
     "run_id": contract.ENV_RUN_ID,
+    "permits": contract.ENV_PERMITS,
     "cronjob": contract.ENV_CRONJOB,
     "job_uid": contract.ENV_JOB_UID,
     "cluster": contract.ENV_CLUSTER,
@@ -113,8 +117,13 @@ class Options(NamedTuple):
     cronjob: str = ""
     job_uid: str = ""
     cluster: str = ""
-    # gate: where it writes the skip line of a run whose tick already ran.
+    # gate: where it writes the skip line of a run whose tick already ran; hold: where it
+    # writes the line of a run it stopped at max_hold.
     termination_log: str = contract.TERMINATION_LOG
+    # run: the lock's N it requires (--permits); None: the lock's document says.
+    permits: int | None = None
+    # hold, run: the longest the run may hold the lock from its acquire; 0: no bound.
+    max_hold: float = 0.0
 
     @property
     def timing(self) -> Timing:
@@ -161,6 +170,12 @@ def _parser() -> _Parser:
         sub.add_argument("--identity", metavar="ID", help="holder identity (CRONLOCK_IDENTITY)")
         sub.add_argument("--skew", metavar="D", help="clock skew allowance, default 2s")
         sub.add_argument("--kill-grace", metavar="D", help="SIGTERM to SIGKILL, default 5s")
+        sub.add_argument(
+            "--max-hold",
+            metavar="D",
+            help="stop the run once it has held the lock this long, counted from the acquire; "
+            "default 0 (no bound) (CRONLOCK_MAX_HOLD)",
+        )
         sub.add_argument("--job-name", metavar="NAME", help="this pod's Job (CRONLOCK_JOB_NAME)")
         sub.add_argument(
             "--store",
@@ -189,6 +204,11 @@ def _parser() -> _Parser:
         sub.add_argument("--log-level", metavar="LEVEL", help="debug|info|warning|error")
     for sub in (hold, gate):
         sub.add_argument("--run-dir", metavar="DIR", help=f"default {contract.RUN_DIR}")
+        sub.add_argument(
+            "--termination-log",
+            metavar="PATH",
+            help=f"where a skip's or max-hold stop's line goes ({contract.TERMINATION_LOG})",
+        )
     run.add_argument(
         "--schedule",
         metavar="CRON",
@@ -225,6 +245,13 @@ def _parser() -> _Parser:
         help="this run's id; another id's run of the same tick skips (default: the identity; "
         "CRONLOCK_RUN_ID)",
     )
+    run.add_argument(
+        "--permits",
+        metavar="N",
+        help=f"at most N runs hold the lock at once, 1-{contract.MAX_PERMITS}: written on a "
+        "Lease that says none, refused (exit 78) when the Lease says another N; not yet with "
+        "--store (CRONLOCK_PERMITS)",
+    )
     hold.add_argument("--stop", metavar="MODE", help="auto|liveness|signal (CRONLOCK_STOP)")
     hold.add_argument("--port", metavar="N", help=f"HTTP port, default {contract.SIDECAR_PORT}")
     hold.add_argument("--pod-name", metavar="NAME", help="(CRONLOCK_POD_NAME)")
@@ -238,11 +265,6 @@ def _parser() -> _Parser:
     hold.add_argument("--job-uid", metavar="UID", help="this pod's Job's uid (CRONLOCK_JOB_UID)")
     hold.add_argument(
         "--cluster", metavar="NAME", help="this cluster's name, for the record (CRONLOCK_CLUSTER)"
-    )
-    gate.add_argument(
-        "--termination-log",
-        metavar="PATH",
-        help=f"where a skip's reason goes, default {contract.TERMINATION_LOG}",
     )
     return parser
 
@@ -350,6 +372,10 @@ def parse_options(argv: Sequence[str], env: Mapping[str, str]) -> Options:
             "suspended Jobs); a process that should wait for the lock uses --policy wait"
         )
     kill_grace = values.duration("kill_grace", timing.default_kill_grace_ms() / 1000)
+    max_hold = values.duration("max_hold", 0.0) if command != "gate" else 0.0
+    problem = max_hold_problem(max_hold, timing, policy)
+    if problem is not None:
+        raise ConfigError(f"{values.get('max_hold')[1]}: {values.get('max_hold')[0]} {problem}")
     stop = values.choice("stop", STOP_MODES, "auto")
     log_format = values.choice("log_format", LOG_FORMATS, "plain")
     log_level = values.choice("log_level", LOG_LEVELS, "info")
@@ -405,6 +431,7 @@ def parse_options(argv: Sequence[str], env: Mapping[str, str]) -> Options:
     termination_log = values.text("termination_log", contract.TERMINATION_LOG)
     if not termination_log:
         raise ConfigError("--termination-log: empty; expected a file path")
+    permits = _permits(values, policy, store) if command == "run" else None
 
     return Options(
         command=command,
@@ -431,13 +458,39 @@ def parse_options(argv: Sequence[str], env: Mapping[str, str]) -> Options:
         job_uid=job_uid,
         cluster=cluster,
         termination_log=termination_log,
+        max_hold=max_hold,
         schedule=tick.schedule,
         time_zone=tick.time_zone,
         tick_window=tick.tick_window,
         tick_at=tick.tick_at,
         tick_of=tick.tick_of,
         run_id=tick.run_id,
+        permits=permits,
     )
+
+
+def _permits(values: _Values, policy: str, store: StoreUrl | None) -> int | None:
+    """`run --permits N`: the lock's N this run requires (None when not given)."""
+    text, name = values.get("permits")
+    if text is None:
+        return None
+    count = read_count(text)
+    if count is None:
+        raise ConfigError(
+            f"{name}: {text!r} is not a number of permits; expected a whole number "
+            f"1-{contract.MAX_PERMITS}"
+        )
+    if count > 1 and store is not None:
+        raise ConfigError(
+            f"{name}: {count} permits in a store ({store.kind}) are not supported yet: the "
+            "store's rules know one holder only; use the Lease (no --store), or --permits 1"
+        )
+    if count > 1 and policy == "replace":
+        raise ConfigError(
+            f"{name}: {count} permits with --policy replace are not supported yet (which of "
+            "the holders would be replaced is not settled); use --policy skip or wait"
+        )
+    return count
 
 
 class _TickOptions(NamedTuple):

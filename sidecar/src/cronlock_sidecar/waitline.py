@@ -24,10 +24,43 @@ from __future__ import annotations
 
 import collections
 import time
-from collections.abc import Callable, Mapping
-from typing import Generic, TypeVar
+from collections.abc import Callable, Mapping, Sequence
+from typing import Generic, Protocol, TypeVar
 
 Waiting = TypeVar("Waiting")
+
+
+class Slot(Protocol):
+    """A connection a server serves, as the eviction rule sees it."""
+
+    @property
+    def peer(self) -> str: ...
+
+    @property
+    def opened(self) -> float: ...
+
+    @property
+    def answered(self) -> bool: ...
+
+
+Served = TypeVar("Served", bound=Slot)
+
+
+def slot_to_take(serving: Sequence[Served], peer: str) -> Served | None:
+    """Every slot taken: the one a newcomer from `peer` takes, the busiest peer's oldest
+    (one already answered first: only its close is left), when `peer` holds fewer than
+    that peer; None when it does not, and the newcomer waits or is refused. Both servers'
+    one rule (the sidecar's port, the operator's /metrics and liveness ports)."""
+    if not serving:
+        return None
+    held = collections.Counter(slot.peer for slot in serving)
+    busiest = max(held.values())
+    if held[peer] >= busiest:
+        return None
+    return min(
+        (slot for slot in serving if held[slot.peer] == busiest),
+        key=lambda slot: (not slot.answered, slot.opened),
+    )
 
 
 class WaitLine(Generic[Waiting]):

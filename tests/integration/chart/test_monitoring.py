@@ -44,7 +44,7 @@ def test_the_prometheus_rule_parses_as_prometheus_parses_it_with_thresholds_from
     default = rule_file(tmp_path, render(controlplane, *on))
     checked = rulecheck(default)
     assert checked.returncode == 0, checked.stderr
-    assert "1 groups, 7 rules" in checked.stdout
+    assert "1 groups, 8 rules" in checked.stdout
     tuned = render(
         controlplane,
         *on,
@@ -70,6 +70,7 @@ def test_the_prometheus_rule_parses_as_prometheus_parses_it_with_thresholds_from
         "CronlockCronJobsNotGuarded",
         "CronlockRunsMissed",
         "CronlockNotSucceeding",
+        "CronlockMaxHoldExceeded",
     }
     assert alerts["CronlockRepeatedSkips"]["expr"].endswith(">= 7")
     assert alerts["CronlockRunsMissed"]["expr"].endswith("[1h])) > 0")
@@ -84,6 +85,7 @@ def test_the_prometheus_rule_parses_as_prometheus_parses_it_with_thresholds_from
         "CronlockCronJobsNotGuarded": "info",
         "CronlockRunsMissed": "warning",
         "CronlockNotSucceeding": "warning",
+        "CronlockMaxHoldExceeded": "warning",
     }
     assert {name: alert["annotations"]["runbook_url"] for name, alert in alerts.items()} == {
         name: f"https://wiki.example.com/cronlock#{name.lower()}" for name in alerts
@@ -292,6 +294,7 @@ def test_every_alert_about_a_namespace_keeps_it_on_prometheus_engine(
     cleared = alert_expr(rules, "CronlockExpiredHoldCleared")
     unguarded = alert_expr(rules, "CronlockCronJobsNotGuarded")
     errors = alert_expr(rules, "CronlockReconcileErrors")
+    held = alert_expr(rules, "CronlockMaxHoldExceeded")
     # As the ServiceMonitor scrapes them (honorLabels): two replicas, the leader exports.
     job = 'job="cronlock-metrics",pod="a"'
     script = f"""
@@ -303,6 +306,8 @@ load 1m
   cronlock_cronjobs{{{job},namespace="team-b",state="guarded"}} 3x30
   cronlock_reconcile_errors_total{{{job},namespace="team-a",kind="cronjob"}} 0+1x30
   cronlock_reconcile_errors_total{{{job},namespace="team-b",kind="cronjob"}} 0x30
+  cronlock_max_hold_exceeded_total{{{job},namespace="team-a",cronjob="ledger"}} 0x30
+  cronlock_max_hold_exceeded_total{{{job},namespace="team-b",cronjob="report"}} 0x10 1x20
 
 # A hold cleared in team-a at minute 11: its lock alone.
 eval instant at 12m {cleared}
@@ -315,6 +320,10 @@ eval instant at 8m {unguarded}
 # team-a fails a reconcile a minute: 15 in the window, over the threshold (5).
 eval instant at 20m {errors}
   {{namespace="team-a"}} 15
+
+# A run of team-b's report stopped at its max-hold at minute 11: that CronJob alone.
+eval instant at 12m {held}
+  {{namespace="team-b", cronjob="report"}} 1
 """
     engine_agrees(tmp_path, script, ('namespace="team-a", lock', "lock"))
 
@@ -439,14 +448,14 @@ def test_the_prometheus_rule_goes_where_it_is_asked_with_labels_and_alerts_left_
     alerts = {alert["alert"]: alert for alert in rule["spec"]["groups"][0]["rules"]}
     assert "CronlockRunsMissed" not in alerts
     assert "CronlockOperatorDown" not in alerts
-    assert len(alerts) == 5
+    assert len(alerts) == 6
     for name, alert in alerts.items():
         assert alert["labels"]["team"] == "platform", name
         assert alert["labels"]["cluster"] == "prod-eu", name
         assert alert["labels"]["severity"], name
     checked = rulecheck(rule_file(tmp_path, docs))
     assert checked.returncode == 0, checked.stderr
-    assert "1 groups, 5 rules" in checked.stdout
+    assert "1 groups, 6 rules" in checked.stdout
     # A label the alerts set themselves, or an alert that does not exist, is refused.
     for bad in ("prometheusRule.alertLabels.namespace=x", "prometheusRule.disabled.Nope=true"):
         refused = helm(

@@ -123,6 +123,37 @@ def test_consent_of_either_side_lets_them_share_in_any_order(
     assert lint([str(write(tmp_path / "jobs.yaml", *documents))], capsys) == (0, [], "")
 
 
+@pytest.mark.parametrize("reverse", [False, True])
+def test_cronjobs_sharing_a_lock_must_ask_the_same_permits(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], reverse: bool
+) -> None:
+    lock = {"cronlock.io/enabled": "true", "cronlock.io/lock": "db"}
+    first = gen.cronjob(
+        "a",
+        gen.with_annotations(
+            {**lock, "cronlock.io/share-lock-with": "b", "cronlock.io/permits": "2"}
+        ),
+    )
+    agreeing = gen.cronjob("b", gen.with_annotations({**lock, "cronlock.io/permits": "2"}))
+    documents = [agreeing, first] if reverse else [first, agreeing]
+    assert lint([str(write(tmp_path / "jobs.yaml", *documents))], capsys) == (0, [], "")
+    # Each consents to the other: the permits alone keep them apart.
+    odd = gen.cronjob(
+        "b",
+        gen.with_annotations(
+            {**lock, "cronlock.io/share-lock-with": "a", "cronlock.io/permits": "3"}
+        ),
+    )
+    documents = [odd, first] if reverse else [first, odd]
+    code, lines, _ = lint([str(write(tmp_path / "jobs.yaml", *documents))], capsys)
+    assert code == 1
+    [line] = lines
+    # Either one may be the odd one out: whichever the cluster applies last is refused.
+    assert re.search(
+        r"error: CronJob team-a/[ab]: lock db has [23] permits, as CronJob [ab] asks", line
+    ), line
+
+
 def test_the_same_cronjob_in_two_files_is_one_user_of_its_lock(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -283,6 +314,8 @@ GOOD = [
     {"cronlock.io/ttl": "5m", "cronlock.io/policy": "wait", "cronlock.io/wait-timeout": "1m"},
     {"cronlock.io/lock": "shared.db", "cronlock.io/share-lock-with": "a, b"},
     {"cronlock.io/stop": "signal", "cronlock.io/alert-after": "3"},
+    {"cronlock.io/policy": "wait", "cronlock.io/max-hold": "6h"},
+    {"cronlock.io/permits": "16"},
 ]
 
 

@@ -72,6 +72,7 @@ def test_every_annotation_is_read() -> None:
             "cronlock.io/alert-after": "10",
             "cronlock.io/alert-after-missed": "0",
             "cronlock.io/keep-skipped-jobs": "true",
+            "cronlock.io/max-hold": "2h",
         }
     )
     assert config == LockConfig(
@@ -87,6 +88,7 @@ def test_every_annotation_is_read() -> None:
         skew_seconds=2,
         probe=ProbeTolerance(3, 2),
         alert_after_missed=0,
+        max_hold_seconds=7200.0,
     )
     assert config.lease_name == "cronlock-nightly.reports"
     assert config.renew_deadline_seconds == 200.0
@@ -234,6 +236,17 @@ def test_store_annotations_are_checked(annotations: dict[str, str], expected: st
     with pytest.raises(InvalidConfig) as caught:
         parse_config(cronjob, STORES_SETTINGS)
     assert str(caught.value).startswith(expected)
+
+
+def test_permits_above_one_in_a_store_are_refused_not_quietly_one_permit() -> None:
+    store = {"cronlock.io/store": "redis", "cronlock.io/store-secret": "locks"}
+    cronjob = gen.cronjob("report", gen.annotated({**store, "cronlock.io/permits": "2"}))
+    with pytest.raises(InvalidConfig) as caught:
+        parse_config(cronjob, STORES_SETTINGS)
+    assert caught.value.annotation == "cronlock.io/permits"
+    assert "needs the lock in the Lease: a lock in redis holds one permit" in str(caught.value)
+    one = gen.cronjob("report", gen.annotated({**store, "cronlock.io/permits": "1"}))
+    assert parse_config(one, STORES_SETTINGS).permits == 1
 
 
 @pytest.mark.parametrize("store", ["redis", "postgres"])
@@ -453,6 +466,47 @@ def test_a_cronjob_name_that_is_no_lock_name_is_refused_on_the_lock_annotation()
         parse_config(gen.cronjob("x" * 64), SETTINGS)
     assert caught.value.annotation == "cronlock.io/lock"
     assert "the CronJob's name" in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("annotations", "seconds"),
+    [
+        ({}, 0.0),
+        ({"cronlock.io/max-hold": "0"}, 0.0),
+        ({"cronlock.io/max-hold": "0", "cronlock.io/policy": "observe"}, 0.0),
+        ({"cronlock.io/max-hold": "40s"}, 40.0),  # 2 renew periods of the default 60s ttl
+        ({"cronlock.io/ttl": "19s", "cronlock.io/renew": "5s", "cronlock.io/max-hold": "10s"}, 10),
+        ({"cronlock.io/max-hold": "168h"}, 7 * 24 * 3600.0),
+    ],
+)
+def test_max_hold_is_read_with_its_bounds(annotations: dict[str, str], seconds: float) -> None:
+    assert config_of(annotations).max_hold_seconds == seconds
+
+
+def test_a_huge_max_hold_is_refused_not_a_crash() -> None:
+    with pytest.raises(InvalidConfig) as refused:
+        config_of({"cronlock.io/max-hold": "9" * 400 + "h"})
+    assert "is out of range; expected at most 168h" in str(refused.value)
+
+
+def test_max_hold_below_two_renewals_says_the_shortest_it_allows() -> None:
+    with pytest.raises(InvalidConfig) as refused:
+        config_of({"cronlock.io/ttl": "19s", "cronlock.io/max-hold": "12s"})
+    assert str(refused.value) == (
+        'cronlock.io/max-hold: "12s" is shorter than 2 renew periods (12.666s with a renew '
+        "period of 6.333s); expected at least 12.666s, or 0 for no bound"
+    )
+
+
+@pytest.mark.parametrize(
+    ("annotations", "permits"),
+    [({}, 1), ({"cronlock.io/permits": "1"}, 1), ({"cronlock.io/permits": "3"}, 3),
+     ({"cronlock.io/permits": " 16 "}, 16)],
+)  # fmt: skip
+def test_permits_say_how_many_runs_may_hold_the_lock_at_once(
+    annotations: dict[str, str], permits: int
+) -> None:
+    assert config_of(annotations).permits == permits
 
 
 @pytest.mark.parametrize("policy", ["skip", "wait", "replace", "observe"])

@@ -157,6 +157,54 @@ def test_a_store_locks_lease_says_where_the_lock_lives() -> None:
     assert "cronlock.io/store-secret" not in stored["metadata"]["annotations"]
 
 
+def test_a_locks_lease_says_its_permits_when_made_and_when_changed() -> None:
+    kube = FakeKube()
+
+    def ensure_asking(count: str | None, cached: dict[str, Any] | None) -> Ran:
+        notes = {} if count is None else {"cronlock.io/permits": count}
+        body = gen.cronjob("report", REPORTS, gen.with_uid("u-report"), gen.annotated(notes))
+        config = parse_config(body, SETTINGS)
+        return Executor(kube).run([EnsureLease("team-a", "cronlock-report", body, config, cached)])
+
+    assert ensure_asking("2", None).completed
+    stored = kube.leases[("team-a", "cronlock-report")]
+    assert stored["metadata"]["annotations"] == {"cronlock.io/permits": "2"}
+    writes = len(kube.called("merge_lease"))
+    assert ensure_asking("2", copy.deepcopy(stored)).completed
+    assert len(kube.called("merge_lease")) == writes
+    assert ensure_asking("5", copy.deepcopy(stored)).completed
+    assert stored["metadata"]["annotations"]["cronlock.io/permits"] == "5"
+    # Back to one: the annotation goes (absent is 1, as the sidecar reads it).
+    assert ensure_asking(None, copy.deepcopy(stored)).completed
+    assert "cronlock.io/permits" not in stored["metadata"].get("annotations", {})
+
+
+def test_a_user_asking_other_permits_than_its_lock_is_refused_and_writes_nothing() -> None:
+    export = gen.cronjob(
+        "export", gen.with_uid("u-export"), gen.annotated({"cronlock.io/permits": "2"})
+    )
+    kube = FakeKube(
+        leases=[lease(("report", "u-report"), ("export", "u-export"))],
+    )
+    stored = kube.leases[("team-a", "cronlock-report")]
+    stored["metadata"]["annotations"] = {"cronlock.io/permits": "2"}
+    body = gen.cronjob(
+        "report", REPORTS, gen.with_uid("u-report"), gen.annotated({"cronlock.io/permits": "3"})
+    )
+    config = parse_config(body, SETTINGS)
+    ran = Executor(kube).run(
+        [
+            EnsureLease(
+                "team-a", "cronlock-report", body, config, copy.deepcopy(stored), {"export": export}
+            )
+        ]
+    )
+    assert isinstance(ran.verdict, Refused)
+    assert "lock report has 2 permits, as CronJob export asks" in ran.verdict.reason
+    assert kube.called("merge_lease") == []
+    assert stored["metadata"]["annotations"] == {"cronlock.io/permits": "2"}
+
+
 def test_dropping_an_owner_keeps_the_others_then_deletes_with_the_last() -> None:
     kube = FakeKube(leases=[lease(("report", "u-report"), ("export", "u-export"))])
     Executor(kube).run([DropLeaseOwner("team-a", "cronlock-report", "u-report")])

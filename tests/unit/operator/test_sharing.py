@@ -119,3 +119,56 @@ def test_one_lock_name_is_never_kept_in_two_places() -> None:
     assert consent(used, me, "ledger", lookup(inv)).verdict == "refused"
     inv["metadata"]["annotations"]["cronlock.io/store-secret"] = "team-locks"
     assert consent(used, me, "ledger", lookup(inv)) == Consent("join")
+
+
+def permits(count: str) -> gen.Modifier:
+    return gen.annotated({"cronlock.io/permits": count})
+
+
+def counted(count: int, *users: tuple[str, str]) -> dict[str, Any]:
+    """Lock ledger's Lease, used by `users`, saying the lock has `count` permits."""
+    notes = {} if count == 1 else {"cronlock.io/permits": str(count)}
+    return make_lease(lock="ledger", namespace="ns", owners=users, annotations=notes)
+
+
+def test_every_cronjob_sharing_a_lock_asks_the_same_permits() -> None:
+    report = gen.cronjob("report", gen.with_uid("u-report"), permits("2"))
+    export = gen.cronjob("export", gen.with_uid("u-export"), permits("2"))
+    both = counted(2, ("report", "u-report"), ("export", "u-export"))
+    assert consent(both, report, "ledger", lookup(export)) == Consent("owned")
+    # Export asks 3 while report still asks the lock's 2: export is refused, report not.
+    three = gen.cronjob("export", gen.with_uid("u-export"), permits("3"))
+    refused = consent(both, three, "ledger", lookup(report))
+    assert refused.verdict == "refused"
+    assert refused.reason.startswith("lock ledger has 2 permits, as CronJob report asks")
+    assert "Set it to 2 here, or to 3 on report as well" in refused.reason
+    assert consent(both, report, "ledger", lookup(three)) == Consent("owned")
+    # Once report asks 3 too, the last one to agree may write it.
+    report_three = gen.cronjob("report", gen.with_uid("u-report"), permits("3"))
+    assert consent(both, report_three, "ledger", lookup(three)) == Consent("owned")
+    assert consent(both, three, "ledger", lookup(report_three)) == Consent("owned")
+
+
+def test_a_joiner_asking_other_permits_than_the_lock_is_refused_even_with_consent() -> None:
+    invoices = gen.cronjob("invoices", gen.with_uid("u-inv"), sharing_with("report"))
+    me = gen.cronjob("report", gen.with_uid("u-report"), permits("4"))
+    refused = consent(counted(1, ("invoices", "u-inv")), me, "ledger", lookup(invoices))
+    assert refused.verdict == "refused"
+    assert "lock ledger has 1 permit, as CronJob invoices asks" in refused.reason
+    # Absent on both is 1 on both; "1" written out is the same.
+    plain = gen.cronjob("report", gen.with_uid("u-report"), permits("1"))
+    assert consent(counted(1, ("invoices", "u-inv")), plain, "ledger", lookup(invoices)) == (
+        Consent("join")
+    )
+
+
+def test_a_lone_user_changes_its_locks_permits_and_unseen_or_bad_users_do_not_hold_it() -> None:
+    me = gen.cronjob("report", gen.with_uid("u-report"), permits("5"))
+    assert consent(counted(2, ("report", "u-report")), me, "ledger", lookup()) == (Consent("owned"))
+    # A user asking a bad value (its own reconcile refuses it) or replaced under its name
+    # (another uid) holds the lock's N for nobody.
+    bad = gen.cronjob("export", gen.with_uid("u-export"), permits("zero"))
+    replaced = gen.cronjob("export", gen.with_uid("u-new"), permits("2"))
+    used = counted(2, ("report", "u-report"), ("export", "u-export"))
+    assert consent(used, me, "ledger", lookup(bad)) == Consent("owned")
+    assert consent(used, me, "ledger", lookup(replaced)) == Consent("owned")

@@ -16,7 +16,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -386,6 +386,7 @@ class InProcess:
         stop_mode: str,
         policy: str = "skip",
         wait_timeout: str | None = None,
+        extra: tuple[str, ...] = (),
     ) -> None:
         self.events: list[str] = []
         self.run_dir = tmp_path / "run"
@@ -400,7 +401,7 @@ class InProcess:
                 "hold", "--lease", "default/cronlock-report", "--identity", ME,
                 "--ttl", "3s", "--renew", "200ms", "--kill-grace", "1s", "--stop", stop_mode,
                 "--run-dir", str(self.run_dir), "--policy", policy,
-                *(["--wait-timeout", wait_timeout] if wait_timeout else []),
+                *(["--wait-timeout", wait_timeout] if wait_timeout else []), *extra,
             ],
             {},
         )  # fmt: skip
@@ -453,9 +454,12 @@ def in_process(tmp_path: Path, clock: FakeClock) -> Iterator[Callable[..., InPro
         lease: Lease | None = None,
         policy: str = "skip",
         wait_timeout: str | None = None,
+        extra: tuple[str, ...] = (),
     ) -> InProcess:
         made.append(
-            InProcess(tmp_path, clock, lease or make_lease(), stop_mode, policy, wait_timeout)
+            InProcess(
+                tmp_path, clock, lease or make_lease(), stop_mode, policy, wait_timeout, extra
+            )
         )
         return made[-1]
 
@@ -782,3 +786,79 @@ def test_observe_with_the_lease_lost_keeps_the_run_going(
     assert held.terminate() == 0
     assert "stop" not in held.events
     assert not any(event.startswith("start until") for event in held.events)  # no watchdog
+
+
+def held_for(line: str) -> float:
+    """The seconds a `max-hold exceeded: held D, bound B` line says the run held the lock."""
+    match = re.fullmatch(r"max-hold exceeded: held ([0-9.]+)s, bound 1s\n", line)
+    assert match is not None, line
+    return float(match.group(1))
+
+
+@pytest.mark.parametrize("stop_mode", ["signal", "liveness"])
+def test_a_run_past_its_max_hold_is_stopped_but_its_lease_is_renewed_until_the_pod_ends(
+    in_process: Callable[..., InProcess], tmp_path: Path, stop_mode: str
+) -> None:
+    message = tmp_path / "termination-log"
+    held = in_process(stop_mode, extra=("--max-hold", "1s", "--termination-log", str(message)))
+    held.thread.start()
+    wait_for(lambda: message.exists() and message.read_text() != "")
+    # Each write moves the fake clock 0.1s on, the acquire's too: held from the acquire.
+    assert 1.0 <= held_for(message.read_text()) <= 1.0 + 0.2  # within one renew period
+    writes = held.events.count(f"write {ME}")
+    assert writes >= 10, "the bound counts from the acquire, not before"
+    assert not held.state.is_held(), "/held answers 503: the kubelet stops the work"
+    if stop_mode == "signal":
+        assert held.events.count("stop") == 1, "the watchdog stops the run's processes once"
+        stopped = held.events.index("stop")
+    else:
+        assert "stop" not in held.events
+        stopped = len(held.events)
+    # The Lease stays this run's, renewed, until the pod ends: its processes may still be
+    # stopping, and no other run may start meanwhile.
+    wait_for(lambda: held.events.count(f"write {ME}") >= writes + 3)
+    assert holder_of(held.transport) == ME
+    assert held.state.held
+    assert [e for e in held.events[stopped:] if e.startswith("until")] == [], (
+        "no heartbeat to a watchdog that has stopped the run and exited"
+    )
+    # The pod's SIGTERM once its work ended: the release gives the Lease back.
+    assert held.terminate() == 0
+    assert holder_of(held.transport) == ""
+    assert held.events[-1] == "reaped" if stop_mode == "signal" else "write (nobody)"
+
+
+def test_a_run_within_its_max_hold_is_never_stopped(
+    in_process: Callable[..., InProcess], tmp_path: Path
+) -> None:
+    message = tmp_path / "termination-log"
+    held = in_process("signal", extra=("--max-hold", "1h", "--termination-log", str(message)))
+    held.thread.start()
+    wait_for(lambda: held.events.count(f"write {ME}") >= 12)
+    assert held.state.is_held()
+    assert "stop" not in held.events
+    assert not message.exists()
+    assert held.terminate() == 0
+    assert holder_of(held.transport) == ""
+
+
+def test_a_restarted_sidecar_counts_max_hold_from_the_leases_acquire_not_its_restart(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    """A sidecar that crashes and is restarted must not give its run a fresh bound."""
+    acquired = clock.now() - timedelta(hours=2)
+    lease = make_lease(ME, acquired=acquired, renewed=clock.now(), transitions=3)
+    message = tmp_path / "termination-log"
+    held = InProcess(
+        tmp_path, clock, lease, "liveness",
+        extra=("--max-hold", "1h", "--termination-log", str(message)),
+    )  # fmt: skip
+    held.run_dir.mkdir()
+    (held.run_dir / "decision").write_text("run\n")
+    try:
+        held.thread.start()
+        wait_for(lambda: message.exists() and message.read_text() != "")
+        assert message.read_text().startswith("max-hold exceeded: held 2h")
+        assert not held.state.is_held()
+    finally:
+        assert held.terminate() == 0

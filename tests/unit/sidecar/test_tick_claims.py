@@ -189,6 +189,7 @@ class Pod:
         *,
         store: bool = False,
         mounted: bool = True,
+        extra: tuple[str, ...] = (),
     ):
         self.run_dir = tmp_path / "run"
         # The success volume as the operator mounts it for a lock in a store.
@@ -200,7 +201,7 @@ class Pod:
                 "hold", "--lease", "default/cronlock-report", "--identity", ME,
                 "--ttl", "3s", "--renew", "200ms", "--run-dir", str(self.run_dir),
                 "--job-name", job, "--cronjob", "report", "--job-uid", "uid-of-this-job",
-                "--policy", policy,
+                "--policy", policy, *extra,
             ],
             {"CRONLOCK_STORE": "redis://127.0.0.1:6379/0"} if store else {},
         )  # fmt: skip
@@ -248,7 +249,24 @@ def test_the_work_gets_its_tick_and_the_one_before_in_tick_env(
         "CRONLOCK_LAST_SUCCESS_TICK=\n"
         "CRONLOCK_MANUAL=false\n"
         "CRONLOCK_SUCCESS_FILE=\n"
+        "CRONLOCK_PERMIT=0\n"
     )
+    assert main(["gate"], {"CRONLOCK_RUN_DIR": str(pods[0].run_dir)}) == 0
+
+
+def test_a_pod_holding_permit_1_is_told_its_permit_and_that_permits_token(
+    tmp_path: Path, clock: FakeClock, transport: FakeTransport, pods: list[Pod]
+) -> None:
+    # A lock of two permits: permit 0 (the spec) held by another run, permit 1 taken 4 times.
+    entry = f"- {START.strftime('%Y-%m-%dT%H:%M:%S.%fZ')} - 60 4 -"
+    notes = {"cronlock.io/permits": "2", "cronlock.io/permit.1": entry}
+    transport.store(make_lease(OTHER, annotations=notes))
+    pods.append(Pod(tmp_path, clock, transport, JOB))
+    assert pods[0].file("decision") == "run\n"
+    assert "CRONLOCK_PERMIT=1\n" in pods[0].file("tick.env")
+    assert pods[0].file("fencing-token") == "5\n"
+    assert '"permit": 1' in pods[0].file("lease.json")
+    assert read_lease(transport.lease or {}).holder == OTHER
     assert main(["gate"], {"CRONLOCK_RUN_DIR": str(pods[0].run_dir)}) == 0
 
 
@@ -260,7 +278,7 @@ def test_a_manual_runs_tick_env_says_manual(
     assert pods[0].file("decision") == "run\n"
     assert pods[0].file("tick.env") == (
         "CRONLOCK_TICK=\nCRONLOCK_PREVIOUS_TICK=\nCRONLOCK_LAST_SUCCESS_TICK=\nCRONLOCK_MANUAL=true\n"
-        "CRONLOCK_SUCCESS_FILE=\n"
+        "CRONLOCK_SUCCESS_FILE=\nCRONLOCK_PERMIT=0\n"
     )
 
 
@@ -343,6 +361,7 @@ def test_the_work_gets_the_last_successful_tick_apart_from_the_last_claimed(
         "CRONLOCK_LAST_SUCCESS_TICK=2026-11-29T07:50:00Z\n"
         "CRONLOCK_MANUAL=false\n"
         "CRONLOCK_SUCCESS_FILE=\n"
+        "CRONLOCK_PERMIT=0\n"
     )
 
 
@@ -418,6 +437,25 @@ def test_a_store_locks_work_that_creates_no_success_file_records_no_success(
     success = success_on(transport)
     assert success is not None
     assert success.at == EARLIER, "a tick whose work said nothing does not move the success"
+    assert read_lease(transport.lease or {}).holder == "", "released all the same"
+
+
+def test_a_store_locks_run_stopped_at_its_max_hold_records_no_success(
+    tmp_path: Path, clock: FakeClock, transport: FakeTransport, pods: list[Pod]
+) -> None:
+    """A work that said it succeeded and then hung past its bound was stopped: no success."""
+    transport.store(make_lease(annotations=succeeded(EARLIER, "uid-ok")))
+    message = tmp_path / "termination-log"
+    bound = ("--max-hold", "1s", "--termination-log", str(message))
+    pod = Pod(tmp_path, clock, transport, JOB, store=True, extra=bound)
+    pods.append(pod)
+    pod.success_file.touch()
+    clock.advance(1.1)  # past the bound, within the renew deadline
+    wait_for(lambda: message.exists() and message.read_text() != "")
+    pod.end()
+    success = success_on(transport)
+    assert success is not None
+    assert success.at == EARLIER
     assert read_lease(transport.lease or {}).holder == "", "released all the same"
 
 

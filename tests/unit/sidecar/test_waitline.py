@@ -3,6 +3,9 @@ first, who is let in first, and how long one may wait."""
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
+from cronlock_sidecar import waitline
 from cronlock_sidecar.waitline import WaitLine
 
 
@@ -95,3 +98,23 @@ def test_clear_hands_back_everything_in_line() -> None:
     waiting.join("b-1", "b", {})
     assert sorted(waiting.clear()) == ["a-1", "b-1"]
     assert len(waiting) == 0
+
+
+class Held(NamedTuple):
+    peer: str
+    opened: float
+    answered: bool = False
+
+
+def test_a_newcomer_takes_the_busiest_peers_oldest_slot_an_answered_one_first() -> None:
+    serving = [Held("a", 1), Held("a", 2, answered=True), Held("a", 3), Held("b", 0)]
+    assert waitline.slot_to_take(serving, "c") == Held("a", 2, answered=True)
+    assert waitline.slot_to_take(serving, "b") == Held("a", 2, answered=True)
+    unanswered = [Held("a", 3), Held("a", 1), Held("b", 0)]
+    assert waitline.slot_to_take(unanswered, "c") == Held("a", 1)
+
+
+def test_a_newcomer_from_a_peer_as_busy_as_the_busiest_takes_nothing() -> None:
+    assert waitline.slot_to_take([Held("a", 1), Held("b", 2)], "a") is None
+    assert waitline.slot_to_take([Held("a", 1), Held("a", 2)], "a") is None
+    assert waitline.slot_to_take([], "a") is None

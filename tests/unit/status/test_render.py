@@ -251,6 +251,8 @@ def test_json_is_a_list_of_objects_with_iso_times_and_numeric_seconds() -> None:
         "guardedBy": "annotation",
         "policy": "skip",
         "state": "held",
+        "permits": 1,
+        "permit": 0,
         "holder": LONG_HOLDER,
         "renewTime": "2026-11-29T07:59:56Z",
         "renewedSecondsAgo": 4.0,

@@ -23,6 +23,7 @@ from cronlock_operator.cronjob.podspec import (
 )
 from cronlock_operator.cronjob.policies import (
     Policy,
+    parse_max_hold,
     parse_policy,
     parse_queue_timeout,
     parse_wait_timeout,
@@ -41,6 +42,7 @@ from cronlock_operator.leases.sharing import InvalidPeers, parse_peers
 from cronlock_operator.objects import annotations_of
 from cronlock_sidecar import contract
 from cronlock_sidecar.lock.model import Timing
+from cronlock_sidecar.lock.permits import read_count
 from cronlock_sidecar.lock.schedule import min_gap_seconds
 
 Stop = Literal["liveness", "signal"]
@@ -80,6 +82,10 @@ class LockConfig:
     peers: frozenset[str] = frozenset()
     # policy: queue: how long a Job may stay queued, then its pod wait (0 otherwise).
     queue_timeout_seconds: float = 0.0
+    # The longest a run may hold the lock from its acquire (`cronlock.io/max-hold`); 0: none.
+    max_hold_seconds: float = 0.0
+    # How many runs may hold the lock at once (`cronlock.io/permits`): the lock's N.
+    permits: int = 1
 
     @property
     def shared_store(self) -> bool:
@@ -219,6 +225,7 @@ def parse_config(cronjob: Mapping[str, Any], settings: Defaults) -> LockConfig:
                 "is out of its sight; use policy wait with a store",
             )
         wait_timeout = queue_timeout  # a let-go run that finds the lock taken waits as long
+    max_hold = parse_max_hold(annotations, policy, Timing.of(ttl, renew, settings.skew_seconds))
     stop = _parse_stop(annotations, cronjob)
     if stop == "signal" and store != "lease":
         _refuse_signal_with_store(annotations, cronjob, store)
@@ -232,6 +239,9 @@ def parse_config(cronjob: Mapping[str, Any], settings: Defaults) -> LockConfig:
     except InvalidPeers as error:
         text = annotations[contract.ANNOTATION_SHARE_LOCK_WITH]
         raise InvalidConfig(contract.ANNOTATION_SHARE_LOCK_WITH, text[:200], str(error)) from None
+    permits = parse_permits(annotations)
+    if permits > 1:
+        _refuse_permits_with(annotations, store, policy)
     kill_grace = kill_grace_seconds(ttl, settings.skew_seconds, ttl_shown)
 
     return LockConfig(
@@ -251,6 +261,8 @@ def parse_config(cronjob: Mapping[str, Any], settings: Defaults) -> LockConfig:
         probe=probe_tolerance(ttl, settings.skew_seconds, kill_grace),
         peers=peers,
         queue_timeout_seconds=queue_timeout,
+        max_hold_seconds=max_hold,
+        permits=permits,
     )
 
 
@@ -403,6 +415,55 @@ def _refuse_shared_processes_with_store(
         "URL and password through /proc/<sidecar pid>/root; remove shareProcessNamespace "
         "from the job template or keep the lock in this cluster's Lease",
     )
+
+
+def parse_permits(annotations: Mapping[str, str]) -> int:
+    """`cronlock.io/permits`: how many runs may hold the lock at once (absent: 1), read by
+    the rule the sidecar reads the lock's N by (`permits.read_count`)."""
+    value = annotations.get(contract.ANNOTATION_PERMITS)
+    if value is None:
+        return 1
+    count = read_count(value)
+    if count is None:
+        raise InvalidConfig(
+            contract.ANNOTATION_PERMITS,
+            value[:64],
+            f"is not a number of permits; expected a whole number from 1 to "
+            f"{contract.MAX_PERMITS} (how many runs may hold the lock at once)",
+        )
+    return count
+
+
+def _refuse_permits_with(annotations: Mapping[str, str], store: str, policy: Policy) -> None:
+    """Permits above 1 the sidecar does not hold yet (docs/DECISIONS.md, "Permits in the
+    sidecar, as built"): in Redis or PostgreSQL, whose rules judge one holder, a lock is
+    one permit; under `replace`, which of N holders to stop is not settled; under `queue`,
+    the dispatch reads one holder (reconcile/queue.py `permit_free`). Refused, not
+    quietly guarded as something else."""
+    text = annotations[contract.ANNOTATION_PERMITS]
+    if store != "lease":
+        raise InvalidConfig(
+            contract.ANNOTATION_PERMITS,
+            text,
+            f"needs the lock in the Lease: a lock in {store} holds one permit (its rules judge "
+            f"one holder); remove {contract.ANNOTATION_PERMITS} or {contract.ANNOTATION_STORE}",
+        )
+    if policy == "replace":
+        raise InvalidConfig(
+            contract.ANNOTATION_PERMITS,
+            text,
+            f'cannot be used with {contract.ANNOTATION_POLICY}: "replace" yet: which of the '
+            "holders a replacing run should stop is not settled; use skip, wait or observe, "
+            f"or remove {contract.ANNOTATION_PERMITS}",
+        )
+    if policy == "queue":
+        raise InvalidConfig(
+            contract.ANNOTATION_PERMITS,
+            text,
+            f'cannot be used with {contract.ANNOTATION_POLICY}: "queue" yet: the queue lets a '
+            "run go when the Lease's one holder releases (a permit reserved for the Job let go "
+            f"is not built); use wait, or remove {contract.ANNOTATION_PERMITS}",
+        )
 
 
 def parse_alert_after(annotations: Mapping[str, str]) -> int:

@@ -15,6 +15,7 @@ from typing import Final, Literal, cast
 
 from cronlock_operator.cronjob.invalid import InvalidConfig, duration_annotation
 from cronlock_sidecar import contract
+from cronlock_sidecar.lock.maxhold import max_hold_problem
 from cronlock_sidecar.lock.model import Timing, replace_wait_timeout
 
 Policy = Literal["skip", "wait", "replace", "observe", "queue"]
@@ -99,4 +100,17 @@ def parse_queue_timeout(
             text,
             "is out of range; expected 1s to 24h (how long a tick may stay queued)",
         )
+    return seconds
+
+
+def parse_max_hold(annotations: Mapping[str, str], policy: Policy, timing: Timing) -> float:
+    """Seconds a run may hold its lock from its acquire (0: no bound); the sidecar stops a
+    run past it as it stops one that lost its lock (lock/maxhold.py has the bounds)."""
+    text = annotations.get(contract.ANNOTATION_MAX_HOLD)
+    if text is None:
+        return 0.0
+    seconds = duration_annotation(contract.ANNOTATION_MAX_HOLD, text)
+    problem = max_hold_problem(seconds, timing, policy)
+    if problem is not None:
+        raise InvalidConfig(contract.ANNOTATION_MAX_HOLD, text, problem)
     return seconds

@@ -75,6 +75,12 @@ def sidecar_container(
         ]
     if settings.cluster_name:
         tick_env.append(_env(contract.ENV_CLUSTER, settings.cluster_name))
+    # Only when set: a CronJob without a bound keeps the injection it had before max-hold.
+    bound_env = (
+        [_env(contract.ENV_MAX_HOLD, format_duration(config.max_hold_seconds))]
+        if config.max_hold_seconds > 0
+        else []
+    )
     store_env, store_mounts = [], []
     image = settings.sidecar_image
     if config.shared_store:
@@ -107,6 +113,7 @@ def sidecar_container(
             _env(contract.ENV_WAIT_TIMEOUT, format_duration(config.wait_timeout_seconds)),
             _env(contract.ENV_STOP, config.stop),
             _env(contract.ENV_KILL_GRACE, format_duration(config.kill_grace_seconds)),
+            *bound_env,
             _env(contract.ENV_SKEW, format_duration(config.skew_seconds)),
             _env(contract.ENV_PORT, str(contract.SIDECAR_PORT)),
             _env(contract.ENV_RUN_DIR, contract.RUN_DIR),

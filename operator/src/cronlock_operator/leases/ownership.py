@@ -61,15 +61,24 @@ def lease_labels(lock: str) -> dict[str, str]:
 # Where a lock lives, as its Lease says: nothing for a lock in the Lease itself; for a
 # lock in Redis or PostgreSQL (whose Lease only registers its users), the store and the
 # Secret its CronJobs name. `cronlock freeze` reads it, since a freeze written on a
-# registry Lease is one no run reads.
+# registry Lease is one no run reads. And the lock's N permits, when more than one.
 StoreMarks = dict[str, str | None]
 
 
-def store_marks(store: str, secret: str | None) -> StoreMarks:
-    """The annotations a lock's Lease carries for where it lives (None: absent)."""
+def store_marks(store: str, secret: str | None, permits: int = 1) -> StoreMarks:
+    """The annotations a lock's Lease carries for where it lives and, when more than one,
+    how many permits it has (None: absent; an absent N is 1, lock/permits.py)."""
+    counted = {contract.ANNOTATION_PERMITS: None if permits == 1 else str(permits)}
     if store == "lease":
-        return dict.fromkeys((contract.ANNOTATION_STORE, contract.ANNOTATION_STORE_SECRET))
-    return {contract.ANNOTATION_STORE: store, contract.ANNOTATION_STORE_SECRET: secret or ""}
+        return {
+            **dict.fromkeys((contract.ANNOTATION_STORE, contract.ANNOTATION_STORE_SECRET)),
+            **counted,
+        }
+    return {
+        contract.ANNOTATION_STORE: store,
+        contract.ANNOTATION_STORE_SECRET: secret or "",
+        **counted,
+    }
 
 
 def marks_differ(lease: Mapping[str, Any], marks: StoreMarks) -> bool:

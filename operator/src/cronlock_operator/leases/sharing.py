@@ -18,6 +18,7 @@ from typing import Any, Final, Literal, NamedTuple
 
 from cronlock_operator.leases.ownership import foreign_lease, lease_is_ours
 from cronlock_sidecar import contract
+from cronlock_sidecar.lock.permits import permits_of, read_count
 
 _NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 MAX_PEERS: Final = 100
@@ -98,7 +99,61 @@ class Consent(NamedTuple):
 def consent(
     lease: Mapping[str, Any] | None, cronjob: Mapping[str, Any], lock: str, cached: CronJobLookup
 ) -> Consent:
-    """Whether `cronjob` may use the lock whose Lease is `lease` (None: none seen).
+    """Whether `cronjob` may use the lock whose Lease is `lease` (None: none seen): a user it
+    may be (`_consent`) that asks the lock's N permits, or the only one still asking it."""
+    given = _consent(lease, cronjob, lock, cached)
+    if lease is not None and given.granted:
+        conflict = permits_conflict(lease, cronjob, lock, cached)
+        if conflict is not None:
+            return Consent("refused", conflict)
+    return given
+
+
+def asked_permits(cronjob: Mapping[str, Any]) -> int | None:
+    """The N a CronJob asks (`cronlock.io/permits`, absent 1); None for a bad value, which
+    its own reconcile refuses."""
+    notes = (cronjob.get("metadata") or {}).get("annotations") or {}
+    text = notes.get(contract.ANNOTATION_PERMITS)
+    return 1 if text is None else read_count(text)
+
+
+def permits_conflict(
+    lease: Mapping[str, Any], cronjob: Mapping[str, Any], lock: str, cached: CronJobLookup
+) -> str | None:
+    """Why `cronjob` may not (yet) use the lock for the N it asks (None: it may).
+
+    The lock's N is what its Lease says. A user asking another N changes it only once no
+    other user (as cached) still asks the Lease's N: so changing N means annotating every
+    CronJob of the lock, the last one writes it, and two users never flip it back and forth.
+    """
+    mine, current = asked_permits(cronjob), permits_of(lease)
+    if mine is None or mine == current:
+        return None
+    uid = cronjob["metadata"]["uid"]
+    agreeing = sorted(
+        user
+        for user_uid, user in lease_users(lease).items()
+        if user_uid != uid
+        and (body := cached(user)) is not None
+        and body["metadata"].get("uid") == user_uid
+        and asked_permits(body) == current
+    )
+    if not agreeing:
+        return None
+    names = ", ".join(agreeing)
+    return (
+        f"lock {lock} has {current} permit{'s' if current != 1 else ''}, as CronJob {names} "
+        f"asks ({contract.ANNOTATION_PERMITS}); this CronJob asks for {mine}: every CronJob "
+        f"sharing a lock asks the same {contract.ANNOTATION_PERMITS}. Set it to {current} "
+        f"here, or to {mine} on {names} as well (docs/USAGE.md, Permits)"
+    )
+
+
+def _consent(
+    lease: Mapping[str, Any] | None, cronjob: Mapping[str, Any], lock: str, cached: CronJobLookup
+) -> Consent:
+    """Whether `cronjob` may use the lock whose Lease is `lease` (None: none seen), its
+    permits aside.
 
     A user the operator has not seen (gone, or replaced under the same name) gives no
     consent; while one is left and nobody consents, it is `undecided`, not a refusal: the

@@ -5,7 +5,7 @@ The chart's template (charts/cronlock/templates/annotation-policy.yaml) is this 
 output, never edited by hand: `python -m cronlock_operator.lint.admission` writes it, and
 tests/unit/test_annotation_policy.py fails when the checked-in file differs. Every bound,
 name list and pattern below is read from the operator's own rules (cronjob.config,
-cronjob.timing, cronjob.defaults, cronjob.policies, leases.sharing, the contract), and
+cronjob.timing, cronjob.defaults, cronjob.policies, leases.sharing, the contract, lock.permits), and
 tests/integration/test_annotation_policy.py applies a corpus of good and bad values on the
 real API server and compares the policy's verdict with `cronlock lint`'s.
 
@@ -26,7 +26,8 @@ from cronlock_operator.cronjob import config, defaults, policies, timing
 from cronlock_operator.cronjob.podspec import DEFAULT_SERVICE_ACCOUNT
 from cronlock_operator.leases import sharing
 from cronlock_sidecar import contract
-from cronlock_sidecar.lock import durations, model
+from cronlock_sidecar.lock import durations, maxhold, model
+from cronlock_sidecar.lock import permits as permits_model
 
 TEMPLATE: Final = "charts/cronlock/templates/annotation-policy.yaml"
 # Every message starts so: a user (or a test) tells cronlock's warnings from others'.
@@ -37,6 +38,7 @@ QUOTED: Final = 64
 _DURATION: Final = f"^(0|({durations._PART.pattern})+)$"
 _NAME: Final = f"^({config._LOCK.pattern})$"
 _PEER: Final = f"^({sharing._NAME.pattern})$"
+_COUNT: Final = f"^{permits_model._COUNT.pattern}"
 _MIN_TTL: Final = timing.minimum_ttl_seconds(contract.DEFAULT_SKEW_SECONDS)
 _STOPS: Final = ("liveness", "signal", "auto")
 
@@ -94,7 +96,7 @@ def rules() -> list[Rule]:
     forms = durations.DURATION_FORMS
     denominator = model.RENEW_DEADLINE_DENOMINATOR
     alert, missed = contract.ANNOTATION_ALERT_AFTER, contract.ANNOTATION_ALERT_AFTER_MISSED
-    peers = contract.ANNOTATION_SHARE_LOCK_WITH
+    peers, permits = contract.ANNOTATION_SHARE_LOCK_WITH, contract.ANNOTATION_PERMITS
     return [
         Rule(
             "(any)",
@@ -225,6 +227,7 @@ def rules() -> list[Rule]:
             f'"{policy}: \\"queue\\" needs the lock in a Lease ({store}: lease): the '
             f'operator lets a queued Job go when it sees the Lease released"',
         ),
+        *_max_hold_rules(),
         _one_of(contract.ANNOTATION_STOP, _STOPS),
         Rule(
             contract.ANNOTATION_STOP,
@@ -247,12 +250,84 @@ def rules() -> list[Rule]:
         _number(missed, 0, defaults.MAX_ALERT_AFTER_MISSED, "ticks without a successful run"),
         _one_of(contract.ANNOTATION_KEEP_SKIPPED_JOBS, ("true", "false")),
         Rule(
+            permits,
+            f"!({_set(permits)}) || ({_text(permits)}.trim().matches(r'{_COUNT}') "
+            f"&& int({_text(permits)}.trim()) <= {contract.MAX_PERMITS})",
+            f'{_quoted(permits)} + "is not a number of permits; expected a whole number from 1 '
+            f'to {contract.MAX_PERMITS} (how many runs may hold the lock at once)"',
+        ),
+        Rule(
+            permits,
+            f"!({_set(permits)}) || !({_text(permits)}.trim().matches(r'{_COUNT}')) || "
+            f'int({_text(permits)}.trim()) == 1 || !({_text(store)} in ["redis", "postgres"])',
+            f'{_quoted(permits)} + "needs the lock in the Lease: a lock in " + {_text(store)} + '
+            f'" holds one permit (its rules judge one holder); remove {permits} or {store}"',
+        ),
+        Rule(
+            permits,
+            f"!({_set(permits)}) || !({_text(permits)}.trim().matches(r'{_COUNT}')) || "
+            f"int({_text(permits)}.trim()) == 1 || "
+            f'variables.notes[?"{policy}"].orValue(variables.defaultPolicy) != "replace"',
+            f'{_quoted(permits)} + "cannot be used with {policy}: \\"replace\\" yet: which '
+            f"of the holders a replacing run should stop is not settled; use skip, wait or "
+            f'observe, or remove {permits}"',
+        ),
+        Rule(
+            permits,
+            f"!({_set(permits)}) || !({_text(permits)}.trim().matches(r'{_COUNT}')) || "
+            f'int({_text(permits)}.trim()) == 1 || {_text(policy)} != "queue"',
+            f'{_quoted(permits)} + "cannot be used with {policy}: \\"queue\\" yet: the '
+            f"queue lets a run go when the Lease's one holder releases; use wait, or remove "
+            f'{permits}"',
+        ),
+        Rule(
             peers,
             f'!({_set(peers)}) || ({_text(peers)}.split(",").size() <= {sharing.MAX_PEERS} '
             f'&& {_text(peers)}.split(",").all(n, n.trim().size() <= '
             f"{sharing.MAX_NAME_LENGTH} && n.trim().matches(r'{_PEER}')))",
             f'{_quoted(peers)} + "is not a list of at most {sharing.MAX_PEERS} CronJob names of '
             f'this namespace, separated by commas"',
+        ),
+    ]
+
+
+def _max_hold_rules() -> list[Rule]:
+    """cronlock.io/max-hold: a duration, at most a week, never with policy observe, and at
+    least MAX_HOLD_RENEWALS renew periods (the renew the operator would use: annotated,
+    else a third of an annotated ttl, else the chart's default renew or a third of its ttl)."""
+    bound, policy, renew = (
+        contract.ANNOTATION_MAX_HOLD,
+        contract.ANNOTATION_POLICY,
+        contract.ANNOTATION_RENEW,
+    )
+    given = f'!({_set(bound)}) || !({_duration_ok(bound)}) || {_duration(bound)} == duration("0s")'
+    renewals = maxhold.MAX_HOLD_RENEWALS
+    return [
+        Rule(
+            bound,
+            f"!({_set(bound)}) || {_duration_ok(bound)}",
+            f'{_quoted(bound)} + "is not a duration; expected {durations.DURATION_FORMS}"',
+        ),
+        Rule(
+            bound,
+            f'{given} || {_duration(bound)} <= duration("{maxhold.MAX_HOLD_LONGEST_SECONDS:g}s")',
+            f'{_quoted(bound)} + "is out of range; expected at most 168h (7 days), or 0 for no '
+            f'bound"',
+        ),
+        Rule(
+            bound,
+            f'{given} || variables.notes[?"{policy}"].orValue(variables.defaultPolicy) '
+            '!= "observe"',
+            f'{_quoted(bound)} + "cannot be used with {policy}: \\"observe\\", which never '
+            f'stops a run; use another policy or remove the max-hold"',
+        ),
+        Rule(
+            bound,
+            f"{given} || !variables.ttlOk || ({_set(renew)} && !({_duration_ok(renew)})) || "
+            f"{_duration(bound)}.getMilliseconds() >= {renewals} * variables.renewMs",
+            f'{_quoted(bound)} + "is shorter than {renewals} renew periods (" + '
+            f'string({renewals} * variables.renewMs) + "ms); expected at least that, or 0 for '
+            f'no bound"',
         ),
     ]
 
@@ -370,6 +445,22 @@ def render() -> str:
     ]
     ttl_rules = [rule for rule in rules() if rule.annotation == contract.ANNOTATION_TTL]
     lines.append("        " + " && ".join(f"({rule.expression})" for rule in ttl_rules))
+    renew = contract.ANNOTATION_RENEW
+    lines += [
+        "    # The renew period the operator uses, in milliseconds (read once ttlOk and a set",
+        "    # renew's own syntax are checked): annotated, else a third of an annotated ttl,",
+        "    # else the chart's default renew, else a third of its default ttl.",
+        "    - name: renewMs",
+        "      expression: >-",
+        f"        {_set(renew)} ? {_duration(renew)}.getMilliseconds() :",
+        "        {{- if .Values.defaults.renew }}",
+        f'        "{contract.ANNOTATION_TTL}" in variables.notes ? '
+        "variables.ttlDuration.getMilliseconds() / 3 :",
+        "        duration({{ .Values.defaults.renew | quote }}).getMilliseconds()",
+        "        {{- else }}",
+        "        variables.ttlDuration.getMilliseconds() / 3",
+        "        {{- end }}",
+    ]
     lines.append("  validations:")
     for rule in rules():
         lines += [

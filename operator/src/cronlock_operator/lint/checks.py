@@ -15,7 +15,7 @@ from typing import Any, Final, Literal
 
 from cronlock_operator.cronjob.reading import ConfigReading, Readings, read_config
 from cronlock_operator.leases.ownership import new_lease, owner_reference
-from cronlock_operator.leases.sharing import consent
+from cronlock_operator.leases.sharing import asked_permits, consent
 from cronlock_operator.lint.documents import Manifest
 from cronlock_operator.reconcile.cronjobs import LEFT_AS_IT_WAS, CronJobInput, decide
 from cronlock_operator.settings import OperatorSettings
@@ -241,6 +241,10 @@ def _join_all(
     """Who is refused when `first` creates the Lease and the others join while anyone may."""
     lease = new_lease(contract.lease_name(lock), first.body, lock, first.ttl_seconds)
     lease["metadata"]["namespace"] = first.body["metadata"]["namespace"]
+    # The first user's N permits, as the operator writes it on the Lease it creates.
+    count = asked_permits(first.body)
+    if count is not None and count > 1:
+        lease["metadata"]["annotations"] = {contract.ANNOTATION_PERMITS: str(count)}
     waiting = [member for member in members if member is not first]
     refused: list[tuple[_Guarded, str]] = []
     while waiting:

@@ -127,6 +127,14 @@ class CountRun:
 
 
 @dataclass(frozen=True)
+class CountMaxHoldExceeded:
+    """A run of the CronJob was stopped at its cronlock.io/max-hold."""
+
+    namespace: str
+    cronjob: str
+
+
+@dataclass(frozen=True)
 class CountTakeover:
     namespace: str
     lock: str
@@ -190,6 +198,7 @@ Action = (
     | PatchLease
     | RecordSuccess
     | CountRun
+    | CountMaxHoldExceeded
     | CountTakeover
     | CountContention
     | SetConsecutiveSkips

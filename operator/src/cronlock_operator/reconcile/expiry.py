@@ -3,7 +3,9 @@
 Expiry is judged on the operator's own monotonic clock (how long since it last saw the
 Lease change), never by comparing the holder's wall clock with ours: a holder whose
 renewals stopped reaching the API server for longer than its duration plus the skew is
-cleared with a guarded patch, so the next run need not wait for the TTL itself.
+cleared with a guarded patch, so the next run need not wait for the TTL itself. A lock of
+N permits (sidecar lock/permits.py) has one such holder per permit: the spec's, and each
+entry `cronlock.io/permit.K`'s, observed and cleared alike.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from cronlock_operator.reconcile.actions import (
 )
 from cronlock_sidecar import contract
 from cronlock_sidecar.lock.model import LeaseRecord, cleared, read_lease
+from cronlock_sidecar.lock.permits import Permit, cleared_permit, read_permits
+from cronlock_sidecar.microtime import format_microtime
 
 
 @dataclass(frozen=True)
@@ -90,6 +94,76 @@ def decide(
     )
     return [
         PatchLease(record.namespace, record.name, cleared(lease, seen.holder, wall_now)),
+        CountTakeover(record.namespace, contract.lock_of(record.name, record.lock), "expired"),
+        CountRun("lost"),
+        *(PostEvent(cronjob, "LeaseExpired", message, warning=True) for cronjob in owners),
+    ]
+
+
+def _renew_text(permit: Permit) -> str | None:
+    return format_microtime(permit.renew_time) if permit.renew_time else None
+
+
+def observe_permits(
+    previous: Mapping[int, Observation],
+    lease: Mapping[str, Any],
+    now: float,
+    longest_duration: int,
+) -> tuple[dict[int, Observation], list[Action]]:
+    """`observe` for each permit entry K ≥ 1 of the lock's N: every entry's Observation
+    (the previous one where its holder and renew time are unchanged), and what the changes
+    count as. An entry at or beyond N is nobody's permit and is not observed."""
+    seen: dict[int, Observation] = {}
+    counts: list[Action] = []
+    for permit in read_permits(lease)[1:]:
+        before = previous.get(permit.number)
+        renew_text = _renew_text(permit)
+        if before is not None and (before.holder, before.renew_time) == (
+            permit.holder,
+            renew_text,
+        ):
+            seen[permit.number] = before
+            continue
+        if before is not None and permit.holder and permit.transitions > before.transitions:
+            counts.append(CountRun("acquired"))
+        if before is not None and before.holder and not permit.holder:
+            counts.append(CountRun("released"))
+        seen[permit.number] = Observation(
+            permit.holder,
+            renew_text,
+            min(permit.duration_seconds or contract.DEFAULT_TTL_SECONDS, longest_duration),
+            permit.transitions,
+            now,
+        )
+    return seen, counts
+
+
+def decide_permit(
+    seen: Observation,
+    index: int,
+    lease: Mapping[str, Any],
+    owners: Sequence[Mapping[str, Any]],
+    now: float,
+    wall_now: datetime,
+) -> list[Action]:
+    """`decide` for permit entry `index`: clear its holder if still the one seen, unrenewed,
+    with the same `LeaseExpired` Event and counts as an expired spec holder."""
+    record = read_lease(lease)
+    entries = read_permits(lease)
+    if index >= len(entries):
+        return []  # N was lowered: no permit any more, nobody's to clear
+    permit = entries[index]
+    if (permit.holder, _renew_text(permit)) != (seen.holder, seen.renew_time):
+        return []
+    message = (
+        f"lease {record.namespace}/{record.name} permit {index} held by {seen.holder} was not "
+        f"renewed for {now - seen.seen_at:.0f}s (duration {seen.duration}s); cleared so the "
+        "next run can start"
+    )
+    return [
+        PatchLease(
+            record.namespace, record.name, cleared_permit(lease, index, seen.holder, wall_now)
+        ),
         CountTakeover(record.namespace, contract.lock_of(record.name, record.lock), "expired"),
         CountRun("lost"),
         *(PostEvent(cronjob, "LeaseExpired", message, warning=True) for cronjob in owners),

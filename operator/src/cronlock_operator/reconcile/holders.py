@@ -6,7 +6,8 @@ from another pod on that account (a web app on `default`, security review N4): a
 could claim the free Lease and renew it for ever, and every run would skip. The operator
 can tell: a run's pod is owned by a Job that is owned by one of the Lease's CronJobs (the
 CronJob controller's Jobs and `kubectl create job --from=cronjob/x` alike). A hold by any
-other pod is cleared at once, with a Warning naming it.
+other pod is cleared at once, with a Warning naming it; on a lock of N permits, so is
+each permit entry such a pod holds.
 
 An identity that names no pod (`cronlock-sidecar run` outside Kubernetes writes
 `<host>_<pid>_<random>`, and a pod name never has `_`) is left alone: under the holders'
@@ -26,6 +27,7 @@ from typing import Any, Final
 from cronlock_operator.reconcile.actions import Action, CountTakeover, PatchLease, PostEvent
 from cronlock_sidecar import contract
 from cronlock_sidecar.lock.model import cleared, read_lease
+from cronlock_sidecar.lock.permits import cleared_permit
 
 REASON: Final = "ForeignHolder"
 # A pod's name: a DNS subdomain (no `_`, so the identity splits at its last one).
@@ -92,21 +94,30 @@ def decide(
     why: str,
     owners: Sequence[Mapping[str, Any]],
     wall_now: datetime,
+    permit: int = 0,
 ) -> list[Action]:
     """Clear `holder`'s hold of `lease` (as just read; the patch applies only while it is
-    still that version and that holder), then a Warning per owning CronJob naming it."""
+    still that version and that holder), then a Warning per owning CronJob naming it.
+    `permit`: which permit of a lock of N (lock/permits.py; 0 the spec)."""
     record = read_lease(lease)
     metadata = pod.get("metadata") or {}
     account = (pod.get("spec") or {}).get("serviceAccountName") or "default"
+    which = f" permit {permit}" if permit else ""
     message = (
-        f"lease {record.namespace}/{record.name} was claimed by {holder}: pod "
+        f"lease {record.namespace}/{record.name}{which} was claimed by {holder}: pod "
         f"{metadata.get('name')} (ServiceAccount {account}) is no run of this lock: {why}. "
         "cronlock cleared the hold so that the lock's runs are not skipped. Another pod on "
         "the runs' ServiceAccount may hold their lock: give the CronJob a ServiceAccount of "
         "its own, and look at that pod"
     )
     return [
-        PatchLease(record.namespace, record.name, cleared(lease, holder, wall_now)),
+        PatchLease(
+            record.namespace,
+            record.name,
+            cleared_permit(lease, permit, holder, wall_now)
+            if permit
+            else cleared(lease, holder, wall_now),
+        ),
         CountTakeover(record.namespace, contract.lock_of(record.name, record.lock), "foreign"),
         *(PostEvent(cronjob, REASON, message, warning=True) for cronjob in owners),
     ]

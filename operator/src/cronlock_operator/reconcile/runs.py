@@ -26,6 +26,7 @@ from cronlock_operator.reconcile import skips
 from cronlock_operator.reconcile.actions import (
     Action,
     AnnotateCronJob,
+    CountMaxHoldExceeded,
     CountRun,
     CountTick,
     DeleteJob,
@@ -72,6 +73,7 @@ def decide(
     frozen: Mapping[str, FrozenLock] | None = None,
     readings: Readings,
     already_ran: Mapping[str, str] | None = None,
+    max_held: Mapping[str, str] | None = None,
 ) -> RunsDecision:
     """What counting `finished` (Jobs of this CronJob not yet counted) writes, oldest first.
 
@@ -82,6 +84,9 @@ def decide(
     `Frozen` Event that counts no skip in a row: a maintenance window is no stuck run.
     `already_ran` (Job name -> its gate's `already ran: ...` line, skips.already_ran_line)
     turns a skip into a `TickAlreadyRan` Event that counts no skip in a row either.
+    `max_held` (Job name -> its sidecar's `max-hold exceeded: ...` line,
+    skips.max_hold_line) makes a finished run that went through the lock a
+    `MaxHoldExceeded` Warning, counted by CronJob; nothing else about it changes.
     """
     metadata = cronjob["metadata"]
     namespace, name = str(metadata["namespace"]), str(metadata["name"])
@@ -193,6 +198,22 @@ def decide(
                 actions.append(_repeated(cronjob, count, lock, outcome))
             if outcome == "skipped" and not keep and present:
                 actions.append(DeleteJob(namespace, job_name))
+        held_line = (max_held or {}).get(job_name)
+        if (
+            held_line is not None
+            and outcome in ("succeeded", "failed")
+            and skips.went_through_the_lock(job, cronjob)
+        ):
+            actions.append(CountMaxHoldExceeded(namespace, name))
+            actions.append(
+                PostEvent(
+                    cronjob,
+                    contract.EVENT_MAX_HOLD_EXCEEDED,
+                    f"run {job_name} held lock {lock} past {contract.ANNOTATION_MAX_HOLD}, "
+                    f"so its work was stopped and the lock given back once it ended: {held_line}",
+                    warning=True,
+                )
+            )
         counted.append(CountedRun(uid, job_name, actions))
     after: list[Action] = []
     if count != start:

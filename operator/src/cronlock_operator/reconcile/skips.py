@@ -104,6 +104,43 @@ def already_ran_line(job: Mapping[str, Any], pod: Mapping[str, Any] | None) -> s
     return None
 
 
+def max_hold_line(job: Mapping[str, Any], pod: Mapping[str, Any] | None) -> str | None:
+    """The sidecar's `max-hold exceeded: ...` line, when `pod` is one of `job`'s own pods
+    (its controlling owner, by uid, as already_ran_line asks) whose cronlock sidecar wrote it
+    to its termination message on stopping the run at cronlock.io/max-hold; else None.
+
+    Cut at its first line and MAX_ALREADY_RAN_LINE characters, printable characters only:
+    it goes into an Event. (Under stop: signal the work shares the sidecar's user and could
+    write that file too: it can only report or hide its own run's stop, docs/SECURITY.md.)"""
+    if pod is None or not _owned_by(job, pod):
+        return None
+    for status in (pod.get("status") or {}).get("initContainerStatuses") or []:
+        if not isinstance(status, Mapping) or status.get("name") != contract.SIDECAR_CONTAINER:
+            continue
+        for state in (status.get("state"), status.get("lastState")):
+            terminated = (state or {}).get("terminated") if isinstance(state, Mapping) else None
+            if not isinstance(terminated, Mapping):
+                continue
+            message = terminated.get("message")
+            if isinstance(message, str) and message.startswith(contract.MAX_HOLD_EXCEEDED + ":"):
+                line = message.splitlines()[0][:MAX_ALREADY_RAN_LINE]
+                return "".join(char if char.isprintable() else "?" for char in line).rstrip()
+    return None
+
+
+def _owned_by(job: Mapping[str, Any], pod: Mapping[str, Any]) -> bool:
+    """The pod names the Job, by its uid, as its controlling owner."""
+    uid = (job.get("metadata") or {}).get("uid")
+    owners = (pod.get("metadata") or {}).get("ownerReferences") or []
+    return bool(uid) and any(
+        isinstance(owner, Mapping)
+        and owner.get("kind") == "Job"
+        and owner.get("uid") == uid
+        and owner.get("controller") is True
+        for owner in owners
+    )
+
+
 def went_through_the_lock(job: Mapping[str, Any], cronjob: Mapping[str, Any]) -> bool:
     """The Job's pods pass cronlock's gate as the CronJob's runs do, so its success means
     its run held the lock.

@@ -32,6 +32,8 @@ logger = logging.getLogger(__name__)
 # Runs told about by Lease notes before their Job was counted, at most (oldest go first):
 # notes are written by pods, and Jobs they name that never come must not pile up.
 MAX_CONTENDED = 10_000
+# Holder pods remembered per Job (its first pod and its retries'), at most.
+MAX_HOLDER_PODS = 8
 
 
 class RunAccounting:
@@ -77,6 +79,10 @@ class RunAccounting:
         self.contended: dict[Name, str] = {}
         # Per namespace and lock: its freeze (`cronlock freeze`), as its Lease last said.
         self.freezes: dict[Name, runs.FrozenLock] = {}
+        # Per namespace and Job: the pods its Lease named as holders (cronlock.io/holder-job),
+        # whose sidecars may say they stopped the run at cronlock.io/max-hold. The operator
+        # may only `get` pods by name, so it learns them from the Lease it watches.
+        self.holder_pods: dict[Name, set[str]] = {}
 
     # --- watch events (event loop thread) ------------------------------------------
     def job_seen(self, job: dict[str, Any]) -> str | None:
@@ -108,6 +114,7 @@ class RunAccounting:
             )
         else:
             self.freezes.pop((key[0], lock), None)
+        self._remember_holder(key[0], record)
         notes = contention.Notes.of(record)
         if notes == self.notes.get(key, contention.Notes()):
             return False
@@ -121,6 +128,17 @@ class RunAccounting:
         while len(self.contended) > MAX_CONTENDED:
             del self.contended[next(iter(self.contended))]
         return True
+
+    def _remember_holder(self, namespace: str, record: LeaseRecord) -> None:
+        pod = contract.identity_pod(record.holder)
+        if not pod or not record.holder_job:
+            return
+        pods = self.holder_pods.setdefault((namespace, record.holder_job), set())
+        if len(pods) < MAX_HOLDER_PODS:
+            pods.add(pod)
+        # The oldest Jobs go first (dicts keep insertion order).
+        while len(self.holder_pods) > MAX_CONTENDED:
+            del self.holder_pods[next(iter(self.holder_pods))]
 
     def lease_deleted(self, key: Name) -> None:
         """Forget a deleted Lease's notes: a Lease made again starts with none told."""
@@ -169,6 +187,7 @@ class RunAccounting:
             frozen=frozen,
             readings=self.readings,
             already_ran=self._already_ran(candidates.values()),
+            max_held=self._max_held(candidates.values()),
         )
         for run in decision.runs:
             job_key = (namespace, run.job)
@@ -190,6 +209,7 @@ class RunAccounting:
                 if left is not None and str(left["metadata"].get("uid")) == run.uid:
                     self.departed.pop(job_key, None)
             self.contended.pop(job_key, None)
+            self.holder_pods.pop(job_key, None)
         self.executor.run(decision.after)
         return DONE
 
@@ -226,6 +246,30 @@ class RunAccounting:
             line = skips.already_ran_line(job, pod)
             if line is not None:
                 lines[name] = line
+        return lines
+
+    def _max_held(self, jobs: Iterable[dict[str, Any]]) -> dict[str, str]:
+        """Per finished run whose sidecar stopped it at max-hold: the sidecar's line, read
+        from the pods its Lease named as holders (one GET each). A pod gone or unreadable
+        leaves the run without the Warning; the sidecar's log still has the line."""
+        lines = {}
+        for job in jobs:
+            if skips.outcome(job) not in ("succeeded", "failed"):
+                continue
+            metadata = job["metadata"]
+            namespace, name = str(metadata.get("namespace")), str(metadata["name"])
+            for pod_name in sorted(self.holder_pods.get((namespace, name), ())):
+                try:
+                    pod = self.kube.read_pod(namespace, pod_name)
+                except Retry as error:
+                    logger.debug(
+                        "job %s/%s: pod %s unreadable (%s)", namespace, name, pod_name, error
+                    )
+                    continue
+                line = skips.max_hold_line(job, pod)
+                if line is not None:
+                    lines[name] = line
+                    break
         return lines
 
     def tell_contention(self, lease: ContentionKey) -> Result:

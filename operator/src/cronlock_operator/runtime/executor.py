@@ -26,6 +26,7 @@ from cronlock_operator.reconcile.actions import (
     Action,
     AnnotateCronJob,
     CountContention,
+    CountMaxHoldExceeded,
     CountMissed,
     CountRun,
     CountTakeover,
@@ -196,6 +197,8 @@ class Executor:
                 return COMPLETED if kube.delete_job(namespace, name, version) else GONE
             case CountRun(result):
                 metrics.runs.labels(result).inc()
+            case CountMaxHoldExceeded(namespace, cronjob):
+                metrics.max_hold_exceeded.labels(namespace, cronjob).inc()
             case CountTakeover(namespace, lock, reason):
                 metrics.takeovers.labels(namespace, lock, reason).inc()
             case CountContention(kind):
@@ -221,7 +224,9 @@ class Executor:
             action.cronjob,
             action.config.lock,
         )
-        marks = ownership.store_marks(action.config.store, action.config.store_secret)
+        marks = ownership.store_marks(
+            action.config.store, action.config.store_secret, action.config.permits
+        )
         consent = sharing.consent(action.cached, cronjob, lock, action.users.get)
         seen = action.cached
         if consent.verdict == "create":

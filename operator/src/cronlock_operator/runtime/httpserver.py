@@ -22,7 +22,7 @@ import urllib.parse
 from collections.abc import Callable, Mapping
 from http import HTTPStatus
 
-from cronlock_sidecar.waitline import WaitLine
+from cronlock_sidecar.waitline import WaitLine, slot_to_take
 
 logger = logging.getLogger(__name__)
 
@@ -68,8 +68,8 @@ class BoundedServer:
     """A few paths over HTTP/1.1: GET or HEAD, one request per connection, each connection
     closed within `timeout` seconds, at most `connections` served at once (`per_client`
     per address). When all are taken, a newcomer from an address holding fewer than the
-    busiest address takes that address's oldest connection (the sidecar's rule,
-    cronlock_sidecar.pod.endpoints): a few pods reconnecting in a loop cannot keep the
+    busiest address takes that address's oldest connection (waitline.slot_to_take, the
+    sidecar's rule too): a few pods reconnecting in a loop cannot keep the
     scraper or the kubelet out; of that address's connections, one already answered goes
     first, so a client still waiting for its answer is the last to lose it. A connection
     refused is closed as soon as it is accepted, without a thread; an evicted one's thread
@@ -224,13 +224,9 @@ class BoundedServer:
             if held_by[client] >= self.per_client:
                 return self._refuse(now, client)
             if len(serving) >= self.connections:
-                busiest = max(held_by.values())
-                if held_by[client] >= busiest:
+                victim = slot_to_take(serving, client)
+                if victim is None:
                     return self._refuse(now, client)
-                victim = min(
-                    (held for held in serving if held_by[held.peer] == busiest),
-                    key=lambda held: (not held.answered, held.opened),
-                )
                 self._evict(victim, now)
             self._open[connection] = _Connection(connection, client, now)
             return True

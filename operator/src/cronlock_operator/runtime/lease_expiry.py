@@ -28,6 +28,7 @@ from cronlock_operator.runtime.executor import Executor
 from cronlock_operator.runtime.workqueue import DONE, Result
 from cronlock_operator.settings import OperatorSettings
 from cronlock_sidecar.lock.model import LeaseRecord, read_lease
+from cronlock_sidecar.lock.permits import permits_of, read_permits
 
 logger = logging.getLogger(__name__)
 
@@ -40,32 +41,67 @@ class Observations:
 
     _seen: dict[Name, Observation] = field(default_factory=dict)
     _held: set[Name] = field(default_factory=set)
+    # A lock of N permits: each entry K ≥ 1's Observation (the spec's is in `_seen`).
+    _permits: dict[Name, dict[int, Observation]] = field(default_factory=dict)
 
     def get(self, key: Name) -> Observation | None:
         return self._seen.get(key)
 
     def put(self, key: Name, seen: Observation) -> None:
         self._seen[key] = seen
-        if seen.holder:
+        self._mark(key)
+
+    def permits(self, key: Name) -> Mapping[int, Observation]:
+        return self._permits.get(key, {})
+
+    def put_permits(self, key: Name, seen: Mapping[int, Observation]) -> None:
+        if seen:
+            self._permits[key] = dict(seen)
+        else:
+            self._permits.pop(key, None)
+        self._mark(key)
+
+    def _mark(self, key: Name) -> None:
+        spec = self._seen.get(key)
+        if (spec is not None and spec.holder) or any(
+            entry.holder for entry in self._permits.get(key, {}).values()
+        ):
             self._held.add(key)
         else:
             self._held.discard(key)
 
     def cap(self, key: Name, longest_duration: int) -> None:
-        """Believe the hold seen at `key` for at most `longest_duration` from when it was
-        seen (its owners' longest ttl, known only once they are reconciled)."""
+        """Believe the holds seen at `key` for at most `longest_duration` from when they
+        were seen (its owners' longest ttl, known only once they are reconciled)."""
         seen = self._seen.get(key)
         if seen is not None and seen.duration > longest_duration:
             self._seen[key] = replace(seen, duration=longest_duration)
+        entries = self._permits.get(key, {})
+        for index, entry in list(entries.items()):
+            if entry.duration > longest_duration:
+                entries[index] = replace(entry, duration=longest_duration)
 
     def forget(self, key: Name) -> None:
         self._seen.pop(key, None)
+        self._permits.pop(key, None)
         self._held.discard(key)
 
+    def overdue_permits(self, key: Name, now: float, skew_seconds: float) -> list[int]:
+        """The permit entries of `key` held and unchanged for longer than their duration."""
+        return [
+            index
+            for index, entry in sorted(self._permits.get(key, {}).items())
+            if entry.overdue(now, skew_seconds)
+        ]
+
     def overdue(self, now: float, skew_seconds: float) -> Iterator[Name]:
-        """The Leases held and unchanged for longer than their duration plus the skew."""
+        """The Leases with a hold (the spec's or a permit's) unchanged for longer than its
+        duration plus the skew."""
         for key in list(self._held):
-            if self._seen[key].overdue(now, skew_seconds):
+            seen = self._seen.get(key)
+            if (seen is not None and seen.overdue(now, skew_seconds)) or self.overdue_permits(
+                key, now, skew_seconds
+            ):
                 yield key
 
 
@@ -90,6 +126,8 @@ class LeaseExpiry:
     # Per held Lease: the holder found to be a run of its lock, or to name no pod
     # (reconcile/holders.py). A holder not in it is looked at once, when first seen.
     vetted: dict[Name, str] = field(default_factory=dict)
+    # The same for the permit entries of a lock of N: (Lease, permit) -> holder.
+    vetted_permits: dict[tuple[Name, int], str] = field(default_factory=dict)
 
     # --- what the watches tell it ------------------------------------------------------
     def lease_seen(self, key: Name, body: Mapping[str, Any], record: LeaseRecord) -> bool:
@@ -101,6 +139,15 @@ class LeaseExpiry:
         if seen is not None:
             self.executor.run(counts)
             self.observations.put(key, seen)
+        previous = self.observations.permits(key)
+        if previous or permits_of(body) > 1:
+            entries, counted = expiry.observe_permits(
+                previous, body, self.clock(), self.longest_duration(body)
+            )
+            self.executor.run(counted)
+            self.observations.put_permits(key, entries)
+        # A new holder of a permit entry: is it a run of the lock?
+        due = record.managed and bool(self._unvetted_permits(key))
         if not record.holder:
             self.vetted.pop(key, None)
         elif record.managed and self.vetted.get(key) != record.holder:
@@ -108,12 +155,25 @@ class LeaseExpiry:
         if record.managed and repair.out_of_range(body):
             self.to_repair.add(key)
             return True
-        return False
+        return due
 
     def lease_deleted(self, key: Name) -> None:
         self.observations.forget(key)
         self.to_repair.discard(key)
         self.vetted.pop(key, None)
+        for vetted in [vetted for vetted in self.vetted_permits if vetted[0] == key]:
+            del self.vetted_permits[vetted]
+
+    def _unvetted_permits(self, key: Name) -> list[tuple[int, str]]:
+        """The permit entries of `key` whose holder, as observed, is not known as a run's
+        (forgetting the vetting of entries now free)."""
+        unvetted = []
+        for index, seen in self.observations.permits(key).items():
+            if not seen.holder:
+                self.vetted_permits.pop((key, index), None)
+            elif self.vetted_permits.get((key, index)) != seen.holder:
+                unvetted.append((index, seen.holder))
+        return unvetted
 
     def longest_duration(self, lease: Mapping[str, Any]) -> int:
         """The longest lease duration among the Lease's owners as their annotations set it
@@ -146,8 +206,16 @@ class LeaseExpiry:
             self.observations.cap(name, self.longest_duration(cached))
         seen = self.observations.get(name)
         overdue = seen is not None and seen.overdue(self.clock(), self.settings.skew_seconds)
+        entries = self.observations.overdue_permits(name, self.clock(), self.settings.skew_seconds)
         unvetted = seen is not None and bool(seen.holder) and self.vetted.get(name) != seen.holder
-        if not overdue and not unvetted and name not in self.to_repair:
+        unvetted_permits = self._unvetted_permits(name)
+        if (
+            not overdue
+            and not entries
+            and not unvetted
+            and not unvetted_permits
+            and name not in self.to_repair
+        ):
             return DONE
         lease = self.kube.read_lease(key.namespace, key.name)
         if lease is None:
@@ -160,6 +228,8 @@ class LeaseExpiry:
         ]
         if unvetted and not overdue and self._foreign_cleared(lease, owners):
             return DONE
+        if unvetted_permits and not entries and self._foreign_permit_cleared(lease, owners):
+            return DONE
         self.to_repair.discard(name)
         if overdue and seen is not None:
             self.executor.run(
@@ -167,9 +237,79 @@ class LeaseExpiry:
                     seen, lease, owners, self.clock(), datetime.datetime.now(datetime.UTC)
                 )
             )
+        elif entries:
+            # One clear per reconcile: each write tests the version read, and the next
+            # overdue look (every second) clears the next expired permit.
+            index = entries[0]
+            self.executor.run(
+                expiry.decide_permit(
+                    self.observations.permits(name)[index],
+                    index,
+                    lease,
+                    owners,
+                    self.clock(),
+                    datetime.datetime.now(datetime.UTC),
+                )
+            )
         else:
             self.executor.run(repair.decide(lease, owners))
         return DONE
+
+    def _foreign_permit_cleared(
+        self, lease: Mapping[str, Any], owners: Sequence[Mapping[str, Any]]
+    ) -> bool:
+        """`_foreign_cleared` for the permit entries of a lock of N, as just read: the first
+        entry held by a pod that is no run of the lock is cleared (one write per reconcile);
+        True if one was. The others are vetted, or looked at again on the next reconcile."""
+        record = read_lease(lease)
+        key = (record.namespace, record.name)
+        if not record.managed:
+            return False
+        for permit in read_permits(lease)[1:]:
+            vetted = (key, permit.number)
+            if not permit.holder or self.vetted_permits.get(vetted) == permit.holder:
+                continue
+            why, pod = self._no_run(record.namespace, permit.holder, lease)
+            if why is None or pod is None:
+                self.vetted_permits[vetted] = permit.holder
+                continue
+            logger.warning(
+                "lease %s/%s permit %d held by %s, no run of its lock (%s): clearing it",
+                record.namespace,
+                record.name,
+                permit.number,
+                permit.holder,
+                why,
+            )
+            self.executor.run(
+                holders.decide(
+                    lease,
+                    permit.holder,
+                    pod,
+                    why,
+                    owners,
+                    datetime.datetime.now(datetime.UTC),
+                    permit=permit.number,
+                )
+            )
+            return True
+        return False
+
+    def _no_run(
+        self, namespace: str, holder: str, lease: Mapping[str, Any]
+    ) -> tuple[str | None, Mapping[str, Any] | None]:
+        """Why the pod `holder` names is no run of the lock, and that pod; (None, ...) when
+        it is a run, names no pod, or names one gone or replaced (left to expiry)."""
+        named = holders.named_pod(holder)
+        pod = None if named is None else self.kube.read_pod(namespace, named[0])
+        pod_uid = str(((pod or {}).get("metadata") or {}).get("uid", ""))
+        if named is None or pod is None or not pod_uid.startswith(named[1]):
+            return None, None
+        job_owner = holders.controller(pod, "Job")
+        job = (
+            None if job_owner is None else self.kube.read_job(namespace, str(job_owner.get("name")))
+        )
+        return holders.not_a_run(pod, job, lease), pod
 
     def _foreign_cleared(
         self, lease: Mapping[str, Any], owners: Sequence[Mapping[str, Any]]

@@ -78,6 +78,12 @@ consecutive_skips = Gauge(
     ["namespace", "cronjob"],
     registry=registry,
 )
+max_hold_exceeded = Counter(
+    "cronlock_max_hold_exceeded",
+    "Runs of a guarded CronJob stopped at its cronlock.io/max-hold (the MaxHoldExceeded Warning)",
+    ["namespace", "cronjob"],
+    registry=registry,
+)
 missed_runs = Counter(
     "cronlock_missed_runs",
     "Ticks of a guarded CronJob's schedule that started no run within their deadline",
@@ -116,7 +122,7 @@ not_succeeding = Gauge(
 )
 lease_held = Gauge(
     "cronlock_lease_held",
-    "1 while a lock's Lease has a holder",
+    "1 while a lock's Lease has a holder (of any of its permits, cronlock.io/permits)",
     ["namespace", "lock"],
     registry=registry,
 )
@@ -203,7 +209,14 @@ def lock_seen(namespace: str, lock: str) -> None:
 
 def forget_cronjob(namespace: str, name: str) -> None:
     """A deleted CronJob's series go with it (Prometheus would keep showing the last value)."""
-    for series in (consecutive_skips, missed_runs, last_success, next_run, not_succeeding):
+    for series in (
+        consecutive_skips,
+        missed_runs,
+        last_success,
+        next_run,
+        not_succeeding,
+        max_hold_exceeded,
+    ):
         _remove(series, namespace, name)
     for outcome in TICK_OUTCOMES:
         _remove(ticks, namespace, name, outcome)
@@ -223,6 +236,7 @@ def set_run_times(
             gauge.labels(namespace, name).set(value)
     not_succeeding.labels(namespace, name).set(1 if failing else 0)
     missed_runs.labels(namespace, name)  # 0 from the start: increase() sees the first miss
+    max_hold_exceeded.labels(namespace, name)  # and the first run stopped at its max-hold
     for outcome in TICK_OUTCOMES:
         ticks.labels(namespace, name, outcome)
 

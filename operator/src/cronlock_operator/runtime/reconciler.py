@@ -51,7 +51,8 @@ from cronlock_operator.runtime.ticks import TickWatch
 from cronlock_operator.runtime.workqueue import DONE, Result, WorkQueue
 from cronlock_operator.settings import OperatorSettings
 from cronlock_sidecar import contract
-from cronlock_sidecar.lock.model import read_lease
+from cronlock_sidecar.lock.model import LeaseRecord, read_lease
+from cronlock_sidecar.lock.permits import permits_of, read_permits
 
 logger = logging.getLogger(__name__)
 
@@ -225,7 +226,7 @@ class Reconciler:
         self.leases.put(_lease_entry(body))
         metrics.lock_seen(key[0], lock)
         repair = self.expiry.lease_seen(key, body, record)
-        metrics.lease_held.labels(key[0], lock).set(1 if record.holder else 0)
+        metrics.lease_held.labels(key[0], lock).set(1 if _held(body, record) else 0)
         metrics.set_frozen(
             key[0], lock, record.frozen_until.timestamp() if record.frozen_until else None
         )
@@ -343,9 +344,21 @@ class Reconciler:
             self.leases.put(_lease_entry(body))
 
 
+def _held(lease: Mapping[str, Any], record: LeaseRecord) -> bool:
+    """Whether any permit of the lock is held: the spec's, or on a lock of N an entry's."""
+    if record.holder:
+        return True
+    return permits_of(lease) > 1 and any(permit.holder for permit in read_permits(lease))
+
+
 def _lease_entry(lease: Mapping[str, Any]) -> dict[str, Any]:
-    """What the Lease cache keeps: whose it is (labels, owners), not its holder's renewals,
-    so a renewal costs the cache no more than its metadata."""
+    """What the Lease cache keeps: whose it is (labels, owners) and the lock's N permits
+    (what its users' consent is judged against), not its holder's renewals, so a renewal
+    costs the cache no more than its metadata."""
     metadata = lease["metadata"]
     kept = ("name", "namespace", "labels", "ownerReferences")
-    return {"metadata": {key: metadata[key] for key in kept if key in metadata}}
+    entry = {key: metadata[key] for key in kept if key in metadata}
+    count = (metadata.get("annotations") or {}).get(contract.ANNOTATION_PERMITS)
+    if count is not None:
+        entry["annotations"] = {contract.ANNOTATION_PERMITS: count}
+    return {"metadata": entry}

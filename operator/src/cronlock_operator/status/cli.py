@@ -480,7 +480,8 @@ def _render(
     if not status_rows:
         return _nothing_found(namespace)
     if view.output == "name":
-        return "\n".join(f"cronjob.batch/{row.cronjob}" for row in status_rows)
+        # A lock of N permits has a row per held permit: each CronJob named once.
+        return "\n".join(dict.fromkeys(f"cronjob.batch/{row.cronjob}" for row in status_rows))
     width = shutil.get_terminal_size((_UNBOUNDED_WIDTH, 24)).columns
     table = render_table(
         status_rows, width, all_namespaces=namespace is None, wide=view.output == "wide"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any, Final, Literal
 
@@ -15,6 +15,7 @@ from cronlock_operator.reconcile import missed
 from cronlock_operator.reconcile.skips import consecutive_skips
 from cronlock_sidecar import contract
 from cronlock_sidecar.lock.model import is_expired, read_lease
+from cronlock_sidecar.lock.permits import expired, permits_of, read_permits
 from cronlock_sidecar.lock.ticks import TickRecord, records
 from cronlock_sidecar.microtime import read_time
 
@@ -71,6 +72,10 @@ class StatusRow:
     ticks: tuple[TickRecord, ...] = ()
     # The lock's success records (the newest tick whose run succeeded), per CronJob name.
     succeeded: tuple[TickRecord, ...] = ()
+    # A lock of N permits (cronlock.io/permits, lock/permits.py): its N, and the permit this
+    # row shows (0: the Lease's spec). Such a lock has a row per held permit, or one free.
+    permits: int = 1
+    permit: int = 0
 
     @property
     def last_tick(self) -> TickRecord | None:
@@ -125,10 +130,61 @@ def rows(
         settings = defaults_as_injected(cronjob, _DEFAULTS)
         reading = read_config(cronjob, settings, readings)
         if reading.enabled:
-            result.append(
-                _row(cronjob, reading, settings, by_name, now, skew_seconds, stored or {}, readings)
+            row = _row(
+                cronjob, reading, settings, by_name, now, skew_seconds, stored or {}, readings
             )
-    return sorted(result, key=lambda row: (row.namespace, row.cronjob))
+            result.extend(_permit_rows(row, by_name, stored or {}, skew_seconds))
+    return sorted(result, key=lambda row: (row.namespace, row.cronjob, row.permit))
+
+
+def _permit_rows(
+    row: StatusRow,
+    leases: Mapping[tuple[str, str], Mapping[str, Any]],
+    stored: Mapping[tuple[str, str], Mapping[str, Any]],
+    skew_seconds: float,
+) -> list[StatusRow]:
+    """`row` as it is for a lock of one permit; for a lock of N, a row per held permit
+    (its holder, times and state; the CronJob's own problems on the first only), or the one
+    row, free, when none is held."""
+    lock = (stored if row.store != "lease" else leases).get((row.namespace, row.lease))
+    count = permits_of(lock or {})
+    if lock is None or count == 1:
+        return [row]
+    held = [permit for permit in read_permits(lock) if permit.holder]
+    if not held:
+        return [replace(row, permits=count, state="free", holder=None)]
+    own = tuple(
+        problem for problem in row.problems if not problem.startswith(f"lease {row.namespace}/")
+    )
+    shown: list[StatusRow] = []
+    for permit in held:
+        state: LeaseState = "expired" if expired(permit, row.now, skew_seconds) else "held"
+        problems = own if not shown else ()
+        if state == "expired":
+            ago = (
+                f"{human_duration(row.now - permit.expires_at)} ago"
+                if permit.expires_at is not None
+                else "long ago"
+            )
+            problems = (
+                *problems,
+                f"lease {row.namespace}/{row.lease} permit {permit.number} expired {ago} but "
+                f"is still held by {permit.holder}",
+            )
+        shown.append(
+            replace(
+                row,
+                permits=count,
+                permit=permit.number,
+                state=state,
+                holder=permit.holder,
+                renewed_at=permit.renewed_at,
+                expires_at=permit.expires_at,
+                lease_duration_seconds=permit.duration_seconds,
+                problems=problems,
+            )
+        )
+    return shown
 
 
 def stored_locks(status_rows: Sequence[StatusRow]) -> list[tuple[str, str, str, str]]:

@@ -117,9 +117,16 @@ class _Column:
 
 
 _NAMESPACE = _Column("NAMESPACE", lambda row: row.namespace, truncatable=True)
+
+
+def lock_text(row: StatusRow) -> str:
+    """The lock, and for a lock of N permits the permit the row shows: `reports#2`."""
+    return row.lock if row.permits == 1 else f"{row.lock}#{row.permit}"
+
+
 _COLUMNS: Final = (
     _Column("CRONJOB", lambda row: row.cronjob, truncatable=True),
-    _Column("LOCK", lambda row: row.lock, drop_rank=5),
+    _Column("LOCK", lock_text, drop_rank=5),
     _Column("HOLDER", holder_text, truncatable=True),
     _Column("RENEWED", renewed_text, drop_rank=4),
     _Column("EXPIRES", expires_text),
@@ -162,8 +169,9 @@ def render_table(
     columns = list(_WIDE_COLUMNS if wide else _COLUMNS)
     if all_namespaces:
         columns.insert(0, _NAMESPACE)
-    if all(row.lock == row.cronjob for row in status_rows):
-        # Every lock is the default one, the CronJob's name: LOCK says nothing new.
+    if all(row.lock == row.cronjob and row.permits == 1 for row in status_rows):
+        # Every lock is the default one, the CronJob's name, of one permit: LOCK says
+        # nothing new.
         columns = [
             replace(column, drop_rank=0) if column.header == "LOCK" else column
             for column in columns
@@ -260,6 +268,8 @@ def json_row(row: StatusRow) -> dict[str, Any]:
         "guardedBy": row.guarded_by,
         "policy": row.policy,
         "state": row.state,
+        "permits": row.permits,
+        "permit": row.permit if row.holder else None,
         "holder": row.holder,
         "renewTime": _iso(row.renewed_at),
         "renewedSecondsAgo": _number(row.renewed_seconds_ago),

@@ -19,7 +19,9 @@ from cronlock_sidecar.holding.lease import (
     RenewResult,
 )
 from cronlock_sidecar.holding.policy import acquire, record_overlap
+from cronlock_sidecar.lock.maxhold import exceeded_line
 from cronlock_sidecar.lock.ticks import Tick, tick_of_job
+from cronlock_sidecar.microtime import read_time
 from cronlock_sidecar.options import Options
 from cronlock_sidecar.pod.processes import PROC, terminate_then_kill, visible_pids
 from cronlock_sidecar.pod.rundir import read_decision, tick_env, write_decision
@@ -105,6 +107,11 @@ class Holder:
         # The renew thread and the main thread may both see the loss; it is handled once.
         self._loss_lock = threading.Lock()
         self._loss_handled = False
+        # --max-hold: when (monotonic) the run acquired the lock, and whether it was stopped
+        # at the bound. Once stopped the run stays stopped, the Lease stays held (renewed)
+        # until the pod ends, and the release gives it back (docs/DECISIONS.md).
+        self._held_since: float | None = None
+        self._bound_passed = False
         # Under `policy: observe` nothing stops the run: /held always answers 200.
         state.update(never_stop=options.observe)
 
@@ -119,8 +126,11 @@ class Holder:
         if previous == "run":
             self._serve()
             acquired = self._resume()
+            if acquired is not None:
+                self._held_since = self._acquired_at(acquired)
         else:
             acquired = self._decide()
+            self._held_since = self.keeper.clock.monotonic()
         if acquired is None:
             return self._idle()
         if self.stop.is_set():
@@ -168,6 +178,7 @@ class Holder:
                 self.keeper.previous_tick,
                 self.keeper.last_success,
                 success_file="" if success_file is None else str(success_file),
+                permit=acquired.permit if acquired is not None else None,
             )
             if decision in ("run", "overlap")
             else ""
@@ -242,6 +253,15 @@ class Holder:
         )
         return True
 
+    def _acquired_at(self, acquired: Acquired) -> float:
+        """When (monotonic) a resumed hold was acquired, from the Lease's acquireTime: a
+        restarted sidecar must not give its run a fresh max-hold."""
+        now = self.keeper.clock.monotonic()
+        at = read_time(acquired.acquire_time)
+        if at is None:
+            return now
+        return now - max(0.0, (self.keeper.clock.now() - at).total_seconds())
+
     def _fork_watchdog(self, valid_until: float, grace: float) -> RunGuard:
         return start_for_pod(valid_until, grace, self.proc_root)
 
@@ -250,7 +270,13 @@ class Holder:
             result.outcome.value,
             self.keeper.last_renew_sent() if result.outcome is RenewOutcome.RENEWED else None,
         )
-        if result.outcome is RenewOutcome.RENEWED and self.watchdog is not None:
+        # A run stopped at its bound has no watchdog left to tell (it exits once it stopped
+        # the run's processes): the renewals go on for the Lease alone.
+        if (
+            result.outcome is RenewOutcome.RENEWED
+            and self.watchdog is not None
+            and not self._bound_passed
+        ):
             self.watchdog.valid_until(self.keeper.valid_until())
         if result.outcome is RenewOutcome.LOST:
             # At once, from the renew thread: the main thread sleeps until SIGTERM or deadline.
@@ -261,10 +287,12 @@ class Holder:
         heartbeat = Heartbeat(self.keeper, self._on_renew)
         heartbeat.start()
         try:
-            while not self.stop.wait(self._until_deadline()):
+            while not self.stop.wait(self._until_next_check()):
                 if self.keeper.check_deadline() or self.keeper.lost:
                     self._lost()
                     return self._idle()
+                if self._until_bound() == 0.0:
+                    self._stop_at_bound()
         finally:
             heartbeat.stop(join_timeout=0.1)
         self._release()
@@ -273,6 +301,42 @@ class Holder:
     def _until_deadline(self) -> float:
         """Seconds until the renew deadline; a renew moves it later and we only re-check."""
         return max(0.0, self.keeper.valid_until() - self.keeper.clock.monotonic())
+
+    def _until_bound(self) -> float | None:
+        """Seconds until the run's max-hold passes (0.0: it has); None: no bound to wait for."""
+        if self.options.max_hold <= 0 or self._held_since is None or self._bound_passed:
+            return None
+        at = self._held_since + self.options.max_hold
+        return max(0.0, at - self.keeper.clock.monotonic())
+
+    def _until_next_check(self) -> float:
+        bound = self._until_bound()
+        deadline = self._until_deadline()
+        return deadline if bound is None else min(deadline, bound)
+
+    def _stop_at_bound(self) -> None:
+        """The run held the lock for its max-hold: stop it as a run that lost its lock is
+        stopped, but keep renewing the Lease until the pod ends (its release gives it back),
+        so no other run may start while this one's processes are still being stopped."""
+        self._bound_passed = True
+        assert self._held_since is not None  # _until_bound said the bound passed
+        line = exceeded_line(
+            self.keeper.clock.monotonic() - self._held_since, self.options.max_hold
+        )
+        log.error(
+            "lease %s: %s: /held answers 503 so the run is stopped; the lease stays held "
+            "until the pod ends",
+            self.keeper.lease,
+            line,
+        )
+        # The operator reads it from the pod's status and posts MaxHoldExceeded.
+        try:
+            with open(self.options.termination_log, "w", encoding="utf-8") as message:
+                message.write(line + "\n")
+        except OSError as error:
+            log.warning("cannot write %s: %s", self.options.termination_log, error)
+        self.state.update(stopping=True)
+        self._stop_the_run()
 
     def _lost(self) -> None:
         with self._loss_lock:
@@ -293,6 +357,10 @@ class Holder:
             self.keeper.lease,
             self.keeper.identity,
         )
+        self._stop_the_run()
+
+    def _stop_the_run(self) -> None:
+        """Under `stop: signal`, stop the run's processes (under liveness /held's 503 does)."""
         if self.options.stop != "signal":
             return
         # The watchdog stops them: it finishes the job even if this process freezes meanwhile.
@@ -317,9 +385,13 @@ class Holder:
 
     def _work_succeeded(self) -> bool:
         """Whether the work created the success file (a regular file: nothing is opened or
-        followed) and the hold was never lost: then the release records the tick's success."""
+        followed) and the hold was never lost nor stopped at its max-hold: then the release
+        records the tick's success."""
         path = self._success_file()
         if path is None or self.keeper.lost:
+            return False
+        if self._bound_passed:
+            log.info("the run was stopped at its max-hold: its tick's success is not recorded")
             return False
         try:
             info = path.lstat()

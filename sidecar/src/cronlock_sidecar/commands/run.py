@@ -13,14 +13,25 @@ from types import FrameType
 
 from cronlock_sidecar.contract import (
     ENV_FENCING_TOKEN,
+    ENV_PERMIT,
+    EXIT_CONFIG,
+    EXIT_MAX_HOLD,
     EXIT_SKIPPED,
     EXIT_SOFTWARE_LOST,
     EXIT_UNAVAILABLE,
 )
 from cronlock_sidecar.holding.heartbeat import Heartbeat
-from cronlock_sidecar.holding.lease import Acquired, Clock, LeaseKeeper, RenewOutcome, RenewResult
+from cronlock_sidecar.holding.lease import (
+    Acquired,
+    Clock,
+    LeaseKeeper,
+    PermitsDisagree,
+    RenewOutcome,
+    RenewResult,
+)
 from cronlock_sidecar.holding.policy import acquire, record_overlap
 from cronlock_sidecar.lock import ticks
+from cronlock_sidecar.lock.maxhold import exceeded_line
 from cronlock_sidecar.options import Options
 from cronlock_sidecar.pod import watchdog
 from cronlock_sidecar.pod.processes import stop_group
@@ -77,6 +88,9 @@ class Runner:
             caps_holds=options.store is not None,
             tick=tick,
             records_of=options.tick_of,
+            # In a store the lock is one permit (options refuse --permits N > 1 there):
+            # nothing to write on its document.
+            permits=options.permits if options.store is None else None,
         )
         self.stop = threading.Event()
         self._stop_pipe = StopPipe(self.stop)
@@ -85,6 +99,8 @@ class Runner:
         # Set when CMD has ended or the lease was lost; the main thread sleeps on nothing else.
         self._wake = threading.Event()
         self._exit_code: int | None = None
+        # --max-hold: when (monotonic) the lock was acquired.
+        self._held_since = 0.0
 
     def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
         self.signals.append(signum)
@@ -112,6 +128,9 @@ class Runner:
                 wait_timeout=options.wait_timeout,
                 pause=self.stop.wait,
             )
+        except PermitsDisagree as error:
+            log.error("%s; not running CMD", error)
+            return EXIT_CONFIG
         except ApiError as error:
             if options.observe:
                 log.error("%s; observe policy: running CMD anyway", error)
@@ -126,6 +145,7 @@ class Runner:
                 return self._unguarded()
             log.info("%s", result.message())
             return EXIT_SKIPPED
+        self._held_since = self.keeper.clock.monotonic()
         if self.tick is not None:
             previous, last_success = self.keeper.previous_tick, self.keeper.last_success
             log.info(
@@ -198,7 +218,9 @@ class Runner:
         heartbeat: Heartbeat | None = None
         try:
             environment = {**os.environ, **self._tick_environment()}
+            # The token is the permit's: fence by the pair (permit, token).
             environment[ENV_FENCING_TOKEN] = str(acquired.transitions)
+            environment[ENV_PERMIT] = str(acquired.permit)
             announce = guard.announce_self if isinstance(guard, watchdog.Watchdog) else None
             process = self._spawn(environment, announce)
             if isinstance(process, int):
@@ -249,8 +271,28 @@ class Runner:
                 stop_group(process.pid, self.options.kill_grace)
                 process.wait()
                 return EXIT_SOFTWARE_LOST
+            now = keeper.clock.monotonic()
+            bound = self.options.max_hold
+            if bound > 0 and now - self._held_since >= bound:
+                return self._stop_at_bound(process, now - self._held_since)
             # A renew moves the deadline later: waking at the old one only re-checks.
-            self._wake.wait(max(0.0, keeper.valid_until() - keeper.clock.monotonic()))
+            wake_at = keeper.valid_until()
+            if bound > 0:
+                wake_at = min(wake_at, self._held_since + bound)
+            self._wake.wait(max(0.0, wake_at - now))
+
+    def _stop_at_bound(self, process: subprocess.Popen[bytes], held: float) -> int:
+        """CMD held the lock for --max-hold: stop its group as a lost lease's is, while the
+        heartbeat goes on renewing, then release (in `_execute`) and exit EXIT_MAX_HOLD."""
+        log.error(
+            "lease %s: %s: stopping CMD (SIGTERM, SIGKILL after %.1fs)",
+            self.keeper.lease,
+            exceeded_line(held, self.options.max_hold),
+            self.options.kill_grace,
+        )
+        stop_group(process.pid, self.options.kill_grace)
+        process.wait()
+        return EXIT_MAX_HOLD
 
 
 def _status(code: int) -> int:

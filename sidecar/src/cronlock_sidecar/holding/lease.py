@@ -10,6 +10,7 @@ from datetime import datetime
 
 from cronlock_sidecar.contract import (
     ALREADY_RAN,
+    ANNOTATION_PERMITS,
     HOLDER_POLICY_DENIAL,
     LABEL_MANAGED_BY,
     MANAGED_BY,
@@ -18,6 +19,7 @@ from cronlock_sidecar.holding.outcomes import (
     Acquired,
     Busy,
     Clock,
+    PermitsDisagree,
     RenewOutcome,
     RenewResult,
     SystemClock,
@@ -30,6 +32,17 @@ from cronlock_sidecar.lock.model import (
     read_lease,
     released,
     renewed,
+)
+from cronlock_sidecar.lock.permits import (
+    Permit,
+    claimed_permit,
+    expired,
+    held_by,
+    of_record,
+    read_count,
+    read_permits,
+    released_permit,
+    renewed_permit,
 )
 from cronlock_sidecar.lock.ticks import (
     Tick,
@@ -53,7 +66,16 @@ from cronlock_sidecar.transport.seam import (
     Unavailable,
 )
 
-__all__ = ["Acquired", "Busy", "Clock", "LeaseKeeper", "RenewOutcome", "RenewResult", "SystemClock"]
+__all__ = [
+    "Acquired",
+    "Busy",
+    "Clock",
+    "LeaseKeeper",
+    "PermitsDisagree",
+    "RenewOutcome",
+    "RenewResult",
+    "SystemClock",
+]
 
 log = logging.getLogger("cronlock_sidecar.lease")
 
@@ -66,7 +88,15 @@ def holder_of(lease: Lease) -> str:
 
 
 class LeaseKeeper:
-    """Acquires, renews and releases one Lease for one identity; never re-acquires after loss."""
+    """Acquires, renews and releases one permit of one Lease for one identity; never
+    re-acquires after loss.
+
+    A lock of N permits (lock/permits.py; N from the document) is held one permit at a
+    time: a claim takes our Job's own permit (a retry pod), else the lowest free one, else
+    the lowest expired one, each judged by the one-holder rules, in one compare and swap
+    with the tick record; renewals and releases write only our permit. N = 1 is the lock
+    of one holder, the Lease's spec.
+    """
 
     def __init__(
         self,
@@ -82,6 +112,7 @@ class LeaseKeeper:
         tick: Tick | None = None,
         cluster: str = "",
         records_of: str = "",
+        permits: int | None = None,
     ) -> None:
         self.transport = transport
         self.lease = lease
@@ -97,6 +128,14 @@ class LeaseKeeper:
         # store's rule for a takeover is the same), since whoever has the store's URL may
         # write any duration; on a Lease the holders' policy and the operator bound it.
         self.believed_at_most: float | None = timing.lease_duration_seconds if caps_holds else None
+        # The stores' server-side rules know one holder only (a claim of permit K by a
+        # non-holder of the spec would pass there as the spec holder's renewal): in a store
+        # the lock is one permit, whatever its document says.
+        self.one_permit = caps_holds
+        # The N this run requires (`run --permits N`): written on a document that has none,
+        # a document with another N refused (PermitsDisagree). None: the document's N.
+        self.permits = permits
+        self._permit = 0  # the permit we hold or held last
         # Each tick at most once (lock/ticks.py): the tick this run works (None: a manual
         # run, today's rules) and the cluster its record names.
         self.tick = tick
@@ -143,6 +182,44 @@ class LeaseKeeper:
 
     def _my_record(self) -> TickRecord | None:
         return None if self.tick is None else record_of(self.tick, self.identity, self.cluster)
+
+    @property
+    def permit(self) -> int:
+        """The number of the permit we hold (or held last): 0 on a lock of one permit."""
+        with self._state_lock:
+            return self._permit
+
+    def _lock_permits(self, current: Lease) -> tuple[Permit, ...]:
+        """The lock's permits as this keeper judges them: one in a store."""
+        if self.one_permit:
+            return (of_record(read_lease(current)),)
+        return read_permits(current)
+
+    def _mine(self, current: Lease) -> Permit | None:
+        permits = self._lock_permits(current)
+        index = self.permit
+        return permits[index] if index < len(permits) else None
+
+    def _my_holder(self, current: Lease) -> str:
+        """Who holds our permit on `current` ("" if nobody, or it is no permit any more)."""
+        mine = self._mine(current)
+        return mine.holder if mine is not None else ""
+
+    def _with_permits(self, current: Lease) -> Lease:
+        """`current` as our claim writes it: with the N we require if it has none."""
+        if self.permits is None:
+            return current
+        text = annotations_of(current).get(ANNOTATION_PERMITS)
+        if text is None:
+            metadata = dict(current.get("metadata") or {})
+            metadata["annotations"] = {
+                **annotations_of(current),
+                ANNOTATION_PERMITS: str(self.permits),
+            }
+            return {**current, "metadata": metadata}
+        if read_count(text) != self.permits:
+            raise PermitsDisagree(self.lease, str(text), self.permits)
+        return current
 
     @property
     def replaced_by(self) -> str:
@@ -231,7 +308,12 @@ class LeaseKeeper:
             except NotFound:
                 self._mark_lost("the Lease was deleted", taken=True)
                 return None
-            holder = holder_of(current)
+            current = self._with_permits(current)
+            mine = held_by(self._lock_permits(current), self.identity)
+            holder = holder_of(current) if mine is None else mine.holder
+            if mine is not None:
+                with self._state_lock:
+                    self._permit = mine.number
             if holder != self.identity:
                 with self._state_lock:
                     self._lost = True
@@ -278,6 +360,8 @@ class LeaseKeeper:
             },
             "spec": {},
         }
+        if self.permits is not None:
+            body["metadata"]["annotations"] = {ANNOTATION_PERMITS: str(self.permits)}
         self._remember_records({}, now)  # no document: no record came before
         body = claimed(body, self.identity, self.timing, now, self.job_name, self._my_record())
         sent = self.clock.monotonic()
@@ -285,7 +369,7 @@ class LeaseKeeper:
             written = self.transport.create(self.lease, body)
         except Conflict:
             return None
-        return self._took(written, sent, resumed=False, reason="created")
+        return self._took(written, sent, resumed=False, reason="created", permit=0)
 
     def _silent_for(self, current: Lease) -> float | None:
         """Seconds since the Lease's last renewal if that is past our renew deadline, else None.
@@ -293,13 +377,18 @@ class LeaseKeeper:
         Only a hold of ours renewed within the deadline is one we may renew as it is: the
         renew deadline is when a holder gives up, so a hold silent for longer ended then.
         """
-        renewed_at = read_lease(current).renewed_at
+        mine = self._mine(current)
+        renewed_at = mine.renewed_at if mine is not None else None
         if renewed_at is None:
             return math.inf
         silent = (self.clock.now() - renewed_at).total_seconds()
         return silent if silent >= self.timing.renew_deadline else None
 
     def _decide(self, current: Lease) -> Acquired | Busy | None:
+        current = self._with_permits(current)
+        permits = self._lock_permits(current)
+        if len(permits) > 1:
+            return self._decide_permit(current, permits)
         holder = holder_of(current)
         now = self.clock.now()
         if holder == self.identity:
@@ -332,9 +421,81 @@ class LeaseKeeper:
                 acquired_at=record.acquire_time,
                 yield_to=record.yield_to,
             )
-        return self._took(written, sent, resumed=reason == "resumed", reason=reason)
+        return self._took(written, sent, resumed=reason == "resumed", reason=reason, permit=0)
 
-    def _free_reason(self, current: Lease, holder: str, now: datetime) -> str | Busy:
+    def _decide_permit(self, current: Lease, permits: tuple[Permit, ...]) -> Acquired | Busy | None:
+        """`_decide` on a lock of N > 1 permits: renew ours, or claim one, or Busy."""
+        now = self.clock.now()
+        mine = held_by(permits, self.identity)
+        if mine is not None:
+            index, reason = mine.number, "resumed"
+            body = renewed_permit(current, index, self.timing, now)
+        else:
+            blocked = self._lock_blocks(current, holder_of(current), now)
+            if blocked is not None:
+                return blocked
+            chosen = self._free_permit(current, permits, now)
+            if isinstance(chosen, Busy):
+                return chosen
+            index, reason = chosen
+            body = claimed_permit(
+                current, index, self.identity, self.timing, now, self.job_name, self._my_record()
+            )
+        sent = self.clock.monotonic()
+        try:
+            written = self.transport.replace(self.lease, body)
+        except Conflict:
+            return None
+        except Forbidden as error:
+            if reason != "expired" or HOLDER_POLICY_DENIAL not in error.detail:
+                raise
+            taken = permits[index]
+            ago = (now - taken.renewed_at).total_seconds() if taken.renewed_at else math.inf
+            return Busy(
+                self.lease,
+                taken.holder,
+                ago,
+                0.0,
+                clearing=True,
+                acquired_at=taken.acquire_time,
+                permits=tuple(permit.holder for permit in permits),
+            )
+        return self._took(written, sent, resumed=reason == "resumed", reason=reason, permit=index)
+
+    def _free_permit(
+        self, current: Lease, permits: tuple[Permit, ...], now: datetime
+    ) -> tuple[int, str] | Busy:
+        """The permit our claim takes and why, or Busy when all N are held.
+
+        Our Job's own permit first (a retry pod takes over its Job's hold at once, so a
+        Job never holds two), then the lowest free one, then the lowest expired one (which
+        only the operator may clear where the holders' policy says so)."""
+        if self.job_name:
+            for permit in permits:
+                if permit.holder and permit.holder_job == self.job_name:
+                    return permit.number, "earlier pod of the same Job"
+        for permit in permits:
+            if not permit.holder:
+                return permit.number, "free"
+        for permit in permits:
+            stale = expired(permit, now, self.timing.skew, believed_at_most=self.believed_at_most)
+            if stale or permit.renewed_at is None:
+                return permit.number, "expired"
+        first = min(permits, key=lambda permit: permit.expires_at or now)
+        renewed_ago = (now - first.renewed_at).total_seconds() if first.renewed_at else 0.0
+        return Busy(
+            self.lease,
+            first.holder,
+            renewed_ago,
+            min(first.duration_seconds or 0, self.believed_at_most or math.inf) - renewed_ago,
+            acquired_at=first.acquire_time,
+            yield_to=read_lease(current).yield_to,
+            permits=tuple(permit.holder for permit in permits),
+        )
+
+    def _lock_blocks(self, current: Lease, holder: str, now: datetime) -> Busy | None:
+        """What ends a claim whatever permit is free (freeze, our Job replaced, our tick
+        already run); else None, with the records the work is told remembered."""
         record = read_lease(current)
         if record.frozen(now):
             # `cronlock freeze`: every run on the lock skips, whatever its policy.
@@ -358,6 +519,13 @@ class LeaseKeeper:
                     record=ran,
                 )
         self._remember_records(annotations_of(current), now)
+        return None
+
+    def _free_reason(self, current: Lease, holder: str, now: datetime) -> str | Busy:
+        blocked = self._lock_blocks(current, holder, now)
+        if blocked is not None:
+            return blocked
+        record = read_lease(current)
         if not holder:
             return "free"
         if self.job_name and record.holder_job == self.job_name:
@@ -391,18 +559,36 @@ class LeaseKeeper:
             self._previous_tick = previous
             self._last_success = success
 
-    def _took(self, written: Lease, sent: float, *, resumed: bool, reason: str) -> Acquired:
+    def _took(
+        self, written: Lease, sent: float, *, resumed: bool, reason: str, permit: int
+    ) -> Acquired:
+        with self._state_lock:
+            self._permit = permit
         self._hold(written, sent)
-        record = read_lease(written)
+        permits = self._lock_permits(written)
+        taken = permits[permit]
         acquired = Acquired(
             lease=self.lease,
             holder=self.identity,
-            transitions=record.transitions,
-            acquire_time=format_microtime(record.acquire_time) if record.acquire_time else "",
+            transitions=taken.transitions,
+            acquire_time=format_microtime(taken.acquire_time) if taken.acquire_time else "",
             resumed=resumed,
             reason=reason,
+            permit=permit,
         )
         verb = "resumed" if resumed else "acquired"
+        if len(permits) > 1:
+            log.info(
+                "lease %s permit %d of %d %s by %s (transitions %d, %s)",
+                self.lease,
+                permit,
+                len(permits),
+                verb,
+                self.identity,
+                acquired.transitions,
+                reason,
+            )
+            return acquired
         log.info(
             "lease %s %s by %s (transitions %d, %s)",
             self.lease,
@@ -420,7 +606,8 @@ class LeaseKeeper:
             if not self._held or self._closing or self._record is None:
                 return RenewResult(RenewOutcome.LOST, "not held")
             record = self._record
-        body = renewed(record, self.timing, self.clock.now())
+            index = self._permit
+        body = renewed_permit(record, index, self.timing, self.clock.now())
         sent = self.clock.monotonic()
         try:
             written = self.transport.replace(self.lease, body)
@@ -433,38 +620,47 @@ class LeaseKeeper:
         return self._renewed_ok(written, sent)
 
     def _renew_after_conflict(self) -> RenewResult:
-        try:
-            current = self.transport.get(self.lease)
-        except NotFound as error:
-            return self._mark_lost(f"the Lease was deleted ({error.detail})", taken=True)
-        except ApiError as error:
-            return self._renew_failed(error)
-        holder = holder_of(current)
-        if holder != self.identity:
-            return self._mark_lost(f"now held by {holder or 'nobody'}", taken=True)
-        asking = self._yield_request(current)
-        if asking:
-            return self._yield(current, asking)
-        record = read_lease(current)
-        if record.frozen_stop and record.frozen(self.clock.now()):
-            # `cronlock freeze --stop-running`: stopped as a lost run is, then released.
-            with self._state_lock:
-                self._record = current
-            return self._mark_lost(
-                f"lock {record.freeze_note()}, with --stop-running; stopping this run",
-                taken=False,
-            )
-        body = renewed(current, self.timing, self.clock.now())
-        sent = self.clock.monotonic()
-        try:
-            written = self.transport.replace(self.lease, body)
-        except ApiError as error:
-            return self._renew_failed(error)
-        return self._renewed_ok(written, sent)
+        """Another write came between (on a lock of N permits, mostly another holder's
+        renewal): re-read and renew our permit at once, a bounded number of times."""
+        for _ in range(MAX_CONFLICTS):
+            try:
+                current = self.transport.get(self.lease)
+            except NotFound as error:
+                return self._mark_lost(f"the Lease was deleted ({error.detail})", taken=True)
+            except ApiError as error:
+                return self._renew_failed(error)
+            holder = self._my_holder(current)
+            if holder != self.identity:
+                return self._mark_lost(f"now held by {holder or 'nobody'}", taken=True)
+            asking = self._yield_request(current)
+            if asking:
+                return self._yield(current, asking)
+            record = read_lease(current)
+            if record.frozen_stop and record.frozen(self.clock.now()):
+                # `cronlock freeze --stop-running`: stopped as a lost run is, then released.
+                with self._state_lock:
+                    self._record = current
+                return self._mark_lost(
+                    f"lock {record.freeze_note()}, with --stop-running; stopping this run",
+                    taken=False,
+                )
+            body = renewed_permit(current, self.permit, self.timing, self.clock.now())
+            sent = self.clock.monotonic()
+            try:
+                written = self.transport.replace(self.lease, body)
+            except Conflict:
+                continue
+            except ApiError as error:
+                return self._renew_failed(error)
+            return self._renewed_ok(written, sent)
+        return self._renew_failed(
+            Unavailable("update", self.lease, f"{MAX_CONFLICTS} write conflicts in a row")
+        )
 
     def _renewed_ok(self, written: Lease, sent: float) -> RenewResult:
-        if holder_of(written) != self.identity:
-            return self._mark_lost(f"now held by {holder_of(written) or 'nobody'}", taken=True)
+        holder = self._my_holder(written)
+        if holder != self.identity:
+            return self._mark_lost(f"now held by {holder or 'nobody'}", taken=True)
         with self._state_lock:
             if not self._held:
                 return RenewResult(RenewOutcome.LOST, "lost before the renew returned")
@@ -477,6 +673,10 @@ class LeaseKeeper:
     def _yield_request(self, current: Lease) -> str:
         """The replace run that asked us to yield, "" if none did (or we never yield)."""
         asking = read_lease(current).yield_to
+        if len(self._lock_permits(current)) > 1:
+            # Policy replace asks no holder of a lock of N > 1 permits to yield (not
+            # supported yet): a yield-to there is no replace run's, and stops nobody.
+            return ""
         return asking if self.yields and asking != self.identity else ""
 
     def _yield(self, current: Lease, asking: str) -> RenewResult:
@@ -516,16 +716,7 @@ class LeaseKeeper:
                 return False
             try:
                 self.transport.replace(
-                    self.lease,
-                    released(
-                        current,
-                        self.identity,
-                        self.clock.now(),
-                        replaced_by=self.replaced_by,
-                        job_name=self.job_name,
-                        success=self._success(current) if succeeded else None,
-                    ),
-                    timeout=remaining,
+                    self.lease, self._released(current, succeeded), timeout=remaining
                 )
             except Conflict:
                 current_or_none = self._reread_for_release(remaining)
@@ -540,6 +731,21 @@ class LeaseKeeper:
                 self._held = False
             log.info("lease %s released by %s", self.lease, self.identity)
             return True
+
+    def _released(self, current: Lease, succeeded: bool) -> Lease:
+        """`current` with our permit given back (only ours: the others' entries as read)."""
+        success = self._success(current) if succeeded else None
+        index = self.permit
+        if index == 0:
+            return released(
+                current,
+                self.identity,
+                self.clock.now(),
+                replaced_by=self.replaced_by,
+                job_name=self.job_name,
+                success=success,
+            )
+        return released_permit(current, index, self.identity, self.clock.now(), success=success)
 
     def _success(self, current: Lease) -> TickRecord | None:
         """The success record our release writes on `current`, if any (lock/ticks.py)."""
@@ -560,7 +766,7 @@ class LeaseKeeper:
         except ApiError as error:
             log.warning("lease %s not released, it expires by TTL: %s", self.lease, error)
             return None
-        holder = holder_of(current)
+        holder = self._my_holder(current)
         if holder != self.identity:
             log.info("lease %s not released: held by %s now", self.lease, holder or "nobody")
             with self._state_lock:

@@ -34,7 +34,8 @@ class SystemClock:
 # and ast) is a visible part of a short `run`'s start-up (tests/unit/sidecar/
 # test_startup_imports.py keeps it out). They are immutable as before.
 class Acquired(NamedTuple):
-    """We hold the Lease; `transitions` is the fencing token."""
+    """We hold permit `permit` of the lock (0: the Lease's own spec, the only one of a lock
+    of one permit); `transitions` is that permit's fencing token."""
 
     lease: LeaseRef
     holder: str
@@ -42,6 +43,7 @@ class Acquired(NamedTuple):
     acquire_time: str
     resumed: bool
     reason: str
+    permit: int = 0
 
 
 class Busy(NamedTuple):
@@ -54,7 +56,11 @@ class Busy(NamedTuple):
     "superseded" (a newer replace run came), "not yielded" (the holder did not yield in
     time), "frozen" (`cronlock freeze`: `other` says until when, by whom and why),
     "already ran" (another run claimed our tick or a later one: `tick` is ours, `record`
-    the lock's, `other` its `who()`); a `why` ends the run under every policy.
+    the lock's, `other` its `who()`), "replace with permits" (policy replace asks no holder
+    of a lock of N > 1 permits to yield); a `why` ends the run under every policy.
+
+    `permits`: on a lock of N > 1 permits, all held, each permit's holder by its number
+    (`holder` is then the one whose hold ends first).
     """
 
     lease: LeaseRef
@@ -68,6 +74,7 @@ class Busy(NamedTuple):
     other: str = ""  # the run `why` is about
     tick: Tick | None = None
     record: TickRecord | None = None
+    permits: tuple[str, ...] = ()
 
     @property
     def already_ran(self) -> bool:
@@ -76,6 +83,17 @@ class Busy(NamedTuple):
     def message(self) -> str:
         if self.why == ALREADY_RAN and self.tick is not None and self.record is not None:
             return skip_line(self.tick, self.record, str(self.lease))
+        if self.permits and not self.clearing and self.why in ("", "replace with permits"):
+            held = ", ".join(
+                f"{holder} (permit {number})" for number, holder in enumerate(self.permits)
+            )
+            line = f"all {len(self.permits)} permits of lock {self.lease} are held: {held}"
+            if self.why:
+                return (
+                    f"{line}; policy replace asks no holder to yield on a lock of more than "
+                    "one permit (not supported yet); skipping this run"
+                )
+            return f"{line}; skipping this run"
         if self.why == "frozen":
             return f"lock frozen: lease {self.lease} {self.other}; skipping this run"
         if self.why == "replaced":
@@ -120,3 +138,18 @@ class RenewOutcome(enum.Enum):
 class RenewResult(NamedTuple):
     outcome: RenewOutcome
     detail: str = ""
+
+
+class PermitsDisagree(Exception):
+    """The lock's document says another number of permits than the run requires
+    (`run --permits N`): a configuration error, never retried."""
+
+    def __init__(self, lease: LeaseRef, found: str, wanted: int) -> None:
+        super().__init__(
+            f"lease {lease} says {found!r} permits (cronlock.io/permits) but this run requires "
+            f"{wanted} (--permits): every run sharing a lock must give the same number; "
+            f"use --permits {found.strip()} or another lock"
+        )
+        self.lease = lease
+        self.found = found
+        self.wanted = wanted

@@ -8,6 +8,11 @@
 - observe: like skip, but the caller runs anyway and records the overlap (`note`);
 - queue: as wait. Its Job waited suspended, without a pod, until the operator let it go
   at a release; a run of another policy that took the lock in between costs a wait.
+
+On a lock of N > 1 permits (lock/permits.py) a run takes a free permit under every policy;
+when all N are held, skip skips, wait waits for any permit, observe runs anyway, and
+replace skips: which of N holders a replace run should stop is not settled (the oldest?
+one of its own CronJob?), so it asks none to yield (not supported yet).
 """
 
 from __future__ import annotations
@@ -51,6 +56,8 @@ def acquire(
         result = keeper.try_acquire()
         if isinstance(result, Acquired) or result.why:
             return result
+        if policy == "replace" and result.permits and not result.clearing:
+            return result._replace(why="replace with permits")
         if policy == "replace" and not result.clearing:
             newer = _newer_run(result, asked, started_at, keeper)
             if newer:
@@ -117,6 +124,8 @@ def _waiting_for(result: Busy, policy: str) -> str:
             f"lease {result.lease} held by {result.holder} (expired; waiting for the "
             "operator to clear it)"
         )
+    if result.permits:
+        return f"all {len(result.permits)} permits of lock {result.lease} are held"
     if policy == "replace":
         return f"lease {result.lease} held by {result.holder}; waiting for it to yield"
     return f"lease {result.lease} held by {result.holder}"

@@ -20,7 +20,7 @@ from typing import Any
 
 from cronlock_sidecar.contract import HELD_PATH
 from cronlock_sidecar.pod.state import SidecarState
-from cronlock_sidecar.waitline import WaitLine
+from cronlock_sidecar.waitline import WaitLine, slot_to_take
 
 log = logging.getLogger("cronlock_sidecar.endpoints")
 
@@ -71,6 +71,9 @@ RETRY_SECONDS = 0.05  # after accept() failed for want of descriptors or buffers
 
 class _Connection:
     __slots__ = ("deadline", "ended", "opened", "peer", "sock")
+    # The eviction rule prefers a connection whose answer is sent (waitline.slot_to_take);
+    # this server does not tell those apart, so its rule is the busiest peer's oldest.
+    answered = False
 
     def __init__(self, sock: socket.socket, peer: str, opened: float) -> None:
         self.sock = sock
@@ -104,7 +107,7 @@ class _Connections:
                 return self._refuse(now)
             serving = [connection for connection in self._open.values() if not connection.ended]
             if len(serving) >= self.limit:
-                victim = _busiest_peers_oldest(serving, peer)
+                victim = slot_to_take(serving, peer)
                 if victim is None:
                     return self._refuse(now)
                 self._end(victim)
@@ -164,16 +167,6 @@ class _Connections:
                 len(self._open),
             )
         return False
-
-
-def _busiest_peers_oldest(serving: list[_Connection], peer: str) -> _Connection | None:
-    """The oldest connection of the peer holding the most, if `peer` holds fewer than it."""
-    counts = Counter(connection.peer for connection in serving)
-    busiest = max(counts.values())
-    if counts[peer] >= busiest:
-        return None
-    candidates = [connection for connection in serving if counts[connection.peer] == busiest]
-    return min(candidates, key=lambda connection: connection.opened)
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):

@@ -6,6 +6,7 @@ import os
 
 from cronlock_sidecar.contract import (
     DECISION_FILE,
+    ENV_PERMIT,
     ENV_SUCCESS_FILE,
     FENCING_TOKEN_FILE,
     LEASE_FILE,
@@ -49,13 +50,19 @@ def tick_env(
     last_success: TickRecord | None = None,
     *,
     success_file: str = "",
+    permit: int | None = None,
 ) -> str:
-    """tick.env: what the work is told of its tick (lock/ticks.py `told`), and the file it
-    creates to say its tick succeeded (`success_file`, "" where it need not), as lines a
-    shell sources."""
+    """tick.env: what the work is told of its tick (lock/ticks.py `told`), the file it
+    creates to say its tick succeeded (`success_file`, "" where it need not) and the
+    permit it holds (`permit`, "" when it holds none: its fencing token is that permit's),
+    as lines a shell sources."""
     from cronlock_sidecar.lock.ticks import told
 
-    told_ = {**told(tick, previous, last_success), ENV_SUCCESS_FILE: success_file}
+    told_ = {
+        **told(tick, previous, last_success),
+        ENV_SUCCESS_FILE: success_file,
+        ENV_PERMIT: "" if permit is None else str(permit),
+    }
     return "".join(f"{name}={value}\n" for name, value in told_.items())
 
 
@@ -88,6 +95,7 @@ def write_decision(
             "acquireTime": acquired.acquire_time,
             "ttl": timing.lease_duration_seconds,
             "transitions": acquired.transitions,
+            "permit": acquired.permit,
         }
         write_atomically(run_dir / LEASE_FILE, json.dumps(lease, indent=2) + "\n")
     write_atomically(run_dir / DECISION_FILE, decision + "\n")

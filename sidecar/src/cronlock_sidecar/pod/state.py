@@ -17,6 +17,9 @@ class SidecarState:
         self.held = False
         # Observe policy: /held answers 200 whatever happens, so the run is never stopped.
         self.never_stop = False
+        # The run was stopped at its max-hold: /held answers 503 while the Lease is still
+        # held (renewed until the pod ends).
+        self.stopping = False
         self.decision = ""
         self.fencing_token = -1
         self.renewals: Counter[str] = Counter()
@@ -32,8 +35,11 @@ class SidecarState:
         decision: str | None = None,
         fencing_token: int | None = None,
         never_stop: bool | None = None,
+        stopping: bool | None = None,
     ) -> None:
         with self._lock:
+            if stopping is not None:
+                self.stopping = stopping
             if never_stop is not None:
                 self.never_stop = never_stop
             if held is not None:
@@ -66,7 +72,7 @@ class SidecarState:
     def is_held(self) -> bool:
         """What /held answers: held, or (observe policy) never to be stopped."""
         with self._lock:
-            return self.held or self.never_stop
+            return (self.held and not self.stopping) or self.never_stop
 
     def metrics(self) -> str:
         """Prometheus text exposition format 0.0.4."""
