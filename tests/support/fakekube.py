@@ -240,9 +240,23 @@ class FakeKube(_Recorder):
             stored["metadata"].setdefault("labels", {})[contract.LABEL_OUTCOME] = outcome
         return True
 
-    def delete_job(self, namespace: str, name: str) -> None:
+    def resume_job(self, namespace: str, name: str) -> bool:
+        self._call("resume_job", namespace, name)
+        stored = self.jobs.get((namespace, name))
+        if stored is None or (stored.get("spec") or {}).get("suspend") is not True:
+            return False
+        stored["spec"]["suspend"] = False
+        return True
+
+    def delete_job(self, namespace: str, name: str, version: str | None = None) -> bool:
         self._call("delete_job", namespace, name)
+        stored = self.jobs.get((namespace, name))
+        if stored is None or (
+            version is not None and stored["metadata"].get("resourceVersion") != version
+        ):
+            return False
         self.jobs.pop((namespace, name), None)
+        return True
 
     # --- Events
     def post_event(

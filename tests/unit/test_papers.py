@@ -16,7 +16,7 @@ NOTES = ROOT / "charts" / "cronlock" / "templates" / "NOTES.txt"
 USAGE = ROOT / "docs" / "USAGE.md"
 OPERATOR = ROOT / "operator" / "src" / "cronlock_operator"
 # The calls whose second argument is an Event's reason.
-POSTING = {"PostEvent", "once", "warn_once", "event", "post_event"}
+POSTING = {"PostEvent", "once", "warn_once", "event", "_event", "post_event"}
 
 
 def posted_reasons(root: Path = OPERATOR) -> dict[str, str]:

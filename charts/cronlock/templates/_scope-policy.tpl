@@ -122,6 +122,33 @@ variables:
   - name: newInjected
     expression: >-
       variables.newPod.?initContainers.orValue([]).filter(c, c.name in variables.injected)
+  # policy: queue (issue 58): the job template's sidecar runs under queue, so each run's
+  # Job is created suspended (jobTemplate.spec.suspend: true) and the operator lets it go.
+  - name: newQueued
+    expression: >-
+      variables.newPod.?initContainers.orValue([]).exists(c, c.name == "cronlock" &&
+      c.?env.orValue([]).exists(e, e.name == "CRONLOCK_POLICY" && e.?value.orValue("") == "queue"))
+  - name: oldQueued
+    expression: >-
+      variables.oldPod.?initContainers.orValue([]).exists(c, c.name == "cronlock" &&
+      c.?env.orValue([]).exists(e, e.name == "CRONLOCK_POLICY" && e.?value.orValue("") == "queue"))
+  # A queued Job let go: spec.suspend true to false and nothing else of its spec, only on a
+  # Job a CronJob controls whose own pod template runs cronlock's sidecar under queue (a
+  # Job's template is what its CronJob's was when it was made; the operator creates none).
+  - name: resumed
+    expression: >-
+      variables.resource == "jobs" && request.operation == "UPDATE" &&
+      oldObject.spec.?suspend.orValue(false) == true &&
+      object.spec.?suspend.orValue(true) == false &&
+      {{- range without $jobFields "suspend" }}
+      object.spec.?{{ . }}.orValue(null) == oldObject.spec.?{{ . }}.orValue(null) &&
+      {{- end }}
+      object.spec.?podFailurePolicy.orValue(null) == oldObject.spec.?podFailurePolicy.orValue(null) &&
+      object.spec.template == oldObject.spec.template &&
+      oldObject.spec.template.spec.?initContainers.orValue([]).exists(c, c.name == "cronlock" &&
+      c.?env.orValue([]).exists(e, e.name == "CRONLOCK_POLICY" && e.?value.orValue("") == "queue")) &&
+      oldObject.metadata.?ownerReferences.orValue([]).exists(o, o.kind == "CronJob" &&
+      o.?controller.orValue(false) == true)
 validations:
   - expression: '!(request.namespace in ["kube-system", "kube-node-lease"])'
     message: "cronlock never writes in kube-system or kube-node-lease"
@@ -172,12 +199,13 @@ validations:
       namespace
     reason: Forbidden
   # Jobs: only the marks on a finished guarded run (cronlock.io/* annotations, and the
-  # label cronlock.io/outcome: skipped or replaced), or deleting a guarded run's Job.
+  # label cronlock.io/outcome: skipped or replaced), a queued Job let go (`resumed`), or
+  # deleting a guarded run's Job.
   - expression: >-
       variables.resource != "jobs" || (request.operation != "CREATE" &&
       oldObject.metadata.?labels.orValue({})[?"cronlock.io/lock"].hasValue() &&
       (request.operation == "DELETE" || (
-      object.spec == oldObject.spec &&
+      (object.spec == oldObject.spec || variables.resumed) &&
       variables.newLabels.all(key, key == "cronlock.io/outcome" ?
       variables.newLabels[key] in ["skipped", "replaced"] :
       (key in variables.oldLabels && variables.oldLabels[key] == variables.newLabels[key])) &&
@@ -188,8 +216,9 @@ validations:
       (key in variables.oldNotes && variables.oldNotes[key] == variables.newNotes[key])) &&
       variables.oldNotes.all(key, key.startsWith("cronlock.io/") || key in variables.newNotes))))
     message: >-
-      cronlock only annotates (cronlock.io/*), labels with cronlock.io/outcome and deletes
-      the Jobs of guarded runs (labelled cronlock.io/lock); it never creates a Job
+      cronlock only annotates (cronlock.io/*), labels with cronlock.io/outcome, lets a
+      queued Job go (spec.suspend true to false, policy: queue) and deletes the Jobs of
+      guarded runs (labelled cronlock.io/lock); it never creates a Job
     reason: Forbidden
   # Events: only new ones, about a CronJob, Job or Lease of the same namespace.
   - expression: >-
@@ -218,10 +247,17 @@ validations:
     reason: Forbidden
   - expression: >-
       variables.resource != "cronjobs" || (
-      {{- range $i, $field := $jobFields }}{{ if $i }} &&{{ end }}
+      {{- range $i, $field := without $jobFields "suspend" }}{{ if $i }} &&{{ end }}
       object.spec.jobTemplate.spec.?{{ $field }}.orValue(null) ==
       oldObject.spec.jobTemplate.spec.?{{ $field }}.orValue(null)
       {{- end }} &&
+      (object.spec.jobTemplate.spec.?suspend.orValue(null) ==
+      oldObject.spec.jobTemplate.spec.?suspend.orValue(null) ||
+      (object.spec.jobTemplate.spec.?suspend.orValue(false) == true &&
+      !oldObject.spec.jobTemplate.spec.?suspend.hasValue() && variables.newQueued) ||
+      (!object.spec.jobTemplate.spec.?suspend.hasValue() &&
+      oldObject.spec.jobTemplate.spec.?suspend.orValue(false) == true && variables.oldQueued &&
+      !variables.newQueued)) &&
       object.spec.jobTemplate.spec.?podFailurePolicy.?rules.orValue([]).filter(r, !(r.action == "FailJob" &&
       r.?onExitCodes.?containerName.orValue("") == "cronlock-gate" &&
       r.?onExitCodes.?operator.orValue("") == "In" && r.?onExitCodes.?values.orValue([]) == [75])) ==
@@ -237,7 +273,8 @@ validations:
       k in pair[0].?metadata.?labels.orValue({}))))
     message: >-
       cronlock changes a CronJob's Job spec only by its podFailurePolicy rule (exit 75 of
-      cronlock-gate) and its templates' metadata only by the label cronlock.io/lock
+      cronlock-gate) and suspend (set under policy: queue, removed with it), and its
+      templates' metadata only by the label cronlock.io/lock
     reason: Forbidden
   - expression: >-
       variables.resource != "cronjobs" || (

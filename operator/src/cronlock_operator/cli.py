@@ -146,7 +146,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--default-policy",
         default=_env("DEFAULT_POLICY", lock.default_policy),
-        choices=list(contract.POLICIES),
+        choices=list(contract.DEFAULT_POLICIES),
     )
     parser.add_argument(
         "--alert-after-missed",

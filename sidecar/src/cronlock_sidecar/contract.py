@@ -51,6 +51,9 @@ ANNOTATION_WAIT_TIMEOUT: Final = PREFIX + "wait-timeout"
 ANNOTATION_JITTER: Final = PREFIX + "jitter"
 # Longest jitter (1h): the gate, and the pod with its node's reservation, wait that long.
 MAX_JITTER_SECONDS: Final = 3600
+# Under `policy: queue`: how long a tick's Job may stay queued (suspended) before the
+# operator deletes it (`QueueTimedOut`); the released pod waits for the lock as long.
+ANNOTATION_QUEUE_TIMEOUT: Final = PREFIX + "queue-timeout"
 ANNOTATION_STOP: Final = PREFIX + "stop"
 ANNOTATION_ALERT_AFTER: Final = PREFIX + "alert-after"
 ANNOTATION_KEEP_SKIPPED_JOBS: Final = PREFIX + "keep-skipped-jobs"
@@ -123,6 +126,9 @@ REPLACED_JOBS_KEPT: Final = 10
 # was replaced by a newer run; the value names the other run.
 JOB_ANNOTATION_OVERLAPPED: Final = PREFIX + "overlapped"
 JOB_ANNOTATION_REPLACED_BY: Final = PREFIX + "replaced-by"
+# Written on a queued Job by the operator when it stayed queued past its queue-timeout
+# (policy: queue); the run accounting then counts it as a skip and deletes it.
+JOB_ANNOTATION_QUEUE_TIMED_OUT: Final = PREFIX + "queue-timed-out"
 
 USER_SETTINGS: Final = frozenset(
     {
@@ -131,6 +137,7 @@ USER_SETTINGS: Final = frozenset(
         ANNOTATION_TTL,
         ANNOTATION_RENEW,
         ANNOTATION_POLICY,
+        ANNOTATION_QUEUE_TIMEOUT,
         ANNOTATION_WAIT_TIMEOUT,
         ANNOTATION_JITTER,
         ANNOTATION_STOP,
@@ -350,5 +357,15 @@ DEFAULT_SKEW_SECONDS: Final = 2
 DEFAULT_ALERT_AFTER: Final = 3
 DEFAULT_ALERT_AFTER_MISSED: Final = 3
 # What a run does when it finds the lock held: skip it, wait for it, replace its holder,
-# or (observe) run anyway and record the overlap.
-POLICIES: Final = ("skip", "wait", "replace", "observe")
+# (observe) run anyway and record the overlap, or (queue) wait as a suspended Job, with
+# no pod, until the operator lets it go (docs/USAGE.md, "Queue instead of skip").
+POLICIES: Final = ("skip", "wait", "replace", "observe", "queue")
+# What the operator's --default-policy may be: not queue, which suspends a CronJob's Jobs
+# (a choice its author makes, with its queue-timeout, never a cluster-wide default).
+DEFAULT_POLICIES: Final = ("skip", "wait", "replace", "observe")
+# Policies whose run, finding the lock held, waits for it in its pod (up to its timeout).
+WAITING_POLICIES: Final = ("wait", "replace", "queue")
+# The operator's Events about queued Jobs (policy: queue).
+EVENT_QUEUE_COLLAPSED: Final = "Collapsed"
+EVENT_QUEUE_TIMED_OUT: Final = "QueueTimedOut"
+EVENT_QUEUE_RELEASED: Final = "Dequeued"

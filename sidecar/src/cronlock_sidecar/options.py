@@ -370,10 +370,16 @@ def parse_options(argv: Sequence[str], env: Mapping[str, str]) -> Options:
     # start), judged strictly, plus one renew interval for the retries and the clearing.
     default_wait = replace_wait_timeout(timing) if policy == "replace" else DEFAULT_WAIT_TIMEOUT
     wait_timeout = values.duration("wait_timeout", default_wait)
-    if wait_timeout > 0 and policy not in ("wait", "replace") and command != "gate":
+    if wait_timeout > 0 and policy not in contract.WAITING_POLICIES and command != "gate":
         raise ConfigError(
-            f"{values.get('wait_timeout')[1]}: only meaningful with --policy wait or replace "
-            "(drop it, or set one of those)"
+            f"{values.get('wait_timeout')[1]}: only meaningful with --policy wait, replace or "
+            "queue (drop it, or set one of those)"
+        )
+    if policy == "queue" and command == "run":
+        # A queued tick is a suspended Job the operator lets go; a process has no Job.
+        raise ConfigError(
+            f"{values.get('policy')[1]}: queue is a CronJob's policy (its ticks wait as "
+            "suspended Jobs); a process that should wait for the lock uses --policy wait"
         )
     jitter = _jitter(values)
     kill_grace = values.duration("kill_grace", timing.default_kill_grace_ms() / 1000)

@@ -37,7 +37,7 @@ STREAM_FINDINGS = [
     ),
     (37, "error", "duration", 'cronlock.io/ttl: "5 minutes" is not a duration'),
     (57, "error", "renew", 'cronlock.io/renew: "60s" must be shorter than the ttl (60s)'),
-    (75, "error", "policy", 'cronlock.io/policy: "queue" is not a policy'),
+    (75, "error", "policy", 'cronlock.io/policy: "fifo" is not a policy'),
     (95, "warning", "gap", "ttl 5m is longer than the shortest gap between two runs"),
     (114, "error", "root", 'cronlock.io/stop: "signal" cannot stop containers that run as root'),
     (134, "error", "unquoted", "cronlock.io/enabled: true is not a string; Kubernetes takes"),

@@ -208,7 +208,14 @@ CALL_SITES: dict[str, tuple[Call, Mapping[int, Outcome]]] = {
     ),
     "Kube.delete_lease": (kube(lambda k: k.delete_lease(NS, "cronlock-report", "5")), GONE_IS_NONE),
     "Kube.mark_job": (kube(lambda k: k.mark_job(NS, "report-1", "a", "b")), {404: Returns(False)}),
-    "Kube.delete_job": (kube(lambda k: k.delete_job(NS, "report-1")), GONE_IS_NONE),
+    "Kube.delete_job": (
+        kube(lambda k: k.delete_job(NS, "report-1", "5")),
+        {404: Returns(False), 409: Returns(False)},
+    ),
+    "Kube.resume_job": (
+        kube(lambda k: k.resume_job(NS, "report-1")),
+        {404: Returns(False), 409: Returns(False), 422: Returns(False)},
+    ),
     "Kube.post_event": (kube(lambda k: k.post_event(CRONJOB, "Injected", "hi")), GONE_IS_NONE),
     **{
         f"HolderRbac.{verb} {kind}": (rbac(call), outcomes)

@@ -13,7 +13,7 @@ import pytest
 from cronlock_operator.cronjob.config import parse_config
 from cronlock_operator.cronjob.reading import Readings, counting_settings
 from cronlock_operator.injection.build import desired_cronjob
-from cronlock_operator.reconcile import cronjobs, expiry, rbac, runs
+from cronlock_operator.reconcile import cronjobs, expiry, rbac, runs, skips
 from cronlock_operator.reconcile.actions import (
     AnnotateCronJob,
     CountRun,
@@ -256,6 +256,55 @@ def test_skips_are_counted_in_creation_order_and_alert_at_alert_after() -> None:
         AnnotateCronJob(NAMESPACE, "report", {"cronlock.io/consecutive-skips": "3"}),
         SetConsecutiveSkips(NAMESPACE, "report", 3),
     ]
+
+
+def test_a_queued_job_marked_timed_out_is_a_skip_in_a_row_and_is_deleted() -> None:
+    """policy: queue: the queue reconciler marks a Job queued past its queue-timeout; it
+    counts as a skip (RepeatedSkips at alert-after) and is deleted, kept or not."""
+    body = gen.cronjob(
+        "report",
+        gen.annotated(
+            {
+                "cronlock.io/enabled": "true",
+                "cronlock.io/policy": "queue",
+                "cronlock.io/alert-after": "2",
+                "cronlock.io/keep-skipped-jobs": "true",
+            }
+        ),
+        *STORED,
+    )
+    body["metadata"]["annotations"]["cronlock.io/consecutive-skips"] = "1"
+    queued = gen.job(
+        "report-29416203",
+        gen.created_at("2026-12-01T00:03:00Z"),
+        gen.of_lock("report"),
+        gen.gated(),
+        gen.with_metadata(annotations={"cronlock.io/queue-timed-out": "queued 5m0s, ..."}),
+    )
+    queued["spec"]["suspend"] = True
+    decision = runs.decide(body, [queued], SETTINGS, readings=Readings())
+    (run,) = decision.runs
+    assert kinds(run.actions) == [
+        "MarkJob",
+        "CountTick",
+        "CountRun",
+        "PostEvent:QueueTimedOut",
+        "PostEvent:RepeatedSkips",
+        "DeleteJob",
+    ]
+    assert run.actions[1] == CountTick(NAMESPACE, "report", "overlap")
+    warning = run.actions[3]
+    assert isinstance(warning, PostEvent)
+    assert warning.warning
+    assert warning.message.endswith("never ran and was deleted (2 in a row)")
+    assert decision.after == [
+        AnnotateCronJob(NAMESPACE, "report", {"cronlock.io/consecutive-skips": "2"}),
+        SetConsecutiveSkips(NAMESPACE, "report", 2),
+    ]
+    # The mark on a Job that runs (let go by hand, or forged) makes it no finished run:
+    # it is neither counted nor deleted before it ends.
+    queued["spec"]["suspend"] = False
+    assert skips.outcome(queued) is None
 
 
 def made_by(body: dict[str, Any], job: dict[str, Any]) -> dict[str, Any]:

@@ -252,7 +252,7 @@ def test_replace_waits_ttl_plus_skew_plus_renew_by_default_and_observe_takes_no_
     assert (
         parse_options([*base, "--policy", "replace", "--wait-timeout", "5s"], {}).wait_timeout == 5
     )
-    with pytest.raises(ConfigError, match="only meaningful with --policy wait or replace"):
+    with pytest.raises(ConfigError, match="only meaningful with --policy wait, replace or queue"):
         parse_options([*base, "--policy", "observe", "--wait-timeout", "5s"], {})
     with pytest.raises(ConfigError, match="replce"):
         parse_options([*base, "--policy", "replce"], {})
@@ -357,3 +357,36 @@ def test_a_freeze_with_stop_running_stops_the_holder_at_its_next_renewal(
     # Not taken by another run: it gives the lock back once its work has stopped.
     assert holder.release()
     assert read_lease(transport.lease).holder == ""
+
+
+def test_queue_is_a_cronjobs_policy_refused_by_run_and_waits_in_hold() -> None:
+    base = ["--lease", "default/cronlock-report", "--ttl", "30s"]
+    with pytest.raises(ConfigError, match="a process that should wait for the lock uses"):
+        parse_options(["run", *base, "--policy", "queue", "--", "true"], {})
+    held = parse_options(
+        ["hold", *base, "--identity", NEW, "--policy", "queue", "--wait-timeout", "5m"], {}
+    )
+    assert held.policy == "queue"
+    assert held.wait_timeout == 300
+
+
+def test_a_queued_run_let_go_waits_for_a_run_that_slipped_in_then_takes_the_lock(
+    clock: FakeClock, transport: FakeTransport, make_keeper: MakeKeeper
+) -> None:
+    transport.store(make_lease(OLD, duration=3600))
+    waits: list[float] = []
+
+    def pause(seconds: float) -> bool:
+        waits.append(seconds)
+        clock.advance(seconds)
+        if len(waits) == 3:  # the other run gives the lock back
+            transport.store(make_lease(""))
+        return False
+
+    result = acquire(make_keeper(identity=NEW), policy="queue", wait_timeout=60, pause=pause)
+    assert isinstance(result, Acquired)
+    assert len(waits) == 3
+    # Without a release it skips at its timeout, as wait does.
+    transport.store(make_lease(OLD, duration=3600))
+    busy = acquire(make_keeper(identity=NEWER), policy="queue", wait_timeout=5, pause=pause)
+    assert isinstance(busy, Busy)

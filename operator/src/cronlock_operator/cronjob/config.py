@@ -25,6 +25,7 @@ from cronlock_operator.cronjob.policies import (
     Policy,
     parse_max_hold,
     parse_policy,
+    parse_queue_timeout,
     parse_wait_timeout,
 )
 from cronlock_operator.cronjob.timing import (
@@ -42,6 +43,7 @@ from cronlock_operator.objects import annotations_of
 from cronlock_sidecar import contract
 from cronlock_sidecar.lock.model import Timing
 from cronlock_sidecar.lock.permits import read_count
+from cronlock_sidecar.lock.schedule import min_gap_seconds
 
 Stop = Literal["liveness", "signal"]
 Store = Literal["lease", "redis", "postgres"]
@@ -78,6 +80,8 @@ class LockConfig:
     store_secret: str | None = None
     # The CronJobs of its namespace it lets use its lock (`cronlock.io/share-lock-with`).
     peers: frozenset[str] = frozenset()
+    # policy: queue: how long a Job may stay queued, then its pod wait (0 otherwise).
+    queue_timeout_seconds: float = 0.0
     # The longest a run may hold the lock from its acquire (`cronlock.io/max-hold`); 0: none.
     max_hold_seconds: float = 0.0
     # How many runs may hold the lock at once (`cronlock.io/permits`): the lock's N.
@@ -209,6 +213,20 @@ def parse_config(cronjob: Mapping[str, Any], settings: Defaults) -> LockConfig:
     wait_timeout = parse_wait_timeout(
         annotations, policy, Timing.of(ttl, renew, settings.skew_seconds)
     )
+    schedule = (cronjob.get("spec") or {}).get("schedule")
+    queue_timeout = parse_queue_timeout(
+        annotations, policy, min_gap_seconds(schedule) if isinstance(schedule, str) else None
+    )
+    if policy == "queue":
+        if store != "lease":
+            raise InvalidConfig(
+                contract.ANNOTATION_POLICY,
+                "queue",
+                f"needs the lock in a Lease ({contract.ANNOTATION_STORE}: lease): the operator "
+                f"lets a queued Job go when it sees the Lease released, and a lock in {store} "
+                "is out of its sight; use policy wait with a store",
+            )
+        wait_timeout = queue_timeout  # a let-go run that finds the lock taken waits as long
     max_hold = parse_max_hold(annotations, policy, Timing.of(ttl, renew, settings.skew_seconds))
     jitter = parse_jitter(annotations)
     stop = _parse_stop(annotations, cronjob)
@@ -245,6 +263,7 @@ def parse_config(cronjob: Mapping[str, Any], settings: Defaults) -> LockConfig:
         store_secret=store_secret,
         probe=probe_tolerance(ttl, settings.skew_seconds, kill_grace),
         peers=peers,
+        queue_timeout_seconds=queue_timeout,
         max_hold_seconds=max_hold,
         permits=permits,
         jitter_seconds=jitter,
@@ -440,7 +459,8 @@ def parse_permits(annotations: Mapping[str, str]) -> int:
 def _refuse_permits_with(annotations: Mapping[str, str], store: str, policy: Policy) -> None:
     """Permits above 1 the sidecar does not hold yet (docs/DECISIONS.md, "Permits in the
     sidecar, as built"): in Redis or PostgreSQL, whose rules judge one holder, a lock is
-    one permit; under `replace`, which of N holders to stop is not settled. Refused, not
+    one permit; under `replace`, which of N holders to stop is not settled; under `queue`,
+    the dispatch reads one holder (reconcile/queue.py `permit_free`). Refused, not
     quietly guarded as something else."""
     text = annotations[contract.ANNOTATION_PERMITS]
     if store != "lease":
@@ -457,6 +477,14 @@ def _refuse_permits_with(annotations: Mapping[str, str], store: str, policy: Pol
             f'cannot be used with {contract.ANNOTATION_POLICY}: "replace" yet: which of the '
             "holders a replacing run should stop is not settled; use skip, wait or observe, "
             f"or remove {contract.ANNOTATION_PERMITS}",
+        )
+    if policy == "queue":
+        raise InvalidConfig(
+            contract.ANNOTATION_PERMITS,
+            text,
+            f'cannot be used with {contract.ANNOTATION_POLICY}: "queue" yet: the queue lets a '
+            "run go when the Lease's one holder releases (a permit reserved for the Job let go "
+            f"is not built); use wait, or remove {contract.ANNOTATION_PERMITS}",
         )
 
 

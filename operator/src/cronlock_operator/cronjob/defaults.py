@@ -73,10 +73,11 @@ class LockDefaults:
 
 def check_defaults(defaults: Defaults) -> None:
     """ValueError naming the first default no CronJob could be guarded under."""
-    if defaults.default_policy not in contract.POLICIES:
+    if defaults.default_policy not in contract.DEFAULT_POLICIES:
         raise ValueError(
             f"default policy {defaults.default_policy!r} is not one of "
-            + ", ".join(contract.POLICIES)
+            + ", ".join(contract.DEFAULT_POLICIES)
+            + " (queue is set per CronJob, with cronlock.io/policy)"
         )
     if defaults.skew_seconds < 0:
         raise ValueError(f"clock skew {defaults.skew_seconds}s must not be negative")

@@ -2,7 +2,8 @@
 
 skip (the default) gives up at once, wait retries until the wait timeout, replace asks the
 holder to yield and takes over (the newest run wins), observe runs anyway and records the
-overlap. The sidecar carries them out (cronlock_sidecar/policy.py).
+overlap, queue waits as a suspended Job (no pod) until the operator lets it go, then as
+wait, up to the queue timeout. The sidecar carries them out (cronlock_sidecar/policy.py).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from cronlock_sidecar import contract
 from cronlock_sidecar.lock.maxhold import max_hold_problem
 from cronlock_sidecar.lock.model import Timing, replace_wait_timeout
 
-Policy = Literal["skip", "wait", "replace", "observe"]
+Policy = Literal["skip", "wait", "replace", "observe", "queue"]
 MAX_WAIT_TIMEOUT_SECONDS: Final = 24 * 3600
 
 
@@ -47,6 +48,14 @@ def parse_wait_timeout(annotations: Mapping[str, str], policy: Policy, timing: T
         raise InvalidConfig(
             contract.ANNOTATION_WAIT_TIMEOUT, text, "is out of range; expected at most 24h"
         )
+    if seconds > 0 and policy == "queue":
+        raise InvalidConfig(
+            contract.ANNOTATION_WAIT_TIMEOUT,
+            text,
+            f'does not apply with {contract.ANNOTATION_POLICY}: "queue"; a queued run waits '
+            f"up to {contract.ANNOTATION_QUEUE_TIMEOUT} (set that instead, or remove the "
+            "wait-timeout)",
+        )
     if seconds > 0 and policy not in ("wait", "replace"):
         raise InvalidConfig(
             contract.ANNOTATION_WAIT_TIMEOUT,
@@ -54,6 +63,42 @@ def parse_wait_timeout(annotations: Mapping[str, str], policy: Policy, timing: T
             f'only applies with {contract.ANNOTATION_POLICY}: "wait" or "replace"; with '
             f'"{policy}" a run never waits for the lock (set the policy to wait or replace, '
             "or remove the wait-timeout)",
+        )
+    return seconds
+
+
+# Without `queue-timeout`: the schedule's shortest gap, so a queued tick is never older
+# than one interval (the next tick then takes its place); this when the schedule has none.
+DEFAULT_QUEUE_TIMEOUT_SECONDS: Final = 3600.0
+MIN_QUEUE_TIMEOUT_SECONDS: Final = 1.0
+
+
+def parse_queue_timeout(
+    annotations: Mapping[str, str], policy: Policy, shortest_gap: float | None
+) -> float:
+    """Seconds a queued Job may wait (suspended, then its pod for the lock): as annotated,
+    else the schedule's shortest gap (`shortest_gap`, at most 24h), else an hour; 0 for
+    any policy but queue, which refuses the annotation."""
+    text = annotations.get(contract.ANNOTATION_QUEUE_TIMEOUT)
+    if policy != "queue":
+        if text is not None:
+            raise InvalidConfig(
+                contract.ANNOTATION_QUEUE_TIMEOUT,
+                text,
+                f'only applies with {contract.ANNOTATION_POLICY}: "queue"; with "{policy}" no '
+                "run is queued (set the policy to queue, or remove the queue-timeout)",
+            )
+        return 0.0
+    if text is None:
+        if shortest_gap is None:
+            return DEFAULT_QUEUE_TIMEOUT_SECONDS
+        return min(max(shortest_gap, MIN_QUEUE_TIMEOUT_SECONDS), MAX_WAIT_TIMEOUT_SECONDS)
+    seconds = duration_annotation(contract.ANNOTATION_QUEUE_TIMEOUT, text)
+    if not MIN_QUEUE_TIMEOUT_SECONDS <= seconds <= MAX_WAIT_TIMEOUT_SECONDS:
+        raise InvalidConfig(
+            contract.ANNOTATION_QUEUE_TIMEOUT,
+            text,
+            "is out of range; expected 1s to 24h (how long a tick may stay queued)",
         )
     return seconds
 

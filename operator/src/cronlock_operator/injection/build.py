@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 import re
 from collections.abc import Iterator, Mapping
 from typing import Any, Final, TypeGuard
@@ -133,6 +134,10 @@ def build_injection(
     for template in (job_template, pod_template):
         labels: dict[str, str] = template.setdefault("metadata", {}).setdefault("labels", {})
         labels[contract.LABEL_LOCK] = config.lock
+    if config.policy == "queue":
+        # Each run's Job is created suspended, so no pod exists while it is queued; the
+        # operator lets it go (`spec.suspend: false`) when the lock is free.
+        job_spec["suspend"] = True
     if originals:
         result["metadata"].setdefault("annotations", {}).update(originals)
     return result
@@ -163,6 +168,10 @@ def revert(cronjob: Mapping[str, Any]) -> dict[str, Any]:
         return result
 
     if injected:
+        # `suspend` is ours exactly when the injected sidecar runs under queue: a user's own
+        # suspend is refused with that policy (check_injectable) and kept with the others.
+        if _injected_policy(pod_spec) == "queue":
+            job_spec.pop("suspend", None)
         pod_spec["initContainers"] = [
             container
             for container in pod_spec.get("initContainers", [])
@@ -222,6 +231,16 @@ def revert(cronjob: Mapping[str, Any]) -> dict[str, Any]:
     if restart_policy is not None or share is not None or grace is not None:
         _drop_if_empty(metadata, "annotations")
     return result
+
+
+def _injected_policy(pod_spec: Mapping[str, Any]) -> str | None:
+    """The policy the injected sidecar was given (its CRONLOCK_POLICY), if injected."""
+    for container in pod_spec.get("initContainers") or []:
+        if container.get("name") == contract.SIDECAR_CONTAINER and is_injected_container(container):
+            for env in container.get("env") or []:
+                if env.get("name") == contract.ENV_POLICY:
+                    return str(env.get("value"))
+    return None
 
 
 def is_injected(cronjob: Mapping[str, Any]) -> bool:
@@ -291,6 +310,15 @@ def check_injectable(cronjob: Mapping[str, Any], config: LockConfig) -> None:
         raise refuse(
             "the job's completionMode is Indexed; a lock guards one pod at a time, so a "
             "guarded Job is NonIndexed"
+        )
+    if config.policy == "queue" and "suspend" in job_spec:
+        raise InvalidConfig(
+            contract.ANNOTATION_POLICY,
+            "queue",
+            f"cannot be applied: the job template sets suspend: "
+            f"{json.dumps(job_spec['suspend'])}; under queue cronlock suspends each run's Job "
+            "itself and lets it go when the lock is free (remove suspend from the job "
+            "template, or suspend the CronJob itself with spec.suspend)",
         )
     rules = (job_spec.get("podFailurePolicy") or {}).get("rules") or []
     if len(rules) >= MAX_POD_FAILURE_POLICY_RULES:

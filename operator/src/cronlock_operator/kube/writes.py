@@ -33,6 +33,11 @@ logger = logging.getLogger(__name__)
 
 REPORTING_COMPONENT = "cronlock-operator"
 JSON_PATCH = "application/json-patch+json"
+# The operator's one write to a Job's spec: a queued Job let go, only if still suspended.
+RESUME_PATCH = [
+    {"op": "test", "path": "/spec/suspend", "value": True},
+    {"op": "replace", "path": "/spec/suspend", "value": False},
+]
 MERGE_PATCH = "application/merge-patch+json"
 # CronJobs per page of a start-up list (ours and kopf's): one page is what is parsed at once.
 LIST_PAGE = 500
@@ -319,13 +324,46 @@ class Kube:
             return False
         return True
 
-    def delete_job(self, namespace: str, name: str) -> None:
-        with contextlib.suppress(NotFound), answered(f"delete job {namespace}/{name}"):
-            done(
-                self.batch.delete_namespaced_job(
-                    name, namespace, propagation_policy="Background", _preload_content=False
-                )
+    def resume_job(self, namespace: str, name: str) -> bool:
+        """Let a queued Job go (`spec.suspend` true → false, policy: queue); False when it
+        is gone or no longer suspended (the patch tests it first)."""
+        return self._patch(
+            self.batch.patch_namespaced_job,
+            "resume job",
+            namespace,
+            name,
+            RESUME_PATCH,
+            JSON_PATCH,
+            refused=(NotFound, Conflict, Invalid),
+        )
+
+    def delete_job(self, namespace: str, name: str, version: str | None = None) -> bool:
+        """Delete a Job (and its pods); with `version`, only while it is that version.
+        False when it is gone or (with `version`) changed."""
+        options = (
+            None
+            if version is None
+            else kubernetes.client.V1DeleteOptions(
+                preconditions=kubernetes.client.V1Preconditions(resource_version=version),
+                # In the body too: with a body the API server reads its options from it, and
+                # a Job's default there is orphan (a finalizer, the Job seen again).
+                propagation_policy="Background",
             )
+        )
+        try:
+            with answered(f"delete job {namespace}/{name}"):
+                done(
+                    self.batch.delete_namespaced_job(
+                        name,
+                        namespace,
+                        propagation_policy="Background",
+                        body=options,
+                        _preload_content=False,
+                    )
+                )
+        except (NotFound, Conflict):
+            return False
+        return True
 
     # --- Events --------------------------------------------------------------------
     def post_event(

@@ -91,6 +91,7 @@ def rules() -> list[Rule]:
     ttl, renew = contract.ANNOTATION_TTL, contract.ANNOTATION_RENEW
     wait, policy = contract.ANNOTATION_WAIT_TIMEOUT, contract.ANNOTATION_POLICY
     jitter = contract.ANNOTATION_JITTER
+    queue = contract.ANNOTATION_QUEUE_TIMEOUT
     store, secret = contract.ANNOTATION_STORE, contract.ANNOTATION_STORE_SECRET
     known = _cel_list(sorted(contract.USER_SETTINGS | contract.OPERATOR_OWNED))
     forms = durations.DURATION_FORMS
@@ -202,6 +203,31 @@ def rules() -> list[Rule]:
             f'{_quoted(wait)} + "only applies with {policy}: \\"wait\\" or \\"replace\\"; '
             f'with another policy a run never waits for the lock"',
         ),
+        Rule(
+            queue,
+            f"!({_set(queue)}) || {_duration_ok(queue)}",
+            f'{_quoted(queue)} + "is not a duration; expected {forms}"',
+        ),
+        Rule(
+            queue,
+            f"!({_set(queue)}) || !({_duration_ok(queue)}) || "
+            f'({_duration(queue)} >= duration("{policies.MIN_QUEUE_TIMEOUT_SECONDS:g}s") && '
+            f'{_duration(queue)} <= duration("{policies.MAX_WAIT_TIMEOUT_SECONDS}s"))',
+            f'{_quoted(queue)} + "is out of range; expected 1s to 24h (how long a tick may '
+            f'stay queued)"',
+        ),
+        Rule(
+            queue,
+            f'!({_set(queue)}) || {_text(policy)} == "queue"',
+            f'{_quoted(queue)} + "only applies with {policy}: \\"queue\\"; with another '
+            f'policy no run is queued"',
+        ),
+        Rule(
+            policy,
+            f'{_text(policy)} != "queue" || !({_text(store)} in ["redis", "postgres"])',
+            f'"{policy}: \\"queue\\" needs the lock in a Lease ({store}: lease): the '
+            f'operator lets a queued Job go when it sees the Lease released"',
+        ),
         *_max_hold_rules(),
         Rule(
             jitter,
@@ -258,6 +284,14 @@ def rules() -> list[Rule]:
             f'{_quoted(permits)} + "cannot be used with {policy}: \\"replace\\" yet: which '
             f"of the holders a replacing run should stop is not settled; use skip, wait or "
             f'observe, or remove {permits}"',
+        ),
+        Rule(
+            permits,
+            f"!({_set(permits)}) || !({_text(permits)}.trim().matches(r'{_COUNT}')) || "
+            f'int({_text(permits)}.trim()) == 1 || {_text(policy)} != "queue"',
+            f'{_quoted(permits)} + "cannot be used with {policy}: \\"queue\\" yet: the '
+            f"queue lets a run go when the Lease's one holder releases; use wait, or remove "
+            f'{permits}"',
         ),
         Rule(
             peers,

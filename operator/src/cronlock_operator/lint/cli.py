@@ -78,7 +78,7 @@ def add_parser(commands: Any) -> None:
     lint.add_argument(
         "--default-policy",
         default=defaults.default_policy,
-        choices=list(contract.POLICIES),
+        choices=list(contract.DEFAULT_POLICIES),
         help="the operator's --default-policy (the chart's defaults.policy; default "
         f"{defaults.default_policy})",
     )

@@ -81,9 +81,21 @@ class MarkJob:
 
 
 @dataclass(frozen=True)
-class DeleteJob:
+class ResumeJob:
+    """Let a queued (suspended) Job go; stops the list if it is gone or already going."""
+
     namespace: str
     name: str
+
+
+@dataclass(frozen=True)
+class DeleteJob:
+    """Delete a Job; with `version`, only that version of it (else the rest of the list
+    stops: the Job changed since it was judged)."""
+
+    namespace: str
+    name: str
+    version: str | None = None
 
 
 @dataclass(frozen=True)
@@ -181,6 +193,7 @@ Action = (
     | DropLeaseOwner
     | WriteHolderRbac
     | MarkJob
+    | ResumeJob
     | DeleteJob
     | PatchLease
     | RecordSuccess

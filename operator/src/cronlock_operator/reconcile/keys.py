@@ -58,4 +58,14 @@ class MissedKey:
     cronjob: str
 
 
-Key = CronJobKey | RbacKey | RunsKey | LeaseKey | ContentionKey | MissedKey
+@dataclass(frozen=True)
+class QueueKey:
+    """A lock whose queued Jobs (policy: queue) may be due: one to let go, collapse or
+    drop."""
+
+    kind: ClassVar[str] = "queue"
+    namespace: str
+    lock: str
+
+
+Key = CronJobKey | RbacKey | RunsKey | LeaseKey | ContentionKey | MissedKey | QueueKey

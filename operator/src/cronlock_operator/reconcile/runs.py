@@ -163,6 +163,25 @@ def decide(
                         settings.skew_seconds,
                     )
                 )
+        elif outcome == "queue-timed-out":
+            # policy: queue: the run waited, suspended and without a pod, past its
+            # queue-timeout, and never ran: a skip like any other (the lock stayed taken).
+            count += 1
+            actions.append(CountRun("skipped"))
+            actions.append(
+                PostEvent(
+                    cronjob,
+                    contract.EVENT_QUEUE_TIMED_OUT,
+                    f"run {job_name} skipped: queued longer than its "
+                    f"{contract.ANNOTATION_QUEUE_TIMEOUT} while lock {lock} stayed taken, it "
+                    f"never ran and was deleted ({count} in a row)",
+                    warning=True,
+                )
+            )
+            if count >= alert_after:
+                actions.append(_repeated(cronjob, count, lock, "skipped"))
+            if present:
+                actions.append(DeleteJob(namespace, job_name))
         elif outcome in ("skipped", "overlapped"):
             count += 1
             if outcome == "skipped":
@@ -227,7 +246,7 @@ def _tick_outcome(
         return ALREADY_RAN
     if freeze is not None:
         return "frozen"
-    if outcome == "skipped":
+    if outcome in ("skipped", "queue-timed-out"):
         return "overlap"
     if outcome in ("overlapped", "replaced"):
         return "worked"

@@ -9,13 +9,19 @@ from typing import Any, Literal
 from cronlock_operator.objects import annotations_of
 from cronlock_sidecar import contract
 
-Outcome = Literal["skipped", "succeeded", "failed"]
+Outcome = Literal["skipped", "succeeded", "failed", "queue-timed-out"]
 # Written on a Job once the operator has counted it, so a replayed event counts nothing.
 ACCOUNTED_ANNOTATION = contract.PREFIX + "accounted"
 
 
 def outcome(job: Mapping[str, Any]) -> Outcome | None:
-    """The finished Job's outcome, or None while it runs."""
+    """The finished Job's outcome, or None while it runs. A queued Job the operator marked
+    as queued too long (policy: queue) is finished too while it is still suspended: it
+    never ran, and will not (a running Job with the mark is judged by its end alone)."""
+    if contract.JOB_ANNOTATION_QUEUE_TIMED_OUT in annotations_of(job) and (
+        (job.get("spec") or {}).get("suspend") is True
+    ):
+        return "queue-timed-out"
     for condition in (job.get("status") or {}).get("conditions") or []:
         if condition.get("status") != "True":
             continue

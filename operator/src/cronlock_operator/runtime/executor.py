@@ -39,6 +39,7 @@ from cronlock_operator.reconcile.actions import (
     PatchLease,
     PostEvent,
     RecordSuccess,
+    ResumeJob,
     SetConsecutiveSkips,
     SetRunTimes,
     WriteHolderRbac,
@@ -188,8 +189,12 @@ class Executor:
                 return self._write_holder_rbac(namespace, roles, bindings)
             case MarkJob(namespace, name, annotation, value, outcome):
                 kube.mark_job(namespace, name, annotation, value, outcome=outcome)
-            case DeleteJob(namespace, name):
+            case ResumeJob(namespace, name):
+                return COMPLETED if kube.resume_job(namespace, name) else GONE
+            case DeleteJob(namespace, name, None):
                 kube.delete_job(namespace, name)
+            case DeleteJob(namespace, name, version):
+                return COMPLETED if kube.delete_job(namespace, name, version) else GONE
             case CountRun(result):
                 metrics.runs.labels(result).inc()
             case CountMaxHoldExceeded(namespace, cronjob):

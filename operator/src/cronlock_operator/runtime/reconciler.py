@@ -6,9 +6,10 @@ keys; the queue hands each key to its kind's reconciler, which decides from thos
 purely (`reconcile/`), has the `Executor` write only what differs (level-triggered, no
 writes when idle) and returns a `Result`. The reconcilers: CronJobs (cronjobs.py), holder
 RBAC (holder_rbac.py), Lease expiry (lease_expiry.py), finished runs and contender notes
-(accounting.py), missed ticks (ticks.py). None of them imports or calls another: they
-meet through the queue (a reconciler asks for another's key) and read-only views (the
-CronJob reconciler's `GuardView`, the holder RBAC's `GrantView`), wired here.
+(accounting.py), missed ticks (ticks.py), queued Jobs (dispatch.py). None of them
+imports or calls another: they meet through the queue (a reconciler asks for another's
+key) and read-only views (the CronJob reconciler's `GuardView`, the holder RBAC's
+`GrantView`), wired here.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from cronlock_operator.reconcile.keys import (
     Key,
     LeaseKey,
     MissedKey,
+    QueueKey,
     RbacKey,
     RunsKey,
 )
@@ -41,6 +43,7 @@ from cronlock_operator.reconcile.rbac import HolderGrants
 from cronlock_operator.runtime import metrics
 from cronlock_operator.runtime.accounting import RunAccounting
 from cronlock_operator.runtime.cronjobs import CronJobReconciler
+from cronlock_operator.runtime.dispatch import QueueDispatch
 from cronlock_operator.runtime.executor import Executor, PostEventCall
 from cronlock_operator.runtime.holder_rbac import HolderRbacReconciler
 from cronlock_operator.runtime.lease_expiry import LeaseExpiry
@@ -86,6 +89,8 @@ class Reconciler:
     accounting: RunAccounting = field(init=False)
     # Each guarded CronJob's ticks: missed runs, runs no longer succeeding.
     ticks: TickWatch = field(init=False)
+    # The queues of locks under policy: queue (their suspended Jobs).
+    dispatch: QueueDispatch = field(init=False)
     _reconcilers: dict[type, Callable[[Any], Result]] = field(init=False)
     # The event loop the queue runs on, once a reconcile ran there (see _enqueue).
     _loop: asyncio.AbstractEventLoop | None = field(init=False, default=None)
@@ -134,6 +139,9 @@ class Reconciler:
         self.ticks = TickWatch(
             self.settings, self.executor, self.cronjobs, self._frozen, readings=self.readings
         )
+        self.dispatch = QueueDispatch(
+            self.kube, self.settings, self.executor, self.cronjobs, self.jobs, self.readings
+        )
         self._reconcilers = {
             CronJobKey: self.guarding.reconcile,
             RbacKey: self.holder_rbac.reconcile,
@@ -141,6 +149,7 @@ class Reconciler:
             ContentionKey: self.accounting.tell_contention,
             MissedKey: self.ticks.judge,
             LeaseKey: self.expiry.reconcile,
+            QueueKey: self.dispatch.reconcile,
         }
 
     # --- watch events (event loop thread) ------------------------------------------
@@ -195,6 +204,9 @@ class Reconciler:
             owner = self.accounting.job_seen(body)
         if owner is not None:
             self.queue.add(RunsKey(key[0], owner))
+        queued = self.dispatch.job_seen(body)
+        if queued is not None:
+            self.queue.add(queued)
 
     def on_lease(self, kind: str | None, body: dict[str, Any]) -> None:
         key = name_of(body)
@@ -222,6 +234,9 @@ class Reconciler:
             self.queue.add(ContentionKey(*key))
         if repair:
             self.queue.add(LeaseKey(*key))
+        queued = self.dispatch.lease_seen(key[0], lock, record)
+        if queued is not None:
+            self.queue.add(queued)
 
     def check_expiry(self) -> None:
         """Enqueue every Lease whose holder has not renewed for longer than its duration."""

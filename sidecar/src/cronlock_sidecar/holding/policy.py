@@ -5,7 +5,9 @@
 - replace: ask the holder to yield (a note on the Lease it reads at its next renewal),
   then take the Lease once the holder released it or it expired, within the wait
   timeout; the newest replace run wins;
-- observe: like skip, but the caller runs anyway and records the overlap (`note`).
+- observe: like skip, but the caller runs anyway and records the overlap (`note`);
+- queue: as wait. Its Job waited suspended, without a pod, until the operator let it go
+  at a release; a run of another policy that took the lock in between costs a wait.
 
 On a lock of N > 1 permits (lock/permits.py) a run takes a free permit under every policy;
 when all N are held, skip skips, wait waits for any permit, observe runs anyway, and
@@ -19,7 +21,7 @@ import logging
 from collections.abc import Callable
 from datetime import datetime, timedelta
 
-from cronlock_sidecar.contract import ANNOTATION_OVERLAP, ANNOTATION_YIELD_TO
+from cronlock_sidecar.contract import ANNOTATION_OVERLAP, ANNOTATION_YIELD_TO, WAITING_POLICIES
 from cronlock_sidecar.holding.lease import MAX_CONFLICTS, Acquired, Busy, LeaseKeeper
 from cronlock_sidecar.lock.model import noted, read_lease
 from cronlock_sidecar.transport.seam import ApiError, Conflict, Lease, NotFound, Unavailable
@@ -45,7 +47,7 @@ def acquire(
     started = clock.monotonic()
     started_at = clock.now()
     retry_every = min(keeper.timing.renew, 1.0)
-    waits = policy in ("wait", "replace")
+    waits = policy in WAITING_POLICIES
     deadline = started + (wait_timeout if waits else 0.0)
     clearing_since: float | None = None
     asked = False
