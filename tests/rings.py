@@ -66,6 +66,7 @@ RINGS: dict[str, tuple[str, ...]] = {
     "e2e-b": (
         "tests/e2e/test_failures.py",
         "tests/e2e/test_flood.py",
+        "tests/e2e/test_max_hold.py",
         "tests/e2e/test_missed_runs.py",
         "tests/e2e/test_neighbours_on_node.py",
         "tests/e2e/test_overlap.py",
