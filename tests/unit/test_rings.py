@@ -174,10 +174,28 @@ def run_rings(
     )
 
 
+SLOW_RING_TEST = """\
+import re
+import time
+from pathlib import Path
+
+def test_slow():
+    log = Path(__file__).resolve().parent.parent / ".testenv" / "rings" / "fast.log"
+    deadline = time.monotonic() + 50
+    while not re.search(r"^=+ .* in [0-9.]+s", log.read_text() if log.exists() else "", re.M):
+        assert time.monotonic() < deadline, "the fast ring never ended"
+        time.sleep(0.1)
+    time.sleep(2)
+"""
+
+
 def test_the_rings_run_at_once_and_one_failing_fails_the_run(tmp_path: Path) -> None:
     project = tmp_path / "project"
     for name, body in (
-        ("slow", "import time\n\ndef test_slow():\n    time.sleep(2)\n"),
+        # The slow ring ends after the fast one has: its test waits for the fast ring's
+        # pytest summary in its log, then 2 s (a fixed 2 s was too little on a loaded
+        # fresh machine, where the fast ring's start-up alone took longer).
+        ("slow", SLOW_RING_TEST),
         ("fast", "def test_ok():\n    pass\n\ndef test_broken():\n    assert 1 == 2\n"),
     ):
         (project / name).mkdir(parents=True)
