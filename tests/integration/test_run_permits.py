@@ -10,7 +10,7 @@ import re
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -48,17 +48,6 @@ RECORDED_WORK = textwrap.dedent(
         )
     """
 )
-
-
-@pytest.fixture
-def cleanup() -> Iterator[list[subprocess.Popen[str]]]:
-    """Processes a test started; whatever is still running at the end is killed."""
-    processes: list[subprocess.Popen[str]] = []
-    yield processes
-    for process in processes:
-        if process.poll() is None:
-            process.kill()
-            process.communicate()
 
 
 def run(

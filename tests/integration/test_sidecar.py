@@ -12,7 +12,7 @@ import textwrap
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -129,17 +129,6 @@ def pid_alive(pid: int) -> bool:
 
 def read_when_written(path: Path, timeout: float = 20) -> str:
     return wait_for(lambda: path.exists() and path.read_text().strip(), timeout, f"{path.name}")
-
-
-@pytest.fixture
-def cleanup() -> Iterator[list[subprocess.Popen[str]]]:
-    """Processes a test started; whatever is still running at the end is killed."""
-    processes: list[subprocess.Popen[str]] = []
-    yield processes
-    for process in processes:
-        if process.poll() is None:
-            process.kill()
-        process.communicate()
 
 
 # --- run: one holder among many ----------------------------------------------------------
