@@ -91,6 +91,7 @@ class Run:
             directory / job,
             bound_pod=(pod.metadata.name, pod.metadata.uid),
         )
+        self.kubeconfig = kubeconfig
         self.client = KubeLeaseClient(from_kubeconfig([kubeconfig]))
         self.keeper = LeaseKeeper(
             self.client,
@@ -144,6 +145,22 @@ def test_queued_runs_have_no_pod_and_go_one_at_a_time_in_creation_order(
         )
 
     holds(still_queued, 3, "report-2 and report-3 queued without pods while report-1 holds")
+
+    # A pod on the runs' account (report-1's, with its pod-bound token) cannot touch the
+    # queue: no Job verb is granted to it, so it can neither let a queued Job go nor drop one.
+    attacker = kubernetes.config.new_client_from_config(config_file=str(first.kubeconfig))
+    jobs = batch(attacker)
+    attempts: list[Callable[[], object]] = [
+        lambda: jobs.patch_namespaced_job("report-3", namespace, {"spec": {"suspend": False}}),
+        lambda: jobs.delete_namespaced_job("report-2", namespace),
+        lambda: jobs.create_namespaced_job(namespace, job_from_cronjob(cronjob, "report-9")),
+    ]
+    for attempt in attempts:
+        with pytest.raises(kubernetes.client.ApiException) as refused:
+            attempt()
+        assert refused.value.status == 403, refused.value.body
+    attacker.close()
+    assert still_queued()
 
     # report-1 releases: only the oldest queued one goes.
     first.release()
