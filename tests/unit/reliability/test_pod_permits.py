@@ -294,3 +294,18 @@ def test_an_older_token_on_the_same_permit_is_refused_in_a_pod(tmp_path: Path) -
     records.read()
     assert records.permit_counts()[1]["refused"] >= 1
     assert 0 not in records.permit_counts()
+
+
+def test_another_free_permit_renewed_later_does_not_move_a_released_holders_expiry() -> None:
+    # B gave back permit 1 (renewed last at 103); permit 2, free too, was renewed at 108
+    # by a holder that gave it back before: B's expiry stays its own permit's.
+    versions = [
+        version(lease(A_ID, 100, 1, permits=3, p1=entry(B_ID, 103, 2), p2=entry("", 108, 5))),
+        version(
+            lease(A_ID, 104, 1, permits=3, p1=entry("", 103, 2), p2=entry("", 108, 5)),
+            last_holder=B_ID,
+            released_at=109,
+        ),
+    ]
+    assert lease_expiry(versions, B) == pytest.approx(116)
+    assert lease_end(versions, B) == "released"
