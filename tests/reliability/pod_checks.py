@@ -247,6 +247,21 @@ def after_expiry(work: Work, versions: Sequence[LeaseVersion]) -> float | None:
     return work.stopped - expiry
 
 
+def most_at_once(works: Sequence[Work]) -> int:
+    """The most works that ran at one moment (a work that starts as another stops does not
+    meet it, as in `crowded`): with N permits, N shows that the lock was used up to its
+    bound, and more than N is an overlap."""
+    edges = sorted(
+        [(work.started, 1) for work in works]
+        + [(work.stopped, 0) for work in works if work.stopped is not None]
+    )
+    running = most = 0
+    for _, starts in edges:
+        running += 1 if starts else -1
+        most = max(most, running)
+    return most
+
+
 def token_regressions(versions: Sequence[LeaseVersion]) -> list[str]:
     """Each time a permit's fencing token (its transitions) went back, in watch order."""
     highest: dict[int, int] = {}

@@ -232,3 +232,5 @@ class PodTrial(Counts):
     token_regressions: list[str] = field(default_factory=list)
     # Scheduled ticks' Jobs (made by the CronJob controller) among the trial's works' pods.
     scheduled_works: int = 0
+    # The most works that ran at one moment (pod_checks.most_at_once).
+    most_at_once: int = 0

@@ -76,6 +76,7 @@ from tests.reliability.pod_checks import (
     job_of_pod,
     lease_end,
     lease_expiry,
+    most_at_once,
     outcome,
     plan_faults,
     recovery_after,
@@ -248,7 +249,8 @@ class PodChecker:
             f"trial {trial.index}: faults {','.join(kinds) or '-'} {faults} runs {trial.runs} "
             f"jobs {trial.jobs} overlaps {trial.overlaps}/{trial.tracker_overlaps} "
             f"refused {trial.refused} by permit {trial.by_permit} tokens {trial.tokens} "
-            f"scheduled {trial.scheduled_works} max stop - expiry "
+            f"scheduled {trial.scheduled_works} most at once {trial.most_at_once} "
+            "max stop - expiry "
             + ("-" if worst is None else f"{worst:+.1f}s")
             + f" {'TIMED OUT ' if trial.timed_out else ''}{trial.seconds:.1f}s"
         )
@@ -327,6 +329,8 @@ class PodChecker:
             "permits": self.settings.permits,
             "cronjobs": self.settings.cronjobs,
             "scheduled_works": sum(t.scheduled_works for t in self.trials),
+            # The most works at one moment: N shows the lock used to its bound.
+            "most_at_once": max((t.most_at_once for t in self.trials), default=0),
             # Per permit: works started, writes refused, overlaps (the work units' records),
             # and the permit's fencing tokens handed out (its transitions, summed over trials).
             "by_permit": {str(k): dict(sorted(v.items())) for k, v in sorted(by_permit.items())},
@@ -463,6 +467,7 @@ class PodChecker:
         trial.tracker_overlaps = len(
             overlapping(works) if permits == 1 else crowded(works, permits)
         )
+        trial.most_at_once = most_at_once(works)
         trial.tokens = tokens_by_permit(versions)
         trial.token_regressions = token_regressions(versions)
         manual = {contender.job for contender in contenders}

@@ -21,6 +21,7 @@ from tests.reliability.pod_checks import (
     after_expiry,
     lease_end,
     lease_expiry,
+    most_at_once,
     permits_held,
     token_regressions,
     tokens_by_permit,
@@ -309,3 +310,21 @@ def test_another_free_permit_renewed_later_does_not_move_a_released_holders_expi
     ]
     assert lease_expiry(versions, B) == pytest.approx(116)
     assert lease_end(versions, B) == "released"
+
+
+@pytest.mark.parametrize(
+    ("spans", "most"),
+    [
+        ([], 0),
+        ([(0.0, 5.0)], 1),
+        ([(0.0, 5.0), (5.0, 9.0)], 1),  # one starts as the other stops
+        ([(0.0, 5.0), (1.0, 9.0), (6.0, 8.0)], 2),
+        ([(0.0, 5.0), (1.0, 9.0), (2.0, 3.0)], 3),
+        ([(0.0, None), (1.0, None), (2.0, 3.0)], 3),  # still running
+    ],
+)
+def test_most_at_once_counts_the_works_of_the_busiest_moment(
+    spans: list[tuple[float, float | None]], most: int
+) -> None:
+    works = [Work(f"w-{i}-abcde", start, stop) for i, (start, stop) in enumerate(spans)]
+    assert most_at_once(works) == most
