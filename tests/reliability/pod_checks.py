@@ -17,7 +17,7 @@ from cronlock_sidecar import contract
 from cronlock_sidecar.lock.durations import DurationError, parse_duration
 from tests.reliability.checker import Counts, EventsFile
 from tests.reliability.pod_work import MAIN
-from tests.support.node import LeaseVersion, Work, container_state, exit_code
+from tests.support.node import LeaseVersion, PermitEntry, Work, container_state, exit_code
 
 # --- what a consistent injection is ------------------------------------------------------------
 
@@ -155,44 +155,79 @@ def holder_pod(identity: str) -> str:
     return contract.identity_pod(identity)
 
 
-def _holds(version: LeaseVersion, pod: str) -> bool:
-    """This version names `pod` as holder, or as the holder just cleared (renewTime kept)."""
-    if version.holder:
-        return holder_pod(version.holder) == pod
+def entries(version: LeaseVersion) -> tuple[PermitEntry, ...]:
+    """The version's permits; a version read without them is its spec, permit 0."""
+    if version.permits:
+        return version.permits
+    return (PermitEntry(0, version.holder, version.renew_time, version.duration, 0),)
+
+
+def _holds_entry(version: LeaseVersion, entry: PermitEntry, pod: str) -> bool:
+    """`entry` names `pod` as holder, or is free with `pod` the holder just cleared."""
+    if entry.holder:
+        return holder_pod(entry.holder) == pod
     return bool(version.last_holder) and holder_pod(version.last_holder) == pod
 
 
-def lease_expiry(versions: Sequence[LeaseVersion], pod: str) -> float | None:
-    """When the Lease `pod` held expired, on this host's monotonic clock; None if never held.
+def permits_held(versions: Sequence[LeaseVersion], pod: str) -> set[int]:
+    """The permits `pod` was seen holding: one, unless it was seen on two (a defect)."""
+    return {
+        entry.number
+        for version in versions
+        for entry in entries(version)
+        if entry.holder and holder_pod(entry.holder) == pod
+    }
 
-    The latest renewTime + leaseDurationSeconds of a version held by the pod. A release or
+
+def lease_expiry(versions: Sequence[LeaseVersion], pod: str) -> float | None:
+    """When the permit `pod` held expired, on this host's monotonic clock; None if never held.
+
+    The latest renewTime + leaseDurationSeconds of a version held by the pod (with
+    `cronlock.io/permits`, of the permit it held: the spec or its annotation). A release or
     an expiry clears the holder but keeps renewTime, so the version that cleared it counts.
+    A pod seen only in a release is judged by permit 0 when the lock has one permit;
+    with more, which one it held is unknown: None.
     """
+    numbers = permits_held(versions, pod)
+    if not numbers and all(len(entries(version)) == 1 for version in versions):
+        numbers = {0}
     expiries = [
-        v.renew_time + v.duration - v.offset
-        for v in versions
-        if _holds(v, pod) and v.renew_time is not None and v.duration is not None
+        entry.renew_time + entry.duration - version.offset
+        for version in versions
+        for entry in entries(version)
+        if entry.number in numbers
+        and _holds_entry(version, entry, pod)
+        and entry.renew_time is not None
+        and entry.duration is not None
     ]
     return max(expiries) if expiries else None
 
 
 def lease_end(versions: Sequence[LeaseVersion], pod: str) -> str:
-    """How `pod`'s hold on its Lease ended.
+    """How `pod`'s hold on its permit of the Lease ended.
 
     `released` (its sidecar gave it back before it expired), `lost` (it expired: cleared by
     the operator, taken over, or given back too late), `held` (still its at the last version
     seen) or `never` (it never held it).
     """
-    held = [index for index, v in enumerate(versions) if v.holder and holder_pod(v.holder) == pod]
+    held = [
+        (index, entry.number)
+        for index, version in enumerate(versions)
+        for entry in entries(version)
+        if entry.holder and holder_pod(entry.holder) == pod
+    ]
     if not held:
         return "never"
-    later = versions[held[-1] + 1 :]
+    last, number = held[-1]
+    later = versions[last + 1 :]
     if not later:
         return "held"
     after = later[0]
+    mine = [entry for entry in entries(after) if entry.number == number]
     expiry = lease_expiry(versions, pod)
     released = (
-        not after.holder
+        bool(mine)
+        and not mine[0].holder
         and holder_pod(after.last_holder) == pod
         and after.released_at is not None
         and expiry is not None
@@ -202,14 +237,51 @@ def lease_end(versions: Sequence[LeaseVersion], pod: str) -> str:
 
 
 def after_expiry(work: Work, versions: Sequence[LeaseVersion]) -> float | None:
-    """How long after its pod's Lease expired the work still ran (negative: stopped before).
+    """How long after its pod's permit expired the work still ran (negative: stopped before).
 
-    None while it runs, or when its pod never held the Lease.
+    None while it runs, or when its pod never held a permit.
     """
     expiry = lease_expiry(versions, work.pod)
     if work.stopped is None or expiry is None:
         return None
     return work.stopped - expiry
+
+
+def most_at_once(works: Sequence[Work]) -> int:
+    """The most works that ran at one moment (a work that starts as another stops does not
+    meet it, as in `crowded`): with N permits, N shows that the lock was used up to its
+    bound, and more than N is an overlap."""
+    edges = sorted(
+        [(work.started, 1) for work in works]
+        + [(work.stopped, 0) for work in works if work.stopped is not None]
+    )
+    running = most = 0
+    for _, starts in edges:
+        running += 1 if starts else -1
+        most = max(most, running)
+    return most
+
+
+def token_regressions(versions: Sequence[LeaseVersion]) -> list[str]:
+    """Each time a permit's fencing token (its transitions) went back, in watch order."""
+    highest: dict[int, int] = {}
+    found: list[str] = []
+    for version in versions:
+        for entry in version.permits:
+            top = highest.get(entry.number, 0)
+            if entry.transitions < top:
+                found.append(f"permit {entry.number}: token {entry.transitions} after {top}")
+            highest[entry.number] = max(top, entry.transitions)
+    return found
+
+
+def tokens_by_permit(versions: Sequence[LeaseVersion]) -> dict[int, int]:
+    """Each permit's highest fencing token seen: how many holders it had."""
+    highest: dict[int, int] = {}
+    for version in versions:
+        for entry in version.permits:
+            highest[entry.number] = max(highest.get(entry.number, 0), entry.transitions)
+    return dict(sorted(highest.items()))
 
 
 def recovery_after(cleared: float, works: Sequence[Work]) -> float | None:
@@ -236,10 +308,26 @@ class WorkRecords:
     def __init__(self, path: Path) -> None:
         self.events = EventsFile(path)
         self.counts: collections.Counter[str] = collections.Counter()
+        # The same per permit the work held (its `permit` field; 0 for one holder).
+        self.by_permit: dict[int, collections.Counter[str]] = collections.defaultdict(
+            collections.Counter
+        )
 
     def read(self) -> None:
         for event in self.events.new_events():
             self.counts[event["event"]] += 1
+            self.by_permit[int(event.get("permit") or 0)][event["event"]] += 1
+
+    def permit_counts(self) -> dict[int, dict[str, int]]:
+        """Per permit: works started, writes refused (a token that went back), overlaps."""
+        return {
+            permit: {
+                "runs": counts["start"],
+                "refused": counts["refused"],
+                "overlaps": counts["overlap"],
+            }
+            for permit, counts in sorted(self.by_permit.items())
+        }
 
     def tally(self, counts: Counts) -> None:
         self.read()

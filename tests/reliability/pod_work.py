@@ -23,6 +23,11 @@ from tests.reliability.work_unit import work_script
 from tests.support.node import HOST_LINK_IP
 
 NEVER = "0 0 1 1 *"
+EVERY_MINUTE = "* * * * *"
+# The permits mode's CronJobs after the first (`<first>-b`, ...): their Jobs' and pods'
+# names start with the first's name too, which the trial's works are found by.
+CRONJOB_SUFFIXES = ("b", "c", "d", "e", "f")
+MAX_PERMITS = contract.MAX_PERMITS
 MAIN = "main"
 POD_USER = 65532
 API_ERRORS = (kubernetes.client.ApiException, urllib3.exceptions.HTTPError, OSError)
@@ -71,8 +76,17 @@ WORK = work_script(
     tracker = socket.create_connection((host, int(port)), timeout=10)
     tracker.sendall((pod + "\\n").encode())
     token = int(open(token_path).read())
+    # A lock of N permits: N from the trial's shared `slots` file (absent: 1), the permit
+    # this run holds from tick.env (CRONLOCK_PERMIT, beside the token; its token is that
+    # permit's), as a work would read them.
+    slots_path = os.path.join(shared, "slots")
+    slots = int(open(slots_path).read()) if os.path.exists(slots_path) else 1
+    told = os.path.join(os.path.dirname(token_path), "tick.env")
+    told = dict(line.strip().partition("=")[::2]
+                for line in (open(told).read().splitlines() if os.path.exists(told) else []))
+    permit = int(told.get("CRONLOCK_PERMIT") or 0)
     def record(event, **fields):
-        line = json.dumps({"event": event, "pod": pod, "token": token,
+        line = json.dumps({"event": event, "pod": pod, "token": token, "permit": permit,
                            "mono": time.monotonic(), **fields})
         fd = os.open(os.path.join(shared, "events.jsonl"), os.O_WRONLY | os.O_APPEND)
         try:
@@ -120,8 +134,18 @@ class PodSettings:
     operator_kill_window: float = 0.03
     # At a trial's end: how long its pods may take to be gone.
     stop_timeout: float = 60.0
+    # The permits mode (issue 58): `cronjobs` CronJobs sharing one lock of `permits`
+    # permits, on `schedule` (so that scheduled ticks contend with the manual runs).
+    permits: int = 1
+    cronjobs: int = 1
+    schedule: str = NEVER
 
     def __post_init__(self) -> None:
+        if not 1 <= self.permits <= MAX_PERMITS:
+            raise ValueError(f"--permits {self.permits}: a lock has 1 to {MAX_PERMITS} permits")
+        if not 1 <= self.cronjobs <= len(CRONJOB_SUFFIXES) + 1:
+            most = len(CRONJOB_SUFFIXES) + 1
+            raise ValueError(f"--cronjobs {self.cronjobs}: 1 to {most} CronJobs share a lock")
         for ttl in self.ttls:
             try:
                 kill_grace_seconds(ttl, self.skew, f"{ttl}s")
@@ -201,3 +225,12 @@ class PodTrial(Counts):
     works_without_lease: list[str] = field(default_factory=list)
     # Works still running when the trial had stopped its pods.
     leftover_works: int = 0
+    # Per permit: works started, writes refused, overlaps (WorkRecords.permit_counts).
+    by_permit: dict[int, dict[str, int]] = field(default_factory=dict)
+    # Each permit's highest fencing token on the Lease, and each time one went back.
+    tokens: dict[int, int] = field(default_factory=dict)
+    token_regressions: list[str] = field(default_factory=list)
+    # Scheduled ticks' Jobs (made by the CronJob controller) among the trial's works' pods.
+    scheduled_works: int = 0
+    # The most works that ran at one moment (pod_checks.most_at_once).
+    most_at_once: int = 0

@@ -30,6 +30,12 @@ starts its own control plane and node under .testenv/reliability-pods (the e2e f
 code paths), installs the chart's RBAC, runs the operator, and prints a JSON report.
 Needs root, like the node.
 
+`--permits N --cronjobs M` (issue 58): M CronJobs share the trial's lock of N permits, on
+`* * * * *` so that scheduled ticks contend with the manual runs; each work fences with
+its permit's token in its permit's store, the tracker's check is `crowded(works, N)`, each
+work's stop is compared with its own permit's expiry, and a permit's token going back on
+the Lease is a failure (docs/RELIABILITY.md, "Permits: at most N working").
+
 This module holds the checker and its command line. The settings, the work unit and the
 records are in pod_work.py, the pure checks in pod_checks.py, the faults in pod_faults.py.
 """
@@ -76,14 +82,19 @@ from tests.reliability.pod_checks import (
     job_of_pod,
     lease_end,
     lease_expiry,
+    most_at_once,
     outcome,
     plan_faults,
     recovery_after,
+    token_regressions,
+    tokens_by_permit,
 )
 from tests.reliability.pod_faults import PodFaults
 from tests.reliability.pod_work import (
     API_AWAY,
     API_ERRORS,
+    CRONJOB_SUFFIXES,
+    EVERY_MINUTE,
     HA_POD_FAULTS,
     LONG_WORK_FAULTS,
     MAIN,
@@ -110,6 +121,7 @@ from tests.support.node import (
     RealNode,
     Work,
     WorkTracker,
+    crowded,
     overlapping,
 )
 from tests.support.operator import (
@@ -167,7 +179,11 @@ class PodChecker:
         self.workdir = base / f"{time.strftime('%Y%m%dT%H%M%S')}-{self.mark}"
         self.log = log
         self.trials: list[PodTrial] = []
+        # The trial's CronJobs (the first's name starts every other's, their Jobs' and
+        # pods') and their lock: the first's name, or with several a lock of its own.
         self._cronjob = ""
+        self._cronjobs: list[str] = []
+        self._lock = ""
         self.injector = PodFaults(
             api,
             self.batch,
@@ -238,7 +254,9 @@ class PodChecker:
         return (
             f"trial {trial.index}: faults {','.join(kinds) or '-'} {faults} runs {trial.runs} "
             f"jobs {trial.jobs} overlaps {trial.overlaps}/{trial.tracker_overlaps} "
-            f"refused {trial.refused} max stop - expiry "
+            f"refused {trial.refused} by permit {trial.by_permit} tokens {trial.tokens} "
+            f"scheduled {trial.scheduled_works} most at once {trial.most_at_once} "
+            "max stop - expiry "
             + ("-" if worst is None else f"{worst:+.1f}s")
             + f" {'TIMED OUT ' if trial.timed_out else ''}{trial.seconds:.1f}s"
         )
@@ -277,6 +295,14 @@ class PodChecker:
         for trial in self.trials:
             outcomes.update(trial.outcomes)
         afters = [value for trial in self.trials for value in trial.after_expiry]
+        by_permit: dict[int, collections.Counter[str]] = collections.defaultdict(
+            collections.Counter
+        )
+        for trial in self.trials:
+            for permit, counts in trial.by_permit.items():
+                by_permit[permit].update(counts)
+            for permit, token in trial.tokens.items():
+                by_permit[permit]["holders_on_the_lease"] += token
         return {
             "seed": self.seed,
             "settings": {
@@ -306,6 +332,15 @@ class PodChecker:
             "corrupted_cronjobs": sum(f.corrupted for f in faults)
             + sum(len(t.bad_templates) for t in self.trials),
             "pod_outcomes": dict(sorted(outcomes.items())),
+            "permits": self.settings.permits,
+            "cronjobs": self.settings.cronjobs,
+            "scheduled_works": sum(t.scheduled_works for t in self.trials),
+            # The most works at one moment: N shows the lock used to its bound.
+            "most_at_once": max((t.most_at_once for t in self.trials), default=0),
+            # Per permit: works started, writes refused, overlaps (the work units' records),
+            # and the permit's fencing tokens handed out (its transitions, summed over trials).
+            "by_permit": {str(k): dict(sorted(v.items())) for k, v in sorted(by_permit.items())},
+            "token_regressions": [r for t in self.trials for r in t.token_regressions],
             "nodes": [node.name for node in self.nodes],
             "runs_by_node": self._runs_by_node(),
             "by_fault": by_kind,
@@ -329,10 +364,19 @@ class PodChecker:
         for name in SHARED_FILES:
             (directory / name).touch()
             (directory / name).chmod(0o666)
+        if self.settings.permits > 1:
+            (directory / "slots").write_text(f"{self.settings.permits}\n")
+            (directory / "slots").chmod(0o644)
         trial = PodTrial(index, [PodFault(kind, index) for kind in kinds])
         records = WorkRecords(directory / "events.jsonl")
         self._cronjob = f"pods-{self.mark}-{index}"
-        self._create_cronjob(self._cronjob, directory)
+        self._cronjobs = [
+            self._cronjob,
+            *(f"{self._cronjob}-{suffix}" for suffix in CRONJOB_SUFFIXES),
+        ][: self.settings.cronjobs]
+        self._lock = self._cronjob if self.settings.cronjobs == 1 else f"{self._cronjob}-lock"
+        for name in self._cronjobs:
+            self._create_cronjob(name, directory)
         contenders: list[Contender] = []
         threads: list[tuple[PodFault, threading.Thread]] = []
         pending = list(trial.faults)
@@ -422,9 +466,18 @@ class PodChecker:
 
     def _tally(self, trial: PodTrial, records: WorkRecords, contenders: list[Contender]) -> None:
         records.tally(trial)
+        trial.by_permit = records.permit_counts()
         works = self._works()
-        versions = self.leases.versions(contract.lease_name(self._cronjob))
-        trial.tracker_overlaps = len(overlapping(works))
+        versions = self.leases.versions(contract.lease_name(self._lock))
+        permits = self.settings.permits
+        trial.tracker_overlaps = len(
+            overlapping(works) if permits == 1 else crowded(works, permits)
+        )
+        trial.most_at_once = most_at_once(works)
+        trial.tokens = tokens_by_permit(versions)
+        trial.token_regressions = token_regressions(versions)
+        manual = {contender.job for contender in contenders}
+        trial.scheduled_works = sum(job_of_pod(work.pod) not in manual for work in works)
         trial.after_expiry = [
             value for work in works if (value := after_expiry(work, versions)) is not None
         ]
@@ -448,10 +501,17 @@ class PodChecker:
 
     def _create_cronjob(self, name: str, directory: Path) -> None:
         settings = self.settings
+        shared: dict[str, str] = {}
+        if settings.cronjobs > 1:
+            # Each consents to the others: whichever is guarded first, the rest may join.
+            shared[contract.ANNOTATION_LOCK] = self._lock
+            shared[contract.ANNOTATION_SHARE_LOCK_WITH] = ",".join(self._cronjobs)
+        if settings.permits > 1:
+            shared[contract.ANNOTATION_PERMITS] = str(settings.permits)
         body = gen.cronjob(
             name,
             gen.in_namespace(None),
-            gen.with_schedule(NEVER),
+            gen.with_schedule(settings.schedule),
             gen.restart_policy("Never"),
             gen.with_annotations(
                 {
@@ -460,6 +520,7 @@ class PodChecker:
                     contract.ANNOTATION_RENEW: f"{settings.renew}s",
                     contract.ANNOTATION_POLICY: "wait",
                     contract.ANNOTATION_WAIT_TIMEOUT: f"{settings.wait_timeout}s",
+                    **shared,
                 }
             ),
             gen.containers(
@@ -509,9 +570,13 @@ class PodChecker:
 
     def _spawn(self, trial: PodTrial, long: bool) -> Contender | None:
         """`kubectl create job --from=cronjob/...`, with a random work duration; None if not now."""
-        name = f"{self._cronjob}-{trial.jobs + 1}"
+        # One of the trial's CronJobs (no draw with one: a seed's fault plan stays as it was).
+        source = self._cronjobs[0]
+        if len(self._cronjobs) > 1:
+            source = self.random.choice(self._cronjobs)
+        name = f"{source}-{trial.jobs + 1}"
         try:
-            cronjob = self._read_cronjob(self._cronjob)
+            cronjob = self._read_cronjob(source)
             problems = injection_problems(cronjob)
             if problems:
                 trial.bad_templates.append(f"{name}: {'; '.join(problems)}")
@@ -534,7 +599,7 @@ class PodChecker:
         try:
             raw = self.batch.list_namespaced_job(
                 self.namespace,
-                label_selector=f"{contract.LABEL_LOCK}={self._cronjob}",
+                label_selector=f"{contract.LABEL_LOCK}={self._lock}",
                 _request_timeout=10,
                 _preload_content=False,
             )
@@ -556,11 +621,12 @@ class PodChecker:
             if not contender.done:
                 # Still deciding, waiting for the lock or working when the trial had enough.
                 contender.done, contender.outcome = True, "stopped-at-trial-end"
-        selector = f"{contract.LABEL_LOCK}={self._cronjob}"
-        with contextlib.suppress(*API_ERRORS):
-            self.batch.delete_namespaced_cron_job(
-                self._cronjob, self.namespace, propagation_policy="Background", _request_timeout=10
-            )
+        selector = f"{contract.LABEL_LOCK}={self._lock}"
+        for cronjob in self._cronjobs:
+            with contextlib.suppress(*API_ERRORS):
+                self.batch.delete_namespaced_cron_job(
+                    cronjob, self.namespace, propagation_policy="Background", _request_timeout=10
+                )
         with contextlib.suppress(*API_ERRORS):
             self.core.delete_collection_namespaced_pod(
                 self.namespace,
@@ -613,6 +679,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         help=f"comma-separated, from {', '.join(POD_FAULTS)}, or 'none' (default: all)",
     )
     parser.add_argument("--contenders", type=int, default=defaults.contenders)
+    parser.add_argument(
+        "--permits",
+        type=int,
+        default=defaults.permits,
+        help="cronlock.io/permits of the trial's lock (default 1); the checks allow N at once",
+    )
+    parser.add_argument(
+        "--cronjobs",
+        type=int,
+        default=defaults.cronjobs,
+        help="CronJobs sharing the trial's lock (default 1), each making manual runs",
+    )
+    parser.add_argument(
+        "--schedule",
+        default=None,
+        help=f"the CronJobs' schedule (default {EVERY_MINUTE!r} with --permits or --cronjobs "
+        f"above 1, so scheduled ticks contend too; else {NEVER!r}, never in a trial)",
+    )
     parser.add_argument("--runs-per-trial", type=int, default=defaults.runs_per_trial)
     parser.add_argument(
         "--ttl",
@@ -657,6 +741,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             operator_kill_window=args.operator_kill_window,
             contenders=args.contenders,
             runs_per_trial=args.runs_per_trial,
+            permits=args.permits,
+            cronjobs=args.cronjobs,
+            schedule=args.schedule
+            or (EVERY_MINUTE if args.permits > 1 or args.cronjobs > 1 else NEVER),
         )
     except ValueError as error:
         parser.error(str(error))
@@ -738,7 +826,8 @@ def write_report(path: Path, report: Mapping[str, Any]) -> None:
 
 
 def guarantee_held(report: Mapping[str, Any]) -> bool:
-    """No overlap, no work past its Lease's expiry or without one, nothing stuck or corrupted."""
+    """No overlap (more than N at once with N permits), no fencing token gone back, no work
+    past its permit's expiry or without one, nothing stuck or corrupted."""
     must_be_zero = (
         "overlaps",
         "tracker_overlaps",
@@ -749,7 +838,12 @@ def guarantee_held(report: Mapping[str, Any]) -> bool:
         "corrupted_cronjobs",
         "fault_errors",
     )
-    return all(report[key] == 0 for key in must_be_zero) and not report["works_without_lease"]
+    return (
+        all(report[key] == 0 for key in must_be_zero)
+        and not report["works_without_lease"]
+        # Reports from before the permits mode (docs/soak/) did not look at the tokens.
+        and not report.get("token_regressions")
+    )
 
 
 if __name__ == "__main__":

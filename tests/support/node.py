@@ -477,6 +477,54 @@ def follow(
 
 
 @dataclass(frozen=True)
+class PermitEntry:
+    """One permit of a Lease as a watch saw it (docs/USAGE.md "Permits"): permit 0 is the
+    spec, permit K ≥ 1 the annotation `cronlock.io/permit.K`; times are wall clock."""
+
+    number: int
+    holder: str
+    renew_time: float | None
+    duration: float | None
+    transitions: int
+
+
+def permit_entries(lease: Mapping[str, Any]) -> tuple[PermitEntry, ...]:
+    """Every permit of `lease` as its documented format says, read here apart from the
+    sidecar's own code: N is `cronlock.io/permits` (1 when absent or no number); permit
+    K's value is `<holder> <acquire> <renew> <duration s> <transitions> <job>`, `-` for
+    none. An absent or malformed entry is free, with transitions 0 if unreadable."""
+    spec = lease.get("spec") or {}
+    annotations = (lease.get("metadata") or {}).get("annotations") or {}
+    duration = spec.get("leaseDurationSeconds")
+    entries = [
+        PermitEntry(
+            0,
+            str(spec.get("holderIdentity") or ""),
+            wall_time(spec.get("renewTime")),
+            None if duration is None else float(duration),
+            int(spec.get("leaseTransitions") or 0),
+        )
+    ]
+    count = str(annotations.get("cronlock.io/permits") or "1").strip()
+    for number in range(1, int(count) if count.isdigit() and 0 < int(count) <= 16 else 1):
+        fields = str(annotations.get(f"cronlock.io/permit.{number}") or "").split(" ")
+        if len(fields) != 6:
+            entries.append(PermitEntry(number, "", None, None, 0))
+            continue
+        holder, _, renewed, seconds, transitions, _ = fields
+        entries.append(
+            PermitEntry(
+                number,
+                "" if holder == "-" else holder,
+                wall_time(renewed),
+                float(seconds) if seconds.isdigit() else None,
+                int(transitions) if transitions.isdigit() else 0,
+            )
+        )
+    return tuple(entries)
+
+
+@dataclass(frozen=True)
 class LeaseVersion:
     """One version of a Lease as a watch saw it; its times are wall clock (seconds)."""
 
@@ -489,6 +537,8 @@ class LeaseVersion:
     # time.time() - time.monotonic() when it was seen: a wall time minus this is the same
     # moment on this host's monotonic clock (the node shares this host's clocks).
     offset: float
+    # Every permit (`permit_entries`), permit 0 first; () when not read (a test's version).
+    permits: tuple[PermitEntry, ...] = ()
 
     @classmethod
     def of(cls, lease: dict[str, Any], offset: float) -> LeaseVersion:
@@ -503,6 +553,7 @@ class LeaseVersion:
             last_holder=str(annotations.get("cronlock.io/last-holder") or ""),
             released_at=wall_time(annotations.get("cronlock.io/released-at")),
             offset=offset,
+            permits=permit_entries(lease),
         )
 
 
