@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from cronlock_sidecar.lock import permits
-from cronlock_sidecar.lock.model import Timing, read_lease
+from cronlock_sidecar.lock.model import Timing, is_expired, read_lease
 from cronlock_sidecar.lock.ticks import TickRecord, read_record, read_success
 from tests.support.cronjobs import apply_json_patch
 from tests.support.leases import MOMENT, make_lease
@@ -120,11 +120,11 @@ def test_an_entry_round_trips_through_its_text() -> None:
 def test_each_permit_expires_by_the_one_rule() -> None:
     lease = permits.claimed_permit(lock(2), 1, "pod-b_2", TIMING, MOMENT, "")
     entry = permits.read_permits(lease)[1]
-    assert not permits.expired(entry, MOMENT + timedelta(seconds=32), 2)
-    assert permits.expired(entry, MOMENT + timedelta(seconds=32.001), 2)
-    assert not permits.expired(entry, MOMENT + timedelta(seconds=5), 2, believed_at_most=4)
-    assert permits.expired(entry, MOMENT + timedelta(seconds=7), 2, believed_at_most=4)
-    assert not permits.expired(permits.read_permits(lock(2))[1], MOMENT, 0)
+    assert not is_expired(entry, MOMENT + timedelta(seconds=32), 2)
+    assert is_expired(entry, MOMENT + timedelta(seconds=32.001), 2)
+    assert not is_expired(entry, MOMENT + timedelta(seconds=5), 2, believed_at_most=4)
+    assert is_expired(entry, MOMENT + timedelta(seconds=7), 2, believed_at_most=4)
+    assert not is_expired(permits.read_permits(lock(2))[1], MOMENT, 0)
 
 
 def test_held_by_finds_the_one_permit_of_an_identity() -> None:

@@ -15,7 +15,7 @@ from cronlock_operator.reconcile import missed
 from cronlock_operator.reconcile.skips import consecutive_skips
 from cronlock_sidecar import contract
 from cronlock_sidecar.lock.model import is_expired, read_lease
-from cronlock_sidecar.lock.permits import expired, permits_of, read_permits
+from cronlock_sidecar.lock.permits import permits_of, read_permits
 from cronlock_sidecar.lock.ticks import TickRecord, records
 from cronlock_sidecar.microtime import read_time
 
@@ -158,7 +158,7 @@ def _permit_rows(
     )
     shown: list[StatusRow] = []
     for permit in held:
-        state: LeaseState = "expired" if expired(permit, row.now, skew_seconds) else "held"
+        state: LeaseState = "expired" if is_expired(permit, row.now, skew_seconds) else "held"
         problems = own if not shown else ()
         if state == "expired":
             ago = (

@@ -36,7 +36,6 @@ from cronlock_sidecar.lock.model import (
 from cronlock_sidecar.lock.permits import (
     Permit,
     claimed_permit,
-    expired,
     held_by,
     of_record,
     read_count,
@@ -478,7 +477,9 @@ class LeaseKeeper:
             if not permit.holder:
                 return permit.number, "free"
         for permit in permits:
-            stale = expired(permit, now, self.timing.skew, believed_at_most=self.believed_at_most)
+            stale = is_expired(
+                permit, now, self.timing.skew, believed_at_most=self.believed_at_most
+            )
             if stale or permit.renewed_at is None:
                 return permit.number, "expired"
         first = min(permits, key=lambda permit: permit.expires_at or now)

@@ -15,7 +15,7 @@ import copy
 import math
 from collections.abc import Mapping
 from datetime import datetime, timedelta
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 from cronlock_sidecar.contract import (
     ANNOTATION_FROZEN_BY,
@@ -290,8 +290,22 @@ def token_set(token: int) -> dict[str, Any]:
     return {"op": "replace", "path": "/spec/leaseTransitions", "value": token}
 
 
+class Hold(Protocol):
+    """What the expiry rule reads of a hold: a Lease's spec (LeaseRecord) or a permit's
+    entry (lock/permits.py Permit)."""
+
+    @property
+    def holder(self) -> str: ...
+
+    @property
+    def renewed_at(self) -> datetime | None: ...
+
+    @property
+    def duration_seconds(self) -> int | None: ...
+
+
 def is_expired(
-    record: LeaseRecord,
+    record: Hold,
     now: datetime,
     skew_seconds: float,
     *,

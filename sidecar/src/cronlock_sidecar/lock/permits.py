@@ -15,8 +15,8 @@ runs of one tick can never hold two permits.
   Lease; `run --permits` on its own). A missing or malformed N is 1; an entry at or
   beyond N is nobody's permit and is ignored.
 
-Each permit is judged like a one-holder lock (`expired`, the same rule as
-`model.is_expired`). Standard library only: it is on the sidecar's start-up path.
+Each permit is judged like a one-holder lock: `model.is_expired` reads a Permit as it
+reads a Lease's spec. Standard library only: it is on the sidecar's start-up path.
 """
 
 from __future__ import annotations
@@ -40,7 +40,6 @@ from cronlock_sidecar.lock.model import (
     Timing,
     annotations_of,
     claimed,
-    is_expired,
     read_lease,
     released,
     renewed,
@@ -165,34 +164,6 @@ def read_permits(body: Mapping[str, Any]) -> tuple[Permit, ...]:
 def held_by(permits: tuple[Permit, ...], identity: str) -> Permit | None:
     """The permit `identity` holds (the first, if a hostile write gave it two), or None."""
     return next((permit for permit in permits if permit.holder == identity), None)
-
-
-def expired(
-    permit: Permit,
-    now: datetime,
-    skew_seconds: float,
-    *,
-    believed_at_most: float | None = None,
-) -> bool:
-    """`model.is_expired`'s rule, for one permit."""
-    as_record = LeaseRecord(
-        namespace="",
-        name="",
-        resource_version="",
-        lock=None,
-        managed=False,
-        owner_uids=(),
-        holder=permit.holder,
-        acquire_time=permit.acquire_time,
-        renew_time=permit.renew_time,
-        renew_time_text=None,
-        duration_seconds=permit.duration_seconds,
-        transitions=permit.transitions,
-        holder_job=permit.holder_job,
-        last_holder="",
-        released_at=None,
-    )
-    return is_expired(as_record, now, skew_seconds, believed_at_most=believed_at_most)
 
 
 # --- what a holder writes ------------------------------------------------------------
