@@ -5,7 +5,6 @@ each tick worked once across permits."""
 from __future__ import annotations
 
 import itertools
-import json
 import re
 import subprocess
 import sys
@@ -13,7 +12,6 @@ import textwrap
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -22,6 +20,7 @@ from tests.support.controlplane import ControlPlane
 from tests.support.kube import wait_for
 from tests.support.papers import marked_block, run_shell
 from tests.support.paths import ROOT, SIDECAR
+from tests.support.processes import finish
 
 pytestmark = pytest.mark.controlplane
 
@@ -66,22 +65,10 @@ def work(log: Path, *how: str) -> list[str]:
     return ["--", sys.executable, "-c", RECORDED_WORK, str(log), *how]
 
 
-def finish(process: subprocess.Popen[str], timeout: float = 60) -> tuple[int, str]:
-    _, stderr = process.communicate(timeout=timeout)
-    return process.returncode, stderr
-
-
-def lease_json(controlplane: ControlPlane, namespace: str, name: str) -> dict[str, Any]:
-    document: dict[str, Any] = json.loads(
-        controlplane.kubectl("get", "lease", name, "-n", namespace, "-o", "json")
-    )
-    return document
-
-
 def held(controlplane: ControlPlane, namespace: str, name: str) -> bool:
     """Whether the Lease exists and its spec (permit 0) names a holder."""
     try:
-        return "holderIdentity" in lease_json(controlplane, namespace, name).get("spec", {})
+        return "holderIdentity" in controlplane.lease_json(namespace, name).get("spec", {})
     except AssertionError:  # not created yet: kubectl's NotFound
         return False
 
@@ -144,7 +131,7 @@ def test_six_runs_on_two_permits_two_work_and_four_skip_naming_both_holders(
             match = skip_line.search(lines[0])
             assert match, lines[0]
             assert match.group(1) != match.group(2)
-    document = lease_json(controlplane, namespace, "permits-skip")
+    document = controlplane.lease_json(namespace, "permits-skip")
     annotations = document["metadata"]["annotations"]
     assert annotations["cronlock.io/permits"] == "2"
     # Both released: the spec has no holder, permit 1's entry none, each token kept.
@@ -237,7 +224,7 @@ def test_two_runs_of_one_tick_with_two_permits_free_work_it_once(
     ), line
     [(permit, token, _, _, worked_tick)] = worked(log)
     assert (permit, token, worked_tick) == (0, 1, tick)
-    annotations = lease_json(controlplane, namespace, "permits-tick")["metadata"]["annotations"]
+    annotations = controlplane.lease_json(namespace, "permits-tick")["metadata"]["annotations"]
     # The other permit was never taken: one claim, one tick record.
     assert "cronlock.io/permit.1" not in annotations
     record = read_record(annotations, "report")
@@ -256,7 +243,7 @@ def test_run_refuses_a_lock_that_says_another_number_of_permits(
     first = run(controlplane, lease, "--permits", "2", *work(log, "0"))
     cleanup.append(first)
     assert finish(first)[0] == 0
-    before = lease_json(controlplane, namespace, "permits-agree")
+    before = controlplane.lease_json(namespace, "permits-agree")
 
     other = run(controlplane, lease, "--permits", "3", *work(log, "0"))
     cleanup.append(other)
@@ -268,7 +255,7 @@ def test_run_refuses_a_lock_that_says_another_number_of_permits(
         "(--permits): every run sharing a lock must give the same number" in stderr
     )
     assert len(worked(log)) == 1
-    after = lease_json(controlplane, namespace, "permits-agree")
+    after = controlplane.lease_json(namespace, "permits-agree")
     assert after["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"]
     # A run that names no N follows the lock's.
     plain = run(controlplane, lease, *work(log, "0"))
@@ -307,5 +294,5 @@ def test_the_usage_papers_permits_command_takes_a_permit_and_tells_the_command(
         (tmp_path / "finished").touch()
         assert finish(holder)[0] == 0
     assert (tmp_path / "exported").read_text() == "permit 1 token 1\n"
-    annotations = lease_json(controlplane, namespace, "cronlock-exports")["metadata"]["annotations"]
+    annotations = controlplane.lease_json(namespace, "cronlock-exports")["metadata"]["annotations"]
     assert annotations["cronlock.io/permits"] == "2"

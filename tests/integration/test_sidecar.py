@@ -15,7 +15,6 @@ import urllib.request
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -24,6 +23,7 @@ from tests.support.controlplane import ControlPlane, ServiceAccountKubeconfig
 from tests.support.kube import wait_for
 from tests.support.paths import SIDECAR
 from tests.support.ports import free_port
+from tests.support.processes import finish
 from tests.support.timing import SLACK, at_once, at_renew_deadline
 
 pytestmark = pytest.mark.controlplane
@@ -79,19 +79,6 @@ def sidecar(
         stderr=subprocess.PIPE,
         text=True,
     )
-
-
-def finish(process: subprocess.Popen[str], timeout: float = 30) -> tuple[int, str]:
-    """Exit code and stderr of a sidecar process that is expected to end by itself."""
-    _, stderr = process.communicate(timeout=timeout)
-    return process.returncode, stderr
-
-
-def lease_json(controlplane: ControlPlane, namespace: str, name: str) -> dict[str, Any]:
-    document: dict[str, Any] = json.loads(
-        controlplane.kubectl("get", "lease", name, "-n", namespace, "-o", "json")
-    )
-    return document
 
 
 def holder_column(controlplane: ControlPlane, namespace: str, name: str) -> str:
@@ -221,7 +208,7 @@ def test_waiting_contenders_run_one_after_another_without_overlap(
         assert end <= start, intervals
         # Each holder got a newer fencing token than the one before it.
         assert token < next_token, intervals
-    assert lease_json(controlplane, namespace, "cronlock-queue")["spec"]["leaseTransitions"] == 4
+    assert controlplane.lease_json(namespace, "cronlock-queue")["spec"]["leaseTransitions"] == 4
 
 
 # --- run: release and loss ---------------------------------------------------------------
@@ -256,7 +243,7 @@ def test_sigterm_to_run_reaches_the_command_and_releases_the_lease_at_once(
     )
     cleanup.append(run)
     read_when_written(started)
-    before = lease_json(controlplane, namespace, "cronlock-term")
+    before = controlplane.lease_json(namespace, "cronlock-term")
     assert before["spec"]["holderIdentity"] == "term-test_0001"
 
     sent = time.monotonic()
@@ -274,7 +261,7 @@ def test_sigterm_to_run_reaches_the_command_and_releases_the_lease_at_once(
     ).check(took)
     # Right away: `run` has exited, so the release already happened.
     assert holder_column(controlplane, namespace, "cronlock-term") == ""
-    after = lease_json(controlplane, namespace, "cronlock-term")
+    after = controlplane.lease_json(namespace, "cronlock-term")
     annotations = after["metadata"]["annotations"]
     assert annotations["cronlock.io/last-holder"] == "term-test_0001"
     assert microtime(annotations["cronlock.io/released-at"]) >= microtime(
@@ -319,7 +306,7 @@ def test_after_sigkill_of_run_the_watchdog_stops_the_command_and_others_wait_for
     run.kill()
     run.wait()
     killed = time.monotonic()
-    renewed = microtime(lease_json(controlplane, namespace, "cronlock-crash")["spec"]["renewTime"])
+    renewed = microtime(controlplane.lease_json(namespace, "cronlock-crash")["spec"]["renewTime"])
 
     def contend(*policy: str) -> subprocess.Popen[str]:
         return sidecar(controlplane, "run", "--lease", lease, "--skew", f"{skew:g}s", *policy,
@@ -344,7 +331,7 @@ def test_after_sigkill_of_run_the_watchdog_stops_the_command_and_others_wait_for
     # host's clock. Taken after the ttl and the skew, and not long after (a retry each second).
     taken_at = datetime.strptime(taken.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
     assert expires <= taken_at < expires + 1.0 + SLACK, (taken_at - expires, waited[1])
-    assert lease_json(controlplane, namespace, "cronlock-crash")["spec"]["leaseTransitions"] == 2
+    assert controlplane.lease_json(namespace, "cronlock-crash")["spec"]["leaseTransitions"] == 2
 
 
 @pytest.mark.timeout(60)
@@ -381,7 +368,7 @@ def test_with_the_api_server_paused_the_command_is_stopped_before_the_ttl_and_ru
     read_when_written(started)
 
     def renewed_once() -> datetime | None:
-        spec = lease_json(controlplane, namespace, "cronlock-pause")["spec"]
+        spec = controlplane.lease_json(namespace, "cronlock-pause")["spec"]
         return microtime(spec["renewTime"]) if spec["renewTime"] != spec["acquireTime"] else None
 
     wait_for(renewed_once, timeout=10, what="a first renew")
@@ -497,12 +484,12 @@ def test_a_role_for_one_lease_name_is_enough_to_run_and_refuses_another_lease_wi
 
     assert mine.returncode == 0, mine_err
     assert mine_out == "ran\n"
-    assert lease_json(controlplane, namespace, "cronlock-mine")["spec"]["leaseTransitions"] == 1
+    assert controlplane.lease_json(namespace, "cronlock-mine")["spec"]["leaseTransitions"] == 1
     assert holder_column(controlplane, namespace, "cronlock-mine") == ""
     assert other.returncode == UNAVAILABLE, other_err
     assert other_out == ""
     assert f"forbidden: cannot get lease {namespace}/cronlock-other" in other_err
-    assert "holderIdentity" not in lease_json(controlplane, namespace, "cronlock-other")["spec"]
+    assert "holderIdentity" not in controlplane.lease_json(namespace, "cronlock-other")["spec"]
 
 
 # --- hold and gate -----------------------------------------------------------------------
@@ -562,7 +549,7 @@ def test_hold_decides_run_serves_held_writes_the_fencing_token_and_releases_on_s
     cleanup.append(sidecar_process)
 
     decision = read_when_written(tmp_path / "decision")
-    lease = lease_json(controlplane, namespace, "cronlock-hold")
+    lease = controlplane.lease_json(namespace, "cronlock-hold")
 
     assert decision == "run"
     assert wait_for(lambda: held_status(port), timeout=10, what="/held") == 200
@@ -585,7 +572,7 @@ def test_hold_decides_run_serves_held_writes_the_fencing_token_and_releases_on_s
         alternative="the Lease left to expire",
     ).check(time.monotonic() - sent)
     assert holder_column(controlplane, namespace, "cronlock-hold") == ""
-    released = lease_json(controlplane, namespace, "cronlock-hold")
+    released = controlplane.lease_json(namespace, "cronlock-hold")
     assert released["metadata"]["annotations"]["cronlock.io/last-holder"] == (
         "report-2912-abcde_0f1e2d3c"
     )
@@ -634,7 +621,7 @@ def test_a_restarted_hold_with_the_same_identity_resumes_without_a_new_transitio
     crashed = hold(controlplane, lease, tmp_path, port, "resume-1-ccccc", "33333333-cccc")
     cleanup.append(crashed)
     assert read_when_written(tmp_path / "decision") == "run"
-    before = lease_json(controlplane, namespace, "cronlock-resume")["spec"]
+    before = controlplane.lease_json(namespace, "cronlock-resume")["spec"]
     crashed.kill()  # a container crash: no release
     crashed.wait()
 
@@ -645,7 +632,7 @@ def test_a_restarted_hold_with_the_same_identity_resumes_without_a_new_transitio
     after = wait_for(
         lambda: (
             spec
-            if (spec := lease_json(controlplane, namespace, "cronlock-resume")["spec"])["renewTime"]
+            if (spec := controlplane.lease_json(namespace, "cronlock-resume")["spec"])["renewTime"]
             != before["renewTime"]
             else None
         ),
@@ -747,7 +734,7 @@ def test_replace_contenders_stop_each_holder_first_and_the_newest_ends_up_holdin
         ("started", "third"),
         ("stopped", "third"),
     ]
-    released = lease_json(controlplane, namespace, "cronlock-prices")["metadata"]["annotations"]
+    released = controlplane.lease_json(namespace, "cronlock-prices")["metadata"]["annotations"]
     assert released["cronlock.io/replaced-by"] == "third"
     assert released["cronlock.io/last-holder"] == "third"
 
@@ -785,7 +772,7 @@ def test_observe_contenders_all_run_and_every_overlap_is_logged_and_noted(
         "third",
     ]
     assert sorted(name for what, name, _ in events if what == "overlap") == ["second", "third"]
-    noted = lease_json(controlplane, namespace, "cronlock-export")["metadata"]["annotations"]
+    noted = controlplane.lease_json(namespace, "cronlock-export")["metadata"]["annotations"]
     assert noted["cronlock.io/overlap"] in ("second", "third")
     assert noted["cronlock.io/last-holder"] == "first"  # only the first held it
 
@@ -876,7 +863,7 @@ def test_a_second_job_of_a_tick_already_worked_skips_with_75_and_says_so(
     cleanup.append(retry)
     assert read_when_written(retry_dir / "decision") == "run"
     assert (retry_dir / "tick.env").read_text().startswith(f"CRONLOCK_TICK={tick}\n")
-    record = lease_json(controlplane, namespace, "cronlock-ticks")["metadata"]["annotations"][
+    record = controlplane.lease_json(namespace, "cronlock-ticks")["metadata"]["annotations"][
         "cronlock.io/tick.report"
     ]
     assert record == f"{tick} {job} uid-first-job {job}-ccccc_uid-cccc east"

@@ -8,6 +8,7 @@ environment for kubectl and helm, clients, and the pids of its components.
 from __future__ import annotations
 
 import base64
+import json
 import os
 import re
 import signal
@@ -42,6 +43,13 @@ class ControlPlane:
     def kubectl(self, *args: str, check: bool = True, input_text: str | None = None) -> str:
         result = run_tool(self.env, "kubectl", *args, input_text=input_text, check=check)
         return result.stdout if check else result.stdout + result.stderr
+
+    def lease_json(self, namespace: str, name: str) -> dict[str, Any]:
+        """The Lease as `kubectl get -o json` shows it (a user's view)."""
+        document: dict[str, Any] = json.loads(
+            self.kubectl("get", "lease", name, "-n", namespace, "-o", "json")
+        )
+        return document
 
     def api_client(self, kubeconfig: Path | None = None) -> kubernetes.client.ApiClient:
         client = kubernetes.config.new_client_from_config(

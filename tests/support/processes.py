@@ -231,3 +231,9 @@ class ControlPlaneProcesses:
                 pass
             time.sleep(0.2)
         raise RuntimeError(f"{member} has no leader {timeout:g}s after a fault")
+
+
+def finish(process: subprocess.Popen[str], timeout: float = 60) -> tuple[int, str]:
+    """Exit code and stderr of a process (a sidecar's `run`, say) that ends by itself."""
+    _, stderr = process.communicate(timeout=timeout)
+    return process.returncode, stderr

@@ -22,6 +22,7 @@ import yaml
 
 from cronlock_sidecar.transport.seam import Conflict, Lease, LeaseRef, NotFound
 from tests.support.leases import MOMENT
+from tests.support.processes import finish
 
 START = MOMENT  # the fake clocks start when make_lease claims Leases by default
 LEASE = LeaseRef("default", "cronlock-report")
@@ -112,11 +113,6 @@ def start_run(env: dict[str, str], *args: str) -> subprocess.Popen[str]:
         stderr=subprocess.PIPE,
         text=True,
     )
-
-
-def finish(process: subprocess.Popen[str], timeout: float = 20) -> tuple[int, str]:
-    _, err = process.communicate(timeout=timeout)
-    return process.returncode, err
 
 
 def run_sidecar(env: dict[str, str], *args: str) -> tuple[int, str]:
