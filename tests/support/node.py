@@ -411,7 +411,7 @@ class PodRecorder:
                 raise
             with self._lock:
                 return self._sidecar_logs.get(pod, "")
-        return log
+        return log or ""  # the client gives None for an empty log
 
     def _keep_decision_log(self, pod: dict[str, Any]) -> None:
         # A skipped run's Job (and with it the pod and its logs) is deleted by the
