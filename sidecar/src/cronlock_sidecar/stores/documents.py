@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
 from cronlock_sidecar.contract import HOLDER_POLICY_DENIAL
-from cronlock_sidecar.lock.model import read_lease, with_token
+from cronlock_sidecar.lock.model import annotations_of, read_lease, with_token
+from cronlock_sidecar.lock.permits import permit_key, permits_of, read_entry
 
 # How every store refusal of a write that breaks the lock's rules begins (a bad duration,
 # a document that is not one); a refused change of holder reads as the holders' policy's.
@@ -36,10 +38,11 @@ def renewal_age(body: dict[str, Any], writer_time: datetime) -> timedelta:
     return writer_time - renewed
 
 
-def held_refusal(holder: str, since_micros: int, duration_seconds: int) -> str:
+def held_refusal(holder: str, since_micros: int, duration_seconds: int, permit: int = 0) -> str:
     """The store's refusal of a change of holder, worded as the holders' policy's."""
+    what = "the lock" if permit == 0 else f"permit {permit} of the lock"
     return (
-        f"{HOLDER_POLICY_DENIAL} the lock is held by {holder}, renewed "
+        f"{HOLDER_POLICY_DENIAL} {what} is held by {holder}, renewed "
         f"{since_micros / 1_000_000:.3f}s ago on the store's clock for {duration_seconds}s; "
         "until it expires only its holder (or a later pod of its Job) may change it"
     )
@@ -50,7 +53,39 @@ def version_read(body: dict[str, Any]) -> str:
     return str((body.get("metadata") or {}).get("resourceVersion") or "")
 
 
-def stamped(document: dict[str, Any], version: int | str, token: int | str) -> dict[str, Any]:
-    """The document as a reader sees it: the store's version and fencing token in place."""
+def permit_renewal_ages(body: dict[str, Any], writer_time: datetime) -> dict[int, timedelta]:
+    """`renewal_age` of each held permit K ≥ 1 below the document's N (lock/permits.py)."""
+    annotations = annotations_of(body)
+    ages = {}
+    for index in range(1, permits_of(body)):
+        entry = read_entry(index, annotations.get(permit_key(index)))
+        if entry.holder:
+            renewed = entry.renew_time
+            ages[index] = (
+                timedelta(0) if renewed is None or renewed > writer_time else writer_time - renewed
+            )
+    return ages
+
+
+def stamped(
+    document: dict[str, Any],
+    version: int | str,
+    token: int | str,
+    permit_tokens: Mapping[int, int] | None = None,
+) -> dict[str, Any]:
+    """The document as a reader sees it: the store's version and fencing token in place,
+    and on each permit entry K ≥ 1 below N the store's token of that permit
+    (`permit_tokens`; 0 where the store handed out none). Whatever the writer put in an
+    entry's transitions is not the store's and is not shown."""
     metadata = {**(document.get("metadata") or {}), "resourceVersion": str(version)}
+    annotations = annotations_of(document)
+    tokens = permit_tokens or {}
+    entries = {}
+    for index in range(1, permits_of(document)):
+        key = permit_key(index)
+        if key in annotations:
+            entry = read_entry(index, annotations[key])
+            entries[key] = entry._replace(transitions=int(tokens.get(index, 0))).text()
+    if entries:
+        metadata["annotations"] = {**annotations, **entries}
     return with_token({**document, "metadata": metadata}, int(token))
