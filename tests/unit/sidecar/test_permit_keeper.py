@@ -311,13 +311,15 @@ def test_run_permits_refuses_a_lock_that_says_another_n(
     assert transport.writes() == []
 
 
-def test_in_a_store_the_lock_is_one_permit_whatever_its_document_says(
+def test_in_a_store_a_lock_of_two_permits_is_two_permits(
     transport: FakeTransport, clock: FakeClock
 ) -> None:
+    """The stores keep the permit rules themselves (docs/DECISIONS.md, "Permits in a
+    store"): a keeper on a store claims a free permit as on a Lease."""
     transport.store(lock(2, A))
     result = keeper(transport, clock, B, caps_holds=True).try_acquire()
-    assert isinstance(result, Busy)
-    assert result.permits == ()
+    assert isinstance(result, Acquired)
+    assert result.permit == 1
 
 
 def test_policy_replace_asks_no_holder_of_a_full_lock_of_permits_to_yield(

@@ -37,7 +37,6 @@ from cronlock_sidecar.lock.permits import (
     Permit,
     claimed_permit,
     held_by,
-    of_record,
     read_count,
     read_permits,
     released_permit,
@@ -127,10 +126,6 @@ class LeaseKeeper:
         # store's rule for a takeover is the same), since whoever has the store's URL may
         # write any duration; on a Lease the holders' policy and the operator bound it.
         self.believed_at_most: float | None = timing.lease_duration_seconds if caps_holds else None
-        # The stores' server-side rules know one holder only (a claim of permit K by a
-        # non-holder of the spec would pass there as the spec holder's renewal): in a store
-        # the lock is one permit, whatever its document says.
-        self.one_permit = caps_holds
         # The N this run requires (`run --permits N`): written on a document that has none,
         # a document with another N refused (PermitsDisagree). None: the document's N.
         self.permits = permits
@@ -189,9 +184,8 @@ class LeaseKeeper:
             return self._permit
 
     def _lock_permits(self, current: Lease) -> tuple[Permit, ...]:
-        """The lock's permits as this keeper judges them: one in a store."""
-        if self.one_permit:
-            return (of_record(read_lease(current)),)
+        """The lock's permits as this keeper judges them (a store's rules keep the same
+        permits: docs/DECISIONS.md, "Permits in a store")."""
         return read_permits(current)
 
     def _mine(self, current: Lease) -> Permit | None:
