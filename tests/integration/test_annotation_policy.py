@@ -69,6 +69,7 @@ GOOD: list[dict[str, str]] = [
     {"cronlock.io/permits": " 3 "},
     {"cronlock.io/permits": "4", "cronlock.io/policy": "wait", "cronlock.io/wait-timeout": "5m"},
     {**STORE, "cronlock.io/permits": "1"},
+    {**STORE, "cronlock.io/permits": "2"},
     {"cronlock.io/permits": "1", "cronlock.io/policy": "replace"},
     {"cronlock.io/share-lock-with": "import-orders, rebuild-index"},
     STORE,
@@ -94,7 +95,6 @@ MORE_BAD: list[dict[str, str]] = [
     {"cronlock.io/policy": "skip", "cronlock.io/wait-timeout": "1s"},
     {"cronlock.io/ttl": "19s", "cronlock.io/max-hold": "12s"},
     {"cronlock.io/renew": "10s", "cronlock.io/max-hold": "19s"},
-    {**STORE, "cronlock.io/permits": "2"},
 ]
 # The operator's own table of bad annotations (tests/unit/operator/test_config.py) that
 # need nothing of the pod: the policy judges annotations, and leaves containers to lint.

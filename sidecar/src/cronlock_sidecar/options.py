@@ -121,7 +121,8 @@ class Options(NamedTuple):
     # gate: where it writes the skip line of a run whose tick already ran; hold: where it
     # writes the line of a run it stopped at max_hold.
     termination_log: str = contract.TERMINATION_LOG
-    # run: the lock's N it requires (--permits); None: the lock's document says.
+    # run, hold: the lock's N it requires (--permits, CRONLOCK_PERMITS); None: the
+    # lock's document says.
     permits: int | None = None
     # hold, run: the longest the run may hold the lock from its acquire; 0: no bound.
     max_hold: float = 0.0
@@ -273,6 +274,12 @@ def _parser() -> _Parser:
         help="whose ticks this Job works (CRONLOCK_CRONJOB)",
     )
     hold.add_argument("--job-uid", metavar="UID", help="this pod's Job's uid (CRONLOCK_JOB_UID)")
+    hold.add_argument(
+        "--permits",
+        metavar="N",
+        help="the N of a lock in a store, written by the claim on a document that says none "
+        "(the operator's, for a store: CRONLOCK_PERMITS)",
+    )
     hold.add_argument(
         "--cluster", metavar="NAME", help="this cluster's name, for the record (CRONLOCK_CLUSTER)"
     )
@@ -442,7 +449,9 @@ def parse_options(argv: Sequence[str], env: Mapping[str, str]) -> Options:
     termination_log = values.text("termination_log", contract.TERMINATION_LOG)
     if not termination_log:
         raise ConfigError("--termination-log: empty; expected a file path")
-    permits = _permits(values, policy, store) if command == "run" else None
+    # hold: CRONLOCK_PERMITS alone, which the injection sets for a lock in a store (whose
+    # document no operator writes N on); on a Lease the document's N is the operator's.
+    permits = _permits(values, policy, store) if command in ("run", "hold") else None
 
     return Options(
         command=command,

@@ -238,15 +238,12 @@ def test_store_annotations_are_checked(annotations: dict[str, str], expected: st
     assert str(caught.value).startswith(expected)
 
 
-def test_permits_above_one_in_a_store_are_refused_not_quietly_one_permit() -> None:
-    store = {"cronlock.io/store": "redis", "cronlock.io/store-secret": "locks"}
-    cronjob = gen.cronjob("report", gen.annotated({**store, "cronlock.io/permits": "2"}))
-    with pytest.raises(InvalidConfig) as caught:
-        parse_config(cronjob, STORES_SETTINGS)
-    assert caught.value.annotation == "cronlock.io/permits"
-    assert "needs the lock in the Lease: a lock in redis holds one permit" in str(caught.value)
-    one = gen.cronjob("report", gen.annotated({**store, "cronlock.io/permits": "1"}))
-    assert parse_config(one, STORES_SETTINGS).permits == 1
+@pytest.mark.parametrize("store", ["redis", "postgres"])
+def test_permits_above_one_in_a_store_are_the_stores_to_keep(store: str) -> None:
+    """The stores' rules keep N permits (docs/DECISIONS.md, "Permits in a store")."""
+    in_store = {"cronlock.io/store": store, "cronlock.io/store-secret": "locks"}
+    cronjob = gen.cronjob("report", gen.annotated({**in_store, "cronlock.io/permits": "2"}))
+    assert parse_config(cronjob, STORES_SETTINGS).permits == 2
 
 
 @pytest.mark.parametrize("store", ["redis", "postgres"])

@@ -698,6 +698,28 @@ def test_a_lock_in_a_store_mounts_its_secret_into_the_sidecar_alone() -> None:
     assert revert(injected) == user
 
 
+def test_a_lock_in_a_store_of_n_permits_tells_its_sidecar_n() -> None:
+    """No operator writes N on a store's document: the sidecar's claim does, from
+    CRONLOCK_PERMITS (docs/DECISIONS.md, "Permits in a store"). On a Lease, and for one
+    permit, the sidecar is told nothing: the document's N is the lock's."""
+    shared = gen.cronjob(
+        "report", gen.with_annotations({**IN_POSTGRES, "cronlock.io/permits": "3"})
+    )
+    sidecar = pod_spec(build_injection(shared, parse_config(shared, STORES), STORES))[
+        "initContainers"
+    ][0]
+    assert env_of(sidecar)["CRONLOCK_PERMITS"] == "3"
+    for said in (
+        IN_POSTGRES,
+        {"cronlock.io/enabled": "true", "cronlock.io/permits": "3"},
+    ):
+        user = gen.cronjob("report", gen.with_annotations(said))
+        sidecar = pod_spec(build_injection(user, parse_config(user, STORES), STORES))[
+            "initContainers"
+        ][0]
+        assert "CRONLOCK_PERMITS" not in env_of(sidecar)
+
+
 def test_a_lock_in_a_store_needs_no_service_account_token() -> None:
     """The sidecar talks to Redis or PostgreSQL, not the API server."""
     user = gen.cronjob(

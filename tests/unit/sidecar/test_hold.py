@@ -580,6 +580,23 @@ def test_a_skipping_sidecar_serves_too(
     assert held.events[0] == "serve, decided skip"
 
 
+def test_a_sidecar_told_another_n_than_the_stores_document_skips_and_writes_nothing(
+    in_process: Callable[..., InProcess], clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A store lock's N comes from CRONLOCK_PERMITS; a document that says another N is
+    held by runs of the old N (docs/USAGE.md, "Permits"): a skip, not a failed pod."""
+    lease = make_lease(
+        "someone-else", renewed=clock.now(), annotations={"cronlock.io/permits": "3"}
+    )
+    held = in_process("liveness", lease, extra=("--permits", "2"))
+    held.thread.start()
+    wait_for(lambda: held.decision() != "")
+    assert held.decision() == "skip"
+    assert held.terminate() == 0
+    assert not [event for event in held.events if event.startswith("write")]
+    assert "says '3' permits (cronlock.io/permits) but this run requires 2" in caplog.text
+
+
 def test_a_waiting_sidecar_serves_while_it_waits(
     in_process: Callable[..., InProcess], clock: FakeClock
 ) -> None:

@@ -311,6 +311,29 @@ def test_run_permits_refuses_a_lock_that_says_another_n(
     assert transport.writes() == []
 
 
+@pytest.mark.parametrize("said", ["3", "1", "many"])
+def test_run_permits_writes_its_n_over_another_once_no_permit_is_held(
+    transport: FakeTransport, clock: FakeClock, said: str
+) -> None:
+    """The runs of the old N have ended (free, or expired): the first run of the new N
+    writes it in its claim (a store's rule 1 allows exactly that, docs/DECISIONS.md)."""
+    expired = entry(1, C, renewed_ago=TIMING.lease_duration_seconds + TIMING.skew + 1)
+    transport.store(lock(3, "", entries={1: expired}, annotations={ANNOTATION_PERMITS: said}))
+    result = keeper(transport, clock, B, permits=2).try_acquire()
+    assert isinstance(result, Acquired)
+    assert transport.lease is not None
+    assert transport.lease["metadata"]["annotations"][ANNOTATION_PERMITS] == "2"
+
+
+def test_run_permits_refuses_another_n_while_any_permit_of_it_is_held(
+    transport: FakeTransport, clock: FakeClock
+) -> None:
+    transport.store(lock(3, "", entries={2: entry(2, C)}))
+    with pytest.raises(PermitsDisagree, match=r"says '3' permits .* requires 2"):
+        keeper(transport, clock, B, permits=2).try_acquire()
+    assert transport.writes() == []
+
+
 def test_in_a_store_a_lock_of_two_permits_is_two_permits(
     transport: FakeTransport, clock: FakeClock
 ) -> None:

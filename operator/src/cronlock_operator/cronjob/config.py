@@ -244,7 +244,7 @@ def parse_config(cronjob: Mapping[str, Any], settings: Defaults) -> LockConfig:
         raise InvalidConfig(contract.ANNOTATION_SHARE_LOCK_WITH, text[:200], str(error)) from None
     permits = parse_permits(annotations)
     if permits > 1:
-        _refuse_permits_with(annotations, store, policy)
+        _refuse_permits_with(annotations, policy)
     kill_grace = kill_grace_seconds(ttl, settings.skew_seconds, ttl_shown)
 
     return LockConfig(
@@ -456,20 +456,13 @@ def parse_permits(annotations: Mapping[str, str]) -> int:
     return count
 
 
-def _refuse_permits_with(annotations: Mapping[str, str], store: str, policy: Policy) -> None:
+def _refuse_permits_with(annotations: Mapping[str, str], policy: Policy) -> None:
     """Permits above 1 the sidecar does not hold yet (docs/DECISIONS.md, "Permits in the
-    sidecar, as built"): in Redis or PostgreSQL, whose rules judge one holder, a lock is
-    one permit; under `replace`, which of N holders to stop is not settled; under `queue`,
-    the dispatch reads one holder (reconcile/queue.py `permit_free`). Refused, not
-    quietly guarded as something else."""
+    sidecar, as built"): under `replace`, which of N holders to stop is not settled; under
+    `queue`, the dispatch reads one holder (reconcile/queue.py `permit_free`). Refused, not
+    quietly guarded as something else. In Redis and PostgreSQL the stores' rules keep the
+    permits (docs/DECISIONS.md, "Permits in a store")."""
     text = annotations[contract.ANNOTATION_PERMITS]
-    if store != "lease":
-        raise InvalidConfig(
-            contract.ANNOTATION_PERMITS,
-            text,
-            f"needs the lock in the Lease: a lock in {store} holds one permit (its rules judge "
-            f"one holder); remove {contract.ANNOTATION_PERMITS} or {contract.ANNOTATION_STORE}",
-        )
     if policy == "replace":
         raise InvalidConfig(
             contract.ANNOTATION_PERMITS,

@@ -91,6 +91,8 @@ def sidecar_container(
             _env(contract.ENV_STORE_FILE, contract.STORE_URL_FILE),
             _env(contract.ENV_STORE_KIND, config.store),
         ]
+        if config.permits > 1:  # a store's document has no operator to write its N
+            store_env.append(_env(contract.ENV_PERMITS, str(config.permits)))
         store_mounts = [
             {"name": contract.STORE_VOLUME_NAME, "mountPath": contract.STORE_DIR, "readOnly": True},
             {

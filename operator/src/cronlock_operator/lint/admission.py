@@ -272,13 +272,6 @@ def rules() -> list[Rule]:
         Rule(
             permits,
             f"!({_set(permits)}) || !({_text(permits)}.trim().matches(r'{_COUNT}')) || "
-            f'int({_text(permits)}.trim()) == 1 || !({_text(store)} in ["redis", "postgres"])',
-            f'{_quoted(permits)} + "needs the lock in the Lease: a lock in " + {_text(store)} + '
-            f'" holds one permit (its rules judge one holder); remove {permits} or {store}"',
-        ),
-        Rule(
-            permits,
-            f"!({_set(permits)}) || !({_text(permits)}.trim().matches(r'{_COUNT}')) || "
             f"int({_text(permits)}.trim()) == 1 || "
             f'variables.notes[?"{policy}"].orValue(variables.defaultPolicy) != "replace"',
             f'{_quoted(permits)} + "cannot be used with {policy}: \\"replace\\" yet: which '

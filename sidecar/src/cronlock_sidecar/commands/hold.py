@@ -16,6 +16,7 @@ from cronlock_sidecar.holding.lease import (
     Acquired,
     Clock,
     LeaseKeeper,
+    PermitsDisagree,
     RenewOutcome,
     RenewResult,
 )
@@ -110,6 +111,7 @@ class Holder:
             caps_holds=options.store is not None,
             tick=pod_tick(options),
             cluster=options.cluster,
+            permits=options.permits,
         )
         # The renew thread and the main thread may both see the loss; it is handled once.
         self._loss_lock = threading.Lock()
@@ -155,6 +157,11 @@ class Holder:
                 wait_timeout=self.options.wait_timeout,
                 pause=self._pause,
             )
+        except PermitsDisagree as error:
+            # A store's document says another N (CRONLOCK_PERMITS): its runs of the old N
+            # hold it. This run skips, counted as a skip, rather than fail its pod.
+            log.error("%s; this run will not start", error)
+            return self._write("skip", None)
         except ApiError as error:
             if self.options.observe:
                 log.error("%s; observe policy: running anyway", error)

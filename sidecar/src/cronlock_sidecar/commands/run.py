@@ -89,9 +89,7 @@ class Runner:
             caps_holds=options.store is not None,
             tick=tick,
             records_of=options.tick_of,
-            # In a store the lock is one permit (options refuse --permits N > 1 there):
-            # nothing to write on its document.
-            permits=options.permits if options.store is None else None,
+            permits=options.permits,
         )
         self.stop = threading.Event()
         self._stop_pipe = StopPipe(self.stop)

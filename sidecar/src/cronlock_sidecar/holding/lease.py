@@ -199,20 +199,31 @@ class LeaseKeeper:
         return mine.holder if mine is not None else ""
 
     def _with_permits(self, current: Lease) -> Lease:
-        """`current` as our claim writes it: with the N we require if it has none."""
+        """`current` as our claim writes it: with the N we require if it has none, or if
+        it says another N while no permit of it is held (a lock whose runs all agreed on
+        a new N once the old N's runs ended: a store's rule 1, docs/DECISIONS.md);
+        PermitsDisagree while a run of the other N holds it."""
         if self.permits is None:
             return current
         text = annotations_of(current).get(ANNOTATION_PERMITS)
-        if text is None:
-            metadata = dict(current.get("metadata") or {})
-            metadata["annotations"] = {
-                **annotations_of(current),
-                ANNOTATION_PERMITS: str(self.permits),
-            }
-            return {**current, "metadata": metadata}
-        if read_count(text) != self.permits:
-            raise PermitsDisagree(self.lease, str(text), self.permits)
-        return current
+        if text is not None and read_count(text) != self.permits:
+            now = self.clock.now()
+            if any(
+                permit.holder
+                and not is_expired(
+                    permit, now, self.timing.skew, believed_at_most=self.believed_at_most
+                )
+                for permit in read_permits(current)
+            ):
+                raise PermitsDisagree(self.lease, str(text), self.permits)
+        elif text is not None:
+            return current
+        metadata = dict(current.get("metadata") or {})
+        metadata["annotations"] = {
+            **annotations_of(current),
+            ANNOTATION_PERMITS: str(self.permits),
+        }
+        return {**current, "metadata": metadata}
 
     @property
     def replaced_by(self) -> str:
