@@ -70,6 +70,7 @@ GOOD: list[dict[str, str]] = [
     {"cronlock.io/permits": "4", "cronlock.io/policy": "wait", "cronlock.io/wait-timeout": "5m"},
     {**STORE, "cronlock.io/permits": "1"},
     {**STORE, "cronlock.io/permits": "2"},
+    {"cronlock.io/permits": "3", "cronlock.io/policy": "queue"},
     {"cronlock.io/permits": "1", "cronlock.io/policy": "replace"},
     {"cronlock.io/share-lock-with": "import-orders, rebuild-index"},
     STORE,

@@ -51,12 +51,6 @@ BAD: list[tuple[dict[str, str], tuple[gen.Modifier, ...], str, str]] = [
         "out of range",
     ),
     (
-        {"cronlock.io/policy": "queue", "cronlock.io/permits": "2"},
-        (),
-        "cronlock.io/permits",
-        'cannot be used with cronlock.io/policy: "queue" yet',
-    ),
-    (
         {"cronlock.io/policy": "queue", "cronlock.io/wait-timeout": "10s"},
         (),
         "cronlock.io/wait-timeout",

@@ -19,7 +19,7 @@ from cronlock_operator.runtime.reconciler import Reconciler
 from cronlock_operator.runtime.workqueue import WorkQueue
 from cronlock_operator.settings import OperatorSettings
 from cronlock_sidecar import contract
-from cronlock_sidecar.lock.model import read_lease
+from cronlock_sidecar.lock import permits
 from cronlock_sidecar.microtime import format_microtime
 from tests.support import gen
 from tests.support.cronjobs import SETTINGS, job_from_cronjob
@@ -70,7 +70,7 @@ def job(
 
 
 def decide(lease: dict[str, Any], *jobs: dict[str, Any]) -> queue.QueueDecision:
-    return queue.decide(read_lease(lease), list(jobs), TIMEOUTS, CRONJOBS, NOW)
+    return queue.decide(lease, list(jobs), TIMEOUTS, CRONJOBS, NOW)
 
 
 def resumed(decision: queue.QueueDecision) -> list[str]:
@@ -332,6 +332,62 @@ def test_only_the_job_let_go_last_can_be_in_flight() -> None:
     assert resumed(decide(FREE, first, second, third)) == []
 
 
+def permits_lock(count: int, *holders: str) -> dict[str, Any]:
+    """A lock of `count` permits, held by `holders` (permit 0 first; "" for free)."""
+    spec_holder, *others = [*holders, *[""] * count][:count]
+    at = NOW - timedelta(seconds=1)
+    entries = {
+        permits.permit_key(number): permits.Permit(
+            number, holder, at, at, 60, 1, holder.rpartition("-")[0] if holder else ""
+        ).text()
+        for number, holder in enumerate(others, start=1)
+    }
+    return make_lease(
+        spec_holder,
+        lock="report",
+        namespace="team-a",
+        renewed=at,
+        annotations={contract.ANNOTATION_PERMITS: str(count), **entries},
+    )
+
+
+def test_with_n_permits_each_free_permit_lets_the_next_oldest_go() -> None:
+    queued = [
+        job(f"report-manual-{n}", created=NOW - timedelta(seconds=10 - n)) for n in range(1, 5)
+    ]
+    # Three permits, one held by a run of another Job: two free, the two oldest go.
+    assert resumed(decide(permits_lock(3, "", "nightly-1-abcde_0123abcd"), *queued)) == [
+        "report-manual-1",
+        "report-manual-2",
+    ]
+    # All held: none goes; the spec free alone: the oldest goes.
+    full = permits_lock(2, "nightly-1-abcde_0123abcd", "nightly-2-abcde_0123abcd")
+    assert resumed(decide(full, *queued)) == []
+    assert resumed(decide(permits_lock(2, "", "nightly-2-abcde_0123abcd"), *queued)) == [
+        "report-manual-1"
+    ]
+
+
+def test_with_n_permits_a_job_let_go_takes_a_free_permit_until_its_pod_holds_one() -> None:
+    earlier = NOW - timedelta(seconds=5)
+    starting = job("report-manual-1", created=earlier, suspended=False, started=earlier)
+    waiting = [job(f"report-manual-{n}", created=NOW - timedelta(seconds=4 - n)) for n in (2, 3)]
+    # Two free permits, one spoken for by report-manual-1 starting: one more goes.
+    assert resumed(decide(permits_lock(2), starting, *waiting)) == ["report-manual-2"]
+    # Its pod holds permit 1 now: the other free permit goes to report-manual-2.
+    holding = permits_lock(2, "", "report-manual-1-x7k2p_0123abcd")
+    assert resumed(decide(holding, starting, *waiting)) == ["report-manual-2"]
+    # Both let go are starting, the lock is free: nothing more goes until one holds.
+    second = job("report-manual-2", created=earlier, suspended=False, started=NOW)
+    assert resumed(decide(permits_lock(2), starting, second, waiting[1])) == []
+
+
+def test_permits_with_queue_are_one_config() -> None:
+    cronjob = queue_cronjob(**{contract.ANNOTATION_PERMITS: "3"})
+    config = parse_config(cronjob, SETTINGS)
+    assert (config.policy, config.permits) == ("queue", 3)
+
+
 # --- the runtime: watch events to keys, the reconcile's writes ----------------------
 
 
@@ -369,6 +425,14 @@ def test_the_watches_ask_for_the_locks_queue_and_its_reconcile_lets_the_oldest_g
     assert not reconciler.queue.waiting(key)
     reconciler.on_lease("MODIFIED", make_lease(lock="report", namespace="team-a"))
     assert reconciler.queue.waiting(key)
+    # A lock of two permits with one free asks for its queue too.
+    reconciler.queue = WorkQueue(reconciler.queue.work)
+    reconciler.on_lease("MODIFIED", permits_lock(2, "report-manual-1-abcde_0123abcd"))
+    assert reconciler.queue.waiting(key)
+    reconciler.queue = WorkQueue(reconciler.queue.work)
+    full = permits_lock(2, "report-manual-1-abcde_0123abcd", "report-manual-2-abcde_0123abcd")
+    reconciler.on_lease("MODIFIED", full)
+    assert not reconciler.queue.waiting(key)
     # A Job of a CronJob under another policy is no queue's business.
     other = gen.job("nightly-1", gen.in_namespace("team-a"), gen.of_lock("report"))
     reconciler.queue = WorkQueue(reconciler.queue.work)

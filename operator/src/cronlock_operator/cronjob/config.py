@@ -458,10 +458,9 @@ def parse_permits(annotations: Mapping[str, str]) -> int:
 
 def _refuse_permits_with(annotations: Mapping[str, str], policy: Policy) -> None:
     """Permits above 1 the sidecar does not hold yet (docs/DECISIONS.md, "Permits in the
-    sidecar, as built"): under `replace`, which of N holders to stop is not settled; under
-    `queue`, the dispatch reads one holder (reconcile/queue.py `permit_free`). Refused, not
-    quietly guarded as something else. In Redis and PostgreSQL the stores' rules keep the
-    permits (docs/DECISIONS.md, "Permits in a store")."""
+    sidecar, as built"): under `replace`, which of N holders to stop is not settled.
+    Refused, not quietly guarded as something else. In Redis and PostgreSQL the stores'
+    rules keep the permits (docs/DECISIONS.md, "Permits in a store")."""
     text = annotations[contract.ANNOTATION_PERMITS]
     if policy == "replace":
         raise InvalidConfig(
@@ -470,14 +469,6 @@ def _refuse_permits_with(annotations: Mapping[str, str], policy: Policy) -> None
             f'cannot be used with {contract.ANNOTATION_POLICY}: "replace" yet: which of the '
             "holders a replacing run should stop is not settled; use skip, wait or observe, "
             f"or remove {contract.ANNOTATION_PERMITS}",
-        )
-    if policy == "queue":
-        raise InvalidConfig(
-            contract.ANNOTATION_PERMITS,
-            text,
-            f'cannot be used with {contract.ANNOTATION_POLICY}: "queue" yet: the queue lets a '
-            "run go when the Lease's one holder releases (a permit reserved for the Job let go "
-            f"is not built); use wait, or remove {contract.ANNOTATION_PERMITS}",
         )
 
 

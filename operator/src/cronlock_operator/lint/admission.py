@@ -279,14 +279,6 @@ def rules() -> list[Rule]:
             f'observe, or remove {permits}"',
         ),
         Rule(
-            permits,
-            f"!({_set(permits)}) || !({_text(permits)}.trim().matches(r'{_COUNT}')) || "
-            f'int({_text(permits)}.trim()) == 1 || {_text(policy)} != "queue"',
-            f'{_quoted(permits)} + "cannot be used with {policy}: \\"queue\\" yet: the '
-            f"queue lets a run go when the Lease's one holder releases; use wait, or remove "
-            f'{permits}"',
-        ),
-        Rule(
             peers,
             f'!({_set(peers)}) || ({_text(peers)}.split(",").size() <= {sharing.MAX_PEERS} '
             f'&& {_text(peers)}.split(",").all(n, n.trim().size() <= '

@@ -10,18 +10,20 @@ no pod for it). This decides, from the lock's Lease as just read and its Jobs as
 - **Collapse** (Temporal's BUFFER_ONE): of one CronJob's queued scheduled Jobs only the
   oldest tick is kept; each newer one is deleted with a `Collapsed` Event. Manual runs
   (`kubectl create job --from`) never collapse: each was asked for by someone.
-- **Dispatch**: when a permit is free (`permit_free`: the Lease has no holder and is not
-  frozen) and no Job let go earlier is still starting (`in_flight`), the oldest queued Job
-  of the lock goes (`spec.suspend: false`), across every queue CronJob sharing the lock:
-  by its tick (the name the CronJob controller gave it, `ticks.tick_of_job`; a manual
-  run's creation time stands for it), then its creation, then its name. One at a time,
-  so the order holds among queued runs.
+- **Dispatch**: for each permit free (`free_permits`: of the lock's N, lock/permits.py,
+  those with no holder; none while frozen) and not taken by a Job let go earlier that is
+  still starting (`in_flight`), the oldest queued Job of the lock goes
+  (`spec.suspend: false`), across every queue CronJob sharing the lock: by its tick (the
+  name the CronJob controller gave it, `ticks.tick_of_job`; a manual run's creation time
+  stands for it), then its creation, then its name. With one permit, one at a time, so
+  the order holds among queued runs; with N, the N oldest hold before any younger one.
 
-The Job let go last is in flight from its start (`status.startTime`, which the Job
-controller sets when it is resumed) until its pod is seen holding the lock (the Lease's
-`holder-job`, or its `last-holder` after the Job started), the Job finishes, or
+A Job let go is in flight from its start (`status.startTime`, which the Job controller
+sets when it is resumed) until its pod is seen holding a permit (its `holder-job` or pod
+name on one, or the Lease's `last-holder` after the Job started), the Job finishes, or
 `START_BOUND_SECONDS` pass (a pod that never starts must not block the queue for ever).
-Earlier ones were judged so before it was let go.
+Only the N let go last can be in flight: each earlier one was judged so before a later
+one took its place.
 Nothing is remembered between decisions: an operator restart loses no queue state.
 """
 
@@ -42,7 +44,8 @@ from cronlock_operator.reconcile.actions import (
 from cronlock_sidecar import contract
 from cronlock_sidecar.lock import ticks
 from cronlock_sidecar.lock.durations import format_duration
-from cronlock_sidecar.lock.model import LeaseRecord
+from cronlock_sidecar.lock.model import LeaseRecord, read_lease
+from cronlock_sidecar.lock.permits import Permit, read_permits
 from cronlock_sidecar.microtime import read_time
 
 # How long a Job let go may take to hold the lock before the next queued one may go too.
@@ -126,10 +129,14 @@ def pod_of(job_name: str, identity: str) -> bool:
     return len(pod) == len(base) + _POD_SUFFIX and pod.startswith(base)
 
 
-def has_held(job: Mapping[str, Any], record: LeaseRecord) -> bool:
-    """Whether the Job's pod holds the lock, or held it since the Job was let go."""
+def has_held(job: Mapping[str, Any], record: LeaseRecord, permits: Sequence[Permit] = ()) -> bool:
+    """Whether the Job's pod holds a permit of the lock (`permits`; the spec's alone when
+    none are given), or released one since the Job was let go."""
     name = str((job.get("metadata") or {}).get("name", ""))
-    if record.holder_job == name or (record.holder and pod_of(name, record.holder)):
+    holders = [(permit.holder, permit.holder_job) for permit in permits] or [
+        (record.holder, record.holder_job)
+    ]
+    if any(job_ == name or (holder and pod_of(name, holder)) for holder, job_ in holders):
         return True
     started = read_time((job.get("status") or {}).get("startTime"))
     return (
@@ -140,16 +147,21 @@ def has_held(job: Mapping[str, Any], record: LeaseRecord) -> bool:
     )
 
 
-def permit_free(record: LeaseRecord, now: datetime) -> bool:
-    """Whether a run could take the lock now. The one place that asks: with N permits
-    (issue 58 item 1) it becomes "is one of the N free"."""
-    return not record.holder and not record.frozen(now)
+def free_permits(lease: Mapping[str, Any], now: datetime) -> int:
+    """How many runs could take a permit of the lock now: its permits with no holder (an
+    expired one is cleared by the operator first, and its Lease event comes back); none
+    while it is frozen."""
+    if read_lease(lease).frozen(now):
+        return 0
+    return sum(1 for permit in read_permits(lease) if not permit.holder)
 
 
-def in_flight(job: Mapping[str, Any], record: LeaseRecord, now: datetime) -> float | None:
+def in_flight(
+    job: Mapping[str, Any], record: LeaseRecord, now: datetime, permits: Sequence[Permit] = ()
+) -> float | None:
     """Seconds left of the start-up bound of a Job let go and not yet holding; None when
     the Job is not in flight."""
-    if suspended(job) or finished(job) or has_held(job, record):
+    if suspended(job) or finished(job) or has_held(job, record, permits):
         return None
     started = read_time((job.get("status") or {}).get("startTime"))
     if started is None:
@@ -159,16 +171,18 @@ def in_flight(job: Mapping[str, Any], record: LeaseRecord, now: datetime) -> flo
 
 
 def decide(
-    record: LeaseRecord,
+    lease: Mapping[str, Any],
     jobs: Sequence[Mapping[str, Any]],
     timeouts: Mapping[str, float],
     cronjobs: Mapping[str, Mapping[str, Any]],
     now: datetime,
 ) -> QueueDecision:
-    """What to do about the lock's queue. `record` is its Lease as just read; `jobs` its
+    """What to do about the lock's queue. `lease` is its Lease as just read; `jobs` its
     Jobs (label cronlock.io/lock); `timeouts` its CronJobs under queue and their queue
     timeouts (a Job of any other CronJob is not queued here); `cronjobs` those CronJobs'
     bodies, which the Events are about."""
+    record = read_lease(lease)
+    permits = read_permits(lease)
     # A Job being deleted is gone already (its Events were told when it was deleted).
     ours = [
         job
@@ -225,21 +239,25 @@ def decide(
                 ),
             )
         )
-    latest = _latest_let_go(ours)
-    starting = None if latest is None else in_flight(latest, record, now)
-    if starting is not None:
-        waits.append(starting)
-    if remaining and starting is None and permit_free(record, now):
-        job = remaining[0]
+    starting = [
+        left
+        for latest in _latest_let_go(ours, len(permits))
+        if (left := in_flight(latest, record, now, permits)) is not None
+    ]
+    waits.extend(starting)
+    slots = free_permits(lease, now) - len(starting)
+    lock = record.lock or record.name
+    for job in remaining[: max(slots, 0)]:
         cronjob = owner_cronjob(job) or ""
+        free = "is free" if len(permits) == 1 else f"has a permit free (of {len(permits)})"
         steps.append(
             [
                 ResumeJob(_namespace(job), _name(job)),
                 *_event(
                     cronjobs.get(cronjob),
                     contract.EVENT_QUEUE_RELEASED,
-                    f"job {_name(job)} let go: the lock {record.lock or record.name} is free "
-                    f"and it was the oldest of {len(remaining)} queued",
+                    f"job {_name(job)} let go: the lock {lock} {free} and it was the oldest of "
+                    f"{len(remaining)} queued",
                 ),
             ]
         )
@@ -247,20 +265,21 @@ def decide(
     return QueueDecision(steps, min(waits) if waits else None)
 
 
-def _latest_let_go(jobs: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
-    """The Job let go last (resumed and not finished; one not started yet is the latest).
-    Only it can be in flight: each earlier one was judged no longer starting before the
-    next was let go, and may still be running after it released (its pod ending)."""
+def _latest_let_go(jobs: Sequence[Mapping[str, Any]], count: int) -> list[Mapping[str, Any]]:
+    """The `count` Jobs let go last (resumed and not finished; one not started yet is the
+    latest). Only they can be in flight: each earlier one was judged no longer starting
+    before a later one took its place, and may still be running after it released (its
+    pod ending)."""
     let_go = [job for job in jobs if not suspended(job) and not finished(job)]
     never = datetime.max.replace(tzinfo=UTC)
-    return max(
+    return sorted(
         let_go,
         key=lambda job: (
             read_time((job.get("status") or {}).get("startTime")) or never,
             created(job) or never,
         ),
-        default=None,
-    )
+        reverse=True,
+    )[:count]
 
 
 def _drop(job: Mapping[str, Any], *then: Action) -> list[Action]:

@@ -26,7 +26,7 @@ from cronlock_operator.runtime.executor import Executor
 from cronlock_operator.runtime.workqueue import DONE, Result
 from cronlock_operator.settings import OperatorSettings
 from cronlock_sidecar import contract
-from cronlock_sidecar.lock.model import LeaseRecord, read_lease
+from cronlock_sidecar.lock.permits import read_permits
 
 logger = logging.getLogger(__name__)
 
@@ -62,11 +62,11 @@ class QueueDispatch:
             self._locks.add((namespace, lock))
         return QueueKey(namespace, lock)
 
-    def lease_seen(self, namespace: str, lock: str, record: LeaseRecord) -> QueueKey | None:
-        """A queue lock's Lease changed: free now, one of its queued Jobs may go."""
+    def lease_seen(self, namespace: str, lock: str, body: Mapping[str, Any]) -> QueueKey | None:
+        """A queue lock's Lease changed: a permit free now, one of its queued Jobs may go."""
         with self._guard:
             known = (namespace, lock) in self._locks
-        if not known or record.holder:
+        if not known or not any(not permit.holder for permit in read_permits(body)):
             return None
         return QueueKey(namespace, lock)
 
@@ -94,7 +94,7 @@ class QueueDispatch:
         lease = self.kube.read_lease(key.namespace, contract.lease_name(key.lock))
         if lease is None:
             return DONE  # its CronJob's reconcile makes it; that Lease's event comes back
-        decision = queue.decide(read_lease(lease), jobs, timeouts, cronjobs, self.now())
+        decision = queue.decide(lease, jobs, timeouts, cronjobs, self.now())
         for step in decision.steps:
             logger.debug("queue %s/%s: %s", key.namespace, key.lock, step)
             self.executor.run(step)

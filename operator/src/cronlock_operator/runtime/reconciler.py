@@ -234,7 +234,7 @@ class Reconciler:
             self.queue.add(ContentionKey(*key))
         if repair:
             self.queue.add(LeaseKey(*key))
-        queued = self.dispatch.lease_seen(key[0], lock, record)
+        queued = self.dispatch.lease_seen(key[0], lock, body)
         if queued is not None:
             self.queue.add(queued)
 
