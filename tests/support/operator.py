@@ -161,11 +161,18 @@ class OperatorProcess:
                 stdout=log,
                 stderr=subprocess.STDOUT,
             )
-        wait_for(
-            lambda: until in self.log(offset) or self._exited(),
-            timeout=30,
-            what=f"the operator to log {until!r}",
-        )
+        try:
+            wait_for(
+                lambda: until in self.log(offset) or self._exited(),
+                timeout=30,
+                what=f"the operator to log {until!r}",
+            )
+        except BaseException:
+            # Started but never ready: stopped here, or it would go on reconciling beside
+            # the next test's operator (two of each Event; on 2026-12-06 one slow start
+            # failed six later tests so).
+            self.stop()
+            raise
         assert not self._exited(), f"the operator exited:\n{self.log()[-3000:]}"
 
     def stop(self) -> None:
