@@ -82,6 +82,7 @@ RINGS: dict[str, tuple[str, ...]] = {
         "tests/e2e/test_neighbours_on_node.py",
         "tests/e2e/test_overlap.py",
         "tests/e2e/test_policies.py",
+        "tests/e2e/test_queue_permits.py",
         "tests/e2e/test_repeated_skips.py",
         "tests/e2e/test_shared_lock.py",
     ),
