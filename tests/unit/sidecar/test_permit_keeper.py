@@ -404,6 +404,20 @@ def test_one_permit_in_a_store_is_todays_lock_and_allowed() -> None:
     assert options.permits == 1
 
 
+def test_permits_in_postgresql_are_allowed_its_trigger_keeps_their_rules() -> None:
+    """PostgreSQL's rules 4 keep the permits' rules (docs/STORES.md, "Permits in a store")."""
+    options = parse_options(
+        [
+            *("run", "--lease", "ns/x", "--permits", "16"),
+            *("--store", "postgresql://team-a@db:5432/locks", "--", "true"),
+        ],
+        {},
+    )
+    assert options.permits == 16
+    assert options.store is not None
+    assert options.store.kind == "postgres"
+
+
 def test_a_yield_request_on_a_lock_of_permits_stops_no_holder(
     transport: FakeTransport, clock: FakeClock
 ) -> None:
