@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -30,6 +31,7 @@ from cronlock_sidecar.stores.url import parse_store_url
 from cronlock_sidecar.transport.seam import Forbidden, LeaseRef, LeaseTransport
 from tests.integration.test_postgres_tenants import statements, tenant_store
 from tests.support.kube import wait_for
+from tests.support.paths import SIDECAR
 from tests.support.stores import PostgresServer, documented
 
 HERE = Path(__file__).parent
@@ -202,6 +204,60 @@ def test_an_expired_permit_is_taken_over_and_a_renewal_keeps_it(
     assert (taken.permit, taken.transitions, taken.reason) == (1, 2, "expired")
     assert short.renew().outcome is RenewOutcome.LOST
     assert holders(transports(), lock) == [("base", 1), ("contender", 2)]
+
+
+def run_command(url: str, lock: LeaseRef, script: str) -> subprocess.Popen[str]:
+    """`cronlock-sidecar run --permits 2 --store URL` as a user runs it outside Kubernetes."""
+    env = {key: value for key, value in os.environ.items() if key != "KUBECONFIG"}
+    argv = [str(SIDECAR), "run", "--lease", f"{lock.namespace}/{lock.name}", "--permits", "2"]
+    return subprocess.Popen(
+        [*argv, "--ttl", "6s", "--", "sh", "-c", script],
+        env={**env, "CRONLOCK_STORE": url},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def ended(process: subprocess.Popen[str]) -> tuple[int, str]:
+    """The process' exit code and stderr, once it ended (killed after 60 s)."""
+    try:
+        _, err = process.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        _, err = process.communicate()
+    return process.returncode, err
+
+
+def test_two_sidecar_runs_work_at_once_and_a_third_skips(store: Store, tmp_path: Path) -> None:
+    """The command itself: two runs work at once, each told its permit and that permit's
+    token; a third skips (exit 75) with one line naming both holders."""
+    lock = fresh("cli")
+    release = tmp_path / "release"
+    told = [tmp_path / "first", tmp_path / "second"]
+    running: list[subprocess.Popen[str]] = []
+    try:
+        for path in told:
+            script = (
+                f'echo "$CRONLOCK_PERMIT $CRONLOCK_FENCING_TOKEN" > {path}.tmp; '
+                f"mv {path}.tmp {path}; until [ -e {release} ]; do sleep 0.05; done"
+            )
+            running.append(run_command(store.url, lock, script))
+            started = time.monotonic()
+            while not path.exists() and running[-1].poll() is None:
+                assert time.monotonic() - started < 30, f"{path.name} run did not start work"
+                time.sleep(0.05)
+            assert path.exists(), ended(running[-1])
+        code, err = ended(run_command(store.url, lock, "echo THIRD RAN >&2"))
+    finally:
+        release.touch()
+        results = [ended(process) for process in running]
+    assert code == 75, err
+    assert "THIRD RAN" not in err
+    skips = [line for line in err.splitlines() if "all 2 permits of lock" in line]
+    assert len(skips) == 1, err
+    assert sorted(path.read_text().split() for path in told) == [["0", "1"], ["1", "1"]]
+    assert [result[0] for result in results] == [0, 0], results
 
 
 def test_a_schema_3_database_with_a_held_lock_gets_the_permit_rules_in_place(

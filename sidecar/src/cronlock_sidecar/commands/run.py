@@ -89,9 +89,14 @@ class Runner:
             caps_holds=options.store is not None,
             tick=tick,
             records_of=options.tick_of,
-            # In a store the lock is one permit (options refuse --permits N > 1 there):
-            # nothing to write on its document.
-            permits=options.permits if options.store is None else None,
+            # PostgreSQL's rules keep permits (docs/STORES.md, "Permits in a store"): N is
+            # written on its document as on a Lease. In Redis the lock is one permit
+            # (options refuse --permits N > 1 there): nothing to write on its document.
+            permits=(
+                options.permits
+                if options.store is None or options.store.kind == "postgres"
+                else None
+            ),
         )
         self.stop = threading.Event()
         self._stop_pipe = StopPipe(self.stop)
