@@ -624,6 +624,48 @@ def test_a_claims_tick_record_names_the_claimed_permits_holder(
         client.replace(lock, renewed(client.get(lock), TTL_30S, datetime.now(UTC)))
 
 
+def test_a_permits_later_pod_of_its_job_takes_it_and_only_its_release_writes_success(
+    permits_tenant: TenantStore,
+) -> None:
+    """Permit 1 held by a pod of the Job nightly-7: a later pod of that Job takes it over
+    live (the entry's Job field, the spec's prefix rule), a pod of another name is refused
+    with the same Job field. The success record is written by the one permit released, as
+    that holder's own claim record: permit 0's holder releasing with permit 1's record is
+    refused, permit 1's holder releasing with it passes."""
+    url = permits_tenant.urls[PERMITS_NAMESPACE]
+    now = datetime.now(UTC)
+    tick = now.replace(second=0, microsecond=0)
+    with transport(url) as client:
+        lock = lock_of_permits(client, 2, "p-run-1", {})
+        first = TickRecord("nightly", tick, "nightly-7", "uid-7", "nightly-7-aaaaa", "")
+        client.replace(
+            lock,
+            permits.claimed_permit(
+                client.get(lock), 1, "nightly-7-aaaaa", TTL_30S, now, "nightly-7", first
+            ),
+        )
+        other = permits.claimed_permit(
+            client.get(lock), 1, "weekly-7-bbbbb", TTL_30S, now, "nightly-7"
+        )
+        refused(url, lock, other, "permit 1 of the lock is held by nightly-7-aaaaa")
+        retry = first._replace(holder="nightly-7-ccccc")
+        client.replace(
+            lock,
+            permits.claimed_permit(
+                client.get(lock), 1, "nightly-7-ccccc", TTL_30S, now, "nightly-7", retry
+            ),
+        )
+        assert holders_of(client, lock) == [("p-run-1", 1), ("nightly-7-ccccc", 2)]
+        wrong = released(client.get(lock), "p-run-1", now, success=retry)
+        refused(url, lock, wrong, "not the releasing holder's own claim record")
+        client.replace(
+            lock,
+            permits.released_permit(client.get(lock), 1, "nightly-7-ccccc", now, success=retry),
+        )
+        notes = client.get(lock)["metadata"]["annotations"]
+        assert notes["cronlock.io/succeeded.nightly"] == retry.text()
+
+
 def noted(body: dict[str, Any], key: str, value: str) -> dict[str, Any]:
     """`body` with the annotation `key` set to `value`."""
     written = copy.deepcopy(body)
