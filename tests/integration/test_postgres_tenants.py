@@ -21,8 +21,11 @@ from typing import Any
 import psycopg
 import pytest
 
-from cronlock_sidecar.contract import ANNOTATION_FROZEN_UNTIL
+from cronlock_sidecar.contract import ANNOTATION_FROZEN_UNTIL, ANNOTATION_PERMITS
+from cronlock_sidecar.lock import permits
 from cronlock_sidecar.lock.model import Timing, claimed, read_lease, released, renewed
+from cronlock_sidecar.lock.ticks import TickRecord
+from cronlock_sidecar.stores.documents import unversioned
 from cronlock_sidecar.stores.pgstore import PostgresLeaseStore
 from cronlock_sidecar.stores.url import parse_store_url
 from cronlock_sidecar.transport.seam import Forbidden, LeaseRef, NotFound, Unavailable
@@ -315,6 +318,24 @@ def test_a_tenant_that_may_create_in_public_runs_nothing_in_anyone_elses_write(
             victim, claimed(team_d.get(victim), "d-run-2", TTL_30S, datetime.now(UTC), "")
         )
         assert read_lease(again).transitions == read_lease(held).transitions + 1
+        # A lock of two permits: the permits' rules run under the same plant.
+        pool = LeaseRef("team-d", "pool")
+        body = {"metadata": {"annotations": {ANNOTATION_PERMITS: "2"}}}
+        team_d.create(pool, claimed(body, "d-pool-0", TTL_30S, datetime.now(UTC), ""))
+        second = permits.claimed_permit(
+            team_d.get(pool), 1, "d-pool-1", TTL_30S, datetime.now(UTC), ""
+        )
+        assert permits.read_permits(team_d.replace(pool, second))[1].transitions == 1
+        with psycopg.connect(store.urls["team-d"], autocommit=True) as raw:
+            intruder = permits.claimed_permit(
+                team_d.get(pool), 1, "intruder", TTL_30S, datetime.now(UTC), ""
+            )
+            with pytest.raises(psycopg.DatabaseError, match="permit 1 of the lock is held"):
+                raw.execute(
+                    "UPDATE cronlock.locks SET document = %s::jsonb, writer_time = %s"
+                    " WHERE namespace = 'team-d' AND name = 'pool'",
+                    (json.dumps(unversioned(intruder)), datetime.now(UTC)),
+                )
     with postgres_store.superuser(store.database) as superuser:
         assert superuser.execute("SELECT who, what FROM public.loot").fetchall() == []
         grants = superuser.execute(
@@ -407,3 +428,246 @@ def _document(holder: str, duration: int, *, last_holder: str = "") -> str:
         spec["holderIdentity"] = holder
     notes = {"cronlock.io/last-holder": last_holder} if last_holder else {}
     return json.dumps({"metadata": {"annotations": notes}, "spec": spec})
+
+
+# --- Permits (docs/DECISIONS.md, "Permits in a store"; the trigger's rules 4) -----------
+PERMITS_NAMESPACE = "team-p"
+
+
+@pytest.fixture(scope="module")
+def permits_tenant(postgres_store: PostgresServer) -> TenantStore:
+    return tenant_store(postgres_store, "permits", (PERMITS_NAMESPACE,), revoke_public=True)
+
+
+def lock_of_permits(
+    client: PostgresLeaseStore,
+    count: int,
+    spec: str,
+    entries: dict[int, str],
+    timing: Timing = TTL_30S,
+) -> LeaseRef:
+    """A lock of `count` permits made through the store's client: permit 0 held by `spec`
+    ("" free), each entry K by its holder, one claim per write as a sidecar makes them."""
+    lock = LeaseRef(PERMITS_NAMESPACE, f"permits-{os.urandom(3).hex()}")
+    body: dict[str, Any] = {"metadata": {"annotations": {ANNOTATION_PERMITS: str(count)}}}
+    client.create(lock, claimed(body, spec, timing, datetime.now(UTC), "") if spec else body)
+    for number, holder in entries.items():
+        current = client.get(lock)
+        client.replace(
+            lock, permits.claimed_permit(current, number, holder, timing, datetime.now(UTC), "")
+        )
+    return lock
+
+
+def raw_write(url: str, lock: LeaseRef, body: dict[str, Any]) -> None:
+    """The tenant's role writes the row itself, the document it chose."""
+    with psycopg.connect(url, autocommit=True) as raw:
+        raw.execute(
+            "UPDATE cronlock.locks SET document = %s::jsonb, writer_time = %s"
+            " WHERE namespace = %s AND name = %s",
+            (json.dumps(unversioned(body)), datetime.now(UTC), lock.namespace, lock.name),
+        )
+
+
+def holders_of(client: PostgresLeaseStore, lock: LeaseRef) -> list[tuple[str, int]]:
+    return [(p.holder, p.transitions) for p in permits.read_permits(client.get(lock))]
+
+
+def refused(url: str, lock: LeaseRef, body: dict[str, Any], match: str) -> str:
+    """The raw write of `body` is refused with `match` in its message; its SQLSTATE."""
+    with pytest.raises(psycopg.DatabaseError, match=match) as refusal:
+        raw_write(url, lock, body)
+    return refusal.value.sqlstate or ""
+
+
+def test_a_tenant_cannot_take_a_live_permit_or_hold_two(permits_tenant: TenantStore) -> None:
+    """Permit 1 held by p-run-2: another holder's write of it is refused (CLK01, worded as
+    the holders' policy, naming the permit), raw and through the client; a holder of one
+    permit writing itself into another is refused, and nothing changed."""
+    url = permits_tenant.urls[PERMITS_NAMESPACE]
+    with transport(url) as client:
+        lock = lock_of_permits(client, 3, "p-run-1", {1: "p-run-2"})
+        now = datetime.now(UTC)
+        taken = permits.claimed_permit(client.get(lock), 1, "intruder", TTL_30S, now, "")
+        assert refused(url, lock, taken, "permit 1 of the lock is held by p-run-2") == "CLK01"
+        with pytest.raises(Forbidden, match="cronlock holder policy: permit 1 of the lock is"):
+            client.replace(lock, taken)
+        # A holder of permit 0 takes the free permit 2 too, or permit 1's holder does.
+        for holder, held in (("p-run-1", 0), ("p-run-2", 1)):
+            both = permits.claimed_permit(client.get(lock), 2, holder, TTL_30S, now, "")
+            assert (
+                refused(url, lock, both, f"{holder} would hold permit {held} and permit 2")
+                == "CLK01"
+            )
+        assert holders_of(client, lock) == [("p-run-1", 1), ("p-run-2", 1), ("", 0)]
+
+
+def test_a_tenant_cannot_take_two_free_permits_in_one_write(permits_tenant: TenantStore) -> None:
+    """Two free permits claimed in one write, on a lock or in its create, are refused; one
+    at a time they pass."""
+    url = permits_tenant.urls[PERMITS_NAMESPACE]
+    now = datetime.now(UTC)
+    with transport(url) as client:
+        lock = lock_of_permits(client, 3, "", {})
+        one = permits.claimed_permit(client.get(lock), 1, "a", TTL_30S, now, "")
+        two = permits.claimed_permit(one, 2, "b", TTL_30S, now, "")
+        assert refused(url, lock, two, "a write claims one permit") == "CLK01"
+        spec_too = claimed(one, "c", TTL_30S, now, "")
+        refused(url, lock, spec_too, "a write claims one permit")
+        created = LeaseRef(PERMITS_NAMESPACE, f"created-{os.urandom(3).hex()}")
+        with pytest.raises(Forbidden, match="a write claims one permit"):
+            client.create(created, spec_too)
+        with pytest.raises(NotFound):
+            client.get(created)
+        # (A create spends the spec's first token, with a holder or without.)
+        assert holders_of(client, lock) == [("", 1), ("", 0), ("", 0)]
+        raw_write(url, lock, one)
+        assert holders_of(client, lock) == [("", 1), ("a", 1), ("", 0)]
+
+
+def test_a_tenant_cannot_move_n_under_holders(permits_tenant: TenantStore) -> None:
+    """N raised or lowered while a permit is held is refused (held by permit 0 or by
+    permit 1 alone), and N written so that a reader could take it for another number; once
+    every permit is free, N moves."""
+    url = permits_tenant.urls[PERMITS_NAMESPACE]
+    now = datetime.now(UTC)
+    with transport(url) as client:
+        lock = lock_of_permits(client, 2, "p-run-1", {1: "p-run-2"})
+        for count in ("3", "1", "16"):
+            moved = noted(client.get(lock), ANNOTATION_PERMITS, count)
+            refused(url, lock, moved, f"N changes from 2 to {count} only while no permit")
+        for text in (" 2", "02", "2\n", "3 "):
+            refused(url, lock, noted(client.get(lock), ANNOTATION_PERMITS, text), "digits alone")
+        client.replace(lock, released(client.get(lock), "p-run-1", now))
+        alone = noted(client.get(lock), ANNOTATION_PERMITS, "1")  # permit 1 still held
+        refused(url, lock, alone, "permit 1 is held by p-run-2")
+        client.replace(lock, permits.released_permit(client.get(lock), 1, "p-run-2", now))
+        raw_write(url, lock, noted(client.get(lock), ANNOTATION_PERMITS, "3"))
+        assert permits.permits_of(client.get(lock)) == 3
+
+
+def test_a_tenants_forged_tokens_and_renewals_are_not_what_readers_get(
+    permits_tenant: TenantStore,
+) -> None:
+    """A write naming permit 1's holder may renew it (the store cannot tell them apart),
+    but the transitions and renew time it writes are ignored: readers get the store's
+    token and its own time of the renewal, so the permit still expires after its
+    duration; the next holder's token is one more than the store's, not the forged one's.
+    The per-permit records column is the trigger's: a tenant may not update it, and what
+    it inserts there is replaced."""
+    url = permits_tenant.urls[PERMITS_NAMESPACE]
+    with transport(url) as client:
+        lock = lock_of_permits(client, 2, "p-run-1", {1: "p-run-2"}, TTL_1S)
+        current = client.get(lock)
+        entry = permits.read_entry(1, current["metadata"]["annotations"]["cronlock.io/permit.1"])
+        ahead = datetime.now(UTC) + timedelta(days=365)
+        forged = entry._replace(renew_time=ahead, transitions=999)
+        body = noted(current, "cronlock.io/permit.1", forged.text())
+        raw_write(url, lock, body)
+        read = permits.read_permits(client.get(lock))[1]
+        assert (read.holder, read.transitions) == ("p-run-2", 1)
+        assert read.renew_time is not None
+        assert read.renew_time <= datetime.now(UTC) + timedelta(seconds=1)
+        time.sleep(1.5)  # the 1 s the entry names passes on the store's clock
+        client.replace(
+            lock,
+            permits.claimed_permit(client.get(lock), 1, "next", TTL_30S, datetime.now(UTC), ""),
+        )
+        assert holders_of(client, lock)[1] == ("next", 2)
+    with psycopg.connect(url, autocommit=True) as raw:
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            raw.execute(
+                "UPDATE cronlock.locks SET permits = '{}' WHERE namespace = %s AND name = %s",
+                (lock.namespace, lock.name),
+            )
+        inserted = LeaseRef(PERMITS_NAMESPACE, f"inserted-{os.urandom(3).hex()}")
+        body = {"metadata": {"annotations": {ANNOTATION_PERMITS: "2"}}}
+        body = permits.claimed_permit(body, 1, "i-run", TTL_30S, datetime.now(UTC), "")
+        raw.execute(
+            "INSERT INTO cronlock.locks (namespace, name, holder, transitions, resource_version,"
+            " document, writer_time, written_at, permits) VALUES (%s, %s, '', 0, 0, %s::jsonb,"
+            " pg_catalog.now(), pg_catalog.now(), %s::jsonb)",
+            (
+                inserted.namespace,
+                inserted.name,
+                json.dumps(body),
+                json.dumps({"1": {"token": 1000, "renewed_at": "2999-01-01T00:00:00+00:00"}}),
+            ),
+        )
+        row = raw.execute(
+            "SELECT (permits #>> '{1,token}')::bigint,"
+            " (permits #>> '{1,renewed_at}')::timestamptz <= pg_catalog.clock_timestamp()"
+            " FROM cronlock.locks WHERE namespace = %s AND name = %s",
+            (inserted.namespace, inserted.name),
+        ).fetchone()
+    assert row == (1, True)
+
+
+def test_a_claims_tick_record_names_the_claimed_permits_holder(
+    permits_tenant: TenantStore,
+) -> None:
+    """A claim of permit 1 whose tick record names permit 0's holder is refused; naming
+    its own holder it passes, and a renewal of permit 0 carries it."""
+    url = permits_tenant.urls[PERMITS_NAMESPACE]
+    now = datetime.now(UTC)
+    tick = now.replace(second=0, microsecond=0)
+    with transport(url) as client:
+        lock = lock_of_permits(client, 2, "p-run-1", {})
+        for holder, allowed in (("p-run-1", False), ("p-run-2", True)):
+            record = TickRecord("nightly", tick, "nightly-1", f"uid-{holder}", holder, "")
+            claim = permits.claimed_permit(client.get(lock), 1, "p-run-2", TTL_30S, now, "", record)
+            if allowed:
+                raw_write(url, lock, claim)
+            else:
+                refused(url, lock, claim, "it names holder p-run-1, not the claim's p-run-2")
+        assert holders_of(client, lock) == [("p-run-1", 1), ("p-run-2", 1)]
+        client.replace(lock, renewed(client.get(lock), TTL_30S, datetime.now(UTC)))
+
+
+def test_a_permits_later_pod_of_its_job_takes_it_and_only_its_release_writes_success(
+    permits_tenant: TenantStore,
+) -> None:
+    """Permit 1 held by a pod of the Job nightly-7: a later pod of that Job takes it over
+    live (the entry's Job field, the spec's prefix rule), a pod of another name is refused
+    with the same Job field. The success record is written by the one permit released, as
+    that holder's own claim record: permit 0's holder releasing with permit 1's record is
+    refused, permit 1's holder releasing with it passes."""
+    url = permits_tenant.urls[PERMITS_NAMESPACE]
+    now = datetime.now(UTC)
+    tick = now.replace(second=0, microsecond=0)
+    with transport(url) as client:
+        lock = lock_of_permits(client, 2, "p-run-1", {})
+        first = TickRecord("nightly", tick, "nightly-7", "uid-7", "nightly-7-aaaaa", "")
+        client.replace(
+            lock,
+            permits.claimed_permit(
+                client.get(lock), 1, "nightly-7-aaaaa", TTL_30S, now, "nightly-7", first
+            ),
+        )
+        other = permits.claimed_permit(
+            client.get(lock), 1, "weekly-7-bbbbb", TTL_30S, now, "nightly-7"
+        )
+        refused(url, lock, other, "permit 1 of the lock is held by nightly-7-aaaaa")
+        retry = first._replace(holder="nightly-7-ccccc")
+        client.replace(
+            lock,
+            permits.claimed_permit(
+                client.get(lock), 1, "nightly-7-ccccc", TTL_30S, now, "nightly-7", retry
+            ),
+        )
+        assert holders_of(client, lock) == [("p-run-1", 1), ("nightly-7-ccccc", 2)]
+        wrong = released(client.get(lock), "p-run-1", now, success=retry)
+        refused(url, lock, wrong, "not the releasing holder's own claim record")
+        client.replace(
+            lock,
+            permits.released_permit(client.get(lock), 1, "nightly-7-ccccc", now, success=retry),
+        )
+        notes = client.get(lock)["metadata"]["annotations"]
+        assert notes["cronlock.io/succeeded.nightly"] == retry.text()
+
+
+def noted(body: dict[str, Any], key: str, value: str) -> dict[str, Any]:
+    """`body` with the annotation `key` set to `value`."""
+    written = copy.deepcopy(body)
+    written.setdefault("metadata", {}).setdefault("annotations", {})[key] = value
+    return written

@@ -359,13 +359,23 @@ def test_a_schema_3_database_gets_the_tick_rules(postgres_store: PostgresServer)
     assert "permission denied for schema cronlock" in str(refusal.value)
     lock = LeaseRef("team-s3", "upgraded")
     future = record(whole(86400), "uid-evil", "evil")
-    before = PostgresLeaseStore(
-        parse_store_url(url, "--store"), lambda: datetime.now(UTC), 5.0, create_tables=False
-    )
-    with before:
+    # The release before's sidecar writes the row with its own statements (this release's
+    # read and write the trigger's per-permit records too, a column schema 3 lacks).
+    with psycopg.connect(url, autocommit=True) as before:
         body = claimed({"metadata": {}}, "evil", TTL_1S, datetime.now(UTC), "")
-        before.create(lock, noted(body, future))
-        assert on_lock(before, lock) == as_text(future)
+        before.execute(
+            "INSERT INTO cronlock.locks (namespace, name, holder, transitions,"
+            " resource_version, document, writer_time, written_at)"
+            " VALUES (%s, %s, '', 0, 0, %s::jsonb, %s, pg_catalog.now())",
+            (lock.namespace, lock.name, json.dumps(noted(body, future)), datetime.now(UTC)),
+        )
+        row = before.execute(
+            "SELECT document FROM cronlock.locks WHERE namespace = %s AND name = %s",
+            (lock.namespace, lock.name),
+        ).fetchone()
+    assert row is not None
+    written = ticks.records(row[0]["metadata"]["annotations"])
+    assert {f"{found.cronjob}={found.text()}" for found in written} == as_text(future)
     with PostgresLeaseStore(parse_store_url(url, "--store"), lambda: datetime.now(UTC)) as after:
         time.sleep(1.2)  # evil's second passes
         read = after.get(lock)  # connected: the schema ran again

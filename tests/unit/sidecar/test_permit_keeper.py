@@ -283,12 +283,23 @@ def test_a_lock_without_a_permits_value_is_todays_one_holder_lock(
 def test_run_permits_is_written_on_a_lock_that_says_none(
     transport: FakeTransport, clock: FakeClock
 ) -> None:
-    transport.store(make_lease(A))
+    transport.store(make_lease())
     result = keeper(transport, clock, B, permits=2).try_acquire()
     assert isinstance(result, Acquired)
-    assert result.permit == 1
+    assert result.permit == 0
     assert transport.lease is not None
     assert transport.lease["metadata"]["annotations"][ANNOTATION_PERMITS] == "2"
+
+
+def test_run_permits_refuses_a_lock_that_says_none_while_it_is_held(
+    transport: FakeTransport, clock: FakeClock
+) -> None:
+    """A lock that says no N is of one permit: its holder believes it works alone, so a run
+    of two permits may not join it (a store's rule 1 refuses that write too)."""
+    transport.store(make_lease(A))
+    with pytest.raises(PermitsDisagree, match=r"says '1' permits .* requires 2 \(--permits\)"):
+        keeper(transport, clock, B, permits=2).try_acquire()
+    assert transport.writes() == []
 
 
 def test_run_permits_is_written_on_the_lease_it_creates(
@@ -425,6 +436,20 @@ def test_one_permit_in_a_store_is_todays_lock_and_allowed() -> None:
         {},
     )
     assert options.permits == 1
+
+
+def test_permits_in_postgresql_are_allowed_its_trigger_keeps_their_rules() -> None:
+    """PostgreSQL's rules 4 keep the permits' rules (docs/STORES.md, "Permits in a store")."""
+    options = parse_options(
+        [
+            *("run", "--lease", "ns/x", "--permits", "16"),
+            *("--store", "postgresql://team-a@db:5432/locks", "--", "true"),
+        ],
+        {},
+    )
+    assert options.permits == 16
+    assert options.store is not None
+    assert options.store.kind == "postgres"
 
 
 def test_a_yield_request_on_a_lock_of_permits_stops_no_holder(

@@ -19,8 +19,18 @@ SYNTAX = {"coalesce", "greatest", "least", "extract", "exists"}
 KEYWORDS = {"and", "or", "not", "if", "elsif", "values", "from", "conflict", "f"}
 # What follows FROM/INTO/UPDATE and is no relation: `RETURNING value INTO fence`,
 # `SELECT * INTO mine` (variables), `extract(epoch FROM now - ...)`, `DO UPDATE SET`.
-NOT_RELATIONS = {"fence", "mine", "theirs", "now", "SET", "CONFLICT"}
-FUNCTIONS = ["cronlock.keep_fences", "cronlock.keep_rules", "cronlock.tick_record"]
+# `SELECT * INTO was FROM cronlock.permit_entry(...)`, `INTO written` (variables).
+NOT_RELATIONS = {"fence", "mine", "theirs", "now", "SET", "CONFLICT", "was", "written"}
+FUNCTIONS = [
+    "cronlock.keep_fences",
+    "cronlock.keep_rules",
+    "cronlock.permit_count",
+    "cronlock.permit_entry",
+    "cronlock.tick_record",
+]
+# The functions that make no interval or timestamp of a number (so pass none as an
+# integer that a planted overload could match better).
+NO_NUMBERS_TO_TIMES = {"cronlock.keep_fences", "cronlock.permit_count", "cronlock.permit_entry"}
 CALL = re.compile(r'(?<![\w."$])([A-Za-z_]\w*)\s*\(')
 RELATION = re.compile(r"\b(?:FROM|INTO|UPDATE|TABLE|ON|FUNCTION)\s+([\w.]+)")
 
@@ -52,9 +62,14 @@ def test_every_call_and_relation_in_a_function_is_qualified(name: str) -> None:
     calls = {call for call in CALL.findall(text) if call.lower() not in SYNTAX | KEYWORDS}
     assert calls == set()
     relations = set(RELATION.findall(text)) - NOT_RELATIONS
-    assert relations <= {"cronlock.locks", "cronlock.fences", "cronlock.tick_record"}, relations
+    assert relations <= {
+        "cronlock.locks",
+        "cronlock.fences",
+        "cronlock.tick_record",
+        "cronlock.permit_entry",
+    }, relations
     assert "make_interval(" not in text.replace("pg_catalog.make_interval(", "")
-    assert "::double precision" in text or name.endswith("keep_fences")
+    assert "::double precision" in text or name in NO_NUMBERS_TO_TIMES
 
 
 @pytest.mark.parametrize("statement", ["_GET", "_CREATE", "_REPLACE", "_EXISTS"])

@@ -199,14 +199,17 @@ class LeaseKeeper:
         return mine.holder if mine is not None else ""
 
     def _with_permits(self, current: Lease) -> Lease:
-        """`current` as our claim writes it: with the N we require if it has none, or if
-        it says another N while no permit of it is held (a lock whose runs all agreed on
-        a new N once the old N's runs ended: a store's rule 1, docs/DECISIONS.md);
-        PermitsDisagree while a run of the other N holds it."""
+        """`current` as our claim writes it: with the N we require if it says none or
+        another N while no permit of it is held (a lock whose runs all agreed on a new N
+        once the old N's runs ended: a store's rule 1, docs/DECISIONS.md);
+        PermitsDisagree while a run of the other N (none: 1) holds it."""
         if self.permits is None:
             return current
         text = annotations_of(current).get(ANNOTATION_PERMITS)
-        if text is not None and read_count(text) != self.permits:
+        said = "1" if text is None else str(text)  # a lock that says none is of one permit
+        if text is not None and read_count(text) == self.permits:
+            return current
+        if said != "1" or self.permits != 1:
             now = self.clock.now()
             if any(
                 permit.holder
@@ -215,9 +218,9 @@ class LeaseKeeper:
                 )
                 for permit in read_permits(current)
             ):
-                raise PermitsDisagree(self.lease, str(text), self.permits)
-        elif text is not None:
-            return current
+                # A run of the other N holds it (of one permit: a run that believes it
+                # works alone), so this run may not change N under it.
+                raise PermitsDisagree(self.lease, said, self.permits)
         metadata = dict(current.get("metadata") or {})
         metadata["annotations"] = {
             **annotations_of(current),

@@ -14,9 +14,14 @@ records in a store"): only a claim adds or changes one, naming its own holder, n
 database's clock + TICK_AHEAD_SECONDS, never back to an older tick or to the same tick of
 another run; and the success records (`cronlock.io/succeeded.<cronjob>`): only the
 holder's release writes one, equal to its own claim record, never back to an older tick;
-no write drops either. The schema `cronlock` is created, or tables of schema 1 or 2
-moved into it, where it is not schema 3 with the rules of version 3 (docs/STORES.md
-has it, for the admin role where a namespace's role may not).
+no write drops either. Permits (lock/permits.py; docs/STORES.md, "Permits in a store"):
+the trigger reads N as the sidecar does, changes it only while no permit is held, judges
+each permit entry's holder as the spec's, lets no holder hold two permits or a write
+claim two, and keeps per permit its own fencing token (`cronlock.fences`, `<name>#K`) and
+last renewal (the column `permits`), which readers get in place of the entries'. The
+schema `cronlock` is created, or tables of schema 1 or 2 moved into it, where it is not
+schema 3 with the rules of version 4 (docs/STORES.md has it, for the admin role where a
+namespace's role may not).
 
 No name another role chose is ever resolved: the trigger functions pin their search path
 to pg_catalog then pg_temp and qualify every table, sequence and function, and this
@@ -79,10 +84,12 @@ from cronlock_sidecar.transport.seam import (
 # tables' owner can drop a trigger, so a role that is not the owner cannot step around
 # it). Idempotent: run again, it changes nothing. docs/STORES.md shows this text (a test
 # compares them). The tables are schema 3's; the trigger function's comment says which
-# rules it keeps (`cronlock rules 3`: the tick records, then the success records), so a
-# database of schema 3 whose trigger predates them is run again (`_SCHEMA_PRESENT`),
-# while a sidecar of a release before, which reads the table's comment alone, still finds
-# schema 3 and never puts its own trigger back.
+# rules it keeps (`cronlock rules 3`: the tick records, then the success records;
+# `cronlock rules 4`: permits), so a database of schema 3 whose trigger predates them is
+# run again (`_SCHEMA_PRESENT`), while a sidecar of a release before, which reads the
+# table's comment alone (before rules 3) or also the function's comment's start
+# (`cronlock rules 3: `, kept first for it), still finds what it needs and never puts its
+# own trigger back, nor is refused running it (a namespace's role may not).
 SCHEMA = """
 DO $move$
 DECLARE
@@ -163,6 +170,8 @@ CREATE TABLE IF NOT EXISTS cronlock.fences (
 CREATE SEQUENCE IF NOT EXISTS cronlock.versions;
 ALTER TABLE cronlock.locks ADD COLUMN IF NOT EXISTS duration integer;
 ALTER TABLE cronlock.locks ADD COLUMN IF NOT EXISTS renewed_at timestamptz;
+-- The store's own record of each permit K (1..N-1): {"K": {"token": T, "renewed_at": R}}.
+ALTER TABLE cronlock.locks ADD COLUMN IF NOT EXISTS permits jsonb NOT NULL DEFAULT '{}';
 ALTER TABLE cronlock.locks DROP CONSTRAINT IF EXISTS cronlock_duration;
 ALTER TABLE cronlock.locks ADD CONSTRAINT cronlock_duration
     CHECK (duration BETWEEN 1 AND 86400);
@@ -195,6 +204,46 @@ BEGIN
     END;
 END
 $record$;
+-- Permits (lock/permits.py reads the same): N is `cronlock.io/permits`, 1..16 in digits
+-- alone, else 1.
+CREATE OR REPLACE FUNCTION cronlock.permit_count(notes jsonb) RETURNS integer
+    LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $count$
+DECLARE
+    written text := notes ->> 'cronlock.io/permits';
+BEGIN
+    IF pg_catalog.jsonb_typeof(notes -> 'cronlock.io/permits') IS DISTINCT FROM 'string'
+       OR written !~ '^[1-9][0-9]{0,2}$' THEN
+        RETURN 1;
+    END IF;
+    RETURN CASE WHEN written::integer <= 16 THEN written::integer ELSE 1 END;
+END
+$count$;
+-- Permit K's entry `<holder> <acquire> <renew> <duration s> <transitions> <job>`: its
+-- holder and Job ('' for `-`), duration and renew time as written; holder '' (free) for
+-- anything else.
+CREATE OR REPLACE FUNCTION cronlock.permit_entry(value jsonb, OUT holder text, OUT job text,
+    OUT duration text, OUT renewed text) LANGUAGE plpgsql IMMUTABLE
+    SET search_path = pg_catalog, pg_temp AS $entry$
+DECLARE
+    fields text[];
+BEGIN
+    holder := '';
+    job := '';
+    IF pg_catalog.jsonb_typeof(value) IS DISTINCT FROM 'string' THEN
+        RETURN;
+    END IF;
+    fields := pg_catalog.regexp_match(value #>> '{}',
+        '^([!-~]{1,253}) ([!-~]{1,253}) ([!-~]{1,253}) ([!-~]{1,253}) ([!-~]{1,253}) '
+        '([!-~]{1,253})$');
+    IF fields IS NULL OR fields[1] = '-' THEN
+        RETURN;
+    END IF;
+    holder := fields[1];
+    job := CASE WHEN fields[6] = '-' THEN '' ELSE fields[6] END;
+    duration := fields[4];
+    renewed := fields[3];
+END
+$entry$;
 CREATE OR REPLACE FUNCTION cronlock.keep_rules() RETURNS trigger LANGUAGE plpgsql
     SET search_path = pg_catalog, pg_temp AS $rules$
 DECLARE
@@ -216,7 +265,31 @@ DECLARE
     claim_key text;
     mine record;
     theirs record;
+    -- Permits (docs/STORES.md, "Permits in a store"): permit 0 is the spec, permit K the
+    -- entry `cronlock.io/permit.K`, each judged as the spec is, on every write.
+    old_count integer := 1;
+    new_count integer := 1;
+    permit integer;
+    entry_key text;
+    was record;
+    written record;
+    kept jsonb;
+    was_duration integer;
+    was_renewed timestamptz;
+    was_token bigint;
+    written_duration integer;
+    written_renewal timestamptz;
+    records jsonb := '{}';
+    held text[] := '{}';
+    held_permits integer[] := '{}';
+    claim_holder text := '';
+    claim_permit integer;
+    releasing text := '';
+    releases integer := 0;
 BEGIN
+    IF pg_catalog.jsonb_typeof(notes) IS DISTINCT FROM 'object' THEN
+        notes := '{}';
+    END IF;
     -- A document with no holder may have no duration (a freeze on a lock never taken).
     IF (holder <> '' OR coalesce(spec ? 'leaseDurationSeconds', false)) AND (
        pg_catalog.jsonb_typeof(spec -> 'leaseDurationSeconds') IS DISTINCT FROM 'number'
@@ -257,7 +330,7 @@ BEGIN
         old_job := coalesce(OLD.document #>> '{metadata,annotations,cronlock.io/holder-job}', '');
         IF NOT (old_holder = '' OR holder = old_holder
                 OR (holder = '' AND notes ->> 'cronlock.io/last-holder' = old_holder)
-                OR now - old_renewed > pg_catalog.make_interval(secs => (CASE WHEN holder = ''
+                OR old_renewed < now - pg_catalog.make_interval(secs => (CASE WHEN holder = ''
                     THEN old_duration ELSE least(old_duration, NEW.duration) END)::double precision)
                 OR (old_job <> '' AND holder <> '' AND notes ->> 'cronlock.io/holder-job' = old_job
                     AND pg_catalog.starts_with(holder,
@@ -268,21 +341,174 @@ BEGIN
                 'change it', old_holder,
                 pg_catalog.round(extract(epoch FROM now - old_renewed)::numeric, 3), old_duration);
         END IF;
-        -- A claim: a new holder, or a holder taking its own expired hold again.
+        -- A claim: a new holder, or a holder taking its own expired hold again (its write
+        -- makes it live; a write of another permit carries it as it was).
         claim := holder <> '' AND (holder <> old_holder
-                 OR now - old_renewed > pg_catalog.make_interval(
-                     secs => least(old_duration, NEW.duration)::double precision));
+                 OR (old_renewed < now - pg_catalog.make_interval(
+                         secs => least(old_duration, NEW.duration)::double precision)
+                     AND renewal >= now - pg_catalog.make_interval(
+                         secs => NEW.duration::double precision)));
         old_notes := OLD.document #> '{metadata,annotations}';
+        IF pg_catalog.jsonb_typeof(old_notes) IS DISTINCT FROM 'object' THEN
+            old_notes := '{}';
+        END IF;
+        old_count := cronlock.permit_count(old_notes);
     END IF;
-    -- Tick records: only a claim adds or changes one, naming its own holder, never ahead
-    -- of this clock + tick_ahead, never back to an older tick or to the same tick of
-    -- another run (unless the recorded one is ahead: nobody's); no write drops one.
-    IF pg_catalog.jsonb_typeof(notes) IS DISTINCT FROM 'object' THEN
-        notes := '{}';
+    -- Permits: N changes only while no permit below the old N is held and unexpired; each
+    -- permit's holder changes only as the spec's does; no two permits name one holder; a
+    -- write claims at most one; the token and last renewal of each are the store's.
+    IF pg_catalog.jsonb_typeof(notes -> 'cronlock.io/permits') = 'string'
+       AND (notes ->> 'cronlock.io/permits') !~ '^[1-9][0-9]{0,2}$'
+       AND (notes ->> 'cronlock.io/permits') ~ '[0-9]' THEN  -- a reader could take it for N
+        RAISE EXCEPTION USING ERRCODE = 'check_violation', MESSAGE = pg_catalog.format(
+            'cronlock store: cronlock.io/permits %s: N is written in digits alone, 1 to 16',
+            notes ->> 'cronlock.io/permits');
     END IF;
-    IF pg_catalog.jsonb_typeof(old_notes) IS DISTINCT FROM 'object' THEN
-        old_notes := '{}';
+    new_count := cronlock.permit_count(notes);
+    IF new_count <> old_count AND old_holder <> ''
+       AND old_renewed >= now - pg_catalog.make_interval(
+           secs => old_duration::double precision) THEN
+        RAISE EXCEPTION USING ERRCODE = 'check_violation', MESSAGE = pg_catalog.format(
+            'cronlock store: cronlock.io/permits: N changes from %s to %s only while no permit '
+            'is held; permit 0 is held by %s', old_count, new_count, old_holder);
     END IF;
+    IF holder <> '' THEN
+        held := pg_catalog.array_append(held, holder);
+        held_permits := pg_catalog.array_append(held_permits, 0);
+    END IF;
+    IF claim THEN
+        claim_holder := holder;
+        claim_permit := 0;
+    END IF;
+    IF old_holder <> '' AND holder = '' AND notes ->> 'cronlock.io/last-holder' = old_holder THEN
+        releasing := old_holder;
+        releases := 1;
+    END IF;
+    FOR permit IN 1 .. greatest(old_count, new_count) - 1 LOOP
+        entry_key := 'cronlock.io/permit.' || permit;
+        -- As it was: its entry and the store's record of it (token, last renewal).
+        kept := NULL;
+        was_duration := 0;
+        was_renewed := '-infinity';
+        was_token := 0;
+        IF TG_OP = 'UPDATE' AND permit < old_count THEN
+            SELECT * INTO was FROM cronlock.permit_entry(old_notes -> entry_key);
+            kept := OLD.permits -> (permit::text);
+            was_duration := CASE WHEN was.duration ~ '^[0-9]{1,6}$'
+                                 THEN least(was.duration::integer, 86400) ELSE 0 END;
+            IF pg_catalog.jsonb_typeof(kept -> 'renewed_at') = 'string'
+               AND (kept ->> 'renewed_at')::timestamptz <= now THEN
+                was_renewed := (kept ->> 'renewed_at')::timestamptz;
+            END IF;
+            IF pg_catalog.jsonb_typeof(kept -> 'token') = 'number' THEN
+                was_token := (kept ->> 'token')::bigint;
+            END IF;
+            IF new_count <> old_count AND was.holder <> ''
+               AND was_renewed >= now - pg_catalog.make_interval(
+                   secs => was_duration::double precision) THEN
+                RAISE EXCEPTION USING ERRCODE = 'check_violation', MESSAGE = pg_catalog.format(
+                    'cronlock store: cronlock.io/permits: N changes from %s to %s only while no '
+                    'permit is held; permit %s is held by %s', old_count, new_count, permit,
+                    was.holder);
+            END IF;
+        ELSE
+            SELECT * INTO was FROM cronlock.permit_entry(NULL);
+        END IF;
+        CONTINUE WHEN permit >= new_count;  -- nobody's: ignored, its record forgotten
+        -- As written: one line, and a held entry's duration 1..86400 s.
+        IF pg_catalog.jsonb_typeof(notes -> entry_key) = 'string'
+           AND pg_catalog.strpos(notes ->> entry_key, pg_catalog.chr(10)) > 0 THEN
+            RAISE EXCEPTION USING ERRCODE = 'check_violation', MESSAGE = pg_catalog.format(
+                'cronlock store: permit %s: its entry is one line, <holder> <acquire> <renew> '
+                '<duration s> <transitions> <job>', permit);
+        END IF;
+        SELECT * INTO written FROM cronlock.permit_entry(notes -> entry_key);
+        written_duration := 0;
+        written_renewal := now;
+        IF written.holder <> '' THEN
+            IF (CASE WHEN written.duration ~ '^[0-9]{1,6}$'
+                     THEN written.duration::integer NOT BETWEEN 1 AND 86400 ELSE true END) THEN
+                RAISE EXCEPTION USING ERRCODE = 'check_violation', MESSAGE = pg_catalog.format(
+                    'cronlock store: permit %s: its duration must be a whole number from 1 to '
+                    '86400', permit);
+            END IF;
+            written_duration := written.duration::integer;
+            BEGIN  -- dated as the spec's renewal is
+                written_renewal := now - greatest(
+                    NEW.writer_time - written.renewed::timestamptz, interval '0');
+            EXCEPTION WHEN others THEN
+                written_renewal := now;
+            END;
+        END IF;
+        IF NOT (was.holder = '' OR written.holder = was.holder
+                OR (written.holder = '' AND notes ->> 'cronlock.io/last-holder' = was.holder)
+                OR was_renewed < now - pg_catalog.make_interval(secs => (CASE
+                    WHEN written.holder = '' THEN was_duration
+                    ELSE least(was_duration, written_duration) END)::double precision)
+                OR (was.job <> '' AND written.holder <> '' AND written.job = was.job
+                    AND pg_catalog.starts_with(written.holder,
+                                               pg_catalog."left"(was.job || '-', 58)))) THEN
+            RAISE EXCEPTION USING ERRCODE = 'CLK01', MESSAGE = pg_catalog.format(
+                'cronlock holder policy: permit %s of the lock is held by %s, renewed %ss ago on '
+                'the store''s clock for %ss; until it expires only its holder (or a later pod of '
+                'its Job) may change it', permit, was.holder,
+                pg_catalog.round(extract(epoch FROM now - was_renewed)::numeric, 3), was_duration);
+        END IF;
+        IF written.holder <> '' THEN
+            IF pg_catalog.array_position(held, written.holder) IS NOT NULL THEN
+                RAISE EXCEPTION USING ERRCODE = 'CLK01', MESSAGE = pg_catalog.format(
+                    'cronlock holder policy: %s would hold permit %s and permit %s of the lock; '
+                    'a holder holds one permit', written.holder,
+                    held_permits[pg_catalog.array_position(held, written.holder)], permit);
+            END IF;
+            held := pg_catalog.array_append(held, written.holder);
+            held_permits := pg_catalog.array_append(held_permits, permit);
+        END IF;
+        IF written.holder <> '' AND (written.holder <> was.holder
+           OR (was_renewed < now - pg_catalog.make_interval(
+                   secs => least(was_duration, written_duration)::double precision)
+               AND written_renewal >= now - pg_catalog.make_interval(
+                   secs => written_duration::double precision))) THEN
+            IF claim_permit IS NOT NULL THEN
+                RAISE EXCEPTION USING ERRCODE = 'CLK01', MESSAGE = pg_catalog.format(
+                    'cronlock holder policy: a write claims one permit, this one permit %s '
+                    '(%s) and permit %s (%s)', claim_permit, claim_holder, permit,
+                    written.holder);
+            END IF;
+            claim_holder := written.holder;
+            claim_permit := permit;
+        END IF;
+        IF was.holder <> '' AND written.holder = ''
+           AND notes ->> 'cronlock.io/last-holder' = was.holder THEN
+            releasing := was.holder;
+            releases := releases + 1;
+        END IF;
+        -- The store's record: a new holder's token is one more than any handed out for
+        -- this permit (`<name>#K` in cronlock.fences); a renewal is dated as the spec's; a
+        -- free permit keeps its token and last renewal.
+        IF written.holder <> '' AND written.holder <> was.holder THEN
+            INSERT INTO cronlock.fences AS f (namespace, name, value)
+            VALUES (NEW.namespace, NEW.name || '#' || permit, was_token + 1)
+            ON CONFLICT (namespace, name) DO UPDATE SET value = greatest(f.value, was_token) + 1
+            RETURNING value INTO fence;
+            records := records || pg_catalog.jsonb_build_object(permit::text,
+                pg_catalog.jsonb_build_object('token', fence, 'renewed_at', written_renewal));
+        ELSIF written.holder <> '' THEN
+            records := records || pg_catalog.jsonb_build_object(permit::text,
+                pg_catalog.jsonb_build_object('token', was_token,
+                    'renewed_at', greatest(was_renewed, written_renewal)));
+        ELSIF kept IS NOT NULL THEN
+            records := records || pg_catalog.jsonb_build_object(permit::text, kept);
+        END IF;
+    END LOOP;
+    NEW.permits := records;
+    claim := claim_holder <> '';
+    IF releases <> 1 THEN
+        releasing := '';  -- no release, or more than one: no releasing holder
+    END IF;
+    -- Tick records: only a claim adds or changes one, naming the claimed permit's holder,
+    -- never ahead of this clock + tick_ahead, never back to an older tick or to the same
+    -- tick of another run (unless the recorded one is ahead: nobody's); no write drops one.
     FOR tick_key IN SELECT pg_catalog.jsonb_object_keys(old_notes) LOOP
         IF pg_catalog.starts_with(tick_key, 'cronlock.io/tick.')
            AND pg_catalog.jsonb_typeof(old_notes -> tick_key) = 'string'
@@ -308,10 +534,10 @@ BEGIN
                 'cronlock store: tick record %s: not <tick> <job|-> <run> <holder> <cluster|->, '
                 'the tick in RFC 3339 whole seconds (2026-12-06T12:00:00Z)', tick_key);
         END IF;
-        IF mine.holder <> holder THEN
+        IF mine.holder <> claim_holder THEN
             RAISE EXCEPTION USING ERRCODE = 'check_violation', MESSAGE = pg_catalog.format(
                 'cronlock store: tick record %s: it names holder %s, not the claim''s %s',
-                tick_key, mine.holder, holder);
+                tick_key, mine.holder, claim_holder);
         END IF;
         IF mine.at > now + tick_ahead THEN
             RAISE EXCEPTION USING ERRCODE = 'check_violation', MESSAGE = pg_catalog.format(
@@ -329,10 +555,10 @@ BEGIN
                 tick_key, theirs.run);
         END IF;
     END LOOP;
-    -- Success records: only the holder's release (no holder now, last-holder the one
-    -- before) adds or changes one, equal to that holder's own claim record of the same
-    -- CronJob, never back to an older tick (unless the recorded one is ahead: nobody's);
-    -- no write drops one.
+    -- Success records: only a holder's release (the one permit it held now free,
+    -- last-holder naming it) adds or changes one, equal to that holder's own claim record
+    -- of the same CronJob, never back to an older tick (unless the recorded one is ahead:
+    -- nobody's); no write drops one.
     FOR tick_key IN SELECT pg_catalog.jsonb_object_keys(old_notes) LOOP
         IF pg_catalog.starts_with(tick_key, 'cronlock.io/succeeded.')
            AND pg_catalog.jsonb_typeof(old_notes -> tick_key) = 'string'
@@ -346,8 +572,7 @@ BEGIN
         CONTINUE WHEN NOT pg_catalog.starts_with(tick_key, 'cronlock.io/succeeded.')
             OR pg_catalog.jsonb_typeof(notes -> tick_key) <> 'string'
             OR (notes -> tick_key) = (old_notes -> tick_key);
-        IF old_holder = '' OR holder <> ''
-           OR coalesce(notes ->> 'cronlock.io/last-holder', '') <> old_holder THEN
+        IF releasing = '' THEN
             RAISE EXCEPTION USING ERRCODE = 'check_violation', MESSAGE = pg_catalog.format(
                 'cronlock store: success record %s: only the holder''s release writes one',
                 tick_key);
@@ -355,7 +580,7 @@ BEGIN
         claim_key := 'cronlock.io/tick.' || pg_catalog.substr(tick_key, 23);
         SELECT * INTO mine FROM cronlock.tick_record(old_notes -> claim_key);  -- the claim's
         SELECT * INTO theirs FROM cronlock.tick_record(old_notes -> tick_key);  -- recorded
-        IF mine.at IS NULL OR mine.holder <> old_holder
+        IF mine.at IS NULL OR mine.holder <> releasing
            OR (notes -> tick_key) <> (old_notes -> claim_key) THEN
             RAISE EXCEPTION USING ERRCODE = 'check_violation', MESSAGE = pg_catalog.format(
                 'cronlock store: success record %s: it is not the releasing holder''s own '
@@ -408,14 +633,14 @@ CREATE OR REPLACE TRIGGER keep_fences BEFORE UPDATE OR DELETE ON cronlock.fences
     FOR EACH ROW EXECUTE FUNCTION cronlock.keep_fences();
 COMMENT ON TABLE cronlock.locks IS 'cronlock locks, schema 3 (docs/STORES.md)';
 COMMENT ON FUNCTION cronlock.keep_rules() IS
-    'cronlock rules 3: tick and success records (docs/STORES.md)';
+    'cronlock rules 3: tick and success records; cronlock rules 4: permits (docs/STORES.md)';
 """.replace("__AHEAD__", str(TICK_AHEAD_SECONDS))
 _SCHEMA_PRESENT = """
 SELECT coalesce(pg_catalog.obj_description(pg_catalog.to_regclass('cronlock.locks'), 'pg_class'),
                 '') LIKE 'cronlock locks, schema 3 %'
    AND coalesce(pg_catalog.obj_description(
            pg_catalog.to_regprocedure('cronlock.keep_rules()'), 'pg_proc'), '')
-       LIKE 'cronlock rules 3: %'
+       LIKE 'cronlock rules 3: %; cronlock rules 4: %'
 """
 # The session's own statements resolve names in pg_catalog alone (pg_temp last): no
 # function or operator a tenant planted in a schema on the URL's search path is ever a
@@ -424,7 +649,7 @@ _SEARCH_PATH = "SELECT pg_catalog.current_setting('search_path')"
 _PINNED_PATH = "SELECT pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', false)"
 _GET = """
 SELECT document, resource_version, transitions, writer_time, written_at,
-       coalesce(renewed_at, written_at), pg_catalog.clock_timestamp()
+       coalesce(renewed_at, written_at), pg_catalog.clock_timestamp(), permits
   FROM cronlock.locks WHERE namespace = %(namespace)s AND name = %(name)s
 """
 # The trigger sets the token, the version, the times and the holder's columns; the
@@ -435,14 +660,14 @@ INSERT INTO cronlock.locks AS l
 VALUES (%(namespace)s, %(name)s, '', 0, 0, %(document)s::jsonb, %(writer_time)s,
         pg_catalog.now())
 ON CONFLICT (namespace, name) DO NOTHING
-RETURNING transitions, resource_version
+RETURNING transitions, resource_version, permits
 """
 _REPLACE = """
 UPDATE cronlock.locks AS l
    SET document = %(document)s::jsonb, writer_time = %(writer_time)s
  WHERE l.namespace = %(namespace)s AND l.name = %(name)s
    AND l.resource_version = %(version)s
-RETURNING l.transitions, l.resource_version
+RETURNING l.transitions, l.resource_version, l.permits
 """
 _EXISTS = "SELECT 1 FROM cronlock.locks WHERE namespace = %(namespace)s AND name = %(name)s"
 # What an isolated connection overrides, whatever the URL says: libpq's defaults would
@@ -499,7 +724,8 @@ class PostgresLeaseStore:
         reader_now = self.now()
         if row is None:
             raise NotFound("get", lease, f"no lock in {self.url}")
-        document, version, token, writer_time, written_at, renewed_at, store_now = row
+        document, version, token, writer_time, written_at, renewed_at, store_now, kept = row
+        tokens, renewals = _permit_records(kept)
         body = to_reader(
             document,
             writer_time=writer_time,
@@ -507,16 +733,17 @@ class PostgresLeaseStore:
             store_now=store_now,
             reader_now=reader_now,
             renewed_at=renewed_at,
+            permit_renewals=renewals,
         )
-        return stamped(body, version, token)
+        return stamped(body, version, token, tokens)
 
     def create(self, lease: LeaseRef, body: Lease, *, timeout: float | None = None) -> Lease:
         document, parameters = self._parameters(lease, body)
         row = self._one("create", lease, _CREATE, parameters, timeout)
         if row is None:
             raise Conflict("create", lease, "created by someone else meanwhile")
-        token, version = row
-        return stamped(document, version, token)
+        token, version, kept = row
+        return stamped(document, version, token, _permit_records(kept)[0])
 
     def replace(self, lease: LeaseRef, body: Lease, *, timeout: float | None = None) -> Lease:
         version = version_read(body)
@@ -529,8 +756,8 @@ class PostgresLeaseStore:
             if self._one("update", lease, _EXISTS, _keys(lease), timeout) is None:
                 raise NotFound("update", lease, f"no lock in {self.url}")
             raise Conflict("update", lease, "written by someone else since it was read")
-        token, version = row
-        return stamped(document, version, token)
+        token, version, kept = row
+        return stamped(document, version, token, _permit_records(kept)[0])
 
     def close(self) -> None:
         with self._lock:
@@ -686,6 +913,23 @@ def _translated(
         # hand without the schema's columns.
         return Unavailable(verb, lease, f"{url}: {text} (run docs/STORES.md's schema)")
     return Unavailable(verb, lease, f"{url}: {text}")
+
+
+def _permit_records(kept: object) -> tuple[dict[int, int], dict[int, datetime]]:
+    """The trigger's record of each permit K ≥ 1 (the column `permits`): its fencing
+    token, and its holder's last renewal on the database's clock."""
+    tokens: dict[int, int] = {}
+    renewals: dict[int, datetime] = {}
+    for key, record in (kept if isinstance(kept, dict) else {}).items():
+        if not str(key).isdigit() or not isinstance(record, dict):
+            continue
+        if isinstance(record.get("token"), int):
+            tokens[int(key)] = record["token"]
+        try:
+            renewals[int(key)] = datetime.fromisoformat(str(record.get("renewed_at")))
+        except ValueError:
+            continue  # no renewal the trigger wrote: the entry reads as long ago
+    return tokens, renewals
 
 
 def _keys(lease: LeaseRef) -> dict[str, Any]:
