@@ -13,14 +13,16 @@ Each holder is the sidecar's own `LeaseKeeper` on its own `KubeLeaseClient` (the
 client `hold` uses, one connection each), renewed by its own `Heartbeat` thread, all in
 this process. Only the measuring is added: each renewal is timed, from the heartbeat's
 call until the write is accepted, and the keeper's requests and 409s are counted. At the
-start of a phase the N holders claim at once, as N runs of one tick would; then all N
-renew at the operator's shortest renew period (1 s, ttl 19 s: the most renewals a second
-it admits) for `--duration` seconds, then release. Phases alternate, permits and
-baseline, each on new Leases, the order swapped every pair. The API server's own count
-(`apiserver_request_total{resource="leases"}`) is read around the renewals; its
-background (its identity Lease, the controller manager's election) is counted with
-nothing running and taken off. Writes `.testenv/bench/permits.json`. A benchmark, not a
-test: docs/PERFORMANCE.md has the figures.
+start of a phase the N holders claim at once, as N runs of one tick would, each renewing
+from its own claim on, as `hold` does (`--together`: all from one instant once all have
+claimed, as after an API-server pause), at the operator's shortest renew period (1 s, ttl
+19 s: the most renewals a second it admits); `--duration` seconds after the last claim
+they stop and release. Phases alternate, permits and baseline, each on new Leases, the
+order swapped every pair. The API server's own count
+(`apiserver_request_total{resource="leases"}`) is read after the claims and after the
+renewals; its background (its identity Lease, the controller manager's election) is
+counted with nothing running and taken off. Writes `.testenv/bench/permits.json`. A
+benchmark, not a test: docs/PERFORMANCE.md has the figures.
 """
 
 from __future__ import annotations
@@ -135,6 +137,7 @@ class MeasuredKeeper(LeaseKeeper):
         super().__init__(client, lease, identity, timing, SystemClock(), permits=permits)
         self.client = client
         self.renewals: list[Renewal] = []
+        self.heartbeat = Heartbeat(self)
 
     def renew(self) -> RenewResult:
         conflicts, reads = self.client.conflicts, self.client.reads
@@ -186,20 +189,28 @@ def keepers(
     ]
 
 
-def claim_at_once(holders: Sequence[MeasuredKeeper]) -> list[Claim]:
-    """Every holder claims at the same instant (a barrier); a refused claim is counted and
+def claim_at_once(holders: Sequence[MeasuredKeeper], *, renew: bool) -> list[Claim]:
+    """Every holder claims at the same instant (a barrier) and, if `renew`, starts renewing
+    as soon as its own claim is written, as `hold` does. A refused claim is counted and
     made again afterwards, one at a time, so that all N renew."""
     barrier = threading.Barrier(len(holders))
 
     def claim(holder: MeasuredKeeper) -> Claim:
         barrier.wait(timeout=30)
-        return holder.claim()
+        claimed = holder.claim()
+        if renew and not claimed.refused:
+            holder.heartbeat.start()
+        return claimed
 
     with ThreadPoolExecutor(max_workers=len(holders)) as pool:
         claims = list(pool.map(claim, holders, timeout=60))
     for holder, each in zip(holders, claims, strict=True):
-        if each.refused and holder.claim().refused:
+        if not each.refused:
+            continue
+        if holder.claim().refused:
             raise RuntimeError(f"{holder.identity} was refused twice: {each.refused}")
+        if renew:
+            holder.heartbeat.start()
     return claims
 
 
@@ -216,17 +227,19 @@ def phase(
     """N holders claim at once, renew for `--duration` seconds, release; what it took."""
     holders = keepers(kind, size, namespace, cluster, args.timing)
     try:
-        claims = claim_at_once(holders)
-        beats = [Heartbeat(holder) for holder in holders]
+        claims = claim_at_once(holders, renew=not args.together)
+        # The rate's window is between the two reads of the API server's count: under
+        # --together no renewal comes before it, else the first may.
         before = lease_requests(plane)
         started = time.monotonic()
-        for beat in beats:
-            beat.start()
+        if args.together:
+            for holder in holders:
+                holder.heartbeat.start()
         time.sleep(args.duration)
-        for beat in beats:
-            beat.stop(join_timeout=0)  # all told first, then waited for
-        for beat in beats:
-            beat.stop(join_timeout=10)
+        for holder in holders:
+            holder.heartbeat.stop(join_timeout=0)  # all told first, then waited for
+        for holder in holders:
+            holder.heartbeat.stop(join_timeout=10)
         window = time.monotonic() - started
         after = lease_requests(plane)
         released = sum(holder.release() for holder in holders)
@@ -423,6 +436,7 @@ def run(plane: ControlPlane, args: argparse.Namespace) -> dict[str, Any]:
         "renew_seconds": timing.renew,
         "renew_deadline_seconds": timing.renew_deadline,
         "duration_seconds": args.duration,
+        "together": args.together,
         "max_conflicts": MAX_CONFLICTS,
     }
     phases: list[dict[str, Any]] = []
@@ -503,6 +517,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--baseline", type=float, default=10, help="seconds to count the background (10)"
+    )
+    parser.add_argument(
+        "--together",
+        action="store_true",
+        help="every holder starts renewing at the same instant once all have claimed (as "
+        "after an API-server pause, when every retry lands at once), not each at its own "
+        "claim as `hold` does",
     )
     parser.add_argument(
         "--output", type=Path, default=BENCH_DIR, help=f"JSON and control plane files ({BENCH_DIR})"
