@@ -244,6 +244,9 @@ def phase(
         after = lease_requests(plane)
         released = sum(holder.release() for holder in holders)
     finally:
+        # A phase that failed part way still stops every renew loop it started.
+        for holder in holders:
+            holder.heartbeat.stop(join_timeout=0)
         for holder in holders:
             holder.client.close()
     renewals = [renewal for holder in holders for renewal in holder.renewals]
