@@ -19,6 +19,7 @@ MODULES = {
     "runstart": "tests.benchmarks.runstart",
     "renewals": "tests.benchmarks.renewals",
     "fleet": "tests.benchmarks.fleet",
+    "permits": "tests.benchmarks.permits",
 }
 USAGE = f"usage: python -m tests.benchmarks [{'|'.join(MODULES)}|all] [ARGS...]"
 
