@@ -11,6 +11,7 @@ import pytest
 
 from cronlock_sidecar.cli import main
 from cronlock_sidecar.contract import ANNOTATION_PERMITS, ANNOTATION_YIELD_TO, EXIT_CONFIG
+from cronlock_sidecar.holding import lease as lease_module
 from cronlock_sidecar.holding.lease import (
     Acquired,
     Busy,
@@ -24,7 +25,7 @@ from cronlock_sidecar.lock.model import Timing, noted, read_lease
 from cronlock_sidecar.lock.ticks import Tick, read_record
 from cronlock_sidecar.options import ConfigError, parse_options
 from cronlock_sidecar.pod.rundir import tick_env
-from cronlock_sidecar.transport.seam import Conflict
+from cronlock_sidecar.transport.seam import Conflict, Unavailable
 from tests.support.leases import make_lease
 from tests.unit.sidecar.fakes import LEASE, START, FakeClock, FakeTransport
 
@@ -209,6 +210,22 @@ def test_a_renew_conflicting_without_end_fails_after_a_bound_instead_of_spinning
     assert result.outcome is RenewOutcome.FAILED
     assert "write conflicts in a row" in result.detail
     assert mine.held
+
+
+@pytest.mark.parametrize(("count", "allowed"), [(1, 10), (2, 12), (16, 40)])
+def test_a_claim_rides_out_two_conflicts_per_other_holder_and_no_more(
+    transport: FakeTransport, clock: FakeClock, count: int, allowed: int
+) -> None:
+    """16 holders claiming at one tick: one winner per round, so the last meets about 15
+    conflicts (docs/PERFORMANCE.md, "Permits": 10 met, and refused, under the flat 10)."""
+    assert lease_module.conflicts_allowed(count) == allowed
+    transport.store(lock(count))
+    transport.fail("replace", *(Conflict("update", LEASE, "modified") for _ in range(allowed - 1)))
+    assert isinstance(keeper(transport, clock, B).try_acquire(), Acquired)
+    transport.store(lock(count))
+    transport.fail("replace", *(Conflict("update", LEASE, "modified") for _ in range(allowed)))
+    with pytest.raises(Unavailable, match=f"{allowed} write conflicts in a row"):
+        keeper(transport, clock, C).try_acquire()
 
 
 def test_a_holder_whose_permit_was_taken_has_lost(

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from cronlock_sidecar.contract import ANNOTATION_PERMITS
 from cronlock_sidecar.lock import permits
 from cronlock_sidecar.lock.model import Timing, is_expired, read_lease
 from cronlock_sidecar.lock.ticks import TickRecord, read_record, read_success
@@ -158,3 +159,17 @@ def test_the_operators_clear_applies_only_to_the_version_and_holder_it_read() ->
 def test_permit_0_has_no_annotation_and_none_past_the_bound(index: int) -> None:
     with pytest.raises(ValueError, match="spec or does not exist"):
         permits.permit_key(index)
+
+
+@pytest.mark.parametrize("said", [" 2", "2 ", "2\n", "02", "+2", "17"])
+def test_a_documents_n_is_digits_alone_as_the_stores_rules_read_it(said: str) -> None:
+    """A person's annotation may carry spaces (`read_count`); a lock's document may not:
+    the stores' rules read N by this grammar, so a reader never sees another N."""
+    body = make_lease(annotations={ANNOTATION_PERMITS: said})
+    assert permits.permits_of(body) == 1
+    assert permits.document_count(said) is None
+
+
+def test_an_entry_with_a_field_ending_in_a_newline_holds_nothing() -> None:
+    entry = permits.read_entry(1, "pod-a 2026-12-06T12:00:00.000000Z - 30 1 job\n")
+    assert entry.holder == ""

@@ -103,9 +103,19 @@ def read_count(text: object) -> int | None:
     return count if count <= MAX_PERMITS else None
 
 
+def document_count(text: object) -> int | None:
+    """N as a lock's document says it: digits alone, 1..MAX_PERMITS, else None. Stricter
+    than `read_count` (a person's annotation may carry spaces): the stores' rules read a
+    document's N by exactly this grammar, so a reader and a store never see two Ns."""
+    if not isinstance(text, str) or not _COUNT.fullmatch(text):
+        return None
+    count = int(text)
+    return count if count <= MAX_PERMITS else None
+
+
 def permits_of(body: Mapping[str, Any]) -> int:
     """The lock's N as its document says: 1 when missing or malformed."""
-    return read_count(annotations_of(body).get(ANNOTATION_PERMITS)) or 1
+    return document_count(annotations_of(body).get(ANNOTATION_PERMITS)) or 1
 
 
 def read_entry(index: int, text: object) -> Permit:
@@ -115,7 +125,7 @@ def read_entry(index: int, text: object) -> Permit:
     claim counts on from it); the holders' policy admits no such write from a pod.
     """
     fields = text.split(" ") if isinstance(text, str) else []
-    if len(fields) != 6 or not all(_FIELD.match(field) for field in fields):
+    if len(fields) != 6 or not all(_FIELD.fullmatch(field) for field in fields):
         return Permit(index, "", None, None, None, _transitions(fields), "")
     holder, acquire, renew, duration, _transitions_text, job = fields
     return Permit(
