@@ -10,8 +10,10 @@ join when they keep them too.
 from __future__ import annotations
 
 import os
+import subprocess
 import time
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 import redis
@@ -24,6 +26,7 @@ from cronlock_sidecar.stores.redisstore import RedisLeaseStore, keys
 from cronlock_sidecar.stores.url import parse_store_url
 from cronlock_sidecar.transport.seam import LeaseRef
 from tests.support.kube import wait_for
+from tests.support.paths import SIDECAR
 from tests.support.stores import RedisServer
 from tests.support.timing import SLACK
 
@@ -166,3 +169,48 @@ def test_an_expired_permit_is_taken_over_and_a_renewed_one_kept(
         assert b.renew().outcome is RenewOutcome.LOST
         holders = [permit.holder for permit in read_permits(ta.get(lease))]
     assert holders == ["a", "c"]
+
+
+def test_run_permits_with_the_store_lets_two_commands_work_at_once(
+    store: tuple[str, str], request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """`cronlock-sidecar run --permits 2 --store URL`: two commands work at once, each told
+    its own permit, and a third run skips with the line naming both holders."""
+    _, url = store
+    lease = fresh(request)
+    release = tmp_path / "release"
+    env = {key: value for key, value in os.environ.items() if key != "KUBECONFIG"}
+    env["CRONLOCK_STORE"] = url
+
+    def run(name: str) -> subprocess.Popen[str]:
+        work = (
+            f'echo "$CRONLOCK_PERMIT" > {tmp_path / name}; '
+            f"until [ -e {release} ]; do sleep 0.05; done"
+        )
+        return subprocess.Popen(
+            [str(SIDECAR), "run", "--lease", str(lease), "--permits", "2", "--ttl", "10s",
+             "--", "sh", "-c", work],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+
+    first = run("first")
+    try:
+        wait_for(lambda: (tmp_path / "first").exists(), 30, "the first run's work")
+        second = run("second")
+        try:
+            wait_for(lambda: (tmp_path / "second").exists(), 30, "the second run's work")
+            third = subprocess.run(
+                [str(SIDECAR), "run", "--lease", str(lease), "--permits", "2", "--", "true"],
+                env=env, capture_output=True, text=True, timeout=60, check=False,
+            )  # fmt: skip
+        finally:
+            release.touch()
+            second.communicate(timeout=30)
+    finally:
+        release.touch()
+        first.communicate(timeout=30)
+    assert (first.returncode, second.returncode) == (0, 0)
+    permits = {(tmp_path / name).read_text().strip() for name in ("first", "second")}
+    assert permits == {"0", "1"}
+    assert third.returncode == 75, third.stderr
+    assert f"all 2 permits of lock {lease} are held" in third.stderr

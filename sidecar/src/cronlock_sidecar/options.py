@@ -492,10 +492,11 @@ def _permits(values: _Values, policy: str, store: StoreUrl | None) -> int | None
             f"{name}: {text!r} is not a number of permits; expected a whole number "
             f"1-{contract.MAX_PERMITS}"
         )
-    if count > 1 and store is not None:
+    if count > 1 and store is not None and store.kind != "redis":
         raise ConfigError(
             f"{name}: {count} permits in a store ({store.kind}) are not supported yet: the "
-            "store's rules know one holder only; use the Lease (no --store), or --permits 1"
+            "store's rules know one holder only; use the Lease (no --store), Redis, or "
+            "--permits 1"
         )
     if count > 1 and policy == "replace":
         raise ConfigError(

@@ -89,9 +89,12 @@ class Runner:
             caps_holds=options.store is not None,
             tick=tick,
             records_of=options.tick_of,
-            # In a store the lock is one permit (options refuse --permits N > 1 there):
+            # Redis' library keeps the permit rules (docs/STORES.md, "Permits in a store");
+            # in PostgreSQL the lock is one permit (options refuse --permits N > 1 there):
             # nothing to write on its document.
-            permits=options.permits if options.store is None else None,
+            permits=(
+                options.permits if options.store is None or options.store.kind == "redis" else None
+            ),
         )
         self.stop = threading.Event()
         self._stop_pipe = StopPipe(self.stop)
