@@ -96,6 +96,8 @@ RINGS: dict[str, tuple[str, ...]] = {
         "tests/integration/test_reliability.py",
         "tests/integration/test_sidecar.py",
         "tests/integration/test_status.py",
+        "tests/integration/test_store_permits.py",
+        "tests/integration/test_store_permits_redis.py",
         "tests/integration/test_store_ticks.py",
         "tests/integration/test_stores.py",
         "tests/integration/test_two_releases.py",

@@ -8,6 +8,8 @@ legitimate writes meanwhile, and each must pass within a second.
 
 from __future__ import annotations
 
+import copy
+import json
 import os
 import shlex
 import subprocess
@@ -16,13 +18,14 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import suppress
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
 
+from cronlock_sidecar.contract import ANNOTATION_PERMITS
 from cronlock_sidecar.lock.model import (
     LeaseRecord,
     Timing,
@@ -31,12 +34,21 @@ from cronlock_sidecar.lock.model import (
     released,
     renewed,
 )
+from cronlock_sidecar.lock.permits import (
+    claimed_permit,
+    permit_key,
+    read_permits,
+    released_permit,
+)
+from cronlock_sidecar.lock.ticks import TickRecord
+from cronlock_sidecar.stores.documents import unversioned
 from cronlock_sidecar.stores.redisstore import (
     FUNCTIONS,
     LIBRARY,
     LIBRARY_NAME,
     RedisLeaseStore,
     keys,
+    micros,
 )
 from cronlock_sidecar.stores.url import parse_store_url
 from cronlock_sidecar.transport.seam import Forbidden, LeaseRef, NotFound, Unavailable
@@ -224,15 +236,21 @@ def attacks(team_b: LeaseRef, own: LeaseRef, dump: bytes) -> list[Attack]:
             "CONFIG SET of the eviction policy",
             lambda r: r.config_set("maxmemory-policy", "allkeys-lru"),
         ),
-        Attack("FCALL_RO get on b's keys", lambda r: r.fcall_ro(FUNCTIONS["get"], 3, *theirs)),
+        Attack("FCALL_RO get on b's keys", lambda r: r.fcall_ro(FUNCTIONS["get"], 4, *theirs)),
         Attack(
             "FCALL replace on b's keys",
-            lambda r: r.fcall(FUNCTIONS["replace"], 3, *theirs, document, "0", "0", "1", "1"),
+            lambda r: r.fcall(FUNCTIONS["replace"], 4, *theirs, document, "0", "0", "1", "1"),
         ),
         Attack(
             "FCALL create with b's fence among its own keys",
             lambda r: r.fcall(
-                FUNCTIONS["create"], 3, *mine[:2], theirs[2], document, "0", "0", "1"
+                FUNCTIONS["create"], 4, *mine[:2], theirs[2], mine[3], document, "0", "0", "1"
+            ),
+        ),
+        Attack(
+            "FCALL create with b's permits' fences among its own keys",
+            lambda r: r.fcall(
+                FUNCTIONS["create"], 4, *mine[:3], theirs[3], document, "0", "0", "1"
             ),
         ),
         Attack("HSET of b's lock", lambda r: r.hset(theirs[0], "doc", document)),
@@ -387,7 +405,7 @@ def test_a_user_allowed_function_load_loads_the_library_once(bare_redis: RedisSe
         with client(bare_redis.url) as first:
             first.create(lock, claimed(body, "a", timing, datetime.now(UTC), ""))
         assert sorted(libraries(bare_redis.url)) == ["cronlock_v0", LIBRARY_NAME]
-        old_answer = admin.fcall_ro("cronlock_v0_get", 3, *keys(lock))
+        old_answer = admin.fcall_ro("cronlock_v0_get", 4, *keys(lock))
         assert old_answer[0] == "ok"
     url = add_user(bare_redis, "reports", documented("redis-acl"))
     with client(url) as tenant:
@@ -405,10 +423,10 @@ def test_a_document_larger_than_any_lease_is_never_decoded(tenants: Tenants) -> 
     with client(tenants.urls["team-a"]) as team_a:
         team_a.create(lock, claimed(body, "a", timing, datetime.now(UTC), ""))
         with redis.Redis.from_url(tenants.urls["team-a"], decode_responses=True) as raw:
-            version = raw.fcall_ro(FUNCTIONS["get"], 3, *keys(lock))[3]
+            version = raw.fcall_ro(FUNCTIONS["get"], 4, *keys(lock))[3]
             arguments = (huge, "0", "0", "60000", version)
             with pytest.raises(redis.ResponseError, match="at most 65536 bytes"):
-                raw.fcall(FUNCTIONS["replace"], 3, *keys(lock), *arguments)
+                raw.fcall(FUNCTIONS["replace"], 4, *keys(lock), *arguments)
             raw.hset(keys(lock)[0], "doc", huge)
         read = {key: value for key, value in team_a.get(lock).items() if key != "pad"}
         taken = team_a.replace(lock, claimed(read, "b", timing, datetime.now(UTC), ""))
@@ -493,3 +511,257 @@ def test_sidecars_that_find_the_library_missing_together_all_go_on(
             if raced:
                 break
     assert raced >= 1, "no two clients loaded the library at once in 20 rounds"
+
+
+# --- permits (issue 58, item 1): a tenant with the lock's credential, through raw FCALL ---
+TTL_30S = Timing.of(30.0, None, 1.0)
+HERE = Path(__file__).parent
+LIBRARY_V3 = (HERE / "redis_library_v3.lua").read_text()
+
+
+def permit_lock(url: str, lock: LeaseRef, count: int, holders: list[str]) -> None:
+    """`lock` of `count` permits, permit K held for 30 s by `holders[K]`, each claimed by
+    its own client as its run's sidecar claims it."""
+    body: dict[str, Any] = {"metadata": {"annotations": {ANNOTATION_PERMITS: str(count)}}}
+    with client(url) as first:
+        first.create(lock, claimed(body, holders[0], TTL_30S, datetime.now(UTC), ""))
+    for index, holder in enumerate(holders[1:], start=1):
+        with client(url) as run:
+            read = run.get(lock)
+            run.replace(lock, claimed_permit(read, index, holder, TTL_30S, datetime.now(UTC), ""))
+
+
+def raw_write(
+    url: str,
+    lock: LeaseRef,
+    change: Callable[[dict[str, Any]], dict[str, Any]],
+    *,
+    spec_age: str = "",
+    ages: str = "",
+) -> list[Any] | str:
+    """The tenant's own FCALL of the library's replace: `change` of the lock as read, with
+    the renewals it names; the answer, or the error's text."""
+    with client(url) as reader:
+        read = reader.get(lock)
+    document = json.dumps(unversioned(change(read)), separators=(",", ":"))
+    named = keys(lock)
+    version = str(read["metadata"]["resourceVersion"])
+    with redis.Redis.from_url(url, decode_responses=True) as raw:
+        try:
+            answer = raw.fcall(
+                FUNCTIONS["replace"], len(named), *named, document, micros(datetime.now(UTC)),
+                spec_age, "60000", version, ages,
+            )  # fmt: skip
+        except redis.ResponseError as error:
+            return str(error)
+    assert isinstance(answer, list)
+    return answer
+
+
+def holders_of(url: str, lock: LeaseRef) -> list[str]:
+    with client(url) as reader:
+        return [permit.holder for permit in read_permits(reader.get(lock))]
+
+
+def noted(body: dict[str, Any], **notes: str) -> dict[str, Any]:
+    """`body` with these annotations (`permits` for cronlock.io/permits)."""
+    written = copy.deepcopy(body)
+    annotations = written.setdefault("metadata", {}).setdefault("annotations", {})
+    for key, value in notes.items():
+        annotations[ANNOTATION_PERMITS if key == "permits" else key] = value
+    return written
+
+
+def fresh_lock(name: str) -> LeaseRef:
+    return LeaseRef("team-a", f"{name}-{os.getpid()}-{time.monotonic_ns()}")
+
+
+def test_a_tenant_cannot_take_a_live_permit_of_another_holder(tenants: Tenants) -> None:
+    """w holds permit 0 and v permit 1: mallory's claim of either, through the sidecar's
+    client or a raw FCALL, is the `held` answer naming the permit; nothing changes."""
+    url, lock = tenants.urls["team-a"], fresh_lock("live")
+    permit_lock(url, lock, 2, ["w", "v"])
+    now = datetime.now(UTC)
+    with client(url) as mallory:
+        with pytest.raises(Forbidden, match="permit 1 of the lock is held by v, renewed"):
+            mallory.replace(lock, claimed_permit(mallory.get(lock), 1, "mallory", TTL_30S, now, ""))
+        with pytest.raises(Forbidden, match="the lock is held by w, renewed"):
+            mallory.replace(lock, claimed(mallory.get(lock), "mallory", TTL_30S, now, ""))
+    answer = raw_write(
+        url, lock, lambda read: claimed_permit(read, 1, "mallory", TTL_30S, now, ""), ages="1=0"
+    )
+    assert isinstance(answer, list)
+    assert (answer[0], answer[2], answer[5]) == ("held", "v", "1")
+    assert holders_of(url, lock) == ["w", "v"]
+
+
+def test_a_tenant_cannot_hold_two_permits(tenants: Tenants) -> None:
+    """mallory holds permit 1 of 3: its claim of the free permit 2 too is refused, and so is
+    the spec under its name once w released it; another name takes permit 2 (the control)."""
+    url, lock = tenants.urls["team-a"], fresh_lock("two")
+    permit_lock(url, lock, 3, ["w", "mallory"])
+    now = datetime.now(UTC)
+    two = raw_write(url, lock, lambda read: claimed_permit(read, 2, "mallory", TTL_30S, now, ""))
+    assert "cronlock store: permits 1 and 2 would both be held by mallory" in str(two)
+    with client(url) as w:
+        w.replace(lock, released(w.get(lock), "w", now))
+    spec = raw_write(url, lock, lambda read: claimed(read, "mallory", TTL_30S, now, ""))
+    assert "permits 0 and 1 would both be held by mallory" in str(spec)
+    assert holders_of(url, lock) == ["", "mallory", ""]
+    other = raw_write(url, lock, lambda read: claimed_permit(read, 2, "eve", TTL_30S, now, ""))
+    assert isinstance(other, list)
+    assert other[0] == "ok"
+    assert holders_of(url, lock) == ["", "mallory", "eve"]
+
+
+def test_a_tenant_cannot_take_two_free_permits_in_one_write(tenants: Tenants) -> None:
+    """Permits 1 and 2 of 3 free: one write claiming both (as m1 and m2) is refused; each
+    in a write of its own passes (the control)."""
+    url, lock = tenants.urls["team-a"], fresh_lock("both")
+    permit_lock(url, lock, 3, ["w"])
+    now = datetime.now(UTC)
+
+    def both(read: dict[str, Any]) -> dict[str, Any]:
+        once = claimed_permit(read, 1, "m1", TTL_30S, now, "")
+        return claimed_permit(once, 2, "m2", TTL_30S, now, "")
+
+    answer = raw_write(url, lock, both, ages="1=0 2=0")
+    assert "cronlock store: a write claims one permit at most; this one claims permits 1 and 2" in (
+        str(answer)
+    )
+    assert holders_of(url, lock) == ["w", "", ""]
+    for index, name in ((1, "m1"), (2, "m2")):
+        alone = raw_write(
+            url, lock, lambda read, i=index, n=name: claimed_permit(read, i, n, TTL_30S, now, "")
+        )
+        assert isinstance(alone, list)
+        assert alone[0] == "ok"
+    assert holders_of(url, lock) == ["w", "m1", "m2"]
+
+
+def test_a_tenant_cannot_move_n_while_a_permit_is_held(tenants: Tenants) -> None:
+    """w and v hold a lock of 2: N written as 3 or 1 is refused, and so is N written as
+    NBSP-3 or " 2\\t", which a document's reader (lock/permits.py `document_count`) and the
+    library both read as 1; under N = 2 v's permit is still v's. Once both gave theirs
+    back, N moves (the control)."""
+    url, lock = tenants.urls["team-a"], fresh_lock("count")
+    permit_lock(url, lock, 2, ["w", "v"])
+    now = datetime.now(UTC)
+    for count in ("3", "1", "\u00a03", " 2\t"):
+        answer = raw_write(url, lock, lambda read, n=count: noted(read, permits=n))
+        assert "cronlock store: cronlock.io/permits changes only while no permit of the lock " in (
+            str(answer)
+        ), count
+        assert "permit 0 of 2 is held by w" in str(answer)
+    taken = raw_write(
+        url, lock, lambda read: claimed_permit(read, 1, "mallory", TTL_30S, now, ""), ages="1=0"
+    )
+    assert isinstance(taken, list)
+    assert (taken[0], taken[2], taken[5]) == ("held", "v", "1")
+    with client(url) as w:
+        w.replace(lock, released(w.get(lock), "w", now))
+    with client(url) as v:
+        v.replace(lock, released_permit(v.get(lock), 1, "v", now))
+    raised = raw_write(url, lock, lambda read: noted(read, permits="3"))
+    assert isinstance(raised, list)
+    assert raised[0] == "ok"
+    assert holders_of(url, lock) == ["", "", ""]
+
+
+def test_a_forged_token_or_renew_time_is_not_what_readers_see(tenants: Tenants) -> None:
+    """mallory holds permit 1 for 1 s and writes its entry with transitions 999 and a renew
+    time in 2099: readers see the store's token and renewal, and once its second has passed
+    on the store's clock another run takes the permit over, with the next token."""
+    url, lock = tenants.urls["team-a"], fresh_lock("forged")
+    permit_lock(url, lock, 2, ["w"])
+    one_second = Timing.of(1.0, None, 0.0)
+    with client(url) as mallory:
+        read = mallory.get(lock)
+        mallory.replace(lock, claimed_permit(read, 1, "mallory", one_second, datetime.now(UTC), ""))
+        token = read_permits(mallory.get(lock))[1].transitions
+    assert token == 1
+    future = datetime(2099, 1, 1, tzinfo=UTC)
+
+    def forged(read: dict[str, Any]) -> dict[str, Any]:
+        entry = read_permits(read)[1]._replace(transitions=999, renew_time=future)
+        return noted(read, **{permit_key(1): entry.text()})
+
+    answer = raw_write(url, lock, forged)
+    assert isinstance(answer, list)
+    assert answer[0] == "ok"
+    with client(url) as reader:
+        seen = read_permits(reader.get(lock))[1]
+    assert (seen.holder, seen.transitions) == ("mallory", 1)
+    assert seen.renew_time is not None
+    assert seen.renew_time <= datetime.now(UTC)
+    time.sleep(1.2)  # mallory's one second passes on the store's clock
+    with client(url) as other:
+        read = other.get(lock)
+        taken = other.replace(lock, claimed_permit(read, 1, "b", TTL_30S, datetime.now(UTC), ""))
+    assert read_permits(taken)[1].transitions == 2
+
+
+def test_a_tick_record_names_the_holder_of_the_permit_claimed(tenants: Tenants) -> None:
+    """mallory claims permit 1 with a tick record naming w, the spec's holder: refused; the
+    same claim with its own name on the record passes (the control)."""
+    url, lock = tenants.urls["team-a"], fresh_lock("tick")
+    permit_lock(url, lock, 2, ["w"])
+    now = datetime.now(UTC)
+    at = now.replace(microsecond=0) - timedelta(seconds=30)
+    job = f"nightly-{int(at.timestamp()) // 60}"
+
+    def claim(holder: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
+        record = TickRecord("nightly", at, job, "uid-mallory", holder, "")
+        return lambda read: claimed_permit(read, 1, "mallory", TTL_30S, now, "", record)
+
+    refused = raw_write(url, lock, claim("w"), ages="1=0")
+    assert "tick record cronlock.io/tick.nightly: it names holder w, not the claim's mallory" in (
+        str(refused)
+    )
+    assert holders_of(url, lock) == ["w", ""]
+    passed = raw_write(url, lock, claim("mallory"), ages="1=0")
+    assert isinstance(passed, list)
+    assert passed[0] == "ok"
+    assert holders_of(url, lock) == ["w", "mallory"]
+
+
+def test_version_3_beside_version_4_lets_a_tenant_take_a_live_permit_until_deleted(
+    tenants: Tenants,
+) -> None:
+    """During the upgrade version 3 is loaded beside version 4: through it mallory takes v's
+    live permit (the control: version 3 judges the spec only), and the permit it wrote
+    reads as long expired (no record of the store's names mallory). After docs/UPGRADING.md's
+    `FUNCTION DELETE cronlock_v3` that call is refused."""
+    url, lock = tenants.urls["team-a"], fresh_lock("v3")
+    permit_lock(url, lock, 2, ["w", "v"])
+    now = datetime.now(UTC)
+    with redis.Redis.from_url(tenants.server.url, decode_responses=True) as admin:
+        admin.function_load(LIBRARY_V3)
+    try:
+        with client(url) as reader:
+            read = reader.get(lock)
+        document = json.dumps(
+            unversioned(claimed_permit(read, 1, "mallory", TTL_30S, now, "")),
+            separators=(",", ":"),
+        )
+        version = str(read["metadata"]["resourceVersion"])
+        with redis.Redis.from_url(url, decode_responses=True) as raw:
+            answer = raw.fcall(
+                "cronlock_v3_replace", 3, *keys(lock)[:3], document, micros(now), "0", "60000",
+                version,
+            )  # fmt: skip
+        assert answer[0] == "ok", answer
+        with client(url) as reader:
+            taken = read_permits(reader.get(lock))[1]
+        assert taken.holder == "mallory"
+        assert taken.renew_time is not None
+        assert taken.renew_time.year == 1970
+    finally:
+        with redis.Redis.from_url(tenants.server.url, decode_responses=True) as admin:
+            admin.execute_command(*shlex.split(documented("redis-delete-v3", UPGRADING_MD)))
+    with (
+        redis.Redis.from_url(url, decode_responses=True) as raw,
+        pytest.raises(redis.ResponseError, match="Function not found"),
+    ):
+        raw.fcall("cronlock_v3_replace", 3, *keys(lock)[:3], document, micros(now), "0", "1", "1")
+    assert list(libraries(tenants.server.url)) == [LIBRARY_NAME]

@@ -489,7 +489,7 @@ def tamper(kind: str, url: str, lease: LeaseRef, document: str) -> str:
             now = str(int(time.time() * 1_000_000))
             try:
                 answer = raw.fcall(
-                    redisstore.FUNCTIONS["replace"], 3, *keys(lease), document, now, "0",
+                    redisstore.FUNCTIONS["replace"], 4, *keys(lease), document, now, "0",
                     "60000", version,
                 )  # fmt: skip
             except redis.ResponseError as error:

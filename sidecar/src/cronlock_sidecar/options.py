@@ -501,12 +501,6 @@ def _permits(values: _Values, policy: str, store: StoreUrl | None) -> int | None
             f"{name}: {text!r} is not a number of permits; expected a whole number "
             f"1-{contract.MAX_PERMITS}"
         )
-    # PostgreSQL's trigger keeps the permits' rules (docs/STORES.md, "Permits in a store").
-    if count > 1 and store is not None and store.kind != "postgres":
-        raise ConfigError(
-            f"{name}: {count} permits in a store ({store.kind}) are not supported yet: the "
-            "store's rules know one holder only; use the Lease (no --store), or --permits 1"
-        )
     if count > 1 and policy == "replace":
         raise ConfigError(
             f"{name}: {count} permits with --policy replace are not supported yet (which of "

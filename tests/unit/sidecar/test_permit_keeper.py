@@ -429,10 +429,6 @@ def test_run_permits_is_read_from_the_flag_or_its_environment_twin() -> None:
         (["--permits", "17"], "--permits: '17' is not a number of permits; expected a whole"),
         (["--permits", "two"], "'two' is not a number of permits; expected a whole number 1-16"),
         (
-            ["--permits", "2", "--store", "redis://127.0.0.1:6379/0"],
-            "--permits: 2 permits in a store (redis) are not supported yet",
-        ),
-        (
             ["--permits", "2", "--policy", "replace"],
             "--permits: 2 permits with --policy replace are not supported yet",
         ),
@@ -467,6 +463,17 @@ def test_permits_in_postgresql_are_allowed_its_trigger_keeps_their_rules() -> No
     assert options.permits == 16
     assert options.store is not None
     assert options.store.kind == "postgres"
+
+
+def test_permits_in_redis_are_allowed_since_its_library_keeps_their_rules() -> None:
+    """Redis' library v4 keeps the permit rules (docs/DECISIONS.md, "Permits in a store")."""
+    options = parse_options(
+        ["run", "--lease", "ns/x", "--permits", "3", "--store", "redis://h:6379/0", "--", "true"],
+        {},
+    )
+    assert options.permits == 3
+    assert options.store is not None
+    assert options.store.kind == "redis"
 
 
 def test_a_yield_request_on_a_lock_of_permits_stops_no_holder(

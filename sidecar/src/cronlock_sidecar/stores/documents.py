@@ -89,3 +89,27 @@ def stamped(
     if entries:
         metadata["annotations"] = {**annotations, **entries}
     return with_token({**document, "metadata": metadata}, int(token))
+
+
+def renewals_written(
+    body: dict[str, Any], known: Mapping[str, Any] | None, writer_time: datetime
+) -> tuple[timedelta | None, dict[int, timedelta]]:
+    """What a write renews, dated as `renewal_age` dates it: the spec's hold (None: none)
+    and each permit K ≥ 1's. With `known`, the document the write was built on (as the
+    store gave it), only the holds whose spec or entry the write changes: a write carrying
+    another holder's hold as it read it renews nothing of it (that renew time, moved to the
+    reader's clock and back, comes out up to a round trip younger, and a hold carried by
+    every other holder's renewal would never grow old)."""
+    ages = permit_renewal_ages(body, writer_time)
+    if known is None:
+        return renewal_age(body, writer_time), ages
+    spec_age = renewal_age(body, writer_time) if body.get("spec") != known.get("spec") else None
+    if permits_of(known) != permits_of(body):
+        return spec_age, ages
+    before, after = annotations_of(known), annotations_of(body)
+    changed = {
+        index: age
+        for index, age in ages.items()
+        if after.get(permit_key(index)) != before.get(permit_key(index))
+    }
+    return spec_age, changed
