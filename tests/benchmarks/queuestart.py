@@ -15,9 +15,10 @@ to the next run's work starting (its main container connecting to the work track
 the host; the node shares the host's clocks). Each sample is broken into its steps with
 the times the real parts give: the Lease's MicroTimes (released-at, the claim's
 acquireTime), this process's watches of the Lease, the Jobs and the pods (when each
-change was seen), containerd's nanosecond times (`crictl inspect`: sandbox, sidecar,
-gate, main) and the tracker. Prints the table and writes `.testenv/bench/queuestart.json`.
-A benchmark, not a test: docs/PERFORMANCE.md has the figures.
+change was seen), containerd's nanosecond times (`crictl inspect`, read while each run
+works: sandbox, sidecar, gate, main) and the tracker. Prints the table and writes
+`.testenv/bench/queuestart.json`. A benchmark, not a test: docs/PERFORMANCE.md has the
+figures.
 """
 
 from __future__ import annotations
@@ -120,6 +121,10 @@ def job_name(index: int) -> str:
 def of_job(pod: dict[str, Any]) -> str:
     labels = pod["metadata"].get("labels") or {}
     return str(labels.get("batch.kubernetes.io/job-name") or labels.get("job-name") or "")
+
+
+def pod_uid(pods: Seen, job: str) -> str | None:
+    return next((pod["metadata"]["uid"] for _, pod in pods.all() if of_job(pod) == job), None)
 
 
 def pod_of_job(holder: str, job: str) -> bool:
@@ -253,6 +258,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     runs = [job_name(index) for index in range(args.releases + 1)]
     seen = {kind: Seen() for kind in ("leases", "jobs", "pods")}
     stopped = threading.Event()
+    load_before = os.getloadavg()
     with (
         own_controlplane(env_dir, args.keep_controlplane) as cluster,
         node_and_operator(cluster, env_dir) as around,
@@ -277,17 +283,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         for job in runs:
             batch.create_namespaced_job(namespace, job_from_cronjob(template, job))
         offset = time.time() - time.monotonic()
+        node = around.nodes[0]
+        containers = {}
         for job in runs:
             wait_for(partial(around.tracker.works, f"{job}-"), 120, f"the work of {job} to start")
+            # Read at once, while its work runs: the kubelet's garbage collection removes
+            # the containers of finished pods (a run read at the end had lost 30 of 40).
+            uid = wait_for(partial(pod_uid, seen["pods"], job), 30, f"the pod of {job}")
+            containers[job] = node.container_times(uid)
             print(f"{job}: work started", flush=True)
         last = around.tracker.works(f"{runs[-1]}-")[0]
         wait_for(lambda: last.stopped is not None, 60, "the last work to end")
         stopped.set()
         works = {job: around.tracker.works(f"{job}-")[0] for job in runs}
-        node = around.nodes[0]
         pods = seen["pods"].all()
-        uids = {of_job(pod): pod["metadata"]["uid"] for _, pod in pods}
-        containers = {job: node.container_times(uids[job]) for job in runs if job in uids}
         overlaps = overlapping(list(works.values()))
         order = [w.pod.rsplit("-", 1)[0] for w in sorted(works.values(), key=lambda w: w.started)]
         samples = []
@@ -305,9 +314,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             found_all.append({"job": job, **found})
             samples.append(steps(found))
     summary = summarize(samples)
+    # The machine is shared: its load says how far other work moved the figures.
+    summary["load_before"] = load_before
+    summary["load_after"] = os.getloadavg()
     summary["overlaps"] = len(overlaps)
     summary["in_creation_order"] = order == runs
     print(table(summary, args.kubelet_feature_gates))
+    print(f"load average (1, 5, 15 min) before: {load_before}, after: {summary['load_after']}")
     print(f"overlapping works: {len(overlaps)}; worked in creation order: {order == runs}")
     out = ROOT / ".testenv" / "bench" / "queuestart.json"
     out.parent.mkdir(parents=True, exist_ok=True)
