@@ -17,6 +17,7 @@ MODULES = {
     "operator": "tests.benchmarks.operator_scale",
     "load": "tests.benchmarks.load",
     "runstart": "tests.benchmarks.runstart",
+    "queuestart": "tests.benchmarks.queuestart",
     "renewals": "tests.benchmarks.renewals",
     "fleet": "tests.benchmarks.fleet",
     "permits": "tests.benchmarks.permits",

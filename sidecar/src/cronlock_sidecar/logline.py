@@ -9,7 +9,6 @@ to its work (docs/PERFORMANCE.md). One implementation, so the two cannot drift a
 from __future__ import annotations
 
 import time
-from datetime import UTC, datetime
 
 PROGRAM = "cronlock-sidecar"
 # The levels a line may have, lowest first; the threshold drops the lines below it.
@@ -25,6 +24,10 @@ def plain(created: float, level: str, message: str, program: str = PROGRAM) -> s
 
 def document(created: float, level: str, logger: str, message: str) -> dict[str, object]:
     """The JSON line's fields, in order: timestamp (UTC, ms), level, logger, message."""
+    # Only a JSON line needs datetime (with the `operator` and `math` it imports): the
+    # gate's plain line goes without.
+    from datetime import UTC, datetime
+
     return {
         "timestamp": datetime.fromtimestamp(created, UTC).isoformat(timespec="milliseconds"),
         "level": level.lower(),

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+import cronlock_sidecar
 from cronlock_sidecar.holding.lease import Acquired, Busy, RenewOutcome, RenewResult
 from cronlock_sidecar.lock.model import Timing
 from cronlock_sidecar.options import Options, parse_options
@@ -123,6 +124,38 @@ def test_the_gate_as_the_operator_runs_it_imports_only_what_reading_a_file_needs
     assert exit_code == 0
     assert "lease acquired; starting the run" in result.stderr
     assert heavy(set(loaded), NOT_ON_THE_GATE_PATH) == []
+
+
+# What the gate's plain line and its reading of durations do without (`python -X
+# importtime -S`: `re` with `enum`, `functools` and `collections` was most of the gate's
+# import time; `datetime` only a JSON line needs). Python's `site` imports `re` and `enum`
+# itself, so only an interpreter started as the image starts it, with `-S`, shows them.
+NOT_ON_THE_IMAGE_GATE_PATH = ["re", "enum", "functools", "collections", "datetime"]
+
+
+def test_the_gate_as_the_image_starts_it_imports_no_re_nor_datetime(tmp_path: Path) -> None:
+    (tmp_path / "decision").write_text("run\n")
+    package_root = Path(cronlock_sidecar.__file__).resolve().parent.parent
+    # json (which imports re) only once the gate has run.
+    code = (
+        "import sys\n"
+        "before = set(sys.modules)\n"
+        f"sys.path.insert(0, {str(package_root)!r})\n"
+        "from cronlock_sidecar.cli import main\n"
+        f"code = main(['gate'], {{'CRONLOCK_RUN_DIR': {str(tmp_path)!r}, "
+        "'CRONLOCK_WAIT_TIMEOUT': '1m30s', 'CRONLOCK_JITTER': '250ms'})\n"
+        "loaded = sorted(set(sys.modules) - before)\n"
+        "import json\n"
+        "print(json.dumps([code, loaded]))\n"
+    )
+    # -S as the image's launcher runs it (Dockerfile): no site, so nothing is loaded before.
+    result = subprocess.run(
+        [sys.executable, "-S", "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    exit_code, loaded = json.loads(result.stdout)
+    assert exit_code == 0
+    assert "lease acquired; starting the run" in result.stderr
+    assert heavy(set(loaded), NOT_ON_THE_IMAGE_GATE_PATH) == []
 
 
 def test_hold_decides_before_it_imports_the_http_server() -> None:

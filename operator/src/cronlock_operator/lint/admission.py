@@ -35,7 +35,7 @@ MESSAGE_PREFIX: Final = "cronlock:"
 # How much of a value a message quotes: an annotation may be 256 KiB.
 QUOTED: Final = 64
 
-_DURATION: Final = f"^(0|({durations._PART.pattern})+)$"
+_DURATION: Final = f"^(0|({durations._PART_PATTERN})+)$"
 _NAME: Final = f"^({config._LOCK.pattern})$"
 _PEER: Final = f"^({sharing._NAME.pattern})$"
 _COUNT: Final = f"^{permits_model._COUNT.pattern}"
