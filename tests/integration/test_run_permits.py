@@ -238,11 +238,14 @@ def test_run_refuses_a_lock_that_says_another_number_of_permits(
     tmp_path: Path,
     cleanup: list[subprocess.Popen[str]],
 ) -> None:
+    """While a run of N = 2 holds, a run requiring 3 exits 78 and writes nothing; once no
+    permit of it is held, a run requiring 3 writes its N with its claim."""
     log = tmp_path / "worked"
+    done = tmp_path / "done"
     lease = f"{namespace}/permits-agree"
-    first = run(controlplane, lease, "--permits", "2", *work(log, "0"))
+    first = run(controlplane, lease, "--permits", "2", *work(log, "until", str(done)))
     cleanup.append(first)
-    assert finish(first)[0] == 0
+    wait_for(lambda: held(controlplane, namespace, "permits-agree"), 30, "the first run to hold")
     before = controlplane.lease_json(namespace, "permits-agree")
 
     other = run(controlplane, lease, "--permits", "3", *work(log, "0"))
@@ -254,13 +257,22 @@ def test_run_refuses_a_lock_that_says_another_number_of_permits(
         f"lease {lease} says '2' permits (cronlock.io/permits) but this run requires 3 "
         "(--permits): every run sharing a lock must give the same number" in stderr
     )
-    assert len(worked(log)) == 1
     after = controlplane.lease_json(namespace, "permits-agree")
-    assert after["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"]
-    # A run that names no N follows the lock's.
+    assert after["metadata"]["annotations"]["cronlock.io/permits"] == "2"
+    assert after["spec"]["holderIdentity"] == before["spec"]["holderIdentity"]
+    # A run that names no N follows the lock's: permit 1 of 2 beside the first.
     plain = run(controlplane, lease, *work(log, "0"))
     cleanup.append(plain)
     assert finish(plain)[0] == 0
+    done.touch()
+    assert finish(first)[0] == 0
+    assert len(worked(log)) == 2
+    # No permit held now: the run of 3 writes its N and works.
+    again = run(controlplane, lease, "--permits", "3", *work(log, "0"))
+    cleanup.append(again)
+    assert finish(again)[0] == 0
+    annotations = controlplane.lease_json(namespace, "permits-agree")["metadata"]["annotations"]
+    assert annotations["cronlock.io/permits"] == "3"
 
 
 def test_the_usage_papers_permits_command_takes_a_permit_and_tells_the_command(
