@@ -164,7 +164,9 @@ class OperatorProcess:
         try:
             wait_for(
                 lambda: until in self.log(offset) or self._exited(),
-                timeout=30,
+                # 60 s: on this 2-CPU VM beside six other rings an operator has written
+                # nothing for 30 s (test_admission_policy's rogue, twice on 2026-12-06).
+                timeout=60,
                 what=f"the operator to log {until!r}",
             )
         except BaseException:
